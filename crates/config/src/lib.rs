@@ -1,0 +1,1 @@
+//! replicator-config (being built).

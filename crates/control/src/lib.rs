@@ -1,0 +1,1 @@
+//! replicator-control (being built).

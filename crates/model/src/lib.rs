@@ -1,0 +1,19 @@
+//! The vocabulary every other crate speaks: what a unit of replication work is
+//! ([`WorkUnit`]), who owns it under which fence ([`NodeId`], [`Epoch`],
+//! [`Assignment`]), how far it has been copied ([`OffsetCommit`],
+//! [`CommitOutcome`], [`UnitProgress`]), and the per-flow policies
+//! ([`Naming`], [`InitialOffset`]).
+//!
+//! This crate owns data types only. It has no async runtime, no IO, no clock and
+//! no knowledge of Iggy's SDK, openraft or sled: the pipeline and the control
+//! plane both depend on it, and on nothing of each other.
+#![warn(missing_docs)]
+
+mod flow;
+mod unit;
+
+pub use flow::{InitialOffset, Naming};
+pub use unit::{
+    Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, UnitCounters, UnitProgress,
+    WorkUnit,
+};

@@ -1,0 +1,181 @@
+//! Work units, ownership fences and confirmed progress.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Identity of a replicator instance, unique in its Raft group (the `[node] id` of its config).
+pub type NodeId = u64;
+
+/// An upstream partition offset (Iggy's `u64` offset, 0-based, assigned by the server).
+pub type Offset = u64;
+
+/// The ownership fence of a work unit.
+///
+/// Every grant of a unit gets a new, strictly larger epoch (the control plane uses
+/// the Raft log index of the grant). A writer presents its epoch with every offset
+/// commit; a commit carrying an epoch other than the unit's current one is
+/// rejected, so an owner that lost its unit can no longer move its offset.
+/// Distinct from the Raft `term`, which fences leaders, not partition owners.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+pub struct Epoch(pub u64);
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// One upstream partition of one flow: the unit of ownership and of progress.
+///
+/// Streams and topics are named, never numbered, because Iggy reuses numeric ids
+/// after deletion and the ids differ between clusters.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct WorkUnit {
+    /// The flow this unit belongs to (`[[flows]] name`), e.g. `"us-to-eu"`.
+    pub flow: String,
+    /// Upstream stream name, e.g. `"orders"`.
+    pub stream: String,
+    /// Upstream topic name, e.g. `"created"`.
+    pub topic: String,
+    /// Upstream partition id (0-based, as Iggy 0.8 numbers them); the same id is written downstream.
+    pub partition: u32,
+}
+
+impl WorkUnit {
+    /// Builds a unit from its four parts.
+    pub fn new(
+        flow: impl Into<String>,
+        stream: impl Into<String>,
+        topic: impl Into<String>,
+        partition: u32,
+    ) -> Self {
+        Self {
+            flow: flow.into(),
+            stream: stream.into(),
+            topic: topic.into(),
+            partition,
+        }
+    }
+}
+
+impl fmt::Display for WorkUnit {
+    /// `flow:stream/topic/partition`, the form used in logs and the admin API.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}/{}/{}",
+            self.flow, self.stream, self.topic, self.partition
+        )
+    }
+}
+
+/// A unit granted to a node under an epoch, as the node's coordinator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Assignment {
+    /// The unit that was granted.
+    pub unit: WorkUnit,
+    /// The fence of this grant; commits must carry it.
+    pub epoch: Epoch,
+    /// Set when the leader wants the unit back (rebalance or drain): the owner
+    /// should finish in-flight writes, commit, and release it.
+    pub release_requested: bool,
+}
+
+/// Counters that travel with a commit and accumulate per unit in the control state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct UnitCounters {
+    /// Messages written downstream since the previous commit of this unit.
+    pub messages: u64,
+    /// Message bytes (header + payload + user headers) written since the previous commit.
+    pub bytes: u64,
+    /// Errors seen since the previous commit (failed polls or sends that were retried).
+    pub errors: u64,
+    /// Gap events (upstream retention removed offsets before they were copied) since the previous commit.
+    pub gaps: u64,
+}
+
+impl UnitCounters {
+    /// Adds another set of counters into this one (saturating, so a counter never wraps).
+    pub fn add(&mut self, other: &UnitCounters) {
+        self.messages = self.messages.saturating_add(other.messages);
+        self.bytes = self.bytes.saturating_add(other.bytes);
+        self.errors = self.errors.saturating_add(other.errors);
+        self.gaps = self.gaps.saturating_add(other.gaps);
+    }
+}
+
+/// A writer's claim that every upstream message of `unit` up to and including
+/// `offset` has been acknowledged downstream, made under `epoch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffsetCommit {
+    /// The unit whose progress moves.
+    pub unit: WorkUnit,
+    /// The epoch of the writer's grant; a commit under any other epoch is fenced.
+    pub epoch: Epoch,
+    /// Last upstream offset written downstream.
+    pub offset: Offset,
+    /// Creation time (µs since the Unix epoch) of the upstream topic the offset
+    /// belongs to; a different value than the stored one means the topic was
+    /// deleted and recreated, and the offset starts a new history.
+    pub topic_created_at: u64,
+    /// What was copied since this unit's previous commit.
+    pub counters: UnitCounters,
+}
+
+/// What happened to one [`OffsetCommit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommitOutcome {
+    /// The offset was stored (or was already at or beyond it: offsets never move backwards).
+    Committed,
+    /// The unit is owned under another epoch (or by nobody): the writer must stop at once.
+    Fenced {
+        /// The unit's epoch at the time of the commit, if it is owned at all.
+        current: Option<Epoch>,
+    },
+}
+
+/// Confirmed progress of one unit, as stored in the replicated state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct UnitProgress {
+    /// Last upstream offset confirmed written downstream; `None` before the first commit.
+    pub confirmed: Option<Offset>,
+    /// Creation time (µs) of the upstream topic that `confirmed` refers to.
+    pub topic_created_at: u64,
+    /// Totals over the unit's life.
+    pub counters: UnitCounters,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_displays_as_flow_stream_topic_partition() {
+        let unit = WorkUnit::new("us-eu", "orders", "created", 3);
+        assert_eq!(unit.to_string(), "us-eu:orders/created/3");
+    }
+
+    #[test]
+    fn counters_add_saturates_instead_of_wrapping() {
+        let mut total = UnitCounters {
+            messages: u64::MAX - 1,
+            ..Default::default()
+        };
+        total.add(&UnitCounters {
+            messages: 5,
+            bytes: 7,
+            errors: 1,
+            gaps: 2,
+        });
+        assert_eq!(total.messages, u64::MAX);
+        assert_eq!((total.bytes, total.errors, total.gaps), (7, 1, 2));
+    }
+
+    #[test]
+    fn epochs_order_by_number() {
+        assert!(Epoch(9) < Epoch(10));
+    }
+}

@@ -1,0 +1,1 @@
+//! replicator-pipeline (being built).

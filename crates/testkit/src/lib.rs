@@ -1,0 +1,1 @@
+//! replicator-testkit (being built).

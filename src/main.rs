@@ -1,0 +1,2 @@
+//! iggy-replicator binary.
+fn main() {}
