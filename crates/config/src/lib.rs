@@ -1,1 +1,22 @@
-//! replicator-config (being built).
+//! The operator's TOML file: its schema ([`Config`] and its sections), the
+//! documented defaults, `${VAR}` substitution for secrets, and a single
+//! validation pass ([`Config::validate`]) that reports every problem with the
+//! key it concerns.
+//!
+//! This crate owns parsing and checking only. It starts nothing and connects to
+//! nothing; the binary turns a validated [`Config`] into the resolved parameters
+//! that the control plane and the pipeline take.
+#![warn(missing_docs)]
+
+mod error;
+mod load;
+mod schema;
+mod secret;
+
+pub use error::{Error, Problem, Result};
+pub use load::{load_file, parse_str};
+pub use schema::{
+    ClusterConfig, Config, FlowConfig, IggyClusterConfig, InitialOffsetSetting, NodeConfig,
+    PipelineConfig,
+};
+pub use secret::{ClusterUrl, Secret};

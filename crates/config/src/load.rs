@@ -1,0 +1,246 @@
+//! Reading a config: TOML text → `${VAR}` substitution in string values →
+//! typed [`Config`] → validation. Substitution happens on parsed values, so an
+//! environment value can never change the TOML structure.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Problem, Result};
+use crate::schema::Config;
+
+/// Reads, substitutes, parses and validates the config file at `path`, taking
+/// `${VAR}` values from the process environment.
+pub fn load_file(path: &Path) -> Result<Config> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_str(&text, &path.display().to_string(), |name| {
+        std::env::var(name).ok()
+    })
+}
+
+/// Parses and validates config text. `origin` names the text in errors (a path);
+/// `env` resolves `${VAR}` references (the process environment in production, a
+/// map in tests).
+pub fn parse_str(text: &str, origin: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config> {
+    let syntax = |message: String| Error::Syntax {
+        origin: origin.to_owned(),
+        message,
+    };
+    let mut value: toml::Value = toml::from_str(text).map_err(|e| syntax(e.to_string()))?;
+    let mut problems = Vec::new();
+    substitute(&mut value, String::new(), &env, &mut problems);
+    if !problems.is_empty() {
+        return Err(Error::Invalid {
+            origin: origin.to_owned(),
+            problems,
+        });
+    }
+    let config = Config::deserialize(value).map_err(|e| syntax(e.to_string()))?;
+    let problems = config.problems();
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(Error::Invalid {
+            origin: origin.to_owned(),
+            problems,
+        })
+    }
+}
+
+/// Replaces `${NAME}` in every string value; `$${` writes a literal `${`.
+fn substitute(
+    value: &mut toml::Value,
+    key: String,
+    env: &impl Fn(&str) -> Option<String>,
+    problems: &mut Vec<Problem>,
+) {
+    match value {
+        toml::Value::String(text) => match expand(text, env) {
+            Ok(expanded) => *text = expanded,
+            Err(message) => problems.push(Problem::new(key, message)),
+        },
+        toml::Value::Array(items) => {
+            for (index, item) in items.iter_mut().enumerate() {
+                substitute(item, format!("{key}[{index}]"), env, problems);
+            }
+        }
+        toml::Value::Table(table) => {
+            for (name, item) in table.iter_mut() {
+                let path = if key.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{key}.{name}")
+                };
+                substitute(item, path, env, problems);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn expand(text: &str, env: &impl Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find('$') {
+        out.push_str(&rest[..start]);
+        let tail = &rest[start..];
+        if let Some(after) = tail.strip_prefix("$${") {
+            out.push_str("${");
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix("${") {
+            let end = after
+                .find('}')
+                .ok_or_else(|| "unterminated ${ in value".to_owned())?;
+            let name = &after[..end];
+            let valid =
+                !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(format!("invalid environment variable name {name:?}"));
+            }
+            let resolved =
+                env(name).ok_or_else(|| format!("environment variable {name} is not set"))?;
+            out.push_str(&resolved);
+            rest = &after[end + 1..];
+        } else {
+            out.push('$');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use replicator_model::{InitialOffset, Naming};
+
+    use super::*;
+
+    const VALID: &str = r#"
+[node]
+id = 1
+data_dir = "/tmp/r1"
+raft_addr = "127.0.0.1:7101"
+api_addr = "127.0.0.1:7181"
+
+[cluster]
+secret = "${SECRET}"
+initial_members = { 1 = "127.0.0.1:7101", 2 = "127.0.0.1:7102", 3 = "127.0.0.1:7103" }
+
+[clusters.us]
+url = "iggy://iggy:${PASS}@127.0.0.1:8090"
+
+[clusters.eu]
+url = "iggy+tcp://iggy:iggy@127.0.0.1:8091?nodelay=true"
+
+[[flows]]
+name = "us-to-eu"
+source = "us"
+target = "eu"
+include = ["orders/*"]
+naming = "prefix"
+initial_offset = 42
+poll_interval = "10ms"
+"#;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    fn problem_keys(error: Error) -> Vec<String> {
+        match error {
+            Error::Invalid { problems, .. } => problems.into_iter().map(|p| p.key).collect(),
+            other => panic!("expected Invalid, got {other}"),
+        }
+    }
+
+    #[test]
+    fn valid_file_parses_with_defaults_and_substitution() {
+        let config = parse_str(
+            VALID,
+            "t",
+            env(&[("SECRET", "0123456789abcdef"), ("PASS", "pw")]),
+        )
+        .expect("valid");
+        assert_eq!(config.cluster.secret.expose(), "0123456789abcdef");
+        assert_eq!(
+            config.clusters["us"].url.expose(),
+            "iggy://iggy:pw@127.0.0.1:8090"
+        );
+        let flow = &config.flows[0];
+        assert_eq!(flow.naming, Naming::Prefix);
+        assert_eq!(flow.initial_offset.resolve(), Some(InitialOffset::At(42)));
+        assert_eq!(flow.batch_size, 1000);
+        assert_eq!(flow.poll_interval, Duration::from_millis(10));
+        assert!(flow.provenance);
+        assert_eq!(config.pipeline.discovery_interval, Duration::from_secs(5));
+        assert_eq!(config.initial_members().len(), 3);
+    }
+
+    #[test]
+    fn unknown_key_is_rejected_naming_it() {
+        let text = VALID.replace("naming = \"prefix\"", "namingg = \"prefix\"");
+        let error = parse_str(
+            &text,
+            "t",
+            env(&[("SECRET", "0123456789abcdef"), ("PASS", "p")]),
+        )
+        .expect_err("unknown key");
+        assert!(matches!(error, Error::Syntax { .. }));
+        assert!(error.to_string().contains("namingg"), "{error}");
+    }
+
+    #[test]
+    fn missing_env_var_names_key_and_variable() {
+        let error = parse_str(VALID, "t", env(&[("PASS", "p")])).expect_err("missing var");
+        assert!(error.to_string().contains("cluster.secret"), "{error}");
+        assert!(error.to_string().contains("SECRET"), "{error}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_key() {
+        let text = VALID
+            .replace("source = \"us\"", "source = \"asia\"")
+            .replace("[\"orders/*\"]", "[\"orders/[\"]")
+            .replace("iggy://iggy:${PASS}@127.0.0.1:8090", "http://nope")
+            .replace("initial_offset = 42", "initial_offset = \"oldest\"");
+        let keys =
+            problem_keys(parse_str(&text, "t", env(&[("SECRET", "short")])).expect_err("invalid"));
+        for expected in [
+            "cluster.secret",
+            "clusters.us.url",
+            "flows[0].source",
+            "flows[0].include[0]",
+            "flows[0].initial_offset",
+        ] {
+            assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
+        }
+    }
+
+    #[test]
+    fn escaped_dollar_is_kept_literally() {
+        assert_eq!(expand("a$${b}c$d", &env(&[])).as_deref(), Ok("a${b}c$d"));
+        assert!(expand("${UNCLOSED", &env(&[])).is_err());
+    }
+
+    #[test]
+    fn env_value_cannot_inject_toml() {
+        let config = parse_str(
+            VALID,
+            "t",
+            env(&[("SECRET", "0123456789abcdef\"\n[evil]"), ("PASS", "p")]),
+        )
+        .expect("valid");
+        assert!(config.cluster.secret.expose().ends_with("[evil]"));
+    }
+}

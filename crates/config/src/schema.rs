@@ -1,0 +1,421 @@
+//! The TOML schema. Every struct rejects unknown keys; every field documents its
+//! unit, default and an example, and those comments are the reference the README
+//! copies.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use replicator_model::{InitialOffset, Naming, NodeId};
+use serde::Deserialize;
+
+use crate::error::Problem;
+use crate::secret::{ClusterUrl, Secret};
+
+/// A whole node config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// This instance: `[node]`.
+    pub node: NodeConfig,
+    /// The replicator cluster this instance belongs to: `[cluster]`.
+    pub cluster: ClusterConfig,
+    /// The Iggy clusters flows read from and write to, by alias: `[clusters.<alias>]`.
+    #[serde(default)]
+    pub clusters: BTreeMap<String, IggyClusterConfig>,
+    /// What to replicate: `[[flows]]`.
+    #[serde(default)]
+    pub flows: Vec<FlowConfig>,
+    /// Pipeline tuning shared by all flows: `[pipeline]`.
+    #[serde(default)]
+    pub pipeline: PipelineConfig,
+}
+
+/// `[node]`: the identity and addresses of this instance.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Node id, unique in the cluster and stable across restarts. Required. Example: `1`.
+    pub id: NodeId,
+    /// Directory of the Raft log and state (created if missing; must be this node's own).
+    /// Required. Example: `"/var/lib/iggy-replicator"`.
+    pub data_dir: PathBuf,
+    /// `host:port` the Raft RPC server binds and that peers dial. Required. Example: `"10.0.0.1:7100"`.
+    pub raft_addr: String,
+    /// `host:port` of the admin HTTP API (health, status, metrics). Required. Example: `"0.0.0.0:7180"`.
+    pub api_addr: String,
+    /// Address other nodes and tools use to reach the admin API, when `api_addr` is a
+    /// wildcard. Default: `api_addr`. Example: `"10.0.0.1:7180"`.
+    #[serde(default)]
+    pub advertised_api_addr: Option<String>,
+}
+
+/// `[cluster]`: the replicator cluster (the Raft group).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Shared secret carried by every Raft RPC; also accepted as the admin API bearer token.
+    /// Required, at least 16 characters. Example: `"${REPLICATOR_SECRET}"`.
+    pub secret: Secret,
+    /// Separate bearer token for mutating admin API calls. Default: none (the secret is used).
+    #[serde(default)]
+    pub admin_token: Option<Secret>,
+    /// Members that bootstrap the cluster, node id → Raft `host:port`. Default: this node alone.
+    /// Example: `{ 1 = "10.0.0.1:7100", 2 = "10.0.0.2:7100", 3 = "10.0.0.3:7100" }`.
+    #[serde(default)]
+    pub initial_members: BTreeMap<String, String>,
+    /// How long a member may go without renewing its lease before its partitions move.
+    /// Default: the control plane's (2 s). Example: `"2s"`.
+    #[serde(default, with = "humantime_serde")]
+    pub lease_expiry: Option<Duration>,
+    /// How often a member renews its lease. Default: the control plane's (500 ms). Example: `"500ms"`.
+    #[serde(default, with = "humantime_serde")]
+    pub lease_renew_interval: Option<Duration>,
+    /// Raft heartbeat interval. Default: the control plane's (100 ms). Example: `"100ms"`.
+    #[serde(default, with = "humantime_serde")]
+    pub heartbeat_interval: Option<Duration>,
+    /// Raft election timeout (lower bound; the upper bound is twice this).
+    /// Default: the control plane's (400 ms). Example: `"400ms"`.
+    #[serde(default, with = "humantime_serde")]
+    pub election_timeout: Option<Duration>,
+}
+
+/// `[clusters.<alias>]`: one Iggy cluster.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IggyClusterConfig {
+    /// Iggy TCP connection string with credentials, as the SDK takes it.
+    /// Required. Example: `"iggy://replicator:${IGGY_PASSWORD}@10.1.0.1:8090?nodelay=true"`.
+    pub url: ClusterUrl,
+}
+
+/// `[[flows]]`: one direction of replication between two aliases.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowConfig {
+    /// Unique flow name; part of every work unit's identity. Required. Example: `"us-to-eu"`.
+    pub name: String,
+    /// Alias (key of `[clusters]`) to read from. Required. Example: `"us"`.
+    pub source: String,
+    /// Alias to write to; must differ from `source`. Required. Example: `"eu"`.
+    pub target: String,
+    /// Glob patterns on `stream/topic` selecting what to copy. Default: `["*/*"]`.
+    /// Example: `["orders/*", "billing/invoices"]`.
+    #[serde(default = "default_include")]
+    pub include: Vec<String>,
+    /// Glob patterns on `stream/topic` excluded even if included. Default: `[]`.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Downstream stream naming: `"identity"` or `"prefix"` (`<source>.<stream>`). Default: `"identity"`.
+    #[serde(default)]
+    pub naming: Naming,
+    /// Where a partition without a confirmed offset starts: `"earliest"`, `"latest"` or an
+    /// offset number. Default: `"earliest"`.
+    #[serde(default)]
+    pub initial_offset: InitialOffsetSetting,
+    /// Messages per poll and per send. Default: `1000`; 1 to 100000.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u32,
+    /// Pause between polls of a caught-up partition. Default: `"5ms"`; at most 10 s.
+    #[serde(default = "default_poll_interval", with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Add provenance headers (source alias, source offset, origin) to copied messages; they
+    /// make resume exact and prevent loops in two-way setups. Default: `true`.
+    #[serde(default = "default_true")]
+    pub provenance: bool,
+    /// Batches that may wait between a partition's reader and writer. Default: `2`; 1 to 64.
+    #[serde(default = "default_in_flight")]
+    pub max_in_flight_batches: usize,
+}
+
+/// `initial_offset`: a word or a number in TOML.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum InitialOffsetSetting {
+    /// `"earliest"` or `"latest"`.
+    Word(String),
+    /// A fixed upstream offset.
+    Number(u64),
+}
+
+impl Default for InitialOffsetSetting {
+    fn default() -> Self {
+        InitialOffsetSetting::Word("earliest".to_owned())
+    }
+}
+
+impl InitialOffsetSetting {
+    /// The resolved policy, or `None` for an unknown word.
+    pub fn resolve(&self) -> Option<InitialOffset> {
+        match self {
+            InitialOffsetSetting::Word(word) if word == "earliest" => Some(InitialOffset::Earliest),
+            InitialOffsetSetting::Word(word) if word == "latest" => Some(InitialOffset::Latest),
+            InitialOffsetSetting::Word(_) => None,
+            InitialOffsetSetting::Number(offset) => Some(InitialOffset::At(*offset)),
+        }
+    }
+}
+
+/// `[pipeline]`: tuning shared by all flows.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// How often upstream is listed for new topics and partitions. Default: `"5s"`.
+    #[serde(default = "default_discovery_interval", with = "humantime_serde")]
+    pub discovery_interval: Duration,
+    /// First delay before restarting a failed reader or writer. Default: `"100ms"`.
+    #[serde(default = "default_restart_backoff_min", with = "humantime_serde")]
+    pub restart_backoff_min: Duration,
+    /// Longest delay between restarts of a failing reader or writer. Default: `"10s"`.
+    #[serde(default = "default_restart_backoff_max", with = "humantime_serde")]
+    pub restart_backoff_max: Duration,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            discovery_interval: default_discovery_interval(),
+            restart_backoff_min: default_restart_backoff_min(),
+            restart_backoff_max: default_restart_backoff_max(),
+        }
+    }
+}
+
+fn default_include() -> Vec<String> {
+    vec!["*/*".to_owned()]
+}
+fn default_batch_size() -> u32 {
+    1000
+}
+fn default_poll_interval() -> Duration {
+    Duration::from_millis(5)
+}
+fn default_true() -> bool {
+    true
+}
+fn default_in_flight() -> usize {
+    2
+}
+fn default_discovery_interval() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_restart_backoff_min() -> Duration {
+    Duration::from_millis(100)
+}
+fn default_restart_backoff_max() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl Config {
+    /// Checks every value and returns every problem found (empty when the config is valid).
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        check_host_port(&mut problems, "node.raft_addr", &self.node.raft_addr);
+        check_host_port(&mut problems, "node.api_addr", &self.node.api_addr);
+        if let Some(addr) = &self.node.advertised_api_addr {
+            check_host_port(&mut problems, "node.advertised_api_addr", addr);
+        }
+        if self.node.data_dir.as_os_str().is_empty() {
+            problems.push(Problem::new("node.data_dir", "must not be empty"));
+        }
+        self.cluster.check(&mut problems);
+        for (id, addr) in &self.cluster.initial_members {
+            let key = format!("cluster.initial_members.{id}");
+            if id.parse::<NodeId>().is_err() {
+                problems.push(Problem::new(&key, "member key must be a node id number"));
+            }
+            check_host_port(&mut problems, &key, addr);
+        }
+        if self.clusters.is_empty() && !self.flows.is_empty() {
+            problems.push(Problem::new("clusters", "flows need at least one cluster"));
+        }
+        for (alias, cluster) in &self.clusters {
+            let key = format!("clusters.{alias}.url");
+            if let Err(message) = check_url(cluster.url.expose()) {
+                problems.push(Problem::new(key, message));
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (index, flow) in self.flows.iter().enumerate() {
+            flow.check(&mut problems, &format!("flows[{index}]"), &self.clusters);
+            if !names.insert(flow.name.as_str()) {
+                problems.push(Problem::new(
+                    format!("flows[{index}].name"),
+                    format!("duplicate flow name {:?}", flow.name),
+                ));
+            }
+        }
+        problems
+    }
+
+    /// The initial members with parsed ids; when none are configured, this node alone.
+    /// Keys that are not numbers are skipped (`problems` reports them).
+    pub fn initial_members(&self) -> BTreeMap<NodeId, String> {
+        let members: BTreeMap<NodeId, String> = self
+            .cluster
+            .initial_members
+            .iter()
+            .filter_map(|(id, addr)| Some((id.parse().ok()?, addr.clone())))
+            .collect();
+        if members.is_empty() {
+            BTreeMap::from([(self.node.id, self.node.raft_addr.clone())])
+        } else {
+            members
+        }
+    }
+
+    /// The address peers and tools use for this node's admin API.
+    pub fn advertised_api_addr(&self) -> &str {
+        self.node
+            .advertised_api_addr
+            .as_deref()
+            .unwrap_or(&self.node.api_addr)
+    }
+}
+
+impl ClusterConfig {
+    fn check(&self, problems: &mut Vec<Problem>) {
+        if self.secret.expose().chars().count() < 16 {
+            problems.push(Problem::new(
+                "cluster.secret",
+                "must be at least 16 characters",
+            ));
+        }
+        if let Some(token) = &self.admin_token {
+            if token.expose().chars().count() < 16 {
+                problems.push(Problem::new(
+                    "cluster.admin_token",
+                    "must be at least 16 characters",
+                ));
+            }
+        }
+        let positive = [
+            ("cluster.lease_expiry", self.lease_expiry),
+            ("cluster.lease_renew_interval", self.lease_renew_interval),
+            ("cluster.heartbeat_interval", self.heartbeat_interval),
+            ("cluster.election_timeout", self.election_timeout),
+        ];
+        for (key, value) in positive {
+            if value == Some(Duration::ZERO) {
+                problems.push(Problem::new(key, "must be greater than zero"));
+            }
+        }
+        if let (Some(expiry), Some(renew)) = (self.lease_expiry, self.lease_renew_interval) {
+            if renew * 3 > expiry {
+                problems.push(Problem::new(
+                    "cluster.lease_renew_interval",
+                    "must be at most a third of cluster.lease_expiry",
+                ));
+            }
+        }
+        if let (Some(heartbeat), Some(election)) = (self.heartbeat_interval, self.election_timeout)
+        {
+            if heartbeat * 2 > election {
+                problems.push(Problem::new(
+                    "cluster.heartbeat_interval",
+                    "must be at most half of cluster.election_timeout",
+                ));
+            }
+        }
+    }
+}
+
+impl FlowConfig {
+    fn check(
+        &self,
+        problems: &mut Vec<Problem>,
+        key: &str,
+        clusters: &BTreeMap<String, IggyClusterConfig>,
+    ) {
+        if self.name.trim().is_empty() {
+            problems.push(Problem::new(format!("{key}.name"), "must not be empty"));
+        }
+        for (field, alias) in [("source", &self.source), ("target", &self.target)] {
+            if !clusters.contains_key(alias) {
+                problems.push(Problem::new(
+                    format!("{key}.{field}"),
+                    format!("unknown cluster alias {alias:?} (no [clusters.{alias}] section)"),
+                ));
+            }
+        }
+        if self.source == self.target {
+            problems.push(Problem::new(
+                format!("{key}.target"),
+                "must differ from source",
+            ));
+        }
+        if self.include.is_empty() {
+            problems.push(Problem::new(format!("{key}.include"), "must not be empty"));
+        }
+        for (field, patterns) in [("include", &self.include), ("exclude", &self.exclude)] {
+            for (index, pattern) in patterns.iter().enumerate() {
+                if let Err(error) = globset::Glob::new(pattern) {
+                    problems.push(Problem::new(
+                        format!("{key}.{field}[{index}]"),
+                        format!("invalid glob {pattern:?}: {}", error.kind()),
+                    ));
+                } else if !pattern.contains('/') {
+                    problems.push(Problem::new(
+                        format!("{key}.{field}[{index}]"),
+                        format!("pattern {pattern:?} must have the form \"stream/topic\""),
+                    ));
+                }
+            }
+        }
+        if self.initial_offset.resolve().is_none() {
+            problems.push(Problem::new(
+                format!("{key}.initial_offset"),
+                "must be \"earliest\", \"latest\" or an offset number",
+            ));
+        }
+        if !(1..=100_000).contains(&self.batch_size) {
+            problems.push(Problem::new(
+                format!("{key}.batch_size"),
+                "must be between 1 and 100000",
+            ));
+        }
+        if self.poll_interval.is_zero() || self.poll_interval > Duration::from_secs(10) {
+            problems.push(Problem::new(
+                format!("{key}.poll_interval"),
+                "must be greater than zero and at most 10s",
+            ));
+        }
+        if !(1..=64).contains(&self.max_in_flight_batches) {
+            problems.push(Problem::new(
+                format!("{key}.max_in_flight_batches"),
+                "must be between 1 and 64",
+            ));
+        }
+    }
+}
+
+fn check_host_port(problems: &mut Vec<Problem>, key: &str, value: &str) {
+    let valid = match value.rsplit_once(':') {
+        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok(),
+        None => false,
+    };
+    if !valid {
+        problems.push(Problem::new(
+            key,
+            format!("{value:?} is not a host:port address"),
+        ));
+    }
+}
+
+/// Checks an Iggy URL with the SDK's own parser, so that what passes here also
+/// connects. Only TCP is offered: it is the transport the replicator is tested on.
+fn check_url(url: &str) -> Result<(), String> {
+    use iggy_common::{ConnectionString, TcpConnectionStringOptions};
+    if !(url.starts_with("iggy://") || url.starts_with("iggy+tcp://")) {
+        return Err(
+            "must start with iggy:// or iggy+tcp:// (TCP is the supported transport)".into(),
+        );
+    }
+    let normalised = url.replacen("iggy+tcp://", "iggy://", 1);
+    ConnectionString::<TcpConnectionStringOptions>::new(&normalised)
+        .map(|_| ())
+        .map_err(|_| {
+            "is not a valid Iggy connection string; expected iggy://user:password@host:port[?options]"
+                .into()
+        })
+}
