@@ -1,1 +1,49 @@
-//! replicator-pipeline (being built).
+//! The replication data plane: per flow, discover upstream topics and mirror them downstream;
+//! per assigned unit (one upstream partition of one flow), copy messages in order to the same
+//! partition downstream, exactly once, and confirm progress to the control plane.
+//!
+//! # Layout
+//! - [`Pipeline`] starts, stops ([`Pipeline::shutdown`]) and kills ([`Pipeline::crash`]) an
+//!   instance and exposes per-unit [`UnitStats`].
+//! - `coordinator` follows this node's assignments and supervises one reader/writer pair per unit.
+//! - `reader` polls one upstream partition at explicit offsets; batches go to the writer through
+//!   a bounded channel, never through an actor mailbox.
+//! - `writer` resumes after the highest of the confirmed offset and the last offset found in the
+//!   downstream tail, checks its lease and epoch before every send, stamps provenance and
+//!   commits offsets.
+//! - `discovery` selects topics by glob, creates or grows them downstream, reports units.
+//! - [`ControlPlane`] is the narrow interface to the control plane; [`InMemoryControl`]
+//!   implements it for a single node without Raft.
+//! - [`verify`] compares a flow's source and target partitions message by message.
+//!
+//! The pipeline knows nothing of Raft, sled or openraft (the binary adapts the control crate to
+//! [`ControlPlane`]) and reads no config files.
+#![warn(missing_docs)]
+
+mod backoff;
+mod clients;
+mod control;
+mod coordinator;
+mod discovery;
+mod error;
+mod mapping;
+mod memory;
+mod offsets;
+mod params;
+mod pipeline;
+pub mod provenance;
+mod reader;
+mod stats;
+mod unit;
+pub mod verify;
+mod writer;
+
+pub use backoff::{next_backoff, with_jitter};
+pub use control::{ControlError, ControlPlane};
+pub use error::{Error, Result};
+pub use mapping::{downstream_stream, Selector};
+pub use memory::InMemoryControl;
+pub use offsets::Gap;
+pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams};
+pub use pipeline::Pipeline;
+pub use stats::UnitStats;

@@ -1,0 +1,200 @@
+//! Connections to the Iggy clusters: a few SDK clients per cluster alias, connected lazily,
+//! rebuilt after a connection failure, every call bounded by a timeout.
+//!
+//! The SDK's own reconnect is turned off on purpose: after a transport failure it reconnects and
+//! resends the same request once, so a `send_messages` whose response was lost would be appended
+//! twice without the writer knowing. Here a failed connection is dropped, the caller sees the
+//! error, and a writer re-reads the downstream tail before it sends again.
+
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iggy::prelude::{Client, ClientWrapper, IggyClient, IggyError, TcpClient, TcpClientConfig};
+use iggy_common::{ConnectionString, TcpConnectionStringOptions};
+use tokio::sync::Mutex;
+
+use crate::error::{Error, Result};
+
+/// An established connection as handed to callers.
+#[derive(Clone)]
+pub(crate) struct Conn {
+    /// The SDK client.
+    pub(crate) client: Arc<IggyClient>,
+    /// Which build of the slot this is; invalidating an older build is a no-op.
+    generation: u64,
+    /// Slot index.
+    slot: usize,
+}
+
+/// One connection slot.
+#[derive(Default)]
+struct Slot {
+    /// The current connection (if built) and the number of builds so far.
+    current: Mutex<(Option<Conn>, u64)>,
+}
+
+/// The connections of this instance to one cluster.
+pub(crate) struct Cluster {
+    /// Alias, for errors and logs.
+    alias: String,
+    /// Client configuration parsed once from the connection string.
+    config: Arc<TcpClientConfig>,
+    /// Connection slots; callers pick one by a stable hash (e.g. the partition id).
+    slots: Vec<Slot>,
+    /// Bound of every call.
+    timeout: Duration,
+}
+
+impl Cluster {
+    /// Parses the connection string (TCP only) and prepares `connections` lazy slots.
+    pub(crate) fn new(
+        alias: &str,
+        connection_string: &str,
+        connections: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let invalid = |reason: &str| Error::InvalidParams {
+            field: format!("clusters.{alias}.connection_string"),
+            reason: reason.to_owned(),
+        };
+        let scheme = connection_string.split("://").next().unwrap_or_default();
+        if !matches!(scheme, "iggy" | "iggy+tcp") {
+            return Err(invalid("only iggy:// and iggy+tcp:// (TCP) are supported"));
+        }
+        let parsed = ConnectionString::<TcpConnectionStringOptions>::from_str(connection_string)
+            .map_err(|_| invalid("not a valid Iggy connection string"))?;
+        let mut config = TcpClientConfig::from(parsed);
+        config.reconnection.enabled = false;
+        // Small requests (commits, polls of a caught-up partition) must not wait for Nagle.
+        config.nodelay = true;
+        Ok(Self {
+            alias: alias.to_owned(),
+            config: Arc::new(config),
+            slots: (0..connections.max(1)).map(|_| Slot::default()).collect(),
+            timeout,
+        })
+    }
+
+    /// The cluster alias.
+    pub(crate) fn alias(&self) -> &str {
+        &self.alias
+    }
+
+    /// The connection of `slot` (modulo the slot count), connecting if needed.
+    async fn get(&self, slot: usize) -> Result<Conn> {
+        let slot = slot % self.slots.len();
+        let mut guard = self.slots[slot].current.lock().await;
+        if let Some(conn) = &guard.0 {
+            return Ok(conn.clone());
+        }
+        let tcp =
+            TcpClient::create(self.config.clone()).map_err(|source| self.err("connect", source))?;
+        let client = IggyClient::create(ClientWrapper::Tcp(tcp), None, None);
+        match tokio::time::timeout(self.timeout, client.connect()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(source)) => {
+                shutdown(&client).await;
+                return Err(self.err("connect", source));
+            }
+            Err(_) => {
+                shutdown(&client).await;
+                return Err(Error::Timeout {
+                    cluster: self.alias.clone(),
+                    op: "connect".into(),
+                });
+            }
+        }
+        guard.1 += 1;
+        let conn = Conn {
+            client: Arc::new(client),
+            generation: guard.1,
+            slot,
+        };
+        guard.0 = Some(conn.clone());
+        tracing::debug!(cluster = %self.alias, slot, "connected");
+        Ok(conn)
+    }
+
+    /// Drops `conn` if it is still the slot's current connection.
+    async fn invalidate(&self, conn: &Conn) {
+        let mut guard = self.slots[conn.slot].current.lock().await;
+        if guard
+            .0
+            .as_ref()
+            .is_some_and(|c| c.generation == conn.generation)
+        {
+            guard.0 = None;
+            drop(guard);
+            shutdown(&conn.client).await;
+        }
+    }
+
+    /// Shuts every connection down.
+    pub(crate) async fn close(&self) {
+        for slot in &self.slots {
+            let conn = slot.current.lock().await.0.take();
+            if let Some(conn) = conn {
+                shutdown(&conn.client).await;
+            }
+        }
+    }
+
+    /// Wraps an SDK error with this cluster's alias and the operation.
+    fn err(&self, op: impl Into<String>, source: IggyError) -> Error {
+        Error::Iggy {
+            cluster: self.alias.clone(),
+            op: op.into(),
+            source,
+        }
+    }
+
+    /// Runs one SDK call on the connection of `slot` under the timeout. A connection failure or a
+    /// timeout drops the connection, so the next call reconnects.
+    pub(crate) async fn call<T, F, Fut>(&self, slot: usize, op: &str, f: F) -> Result<T>
+    where
+        F: FnOnce(Arc<IggyClient>) -> Fut,
+        Fut: Future<Output = std::result::Result<T, IggyError>>,
+    {
+        let conn = self.get(slot).await?;
+        let result = tokio::time::timeout(self.timeout, f(conn.client.clone())).await;
+        let err = match result {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(source)) => self.err(op, source),
+            Err(_) => Error::Timeout {
+                cluster: self.alias.clone(),
+                op: op.to_owned(),
+            },
+        };
+        if err.poisons_connection() {
+            self.invalidate(&conn).await;
+        }
+        Err(err)
+    }
+}
+
+/// Shuts an SDK client down (stops its heartbeat), bounded so a wedged socket cannot hang us.
+async fn shutdown(client: &IggyClient) {
+    let _ = tokio::time::timeout(Duration::from_secs(2), client.shutdown()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use assert2::check;
+
+    use super::*;
+
+    #[test]
+    fn only_tcp_connection_strings_are_accepted() {
+        let t = Duration::from_secs(1);
+        check!(Cluster::new("us", "iggy://u:p@127.0.0.1:8090", 1, t).is_ok());
+        check!(Cluster::new("us", "iggy+tcp://u:p@127.0.0.1:8090?tls=false", 2, t).is_ok());
+        let quic = Cluster::new("us", "iggy+quic://u:p@127.0.0.1:8090", 1, t);
+        check!(matches!(quic, Err(Error::InvalidParams { .. })));
+        let bad = Cluster::new("us", "iggy://127.0.0.1", 1, t);
+        check!(
+            matches!(bad, Err(Error::InvalidParams { ref field, .. }) if field == "clusters.us.connection_string")
+        );
+    }
+}

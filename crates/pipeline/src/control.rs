@@ -1,0 +1,54 @@
+//! The narrow view of the control plane the pipeline needs, and its error.
+//!
+//! The Raft control crate implements this through an adapter in the binary; [`InMemoryControl`]
+//! (crate::InMemoryControl) implements it for one node without Raft.
+
+use std::future::Future;
+use std::time::Instant;
+
+use replicator_model::{Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit};
+use tokio::sync::watch;
+
+/// A control-plane failure as the pipeline sees it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{reason}")]
+pub struct ControlError {
+    /// Rendered error of the implementation (its type belongs to another crate).
+    pub reason: String,
+    /// Whether retrying later can succeed (leader change, timeout), as the implementation knows.
+    pub transient: bool,
+}
+
+/// What the pipeline asks of the control plane. Implementations are cheap to clone (a handle).
+pub trait ControlPlane: Clone + Send + Sync + 'static {
+    /// This node's assignments, updated whenever they change.
+    fn assignments(&self) -> watch::Receiver<Vec<Assignment>>;
+
+    /// Until when this node's ownership lease is valid; `None` when it holds no valid lease.
+    fn lease_valid_until(&self) -> Option<Instant>;
+
+    /// Confirmed progress of a unit from the local state, `None` if it was never committed.
+    fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress>;
+
+    /// Commits offsets (the implementation may batch them with other callers'); one outcome per
+    /// commit, in order.
+    fn commit(
+        &self,
+        commits: Vec<OffsetCommit>,
+    ) -> impl Future<Output = Result<Vec<CommitOutcome>, ControlError>> + Send;
+
+    /// Reports the full set of units discovered for a flow; units no longer present are retired
+    /// (unassigned, progress kept).
+    fn report_units(
+        &self,
+        flow: &str,
+        units: Vec<WorkUnit>,
+    ) -> impl Future<Output = Result<(), ControlError>> + Send;
+
+    /// Hands a unit back after its final commit (graceful stop or requested release).
+    fn release(
+        &self,
+        unit: WorkUnit,
+        epoch: Epoch,
+    ) -> impl Future<Output = Result<(), ControlError>> + Send;
+}

@@ -1,0 +1,238 @@
+//! Per-flow discovery: lists upstream streams and topics, selects them by glob, mirrors their
+//! shape downstream (create stream/topic, add partitions), and reports the flow's full unit set
+//! to the control plane. Runs at start and then every discovery interval.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iggy::prelude::{Identifier, IggyError, PartitionClient, StreamClient, Topic, TopicClient};
+use ractor::ActorRef;
+use replicator_model::WorkUnit;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::clients::Cluster;
+use crate::control::ControlPlane;
+use crate::coordinator::CoordinatorMsg;
+use crate::error::{Error, Result};
+use crate::mapping::{downstream_stream, Selector};
+use crate::params::FlowParams;
+
+/// Inputs of one flow's discovery loop.
+pub(crate) struct DiscoveryParams<C> {
+    /// The flow.
+    pub(crate) flow: Arc<FlowParams>,
+    /// Compiled include/exclude globs.
+    pub(crate) selector: Selector,
+    /// Upstream cluster.
+    pub(crate) source: Arc<Cluster>,
+    /// Downstream cluster.
+    pub(crate) target: Arc<Cluster>,
+    /// Control plane (receives the unit set).
+    pub(crate) control: C,
+    /// Told about recreated topics.
+    pub(crate) coordinator: ActorRef<CoordinatorMsg>,
+    /// Pause between rounds.
+    pub(crate) interval: Duration,
+    /// Ends the loop.
+    pub(crate) cancel: CancellationToken,
+}
+
+/// One upstream topic as discovery sees it.
+#[derive(Debug, Clone, PartialEq)]
+struct SeenTopic {
+    /// Creation time (µs), the topic's incarnation.
+    created_at: u64,
+    /// Partition count.
+    partitions: u32,
+    /// Whether the downstream side was mirrored successfully for this shape.
+    mirrored: bool,
+}
+
+/// Runs discovery until cancelled.
+pub(crate) async fn run<C: ControlPlane>(p: DiscoveryParams<C>) {
+    let span = tracing::info_span!("discovery", flow = %p.flow.name);
+    async {
+        let mut seen: BTreeMap<(String, String), SeenTopic> = BTreeMap::new();
+        loop {
+            match discover_once(&p, &mut seen).await {
+                Ok(units) => {
+                    if let Err(err) = p.control.report_units(&p.flow.name, units).await {
+                        tracing::warn!(error = %err, "reporting units failed");
+                    }
+                }
+                Err(err) => tracing::warn!(error = %err, "discovery failed, retrying next round"),
+            }
+            tokio::select! {
+                () = p.cancel.cancelled() => return,
+                () = tokio::time::sleep(p.interval) => {}
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// One discovery round: returns the flow's full unit set.
+async fn discover_once<C: ControlPlane>(
+    p: &DiscoveryParams<C>,
+    seen: &mut BTreeMap<(String, String), SeenTopic>,
+) -> Result<Vec<WorkUnit>> {
+    let streams = p
+        .source
+        .call(0, "get_streams", |c| async move { c.get_streams().await })
+        .await?;
+    let mut now: BTreeMap<(String, String), (SeenTopic, Topic)> = BTreeMap::new();
+    for stream in streams {
+        let id = named(&stream.name)?;
+        let details = p
+            .source
+            .call(0, "get_stream", |c| async move { c.get_stream(&id).await })
+            .await?;
+        let Some(details) = details else { continue };
+        for topic in details.topics {
+            if !p.selector.matches(&stream.name, &topic.name) {
+                continue;
+            }
+            let seen_topic = SeenTopic {
+                created_at: topic.created_at.as_micros(),
+                partitions: topic.partitions_count,
+                mirrored: true,
+            };
+            now.insert(
+                (stream.name.clone(), topic.name.clone()),
+                (seen_topic, topic),
+            );
+        }
+    }
+    for (key, old) in seen.iter() {
+        match now.get(key) {
+            None => tracing::warn!(
+                stream = %key.0, topic = %key.1,
+                "upstream topic deleted; its units stop, their offsets are kept"
+            ),
+            Some((new, _)) if new.created_at != old.created_at => {
+                tracing::warn!(
+                    stream = %key.0, topic = %key.1,
+                    "upstream topic recreated; its units restart from the initial offset"
+                );
+                let _ = p.coordinator.send_message(CoordinatorMsg::TopicRecreated {
+                    flow: p.flow.name.clone(),
+                    stream: key.0.clone(),
+                    topic: key.1.clone(),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    let mut units = Vec::new();
+    for ((stream, _), (seen_topic, topic)) in now.iter_mut() {
+        let key = (stream.clone(), topic.name.clone());
+        let unchanged = seen.get(&key).is_some_and(|old| {
+            old.mirrored
+                && old.created_at == seen_topic.created_at
+                && old.partitions == seen_topic.partitions
+        });
+        if !unchanged {
+            if let Err(err) = mirror(p, stream, topic).await {
+                tracing::warn!(
+                    stream = %stream, topic = %topic.name, error = %err,
+                    "could not mirror topic downstream, retrying next round"
+                );
+                seen_topic.mirrored = false;
+            }
+        }
+        units.extend(
+            (0..topic.partitions_count)
+                .map(|partition| WorkUnit::new(&p.flow.name, stream, &topic.name, partition)),
+        );
+    }
+    *seen = now.into_iter().map(|(k, (t, _))| (k, t)).collect();
+    Ok(units)
+}
+
+/// Creates the downstream stream and topic if missing (same partition count, compression,
+/// message expiry and max size) and adds partitions when upstream has more.
+async fn mirror<C>(p: &DiscoveryParams<C>, stream: &str, topic: &Topic) -> Result<()> {
+    let down_stream = downstream_stream(p.flow.naming, &p.flow.source, stream);
+    let (sid, tid) = (named(&down_stream)?, named(&topic.name)?);
+    let (s, t) = (sid.clone(), tid.clone());
+    let existing = p
+        .target
+        .call(0, "get_topic", |c| async move { c.get_topic(&s, &t).await })
+        .await?;
+    match existing {
+        Some(down) if down.partitions_count >= topic.partitions_count => Ok(()),
+        Some(down) => {
+            let add = topic.partitions_count - down.partitions_count;
+            let (s, t) = (sid.clone(), tid.clone());
+            p.target
+                .call(0, "create_partitions", |c| async move {
+                    c.create_partitions(&s, &t, add).await
+                })
+                .await?;
+            tracing::info!(stream = %down_stream, topic = %topic.name, added = add, "partitions added downstream");
+            Ok(())
+        }
+        None => {
+            let name = down_stream.clone();
+            let created = p
+                .target
+                .call(0, "create_stream", |c| async move {
+                    c.create_stream(&name).await
+                })
+                .await;
+            ignore_exists(
+                created.map(|_| ()),
+                IggyError::StreamNameAlreadyExists(String::new()),
+            )?;
+            let topic_name = topic.name.clone();
+            let (partitions, compression, expiry, max_size) = (
+                topic.partitions_count,
+                topic.compression_algorithm,
+                topic.message_expiry,
+                topic.max_topic_size,
+            );
+            let s = sid.clone();
+            let created = p
+                .target
+                .call(0, "create_topic", |c| async move {
+                    c.create_topic(
+                        &s,
+                        &topic_name,
+                        partitions,
+                        compression,
+                        None,
+                        expiry,
+                        max_size,
+                    )
+                    .await
+                })
+                .await;
+            ignore_exists(
+                created.map(|_| ()),
+                IggyError::TopicNameAlreadyExists(String::new(), Identifier::default()),
+            )?;
+            tracing::info!(stream = %down_stream, topic = %topic.name, partitions, "topic created downstream");
+            Ok(())
+        }
+    }
+}
+
+/// Treats "already exists" (another instance created it first) as success.
+fn ignore_exists(result: Result<()>, exists: IggyError) -> Result<()> {
+    match result {
+        Err(Error::Iggy { ref source, .. }) if source.as_code() == exists.as_code() => Ok(()),
+        other => other,
+    }
+}
+
+/// A named identifier for discovery (names come from the server, so they are valid).
+fn named(name: &str) -> Result<Identifier> {
+    Identifier::named(name).map_err(|source| Error::Iggy {
+        cluster: String::new(),
+        op: format!("name `{name}`"),
+        source,
+    })
+}

@@ -1,0 +1,152 @@
+//! The pipeline's error type and its transient/permanent classification.
+
+use iggy::prelude::IggyError;
+use replicator_model::{Epoch, WorkUnit};
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the pipeline, with the identity needed to act on it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `PipelineParams` or `VerifyParams` are inconsistent (unknown cluster alias, bad glob, zero sizes).
+    #[error("invalid pipeline parameters: {field}: {reason}")]
+    InvalidParams {
+        /// Path of the offending field, e.g. `flows[1].include[0]`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A call to an Iggy cluster failed.
+    #[error("iggy cluster `{cluster}`: {op} failed")]
+    Iggy {
+        /// Cluster alias, e.g. `us`.
+        cluster: String,
+        /// The operation, e.g. `poll_messages orders/created/3`.
+        op: String,
+        /// The SDK's error.
+        #[source]
+        source: IggyError,
+    },
+    /// A call to an Iggy cluster did not answer within the operation timeout.
+    #[error("iggy cluster `{cluster}`: {op} timed out")]
+    Timeout {
+        /// Cluster alias.
+        cluster: String,
+        /// The operation.
+        op: String,
+    },
+    /// The upstream topic of a unit no longer exists.
+    #[error("upstream topic of {unit} does not exist")]
+    UpstreamTopicGone {
+        /// The unit whose topic is gone.
+        unit: WorkUnit,
+    },
+    /// The downstream topic or partition of a unit does not exist (yet): discovery creates it.
+    #[error("downstream topic {stream}/{topic} partition {partition} of {unit} does not exist")]
+    DownstreamMissing {
+        /// The unit being written.
+        unit: WorkUnit,
+        /// Downstream stream name.
+        stream: String,
+        /// Downstream topic name.
+        topic: String,
+        /// Partition id.
+        partition: u32,
+    },
+    /// The control plane refused or failed a request.
+    #[error("control plane: {op} failed: {reason}")]
+    Control {
+        /// The operation, e.g. `commit`.
+        op: &'static str,
+        /// The control plane's error, rendered (its type belongs to the control crate).
+        reason: String,
+        /// Whether retrying can help (as classified by the control plane).
+        transient: bool,
+    },
+    /// The unit is owned under another epoch: the writer must stop.
+    #[error("{unit} is fenced: own epoch {epoch}, current {current:?}")]
+    Fenced {
+        /// The unit.
+        unit: WorkUnit,
+        /// The epoch this instance held.
+        epoch: Epoch,
+        /// The epoch the control plane holds, if any.
+        current: Option<Epoch>,
+    },
+    /// An actor could not be spawned or did not answer.
+    #[error("actor {name}: {reason}")]
+    Actor {
+        /// Actor name, e.g. `coordinator/n1`.
+        name: String,
+        /// What failed.
+        reason: String,
+    },
+    /// A message could not be built (e.g. provenance headers would exceed Iggy's limits).
+    #[error("message at offset {offset} of {unit} cannot be forwarded: {source}")]
+    Message {
+        /// The unit.
+        unit: WorkUnit,
+        /// Upstream offset of the message.
+        offset: u64,
+        /// The SDK's validation error.
+        #[source]
+        source: IggyError,
+    },
+}
+
+impl Error {
+    /// Whether a retry (after a backoff) can succeed without anyone changing anything.
+    ///
+    /// Connection failures, timeouts and missing downstream topics (discovery creates them) are
+    /// transient; fencing, invalid params and malformed messages are not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Iggy { source, .. } => is_connection_error(source) || is_missing(source),
+            Error::Timeout { .. } | Error::DownstreamMissing { .. } => true,
+            Error::UpstreamTopicGone { .. } => true,
+            Error::Control { transient, .. } => *transient,
+            Error::InvalidParams { .. }
+            | Error::Fenced { .. }
+            | Error::Actor { .. }
+            | Error::Message { .. } => false,
+        }
+    }
+
+    /// Whether the connection that produced this error must be dropped and rebuilt.
+    pub(crate) fn poisons_connection(&self) -> bool {
+        match self {
+            Error::Iggy { source, .. } => is_connection_error(source),
+            Error::Timeout { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// Errors after which the connection state is unknown (the SDK's own reconnect set plus shutdown).
+pub(crate) fn is_connection_error(err: &IggyError) -> bool {
+    matches!(
+        err,
+        IggyError::Disconnected
+            | IggyError::EmptyResponse
+            | IggyError::Unauthenticated
+            | IggyError::StaleClient
+            | IggyError::NotConnected
+            | IggyError::CannotEstablishConnection
+            | IggyError::TcpError
+            | IggyError::ClientShutdown
+            | IggyError::ShardCommunicationError
+    )
+}
+
+/// Errors that mean "the stream, topic or partition addressed does not exist".
+pub(crate) fn is_missing(err: &IggyError) -> bool {
+    matches!(
+        err,
+        IggyError::StreamIdNotFound(_)
+            | IggyError::StreamNameNotFound(_)
+            | IggyError::TopicIdNotFound(_, _)
+            | IggyError::TopicNameNotFound(_, _)
+            | IggyError::PartitionNotFound(_, _, _)
+    )
+}

@@ -1,0 +1,226 @@
+//! Resolved inputs of the pipeline. The binary builds these from validated config; tests build them
+//! directly. Nothing in here is read from files or the environment.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use replicator_model::{InitialOffset, Naming, NodeId};
+
+use crate::error::{Error, Result};
+
+/// Everything `Pipeline::start` needs.
+#[derive(Debug, Clone)]
+pub struct PipelineParams {
+    /// This instance's node id (`[node] id`), e.g. `1`. Used in actor names and spans.
+    pub node_id: NodeId,
+    /// Iggy clusters by alias (`[clusters.<alias>]`), e.g. `{"us": ..., "eu": ...}`.
+    pub clusters: BTreeMap<String, ClusterParams>,
+    /// The flows to run (`[[flows]]`); each names a source and a target alias of `clusters`.
+    pub flows: Vec<FlowParams>,
+    /// How often each flow re-lists upstream streams and topics, e.g. 5 s (the default).
+    pub discovery_interval: Duration,
+    /// Backoff for restarting a failed reader/writer pair and for retrying failed Iggy calls.
+    pub backoff: BackoffParams,
+    /// How long one transient failure streak may be retried inside a reader or writer before the
+    /// error is handed to the coordinator (which restarts the pair after a backoff), e.g. 30 s.
+    pub retry_budget: Duration,
+    /// Timeout of every single Iggy call (connect, poll, send, metadata), e.g. 10 s. A call that
+    /// times out poisons its connection, which is then rebuilt.
+    pub operation_timeout: Duration,
+    /// A writer sends only while its lease is valid for at least this long, e.g. 500 ms. It must
+    /// exceed the time one send can take, so that a send never lands after the lease ran out.
+    pub lease_safety_margin: Duration,
+    /// How many downstream messages a starting writer scans back to find the last one it wrote,
+    /// e.g. 10 000. Must exceed the number of foreign messages (other producers, reverse flows)
+    /// appended to one downstream partition between a crash and the restart.
+    pub tail_scan_window: u32,
+    /// How long `shutdown` waits for in-flight writes, final commits and releases, e.g. 30 s.
+    pub shutdown_timeout: Duration,
+}
+
+impl PipelineParams {
+    /// Params with the documented defaults, the given node id, clusters and flows.
+    pub fn new(
+        node_id: NodeId,
+        clusters: BTreeMap<String, ClusterParams>,
+        flows: Vec<FlowParams>,
+    ) -> Self {
+        Self {
+            node_id,
+            clusters,
+            flows,
+            discovery_interval: Duration::from_secs(5),
+            backoff: BackoffParams::default(),
+            retry_budget: Duration::from_secs(30),
+            operation_timeout: Duration::from_secs(10),
+            lease_safety_margin: Duration::from_millis(500),
+            tail_scan_window: 10_000,
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Checks cross-references and bounds; returns the first problem with its field path.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field: String, reason: &str| Error::InvalidParams {
+            field,
+            reason: reason.to_owned(),
+        };
+        for (alias, cluster) in &self.clusters {
+            if cluster.connections == 0 {
+                return Err(invalid(
+                    format!("clusters.{alias}.connections"),
+                    "must be at least 1",
+                ));
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, flow) in self.flows.iter().enumerate() {
+            if flow.name.is_empty() || flow.name.contains('/') {
+                return Err(invalid(
+                    format!("flows[{i}].name"),
+                    "must be non-empty without '/'",
+                ));
+            }
+            if !names.insert(flow.name.as_str()) {
+                return Err(invalid(format!("flows[{i}].name"), "duplicate flow name"));
+            }
+            for (field, alias) in [("source", &flow.source), ("target", &flow.target)] {
+                if !self.clusters.contains_key(alias) {
+                    return Err(invalid(
+                        format!("flows[{i}].{field}"),
+                        "unknown cluster alias",
+                    ));
+                }
+            }
+            if flow.source == flow.target {
+                return Err(invalid(
+                    format!("flows[{i}].target"),
+                    "must differ from source",
+                ));
+            }
+            if flow.batch_size == 0 {
+                return Err(invalid(
+                    format!("flows[{i}].batch_size"),
+                    "must be at least 1",
+                ));
+            }
+            if flow.channel_capacity == 0 {
+                return Err(invalid(
+                    format!("flows[{i}].channel_capacity"),
+                    "must be at least 1",
+                ));
+            }
+            crate::mapping::Selector::new(&flow.include, &flow.exclude)
+                .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
+        }
+        if self.tail_scan_window == 0 {
+            return Err(invalid("tail_scan_window".into(), "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// One Iggy cluster.
+#[derive(Clone)]
+pub struct ClusterParams {
+    /// SDK connection string, e.g. `iggy://user:secret@10.0.0.1:8090` (TCP only). Never logged.
+    pub connection_string: String,
+    /// Connections this instance opens to the cluster, e.g. 1. Units are spread over them by
+    /// partition; the SDK serialises requests per connection.
+    pub connections: usize,
+}
+
+impl ClusterParams {
+    /// One connection to the given connection string.
+    pub fn new(connection_string: impl Into<String>) -> Self {
+        Self {
+            connection_string: connection_string.into(),
+            connections: 1,
+        }
+    }
+}
+
+impl std::fmt::Debug for ClusterParams {
+    /// Prints the address only: the connection string may hold credentials.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let address = self
+            .connection_string
+            .rsplit_once('@')
+            .map_or("****", |(_, rest)| rest);
+        f.debug_struct("ClusterParams")
+            .field("address", &address)
+            .field("connections", &self.connections)
+            .finish()
+    }
+}
+
+/// One flow: what to copy from where to where, and how.
+#[derive(Debug, Clone)]
+pub struct FlowParams {
+    /// Flow name, unique in the cluster, e.g. `us-to-eu`. Part of every unit's identity.
+    pub name: String,
+    /// Source cluster alias (a key of `PipelineParams::clusters`), e.g. `us`.
+    pub source: String,
+    /// Target cluster alias, e.g. `eu`.
+    pub target: String,
+    /// Globs on `stream/topic` selecting what to copy, e.g. `["orders/*"]`. Empty selects nothing.
+    pub include: Vec<String>,
+    /// Globs on `stream/topic` removed from the selection, e.g. `["*/tmp-*"]`.
+    pub exclude: Vec<String>,
+    /// How downstream stream names are derived.
+    pub naming: Naming,
+    /// Where a unit without a confirmed offset starts.
+    pub initial_offset: InitialOffset,
+    /// Messages per poll and per send, e.g. 1000.
+    pub batch_size: u32,
+    /// How long a caught-up reader waits before polling again, e.g. 5 ms.
+    pub poll_interval: Duration,
+    /// Whether writers add provenance headers (source alias, source offset, origin cluster).
+    /// Turning it off also turns off tail-based exactly-once and loop prevention.
+    pub provenance: bool,
+    /// Batches in flight between one reader and its writer, e.g. 2 (the reader blocks when full).
+    pub channel_capacity: usize,
+}
+
+impl FlowParams {
+    /// A flow with the default batching (1000 messages, 5 ms, 2 batches in flight), provenance on,
+    /// identity naming and `earliest` start.
+    pub fn new(
+        name: impl Into<String>,
+        source: impl Into<String>,
+        target: impl Into<String>,
+        include: Vec<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            source: source.into(),
+            target: target.into(),
+            include,
+            exclude: Vec::new(),
+            naming: Naming::Identity,
+            initial_offset: InitialOffset::Earliest,
+            batch_size: 1000,
+            poll_interval: Duration::from_millis(5),
+            provenance: true,
+            channel_capacity: 2,
+        }
+    }
+}
+
+/// Bounds of the exponential backoff with jitter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackoffParams {
+    /// First delay, e.g. 100 ms.
+    pub initial: Duration,
+    /// Cap of the delay, e.g. 10 s.
+    pub max: Duration,
+}
+
+impl Default for BackoffParams {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+        }
+    }
+}

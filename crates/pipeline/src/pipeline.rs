@@ -1,0 +1,177 @@
+//! `Pipeline`: the running data plane of one instance (discovery loops plus the coordinator and
+//! its unit actors), with `start`, `shutdown`, `crash` and `stats`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{call_t, Actor, ActorRef};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::clients::Cluster;
+use crate::control::ControlPlane;
+use crate::coordinator::{Coordinator, CoordinatorArgs, CoordinatorMsg};
+use crate::discovery::{self, DiscoveryParams};
+use crate::error::{Error, Result};
+use crate::mapping::Selector;
+use crate::params::PipelineParams;
+use crate::stats::UnitStats;
+use crate::unit::UnitTuning;
+
+/// How long `stats` waits for the coordinator.
+const STATS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A running pipeline instance.
+pub struct Pipeline {
+    /// The coordinator actor.
+    coordinator: ActorRef<CoordinatorMsg>,
+    /// Its task.
+    coordinator_task: JoinHandle<()>,
+    /// One discovery loop per flow.
+    discovery: Vec<JoinHandle<()>>,
+    /// Stops the discovery loops.
+    cancel: CancellationToken,
+    /// Connections, closed at the end.
+    clusters: Vec<Arc<Cluster>>,
+    /// Bound of the graceful drain.
+    shutdown_timeout: Duration,
+}
+
+impl Pipeline {
+    /// Validates `params`, prepares the connections (lazily connected, so an unavailable
+    /// cluster only delays its flows), starts the coordinator and one discovery loop per flow.
+    #[tracing::instrument(skip_all, fields(node = %params.node_id), err)]
+    pub async fn start<C: ControlPlane>(params: PipelineParams, control: C) -> Result<Self> {
+        params.validate()?;
+        let mut clusters = BTreeMap::new();
+        for (alias, cluster) in &params.clusters {
+            let c = Cluster::new(
+                alias,
+                &cluster.connection_string,
+                cluster.connections,
+                params.operation_timeout,
+            )?;
+            clusters.insert(alias.clone(), Arc::new(c));
+        }
+        let flows: BTreeMap<_, _> = params
+            .flows
+            .iter()
+            .map(|f| (f.name.clone(), Arc::new(f.clone())))
+            .collect();
+        let tuning = UnitTuning {
+            backoff: params.backoff,
+            retry_budget: params.retry_budget,
+            lease_safety_margin: params.lease_safety_margin,
+            tail_scan_window: params.tail_scan_window,
+        };
+        let name = format!("coordinator/n{}", params.node_id);
+        let (coordinator, coordinator_task) = Coordinator::<C>::spawn(
+            Some(name.clone()),
+            Coordinator::new(),
+            CoordinatorArgs {
+                node_id: params.node_id,
+                control: control.clone(),
+                flows: flows.clone(),
+                clusters: clusters.clone(),
+                tuning,
+            },
+        )
+        .await
+        .map_err(|e| Error::Actor {
+            name,
+            reason: e.to_string(),
+        })?;
+        let cancel = CancellationToken::new();
+        let mut discovery = Vec::new();
+        for flow in flows.values() {
+            let selector = Selector::new(&flow.include, &flow.exclude)
+                .map_err(|(field, reason)| Error::InvalidParams { field, reason })?;
+            let (Some(source), Some(target)) =
+                (clusters.get(&flow.source), clusters.get(&flow.target))
+            else {
+                continue;
+            };
+            discovery.push(tokio::spawn(discovery::run(DiscoveryParams {
+                flow: flow.clone(),
+                selector,
+                source: source.clone(),
+                target: target.clone(),
+                control: control.clone(),
+                coordinator: coordinator.clone(),
+                interval: params.discovery_interval,
+                cancel: cancel.clone(),
+            })));
+        }
+        tracing::info!(flows = flows.len(), "pipeline started");
+        Ok(Self {
+            coordinator,
+            coordinator_task,
+            discovery,
+            cancel,
+            clusters: clusters.into_values().collect(),
+            shutdown_timeout: params.shutdown_timeout,
+        })
+    }
+
+    /// Statistics of every unit this instance has worked on since it started.
+    pub async fn stats(&self) -> Result<Vec<UnitStats>> {
+        call_t!(
+            self.coordinator,
+            CoordinatorMsg::Stats,
+            STATS_TIMEOUT.as_millis() as u64
+        )
+        .map_err(|e| Error::Actor {
+            name: "coordinator".into(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Graceful stop (SIGTERM): stop discovery, stop reading, finish in-flight writes, commit,
+    /// release every unit, then close the connections. Bounded by the shutdown timeout, after
+    /// which whatever still runs is aborted.
+    #[tracing::instrument(skip_all)]
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        for task in self.discovery {
+            let _ = task.await;
+        }
+        let drained = call_t!(
+            self.coordinator,
+            CoordinatorMsg::Drain,
+            self.shutdown_timeout.as_millis() as u64
+        );
+        if let Err(err) = drained {
+            tracing::warn!(error = %err, "drain did not finish in time; aborting the rest");
+            for child in self.coordinator.get_children() {
+                child.kill();
+            }
+        }
+        self.coordinator.stop(Some("shutdown".into()));
+        let _ = self.coordinator_task.await;
+        for cluster in &self.clusters {
+            cluster.close().await;
+        }
+        tracing::info!("pipeline stopped");
+    }
+
+    /// Abrupt stop for tests (`kill -9`): aborts every actor and task at once, without draining,
+    /// committing or releasing anything.
+    pub async fn crash(self) {
+        self.cancel.cancel();
+        for task in &self.discovery {
+            task.abort();
+        }
+        for child in self.coordinator.get_children() {
+            child.kill();
+        }
+        self.coordinator.kill();
+        let _ = self.coordinator_task.await;
+        for task in self.discovery {
+            let _ = task.await;
+        }
+        for cluster in &self.clusters {
+            cluster.close().await;
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! Provenance headers: which cluster and offset a downstream message was copied from.
+//!
+//! Iggy user headers are a flat list of TLV entries (`key kind u8, key len u32 LE, key, value kind
+//! u8, value len u32 LE, value`). Writers copy the user's entries byte for byte and append four
+//! entries of their own; readers of provenance scan the list without building a map.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// Key of the source cluster alias (String), e.g. `us`.
+pub const SOURCE_KEY: &str = "repl-source";
+/// Key of the upstream offset of the message (Uint64).
+pub const OFFSET_KEY: &str = "repl-offset";
+/// Key of the cluster where the message was first produced (String); kept across hops.
+pub const ORIGIN_KEY: &str = "repl-origin";
+/// Key of the creation time (µs) of the upstream topic incarnation (Uint64).
+pub const CREATED_KEY: &str = "repl-created";
+
+/// Iggy's header kind code for UTF-8 strings.
+const KIND_STRING: u8 = 2;
+/// Iggy's header kind code for `u64`.
+const KIND_UINT64: u8 = 12;
+/// Iggy's limit on the encoded user headers of one message.
+pub const MAX_USER_HEADERS_SIZE: usize = 100_000;
+
+/// One TLV entry as borrowed slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry<'a> {
+    /// Key kind code.
+    key_kind: u8,
+    /// Key bytes.
+    key: &'a [u8],
+    /// Value kind code.
+    value_kind: u8,
+    /// Value bytes.
+    value: &'a [u8],
+    /// The whole encoded entry.
+    raw: &'a [u8],
+}
+
+/// Iterates the entries of encoded user headers; `None` on the first malformed entry.
+fn entries(mut bytes: &[u8]) -> impl Iterator<Item = Option<Entry<'_>>> {
+    std::iter::from_fn(move || {
+        if bytes.is_empty() {
+            return None;
+        }
+        let parsed = (|| {
+            let all = bytes;
+            let (key_kind, key, rest) = field(bytes)?;
+            let (value_kind, value, rest) = field(rest)?;
+            let used = all.len() - rest.len();
+            Some((
+                Entry {
+                    key_kind,
+                    key,
+                    value_kind,
+                    value,
+                    raw: &all[..used],
+                },
+                rest,
+            ))
+        })();
+        match parsed {
+            Some((entry, rest)) => {
+                bytes = rest;
+                Some(Some(entry))
+            }
+            None => {
+                bytes = &[];
+                Some(None)
+            }
+        }
+    })
+}
+
+/// Splits one `kind, len, bytes` field off the front.
+fn field(bytes: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&kind, rest) = bytes.split_first()?;
+    let len_bytes: [u8; 4] = rest.get(..4)?.try_into().ok()?;
+    let len = u32::from_le_bytes(len_bytes) as usize;
+    let value = rest.get(4..4 + len)?;
+    Some((kind, value, &rest[4 + len..]))
+}
+
+/// Whether an entry is one of ours.
+fn is_ours(entry: &Entry<'_>) -> bool {
+    entry.key_kind == KIND_STRING
+        && [SOURCE_KEY, OFFSET_KEY, ORIGIN_KEY, CREATED_KEY]
+            .iter()
+            .any(|k| k.as_bytes() == entry.key)
+}
+
+/// The provenance found on a message (each part only if present and well-formed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Found<'a> {
+    /// Alias of the cluster the message was last copied from.
+    pub source: Option<&'a str>,
+    /// Offset of the message in that cluster.
+    pub offset: Option<u64>,
+    /// Cluster where the message was first produced.
+    pub origin: Option<&'a str>,
+    /// Creation time (µs) of the topic incarnation in the source cluster.
+    pub topic_created_at: Option<u64>,
+}
+
+impl Found<'_> {
+    /// The cluster the message was first produced in, if it was ever replicated.
+    pub fn origin_cluster(&self) -> Option<&str> {
+        self.origin.or(self.source)
+    }
+}
+
+/// Reads our entries from encoded user headers (malformed headers yield what was read so far).
+pub fn find(user_headers: Option<&[u8]>) -> Found<'_> {
+    let mut found = Found::default();
+    let Some(bytes) = user_headers else {
+        return found;
+    };
+    for entry in entries(bytes) {
+        let Some(entry) = entry else { break };
+        if entry.key_kind != KIND_STRING {
+            continue;
+        }
+        let as_str = || {
+            (entry.value_kind == KIND_STRING)
+                .then(|| std::str::from_utf8(entry.value).ok())
+                .flatten()
+        };
+        let as_u64 = || {
+            (entry.value_kind == KIND_UINT64)
+                .then(|| entry.value.try_into().ok().map(u64::from_le_bytes))
+                .flatten()
+        };
+        match entry.key {
+            k if k == SOURCE_KEY.as_bytes() => found.source = as_str(),
+            k if k == OFFSET_KEY.as_bytes() => found.offset = as_u64(),
+            k if k == ORIGIN_KEY.as_bytes() => found.origin = as_str(),
+            k if k == CREATED_KEY.as_bytes() => found.topic_created_at = as_u64(),
+            _ => {}
+        }
+    }
+    found
+}
+
+/// Whether the headers hold any entry of ours (cheap pre-check before rewriting).
+fn has_ours(bytes: &[u8]) -> bool {
+    entries(bytes).any(|e| e.is_some_and(|e| is_ours(&e)))
+}
+
+/// The user's own entries: the headers without ours, byte for byte (`None` if nothing is left).
+/// Malformed headers are returned unchanged.
+pub fn strip(user_headers: Option<&[u8]>) -> Option<Vec<u8>> {
+    let bytes = user_headers?;
+    if entries(bytes).any(|e| e.is_none()) {
+        return Some(bytes.to_vec());
+    }
+    let kept: Vec<u8> = entries(bytes)
+        .flatten()
+        .filter(|e| !is_ours(e))
+        .flat_map(|e| e.raw.iter().copied())
+        .collect();
+    (!kept.is_empty()).then_some(kept)
+}
+
+/// What a writer stamps on each message.
+#[derive(Debug, Clone, Copy)]
+pub struct Stamp<'a> {
+    /// Alias of the cluster the message is copied from (the flow's source).
+    pub source: &'a str,
+    /// Upstream offset of the message.
+    pub offset: u64,
+    /// Creation time (µs) of the upstream topic.
+    pub topic_created_at: u64,
+}
+
+/// Encoded size of one entry with a string key.
+fn entry_len(key: &str, value_len: usize) -> usize {
+    1 + 4 + key.len() + 1 + 4 + value_len
+}
+
+/// Appends one entry with a string key.
+fn put_entry(buf: &mut BytesMut, key: &str, kind: u8, value: &[u8]) {
+    buf.put_u8(KIND_STRING);
+    buf.put_u32_le(key.len() as u32);
+    buf.put_slice(key.as_bytes());
+    buf.put_u8(kind);
+    buf.put_u32_le(value.len() as u32);
+    buf.put_slice(value);
+}
+
+/// The user headers to send downstream: the user's entries byte for byte, then ours. An origin
+/// found on the message is kept (it names the first hop); otherwise the source is the origin.
+/// `None` when the result would exceed Iggy's user-header limit.
+pub fn stamp(user_headers: Option<&[u8]>, stamp: &Stamp<'_>) -> Option<Bytes> {
+    let existing = user_headers.unwrap_or_default();
+    let found = find(user_headers);
+    let origin = found.origin_cluster().unwrap_or(stamp.source);
+    let ours = entry_len(SOURCE_KEY, stamp.source.len())
+        + entry_len(OFFSET_KEY, 8)
+        + entry_len(ORIGIN_KEY, origin.len())
+        + entry_len(CREATED_KEY, 8);
+    let mut buf = BytesMut::with_capacity(existing.len() + ours);
+    if has_ours(existing) {
+        for entry in entries(existing).flatten().filter(|e| !is_ours(e)) {
+            buf.put_slice(entry.raw);
+        }
+    } else {
+        buf.put_slice(existing);
+    }
+    put_entry(&mut buf, SOURCE_KEY, KIND_STRING, stamp.source.as_bytes());
+    put_entry(
+        &mut buf,
+        OFFSET_KEY,
+        KIND_UINT64,
+        &stamp.offset.to_le_bytes(),
+    );
+    put_entry(&mut buf, ORIGIN_KEY, KIND_STRING, origin.as_bytes());
+    put_entry(
+        &mut buf,
+        CREATED_KEY,
+        KIND_UINT64,
+        &stamp.topic_created_at.to_le_bytes(),
+    );
+    (buf.len() <= MAX_USER_HEADERS_SIZE).then(|| buf.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::str::FromStr;
+
+    use assert2::{assert, check};
+    use iggy::prelude::{HeaderKey, HeaderValue, IggyMessage};
+
+    use super::*;
+
+    fn user_headers(pairs: &[(&str, &str)]) -> Bytes {
+        let map: BTreeMap<HeaderKey, HeaderValue> = pairs
+            .iter()
+            .map(|(k, v)| {
+                (
+                    HeaderKey::from_str(k).expect("valid key"),
+                    HeaderValue::from_str(v).expect("valid value"),
+                )
+            })
+            .collect();
+        let msg = IggyMessage::builder()
+            .payload(Bytes::from_static(b"x"))
+            .user_headers(map)
+            .build()
+            .expect("valid message");
+        msg.user_headers.expect("headers set")
+    }
+
+    fn stamp_of(source: &str, offset: u64) -> Stamp<'_> {
+        Stamp {
+            source,
+            offset,
+            topic_created_at: 77,
+        }
+    }
+
+    #[test]
+    fn stamp_keeps_user_entries_byte_for_byte_and_sdk_parses_result() {
+        let original = user_headers(&[("trace", "abc"), ("b", "2")]);
+        let stamped = stamp(Some(&original), &stamp_of("us", 42)).expect("fits");
+        check!(stamped.starts_with(&original));
+        let msg = IggyMessage {
+            user_headers: Some(stamped.clone()),
+            ..IggyMessage::from("p")
+        };
+        let map = msg.user_headers_map().expect("sdk parses").expect("some");
+        check!(map.len() == 6);
+        let found = find(Some(&stamped));
+        check!(found.source == Some("us"));
+        check!(found.offset == Some(42));
+        check!(found.origin == Some("us"));
+        check!(found.topic_created_at == Some(77));
+        check!(strip(Some(&stamped)) == Some(original.to_vec()));
+    }
+
+    #[test]
+    fn stamp_without_user_headers_adds_only_ours() {
+        let stamped = stamp(None, &stamp_of("us", 1)).expect("fits");
+        check!(strip(Some(&stamped)).is_none());
+        check!(find(Some(&stamped)).offset == Some(1));
+    }
+
+    #[test]
+    fn second_hop_keeps_first_origin_and_replaces_source_and_offset() {
+        let first = stamp(Some(&user_headers(&[("k", "v")])), &stamp_of("us", 5)).expect("fits");
+        let second = stamp(Some(&first), &stamp_of("eu", 900)).expect("fits");
+        let found = find(Some(&second));
+        check!(found.source == Some("eu"));
+        check!(found.offset == Some(900));
+        check!(found.origin == Some("us"));
+        check!(found.origin_cluster() == Some("us"));
+        check!(strip(Some(&second)) == Some(user_headers(&[("k", "v")]).to_vec()));
+    }
+
+    #[test]
+    fn find_on_foreign_or_malformed_headers_finds_nothing() {
+        check!(find(None) == Found::default());
+        check!(find(Some(&user_headers(&[("repl-sourcex", "us")]))) == Found::default());
+        let truncated = [2u8, 10, 0, 0, 0, b'a'];
+        check!(find(Some(&truncated)) == Found::default());
+        check!(strip(Some(&truncated)) == Some(truncated.to_vec()));
+    }
+
+    #[test]
+    fn stamp_refuses_to_exceed_the_header_limit() {
+        let mut raw = BytesMut::new();
+        put_entry(&mut raw, "k", KIND_STRING, &vec![b'x'; 99_939]);
+        assert!(raw.len() == 99_950);
+        check!(stamp(Some(&raw), &stamp_of("us", 1)).is_none());
+    }
+}

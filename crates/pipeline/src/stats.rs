@@ -1,0 +1,218 @@
+//! Per-unit runtime statistics, written by a unit's reader and writer and read by the admin API.
+//!
+//! These are meters, not state the pipeline decides on: actors publish them with atomics (and two
+//! small bounded rings) so that reading them never waits for an actor busy with a batch.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use replicator_model::{Epoch, Offset, WorkUnit};
+
+use crate::offsets::Gap;
+
+/// How many latency samples a unit keeps.
+const LATENCY_SAMPLES: usize = 1024;
+/// How many gap events a unit keeps.
+const GAP_EVENTS: usize = 64;
+/// Marker for "no offset yet" in the atomics.
+const NONE: u64 = u64::MAX;
+
+/// Live meters of one unit (shared by its reader, writer and the coordinator).
+#[derive(Debug)]
+pub(crate) struct UnitMeters {
+    /// Last upstream offset written downstream.
+    last_written: AtomicU64,
+    /// Upstream partition's next offset as last seen by the reader.
+    upstream_end: AtomicU64,
+    /// Messages written downstream by this instance.
+    messages: AtomicU64,
+    /// Message bytes written downstream by this instance.
+    bytes: AtomicU64,
+    /// Messages skipped because they originated in the target cluster.
+    skipped_loop: AtomicU64,
+    /// Pair restarts after failures.
+    restarts: AtomicU64,
+    /// Gap events.
+    gaps: AtomicU64,
+    /// Epoch of the running pair.
+    epoch: AtomicU64,
+    /// Recent gap events.
+    gap_events: Mutex<VecDeque<Gap>>,
+    /// Recent replication latencies (downstream ack time − upstream append time).
+    latencies: Mutex<VecDeque<Duration>>,
+    /// Window for the message rate: (time, messages at that time, last computed rate).
+    rate: Mutex<(Instant, u64, f64)>,
+}
+
+impl UnitMeters {
+    /// Fresh meters.
+    pub(crate) fn new() -> Self {
+        Self {
+            last_written: AtomicU64::new(NONE),
+            upstream_end: AtomicU64::new(NONE),
+            messages: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            skipped_loop: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+            gaps: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            gap_events: Mutex::new(VecDeque::new()),
+            latencies: Mutex::new(VecDeque::new()),
+            rate: Mutex::new((Instant::now(), 0, 0.0)),
+        }
+    }
+
+    /// Records a successful downstream write.
+    pub(crate) fn written(&self, last_offset: Offset, messages: u64, bytes: u64) {
+        self.last_written.store(last_offset, Ordering::Relaxed);
+        self.messages.fetch_add(messages, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Records where the writer resumed (the last offset already downstream).
+    pub(crate) fn resumed_after(&self, last: Option<Offset>) {
+        self.last_written
+            .store(last.unwrap_or(NONE), Ordering::Relaxed);
+    }
+
+    /// Records the upstream partition's next offset.
+    pub(crate) fn upstream_end(&self, next_offset: Offset) {
+        self.upstream_end.store(next_offset, Ordering::Relaxed);
+    }
+
+    /// Records messages skipped by loop prevention.
+    pub(crate) fn skipped(&self, n: u64) {
+        self.skipped_loop.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Records a pair restart.
+    pub(crate) fn restarted(&self) {
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records the epoch of a newly started pair.
+    pub(crate) fn set_epoch(&self, epoch: Epoch) {
+        self.epoch.store(epoch.0, Ordering::Relaxed);
+    }
+
+    /// Records a gap event.
+    pub(crate) fn gap(&self, gap: Gap) {
+        self.gaps.fetch_add(1, Ordering::Relaxed);
+        let mut ring = lock(&self.gap_events);
+        if ring.len() == GAP_EVENTS {
+            ring.pop_front();
+        }
+        ring.push_back(gap);
+    }
+
+    /// Records one replication latency sample.
+    pub(crate) fn latency(&self, sample: Duration) {
+        let mut ring = lock(&self.latencies);
+        if ring.len() == LATENCY_SAMPLES {
+            ring.pop_front();
+        }
+        ring.push_back(sample);
+    }
+
+    /// A snapshot at `now` (updates the rate window when a second or more has passed).
+    pub(crate) fn snapshot(&self, unit: &WorkUnit, now: Instant) -> UnitStats {
+        let messages = self.messages.load(Ordering::Relaxed);
+        let rate = {
+            let mut w = lock(&self.rate);
+            let elapsed = now.saturating_duration_since(w.0);
+            if elapsed >= Duration::from_secs(1) {
+                w.2 = (messages - w.1) as f64 / elapsed.as_secs_f64();
+                *w = (now, messages, w.2);
+            }
+            w.2
+        };
+        let opt = |v: u64| (v != NONE).then_some(v);
+        let last_written = opt(self.last_written.load(Ordering::Relaxed));
+        let upstream_end = opt(self.upstream_end.load(Ordering::Relaxed));
+        let lag = upstream_end.map(|end| end.saturating_sub(last_written.map_or(0, |l| l + 1)));
+        UnitStats {
+            unit: unit.clone(),
+            epoch: Epoch(self.epoch.load(Ordering::Relaxed)),
+            last_written,
+            upstream_end,
+            lag,
+            messages,
+            bytes: self.bytes.load(Ordering::Relaxed),
+            messages_per_second: rate,
+            skipped_loop: self.skipped_loop.load(Ordering::Relaxed),
+            restarts: self.restarts.load(Ordering::Relaxed),
+            gaps: self.gaps.load(Ordering::Relaxed),
+            recent_gaps: lock(&self.gap_events).iter().copied().collect(),
+            latency_samples: lock(&self.latencies).iter().copied().collect(),
+        }
+    }
+}
+
+/// Locks a meter ring; a poisoned lock is taken over (a ring is valid after any single push).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runtime statistics of one unit on this instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitStats {
+    /// The unit.
+    pub unit: WorkUnit,
+    /// Epoch of the current (or last) pair on this instance.
+    pub epoch: Epoch,
+    /// Last upstream offset written downstream (`None` before the first write or resume).
+    pub last_written: Option<Offset>,
+    /// Next offset of the upstream partition as last seen by the reader.
+    pub upstream_end: Option<Offset>,
+    /// Messages upstream not yet written downstream.
+    pub lag: Option<u64>,
+    /// Messages written by this instance since it started the unit.
+    pub messages: u64,
+    /// Message bytes (64-byte header + payload + user headers) written.
+    pub bytes: u64,
+    /// Messages per second over the last window of at least a second.
+    pub messages_per_second: f64,
+    /// Messages not copied because they originated in the target cluster.
+    pub skipped_loop: u64,
+    /// Restarts of the unit's reader/writer pair after failures.
+    pub restarts: u64,
+    /// Gap events (upstream retention removed messages before they were copied).
+    pub gaps: u64,
+    /// The most recent gap events (up to 64).
+    pub recent_gaps: Vec<Gap>,
+    /// Recent replication latencies: downstream acknowledgement time minus upstream append
+    /// time of the batch's last message (up to 1024 samples).
+    pub latency_samples: Vec<Duration>,
+}
+
+#[cfg(test)]
+mod tests {
+    use assert2::check;
+
+    use super::*;
+
+    #[test]
+    fn snapshot_reports_lag_and_rings_stay_bounded() {
+        let m = UnitMeters::new();
+        let u = WorkUnit::new("f", "s", "t", 0);
+        let t0 = Instant::now();
+        check!(m.snapshot(&u, t0).lag.is_none());
+        m.upstream_end(100);
+        check!(m.snapshot(&u, t0).lag == Some(100));
+        m.written(39, 40, 4000);
+        check!(m.snapshot(&u, t0).lag == Some(60));
+        for i in 0..2000 {
+            m.latency(Duration::from_micros(i));
+        }
+        for i in 0..100 {
+            m.gap(Gap { from: i, to: i });
+        }
+        let s = m.snapshot(&u, t0 + Duration::from_secs(2));
+        check!(s.latency_samples.len() == LATENCY_SAMPLES);
+        check!(s.recent_gaps.len() == GAP_EVENTS);
+        check!(s.gaps == 100);
+        check!(s.messages_per_second > 0.0);
+    }
+}

@@ -1,0 +1,109 @@
+//! What a unit's reader and writer share: identity, resolved names, clients, meters, and the
+//! batch type that travels between them through a bounded channel.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use iggy::prelude::{Identifier, IggyMessage};
+use replicator_model::{Epoch, Offset, WorkUnit};
+
+use crate::clients::Cluster;
+use crate::error::{Error, Result};
+use crate::offsets::Gap;
+use crate::params::{BackoffParams, FlowParams};
+use crate::stats::UnitMeters;
+
+/// Tunables every unit uses, resolved once from `PipelineParams`.
+#[derive(Debug, Clone)]
+pub(crate) struct UnitTuning {
+    /// Backoff bounds for retries.
+    pub(crate) backoff: BackoffParams,
+    /// Longest failure streak retried inside an actor.
+    pub(crate) retry_budget: Duration,
+    /// Lease margin a writer requires before each send.
+    pub(crate) lease_safety_margin: Duration,
+    /// Messages scanned back for the downstream tail.
+    pub(crate) tail_scan_window: u32,
+}
+
+/// Immutable context of one running unit (one reader/writer pair under one epoch).
+pub(crate) struct UnitShared<C> {
+    /// The unit.
+    pub(crate) unit: WorkUnit,
+    /// Epoch of the grant the pair runs under.
+    pub(crate) epoch: Epoch,
+    /// The unit's flow.
+    pub(crate) flow: Arc<FlowParams>,
+    /// Upstream cluster.
+    pub(crate) source: Arc<Cluster>,
+    /// Downstream cluster.
+    pub(crate) target: Arc<Cluster>,
+    /// Control plane handle.
+    pub(crate) control: C,
+    /// Meters of the unit.
+    pub(crate) meters: Arc<UnitMeters>,
+    /// Tunables.
+    pub(crate) tuning: UnitTuning,
+    /// Downstream stream name (after naming).
+    pub(crate) downstream_stream: String,
+    /// Span carrying flow, stream, topic, partition and epoch.
+    pub(crate) span: tracing::Span,
+    /// Seed for this pair's jitter.
+    pub(crate) seed: u64,
+}
+
+impl<C> UnitShared<C> {
+    /// Named identifier of the upstream stream.
+    pub(crate) fn upstream_ids(&self) -> Result<(Identifier, Identifier)> {
+        Ok((
+            named(&self.unit.stream, &self.unit)?,
+            named(&self.unit.topic, &self.unit)?,
+        ))
+    }
+
+    /// Named identifiers of the downstream stream and topic.
+    pub(crate) fn downstream_ids(&self) -> Result<(Identifier, Identifier)> {
+        Ok((
+            named(&self.downstream_stream, &self.unit)?,
+            named(&self.unit.topic, &self.unit)?,
+        ))
+    }
+
+    /// Connection slot of this unit on either cluster.
+    pub(crate) fn slot(&self) -> usize {
+        self.unit.partition as usize
+    }
+}
+
+/// A named identifier; names longer than Iggy allows are a permanent error.
+pub(crate) fn named(name: &str, unit: &WorkUnit) -> Result<Identifier> {
+    Identifier::named(name).map_err(|source| Error::Message {
+        unit: unit.clone(),
+        offset: 0,
+        source,
+    })
+}
+
+/// Messages polled from one upstream partition, in offset order, handed from reader to writer.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    /// The messages as polled (offset, timestamp and checksum set by the upstream server).
+    pub(crate) messages: Vec<IggyMessage>,
+    /// Offsets lost to upstream retention right before this batch.
+    pub(crate) gap: Option<Gap>,
+}
+
+impl Batch {
+    /// Offset of the last message.
+    pub(crate) fn last_offset(&self) -> Option<Offset> {
+        self.messages.last().map(|m| m.header.offset)
+    }
+}
+
+/// Name of a unit's actor: `{role}/n{node}/{flow}/{stream}/{topic}/{partition}`.
+pub(crate) fn actor_name(role: &str, node: u64, unit: &WorkUnit) -> String {
+    format!(
+        "{role}/n{node}/{}/{}/{}/{}",
+        unit.flow, unit.stream, unit.topic, unit.partition
+    )
+}

@@ -1,0 +1,1 @@
+//! Compares a flow's source and target (being built).

@@ -1,0 +1,749 @@
+//! `DownstreamWriter`: finds where its unit resumes, then sends the reader's batches to the same
+//! partition downstream, stamps provenance, and confirms offsets to the control plane.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iggy::prelude::{
+    Consumer, Identifier, IggyMessage, IggyMessageHeader, IggyTimestamp, MessageClient,
+    Partitioning, PollingStrategy, TopicClient,
+};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use replicator_model::{Assignment, CommitOutcome, Offset, OffsetCommit, UnitCounters};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use crate::backoff::Backoff;
+use crate::control::{ControlError, ControlPlane};
+use crate::error::{Error, Result};
+use crate::offsets::{
+    epoch_is_current, may_send, plan_resume, PartitionExtent, ReadFrom, SendVeto,
+};
+use crate::provenance::{self, Stamp};
+use crate::unit::{Batch, UnitShared};
+
+/// How long a failed commit keeps its slot before the next commit is tried.
+const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(250);
+/// Messages per poll while scanning the downstream tail.
+const TAIL_CHUNK: u32 = 1000;
+
+/// The writer actor of one unit.
+pub(crate) struct DownstreamWriter<C>(PhantomData<fn() -> C>);
+
+impl<C> DownstreamWriter<C> {
+    /// The actor value (all state lives in [`WriterState`]).
+    pub(crate) fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+/// Messages of the writer; all are sent by the writer to itself (the coordinator only stops it).
+pub(crate) enum WriterMsg {
+    /// Find the resume point (confirmed offset, downstream tail, initial offset) and release
+    /// the reader. Retried after a backoff on transient failures.
+    Resume,
+    /// Take the next batch (or retry the held one), send it, move commits along.
+    Next,
+}
+
+/// Start-up inputs, from the coordinator.
+pub(crate) struct WriterArgs<C> {
+    /// The unit's shared context.
+    pub(crate) shared: Arc<UnitShared<C>>,
+    /// Receiving side of the bounded channel from the reader.
+    pub(crate) rx: mpsc::Receiver<Batch>,
+    /// Tells the reader where to start.
+    pub(crate) start: oneshot::Sender<ReadFrom>,
+}
+
+/// A commit in flight: resolves to the committed offset, its counters and the outcome.
+type InflightCommit = Pin<
+    Box<
+        dyn Future<
+                Output = (
+                    Offset,
+                    UnitCounters,
+                    std::result::Result<Vec<CommitOutcome>, ControlError>,
+                ),
+            > + Send,
+    >,
+>;
+
+/// Runtime state of the writer.
+pub(crate) struct WriterState<C> {
+    /// Shared context.
+    shared: Arc<UnitShared<C>>,
+    /// Channel from the reader.
+    rx: mpsc::Receiver<Batch>,
+    /// Start signal for the reader, until resumed.
+    start: Option<oneshot::Sender<ReadFrom>>,
+    /// This node's assignments (to check the epoch before every send).
+    assignments: watch::Receiver<Vec<Assignment>>,
+    /// Creation time (µs) of the upstream topic incarnation being copied.
+    topic_created_at: u64,
+    /// Last upstream offset known to be downstream.
+    last_written: Option<Offset>,
+    /// Last offset the control plane confirmed.
+    last_committed: Option<Offset>,
+    /// Counters not yet committed.
+    pending: UnitCounters,
+    /// The commit in flight, if any (at most one).
+    inflight: Option<InflightCommit>,
+    /// A batch taken from the channel but not yet written (retried after failures).
+    held: Option<Batch>,
+    /// A send failed in a way that may have appended it: re-read the tail before sending again.
+    resync: bool,
+    /// Backoff for transient failures.
+    backoff: Backoff,
+    /// Pending delayed message; aborted when the writer stops.
+    timer: Option<JoinHandle<std::result::Result<(), ractor::MessagingErr<WriterMsg>>>>,
+}
+
+impl<C: ControlPlane> Actor for DownstreamWriter<C> {
+    type Msg = WriterMsg;
+    type State = WriterState<C>;
+    type Arguments = WriterArgs<C>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> std::result::Result<Self::State, ActorProcessingErr> {
+        myself.send_message(WriterMsg::Resume)?;
+        Ok(WriterState {
+            assignments: args.shared.control.assignments(),
+            backoff: Backoff::new(args.shared.tuning.backoff, args.shared.seed ^ 0x5eed),
+            shared: args.shared,
+            rx: args.rx,
+            start: Some(args.start),
+            topic_created_at: 0,
+            last_written: None,
+            last_committed: None,
+            pending: UnitCounters::default(),
+            inflight: None,
+            held: None,
+            resync: false,
+            timer: None,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        if let Some(timer) = state.timer.take() {
+            timer.abort();
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        let span = state.shared.span.clone();
+        async {
+            let result = match msg {
+                WriterMsg::Resume => resume(state).await.map(|()| Flow::Continue),
+                WriterMsg::Next => next(state).await,
+            };
+            match result {
+                Ok(Flow::Continue) => {
+                    state.backoff.reset();
+                    myself.send_message(WriterMsg::Next)?;
+                }
+                Ok(Flow::Stop(reason)) => {
+                    tracing::info!(reason, "writer stops");
+                    myself.stop(Some(reason.to_owned()));
+                }
+                Err(err) if err.is_transient() => {
+                    state.pending.errors += 1;
+                    let budget = state.shared.tuning.retry_budget;
+                    match state.backoff.on_failure(Instant::now(), budget) {
+                        Some(delay) => {
+                            tracing::warn!(error = %err, backoff = ?delay, "write path failed, retrying");
+                            let resuming = state.start.is_some();
+                            state.timer = Some(myself.send_after(delay, move || {
+                                if resuming {
+                                    WriterMsg::Resume
+                                } else {
+                                    WriterMsg::Next
+                                }
+                            }));
+                        }
+                        None => return Err(err.into()),
+                    }
+                }
+                Err(err) => return Err(err.into()),
+            }
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+/// What the writer does after a step.
+enum Flow {
+    /// Keep going.
+    Continue,
+    /// Stop with this reason.
+    Stop(&'static str),
+}
+
+/// Works out where the unit resumes and tells the reader.
+async fn resume<C: ControlPlane>(state: &mut WriterState<C>) -> Result<()> {
+    let shared = state.shared.clone();
+    let unit = &shared.unit;
+    let (up_stream, up_topic) = shared.upstream_ids()?;
+    let topic = shared
+        .source
+        .call(shared.slot(), "get_topic", |c| async move {
+            c.get_topic(&up_stream, &up_topic).await
+        })
+        .await?
+        .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
+    let partition = topic
+        .partitions
+        .iter()
+        .find(|p| p.id == unit.partition)
+        .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
+    let extent = PartitionExtent {
+        messages_count: partition.messages_count,
+        current_offset: partition.current_offset,
+    };
+    let created_at = topic.created_at.as_micros();
+    let progress = shared.control.progress(unit);
+    let confirmed = match progress {
+        Some(p) if p.topic_created_at == created_at => p.confirmed,
+        Some(p) => {
+            tracing::warn!(
+                confirmed = ?p.confirmed,
+                old_created_at = p.topic_created_at,
+                created_at,
+                "upstream topic was recreated; starting it from the initial offset"
+            );
+            None
+        }
+        None => None,
+    };
+    let (down_stream, down_topic) = shared.downstream_ids()?;
+    let down = shared
+        .target
+        .call(shared.slot(), "get_topic", |c| async move {
+            c.get_topic(&down_stream, &down_topic).await
+        })
+        .await?;
+    let missing = || Error::DownstreamMissing {
+        unit: unit.clone(),
+        stream: shared.downstream_stream.clone(),
+        topic: unit.topic.clone(),
+        partition: unit.partition,
+    };
+    let down = down.ok_or_else(missing)?;
+    if !down.partitions.iter().any(|p| p.id == unit.partition) {
+        return Err(missing());
+    }
+    let tail = if shared.flow.provenance {
+        scan_tail(&shared, created_at).await?
+    } else {
+        None
+    };
+    let from = plan_resume(confirmed, tail, shared.flow.initial_offset, extent);
+    state.topic_created_at = created_at;
+    state.last_written = confirmed.max(tail);
+    state.last_committed = confirmed;
+    shared.meters.resumed_after(state.last_written);
+    shared.meters.set_epoch(shared.epoch);
+    tracing::info!(
+        offset = from.offset,
+        confirmed = ?confirmed,
+        tail = ?tail,
+        "unit resumes"
+    );
+    if let Some(start) = state.start.take() {
+        // The reader may already be gone; the writer then drains an empty, closed channel.
+        let _ = start.send(from);
+    }
+    Ok(())
+}
+
+/// The upstream offset of the last message this flow wrote to the downstream partition for the
+/// current topic incarnation, scanning back at most `tail_scan_window` messages.
+async fn scan_tail<C>(shared: &UnitShared<C>, created_at: u64) -> Result<Option<Offset>> {
+    let (stream, topic) = shared.downstream_ids()?;
+    let partition = shared.unit.partition;
+    let consumer = Consumer::new(Identifier::named("iggy-replicator.tail").map_err(|source| {
+        Error::Message {
+            unit: shared.unit.clone(),
+            offset: 0,
+            source,
+        }
+    })?);
+    let source_alias = shared.source.alias();
+    let matches = |m: &IggyMessage| {
+        let found = provenance::find(m.user_headers.as_deref());
+        (found.source == Some(source_alias) && found.topic_created_at == Some(created_at))
+            .then_some(found.offset)
+            .flatten()
+    };
+    let window = shared.tuning.tail_scan_window;
+    let chunk = window.min(TAIL_CHUNK);
+    let (s, t, c) = (stream.clone(), topic.clone(), consumer.clone());
+    let last = shared
+        .target
+        .call(shared.slot(), "poll_messages (tail)", |cl| async move {
+            cl.poll_messages(
+                &s,
+                &t,
+                Some(partition),
+                &c,
+                &PollingStrategy::last(),
+                chunk,
+                false,
+            )
+            .await
+        })
+        .await?;
+    if let Some(found) = last.messages.iter().rev().find_map(matches) {
+        return Ok(Some(found));
+    }
+    let Some(mut end) = last.messages.first().map(|m| m.header.offset) else {
+        return Ok(None);
+    };
+    let mut scanned = last.messages.len() as u64;
+    while end > 0 && scanned < u64::from(window) {
+        let start = end.saturating_sub(u64::from(chunk));
+        let mut batch: Vec<IggyMessage> = Vec::new();
+        let mut at = start;
+        while at < end {
+            let (s, t, c) = (stream.clone(), topic.clone(), consumer.clone());
+            let count = u32::try_from(end - at).unwrap_or(chunk);
+            let polled = shared
+                .target
+                .call(shared.slot(), "poll_messages (tail)", |cl| async move {
+                    cl.poll_messages(
+                        &s,
+                        &t,
+                        Some(partition),
+                        &c,
+                        &PollingStrategy::offset(at),
+                        count,
+                        false,
+                    )
+                    .await
+                })
+                .await?;
+            let before = batch.len();
+            batch.extend(
+                polled
+                    .messages
+                    .into_iter()
+                    .filter(|m| m.header.offset >= at && m.header.offset < end),
+            );
+            match batch.last() {
+                Some(m) if batch.len() > before => at = m.header.offset + 1,
+                _ => break,
+            }
+        }
+        if let Some(found) = batch.iter().rev().find_map(matches) {
+            return Ok(Some(found));
+        }
+        scanned += batch.len() as u64;
+        match batch.first() {
+            Some(m) if m.header.offset < end => end = m.header.offset,
+            _ => break,
+        }
+        if batch.first().is_some_and(|m| m.header.offset > start) {
+            // Retention removed everything below: nothing older to scan.
+            break;
+        }
+    }
+    Ok(None)
+}
+
+/// A batch ready to send.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    /// Messages to send (may be empty when all were already downstream or skipped).
+    pub(crate) messages: Vec<IggyMessage>,
+    /// Last upstream offset this batch covers (sent, skipped or already downstream).
+    pub(crate) last_offset: Offset,
+    /// Messages skipped because they originated in the target cluster.
+    pub(crate) skipped: u64,
+    /// Bytes of the messages to send (64-byte header + payload + user headers).
+    pub(crate) bytes: u64,
+    /// Upstream append time (µs) of the newest message sent.
+    pub(crate) newest_timestamp: u64,
+}
+
+/// What [`prepare`] needs besides the batch.
+pub(crate) struct PrepareParams<'a> {
+    /// Last upstream offset already downstream (messages up to it are dropped).
+    pub(crate) last_written: Option<Offset>,
+    /// Flow's source alias (stamped as provenance source).
+    pub(crate) source: &'a str,
+    /// Flow's target alias (messages originating there are skipped).
+    pub(crate) target: &'a str,
+    /// Whether to stamp provenance and apply loop prevention.
+    pub(crate) provenance: bool,
+    /// Creation time (µs) of the upstream topic.
+    pub(crate) topic_created_at: u64,
+}
+
+/// Builds the downstream messages of a batch: drops what is already downstream, skips messages
+/// that originated in the target cluster, keeps id, origin timestamp, payload and user headers
+/// byte for byte and appends provenance. `Err(offset)` if a message's headers would exceed
+/// Iggy's limit with provenance added.
+pub(crate) fn prepare(
+    batch: &Batch,
+    p: &PrepareParams<'_>,
+) -> std::result::Result<Prepared, Offset> {
+    let mut out = Prepared {
+        messages: Vec::with_capacity(batch.messages.len()),
+        last_offset: batch.last_offset().unwrap_or_default(),
+        skipped: 0,
+        bytes: 0,
+        newest_timestamp: 0,
+    };
+    for m in &batch.messages {
+        let offset = m.header.offset;
+        if p.last_written.is_some_and(|last| offset <= last) {
+            continue;
+        }
+        let user_headers = if p.provenance {
+            let found = provenance::find(m.user_headers.as_deref());
+            if found.origin_cluster() == Some(p.target) {
+                out.skipped += 1;
+                continue;
+            }
+            let stamp = Stamp {
+                source: p.source,
+                offset,
+                topic_created_at: p.topic_created_at,
+            };
+            Some(provenance::stamp(m.user_headers.as_deref(), &stamp).ok_or(offset)?)
+        } else {
+            m.user_headers.clone()
+        };
+        let h = &m.header;
+        let header = IggyMessageHeader {
+            checksum: h.checksum,
+            id: h.id,
+            offset: h.offset,
+            timestamp: h.timestamp,
+            origin_timestamp: h.origin_timestamp,
+            user_headers_length: user_headers.as_ref().map_or(0, |h| h.len() as u32),
+            payload_length: h.payload_length,
+            reserved: h.reserved,
+        };
+        out.bytes += 64 + m.payload.len() as u64 + u64::from(header.user_headers_length);
+        out.newest_timestamp = out.newest_timestamp.max(m.header.timestamp);
+        out.messages.push(IggyMessage {
+            header,
+            payload: m.payload.clone(),
+            user_headers,
+        });
+    }
+    Ok(out)
+}
+
+/// One writer step: settle a finished commit, take or retry a batch, send it, start a commit.
+async fn next<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Flow> {
+    if state.held.is_none() {
+        let WriterState { inflight, rx, .. } = state;
+        tokio::select! {
+            biased;
+            done = async { match inflight.as_mut() { Some(f) => f.await, None => std::future::pending().await } } => {
+                state.inflight = None;
+                if let Some(stop) = settle_commit(state, done) {
+                    return Ok(stop);
+                }
+                start_commit(state);
+                return Ok(Flow::Continue);
+            }
+            batch = rx.recv() => match batch {
+                Some(batch) => state.held = Some(batch),
+                None => return drain(state).await,
+            }
+        }
+    }
+    if let Some(stop) = send_held(state).await? {
+        return Ok(stop);
+    }
+    start_commit(state);
+    Ok(Flow::Continue)
+}
+
+/// Sends the held batch (after a tail re-read if the previous attempt may have landed).
+async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option<Flow>> {
+    let shared = state.shared.clone();
+    if state.resync {
+        let tail = scan_tail(&shared, state.topic_created_at).await?;
+        state.last_written = state.last_written.max(tail);
+        state.resync = false;
+    }
+    let Some(batch) = state.held.as_ref() else {
+        return Ok(None);
+    };
+    let prepared = prepare(
+        batch,
+        &PrepareParams {
+            last_written: state.last_written,
+            source: shared.source.alias(),
+            target: shared.target.alias(),
+            provenance: shared.flow.provenance,
+            topic_created_at: state.topic_created_at,
+        },
+    )
+    .map_err(|offset| Error::Message {
+        unit: shared.unit.clone(),
+        offset,
+        source: iggy::prelude::IggyError::TooBigUserHeaders,
+    })?;
+    let gap = batch.gap;
+    if !prepared.messages.is_empty() {
+        let current = epoch_is_current(&state.assignments.borrow(), &shared.unit, shared.epoch);
+        match may_send(
+            Instant::now(),
+            shared.control.lease_valid_until(),
+            shared.tuning.lease_safety_margin,
+            current,
+        ) {
+            Ok(()) => {}
+            Err(SendVeto::EpochNotCurrent) => {
+                return Ok(Some(Flow::Stop("epoch no longer current")))
+            }
+            Err(SendVeto::LeaseExpiring) => return Ok(Some(Flow::Stop("lease expiring"))),
+        }
+        let (stream, topic) = shared.downstream_ids()?;
+        let partitioning = Partitioning::partition_id(shared.unit.partition);
+        let mut messages = prepared.messages;
+        let count = messages.len() as u64;
+        let sent = shared
+            .target
+            .call(shared.slot(), "send_messages", |c| async move {
+                c.send_messages(&stream, &topic, &partitioning, &mut messages)
+                    .await
+            })
+            .await;
+        if let Err(err) = sent {
+            // The batch may have been appended even though the call failed.
+            state.resync = true;
+            return Err(match err {
+                Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
+                    Error::DownstreamMissing {
+                        unit: shared.unit.clone(),
+                        stream: shared.downstream_stream.clone(),
+                        topic: shared.unit.topic.clone(),
+                        partition: shared.unit.partition,
+                    }
+                }
+                other => other,
+            });
+        }
+        let now_us = IggyTimestamp::now().as_micros();
+        shared.meters.latency(Duration::from_micros(
+            now_us.saturating_sub(prepared.newest_timestamp),
+        ));
+        shared
+            .meters
+            .written(prepared.last_offset, count, prepared.bytes);
+        state.pending.messages += count;
+        state.pending.bytes += prepared.bytes;
+        tracing::debug!(offset = prepared.last_offset, count, "sent");
+    }
+    if prepared.skipped > 0 {
+        shared.meters.skipped(prepared.skipped);
+    }
+    if gap.is_some() {
+        state.pending.gaps += 1;
+    }
+    state.last_written = state.last_written.max(Some(prepared.last_offset));
+    state.held = None;
+    Ok(None)
+}
+
+/// Starts a commit if none is in flight and there is something to confirm.
+fn start_commit<C: ControlPlane>(state: &mut WriterState<C>) {
+    if state.inflight.is_some() {
+        return;
+    }
+    let Some(offset) = state.last_written else {
+        return;
+    };
+    if state.last_committed >= Some(offset) && state.pending == UnitCounters::default() {
+        return;
+    }
+    let counters = std::mem::take(&mut state.pending);
+    let commit = OffsetCommit {
+        unit: state.shared.unit.clone(),
+        epoch: state.shared.epoch,
+        offset,
+        topic_created_at: state.topic_created_at,
+        counters,
+    };
+    let control = state.shared.control.clone();
+    state.inflight = Some(Box::pin(async move {
+        let result = control.commit(vec![commit]).await;
+        if result.is_err() {
+            tokio::time::sleep(COMMIT_RETRY_DELAY).await;
+        }
+        (offset, counters, result)
+    }));
+}
+
+/// Applies a finished commit; returns a stop when fenced.
+fn settle_commit<C>(
+    state: &mut WriterState<C>,
+    (offset, counters, result): (
+        Offset,
+        UnitCounters,
+        std::result::Result<Vec<CommitOutcome>, ControlError>,
+    ),
+) -> Option<Flow> {
+    match result.as_deref() {
+        Ok([CommitOutcome::Committed, ..]) => {
+            state.last_committed = state.last_committed.max(Some(offset));
+            None
+        }
+        Ok([CommitOutcome::Fenced { current }, ..]) => {
+            tracing::warn!(current = ?current, "commit fenced");
+            Some(Flow::Stop("fenced"))
+        }
+        Ok([]) | Err(_) => {
+            if let Err(err) = &result {
+                tracing::warn!(error = %err, "commit failed, will retry");
+            }
+            state.pending.add(&counters);
+            None
+        }
+    }
+}
+
+/// The reader is gone: finish the in-flight commit, make a final one, stop.
+async fn drain<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Flow> {
+    if let Some(inflight) = state.inflight.take() {
+        if let Some(stop) = settle_commit(state, inflight.await) {
+            return Ok(stop);
+        }
+    }
+    start_commit(state);
+    if let Some(inflight) = state.inflight.take() {
+        if let Some(stop) = settle_commit(state, inflight.await) {
+            return Ok(stop);
+        }
+    }
+    Ok(Flow::Stop("drained"))
+}
+
+#[cfg(test)]
+mod tests {
+    use assert2::{assert, check};
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn msg(offset: u64, headers: Option<Bytes>) -> IggyMessage {
+        let mut m = IggyMessage::builder()
+            .id(u128::from(offset) + 1000)
+            .payload(Bytes::from(format!("payload-{offset}")))
+            .build()
+            .expect("valid");
+        m.header.offset = offset;
+        m.header.timestamp = 10 + offset;
+        m.header.origin_timestamp = 5 + offset;
+        m.user_headers = headers;
+        m
+    }
+
+    fn params(last_written: Option<Offset>) -> PrepareParams<'static> {
+        PrepareParams {
+            last_written,
+            source: "us",
+            target: "eu",
+            provenance: true,
+            topic_created_at: 9,
+        }
+    }
+
+    #[test]
+    fn prepare_drops_what_is_already_downstream() {
+        let batch = Batch {
+            messages: (10..15).map(|o| msg(o, None)).collect(),
+            gap: None,
+        };
+        let p = prepare(&batch, &params(Some(12))).expect("fits");
+        check!(
+            p.messages
+                .iter()
+                .map(|m| m.header.offset)
+                .collect::<Vec<_>>()
+                == vec![13, 14]
+        );
+        check!(p.last_offset == 14);
+        check!(p.newest_timestamp == 24);
+    }
+
+    #[test]
+    fn prepare_preserves_message_and_stamps_provenance() {
+        let batch = Batch {
+            messages: vec![msg(3, None)],
+            gap: None,
+        };
+        let p = prepare(&batch, &params(None)).expect("fits");
+        assert!(p.messages.len() == 1);
+        let out = &p.messages[0];
+        check!(out.header.id == 1003);
+        check!(out.header.origin_timestamp == 8);
+        check!(out.payload == batch.messages[0].payload);
+        let found = provenance::find(out.user_headers.as_deref());
+        check!(found.source == Some("us"));
+        check!(found.offset == Some(3));
+        check!(found.topic_created_at == Some(9));
+        check!(
+            out.header.user_headers_length as usize
+                == out.user_headers.as_ref().map_or(0, |h| h.len())
+        );
+    }
+
+    #[test]
+    fn prepare_skips_messages_that_originated_in_the_target() {
+        let from_eu = provenance::stamp(
+            None,
+            &Stamp {
+                source: "eu",
+                offset: 1,
+                topic_created_at: 1,
+            },
+        );
+        let batch = Batch {
+            messages: vec![msg(0, from_eu), msg(1, None)],
+            gap: None,
+        };
+        let p = prepare(&batch, &params(None)).expect("fits");
+        check!(p.skipped == 1);
+        check!(p.messages.len() == 1);
+        check!(p.last_offset == 1);
+    }
+
+    #[test]
+    fn prepare_without_provenance_forwards_headers_unchanged() {
+        let raw = Bytes::from_static(&[2, 1, 0, 0, 0, b'k', 2, 1, 0, 0, 0, b'v']);
+        let batch = Batch {
+            messages: vec![msg(0, Some(raw.clone()))],
+            gap: None,
+        };
+        let mut p = params(None);
+        p.provenance = false;
+        let out = prepare(&batch, &p).expect("fits");
+        check!(out.messages[0].user_headers == Some(raw));
+    }
+}
