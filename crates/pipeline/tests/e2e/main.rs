@@ -1,0 +1,6 @@
+//! End-to-end scenarios of the pipeline against in-process Iggy-compatible servers
+//! (`replicator-testkit`) and the in-memory control plane. One test binary, one module per
+//! scenario group.
+
+mod copy;
+mod harness;
