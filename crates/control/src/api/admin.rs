@@ -1,0 +1,152 @@
+//! What `Control::status` and `Control::metrics` report; serialisable for the admin API.
+
+use std::time::{Duration, Instant};
+
+use openraft::RaftMetrics;
+use replicator_model::{Epoch, NodeId, UnitProgress, WorkUnit};
+use serde::{Deserialize, Serialize};
+
+use crate::lease::LeaderView;
+use crate::state::{ControlState, MemberState};
+use crate::MemberNode;
+
+/// The cluster as one node (preferably the leader) sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// The node that answered.
+    pub reported_by: NodeId,
+    /// The leader it knows of.
+    pub leader: Option<NodeId>,
+    /// Its current Raft term.
+    pub term: u64,
+    /// Index of its last log entry.
+    pub last_log_index: Option<u64>,
+    /// Index of its last applied entry.
+    pub applied_index: Option<u64>,
+    /// Every member (state members and Raft members, merged).
+    pub members: Vec<MemberStatus>,
+    /// Every known unit.
+    pub units: Vec<UnitStatus>,
+}
+
+/// One member in [`ClusterStatus`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberStatus {
+    /// Node id.
+    pub id: NodeId,
+    /// Raft address.
+    pub raft_addr: String,
+    /// Admin API address (empty until the member registered).
+    pub api_addr: String,
+    /// `Active`/`Leaving`; `None` if it is a Raft member that has not registered.
+    pub state: Option<MemberState>,
+    /// Raft voter (false: learner or not in the Raft membership).
+    pub voter: bool,
+    /// Whether its lease is alive; known only when reported by the leader.
+    pub lease_alive: Option<bool>,
+    /// Units it owns.
+    pub units_owned: usize,
+}
+
+/// One unit in [`ClusterStatus`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitStatus {
+    /// The unit.
+    pub unit: WorkUnit,
+    /// Owner, if granted.
+    pub owner: Option<NodeId>,
+    /// Epoch of the latest grant.
+    pub epoch: Epoch,
+    /// The leader asked the owner to hand it back.
+    pub release_requested: bool,
+    /// No longer reported by discovery.
+    pub retired: bool,
+    /// Confirmed progress.
+    pub progress: UnitProgress,
+}
+
+/// A snapshot of the node's control-plane metrics (for Prometheus).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlMetrics {
+    /// This node.
+    pub node: NodeId,
+    /// Current Raft term.
+    pub term: u64,
+    /// Known leader.
+    pub leader: Option<NodeId>,
+    /// Whether this node is the leader.
+    pub is_leader: bool,
+    /// Index of the last log entry.
+    pub last_log_index: Option<u64>,
+    /// Index of the last applied entry.
+    pub last_applied: Option<u64>,
+    /// Successful lease renewals since start.
+    pub lease_renewals: u64,
+    /// Commits answered `Fenced` since start.
+    pub fenced_commits: u64,
+    /// Commit batches written since start.
+    pub commit_batches: u64,
+    /// Units this node owns now.
+    pub units_owned: usize,
+}
+
+pub(crate) struct StatusInputs<'a> {
+    pub(crate) node: NodeId,
+    pub(crate) metrics: &'a RaftMetrics<NodeId, MemberNode>,
+    pub(crate) state: &'a ControlState,
+    pub(crate) view: Option<&'a LeaderView>,
+    pub(crate) now: Instant,
+    pub(crate) lease_expiry: Duration,
+}
+
+pub(crate) fn build_status(i: StatusInputs<'_>) -> ClusterStatus {
+    let membership = i.metrics.membership_config.membership();
+    let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+    let mut ids: std::collections::BTreeSet<NodeId> = i.state.members.keys().copied().collect();
+    ids.extend(membership.nodes().map(|(id, _)| *id));
+    let members = ids
+        .into_iter()
+        .map(|id| {
+            let record = i.state.members.get(&id);
+            MemberStatus {
+                id,
+                raft_addr: record
+                    .map(|m| m.raft_addr.clone())
+                    .or_else(|| membership.get_node(&id).map(|n| n.raft_addr.clone()))
+                    .unwrap_or_default(),
+                api_addr: record.map(|m| m.api_addr.clone()).unwrap_or_default(),
+                state: record.map(|m| m.state),
+                voter: voters.contains(&id),
+                lease_alive: i.view.and_then(|v| v.is_live(id, i.now, i.lease_expiry)),
+                units_owned: i
+                    .state
+                    .units
+                    .values()
+                    .filter(|u| u.owner == Some(id))
+                    .count(),
+            }
+        })
+        .collect();
+    let units = i
+        .state
+        .units
+        .iter()
+        .map(|(unit, r)| UnitStatus {
+            unit: unit.clone(),
+            owner: r.owner,
+            epoch: r.epoch,
+            release_requested: r.release_requested,
+            retired: r.retired,
+            progress: r.progress,
+        })
+        .collect();
+    ClusterStatus {
+        reported_by: i.node,
+        leader: i.metrics.current_leader,
+        term: i.metrics.current_term,
+        last_log_index: i.metrics.last_log_index,
+        applied_index: i.metrics.last_applied.map(|l| l.index),
+        members,
+        units,
+    }
+}

@@ -1,0 +1,488 @@
+//! The public handle of a running control-plane node.
+
+pub(crate) mod admin;
+pub(crate) mod management;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::Raft;
+use replicator_model::{
+    Assignment, CommitOutcome, Epoch, NodeId, OffsetCommit, UnitProgress, WorkUnit,
+};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use admin::{ClusterStatus, ControlMetrics, MemberStatus, UnitStatus};
+
+use crate::command::{ControlCommand, ControlResponse, Rejection};
+use crate::error::{Error, Result};
+use crate::log_store::LogStore;
+use crate::network::client::{NetworkFactory, PeerClient};
+use crate::network::{paths, FaultSwitch, ManageRequest};
+use crate::node::{self, CommitRequest, Counters, NodeInner};
+use crate::params::ControlParams;
+use crate::state_machine::{Shared, StateMachineStore};
+use crate::{data_dir, raft_config};
+
+/// Handle to a running control-plane node. Cheap to clone; `shutdown`/`crash` stop it.
+#[derive(Clone)]
+pub struct Control {
+    inner: Arc<NodeInner>,
+    runtime: Arc<Runtime>,
+}
+
+/// What only the owner of the node's lifetime touches (never the RPC handlers, so that the
+/// database is closed once the node stops even if a connection task lingers).
+struct Runtime {
+    /// The node's database, flushed on shutdown.
+    db: sled::Db,
+    /// Commit requests into the batcher (bounded: callers wait when it is full).
+    commit_tx: mpsc::Sender<CommitRequest>,
+    /// Every task the node spawned, aborted or awaited on stop.
+    tasks: Mutex<Vec<(&'static str, JoinHandle<()>)>>,
+    /// The Raft server task, stopped last.
+    server: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Control {
+    /// Opens and validates the data dir, serves Raft RPC, starts Raft, bootstraps or waits to
+    /// be added, and starts the lease renewer, commit batcher and assignment loop.
+    #[tracing::instrument(skip_all, fields(node = %params.node_id), err)]
+    pub async fn start(params: ControlParams) -> Result<Control> {
+        let ControlParams {
+            node_id,
+            data_dir,
+            raft_addr,
+            raft_listener,
+            api_addr,
+            secret,
+            initial_members,
+            timing,
+        } = params;
+        if initial_members.is_empty() {
+            return Err(Error::InvalidParams("initial_members is empty".into()));
+        }
+        let config = raft_config(&timing)?;
+        let db = data_dir::open(&data_dir)?;
+        let log_store = LogStore::open(&db, &data_dir)?;
+        let shared = Shared::new(node_id);
+        let state_machine = StateMachineStore::open(&db, &data_dir, shared.clone())?;
+
+        let listen_err = |source| Error::Listen {
+            addr: raft_addr.to_string(),
+            source,
+        };
+        let listener = match raft_listener {
+            Some(l) => l,
+            None => std::net::TcpListener::bind(raft_addr).map_err(listen_err)?,
+        };
+        listener.set_nonblocking(true).map_err(listen_err)?;
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(listen_err)?;
+
+        let fault = Arc::new(FaultSwitch::default());
+        let peers = PeerClient::new(secret.clone(), fault.clone());
+        let network = NetworkFactory {
+            client: peers.clone(),
+            default_timeout: timing.rpc_timeout,
+        };
+        let raft = Raft::new(node_id, Arc::new(config), network, log_store, state_machine)
+            .await
+            .map_err(|e| Error::Raft(e.to_string()))?;
+
+        let cancel = CancellationToken::new();
+        let inner = Arc::new(NodeInner {
+            id: node_id,
+            raft,
+            shared,
+            peers,
+            fault,
+            secret,
+            timing: timing.clone(),
+            raft_addr: raft_addr.to_string(),
+            api_addr,
+            initial_members,
+            lease: Mutex::new(None),
+            leader_view: Mutex::new(None),
+            leaving: AtomicBool::new(false),
+            counters: Counters::default(),
+            cancel: cancel.clone(),
+        });
+
+        let server = {
+            let inner = inner.clone();
+            let cancel = cancel.clone();
+            node::spawn_task("raft_server", node_id, async move {
+                if let Err(e) = crate::network::server::serve(listener, inner, cancel).await {
+                    tracing::error!(error = %e, "raft rpc server stopped");
+                }
+            })
+        };
+        let (commit_tx, commit_rx) = mpsc::channel(timing.commit_queue.max(1));
+        let tasks = vec![
+            (
+                "commit_batcher",
+                node::spawn_task(
+                    "commit_batcher",
+                    node_id,
+                    node::run_commit_batcher(inner.clone(), commit_rx),
+                ),
+            ),
+            (
+                "lease_renewer",
+                node::spawn_task(
+                    "lease_renewer",
+                    node_id,
+                    node::run_lease_renewer(inner.clone()),
+                ),
+            ),
+            (
+                "assigner",
+                node::spawn_task("assigner", node_id, node::run_assigner(inner.clone())),
+            ),
+            (
+                "bootstrap",
+                node::spawn_task(
+                    "bootstrap",
+                    node_id,
+                    management::run_bootstrap(inner.clone()),
+                ),
+            ),
+        ];
+        tracing::info!(node = %node_id, raft_addr = %raft_addr, "control plane started");
+        Ok(Control {
+            inner,
+            runtime: Arc::new(Runtime {
+                db,
+                commit_tx,
+                tasks: Mutex::new(tasks),
+                server: Mutex::new(Some(server)),
+            }),
+        })
+    }
+
+    /// This node's id.
+    #[must_use]
+    pub fn node_id(&self) -> NodeId {
+        self.inner.id
+    }
+
+    /// This node's units with their epochs, from the local applied state; a new value is
+    /// published on every apply that changes them.
+    #[must_use]
+    pub fn assignments(&self) -> watch::Receiver<Vec<Assignment>> {
+        self.inner.shared.subscribe_assignments()
+    }
+
+    /// Until when this node may write downstream; `None` when it holds no valid lease. Check
+    /// it before every send (see "Never two owners" in the crate docs).
+    #[must_use]
+    pub fn lease_valid_until(&self) -> Option<std::time::Instant> {
+        let lease = *self
+            .inner
+            .lease
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        lease.filter(|l| *l > std::time::Instant::now())
+    }
+
+    /// Like [`Control::lease_valid_until`], but `None` also when the local state no longer
+    /// shows `unit` owned by this node under `epoch`. Reads the lease before the state, so a
+    /// lease extended by a renewal that followed a revoke is never paired with the old grant.
+    #[must_use]
+    pub fn lease_valid_for(&self, unit: &WorkUnit, epoch: Epoch) -> Option<std::time::Instant> {
+        let lease = self.lease_valid_until()?;
+        self.inner
+            .shared
+            .read()
+            .state
+            .holds(self.inner.id, unit, epoch)
+            .then_some(lease)
+    }
+
+    /// Commits offsets; batched with other callers into one Raft entry per batch interval and
+    /// forwarded to the leader. One outcome per commit, in order.
+    pub async fn commit(&self, commits: Vec<OffsetCommit>) -> Result<Vec<CommitOutcome>> {
+        if commits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (reply, rx) = oneshot::channel();
+        self.runtime
+            .commit_tx
+            .send(CommitRequest { commits, reply })
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        rx.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Confirmed progress of `unit` in the local applied state.
+    #[must_use]
+    pub fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
+        self.inner
+            .shared
+            .read()
+            .state
+            .units
+            .get(unit)
+            .map(|r| r.progress)
+    }
+
+    /// Reports the full current set of units of `flow` (from discovery). Writes only if it
+    /// differs from the replicated state; units not listed any more are retired.
+    #[tracing::instrument(skip_all, fields(node = %self.inner.id, flow = %flow), err)]
+    pub async fn report_units(&self, flow: &str, units: Vec<WorkUnit>) -> Result<()> {
+        if let Some(bad) = units.iter().find(|u| u.flow != flow) {
+            return Err(Error::Rejected(format!("unit {bad} is not in flow {flow}")));
+        }
+        let wanted: std::collections::BTreeSet<&WorkUnit> = units.iter().collect();
+        let unchanged = {
+            let data = self.inner.shared.read();
+            let current: std::collections::BTreeSet<&WorkUnit> = data
+                .state
+                .units
+                .iter()
+                .filter(|(u, r)| u.flow == flow && !r.retired)
+                .map(|(u, _)| u)
+                .collect();
+            current == wanted
+        };
+        if unchanged {
+            return Ok(());
+        }
+        let cmd = ControlCommand::ReportUnits {
+            flow: flow.to_owned(),
+            units,
+        };
+        match self.inner.write(&cmd).await? {
+            (_, ControlResponse::Done) => Ok(()),
+            (_, other) => Err(Error::Rejected(format!("report units: {other:?}"))),
+        }
+    }
+
+    /// Hands `unit` (owned under `epoch`) back. Succeeds also when it is no longer owned under
+    /// that epoch (a retry after a timeout).
+    #[tracing::instrument(skip_all, fields(node = %self.inner.id, unit = %unit, epoch = %epoch), err)]
+    pub async fn release(&self, unit: WorkUnit, epoch: Epoch) -> Result<()> {
+        let cmd = ControlCommand::Release {
+            unit,
+            epoch,
+            node: self.inner.id,
+        };
+        match self.inner.write(&cmd).await? {
+            (_, ControlResponse::Done | ControlResponse::Ignored(Rejection::StaleEpoch)) => Ok(()),
+            (_, other) => Err(Error::Rejected(format!("release: {other:?}"))),
+        }
+    }
+
+    /// Leaves the cluster's work: marks this node `Leaving` and releases every unit it owns
+    /// (call after the pipeline drained them). The node stays a Raft member.
+    #[tracing::instrument(skip_all, fields(node = %self.inner.id), err)]
+    pub async fn leave(&self) -> Result<()> {
+        self.inner.leaving.store(true, Ordering::SeqCst);
+        let mut cmds = vec![ControlCommand::LeaveMember {
+            node: self.inner.id,
+        }];
+        cmds.extend(
+            self.inner
+                .shared
+                .read()
+                .state
+                .assignments_of(self.inner.id)
+                .into_iter()
+                .map(|a| ControlCommand::Release {
+                    unit: a.unit,
+                    epoch: a.epoch,
+                    node: self.inner.id,
+                }),
+        );
+        self.inner.write(&ControlCommand::Batch(cmds)).await?;
+        Ok(())
+    }
+
+    /// Cluster status, from the leader when it is reachable (lease liveness is known only
+    /// there), otherwise from this node's local state.
+    #[tracing::instrument(skip_all, fields(node = %self.inner.id), err)]
+    pub async fn status(&self) -> Result<ClusterStatus> {
+        let (leader, addr) = self.inner.leader();
+        if let (Some(l), Some(addr)) = (leader, addr) {
+            if l != self.inner.id {
+                match self
+                    .inner
+                    .peers
+                    .call::<(), ClusterStatus>(
+                        &addr,
+                        paths::STATUS,
+                        &(),
+                        self.inner.timing.rpc_timeout,
+                    )
+                    .await
+                {
+                    Ok(status) => return Ok(status),
+                    Err(e) => {
+                        tracing::debug!(peer = %l, error = %e, "status from leader failed; answering locally")
+                    }
+                }
+            }
+        }
+        Ok(self.inner.local_status())
+    }
+
+    /// Adds a node: as learner, then (once caught up) as voter; records its addresses.
+    #[tracing::instrument(skip_all, fields(node = %self.inner.id, peer = %id), err)]
+    pub async fn add_member(&self, id: NodeId, raft_addr: String, api_addr: String) -> Result<()> {
+        let resp = self
+            .inner
+            .manage(&ManageRequest::AddVoter {
+                id,
+                raft_addr: raft_addr.clone(),
+            })
+            .await?;
+        tracing::info!(peer = %id, response = ?resp, "member added as voter");
+        self.inner
+            .write(&ControlCommand::RegisterMember {
+                node: id,
+                raft_addr,
+                api_addr,
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Removes a node: marks it leaving, waits (up to `drain_timeout`) until its units were
+    /// released or revoked after its lease expired, then removes it from Raft and the state.
+    #[tracing::instrument(skip_all, fields(node = %self.inner.id, peer = %id), err)]
+    pub async fn remove_member(&self, id: NodeId) -> Result<()> {
+        self.inner
+            .write(&ControlCommand::LeaveMember { node: id })
+            .await?;
+        let deadline = tokio::time::Instant::now() + self.inner.timing.drain_timeout;
+        loop {
+            let owned = self
+                .inner
+                .shared
+                .read()
+                .state
+                .units
+                .values()
+                .filter(|u| u.owner == Some(id))
+                .count();
+            if owned == 0 {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Rejected(format!(
+                    "node {id} still owns {owned} units after the drain timeout"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.inner.manage(&ManageRequest::RemoveNode { id }).await?;
+        match self
+            .inner
+            .write(&ControlCommand::RemoveMember { node: id })
+            .await?
+        {
+            (_, ControlResponse::Done | ControlResponse::Ignored(Rejection::UnknownMember)) => {
+                Ok(())
+            }
+            (_, other) => Err(Error::Rejected(format!("remove member: {other:?}"))),
+        }
+    }
+
+    /// A snapshot of this node's control-plane metrics.
+    #[must_use]
+    pub fn metrics(&self) -> ControlMetrics {
+        let m = self.inner.raft.metrics().borrow().clone();
+        let c = &self.inner.counters;
+        ControlMetrics {
+            node: self.inner.id,
+            term: m.current_term,
+            leader: m.current_leader,
+            is_leader: m.current_leader == Some(self.inner.id),
+            last_log_index: m.last_log_index,
+            last_applied: m.last_applied.map(|l| l.index),
+            lease_renewals: c.lease_renewals.load(Ordering::Relaxed),
+            fenced_commits: c.fenced_commits.load(Ordering::Relaxed),
+            commit_batches: c.commit_batches.load(Ordering::Relaxed),
+            units_owned: self
+                .inner
+                .shared
+                .read()
+                .state
+                .assignments_of(self.inner.id)
+                .len(),
+        }
+    }
+
+    /// Test seam: cuts this node off the network in both directions (or reconnects it).
+    #[doc(hidden)]
+    pub fn set_isolated(&self, isolated: bool) {
+        self.inner.fault.set_isolated(isolated);
+    }
+
+    /// Graceful stop: stops the loops (pending commits fail with `ShuttingDown`), shuts Raft
+    /// down, stops serving RPC and flushes the database.
+    #[tracing::instrument(skip_all, fields(node = %self.inner.id))]
+    pub async fn shutdown(self) {
+        self.inner.cancel.cancel();
+        let tasks = std::mem::take(
+            &mut *self
+                .runtime
+                .tasks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for (name, task) in tasks {
+            if let Err(e) = task.await {
+                tracing::warn!(task = name, error = %e, "control task ended abnormally");
+            }
+        }
+        if let Err(e) = self.inner.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown failed");
+        }
+        self.stop_server(Duration::from_secs(2)).await;
+        if let Err(e) = self.runtime.db.flush_async().await {
+            tracing::error!(error = %e, "final database flush failed");
+        }
+        tracing::info!("control plane stopped");
+    }
+
+    /// Abrupt stop, like `kill -9` in-process: cuts the network, aborts every task and stops
+    /// Raft without draining anything.
+    pub async fn crash(self) {
+        self.inner.fault.set_isolated(true);
+        self.inner.cancel.cancel();
+        let tasks = std::mem::take(
+            &mut *self
+                .runtime
+                .tasks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for (_, task) in &tasks {
+            task.abort();
+        }
+        for (_, task) in tasks {
+            let _ = task.await;
+        }
+        let _ = self.inner.raft.shutdown().await;
+        self.stop_server(Duration::from_millis(200)).await;
+    }
+
+    async fn stop_server(&self, grace: Duration) {
+        let server = self
+            .runtime
+            .server
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(mut server) = server {
+            if tokio::time::timeout(grace, &mut server).await.is_err() {
+                server.abort();
+                let _ = server.await;
+            }
+        }
+    }
+}

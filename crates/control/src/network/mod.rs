@@ -1,0 +1,105 @@
+//! The authenticated transport between nodes: HTTP POSTs with bincode bodies, served by axum
+//! (`server`) and sent with reqwest (`client`). Every request carries the cluster secret in
+//! [`SECRET_HEADER`]; the server compares it in constant time and rejects (401, `warn` log
+//! without the secret) anything else.
+//!
+//! Besides openraft's three RPCs the same channel carries writes forwarded from followers to
+//! the leader, membership changes, status queries and the bootstrap ping.
+
+pub(crate) mod client;
+pub(crate) mod server;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use replicator_model::NodeId;
+use serde::{Deserialize, Serialize};
+
+use crate::command::ControlResponse;
+
+/// HTTP header carrying the cluster secret.
+pub(crate) const SECRET_HEADER: &str = "x-replicator-secret";
+
+/// Request paths, one per RPC.
+pub(crate) mod paths {
+    /// openraft AppendEntries.
+    pub(crate) const APPEND: &str = "/raft/append";
+    /// openraft Vote.
+    pub(crate) const VOTE: &str = "/raft/vote";
+    /// openraft InstallSnapshot (chunked).
+    pub(crate) const SNAPSHOT: &str = "/raft/snapshot";
+    /// A `ControlCommand` forwarded to the leader.
+    pub(crate) const WRITE: &str = "/control/write";
+    /// A membership change forwarded to the leader.
+    pub(crate) const MANAGE: &str = "/control/manage";
+    /// Cluster status, answered by the leader.
+    pub(crate) const STATUS: &str = "/control/status";
+    /// Liveness and initialisation probe used by bootstrap.
+    pub(crate) const PING: &str = "/control/ping";
+}
+
+/// A test seam that cuts a node off the network in both directions (incoming requests get
+/// 503, outgoing ones fail as unreachable), like pulling its cable.
+#[derive(Debug, Default)]
+pub(crate) struct FaultSwitch {
+    isolated: AtomicBool,
+}
+
+impl FaultSwitch {
+    pub(crate) fn set_isolated(&self, isolated: bool) {
+        self.isolated.store(isolated, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_isolated(&self) -> bool {
+        self.isolated.load(Ordering::SeqCst)
+    }
+}
+
+/// The leader's answer to a forwarded write or membership change.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum WriteReply {
+    /// Applied at `index` with this response.
+    Applied {
+        /// Log index of the entry.
+        index: u64,
+        /// What apply returned.
+        response: ControlResponse,
+    },
+    /// The receiver is not the leader; try `leader` if known.
+    ForwardToLeader {
+        /// The leader the receiver knows of.
+        leader: Option<NodeId>,
+    },
+    /// The operation failed on the leader.
+    Failed {
+        /// What failed.
+        reason: String,
+        /// Whether retrying can help.
+        transient: bool,
+    },
+}
+
+/// A membership change executed by the leader.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum ManageRequest {
+    /// Add as learner, wait until it caught up, then make it a voter.
+    AddVoter {
+        /// The new node.
+        id: NodeId,
+        /// Its Raft address.
+        raft_addr: String,
+    },
+    /// Remove from the Raft membership (voter or learner).
+    RemoveNode {
+        /// The node to remove.
+        id: NodeId,
+    },
+}
+
+/// Answer to [`paths::PING`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PingReply {
+    /// The answering node.
+    pub(crate) node: NodeId,
+    /// Whether its Raft state is initialised (it belongs to a cluster already).
+    pub(crate) initialized: bool,
+}

@@ -1,0 +1,135 @@
+//! Inbound RPCs: an axum router over a pre-bound listener. Every handler first checks the
+//! fault switch and the cluster secret, then decodes the bincode body and answers in bincode.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use replicator_model::NodeId;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::{paths, ManageRequest, PingReply, SECRET_HEADER};
+use crate::command::{decode, encode, ControlCommand};
+use crate::node::NodeInner;
+use crate::TypeConfig;
+
+/// Serves Raft and control RPCs on `listener` until `shutdown` is cancelled.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    node: Arc<NodeInner>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let router = Router::new()
+        .route(paths::APPEND, post(append))
+        .route(paths::VOTE, post(vote))
+        .route(paths::SNAPSHOT, post(snapshot))
+        .route(paths::WRITE, post(write))
+        .route(paths::MANAGE, post(manage))
+        .route(paths::STATUS, post(status))
+        .route(paths::PING, post(ping))
+        .with_state(node);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+/// Checks the fault switch and the secret; decodes the body.
+fn admit<Q: DeserializeOwned>(
+    node: &NodeInner,
+    headers: &HeaderMap,
+    body: &[u8],
+    path: &'static str,
+) -> Result<Q, StatusCode> {
+    if node.fault.is_isolated() {
+        return Err(StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let presented = headers.get(SECRET_HEADER).map(|v| v.as_bytes());
+    if !presented.is_some_and(|p| node.secret.matches(p)) {
+        tracing::warn!(
+            node = %node.id,
+            path,
+            secret_present = presented.is_some(),
+            "rejected rpc with a wrong or missing cluster secret"
+        );
+        return Err(StatusCode::UNAUTHORIZED);
+    }
+    decode(path, body).map_err(|e| {
+        tracing::warn!(node = %node.id, path, error = %e, "undecodable rpc body");
+        StatusCode::BAD_REQUEST
+    })
+}
+
+fn reply<A: Serialize>(value: &A) -> Response {
+    match encode("rpc reply", value) {
+        Ok(bytes) => (StatusCode::OK, bytes).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn append(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Bytes) -> Response {
+    let req: AppendEntriesRequest<TypeConfig> = match admit(&node, &headers, &body, paths::APPEND) {
+        Ok(r) => r,
+        Err(status) => return status.into_response(),
+    };
+    reply(&node.raft.append_entries(req).await)
+}
+
+async fn vote(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Bytes) -> Response {
+    let req: VoteRequest<NodeId> = match admit(&node, &headers, &body, paths::VOTE) {
+        Ok(r) => r,
+        Err(status) => return status.into_response(),
+    };
+    reply(&node.raft.vote(req).await)
+}
+
+async fn snapshot(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Bytes) -> Response {
+    let req: InstallSnapshotRequest<TypeConfig> =
+        match admit(&node, &headers, &body, paths::SNAPSHOT) {
+            Ok(r) => r,
+            Err(status) => return status.into_response(),
+        };
+    reply(&node.raft.install_snapshot(req).await)
+}
+
+async fn write(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Bytes) -> Response {
+    let cmd: ControlCommand = match admit(&node, &headers, &body, paths::WRITE) {
+        Ok(r) => r,
+        Err(status) => return status.into_response(),
+    };
+    reply(&node.local_write(cmd).await)
+}
+
+async fn manage(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Bytes) -> Response {
+    let req: ManageRequest = match admit(&node, &headers, &body, paths::MANAGE) {
+        Ok(r) => r,
+        Err(status) => return status.into_response(),
+    };
+    reply(&node.local_manage(req).await)
+}
+
+async fn status(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Bytes) -> Response {
+    let (): () = match admit(&node, &headers, &body, paths::STATUS) {
+        Ok(r) => r,
+        Err(status) => return status.into_response(),
+    };
+    reply(&node.local_status())
+}
+
+async fn ping(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Bytes) -> Response {
+    let (): () = match admit(&node, &headers, &body, paths::PING) {
+        Ok(r) => r,
+        Err(status) => return status.into_response(),
+    };
+    let initialized = node.raft.is_initialized().await.unwrap_or(false);
+    reply(&PingReply {
+        node: node.id,
+        initialized,
+    })
+}

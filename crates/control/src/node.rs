@@ -1,0 +1,568 @@
+//! The running node: shared handles (`NodeInner`), the write path that forwards to the leader,
+//! and the background tasks (lease renewer, commit batcher, assignment loop).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{ChangeMembers, Raft, ServerState};
+use replicator_model::{CommitOutcome, NodeId, OffsetCommit};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::api::admin;
+use crate::assign;
+use crate::command::{ControlCommand, ControlResponse, Rejection};
+use crate::error::{Error, Result};
+use crate::lease::{owner_lease_until, LeaderView};
+use crate::network::client::PeerClient;
+use crate::network::{paths, FaultSwitch, ManageRequest, WriteReply};
+use crate::params::{ClusterSecret, ControlTiming};
+use crate::state_machine::Shared;
+use crate::{ClusterStatus, MemberNode, TypeConfig};
+
+/// Monotonic counters exported as metrics.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) lease_renewals: AtomicU64,
+    pub(crate) fenced_commits: AtomicU64,
+    pub(crate) commit_batches: AtomicU64,
+}
+
+/// One commit call waiting for its batch.
+pub(crate) struct CommitRequest {
+    pub(crate) commits: Vec<OffsetCommit>,
+    pub(crate) reply: oneshot::Sender<Result<Vec<CommitOutcome>>>,
+}
+
+/// What every task and RPC handler of a node shares.
+pub(crate) struct NodeInner {
+    /// This node.
+    pub(crate) id: NodeId,
+    /// The Raft handle.
+    pub(crate) raft: Raft<TypeConfig>,
+    /// Applied state, assignments watch.
+    pub(crate) shared: Arc<Shared>,
+    /// Outbound authenticated client.
+    pub(crate) peers: PeerClient,
+    /// Test seam cutting the node off the network.
+    pub(crate) fault: Arc<FaultSwitch>,
+    /// The cluster secret checked on inbound RPCs.
+    pub(crate) secret: ClusterSecret,
+    /// Timing values.
+    pub(crate) timing: ControlTiming,
+    /// Advertised Raft address.
+    pub(crate) raft_addr: String,
+    /// Advertised admin API address.
+    pub(crate) api_addr: String,
+    /// The configured initial members (bootstrap).
+    pub(crate) initial_members: BTreeMap<NodeId, String>,
+    /// Until when this node may write (see the crate docs); `None` before the first renewal.
+    pub(crate) lease: Mutex<Option<std::time::Instant>>,
+    /// The leader's lease view, published by the assignment loop for status.
+    pub(crate) leader_view: Mutex<Option<LeaderView>>,
+    /// Set by `leave`: never re-register as active.
+    pub(crate) leaving: AtomicBool,
+    /// Metrics counters.
+    pub(crate) counters: Counters,
+    /// Stops every task.
+    pub(crate) cancel: CancellationToken,
+}
+
+/// A request that must run on the leader.
+enum Routed<'a> {
+    Write(&'a ControlCommand),
+    Manage(&'a ManageRequest),
+}
+
+impl NodeInner {
+    /// The leader this node knows of and its Raft address.
+    pub(crate) fn leader(&self) -> (Option<NodeId>, Option<String>) {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let leader = m.current_leader;
+        let addr = leader.and_then(|l| {
+            m.membership_config
+                .membership()
+                .get_node(&l)
+                .map(|n| n.raft_addr.clone())
+        });
+        (leader, addr)
+    }
+
+    fn write_reply(
+        r: std::result::Result<
+            openraft::raft::ClientWriteResponse<TypeConfig>,
+            RaftError<NodeId, ClientWriteError<NodeId, MemberNode>>,
+        >,
+    ) -> WriteReply {
+        match r {
+            Ok(resp) => WriteReply::Applied {
+                index: resp.log_id.index,
+                response: resp.data,
+            },
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                WriteReply::ForwardToLeader {
+                    leader: f.leader_id,
+                }
+            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                WriteReply::Failed {
+                    reason: e.to_string(),
+                    transient: true,
+                }
+            }
+            Err(RaftError::Fatal(e)) => WriteReply::Failed {
+                reason: e.to_string(),
+                transient: false,
+            },
+        }
+    }
+
+    /// Writes `cmd` through this node's Raft (which must be the leader), bounded in time.
+    pub(crate) async fn local_write(&self, cmd: ControlCommand) -> WriteReply {
+        match tokio::time::timeout(self.timing.write_timeout, self.raft.client_write(cmd)).await {
+            Ok(r) => Self::write_reply(r),
+            Err(_) => WriteReply::Failed {
+                reason: "write not committed in time".into(),
+                transient: true,
+            },
+        }
+    }
+
+    /// Executes a membership change on this node (which must be the leader).
+    pub(crate) async fn local_manage(&self, req: ManageRequest) -> WriteReply {
+        let deadline = self.timing.drain_timeout;
+        let run = async {
+            match req {
+                ManageRequest::AddVoter { id, raft_addr } => {
+                    let added = self
+                        .raft
+                        .add_learner(id, MemberNode { raft_addr }, true)
+                        .await;
+                    if let reply
+                    @ (WriteReply::ForwardToLeader { .. } | WriteReply::Failed { .. }) =
+                        Self::write_reply(added)
+                    {
+                        return reply;
+                    }
+                    let voters = std::collections::BTreeSet::from([id]);
+                    Self::write_reply(
+                        self.raft
+                            .change_membership(ChangeMembers::AddVoterIds(voters), false)
+                            .await,
+                    )
+                }
+                ManageRequest::RemoveNode { id } => {
+                    let (is_voter, is_node) = {
+                        let metrics = self.raft.metrics();
+                        let m = metrics.borrow();
+                        let membership = m.membership_config.membership();
+                        (
+                            membership.voter_ids().any(|v| v == id),
+                            membership.get_node(&id).is_some(),
+                        )
+                    };
+                    let set = std::collections::BTreeSet::from([id]);
+                    let change = if is_voter {
+                        ChangeMembers::RemoveVoters(set)
+                    } else if is_node {
+                        ChangeMembers::RemoveNodes(set)
+                    } else {
+                        return WriteReply::Applied {
+                            index: 0,
+                            response: ControlResponse::Ignored(Rejection::UnknownMember),
+                        };
+                    };
+                    Self::write_reply(self.raft.change_membership(change, false).await)
+                }
+            }
+        };
+        tokio::time::timeout(deadline, run)
+            .await
+            .unwrap_or(WriteReply::Failed {
+                reason: "membership change not committed in time".into(),
+                transient: true,
+            })
+    }
+
+    async fn route(&self, req: Routed<'_>, within: Duration) -> Result<(u64, ControlResponse)> {
+        let started = Instant::now();
+        let deadline = started + within;
+        let mut backoff = Duration::from_millis(5);
+        let mut last = String::from("no leader known");
+        loop {
+            if self.cancel.is_cancelled() {
+                return Err(Error::ShuttingDown);
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(Error::NoLeader {
+                    waited: started.elapsed(),
+                    last,
+                });
+            }
+            let (leader, addr) = self.leader();
+            let reply = match (leader, addr) {
+                (Some(l), _) if l == self.id => {
+                    let local = async {
+                        match &req {
+                            Routed::Write(cmd) => self.local_write((*cmd).clone()).await,
+                            Routed::Manage(m) => self.local_manage((*m).clone()).await,
+                        }
+                    };
+                    tokio::time::timeout(remaining, local)
+                        .await
+                        .unwrap_or(WriteReply::Failed {
+                            reason: "leader did not commit in time".into(),
+                            transient: true,
+                        })
+                }
+                (Some(l), Some(addr)) => {
+                    let sent = match &req {
+                        Routed::Write(cmd) => {
+                            self.peers.call(&addr, paths::WRITE, cmd, remaining).await
+                        }
+                        Routed::Manage(m) => {
+                            self.peers.call(&addr, paths::MANAGE, m, remaining).await
+                        }
+                    };
+                    sent.unwrap_or_else(|e| WriteReply::Failed {
+                        reason: format!("forward to leader {l}: {e}"),
+                        transient: e.is_transient(),
+                    })
+                }
+                (Some(l), None) => WriteReply::Failed {
+                    reason: format!("address of leader {l} unknown"),
+                    transient: true,
+                },
+                (None, _) => WriteReply::Failed {
+                    reason: "no leader known".into(),
+                    transient: true,
+                },
+            };
+            match reply {
+                WriteReply::Applied { index, response } => return Ok((index, response)),
+                WriteReply::ForwardToLeader { leader } => {
+                    last = format!("not the leader; leader is {leader:?}");
+                }
+                WriteReply::Failed {
+                    reason,
+                    transient: false,
+                } => {
+                    return Err(Error::Rpc {
+                        peer: leader.unwrap_or(self.id),
+                        reason,
+                        transient: false,
+                    })
+                }
+                WriteReply::Failed { reason, .. } => last = reason,
+            }
+            tokio::select! {
+                () = self.cancel.cancelled() => return Err(Error::ShuttingDown),
+                () = tokio::time::sleep(backoff.min(remaining)) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_millis(100));
+        }
+    }
+
+    /// Writes `cmd` at the leader, forwarding and retrying across leader changes for `within`.
+    pub(crate) async fn write_within(
+        &self,
+        cmd: &ControlCommand,
+        within: Duration,
+    ) -> Result<(u64, ControlResponse)> {
+        self.route(Routed::Write(cmd), within).await
+    }
+
+    /// [`Self::write_within`] with the configured `write_timeout`.
+    pub(crate) async fn write(&self, cmd: &ControlCommand) -> Result<(u64, ControlResponse)> {
+        self.write_within(cmd, self.timing.write_timeout).await
+    }
+
+    /// Runs a membership change at the leader.
+    pub(crate) async fn manage(&self, req: &ManageRequest) -> Result<ControlResponse> {
+        let (_, resp) = self
+            .route(Routed::Manage(req), self.timing.drain_timeout)
+            .await?;
+        Ok(resp)
+    }
+
+    /// Status as this node sees it; lease liveness only when it is the leader.
+    pub(crate) fn local_status(&self) -> ClusterStatus {
+        let view = self
+            .leader_view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let metrics = self.raft.metrics().borrow().clone();
+        let data = self.shared.read();
+        admin::build_status(admin::StatusInputs {
+            node: self.id,
+            metrics: &metrics,
+            state: &data.state,
+            view: view.as_ref(),
+            now: std::time::Instant::now(),
+            lease_expiry: self.timing.lease_expiry,
+        })
+    }
+
+    /// Whether this node should (re-)register itself.
+    fn needs_registration(&self) -> bool {
+        if self.leaving.load(Ordering::SeqCst) {
+            return false;
+        }
+        let in_membership = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            m.membership_config
+                .membership()
+                .get_node(&self.id)
+                .is_some()
+        };
+        if !in_membership {
+            return false;
+        }
+        let data = self.shared.read();
+        data.state
+            .members
+            .get(&self.id)
+            .is_none_or(|m| m.raft_addr != self.raft_addr || m.api_addr != self.api_addr)
+    }
+
+    fn extend_lease(&self, until: std::time::Instant) {
+        let mut lease = self
+            .lease
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if lease.is_none_or(|l| l < until) {
+            *lease = Some(until);
+        }
+    }
+}
+
+/// Renews this node's lease every `lease_renew_interval`; registers it first when needed.
+pub(crate) async fn run_lease_renewer(node: Arc<NodeInner>) {
+    let timing = node.timing.clone();
+    let mut tick = tokio::time::interval(timing.lease_renew_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut attempt = 0u64;
+    loop {
+        tokio::select! {
+            () = node.cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if node.needs_registration() {
+            let cmd = ControlCommand::RegisterMember {
+                node: node.id,
+                raft_addr: node.raft_addr.clone(),
+                api_addr: node.api_addr.clone(),
+            };
+            match node.write_within(&cmd, timing.lease_expiry).await {
+                Ok(_) => tracing::info!(node = %node.id, "registered as member"),
+                Err(e) => tracing::warn!(node = %node.id, error = %e, "registration failed"),
+            }
+            continue;
+        }
+        let sent = std::time::Instant::now();
+        let cmd = ControlCommand::RenewLease { node: node.id };
+        match node.write_within(&cmd, timing.lease_expiry).await {
+            Ok((
+                index,
+                ControlResponse::Renewed {
+                    revoked_since_previous: false,
+                },
+            )) => {
+                attempt = 0;
+                // Extend only once the local state has applied everything up to the renewal,
+                // so that a revoke ordered before it is visible in `assignments()` first.
+                let mut applied = node.shared.subscribe_applied();
+                let waited =
+                    tokio::time::timeout(timing.lease_expiry, applied.wait_for(|a| *a >= index))
+                        .await;
+                if matches!(waited, Ok(Ok(_))) {
+                    node.extend_lease(owner_lease_until(
+                        sent,
+                        timing.lease_expiry,
+                        timing.lease_safety_margin,
+                    ));
+                    node.counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok((_, ControlResponse::Renewed { .. })) => {
+                tracing::info!(node = %node.id, "units were revoked since the previous renewal; lease not extended");
+            }
+            Ok((_, other)) => {
+                tracing::debug!(node = %node.id, response = ?other, "lease renewal not recorded");
+            }
+            Err(e) => {
+                attempt += 1;
+                tracing::warn!(node = %node.id, attempt, error = %e, "lease renewal failed");
+            }
+        }
+    }
+}
+
+fn copy_error(e: &Error) -> Error {
+    match e {
+        Error::NoLeader { waited, last } => Error::NoLeader {
+            waited: *waited,
+            last: last.clone(),
+        },
+        Error::Rpc {
+            peer,
+            reason,
+            transient,
+        } => Error::Rpc {
+            peer: *peer,
+            reason: reason.clone(),
+            transient: *transient,
+        },
+        Error::ShuttingDown => Error::ShuttingDown,
+        other => Error::Raft(other.to_string()),
+    }
+}
+
+/// Collects commit calls for `commit_batch_interval` and writes them as one entry.
+pub(crate) async fn run_commit_batcher(
+    node: Arc<NodeInner>,
+    mut rx: mpsc::Receiver<CommitRequest>,
+) {
+    let timing = node.timing.clone();
+    loop {
+        let first = tokio::select! {
+            () = node.cancel.cancelled() => return,
+            r = rx.recv() => match r { Some(r) => r, None => return },
+        };
+        let mut count = first.commits.len();
+        let mut requests = vec![first];
+        let deadline = Instant::now() + timing.commit_batch_interval;
+        while count < timing.commit_batch_max {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => break,
+                r = rx.recv() => match r {
+                    Some(r) => {
+                        count += r.commits.len();
+                        requests.push(r);
+                    }
+                    None => break,
+                },
+            }
+        }
+        let mut sizes = Vec::with_capacity(requests.len());
+        let mut replies = Vec::with_capacity(requests.len());
+        let mut commits = Vec::with_capacity(count);
+        for r in requests {
+            sizes.push(r.commits.len());
+            commits.extend(r.commits);
+            replies.push(r.reply);
+        }
+        let cmd = ControlCommand::CommitOffsets {
+            node: node.id,
+            commits,
+        };
+        let result = node.write(&cmd).await;
+        node.counters.commit_batches.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Ok((_, ControlResponse::Commits(outcomes))) if outcomes.len() == count => {
+                let fenced = outcomes
+                    .iter()
+                    .filter(|o| matches!(o, CommitOutcome::Fenced { .. }))
+                    .count();
+                node.counters
+                    .fenced_commits
+                    .fetch_add(fenced as u64, Ordering::Relaxed);
+                let mut rest = outcomes.into_iter();
+                for (size, reply) in sizes.into_iter().zip(replies) {
+                    // A caller that gave up is not an error.
+                    let _ = reply.send(Ok(rest.by_ref().take(size).collect()));
+                }
+            }
+            Ok((_, other)) => {
+                for reply in replies {
+                    let _ = reply.send(Err(Error::Raft(format!(
+                        "unexpected commit response {other:?}"
+                    ))));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(node = %node.id, error = %e, commits = count, "commit batch failed");
+                for reply in replies {
+                    let _ = reply.send(Err(copy_error(&e)));
+                }
+            }
+        }
+    }
+}
+
+/// The leader-only assignment loop: every `assignment_interval`, while this node leads, it
+/// observes renewals, computes a round with `assign::plan` and writes it as one batch.
+pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
+    let timing = node.timing.clone();
+    let mut tick = tokio::time::interval(timing.assignment_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut view: Option<LeaderView> = None;
+    loop {
+        tokio::select! {
+            () = node.cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let (leading, term) = {
+            let metrics = node.raft.metrics();
+            let m = metrics.borrow();
+            (
+                m.state == ServerState::Leader && m.current_leader == Some(node.id),
+                m.current_term,
+            )
+        };
+        if !leading {
+            if view.take().is_some() {
+                tracing::info!(node = %node.id, term, "assignment loop stops: not the leader");
+                *node
+                    .leader_view
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+            }
+            continue;
+        }
+        let current = match view.take() {
+            Some(v) if v.term == term => v,
+            _ => {
+                tracing::info!(node = %node.id, term, "assignment loop starts as leader");
+                LeaderView::new(term)
+            }
+        };
+        let mut current = current;
+        let now = std::time::Instant::now();
+        let cmds = {
+            let data = node.shared.read();
+            current.observe(&data.state.members, now);
+            let live = current.live(now, timing.lease_expiry);
+            assign::plan(&data.state, &live, &current.renewal_seen())
+        };
+        *node
+            .leader_view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(current.clone());
+        view = Some(current);
+        if cmds.is_empty() {
+            continue;
+        }
+        tracing::debug!(node = %node.id, term, commands = cmds.len(), "assignment round");
+        if let Err(e) = node.write(&ControlCommand::Batch(cmds)).await {
+            tracing::warn!(node = %node.id, term, error = %e, "assignment round not written");
+        }
+    }
+}
+
+/// Spawns `fut` under a span naming the task and the node.
+pub(crate) fn spawn_task<F>(name: &'static str, node: NodeId, fut: F) -> tokio::task::JoinHandle<()>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(fut.instrument(tracing::info_span!("control", task = name, node = %node)))
+}

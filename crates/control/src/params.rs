@@ -1,0 +1,162 @@
+//! The resolved parameters `Control::start` takes.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use replicator_model::NodeId;
+
+/// The shared cluster secret every Raft RPC carries. Prints as `****`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterSecret(String);
+
+impl ClusterSecret {
+    /// Wraps a secret (resolved by the binary from config or the environment).
+    pub fn new(secret: impl Into<String>) -> Self {
+        Self(secret.into())
+    }
+
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Compares with `other` in time independent of where they differ.
+    pub(crate) fn matches(&self, other: &[u8]) -> bool {
+        let mine = self.0.as_bytes();
+        let mut diff = u8::from(mine.len() != other.len());
+        for (i, b) in mine.iter().enumerate() {
+            diff |= b ^ other.get(i).copied().unwrap_or(!*b);
+        }
+        diff == 0
+    }
+}
+
+impl From<String> for ClusterSecret {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for ClusterSecret {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+impl fmt::Debug for ClusterSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("****")
+    }
+}
+
+impl fmt::Display for ClusterSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("****")
+    }
+}
+
+/// Timing of the control plane. `Default` gives the documented production values.
+///
+/// Failover budget with the defaults: the election takes at most `election_timeout_max`
+/// (0.6 s) after the last heartbeat; the new leader starts every member's lease at "now", so a
+/// dead owner's units move `lease_expiry` (2 s) plus at most one `assignment_interval` (0.1 s)
+/// later: under 3 s from the crash.
+#[derive(Debug, Clone)]
+pub struct ControlTiming {
+    /// Leader heartbeat period. Default 100 ms.
+    pub heartbeat_interval: Duration,
+    /// Lower bound of the randomised election timeout. Default 300 ms.
+    pub election_timeout_min: Duration,
+    /// Upper bound of the randomised election timeout. Default 600 ms.
+    pub election_timeout_max: Duration,
+    /// How often every node renews its lease (one Raft entry per node). Default 500 ms.
+    pub lease_renew_interval: Duration,
+    /// How long a lease lasts after its renewal was sent (owner) or seen (leader). Default 2 s.
+    pub lease_expiry: Duration,
+    /// Subtracted from the owner's lease to absorb clock-rate differences. Default 200 ms.
+    pub lease_safety_margin: Duration,
+    /// How long the commit batcher collects commits into one Raft entry. Default 5 ms.
+    pub commit_batch_interval: Duration,
+    /// Most commits in one batch entry. Default 4096.
+    pub commit_batch_max: usize,
+    /// Capacity of the commit request queue (callers wait when it is full). Default 1024.
+    pub commit_queue: usize,
+    /// Period of the leader's assignment round. Default 100 ms.
+    pub assignment_interval: Duration,
+    /// How long a write keeps retrying across leader changes. Default 5 s.
+    pub write_timeout: Duration,
+    /// Timeout of one Raft RPC when openraft gives none. Default 1 s.
+    pub rpc_timeout: Duration,
+    /// Build a snapshot after this many log entries. Default 2000.
+    pub snapshot_logs_since_last: u64,
+    /// Entries kept in the log behind a snapshot (for followers slightly behind). Default 500.
+    pub logs_to_keep_after_snapshot: u64,
+    /// How long `remove_member` waits for the member's units to be released. Default 30 s.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ControlTiming {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_millis(100),
+            election_timeout_min: Duration::from_millis(300),
+            election_timeout_max: Duration::from_millis(600),
+            lease_renew_interval: Duration::from_millis(500),
+            lease_expiry: Duration::from_secs(2),
+            lease_safety_margin: Duration::from_millis(200),
+            commit_batch_interval: Duration::from_millis(5),
+            commit_batch_max: 4096,
+            commit_queue: 1024,
+            assignment_interval: Duration::from_millis(100),
+            write_timeout: Duration::from_secs(5),
+            rpc_timeout: Duration::from_secs(1),
+            snapshot_logs_since_last: 2000,
+            logs_to_keep_after_snapshot: 500,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Everything `Control::start` needs, resolved by the binary from the validated config.
+#[derive(Debug)]
+pub struct ControlParams {
+    /// This node's id (`[node] id`), e.g. `1`.
+    pub node_id: NodeId,
+    /// Data dir of this node (`[node] data_dir`), e.g. `/var/lib/iggy-replicator`.
+    pub data_dir: PathBuf,
+    /// Advertised Raft address other nodes dial, e.g. `10.0.0.1:7100`.
+    pub raft_addr: SocketAddr,
+    /// A listener already bound for Raft RPC (tests bind port 0); `None` binds `raft_addr`.
+    pub raft_listener: Option<std::net::TcpListener>,
+    /// Advertised admin API address, e.g. `10.0.0.1:7200`.
+    pub api_addr: String,
+    /// The cluster secret (`[cluster] secret`).
+    pub secret: ClusterSecret,
+    /// Initial members by id → Raft address (`[cluster] initial_members`), including this node.
+    pub initial_members: BTreeMap<NodeId, String>,
+    /// Timing values.
+    pub timing: ControlTiming,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_never_prints_and_compares_exactly() {
+        let s = ClusterSecret::new("hunter2");
+        assert2::check!(format!("{s:?} {s}") == "**** ****");
+        assert!(s.matches(b"hunter2"));
+        assert!(!s.matches(b"hunter3"));
+        assert!(!s.matches(b"hunter"));
+        assert!(!s.matches(b"hunter22"));
+        assert!(!s.matches(b""));
+    }
+
+    #[test]
+    fn default_timing_passes_raft_validation() {
+        assert!(crate::raft_config(&ControlTiming::default()).is_ok());
+    }
+}

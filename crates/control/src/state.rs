@@ -1,0 +1,255 @@
+//! The replicated state and its deterministic `apply`: members, units with owners and epochs,
+//! and confirmed progress. No clock, no RNG, no IO: the result depends only on the state, the
+//! command and its log index.
+
+use std::collections::BTreeMap;
+
+use replicator_model::{
+    Assignment, CommitOutcome, Epoch, NodeId, OffsetCommit, UnitProgress, WorkUnit,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::command::{ControlCommand, ControlResponse, Rejection};
+
+/// Whether a member takes new work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemberState {
+    /// Takes units.
+    Active,
+    /// Drains: gets no new units, its units are requested back.
+    Leaving,
+}
+
+/// One replicator instance as the replicated state knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct MemberRecord {
+    /// Advertised Raft address.
+    pub(crate) raft_addr: String,
+    /// Advertised admin API address.
+    pub(crate) api_addr: String,
+    /// Active or leaving.
+    pub(crate) state: MemberState,
+    /// Log index of its latest applied lease renewal (or of its registration).
+    pub(crate) last_renewal_index: u64,
+    /// Log index of the latest revoke of one of its units (0 if never).
+    pub(crate) last_revoke_index: u64,
+}
+
+/// Ownership and progress of one unit.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub(crate) struct UnitRecord {
+    /// Current owner, if granted.
+    pub(crate) owner: Option<NodeId>,
+    /// Epoch of the latest grant (kept after release/revoke; 0 before the first grant).
+    pub(crate) epoch: Epoch,
+    /// The leader asked the owner to hand the unit back.
+    pub(crate) release_requested: bool,
+    /// Discovery no longer reports the unit; it is never granted while retired.
+    pub(crate) retired: bool,
+    /// Confirmed progress (kept across owners and retirement).
+    pub(crate) progress: UnitProgress,
+}
+
+/// The whole replicated application state.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub(crate) struct ControlState {
+    /// Members by id.
+    pub(crate) members: BTreeMap<NodeId, MemberRecord>,
+    /// Units ever reported, by unit.
+    pub(crate) units: BTreeMap<WorkUnit, UnitRecord>,
+}
+
+impl ControlState {
+    /// Applies `cmd`, written at log `index`, and says what happened.
+    pub(crate) fn apply(&mut self, index: u64, cmd: &ControlCommand) -> ControlResponse {
+        match cmd {
+            ControlCommand::Batch(cmds) => ControlResponse::Batch(
+                cmds.iter()
+                    .map(|c| match c {
+                        ControlCommand::Batch(_) => {
+                            ControlResponse::Ignored(Rejection::NestedBatch)
+                        }
+                        other => self.apply_one(index, other),
+                    })
+                    .collect(),
+            ),
+            other => self.apply_one(index, other),
+        }
+    }
+
+    fn apply_one(&mut self, index: u64, cmd: &ControlCommand) -> ControlResponse {
+        use ControlResponse::{Done, Ignored};
+        match cmd {
+            ControlCommand::RegisterMember {
+                node,
+                raft_addr,
+                api_addr,
+            } => {
+                let record = self.members.entry(*node).or_insert_with(|| MemberRecord {
+                    raft_addr: String::new(),
+                    api_addr: String::new(),
+                    state: MemberState::Active,
+                    last_renewal_index: index,
+                    last_revoke_index: 0,
+                });
+                record.raft_addr.clone_from(raft_addr);
+                record.api_addr.clone_from(api_addr);
+                record.state = MemberState::Active;
+                record.last_renewal_index = index;
+                Done
+            }
+            ControlCommand::LeaveMember { node } => match self.members.get_mut(node) {
+                Some(m) => {
+                    m.state = MemberState::Leaving;
+                    Done
+                }
+                None => Ignored(Rejection::UnknownMember),
+            },
+            ControlCommand::RenewLease { node } => match self.members.get_mut(node) {
+                Some(m) => {
+                    let revoked_since_previous = m.last_revoke_index > m.last_renewal_index;
+                    m.last_renewal_index = index;
+                    ControlResponse::Renewed {
+                        revoked_since_previous,
+                    }
+                }
+                None => Ignored(Rejection::UnknownMember),
+            },
+            ControlCommand::ReportUnits { flow, units } => self.report_units(flow, units),
+            ControlCommand::Grant { unit, node } => {
+                match self.members.get(node).map(|m| m.state) {
+                    None => return Ignored(Rejection::UnknownMember),
+                    Some(MemberState::Leaving) => return Ignored(Rejection::MemberLeaving),
+                    Some(MemberState::Active) => {}
+                }
+                let Some(rec) = self.units.get_mut(unit) else {
+                    return Ignored(Rejection::UnknownUnit);
+                };
+                if rec.retired {
+                    return Ignored(Rejection::Retired);
+                }
+                if rec.owner.is_some() {
+                    return Ignored(Rejection::AlreadyOwned);
+                }
+                // Every grant is at a later index than the unit's previous grant (a batch holds
+                // at most one successful grant per unit because the second finds it owned).
+                rec.owner = Some(*node);
+                rec.epoch = Epoch(index);
+                rec.release_requested = false;
+                ControlResponse::Granted { epoch: rec.epoch }
+            }
+            ControlCommand::RequestRelease { unit, epoch } => match self.units.get_mut(unit) {
+                Some(rec) if rec.owner.is_some() && rec.epoch == *epoch => {
+                    rec.release_requested = true;
+                    Done
+                }
+                Some(_) => Ignored(Rejection::StaleEpoch),
+                None => Ignored(Rejection::UnknownUnit),
+            },
+            ControlCommand::Release { unit, epoch, node } => match self.units.get_mut(unit) {
+                Some(rec) if rec.owner == Some(*node) && rec.epoch == *epoch => {
+                    rec.owner = None;
+                    rec.release_requested = false;
+                    Done
+                }
+                Some(_) => Ignored(Rejection::StaleEpoch),
+                None => Ignored(Rejection::UnknownUnit),
+            },
+            ControlCommand::Revoke {
+                unit,
+                epoch,
+                renewal_index,
+            } => {
+                let Some(rec) = self.units.get_mut(unit) else {
+                    return Ignored(Rejection::UnknownUnit);
+                };
+                let Some(owner) = rec.owner.filter(|_| rec.epoch == *epoch) else {
+                    return Ignored(Rejection::StaleEpoch);
+                };
+                if let Some(m) = self.members.get_mut(&owner) {
+                    if m.last_renewal_index != *renewal_index {
+                        return Ignored(Rejection::LeaseRenewed);
+                    }
+                    m.last_revoke_index = index;
+                }
+                rec.owner = None;
+                rec.release_requested = false;
+                Done
+            }
+            ControlCommand::CommitOffsets { node, commits } => ControlResponse::Commits(
+                commits.iter().map(|c| self.commit_one(*node, c)).collect(),
+            ),
+            ControlCommand::RemoveMember { node } => {
+                if !self.members.contains_key(node) {
+                    return Ignored(Rejection::UnknownMember);
+                }
+                if self.units.values().any(|u| u.owner == Some(*node)) {
+                    return Ignored(Rejection::StillOwnsUnits);
+                }
+                self.members.remove(node);
+                Done
+            }
+            ControlCommand::Batch(_) => Ignored(Rejection::NestedBatch),
+        }
+    }
+
+    fn report_units(&mut self, flow: &str, units: &[WorkUnit]) -> ControlResponse {
+        if flow.is_empty() || units.iter().any(|u| u.flow != flow) {
+            return ControlResponse::Ignored(Rejection::InvalidFlow);
+        }
+        let listed: std::collections::BTreeSet<&WorkUnit> = units.iter().collect();
+        for (unit, rec) in self.units.iter_mut().filter(|(u, _)| u.flow == flow) {
+            let retire = !listed.contains(unit);
+            if retire && !rec.retired {
+                rec.owner = None;
+                rec.release_requested = false;
+            }
+            rec.retired = retire;
+        }
+        for unit in units {
+            self.units.entry(unit.clone()).or_default();
+        }
+        ControlResponse::Done
+    }
+
+    fn commit_one(&mut self, node: NodeId, c: &OffsetCommit) -> CommitOutcome {
+        let Some(rec) = self.units.get_mut(&c.unit) else {
+            return CommitOutcome::Fenced { current: None };
+        };
+        let current = rec.owner.map(|_| rec.epoch);
+        if rec.retired || rec.owner != Some(node) || rec.epoch != c.epoch {
+            return CommitOutcome::Fenced { current };
+        }
+        let p = &mut rec.progress;
+        if p.confirmed.is_none() || p.topic_created_at != c.topic_created_at {
+            // First commit, or the topic was recreated: a new history starts here.
+            p.confirmed = Some(c.offset);
+            p.topic_created_at = c.topic_created_at;
+        } else {
+            // Offsets never move backwards within one topic generation.
+            p.confirmed = p.confirmed.max(Some(c.offset));
+        }
+        p.counters.add(&c.counters);
+        CommitOutcome::Committed
+    }
+
+    /// The units `node` owns now, in unit order.
+    pub(crate) fn assignments_of(&self, node: NodeId) -> Vec<Assignment> {
+        self.units
+            .iter()
+            .filter(|(_, r)| r.owner == Some(node) && !r.retired)
+            .map(|(unit, r)| Assignment {
+                unit: unit.clone(),
+                epoch: r.epoch,
+                release_requested: r.release_requested,
+            })
+            .collect()
+    }
+
+    /// Whether `node` owns `unit` under `epoch` right now.
+    pub(crate) fn holds(&self, node: NodeId, unit: &WorkUnit, epoch: Epoch) -> bool {
+        self.units
+            .get(unit)
+            .is_some_and(|r| r.owner == Some(node) && r.epoch == epoch && !r.retired)
+    }
+}

@@ -1,0 +1,272 @@
+//! The Raft state machine: the replicated `ControlState` in memory, persisted through snapshots.
+//!
+//! Persistence model: every snapshot is written to sled and flushed before it is reported
+//! built or installed; `apply` only changes memory. On restart the state is the persisted
+//! snapshot, and openraft re-applies the committed log after it (the log store saves the
+//! committed id, and log purging never passes the snapshot), so a restarted node comes back
+//! with exactly the state it had applied.
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine, Snapshot, SnapshotMeta};
+use openraft::{
+    AnyError, Entry, EntryPayload, LogId, OptionalSend, StorageError, StorageIOError,
+    StoredMembership,
+};
+use replicator_model::{Assignment, NodeId};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::command::{decode, encode, ControlResponse};
+use crate::data_dir::{self, KEY_SNAPSHOT, TREE_SNAPSHOT};
+use crate::error::{Error, Result};
+use crate::state::ControlState;
+use crate::{MemberNode, TypeConfig};
+
+type StorageResult<T> = std::result::Result<T, StorageError<NodeId>>;
+
+fn any(e: impl ToString) -> AnyError {
+    AnyError::error(e.to_string())
+}
+
+/// Everything the state machine holds; also the snapshot's content.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct SmData {
+    /// Last applied log id.
+    pub(crate) last_applied: Option<LogId<NodeId>>,
+    /// Last applied membership.
+    pub(crate) last_membership: StoredMembership<NodeId, MemberNode>,
+    /// The application state.
+    pub(crate) state: ControlState,
+}
+
+/// A snapshot as stored in sled.
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<NodeId, MemberNode>,
+    data: Vec<u8>,
+}
+
+/// State shared between the state machine (writer) and the node's API (readers).
+pub(crate) struct Shared {
+    /// This node, whose assignments are published.
+    node: NodeId,
+    /// The applied state. A std lock: held only for short, non-async sections.
+    data: RwLock<SmData>,
+    /// This node's assignments, re-published whenever an apply changes them.
+    assignments: watch::Sender<Vec<Assignment>>,
+    /// Index of the last applied entry (0 before any).
+    applied: watch::Sender<u64>,
+}
+
+impl Shared {
+    pub(crate) fn new(node: NodeId) -> Arc<Self> {
+        Arc::new(Self {
+            node,
+            data: RwLock::new(SmData::default()),
+            assignments: watch::channel(Vec::new()).0,
+            applied: watch::channel(0).0,
+        })
+    }
+
+    /// Reads the applied state.
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, SmData> {
+        // A panic while holding the lock leaves consistent data (apply mutates in place
+        // per command); recovering the guard keeps the node serving.
+        self.data
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, SmData> {
+        self.data
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn subscribe_assignments(&self) -> watch::Receiver<Vec<Assignment>> {
+        self.assignments.subscribe()
+    }
+
+    pub(crate) fn subscribe_applied(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    /// Publishes the current assignments and applied index after the state changed.
+    fn publish(&self) {
+        let (mine, applied) = {
+            let data = self.read();
+            (
+                data.state.assignments_of(self.node),
+                data.last_applied.map_or(0, |l| l.index),
+            )
+        };
+        self.assignments.send_if_modified(|current| {
+            if *current == mine {
+                false
+            } else {
+                *current = mine;
+                true
+            }
+        });
+        self.applied.send_replace(applied);
+    }
+}
+
+/// The state machine handle given to openraft; also its snapshot builder.
+#[derive(Clone)]
+pub(crate) struct StateMachineStore {
+    shared: Arc<Shared>,
+    db: sled::Db,
+    snapshots: sled::Tree,
+}
+
+impl StateMachineStore {
+    /// Opens the snapshot tree and loads the persisted snapshot (if any) into `shared`.
+    pub(crate) fn open(db: &sled::Db, dir: &Path, shared: Arc<Shared>) -> Result<Self> {
+        let snapshots = data_dir::tree(db, dir, TREE_SNAPSHOT)?;
+        let sm = Self {
+            shared,
+            db: db.clone(),
+            snapshots,
+        };
+        let corrupt = |e: &dyn std::fmt::Display| Error::DataDir {
+            path: PathBuf::from(dir),
+            reason: format!("corrupt snapshot: {e}"),
+        };
+        if let Some(stored) = sm.read_stored().map_err(|e| corrupt(&e))? {
+            let data: SmData = decode("snapshot data", &stored.data).map_err(|e| corrupt(&e))?;
+            *sm.shared.write() = data;
+            sm.shared.publish();
+        }
+        Ok(sm)
+    }
+
+    fn read_stored(&self) -> Result<Option<StoredSnapshot>> {
+        match self.snapshots.get(KEY_SNAPSHOT).map_err(|e| Error::Codec {
+            what: "snapshot",
+            reason: e.to_string(),
+        })? {
+            Some(v) => Ok(Some(decode("snapshot", &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn persist(&self, stored: &StoredSnapshot) -> std::result::Result<(), AnyError> {
+        let bytes = encode("snapshot", stored).map_err(any)?;
+        self.snapshots.insert(KEY_SNAPSHOT, bytes).map_err(any)?;
+        self.db.flush_async().await.map_err(any)?;
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
+        let (data, last_applied, last_membership) = {
+            let sm = self.shared.read();
+            let bytes = encode("snapshot data", &*sm)
+                .map_err(|e| StorageIOError::read_state_machine(any(e)))?;
+            (bytes, sm.last_applied, sm.last_membership.clone())
+        };
+        let unique = self
+            .db
+            .generate_id()
+            .map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
+        let snapshot_id = match last_applied {
+            Some(l) => format!("{}-{}-{unique}", l.leader_id, l.index),
+            None => format!("empty-{unique}"),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership,
+            snapshot_id,
+        };
+        let stored = StoredSnapshot { meta, data };
+        self.persist(&stored)
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(stored.meta.signature()), e))?;
+        Ok(Snapshot {
+            meta: stored.meta,
+            snapshot: Box::new(Cursor::new(stored.data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(
+        &mut self,
+    ) -> StorageResult<(Option<LogId<NodeId>>, StoredMembership<NodeId, MemberNode>)> {
+        let sm = self.shared.read();
+        Ok((sm.last_applied, sm.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> StorageResult<Vec<ControlResponse>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut out = Vec::new();
+        {
+            let mut sm = self.shared.write();
+            for entry in entries {
+                sm.last_applied = Some(entry.log_id);
+                out.push(match entry.payload {
+                    EntryPayload::Blank => ControlResponse::Empty,
+                    EntryPayload::Normal(cmd) => sm.state.apply(entry.log_id.index, &cmd),
+                    EntryPayload::Membership(m) => {
+                        sm.last_membership = StoredMembership::new(Some(entry.log_id), m);
+                        ControlResponse::Empty
+                    }
+                });
+            }
+        }
+        self.shared.publish();
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<Cursor<Vec<u8>>>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, MemberNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> StorageResult<()> {
+        let bytes = snapshot.into_inner();
+        let data: SmData = decode("snapshot data", &bytes)
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), any(e)))?;
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data: bytes,
+        };
+        self.persist(&stored)
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), e))?;
+        *self.shared.write() = SmData {
+            last_applied: meta.last_log_id,
+            last_membership: meta.last_membership.clone(),
+            state: data.state,
+        };
+        self.shared.publish();
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
+        let stored = self
+            .read_stored()
+            .map_err(|e| StorageIOError::read_snapshot(None, any(e)))?;
+        Ok(stored.map(|s| Snapshot {
+            meta: s.meta,
+            snapshot: Box::new(Cursor::new(s.data)),
+        }))
+    }
+}

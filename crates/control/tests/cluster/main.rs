@@ -1,0 +1,5 @@
+//! Control-plane cluster tests: real sled dirs, real loopback sockets, in-process nodes.
+
+mod util;
+
+mod basic;
