@@ -3,4 +3,6 @@
 //! scenario group.
 
 mod copy;
+mod edges;
 mod harness;
+mod topics;

@@ -1,0 +1,162 @@
+//! Retention gaps, flows in both directions, and an unavailable upstream.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use replicator_model::WorkUnit;
+use replicator_pipeline::verify::{verify, VerifyParams};
+use replicator_pipeline::{
+    ClusterParams, ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams,
+};
+use replicator_testkit::{TestServer, TestServerConfig};
+
+use crate::harness::{
+    assert_exact, client, count, create_topic, flow, node_id, produce, wait_until, Env, TestResult,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_gap_is_recorded_and_copying_continues() -> TestResult {
+    let env = Env::start().await?;
+    let up = client(&env.us).await?;
+    create_topic(&up, "ret", "t", 1).await?;
+    produce(&up, "ret", "t", 1, 0..100, 100).await?;
+    let f = flow("ret", &["ret/*"]);
+    let control = InMemoryControl::new();
+    let unit = WorkUnit::new("ret", "ret", "t", 0);
+    let first = Pipeline::start(env.params(f.clone()), control.clone()).await?;
+    wait_until("copied", Duration::from_secs(30), || async {
+        control.progress(&unit).and_then(|p| p.confirmed) == Some(99)
+    })
+    .await?;
+    first.shutdown().await;
+    produce(&up, "ret", "t", 1, 100..200, 100).await?;
+    let dropped = env.us.retention().drop_before("ret", "t", 0, 150)?;
+    assert!(dropped == 150);
+    let second = Pipeline::start(env.params(f.clone()), control.clone()).await?;
+    wait_until(
+        "continued after the gap",
+        Duration::from_secs(30),
+        || async { count(&env.eu, "ret", "t", 0) == 150 },
+    )
+    .await?;
+    let stats = second.stats().await?;
+    let s = stats.iter().find(|s| s.unit == unit).ok_or("no stats")?;
+    assert!(s.gaps == 1);
+    assert!(s.recent_gaps.len() == 1);
+    assert!((s.recent_gaps[0].from, s.recent_gaps[0].to) == (100, 149));
+    wait_until(
+        "gap counted in progress",
+        Duration::from_secs(10),
+        || async {
+            control
+                .progress(&unit)
+                .is_some_and(|p| p.counters.gaps == 1 && p.confirmed == Some(199))
+        },
+    )
+    .await?;
+    let report = env.verify(&f, Duration::from_secs(10)).await?;
+    assert_exact(&report);
+    assert!(report.partitions[0].below_retention == 100);
+    second.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flows_in_both_directions_with_identity_naming_do_not_loop() -> TestResult {
+    let env = Env::start().await?;
+    let (us, eu) = (client(&env.us).await?, client(&env.eu).await?);
+    create_topic(&us, "shared", "t", 1).await?;
+    create_topic(&eu, "shared", "t", 1).await?;
+    produce(&us, "shared", "t", 1, 0..100, 100).await?;
+    produce(&eu, "shared", "t", 1, 1000..1050, 50).await?;
+    let there = flow("us-eu", &["shared/*"]);
+    let mut back = flow("eu-us", &["shared/*"]);
+    back.source = "eu".into();
+    back.target = "us".into();
+    let mut params = env.params(there.clone());
+    params.flows.push(back.clone());
+    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
+    wait_until(
+        "both sides hold both sets",
+        Duration::from_secs(30),
+        || async {
+            count(&env.us, "shared", "t", 0) == 150 && count(&env.eu, "shared", "t", 0) == 150
+        },
+    )
+    .await?;
+    // Each flow has seen the other's copies and skipped them.
+    wait_until("copies skipped", Duration::from_secs(30), || async {
+        let stats = pipeline.stats().await.unwrap_or_default();
+        let skipped = |f: &str| {
+            stats
+                .iter()
+                .filter(|s| s.unit.flow == f)
+                .map(|s| s.skipped_loop)
+                .sum::<u64>()
+        };
+        skipped("us-eu") == 50 && skipped("eu-us") == 100
+    })
+    .await?;
+    assert!(count(&env.us, "shared", "t", 0) == 150);
+    assert!(count(&env.eu, "shared", "t", 0) == 150);
+    assert_exact(&env.verify(&there, Duration::from_secs(10)).await?);
+    let back_params =
+        VerifyParams::new(back, env.eu.connection_string(), env.us.connection_string());
+    assert_exact(&verify(&back_params).await?);
+    pipeline.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unavailable_upstream_does_not_stop_other_flows() -> TestResult {
+    let env = Env::start().await?;
+    let ap = TestServer::start(TestServerConfig::default()).await?;
+    let (us, ap_client) = (client(&env.us).await?, client(&ap).await?);
+    create_topic(&us, "a", "t", 1).await?;
+    create_topic(&ap_client, "b", "t", 1).await?;
+    produce(&ap_client, "b", "t", 1, 0..10, 10).await?;
+    let good = flow("good", &["a/*"]);
+    let mut bad: FlowParams = flow("bad", &["b/*"]);
+    bad.source = "ap".into();
+    let mut clusters = BTreeMap::new();
+    clusters.insert(
+        "us".to_owned(),
+        ClusterParams::new(env.us.connection_string()),
+    );
+    clusters.insert(
+        "eu".to_owned(),
+        ClusterParams::new(env.eu.connection_string()),
+    );
+    clusters.insert("ap".to_owned(), ClusterParams::new(ap.connection_string()));
+    let mut params = PipelineParams::new(node_id(), clusters, vec![good.clone(), bad.clone()]);
+    params.discovery_interval = Duration::from_millis(200);
+    params.operation_timeout = Duration::from_secs(2);
+    let control = InMemoryControl::new();
+    let pipeline = Pipeline::start(params, control.clone()).await?;
+    wait_until("bad flow copied once", Duration::from_secs(30), || async {
+        count(&env.eu, "b", "t", 0) == 10
+    })
+    .await?;
+    let faults = ap.faults();
+    faults.refuse_connections(true);
+    faults.drop_connections();
+    produce(&us, "a", "t", 1, 0..500, 100).await?;
+    wait_until(
+        "good flow copies while ap is down",
+        Duration::from_secs(30),
+        || async { count(&env.eu, "a", "t", 0) == 500 },
+    )
+    .await?;
+    let bad_unit = WorkUnit::new("bad", "b", "t", 0);
+    faults.clear();
+    produce(&ap_client, "b", "t", 1, 10..20, 10).await?;
+    wait_until("bad flow resumes", Duration::from_secs(30), || async {
+        control.progress(&bad_unit).and_then(|p| p.confirmed) == Some(19)
+    })
+    .await?;
+    assert_exact(&env.verify(&good, Duration::from_secs(10)).await?);
+    assert!(count(&env.eu, "b", "t", 0) == 20);
+    pipeline.shutdown().await;
+    ap.shutdown().await;
+    Ok(())
+}
