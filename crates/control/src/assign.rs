@@ -123,3 +123,6 @@ fn quotas(n: usize, load: &BTreeMap<NodeId, Vec<&WorkUnit>>) -> BTreeMap<NodeId,
         .map(|(i, (id, _))| (id, base + usize::from(i < extra)))
         .collect()
 }
+
+#[cfg(test)]
+mod tests;

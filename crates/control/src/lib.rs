@@ -82,3 +82,6 @@ pub(crate) fn raft_config(timing: &ControlTiming) -> Result<openraft::Config> {
     .validate()
     .map_err(|e| Error::InvalidParams(e.to_string()))
 }
+
+#[cfg(test)]
+mod storage_suite;

@@ -253,3 +253,6 @@ impl ControlState {
             .is_some_and(|r| r.owner == Some(node) && r.epoch == epoch && !r.retired)
     }
 }
+
+#[cfg(test)]
+mod tests;

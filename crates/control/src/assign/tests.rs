@@ -1,0 +1,239 @@
+use std::collections::{BTreeMap, BTreeSet};
+
+use assert2::check;
+use replicator_model::{NodeId, WorkUnit};
+
+use super::*;
+use crate::command::ControlCommand;
+use crate::state::ControlState;
+
+fn unit(p: u32) -> WorkUnit {
+    WorkUnit::new("f", "s", "t", p)
+}
+
+fn state(members: &[NodeId], units: u32) -> ControlState {
+    let mut s = ControlState::default();
+    for m in members {
+        s.apply(
+            1,
+            &ControlCommand::RegisterMember {
+                node: *m,
+                raft_addr: String::new(),
+                api_addr: String::new(),
+            },
+        );
+    }
+    s.apply(
+        2,
+        &ControlCommand::ReportUnits {
+            flow: "f".into(),
+            units: (0..units).map(unit).collect(),
+        },
+    );
+    s
+}
+
+/// Applies plans (and the owners' releases) until nothing changes; returns the rounds taken.
+fn converge(s: &mut ControlState, live: &BTreeSet<NodeId>, index: &mut u64) -> usize {
+    for round in 0..10 {
+        let seen: BTreeMap<NodeId, u64> = s
+            .members
+            .iter()
+            .map(|(id, m)| (*id, m.last_renewal_index))
+            .collect();
+        let cmds = plan(s, live, &seen);
+        // Owners hand back what was requested (the pipeline's part).
+        let releases: Vec<ControlCommand> = s
+            .units
+            .iter()
+            .filter(|(_, r)| r.release_requested)
+            .filter_map(|(u, r)| {
+                r.owner.map(|node| ControlCommand::Release {
+                    unit: u.clone(),
+                    epoch: r.epoch,
+                    node,
+                })
+            })
+            .collect();
+        if cmds.is_empty() && releases.is_empty() {
+            return round;
+        }
+        *index += 1;
+        s.apply(*index, &ControlCommand::Batch(cmds));
+        *index += 1;
+        s.apply(*index, &ControlCommand::Batch(releases));
+    }
+    panic!("assignment did not converge in 10 rounds");
+}
+
+fn owners(s: &ControlState) -> BTreeMap<WorkUnit, Option<NodeId>> {
+    s.units.iter().map(|(u, r)| (u.clone(), r.owner)).collect()
+}
+
+fn loads(s: &ControlState, members: &BTreeSet<NodeId>) -> Vec<usize> {
+    members.iter().map(|m| s.assignments_of(*m).len()).collect()
+}
+
+#[test]
+fn unowned_units_are_spread_within_one() {
+    for (n_members, n_units) in [(1, 5), (3, 10), (3, 2), (4, 17), (5, 5)] {
+        let members: Vec<NodeId> = (1..=n_members).collect();
+        let live: BTreeSet<NodeId> = members.iter().copied().collect();
+        let mut s = state(&members, n_units);
+        let mut index = 10;
+        converge(&mut s, &live, &mut index);
+        let l = loads(&s, &live);
+        check!(
+            l.iter().sum::<usize>() == n_units as usize,
+            "members {n_members} units {n_units}"
+        );
+        check!(
+            l.iter().max().unwrap_or(&0) - l.iter().min().unwrap_or(&0) <= 1,
+            "loads {l:?}"
+        );
+    }
+}
+
+#[test]
+fn first_round_grants_everything_in_one_batch() {
+    let s = state(&[1, 2, 3], 9);
+    let live = BTreeSet::from([1, 2, 3]);
+    let cmds = plan(&s, &live, &BTreeMap::new());
+    check!(cmds.len() == 9);
+    check!(cmds
+        .iter()
+        .all(|c| matches!(c, ControlCommand::Grant { .. })));
+}
+
+#[test]
+fn a_join_moves_only_the_minimum_and_only_by_release() {
+    let mut s = state(&[1, 2], 10);
+    let mut index = 10;
+    converge(&mut s, &BTreeSet::from([1, 2]), &mut index);
+    let before = owners(&s);
+    s.apply(
+        index + 1,
+        &ControlCommand::RegisterMember {
+            node: 3,
+            raft_addr: String::new(),
+            api_addr: String::new(),
+        },
+    );
+    index += 1;
+    let live = BTreeSet::from([1, 2, 3]);
+    // The first round only asks for units back: a live owner is never bypassed.
+    let seen: BTreeMap<NodeId, u64> = s
+        .members
+        .iter()
+        .map(|(id, m)| (*id, m.last_renewal_index))
+        .collect();
+    let first = plan(&s, &live, &seen);
+    check!(first
+        .iter()
+        .all(|c| matches!(c, ControlCommand::RequestRelease { .. })));
+    check!(first.len() == 3); // 5/5 → 4/3/3 (or 3/4/3) moves 3 units
+    converge(&mut s, &live, &mut index);
+    let after = owners(&s);
+    let moved = before.iter().filter(|(u, o)| after[*u] != **o).count();
+    check!(moved == 3);
+    let l = loads(&s, &live);
+    check!(l.iter().max().unwrap_or(&0) - l.iter().min().unwrap_or(&0) <= 1);
+}
+
+#[test]
+fn units_of_an_expired_member_are_revoked_with_its_seen_renewal_and_regranted() {
+    let mut s = state(&[1, 2, 3], 9);
+    let mut index = 10;
+    converge(&mut s, &BTreeSet::from([1, 2, 3]), &mut index);
+    let live = BTreeSet::from([1, 2]);
+    let seen = BTreeMap::from([(1, 1), (2, 1), (3, 1)]);
+    let cmds = plan(&s, &live, &seen);
+    let revokes: Vec<_> = cmds
+        .iter()
+        .filter(|c| {
+            matches!(
+                c,
+                ControlCommand::Revoke {
+                    renewal_index: 1,
+                    ..
+                }
+            )
+        })
+        .collect();
+    check!(revokes.len() == 3);
+    let grants = cmds
+        .iter()
+        .filter(|c| matches!(c, ControlCommand::Grant { node, .. } if *node != 3))
+        .count();
+    check!(grants == 3);
+    converge(&mut s, &live, &mut index);
+    check!(s.assignments_of(3).is_empty());
+    check!(loads(&s, &live).iter().sum::<usize>() == 9);
+    let l = loads(&s, &live);
+    check!(l.iter().max().unwrap_or(&0) - l.iter().min().unwrap_or(&0) <= 1);
+}
+
+#[test]
+fn a_leaving_member_is_drained_by_request_not_revoke() {
+    let mut s = state(&[1, 2], 4);
+    let mut index = 10;
+    converge(&mut s, &BTreeSet::from([1, 2]), &mut index);
+    s.apply(50, &ControlCommand::LeaveMember { node: 2 });
+    index = 50;
+    let live = BTreeSet::from([1, 2]);
+    let seen: BTreeMap<NodeId, u64> = s
+        .members
+        .iter()
+        .map(|(id, m)| (*id, m.last_renewal_index))
+        .collect();
+    let cmds = plan(&s, &live, &seen);
+    check!(cmds.len() == 2);
+    check!(cmds
+        .iter()
+        .all(|c| matches!(c, ControlCommand::RequestRelease { .. })));
+    converge(&mut s, &live, &mut index);
+    check!(s.assignments_of(2).is_empty());
+    check!(s.assignments_of(1).len() == 4);
+}
+
+#[test]
+fn no_live_member_means_no_grants_and_a_stable_cluster_means_no_commands() {
+    let s = state(&[1, 2], 4);
+    check!(plan(&s, &BTreeSet::new(), &BTreeMap::new()).is_empty());
+    let mut s = state(&[1, 2], 4);
+    let mut index = 10;
+    let live = BTreeSet::from([1, 2]);
+    converge(&mut s, &live, &mut index);
+    let seen: BTreeMap<NodeId, u64> = s
+        .members
+        .iter()
+        .map(|(id, m)| (*id, m.last_renewal_index))
+        .collect();
+    check!(plan(&s, &live, &seen).is_empty());
+}
+
+#[test]
+fn release_requests_are_not_repeated_while_pending() {
+    let mut s = state(&[1], 4);
+    let mut index = 10;
+    converge(&mut s, &BTreeSet::from([1]), &mut index);
+    s.apply(
+        30,
+        &ControlCommand::RegisterMember {
+            node: 2,
+            raft_addr: String::new(),
+            api_addr: String::new(),
+        },
+    );
+    let live = BTreeSet::from([1, 2]);
+    let seen: BTreeMap<NodeId, u64> = s
+        .members
+        .iter()
+        .map(|(id, m)| (*id, m.last_renewal_index))
+        .collect();
+    let first = plan(&s, &live, &seen);
+    check!(first.len() == 2);
+    s.apply(31, &ControlCommand::Batch(first));
+    // Owner has not released yet: nothing new to ask, nothing to grant.
+    check!(plan(&s, &live, &seen).is_empty());
+}

@@ -1,0 +1,419 @@
+use assert2::{check, let_assert};
+use replicator_model::UnitCounters;
+
+use super::*;
+
+fn unit(p: u32) -> WorkUnit {
+    WorkUnit::new("f", "s", "t", p)
+}
+
+fn register(state: &mut ControlState, index: u64, node: NodeId) {
+    state.apply(
+        index,
+        &ControlCommand::RegisterMember {
+            node,
+            raft_addr: format!("r{node}"),
+            api_addr: format!("a{node}"),
+        },
+    );
+}
+
+/// Two members, units 0..3 reported, unit 0 granted to node 1 at index 10.
+fn setup() -> ControlState {
+    let mut s = ControlState::default();
+    register(&mut s, 1, 1);
+    register(&mut s, 2, 2);
+    s.apply(
+        3,
+        &ControlCommand::ReportUnits {
+            flow: "f".into(),
+            units: vec![unit(0), unit(1), unit(2)],
+        },
+    );
+    let r = s.apply(
+        10,
+        &ControlCommand::Grant {
+            unit: unit(0),
+            node: 1,
+        },
+    );
+    check!(r == ControlResponse::Granted { epoch: Epoch(10) });
+    s
+}
+
+fn commit(epoch: u64, offset: u64, created: u64) -> OffsetCommit {
+    OffsetCommit {
+        unit: unit(0),
+        epoch: Epoch(epoch),
+        offset,
+        topic_created_at: created,
+        counters: UnitCounters {
+            messages: 2,
+            bytes: 10,
+            ..Default::default()
+        },
+    }
+}
+
+fn commit_as(s: &mut ControlState, index: u64, node: NodeId, c: OffsetCommit) -> CommitOutcome {
+    let_assert!(
+        ControlResponse::Commits(out) = s.apply(
+            index,
+            &ControlCommand::CommitOffsets {
+                node,
+                commits: vec![c]
+            }
+        )
+    );
+    out[0]
+}
+
+#[test]
+fn grant_sets_epoch_to_log_index_and_refuses_owned_units() {
+    let mut s = setup();
+    check!(
+        s.apply(
+            11,
+            &ControlCommand::Grant {
+                unit: unit(0),
+                node: 2
+            }
+        ) == ControlResponse::Ignored(Rejection::AlreadyOwned)
+    );
+    check!(
+        s.apply(
+            12,
+            &ControlCommand::Grant {
+                unit: unit(9),
+                node: 2
+            }
+        ) == ControlResponse::Ignored(Rejection::UnknownUnit)
+    );
+    check!(
+        s.apply(
+            13,
+            &ControlCommand::Grant {
+                unit: unit(1),
+                node: 7
+            }
+        ) == ControlResponse::Ignored(Rejection::UnknownMember)
+    );
+    check!(
+        s.assignments_of(1)
+            == vec![Assignment {
+                unit: unit(0),
+                epoch: Epoch(10),
+                release_requested: false
+            }]
+    );
+}
+
+#[test]
+fn offsets_never_move_backwards_within_a_topic_generation() {
+    let mut s = setup();
+    check!(commit_as(&mut s, 11, 1, commit(10, 50, 7)) == CommitOutcome::Committed);
+    check!(commit_as(&mut s, 12, 1, commit(10, 40, 7)) == CommitOutcome::Committed);
+    let p = s.units[&unit(0)].progress;
+    check!(p.confirmed == Some(50));
+    // Counters accumulate even for a lower offset.
+    check!(p.counters.messages == 4);
+    // A recreated topic starts a new history, even at a lower offset.
+    check!(commit_as(&mut s, 13, 1, commit(10, 3, 8)) == CommitOutcome::Committed);
+    check!(s.units[&unit(0)].progress.confirmed == Some(3));
+    check!(s.units[&unit(0)].progress.topic_created_at == 8);
+}
+
+#[test]
+fn stale_epoch_or_wrong_node_is_fenced_and_changes_nothing() {
+    let mut s = setup();
+    commit_as(&mut s, 11, 1, commit(10, 50, 7));
+    check!(
+        commit_as(&mut s, 12, 1, commit(9, 60, 7))
+            == CommitOutcome::Fenced {
+                current: Some(Epoch(10))
+            }
+    );
+    check!(
+        commit_as(&mut s, 13, 2, commit(10, 60, 7))
+            == CommitOutcome::Fenced {
+                current: Some(Epoch(10))
+            }
+    );
+    check!(s.units[&unit(0)].progress.confirmed == Some(50));
+    check!(s.units[&unit(0)].progress.counters.messages == 2);
+    // Released: nobody may commit, the fence reports no current epoch.
+    s.apply(
+        14,
+        &ControlCommand::Release {
+            unit: unit(0),
+            epoch: Epoch(10),
+            node: 1,
+        },
+    );
+    check!(commit_as(&mut s, 15, 1, commit(10, 60, 7)) == CommitOutcome::Fenced { current: None });
+}
+
+#[test]
+fn grant_and_commit_race_resolves_by_log_order() {
+    // Old owner's commit ordered after the regrant: fenced. Ordered before: committed.
+    let mut s = setup();
+    s.apply(
+        11,
+        &ControlCommand::Release {
+            unit: unit(0),
+            epoch: Epoch(10),
+            node: 1,
+        },
+    );
+    s.apply(
+        12,
+        &ControlCommand::Grant {
+            unit: unit(0),
+            node: 2,
+        },
+    );
+    check!(
+        commit_as(&mut s, 13, 1, commit(10, 99, 7))
+            == CommitOutcome::Fenced {
+                current: Some(Epoch(12))
+            }
+    );
+    check!(s.units[&unit(0)].progress.confirmed == None);
+
+    let mut s = setup();
+    check!(commit_as(&mut s, 11, 1, commit(10, 99, 7)) == CommitOutcome::Committed);
+    s.apply(
+        12,
+        &ControlCommand::Release {
+            unit: unit(0),
+            epoch: Epoch(10),
+            node: 1,
+        },
+    );
+    s.apply(
+        13,
+        &ControlCommand::Grant {
+            unit: unit(0),
+            node: 2,
+        },
+    );
+    check!(s.units[&unit(0)].progress.confirmed == Some(99));
+    check!(s.units[&unit(0)].epoch == Epoch(13));
+}
+
+#[test]
+fn revoke_loses_to_a_renewal_applied_after_the_leader_looked() {
+    let mut s = setup();
+    // The leader saw node 1's renewal index 1 (its registration) expire...
+    s.apply(11, &ControlCommand::RenewLease { node: 1 });
+    // ...but a renewal (index 11) was applied before the revoke: the revoke is ignored.
+    let r = s.apply(
+        12,
+        &ControlCommand::Revoke {
+            unit: unit(0),
+            epoch: Epoch(10),
+            renewal_index: 1,
+        },
+    );
+    check!(r == ControlResponse::Ignored(Rejection::LeaseRenewed));
+    check!(s.units[&unit(0)].owner == Some(1));
+    // With the current renewal index it applies, and the next renewal reports it.
+    let r = s.apply(
+        13,
+        &ControlCommand::Revoke {
+            unit: unit(0),
+            epoch: Epoch(10),
+            renewal_index: 11,
+        },
+    );
+    check!(r == ControlResponse::Done);
+    check!(s.units[&unit(0)].owner == None);
+    check!(
+        s.apply(14, &ControlCommand::RenewLease { node: 1 })
+            == ControlResponse::Renewed {
+                revoked_since_previous: true
+            }
+    );
+    check!(
+        s.apply(15, &ControlCommand::RenewLease { node: 1 })
+            == ControlResponse::Renewed {
+                revoked_since_previous: false
+            }
+    );
+}
+
+#[test]
+fn release_and_request_need_the_current_epoch() {
+    let mut s = setup();
+    check!(
+        s.apply(
+            11,
+            &ControlCommand::RequestRelease {
+                unit: unit(0),
+                epoch: Epoch(9)
+            }
+        ) == ControlResponse::Ignored(Rejection::StaleEpoch)
+    );
+    check!(
+        s.apply(
+            12,
+            &ControlCommand::RequestRelease {
+                unit: unit(0),
+                epoch: Epoch(10)
+            }
+        ) == ControlResponse::Done
+    );
+    check!(s.assignments_of(1)[0].release_requested);
+    check!(
+        s.apply(
+            13,
+            &ControlCommand::Release {
+                unit: unit(0),
+                epoch: Epoch(10),
+                node: 2
+            }
+        ) == ControlResponse::Ignored(Rejection::StaleEpoch)
+    );
+    check!(
+        s.apply(
+            14,
+            &ControlCommand::Release {
+                unit: unit(0),
+                epoch: Epoch(10),
+                node: 1
+            }
+        ) == ControlResponse::Done
+    );
+    check!(s.assignments_of(1).is_empty());
+    // The epoch survives the release so that the next grant is strictly larger.
+    check!(s.units[&unit(0)].epoch == Epoch(10));
+}
+
+#[test]
+fn units_no_longer_reported_are_retired_with_progress_kept() {
+    let mut s = setup();
+    commit_as(&mut s, 11, 1, commit(10, 50, 7));
+    s.apply(
+        12,
+        &ControlCommand::ReportUnits {
+            flow: "f".into(),
+            units: vec![unit(1)],
+        },
+    );
+    let rec = &s.units[&unit(0)];
+    check!(rec.retired);
+    check!(rec.owner == None);
+    check!(rec.progress.confirmed == Some(50));
+    check!(
+        s.apply(
+            13,
+            &ControlCommand::Grant {
+                unit: unit(0),
+                node: 1
+            }
+        ) == ControlResponse::Ignored(Rejection::Retired)
+    );
+    // Reported again: active again, progress still there.
+    s.apply(
+        14,
+        &ControlCommand::ReportUnits {
+            flow: "f".into(),
+            units: vec![unit(0)],
+        },
+    );
+    check!(!s.units[&unit(0)].retired);
+    check!(s.units[&unit(0)].progress.confirmed == Some(50));
+    // Another flow's units are untouched by a report of "f"; a foreign unit is refused.
+    let other = WorkUnit::new("g", "s", "t", 0);
+    s.apply(
+        15,
+        &ControlCommand::ReportUnits {
+            flow: "g".into(),
+            units: vec![other.clone()],
+        },
+    );
+    s.apply(
+        16,
+        &ControlCommand::ReportUnits {
+            flow: "f".into(),
+            units: vec![unit(0)],
+        },
+    );
+    check!(!s.units[&other].retired);
+    check!(
+        s.apply(
+            17,
+            &ControlCommand::ReportUnits {
+                flow: "f".into(),
+                units: vec![other]
+            }
+        ) == ControlResponse::Ignored(Rejection::InvalidFlow)
+    );
+}
+
+#[test]
+fn leaving_members_get_nothing_and_removal_needs_no_units() {
+    let mut s = setup();
+    s.apply(11, &ControlCommand::LeaveMember { node: 2 });
+    check!(
+        s.apply(
+            12,
+            &ControlCommand::Grant {
+                unit: unit(1),
+                node: 2
+            }
+        ) == ControlResponse::Ignored(Rejection::MemberLeaving)
+    );
+    check!(
+        s.apply(13, &ControlCommand::RemoveMember { node: 1 })
+            == ControlResponse::Ignored(Rejection::StillOwnsUnits)
+    );
+    check!(s.apply(14, &ControlCommand::RemoveMember { node: 2 }) == ControlResponse::Done);
+    check!(!s.members.contains_key(&2));
+}
+
+#[test]
+fn batches_apply_in_order_and_do_not_nest() {
+    let mut s = setup();
+    let r = s.apply(
+        20,
+        &ControlCommand::Batch(vec![
+            ControlCommand::Grant {
+                unit: unit(1),
+                node: 2,
+            },
+            ControlCommand::Grant {
+                unit: unit(1),
+                node: 1,
+            },
+            ControlCommand::Batch(vec![]),
+        ]),
+    );
+    check!(
+        r == ControlResponse::Batch(vec![
+            ControlResponse::Granted { epoch: Epoch(20) },
+            ControlResponse::Ignored(Rejection::AlreadyOwned),
+            ControlResponse::Ignored(Rejection::NestedBatch),
+        ])
+    );
+}
+
+#[test]
+fn apply_is_deterministic() {
+    let cmds = [
+        ControlCommand::RenewLease { node: 1 },
+        ControlCommand::Grant {
+            unit: unit(2),
+            node: 2,
+        },
+        ControlCommand::CommitOffsets {
+            node: 1,
+            commits: vec![commit(10, 5, 1)],
+        },
+    ];
+    let (mut a, mut b) = (setup(), setup());
+    for (i, c) in cmds.iter().enumerate() {
+        check!(a.apply(100 + i as u64, c) == b.apply(100 + i as u64, c));
+    }
+    check!(a == b);
+}
