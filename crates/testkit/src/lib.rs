@@ -1,1 +1,45 @@
-//! replicator-testkit (being built).
+//! An Iggy-server-0.8.0-compatible TCP server that runs inside a test, a bench or the `demo`
+//! command, and that the unmodified `iggy = "=0.10.0"` SDK talks to over real TCP. It is the
+//! upstream and downstream cluster of every end-to-end test of this project, so it follows the
+//! real server's framing, layouts, id allocation, error statuses and edge cases
+//! (`iggy-protocol.md` Part B) rather than an idealised Iggy.
+//!
+//! ```no_run
+//! # async fn demo() -> replicator_testkit::Result<()> {
+//! use replicator_testkit::{TestServer, TestServerConfig};
+//! let server = TestServer::start(TestServerConfig::default()).await?;
+//! let url = server.connection_string(); // iggy://iggy:iggy@127.0.0.1:PORT
+//! server.faults().drop_connections();
+//! server.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//! * `wire`: command/status codes, the bounds-checked payload reader, record encoders.
+//! * `connection`: one task per client; reads whole frames, applies faults, writes one answer.
+//! * `handlers`: one function per command, in the real server's decode → auth → resolve order.
+//! * `state` / `log` / `group`: streams, topics, partitions (contiguous message bytes + offset
+//!   index per partition, behind one mutex each), consumer-group assignment.
+//! * `faults`, `server`: fault switches, lifecycle (start, shutdown, restart), retention.
+//! * `persist`: optional data directory (metadata + per-partition append-only logs).
+//! * [`dev_server`]: the standalone `dev-server` command.
+
+#![warn(missing_docs)]
+
+mod config;
+mod connection;
+pub mod dev_server;
+mod error;
+mod faults;
+mod group;
+mod handlers;
+mod log;
+mod persist;
+mod server;
+mod state;
+mod wire;
+
+pub use config::{TestServerConfig, DEFAULT_SEGMENT_SIZE};
+pub use error::{Error, Result};
+pub use faults::Faults;
+pub use server::{PartitionInfo, Retention, TestServer};

@@ -1,0 +1,165 @@
+//! One client connection: read a frame, apply faults, dispatch, write the answer in one write.
+//! Requests on a connection are strictly sequential, like the real server. Every frame is read
+//! whole before it is judged, so a rejected frame never leaves unread bytes behind (the real
+//! server, by contrast, desynchronises on an oversized control frame or an unauthenticated
+//! SEND_MESSAGES, whose payload it leaves in the socket).
+
+use crate::faults::FaultState;
+use crate::handlers::{handle, Session, Shared};
+use crate::wire::{command, status, MAX_CONTROL_FRAME_PAYLOAD};
+use bytes::{Buf, BytesMut};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+/// Largest read-ahead reserved at once while a big frame arrives; memory grows with the bytes
+/// actually received, never with a claimed length.
+const MAX_RESERVE: usize = 16 * 1024 * 1024;
+/// Buffers above this capacity are released once idle, so one huge batch does not pin memory.
+const KEEP_CAPACITY: usize = 4 * 1024 * 1024;
+
+/// Serves `stream` until the peer closes it, an I/O error occurs or `cancel` fires.
+pub(crate) async fn serve(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    faults: Arc<FaultState>,
+    cancel: CancellationToken,
+) {
+    let client_id = shared.state.add_client(peer);
+    let mut session = Session {
+        client_id,
+        user_id: None,
+    };
+    let result = run(&mut stream, &mut session, &shared, &faults, &cancel).await;
+    if let Err(e) = result {
+        tracing::debug!(peer = %peer, error = %e, "connection closed with error");
+    }
+    shared.state.remove_client(client_id);
+}
+
+async fn run(
+    stream: &mut TcpStream,
+    session: &mut Session,
+    shared: &Shared,
+    faults: &FaultState,
+    cancel: &CancellationToken,
+) -> io::Result<()> {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut out: Vec<u8> = Vec::with_capacity(64 * 1024);
+    loop {
+        if buf.is_empty() && buf.capacity() > KEEP_CAPACITY {
+            buf = BytesMut::with_capacity(64 * 1024);
+        }
+        if out.capacity() > KEEP_CAPACITY {
+            out = Vec::with_capacity(64 * 1024);
+        }
+        if !fill(stream, &mut buf, 8, cancel).await? {
+            return Ok(());
+        }
+        let length = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        let code = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+        buf.advance(8);
+        out.clear();
+        out.extend_from_slice(&[0u8; 8]);
+
+        let reply = if length < 4 {
+            Err(status::INVALID_COMMAND)
+        } else {
+            let payload_len = (length - 4) as usize;
+            if code != command::SEND_MESSAGES && payload_len > MAX_CONTROL_FRAME_PAYLOAD as usize {
+                if !discard(stream, &mut buf, payload_len, cancel).await? {
+                    return Ok(());
+                }
+                Err(status::INVALID_COMMAND)
+            } else {
+                if !fill(stream, &mut buf, payload_len, cancel).await? {
+                    return Ok(());
+                }
+                if !faults.wait_stall(cancel).await {
+                    return Ok(());
+                }
+                let reply = match faults.take_failure(code) {
+                    Some(injected) => Err(injected),
+                    None => handle(shared, session, code, &mut buf[..payload_len], &mut out),
+                };
+                buf.advance(payload_len);
+                reply
+            }
+        };
+
+        match reply {
+            Ok(()) => {
+                let len = (out.len() - 8) as u32;
+                // The SDK treats an OK body of length ≤ 1 as empty without reading it; every
+                // non-empty answer of this server is longer than that.
+                out[4..8].copy_from_slice(&len.to_le_bytes());
+            }
+            Err(code) => {
+                out.truncate(8);
+                out[0..4].copy_from_slice(&code.to_le_bytes());
+            }
+        }
+        if let Some(latency) = faults.latency() {
+            tokio::select! {
+                () = cancel.cancelled() => return Ok(()),
+                () = tokio::time::sleep(latency) => {}
+            }
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return Ok(()),
+            r = stream.write_all(&out) => r?,
+        }
+    }
+}
+
+/// Reads until `buf` holds at least `n` bytes. Returns false on a clean EOF or cancellation.
+async fn fill(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    n: usize,
+    cancel: &CancellationToken,
+) -> io::Result<bool> {
+    while buf.len() < n {
+        let missing = n - buf.len();
+        if buf.capacity() - buf.len() < missing {
+            buf.reserve(missing.min(MAX_RESERVE));
+        }
+        let read = tokio::select! {
+            () = cancel.cancelled() => return Ok(false),
+            r = stream.read_buf(buf) => r?,
+        };
+        if read == 0 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Consumes and drops `n` payload bytes of a rejected frame.
+async fn discard(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    mut n: usize,
+    cancel: &CancellationToken,
+) -> io::Result<bool> {
+    let have = buf.len().min(n);
+    buf.advance(have);
+    n -= have;
+    let mut scratch = vec![0u8; 64 * 1024];
+    while n > 0 {
+        let want = n.min(scratch.len());
+        let read = tokio::select! {
+            () = cancel.cancelled() => return Ok(false),
+            r = stream.read(&mut scratch[..want]) => r?,
+        };
+        if read == 0 {
+            return Ok(false);
+        }
+        n -= read;
+    }
+    Ok(true)
+}

@@ -1,0 +1,1523 @@
+//! Conformance suite: drives every implemented command through the unmodified `iggy` 0.10.0 SDK
+//! (and raw sockets for malformed frames) and asserts the server-0.8.0 semantics of
+//! `iggy-protocol.md`.
+//!
+//! By default each test starts its own in-process `TestServer`. With
+//! `IGGY_CONFORMANCE_URL=iggy://iggy:iggy@127.0.0.1:8090` the same tests run against that
+//! server instead; they then create and delete only their own uniquely named streams, and checks
+//! that need in-process hooks (faults, restart, retention, fresh-server ids) are skipped with a
+//! printed note.
+
+use assert2::{assert, check};
+use bytes::Bytes;
+use iggy::prelude::*;
+use replicator_testkit::{TestServer, TestServerConfig};
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// Serialises tests that assert stream-id reuse on a shared real server.
+static STREAM_IDS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The server a test talks to.
+struct Target {
+    server: Option<TestServer>,
+    url: String,
+}
+
+impl Target {
+    async fn new() -> Self {
+        Self::with_config(TestServerConfig::default()).await
+    }
+
+    async fn with_config(config: TestServerConfig) -> Self {
+        match std::env::var("IGGY_CONFORMANCE_URL") {
+            Ok(url) if !url.is_empty() => Target { server: None, url },
+            _ => {
+                let server = TestServer::start(config).await.expect("start test server");
+                let url = server.connection_string();
+                Target {
+                    server: Some(server),
+                    url,
+                }
+            }
+        }
+    }
+
+    fn is_remote(&self) -> bool {
+        self.server.is_none()
+    }
+
+    /// The in-process server, or `None` (with a printed note) against a real server.
+    fn local(&self, what: &str) -> Option<&TestServer> {
+        if self.server.is_none() {
+            println!("note: skipping {what}: needs in-process hooks (IGGY_CONFORMANCE_URL set)");
+        }
+        self.server.as_ref()
+    }
+
+    /// `host:port` of the server.
+    fn address(&self) -> String {
+        let rest = self.url.split("://").nth(1).unwrap_or(&self.url);
+        let rest = rest.rsplit('@').next().unwrap_or(rest);
+        rest.split('?').next().unwrap_or(rest).to_owned()
+    }
+
+    /// A connected, logged-in SDK client.
+    async fn client(&self) -> IggyClient {
+        let url = if self.url.contains('?') {
+            self.url.clone()
+        } else {
+            format!(
+                "{}?reconnection_retries=20&reconnection_interval=100ms",
+                self.url
+            )
+        };
+        let client = IggyClient::from_connection_string(&url).expect("client from url");
+        client.connect().await.expect("connect and log in");
+        client
+    }
+
+    /// A connected client that is not logged in.
+    async fn anonymous_client(&self) -> IggyClient {
+        let client = IggyClient::builder()
+            .with_tcp()
+            .with_server_address(self.address())
+            .build()
+            .expect("build client");
+        client.connect().await.expect("connect");
+        client
+    }
+
+    async fn raw(&self) -> TcpStream {
+        TcpStream::connect(self.address())
+            .await
+            .expect("raw connect")
+    }
+
+    async fn stop(self) {
+        if let Some(server) = self.server {
+            server.shutdown().await;
+        }
+    }
+}
+
+/// A stream name no other test (or earlier run) uses.
+fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "conf-{prefix}-{}-{}-{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn name(s: &str) -> Identifier {
+    Identifier::named(s).expect("valid name")
+}
+
+fn num(n: u32) -> Identifier {
+    Identifier::numeric(n).expect("valid id")
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, IggyError>) -> u32 {
+    match r {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => e.as_code(),
+    }
+}
+
+/// Creates a stream with one topic of `partitions` partitions; returns (stream, topic) names.
+async fn stream_with_topic(client: &IggyClient, prefix: &str, partitions: u32) -> (String, String) {
+    let stream = unique(prefix);
+    client.create_stream(&stream).await.expect("create stream");
+    client
+        .create_topic(
+            &name(&stream),
+            "t",
+            partitions,
+            CompressionAlgorithm::None,
+            None,
+            IggyExpiry::ServerDefault,
+            MaxTopicSize::ServerDefault,
+        )
+        .await
+        .expect("create topic");
+    (stream, "t".to_owned())
+}
+
+async fn cleanup(client: &IggyClient, stream: &str) {
+    let _ = client.delete_stream(&name(stream)).await;
+}
+
+fn msg(payload: &str) -> IggyMessage {
+    IggyMessage::from_str(payload).expect("message")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw protocol helpers
+
+async fn send_frame(sock: &mut TcpStream, code: u32, payload: &[u8]) {
+    let mut frame = Vec::with_capacity(8 + payload.len());
+    frame.extend_from_slice(&(payload.len() as u32 + 4).to_le_bytes());
+    frame.extend_from_slice(&code.to_le_bytes());
+    frame.extend_from_slice(payload);
+    sock.write_all(&frame).await.expect("write frame");
+}
+
+/// Reads one response: (status, payload).
+async fn read_response(sock: &mut TcpStream) -> (u32, Vec<u8>) {
+    let mut head = [0u8; 8];
+    tokio::time::timeout(Duration::from_secs(10), sock.read_exact(&mut head))
+        .await
+        .expect("response within 10 s")
+        .expect("read response header");
+    let status = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+    let mut body = vec![0u8; len];
+    sock.read_exact(&mut body).await.expect("read body");
+    (status, body)
+}
+
+async fn request(sock: &mut TcpStream, code: u32, payload: &[u8]) -> (u32, Vec<u8>) {
+    send_frame(sock, code, payload).await;
+    read_response(sock).await
+}
+
+fn login_payload(user: &str, password: &str) -> Vec<u8> {
+    let mut p = vec![user.len() as u8];
+    p.extend_from_slice(user.as_bytes());
+    p.push(password.len() as u8);
+    p.extend_from_slice(password.as_bytes());
+    p.extend_from_slice(&6u32.to_le_bytes());
+    p.extend_from_slice(b"0.10.0");
+    p.extend_from_slice(&0u32.to_le_bytes());
+    p
+}
+
+fn credentials(url: &str) -> (String, String) {
+    let rest = url.split("://").nth(1).unwrap_or(url);
+    let creds = rest.split('@').next().unwrap_or("");
+    let mut parts = creds.splitn(2, ':');
+    (
+        parts.next().unwrap_or("").to_owned(),
+        parts.next().unwrap_or("").to_owned(),
+    )
+}
+
+async fn raw_logged_in(t: &Target) -> TcpStream {
+    let mut sock = t.raw().await;
+    let (user, password) = credentials(&t.url);
+    let (status, body) = request(&mut sock, 38, &login_payload(&user, &password)).await;
+    assert!(status == 0);
+    assert!(body.len() == 4);
+    sock
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw protocol
+
+#[tokio::test]
+async fn ping_works_before_login_and_data_commands_need_login() -> TestResult {
+    let t = Target::new().await;
+    let mut sock = t.raw().await;
+    check!(request(&mut sock, 1, &[]).await == (0, vec![]));
+    check!(request(&mut sock, 201, &[]).await == (40, vec![]));
+    check!(
+        request(&mut sock, 10, &[]).await == (40, vec![]),
+        "GET_STATS needs login on the server"
+    );
+    let (user, _) = credentials(&t.url);
+    check!(request(&mut sock, 38, &login_payload(&user, "definitely-wrong")).await == (42, vec![]));
+    check!(request(&mut sock, 38, &login_payload("ab", "whatever")).await == (43, vec![]));
+    let (user, password) = credentials(&t.url);
+    let (status, body) = request(&mut sock, 38, &login_payload(&user, &password)).await;
+    check!(status == 0);
+    check!(body == 0u32.to_le_bytes().to_vec(), "root user id is 0");
+    let (status, _) = request(&mut sock, 201, &[]).await;
+    check!(status == 0);
+    t.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn malformed_frames_get_real_statuses_with_empty_bodies() -> TestResult {
+    let t = Target::new().await;
+    let mut sock = raw_logged_in(&t).await;
+    check!(
+        request(&mut sock, 9999, &[1, 2, 3]).await == (3, vec![]),
+        "unknown code"
+    );
+    // GET_STREAM with identifier kind 9.
+    check!(request(&mut sock, 200, &[9, 4, 0, 0, 0, 0]).await == (3, vec![]));
+    // GET_STREAM with a numeric identifier of length 3: a validation failure.
+    check!(request(&mut sock, 200, &[1, 3, 0, 0, 0]).await == (4, vec![]));
+    // Truncated GET_TOPIC payload.
+    check!(request(&mut sock, 300, &[1, 4, 0]).await == (3, vec![]));
+    // POLL with consumer kind 7.
+    let mut poll = vec![7, 1, 4, 0, 0, 0, 0];
+    poll.extend_from_slice(&[1, 4, 0, 0, 0, 0, 1, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    poll.extend_from_slice(&[0u8; 8]);
+    poll.extend_from_slice(&1u32.to_le_bytes());
+    poll.push(0);
+    check!(request(&mut sock, 100, &poll).await == (3, vec![]));
+    // A frame whose length field is < 4: answered with 3; the next frame is read normally.
+    sock.write_all(&2u32.to_le_bytes()).await?;
+    sock.write_all(&1u32.to_le_bytes()).await?;
+    check!(read_response(&mut sock).await == (3, vec![]));
+    check!(
+        request(&mut sock, 1, &[]).await == (0, vec![]),
+        "still in sync"
+    );
+    t.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn rejected_frames_never_desynchronise_the_connection() -> TestResult {
+    let t = Target::new().await;
+    if t.local("oversized-frame and unauthenticated-send resync checks")
+        .is_none()
+    {
+        // The real server answers without reading these payloads and then parses them as frames.
+        return Ok(());
+    }
+    let mut sock = t.raw().await;
+    // SEND_MESSAGES before login: 40, and its payload is consumed.
+    check!(request(&mut sock, 101, &[0u8; 100]).await == (40, vec![]));
+    check!(request(&mut sock, 1, &[]).await == (0, vec![]));
+    // A control frame above 10 MiB: 3, and its payload is consumed.
+    let big = vec![0u8; 10 * 1024 * 1024 + 1];
+    check!(request(&mut sock, 201, &big).await == (3, vec![]));
+    check!(request(&mut sock, 1, &[]).await == (0, vec![]));
+    // A bad connection does not disturb another one.
+    let mut other = raw_logged_in(&t).await;
+    sock.write_all(&[1, 2, 3]).await?;
+    drop(sock);
+    check!(request(&mut other, 201, &[]).await.0 == 0);
+    t.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn sdk_login_errors_and_personal_access_tokens() -> TestResult {
+    let t = Target::with_config(TestServerConfig {
+        personal_access_token: Some("secret-token-1".to_owned()),
+        ..TestServerConfig::default()
+    })
+    .await;
+    let client = t.anonymous_client().await;
+    check!(code(client.login_user("iggy", "not-the-password").await) == 42);
+    check!(
+        code(
+            client
+                .login_with_personal_access_token("no-such-token")
+                .await
+        ) == 20
+    );
+    if t.local("personal access token login").is_some() {
+        let identity = client
+            .login_with_personal_access_token("secret-token-1")
+            .await?;
+        check!(identity.user_id == 0);
+        check!(client.get_streams().await.is_ok());
+    }
+    let (user, password) = credentials(&t.url);
+    let identity = client.login_user(&user, &password).await?;
+    check!(identity.user_id == 0);
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn system_commands_describe_a_single_node() -> TestResult {
+    let t = Target::new().await;
+    let client = t.client().await;
+    client.ping().await?;
+    let metadata = client.get_cluster_metadata().await?;
+    check!(metadata.name == "single-node");
+    assert!(metadata.nodes.len() == 1);
+    check!(metadata.nodes[0].name == "iggy-node");
+    check!(metadata.nodes[0].role == ClusterNodeRole::Leader);
+    check!(metadata.nodes[0].status == ClusterNodeStatus::Healthy);
+    let port: u16 = t.address().rsplit(':').next().unwrap_or("0").parse()?;
+    check!(metadata.nodes[0].endpoints.tcp == port);
+    let me = client.get_me().await?;
+    check!(me.user_id == Some(0));
+    check!(me.transport == "TCP");
+    check!(me.client_id > 0);
+    let (stream, _) = stream_with_topic(&client, "stats", 2).await;
+    let stats = client.get_stats().await?;
+    check!(stats.streams_count >= 1);
+    check!(stats.partitions_count >= 2);
+    check!(stats.clients_count >= 1);
+    let clients = client.get_clients().await?;
+    check!(clients.iter().any(|c| c.client_id == me.client_id));
+    cleanup(&client, &stream).await;
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams
+
+#[tokio::test]
+async fn streams_are_created_found_by_exact_name_updated_and_deleted() -> TestResult {
+    let t = Target::new().await;
+    let client = t.client().await;
+    let s = unique("streams");
+    let created = client.create_stream(&s).await?;
+    check!(created.name == s);
+    check!(created.topics_count == 0);
+    check!(created.messages_count == 0);
+    let found = client.get_stream(&name(&s)).await?.expect("stream by name");
+    check!(found.id == created.id);
+    let by_id = client
+        .get_stream(&num(created.id))
+        .await?
+        .expect("stream by id");
+    check!(by_id.name == s);
+    check!(
+        client.get_stream(&name(&s.to_uppercase())).await?.is_none(),
+        "names are exact"
+    );
+    check!(client
+        .get_stream(&name(&unique("missing")))
+        .await?
+        .is_none());
+    check!(client
+        .get_topics(&name(&unique("missing")))
+        .await?
+        .is_empty());
+    check!(code(client.create_stream(&s).await) == 1012);
+
+    let renamed = unique("renamed");
+    client.update_stream(&name(&s), &renamed).await?;
+    check!(client.get_stream(&name(&s)).await?.is_none());
+    let streams = client.get_streams().await?;
+    check!(streams
+        .iter()
+        .any(|x| x.name == renamed && x.id == created.id));
+    check!(
+        streams.windows(2).all(|w| w[0].id < w[1].id),
+        "sorted by id"
+    );
+    check!(code(client.delete_stream(&name(&s)).await) == 1009);
+    client.delete_stream(&name(&renamed)).await?;
+    check!(client.get_stream(&num(created.id)).await?.is_none());
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn stream_ids_start_at_zero_and_freed_ids_are_reused() -> TestResult {
+    let _ids = STREAM_IDS.lock().await;
+    let t = Target::new().await;
+    let client = t.client().await;
+    let a = client.create_stream(&unique("ids-a")).await?;
+    if !t.is_remote() {
+        check!(a.id == 0, "fresh server starts at 0");
+    }
+    let b = client.create_stream(&unique("ids-b")).await?;
+    check!(b.id == a.id + 1);
+    client.delete_stream(&num(a.id)).await?;
+    let c = client.create_stream(&unique("ids-c")).await?;
+    check!(c.id == a.id, "the freed slot is reused");
+    for id in [b.id, c.id] {
+        client.delete_stream(&num(id)).await?;
+    }
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Topics and partitions
+
+#[tokio::test]
+async fn topics_resolve_defaults_and_report_partitions() -> TestResult {
+    let t = Target::new().await;
+    let client = t.client().await;
+    let s = unique("topics");
+    client.create_stream(&s).await?;
+    let topic = client
+        .create_topic(
+            &name(&s),
+            "orders",
+            3,
+            CompressionAlgorithm::None,
+            None,
+            IggyExpiry::ServerDefault,
+            MaxTopicSize::ServerDefault,
+        )
+        .await?;
+    check!(topic.id == 0, "topic ids are 0-based per stream");
+    check!(topic.name == "orders");
+    check!(topic.partitions_count == 3);
+    check!(topic.partitions.iter().map(|p| p.id).collect::<Vec<_>>() == vec![0, 1, 2]);
+    check!(topic.message_expiry == IggyExpiry::NeverExpire);
+    check!(topic.max_topic_size == MaxTopicSize::Unlimited);
+    check!(topic.replication_factor == 1);
+
+    let second = client
+        .create_topic(
+            &name(&s),
+            "empty",
+            0,
+            CompressionAlgorithm::Gzip,
+            Some(3),
+            IggyExpiry::ExpireDuration(IggyDuration::from(Duration::from_secs(3600))),
+            MaxTopicSize::Unlimited,
+        )
+        .await?;
+    check!(second.id == 1);
+    check!(second.partitions.is_empty());
+    check!(second.replication_factor == 3);
+    check!(second.compression_algorithm == CompressionAlgorithm::Gzip);
+    check!(
+        second.message_expiry
+            == IggyExpiry::ExpireDuration(IggyDuration::from(Duration::from_secs(3600)))
+    );
+
+    let small = client
+        .create_topic(
+            &name(&s),
+            "small",
+            1,
+            CompressionAlgorithm::None,
+            None,
+            IggyExpiry::ServerDefault,
+            MaxTopicSize::Custom(IggyByteSize::from(1_000_000u64)),
+        )
+        .await;
+    check!(code(small) == 1019, "below the 1 GiB segment size");
+    let dup = client
+        .create_topic(
+            &name(&s),
+            "orders",
+            1,
+            CompressionAlgorithm::None,
+            None,
+            IggyExpiry::ServerDefault,
+            MaxTopicSize::ServerDefault,
+        )
+        .await;
+    check!(code(dup) == 2013);
+    let many = client
+        .create_topic(
+            &name(&s),
+            "many",
+            1001,
+            CompressionAlgorithm::None,
+            None,
+            IggyExpiry::ServerDefault,
+            MaxTopicSize::ServerDefault,
+        )
+        .await;
+    check!(code(many) == 2015);
+    let missing_stream = client
+        .create_topic(
+            &name(&unique("missing")),
+            "x",
+            1,
+            CompressionAlgorithm::None,
+            None,
+            IggyExpiry::ServerDefault,
+            MaxTopicSize::ServerDefault,
+        )
+        .await;
+    check!(code(missing_stream) == 1009);
+
+    let topics = client.get_topics(&name(&s)).await?;
+    check!(topics.iter().map(|t| t.id).collect::<Vec<_>>() == vec![0, 1]);
+    let details = client.get_stream(&name(&s)).await?.expect("stream");
+    check!(details.topics_count == 2);
+    check!(details.topics.len() == 2);
+    check!(client.get_topic(&name(&s), &name("nope")).await?.is_none());
+    check!(client
+        .get_topic(&name(&unique("nope")), &name("orders"))
+        .await?
+        .is_none());
+
+    client.delete_topic(&name(&s), &name("orders")).await?;
+    let reused = client
+        .create_topic(
+            &name(&s),
+            "again",
+            1,
+            CompressionAlgorithm::None,
+            None,
+            IggyExpiry::ServerDefault,
+            MaxTopicSize::ServerDefault,
+        )
+        .await?;
+    check!(reused.id == 0, "topic id slot reused");
+    check!(code(client.delete_topic(&name(&s), &name("orders")).await) == 2010);
+
+    client
+        .update_topic(
+            &name(&s),
+            &name("again"),
+            "renamed",
+            CompressionAlgorithm::Gzip,
+            Some(2),
+            IggyExpiry::NeverExpire,
+            MaxTopicSize::Unlimited,
+        )
+        .await?;
+    let updated = client.get_topic(&name(&s), &num(0)).await?.expect("topic");
+    check!(updated.name == "renamed");
+    check!(updated.replication_factor == 2);
+    check!(updated.compression_algorithm == CompressionAlgorithm::Gzip);
+    let clash = client
+        .update_topic(
+            &name(&s),
+            &name("renamed"),
+            "empty",
+            CompressionAlgorithm::None,
+            None,
+            IggyExpiry::NeverExpire,
+            MaxTopicSize::Unlimited,
+        )
+        .await;
+    check!(code(clash) == 2013);
+
+    cleanup(&client, &s).await;
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn partitions_are_added_after_the_last_and_removed_from_the_end() -> TestResult {
+    let t = Target::new().await;
+    let client = t.client().await;
+    let (s, topic) = stream_with_topic(&client, "parts", 2).await;
+    client
+        .create_partitions(&name(&s), &name(&topic), 1)
+        .await?;
+    let details = client
+        .get_topic(&name(&s), &name(&topic))
+        .await?
+        .expect("topic");
+    check!(details.partitions.iter().map(|p| p.id).collect::<Vec<_>>() == vec![0, 1, 2]);
+    check!(details.partitions.iter().all(|p| p.segments_count == 1));
+    check!(code(client.create_partitions(&name(&s), &name(&topic), 0).await) == 2015);
+    check!(code(client.create_partitions(&name(&s), &name("nope"), 1).await) == 2010);
+    check!(code(client.delete_partitions(&name(&s), &name(&topic), 4).await) == 2019);
+    client
+        .delete_partitions(&name(&s), &name(&topic), 2)
+        .await?;
+    let details = client
+        .get_topic(&name(&s), &name(&topic))
+        .await?
+        .expect("topic");
+    check!(details.partitions.iter().map(|p| p.id).collect::<Vec<_>>() == vec![0]);
+    check!(details.partitions_count == 1);
+    cleanup(&client, &s).await;
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Messages
+
+fn headers() -> BTreeMap<HeaderKey, HeaderValue> {
+    let mut h = BTreeMap::new();
+    h.insert(
+        HeaderKey::from_str("trace").expect("key"),
+        HeaderValue::from_str("abc-123").expect("value"),
+    );
+    h.insert(
+        HeaderKey::from_str("n").expect("key"),
+        HeaderValue::from(42u64),
+    );
+    h
+}
+
+#[tokio::test]
+async fn sent_messages_get_offsets_one_timestamp_ids_and_checksums() -> TestResult {
+    let t = Target::new().await;
+    let client = t.client().await;
+    let (s, topic) = stream_with_topic(&client, "send", 2).await;
+    let mut batch = Vec::new();
+    for (i, id) in [1u128, 2, 3, 0].into_iter().enumerate() {
+        let mut m = IggyMessage::builder()
+            .id(id)
+            .payload(Bytes::from(format!("payload-{i}")))
+            .user_headers(headers())
+            .build()?;
+        m.header.origin_timestamp = 1_000 + i as u64;
+        batch.push(m);
+    }
+    let sent_headers: Vec<Option<Bytes>> = batch.iter().map(|m| m.user_headers.clone()).collect();
+    client
+        .send_messages(
+            &name(&s),
+            &name(&topic),
+            &Partitioning::partition_id(0),
+            &mut batch,
+        )
+        .await?;
+    let polled = client
+        .poll_messages(
+            &name(&s),
+            &name(&topic),
+            Some(0),
+            &Consumer::default(),
+            &PollingStrategy::offset(0),
+            10,
+            false,
+        )
+        .await?;
+    check!(polled.partition_id == 0);
+    check!(polled.current_offset == 3);
+    assert!(polled.messages.len() == 4);
+    check!(polled.count == 4);
+    let ts = polled.messages[0].header.timestamp;
+    check!(ts > 0);
+    for (i, m) in polled.messages.iter().enumerate() {
+        check!(m.header.offset == i as u64);
+        check!(m.header.timestamp == ts, "one server timestamp per batch");
+        check!(m.header.origin_timestamp == 1_000 + i as u64);
+        check!(m.payload == Bytes::from(format!("payload-{i}")));
+        check!(
+            m.user_headers == sent_headers[i],
+            "user headers round-trip byte for byte"
+        );
+        check!(m.user_headers_map()? == Some(headers()));
+        check!(m.header.reserved == 0);
+        let bytes = m.to_bytes();
+        check!(
+            m.header.checksum == twox_hash::XxHash3_64::oneshot(&bytes[8..]),
+            "XXH3-64 over bytes 8..end"
+        );
+    }
+    check!(
+        polled.messages[..3]
+            .iter()
+            .map(|m| m.header.id)
+            .collect::<Vec<_>>()
+            == vec![1, 2, 3]
+    );
+    check!(
+        polled.messages[3].header.id != 0,
+        "id 0 replaced by a random id"
+    );
+
+    let details = client
+        .get_topic(&name(&s), &name(&topic))
+        .await?
+        .expect("topic");
+    let expected_size: u64 = polled
+        .messages
+        .iter()
+        .map(|m| {
+            64 + m.payload.len() as u64 + m.user_headers.as_ref().map_or(0, |h| h.len() as u64)
+        })
+        .sum();
+    check!(details.partitions[0].current_offset == 3);
+    check!(details.partitions[0].messages_count == 4);
+    check!(details.partitions[0].size.as_bytes_u64() == expected_size);
+    check!(details.partitions[1].messages_count == 0);
+    check!(details.partitions[1].current_offset == 0);
+    check!(details.messages_count == 4);
+    check!(details.size.as_bytes_u64() == expected_size);
+    let stream = client.get_stream(&name(&s)).await?.expect("stream");
+    check!(stream.messages_count == 4);
+    check!(stream.size.as_bytes_u64() == expected_size);
+
+    let mut more = vec![msg("e")];
+    client
+        .send_messages(
+            &name(&s),
+            &name(&topic),
+            &Partitioning::partition_id(0),
+            &mut more,
+        )
+        .await?;
+    let next = client
+        .poll_messages(
+            &name(&s),
+            &name(&topic),
+            Some(0),
+            &Consumer::default(),
+            &PollingStrategy::offset(4),
+            10,
+            false,
+        )
+        .await?;
+    check!(
+        next.messages
+            .iter()
+            .map(|m| m.header.offset)
+            .collect::<Vec<_>>()
+            == vec![4]
+    );
+    check!(next.messages[0].header.timestamp >= ts);
+    cleanup(&client, &s).await;
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+async fn poll(
+    client: &IggyClient,
+    s: &str,
+    t: &str,
+    partition: Option<u32>,
+    strategy: PollingStrategy,
+    count: u32,
+) -> Result<PolledMessages, IggyError> {
+    client
+        .poll_messages(
+            &name(s),
+            &name(t),
+            partition,
+            &Consumer::default(),
+            &strategy,
+            count,
+            false,
+        )
+        .await
+}
+
+fn offsets(p: &PolledMessages) -> Vec<u64> {
+    p.messages.iter().map(|m| m.header.offset).collect()
+}
+
+#[tokio::test]
+async fn polling_strategies_and_edges_follow_the_server() -> TestResult {
+    let t = Target::new().await;
+    let client = t.client().await;
+    let (s, topic) = stream_with_topic(&client, "poll", 2).await;
+    let mut first = vec![msg("a"), msg("b")];
+    client
+        .send_messages(
+            &name(&s),
+            &name(&topic),
+            &Partitioning::partition_id(0),
+            &mut first,
+        )
+        .await?;
+    let after_first = poll(&client, &s, &topic, Some(0), PollingStrategy::offset(0), 1).await?;
+    let ts_first = after_first.messages[0].header.timestamp;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let mut second = vec![msg("c"), msg("d")];
+    client
+        .send_messages(
+            &name(&s),
+            &name(&topic),
+            &Partitioning::partition_id(0),
+            &mut second,
+        )
+        .await?;
+
+    let beyond = poll(
+        &client,
+        &s,
+        &topic,
+        Some(0),
+        PollingStrategy::offset(100),
+        10,
+    )
+    .await?;
+    check!(beyond.messages.is_empty());
+    check!(beyond.current_offset == 3);
+    check!(beyond.partition_id == 0);
+    let at_end = poll(&client, &s, &topic, Some(0), PollingStrategy::offset(4), 10).await?;
+    check!(at_end.messages.is_empty());
+    let empty = poll(&client, &s, &topic, Some(1), PollingStrategy::offset(0), 10).await?;
+    check!(empty.partition_id == 1);
+    check!(empty.current_offset == 0);
+    check!(empty.messages.is_empty());
+    let default_partition = poll(&client, &s, &topic, None, PollingStrategy::offset(0), 10).await?;
+    check!(
+        default_partition.partition_id == 0,
+        "plain consumer without partition reads 0"
+    );
+    check!(offsets(&default_partition) == vec![0, 1, 2, 3]);
+    check!(
+        offsets(&poll(&client, &s, &topic, Some(0), PollingStrategy::last(), 2).await?)
+            == vec![2, 3]
+    );
+    check!(
+        offsets(&poll(&client, &s, &topic, Some(0), PollingStrategy::last(), 9).await?)
+            == vec![0, 1, 2, 3]
+    );
+    check!(
+        offsets(&poll(&client, &s, &topic, Some(0), PollingStrategy::first(), 1).await?) == vec![0]
+    );
+    check!(
+        offsets(&poll(&client, &s, &topic, Some(0), PollingStrategy::offset(1), 2).await?)
+            == vec![1, 2]
+    );
+    let by_ts = poll(
+        &client,
+        &s,
+        &topic,
+        Some(0),
+        PollingStrategy::timestamp(IggyTimestamp::from(ts_first + 1)),
+        10,
+    )
+    .await?;
+    check!(offsets(&by_ts) == vec![2, 3]);
+    let by_ts_all = poll(
+        &client,
+        &s,
+        &topic,
+        Some(0),
+        PollingStrategy::timestamp(IggyTimestamp::from(ts_first)),
+        10,
+    )
+    .await?;
+    check!(offsets(&by_ts_all) == vec![0, 1, 2, 3]);
+
+    check!(code(poll(&client, &s, &topic, Some(9), PollingStrategy::offset(0), 1).await) == 3007);
+    let mut lost = vec![msg("x")];
+    check!(
+        code(
+            client
+                .send_messages(
+                    &name(&s),
+                    &name(&topic),
+                    &Partitioning::partition_id(9),
+                    &mut lost
+                )
+                .await
+        ) == 3007
+    );
+    let missing = unique("nope");
+    check!(
+        code(
+            poll(
+                &client,
+                &missing,
+                &topic,
+                Some(0),
+                PollingStrategy::offset(0),
+                1
+            )
+            .await
+        ) == 1009
+    );
+    let by_number = client
+        .poll_messages(
+            &num(999_999),
+            &name(&topic),
+            Some(0),
+            &Consumer::default(),
+            &PollingStrategy::offset(0),
+            1,
+            false,
+        )
+        .await;
+    check!(code(by_number) == 1009);
+    check!(code(poll(&client, &s, "nope", Some(0), PollingStrategy::offset(0), 1).await) == 2010);
+    let mut to_missing = vec![msg("x")];
+    check!(
+        code(
+            client
+                .send_messages(
+                    &name(&missing),
+                    &name(&topic),
+                    &Partitioning::balanced(),
+                    &mut to_missing
+                )
+                .await
+        ) == 1009
+    );
+    cleanup(&client, &s).await;
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn balanced_and_keyed_partitioning_pick_partitions_like_the_server() -> TestResult {
+    let t = Target::new().await;
+    let client = t.client().await;
+    let (s, topic) = stream_with_topic(&client, "route", 3).await;
+    for i in 0..4 {
+        let mut one = vec![msg(&format!("b{i}"))];
+        client
+            .send_messages(
+                &name(&s),
+                &name(&topic),
+                &Partitioning::balanced(),
+                &mut one,
+            )
+            .await?;
+    }
+    let details = client
+        .get_topic(&name(&s), &name(&topic))
+        .await?
+        .expect("topic");
+    check!(
+        details
+            .partitions
+            .iter()
+            .map(|p| p.messages_count)
+            .collect::<Vec<_>>()
+            == vec![2, 1, 1]
+    );
+    let key = b"customer-42";
+    let expected = twox_hash::XxHash32::oneshot(0, key) % 3;
+    let mut keyed = vec![msg("k1"), msg("k2")];
+    client
+        .send_messages(
+            &name(&s),
+            &name(&topic),
+            &Partitioning::messages_key(key)?,
+            &mut keyed,
+        )
+        .await?;
+    let p = poll(
+        &client,
+        &s,
+        &topic,
+        Some(expected),
+        PollingStrategy::last(),
+        2,
+    )
+    .await?;
+    check!(
+        p.messages
+            .iter()
+            .map(|m| m.payload.clone())
+            .collect::<Vec<_>>()
+            == vec![Bytes::from("k1"), Bytes::from("k2")]
+    );
+    cleanup(&client, &s).await;
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer offsets
+
+#[tokio::test]
+async fn consumer_offsets_follow_the_4100_rules() -> TestResult {
+    let t = Target::new().await;
+    let client = t.client().await;
+    let (s, topic) = stream_with_topic(&client, "offsets", 2).await;
+    let consumer = Consumer::new(name("replicator"));
+    let (st, tp) = (name(&s), name(&topic));
+    check!(client
+        .get_consumer_offset(&consumer, &st, &tp, Some(0))
+        .await?
+        .is_none());
+    check!(
+        code(
+            client
+                .store_consumer_offset(&consumer, &st, &tp, Some(0), 0)
+                .await
+        ) == 4100,
+        "never written"
+    );
+    let mut batch = vec![msg("a"), msg("b"), msg("c"), msg("d")];
+    client
+        .send_messages(&st, &tp, &Partitioning::partition_id(0), &mut batch)
+        .await?;
+    client
+        .store_consumer_offset(&consumer, &st, &tp, Some(0), 1)
+        .await?;
+    let info = client
+        .get_consumer_offset(&consumer, &st, &tp, Some(0))
+        .await?
+        .expect("stored");
+    check!(info.partition_id == 0);
+    check!(info.current_offset == 3);
+    check!(info.stored_offset == 1);
+    check!(
+        code(
+            client
+                .store_consumer_offset(&consumer, &st, &tp, Some(0), 999)
+                .await
+        ) == 4100
+    );
+    check!(
+        code(
+            client
+                .store_consumer_offset(&consumer, &st, &tp, Some(1), 0)
+                .await
+        ) == 4100,
+        "empty partition"
+    );
+    check!(
+        code(
+            client
+                .store_consumer_offset(&consumer, &st, &tp, Some(9), 0)
+                .await
+        ) == 3007
+    );
+    check!(client
+        .get_consumer_offset(&consumer, &st, &tp, Some(9))
+        .await?
+        .is_none());
+    check!(client
+        .get_consumer_offset(&consumer, &name(&unique("x")), &tp, Some(0))
+        .await?
+        .is_none());
+    check!(client
+        .get_consumer_offset(&Consumer::new(name("other")), &st, &tp, Some(0))
+        .await?
+        .is_none());
+
+    let next = client
+        .poll_messages(
+            &st,
+            &tp,
+            Some(0),
+            &consumer,
+            &PollingStrategy::next(),
+            10,
+            true,
+        )
+        .await?;
+    check!(offsets(&next) == vec![2, 3]);
+    let info = client
+        .get_consumer_offset(&consumer, &st, &tp, Some(0))
+        .await?
+        .expect("stored");
+    check!(
+        info.stored_offset == 3,
+        "auto_commit stores the last returned offset"
+    );
+    let caught_up = client
+        .poll_messages(
+            &st,
+            &tp,
+            Some(0),
+            &consumer,
+            &PollingStrategy::next(),
+            10,
+            true,
+        )
+        .await?;
+    check!(caught_up.messages.is_empty());
+
+    let fresh = Consumer::new(num(7));
+    let from_start = client
+        .poll_messages(
+            &st,
+            &tp,
+            Some(0),
+            &fresh,
+            &PollingStrategy::next(),
+            2,
+            false,
+        )
+        .await?;
+    check!(offsets(&from_start) == vec![0, 1]);
+    check!(
+        client
+            .get_consumer_offset(&fresh, &st, &tp, Some(0))
+            .await?
+            .is_none(),
+        "no auto commit"
+    );
+
+    client
+        .delete_consumer_offset(&consumer, &st, &tp, Some(0))
+        .await?;
+    check!(client
+        .get_consumer_offset(&consumer, &st, &tp, Some(0))
+        .await?
+        .is_none());
+    check!(
+        code(
+            client
+                .delete_consumer_offset(&consumer, &st, &tp, Some(0))
+                .await
+        ) == 3021
+    );
+    cleanup(&client, &s).await;
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Purge
+
+#[tokio::test]
+async fn purge_empties_partitions_and_restarts_offsets() -> TestResult {
+    let t = Target::new().await;
+    let client = t.client().await;
+    let (s, topic) = stream_with_topic(&client, "purge", 1).await;
+    let (st, tp) = (name(&s), name(&topic));
+    let mut batch = vec![msg("a"), msg("b")];
+    client
+        .send_messages(&st, &tp, &Partitioning::partition_id(0), &mut batch)
+        .await?;
+    let consumer = Consumer::new(name("c"));
+    client
+        .store_consumer_offset(&consumer, &st, &tp, Some(0), 1)
+        .await?;
+    client.purge_topic(&st, &tp).await?;
+    let details = client.get_topic(&st, &tp).await?.expect("topic");
+    check!(details.partitions[0].messages_count == 0);
+    check!(details.partitions[0].current_offset == 0);
+    check!(details.messages_count == 0);
+    check!(client
+        .get_consumer_offset(&consumer, &st, &tp, Some(0))
+        .await?
+        .is_none());
+    let mut again = vec![msg("c")];
+    client
+        .send_messages(&st, &tp, &Partitioning::partition_id(0), &mut again)
+        .await?;
+    check!(
+        offsets(&poll(&client, &s, &topic, Some(0), PollingStrategy::offset(0), 10).await?)
+            == vec![0]
+    );
+    client.purge_stream(&st).await?;
+    check!(
+        client
+            .get_stream(&st)
+            .await?
+            .expect("stream")
+            .messages_count
+            == 0
+    );
+    cleanup(&client, &s).await;
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer groups
+
+#[tokio::test]
+async fn consumer_groups_assign_partitions_to_members() -> TestResult {
+    let t = Target::new().await;
+    let a = t.client().await;
+    let b = t.client().await;
+    let (s, topic) = stream_with_topic(&a, "groups", 4).await;
+    let (st, tp) = (name(&s), name(&topic));
+    let group = a.create_consumer_group(&st, &tp, "workers").await?;
+    check!(group.id == 0);
+    check!(group.partitions_count == 4);
+    check!(group.members_count == 0);
+    check!(code(a.create_consumer_group(&st, &tp, "workers").await) == 5004);
+    check!(a
+        .get_consumer_group(&st, &tp, &name("nope"))
+        .await?
+        .is_none());
+    check!(a.get_consumer_groups(&st, &tp).await?.len() == 1);
+    let gid = name("workers");
+    let consumer = Consumer::group(gid.clone());
+    let not_member = a
+        .poll_messages(
+            &st,
+            &tp,
+            None,
+            &consumer,
+            &PollingStrategy::next(),
+            1,
+            false,
+        )
+        .await;
+    check!(code(not_member) == 5006);
+    check!(code(a.leave_consumer_group(&st, &tp, &gid).await) == 5006);
+    check!(code(a.join_consumer_group(&st, &tp, &name("nope")).await) == 5000);
+
+    a.join_consumer_group(&st, &tp, &gid).await?;
+    let details = a.get_consumer_group(&st, &tp, &gid).await?.expect("group");
+    check!(details.members_count == 1);
+    check!(details.members[0].partitions == vec![0, 1, 2, 3]);
+    b.join_consumer_group(&st, &tp, &gid).await?;
+    let details = a.get_consumer_group(&st, &tp, &gid).await?.expect("group");
+    check!(details.members_count == 2);
+    let mut assigned: Vec<u32> = details
+        .members
+        .iter()
+        .flat_map(|m| m.partitions.clone())
+        .collect();
+    assigned.sort_unstable();
+    check!(
+        assigned == vec![0, 1, 2, 3],
+        "every partition has exactly one owner"
+    );
+    check!(
+        details.members[1].partitions == vec![3],
+        "the newcomer takes the last partition"
+    );
+
+    for p in 0..4 {
+        let mut one = vec![msg(&format!("p{p}"))];
+        a.send_messages(&st, &tp, &Partitioning::partition_id(p), &mut one)
+            .await?;
+    }
+    let polled = b
+        .poll_messages(
+            &st,
+            &tp,
+            None,
+            &consumer,
+            &PollingStrategy::next(),
+            10,
+            true,
+        )
+        .await?;
+    check!(polled.partition_id == 3);
+    check!(
+        polled
+            .messages
+            .iter()
+            .map(|m| m.payload.clone())
+            .collect::<Vec<_>>()
+            == vec![Bytes::from("p3")]
+    );
+    let stored = a
+        .get_consumer_offset(&consumer, &st, &tp, Some(3))
+        .await?
+        .expect("group offset");
+    check!(stored.stored_offset == 0);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let p = a
+            .poll_messages(
+                &st,
+                &tp,
+                None,
+                &consumer,
+                &PollingStrategy::next(),
+                10,
+                false,
+            )
+            .await?;
+        seen.push(p.partition_id);
+    }
+    check!(
+        seen == vec![0, 1, 2],
+        "a member cycles through its partitions"
+    );
+
+    b.leave_consumer_group(&st, &tp, &gid).await?;
+    let details = a.get_consumer_group(&st, &tp, &gid).await?.expect("group");
+    check!(details.members_count == 1);
+    check!(details.members[0].partitions == vec![0, 1, 2, 3]);
+    let me = a.get_me().await?;
+    check!(me.consumer_groups_count == 1);
+    a.delete_consumer_group(&st, &tp, &gid).await?;
+    check!(a.get_consumer_group(&st, &tp, &gid).await?.is_none());
+    check!(code(a.delete_consumer_group(&st, &tp, &gid).await) == 5000);
+    cleanup(&a, &s).await;
+    a.shutdown().await?;
+    b.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-process hooks: faults, restart, retention
+
+#[tokio::test]
+async fn restart_keeps_data_on_the_same_port() -> TestResult {
+    let mut t = Target::new().await;
+    let Some(server) = t.server.as_mut() else {
+        println!("note: skipping restart: needs in-process hooks (IGGY_CONFORMANCE_URL set)");
+        return Ok(());
+    };
+    let addr = server.addr();
+    let client = t.client().await;
+    let (s, topic) = stream_with_topic(&client, "restart", 1).await;
+    let mut batch = vec![msg("before")];
+    client
+        .send_messages(
+            &name(&s),
+            &name(&topic),
+            &Partitioning::partition_id(0),
+            &mut batch,
+        )
+        .await?;
+    let server = t.server.as_mut().expect("local");
+    server.restart().await?;
+    check!(server.addr() == addr);
+    // The SDK client notices the dropped connection and reconnects by itself.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let polled = loop {
+        match poll(&client, &s, &topic, Some(0), PollingStrategy::offset(0), 10).await {
+            Ok(p) => break Some(p),
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => break None,
+        }
+    };
+    let polled = polled.expect("polled");
+    check!(
+        polled
+            .messages
+            .iter()
+            .map(|m| m.payload.clone())
+            .collect::<Vec<_>>()
+            == vec![Bytes::from("before")]
+    );
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn faults_refuse_drop_fail_stall_and_delay() -> TestResult {
+    let t = Target::new().await;
+    let Some(server) = t.local("faults") else {
+        return Ok(());
+    };
+    let faults = server.faults();
+    let mut sock = raw_logged_in(&t).await;
+
+    faults.fail_next(201, 3007, 2);
+    check!(request(&mut sock, 201, &[]).await == (3007, vec![]));
+    check!(request(&mut sock, 201, &[]).await == (3007, vec![]));
+    check!(
+        request(&mut sock, 201, &[]).await.0 == 0,
+        "only the next N fail"
+    );
+
+    faults.set_latency(Some(Duration::from_millis(200)));
+    let started = std::time::Instant::now();
+    check!(request(&mut sock, 1, &[]).await.0 == 0);
+    check!(started.elapsed() >= Duration::from_millis(200));
+    faults.set_latency(None);
+
+    faults.stall_for(Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    check!(
+        request(&mut sock, 1, &[]).await.0 == 0,
+        "answered after the stall"
+    );
+    check!(started.elapsed() >= Duration::from_millis(250));
+
+    faults.drop_connections();
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await?;
+    check!(
+        matches!(read, Ok(0) | Err(_)),
+        "connection closed by the server"
+    );
+
+    faults.refuse_connections(true);
+    let mut refused = t.raw().await;
+    let read = tokio::time::timeout(Duration::from_secs(5), refused.read(&mut buf)).await?;
+    check!(
+        matches!(read, Ok(0) | Err(_)),
+        "new connection closed at once"
+    );
+    faults.refuse_connections(false);
+    let mut accepted = raw_logged_in(&t).await;
+    check!(request(&mut accepted, 1, &[]).await.0 == 0);
+    t.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn retention_drops_oldest_messages_and_keeps_current_offset() -> TestResult {
+    let t = Target::new().await;
+    let Some(server) = t.local("retention") else {
+        return Ok(());
+    };
+    let client = t.client().await;
+    let (s, topic) = stream_with_topic(&client, "retention", 1).await;
+    let mut batch: Vec<IggyMessage> = (0..6).map(|i| msg(&format!("m{i}"))).collect();
+    client
+        .send_messages(
+            &name(&s),
+            &name(&topic),
+            &Partitioning::partition_id(0),
+            &mut batch,
+        )
+        .await?;
+    let dropped = server.retention().drop_before(&s, &topic, 0, 4)?;
+    check!(dropped == 4);
+    let from_zero = poll(&client, &s, &topic, Some(0), PollingStrategy::offset(0), 10).await?;
+    check!(
+        offsets(&from_zero) == vec![4, 5],
+        "polls below the retained start begin at it"
+    );
+    check!(
+        offsets(&poll(&client, &s, &topic, Some(0), PollingStrategy::first(), 10).await?)
+            == vec![4, 5]
+    );
+    let details = client
+        .get_topic(&name(&s), &name(&topic))
+        .await?
+        .expect("topic");
+    check!(details.partitions[0].messages_count == 2);
+    check!(details.partitions[0].current_offset == 5);
+    let info = server.partition_info(&s, &topic, 0)?;
+    check!(info.first_offset == 4);
+    check!(info.messages_count == 2);
+    check!(
+        server.retention().drop_before(&s, &topic, 7, 1).is_err(),
+        "unknown partition"
+    );
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn expiry_cleaner_drops_sealed_segments_only() -> TestResult {
+    let t = Target::with_config(TestServerConfig {
+        segment_size: 200,
+        ..TestServerConfig::default()
+    })
+    .await;
+    let Some(server) = t.local("expiry cleaner") else {
+        return Ok(());
+    };
+    let client = t.client().await;
+    let s = unique("expiry");
+    client.create_stream(&s).await?;
+    client
+        .create_topic(
+            &name(&s),
+            "t",
+            1,
+            CompressionAlgorithm::None,
+            None,
+            IggyExpiry::ExpireDuration(IggyDuration::from(Duration::from_millis(1))),
+            MaxTopicSize::ServerDefault,
+        )
+        .await?;
+    for i in 0..6 {
+        // 64-byte header + 36-byte payload: two messages fill a 200-byte segment.
+        let mut one = vec![msg(&format!("{i:036}"))];
+        client
+            .send_messages(
+                &name(&s),
+                &name("t"),
+                &Partitioning::partition_id(0),
+                &mut one,
+            )
+            .await?;
+    }
+    check!(server.partition_info(&s, "t", 0)?.segments_count == 3);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let dropped = server.retention().run_cleaner();
+    check!(dropped == 4, "the active segment stays");
+    let info = server.partition_info(&s, "t", 0)?;
+    check!(info.first_offset == 4);
+    check!(info.current_offset == 5);
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
