@@ -80,6 +80,10 @@ pub struct ControlMetrics {
     pub last_log_index: Option<u64>,
     /// Index of the last applied entry.
     pub last_applied: Option<u64>,
+    /// Last log index included in the node's latest snapshot.
+    pub snapshot_index: Option<u64>,
+    /// Last purged log index (entries up to it exist only in the snapshot).
+    pub purged_index: Option<u64>,
     /// Successful lease renewals since start.
     pub lease_renewals: u64,
     /// Commits answered `Fenced` since start.

@@ -329,24 +329,15 @@ impl Control {
         Ok(self.inner.local_status())
     }
 
-    /// Adds a node: as learner, then (once caught up) as voter; records its addresses.
+    /// Adds a node: as learner, then as voter. The node registers its own addresses as a
+    /// work member once it sees itself in the membership; `api_addr` is only logged here.
     #[tracing::instrument(skip_all, fields(node = %self.inner.id, peer = %id), err)]
     pub async fn add_member(&self, id: NodeId, raft_addr: String, api_addr: String) -> Result<()> {
         let resp = self
             .inner
-            .manage(&ManageRequest::AddVoter {
-                id,
-                raft_addr: raft_addr.clone(),
-            })
+            .manage(&ManageRequest::AddVoter { id, raft_addr })
             .await?;
-        tracing::info!(peer = %id, response = ?resp, "member added as voter");
-        self.inner
-            .write(&ControlCommand::RegisterMember {
-                node: id,
-                raft_addr,
-                api_addr,
-            })
-            .await?;
+        tracing::info!(peer = %id, api_addr = %api_addr, response = ?resp, "member added as voter");
         Ok(())
     }
 
@@ -403,6 +394,8 @@ impl Control {
             is_leader: m.current_leader == Some(self.inner.id),
             last_log_index: m.last_log_index,
             last_applied: m.last_applied.map(|l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            purged_index: m.purged.map(|l| l.index),
             lease_renewals: c.lease_renewals.load(Ordering::Relaxed),
             fenced_commits: c.fenced_commits.load(Ordering::Relaxed),
             commit_batches: c.commit_batches.load(Ordering::Relaxed),

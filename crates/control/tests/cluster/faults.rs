@@ -1,0 +1,250 @@
+use std::time::Duration;
+
+use replicator_control::{ClusterSecret, Control};
+use replicator_model::{CommitOutcome, OffsetCommit, UnitCounters};
+
+use crate::util::*;
+
+fn commit_of(a: &replicator_model::Assignment, offset: u64) -> OffsetCommit {
+    OffsetCommit {
+        unit: a.unit.clone(),
+        epoch: a.epoch,
+        offset,
+        topic_created_at: 1,
+        counters: UnitCounters::default(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_former_leader_cannot_commit_and_stops_before_its_units_move() -> TestResult {
+    let cluster = TestCluster::start(3, fast_timing()).await?;
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
+    cluster
+        .node(leader)
+        .report_units("f", units("f", 3))
+        .await?;
+    let mut rx = cluster.node(leader).assignments();
+    rx.wait_for(|a| a.len() == 1).await?;
+    let mine = rx.borrow().clone();
+    wait_until("leader holds a lease", Duration::from_secs(5), || {
+        cluster.node(leader).lease_valid_until().is_some()
+    })
+    .await?;
+
+    cluster.node(leader).set_isolated(true);
+    let attempt = cluster
+        .node(leader)
+        .commit(vec![commit_of(&mine[0], 777)])
+        .await;
+    assert!(
+        attempt.is_err(),
+        "an isolated leader must not commit: {attempt:?}"
+    );
+    assert!(attempt
+        .as_ref()
+        .is_err_and(replicator_control::Error::is_transient));
+
+    // The majority elects a new leader and moves the unit; by then the old owner's own lease
+    // check already says stop.
+    let others: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let new_leader = others[0];
+    wait_until_async(
+        "unit moved away from the isolated node",
+        Duration::from_secs(10),
+        || async {
+            let owners = cluster.owners(new_leader).await.unwrap_or_default();
+            owners
+                .get(&mine[0].unit)
+                .copied()
+                .flatten()
+                .is_some_and(|o| o != leader)
+        },
+    )
+    .await?;
+    assert!(
+        cluster.node(leader).lease_valid_until().is_none(),
+        "the isolated owner's lease must be over before its unit is granted elsewhere"
+    );
+    assert2::check!(
+        cluster
+            .node(new_leader)
+            .progress(&mine[0].unit)
+            .and_then(|p| p.confirmed)
+            == None
+    );
+
+    // Reconnected, it follows the new leader and never resurrects its offset.
+    cluster.node(leader).set_isolated(false);
+    let unit = mine[0].unit.clone();
+    wait_until("reconnected node follows", Duration::from_secs(10), || {
+        cluster
+            .node(leader)
+            .metrics()
+            .leader
+            .is_some_and(|l| l != leader || cluster.node(l).metrics().is_leader)
+    })
+    .await?;
+    let stale = cluster
+        .node(leader)
+        .commit(vec![commit_of(&mine[0], 778)])
+        .await?;
+    assert!(matches!(stale[0], CommitOutcome::Fenced { .. }));
+    assert2::check!(
+        cluster
+            .node(new_leader)
+            .progress(&unit)
+            .and_then(|p| p.confirmed)
+            == None
+    );
+    cluster.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_follower_catches_up_through_a_snapshot() -> TestResult {
+    let timing = replicator_control::ControlTiming {
+        snapshot_logs_since_last: 20,
+        logs_to_keep_after_snapshot: 5,
+        ..fast_timing()
+    };
+    let mut cluster = TestCluster::start(3, timing).await?;
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
+    cluster
+        .node(leader)
+        .report_units("f", units("f", 3))
+        .await?;
+    let mut rx = cluster.node(leader).assignments();
+    rx.wait_for(|a| a.len() == 1).await?;
+    let mine = rx.borrow().clone();
+    let follower = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    cluster.crash(follower).await;
+    let crashed_at_index = cluster.node(leader).metrics().last_log_index.unwrap_or(0);
+    for offset in 0..60 {
+        cluster
+            .node(leader)
+            .commit(vec![commit_of(&mine[0], offset)])
+            .await?;
+    }
+    wait_until(
+        "leader purged past the follower",
+        Duration::from_secs(10),
+        || {
+            cluster
+                .node(leader)
+                .metrics()
+                .purged_index
+                .is_some_and(|p| p > crashed_at_index)
+        },
+    )
+    .await?;
+    cluster.restart(follower).await?;
+    let unit = mine[0].unit.clone();
+    wait_until("follower caught up", Duration::from_secs(10), || {
+        cluster
+            .node(follower)
+            .progress(&unit)
+            .and_then(|p| p.confirmed)
+            == Some(59)
+    })
+    .await?;
+    assert!(cluster
+        .node(follower)
+        .metrics()
+        .snapshot_index
+        .is_some_and(|s| s > crashed_at_index));
+    cluster.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_secret_is_rejected_and_such_a_node_never_joins() -> TestResult {
+    init_tracing();
+    // Node 3 carries the wrong secret: 1 and 2 form the cluster, 3 never learns a leader.
+    let mut cluster = TestCluster::start(2, fast_timing()).await?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let mut params = cluster.params(1, Some(listener));
+    params.node_id = 3;
+    params.data_dir = cluster.dir.path().join("node-3");
+    params.raft_addr = addr;
+    params.secret = ClusterSecret::new("not-the-secret");
+    let intruder = Control::start(params).await?;
+    cluster.wait_leader(Duration::from_secs(10)).await?;
+    // Even listed as a member it receives nothing: its RPCs are refused both ways (joint
+    // consensus lets 1 and 2 commit the membership change without it).
+    let add = cluster
+        .node(1)
+        .add_member(3, addr.to_string(), String::new());
+    let _ = tokio::time::timeout(Duration::from_secs(2), add).await;
+    let m = intruder.metrics();
+    assert2::check!(m.leader == None);
+    assert2::check!(m.last_applied == None);
+
+    // A raw request without or with a wrong secret gets 401; with the right one 200.
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/control/ping", cluster.addrs[&1]);
+    let none = http.post(&url).body(vec![]).send().await?;
+    assert2::check!(none.status().as_u16() == 401);
+    let wrong = http
+        .post(&url)
+        .header("x-replicator-secret", "nope")
+        .body(vec![])
+        .send()
+        .await?;
+    assert2::check!(wrong.status().as_u16() == 401);
+    let right = http
+        .post(&url)
+        .header("x-replicator-secret", SECRET)
+        .body(vec![])
+        .send()
+        .await?;
+    assert2::check!(right.status().as_u16() == 200);
+    intruder.shutdown().await;
+    cluster.crash(1).await;
+    cluster.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_data_dir_is_reported_with_its_path() -> TestResult {
+    let mut cluster = TestCluster::start(1, fast_timing()).await?;
+    cluster.wait_leader(Duration::from_secs(10)).await?;
+    cluster.crash(1).await;
+    let dir = cluster.data_dir(1);
+
+    // A corrupt snapshot inside the database (opened once the crashed node let go of it).
+    {
+        let mut opened = sled::open(dir.join("sled"));
+        for _ in 0..100 {
+            if opened.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            opened = sled::open(dir.join("sled"));
+        }
+        let db = opened?;
+        db.open_tree("snapshot")?
+            .insert("current", &b"\xff\xff garbage"[..])?;
+        db.flush()?;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let err = Control::start(cluster.params(1, Some(listener)))
+        .await
+        .err()
+        .ok_or("corrupt snapshot accepted")?;
+    assert!(
+        err.to_string().contains(&dir.display().to_string()),
+        "{err}"
+    );
+    assert!(!err.is_transient());
+
+    // A corrupt format marker.
+    std::fs::write(dir.join("FORMAT"), b"something else")?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let err = Control::start(cluster.params(1, Some(listener)))
+        .await
+        .err()
+        .ok_or("corrupt marker accepted")?;
+    assert!(err.to_string().contains("FORMAT"), "{err}");
+    Ok(())
+}
