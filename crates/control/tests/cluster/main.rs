@@ -4,3 +4,4 @@ mod util;
 
 mod basic;
 mod faults;
+mod membership;

@@ -114,6 +114,13 @@ impl TestCluster {
         Ok(())
     }
 
+    /// Starts an extra node that knows the cluster but is not a member yet.
+    pub(crate) async fn start_extra(&mut self, id: NodeId) -> TestResult {
+        let listener = bind_any()?;
+        self.addrs.insert(id, listener.local_addr()?);
+        self.launch(id, Some(listener)).await
+    }
+
     pub(crate) fn node(&self, id: NodeId) -> &Control {
         &self.nodes[&id]
     }
