@@ -146,7 +146,7 @@ impl Cluster {
         Error::Iggy {
             cluster: self.alias.clone(),
             op: op.into(),
-            source,
+            source: Box::new(source),
         }
     }
 

@@ -233,6 +233,6 @@ fn named(name: &str) -> Result<Identifier> {
     Identifier::named(name).map_err(|source| Error::Iggy {
         cluster: String::new(),
         op: format!("name `{name}`"),
-        source,
+        source: Box::new(source),
     })
 }

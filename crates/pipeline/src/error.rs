@@ -24,9 +24,9 @@ pub enum Error {
         cluster: String,
         /// The operation, e.g. `poll_messages orders/created/3`.
         op: String,
-        /// The SDK's error.
+        /// The SDK's error (boxed: `IggyError` is large and this enum travels in every `Result`).
         #[source]
-        source: IggyError,
+        source: Box<IggyError>,
     },
     /// A call to an Iggy cluster did not answer within the operation timeout.
     #[error("iggy cluster `{cluster}`: {op} timed out")]
@@ -43,10 +43,8 @@ pub enum Error {
         unit: WorkUnit,
     },
     /// The downstream topic or partition of a unit does not exist (yet): discovery creates it.
-    #[error("downstream topic {stream}/{topic} partition {partition} of {unit} does not exist")]
+    #[error("downstream topic {stream}/{topic} partition {partition} does not exist")]
     DownstreamMissing {
-        /// The unit being written.
-        unit: WorkUnit,
         /// Downstream stream name.
         stream: String,
         /// Downstream topic name.
@@ -91,7 +89,7 @@ pub enum Error {
         offset: u64,
         /// The SDK's validation error.
         #[source]
-        source: IggyError,
+        source: Box<IggyError>,
     },
 }
 

@@ -80,7 +80,7 @@ pub(crate) fn named(name: &str, unit: &WorkUnit) -> Result<Identifier> {
     Identifier::named(name).map_err(|source| Error::Message {
         unit: unit.clone(),
         offset: 0,
-        source,
+        source: Box::new(source),
     })
 }
 

@@ -452,7 +452,7 @@ fn name_id(name: &str) -> Result<Identifier> {
     Identifier::named(name).map_err(|source| Error::Iggy {
         cluster: String::new(),
         op: format!("name `{name}`"),
-        source,
+        source: Box::new(source),
     })
 }
 

@@ -242,7 +242,6 @@ async fn resume<C: ControlPlane>(state: &mut WriterState<C>) -> Result<()> {
         })
         .await?;
     let missing = || Error::DownstreamMissing {
-        unit: unit.clone(),
         stream: shared.downstream_stream.clone(),
         topic: unit.topic.clone(),
         partition: unit.partition,
@@ -284,7 +283,7 @@ async fn scan_tail<C>(shared: &UnitShared<C>, created_at: u64) -> Result<Option<
         Error::Message {
             unit: shared.unit.clone(),
             offset: 0,
-            source,
+            source: Box::new(source),
         }
     })?);
     let source_alias = shared.source.alias();
@@ -506,7 +505,7 @@ async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option
     .map_err(|offset| Error::Message {
         unit: shared.unit.clone(),
         offset,
-        source: iggy::prelude::IggyError::TooBigUserHeaders,
+        source: Box::new(iggy::prelude::IggyError::TooBigUserHeaders),
     })?;
     let gap = batch.gap;
     if !prepared.messages.is_empty() {
@@ -540,7 +539,6 @@ async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option
             return Err(match err {
                 Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
                     Error::DownstreamMissing {
-                        unit: shared.unit.clone(),
                         stream: shared.downstream_stream.clone(),
                         topic: shared.unit.topic.clone(),
                         partition: shared.unit.partition,
