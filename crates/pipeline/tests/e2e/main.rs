@@ -4,5 +4,6 @@
 
 mod copy;
 mod edges;
+mod fencing;
 mod harness;
 mod topics;

@@ -1,0 +1,87 @@
+//! Ownership: revoked units, lost leases and requested releases stop writes cleanly.
+
+use std::time::Duration;
+
+use replicator_model::WorkUnit;
+use replicator_pipeline::{ControlPlane, InMemoryControl, Pipeline};
+
+use crate::harness::{
+    assert_exact, client, count, create_topic, flow, produce, wait_until, Env, TestResult,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_unit_and_lost_lease_stop_writes_until_ownership_returns() -> TestResult {
+    let env = Env::start().await?;
+    let up = client(&env.us).await?;
+    create_topic(&up, "fence", "t", 1).await?;
+    produce(&up, "fence", "t", 1, 0..100, 100).await?;
+    let f = flow("fence", &["fence/*"]);
+    let control = InMemoryControl::new();
+    let unit = WorkUnit::new("fence", "fence", "t", 0);
+    let pipeline = Pipeline::start(env.params(f.clone()), control.clone()).await?;
+    wait_until("copied", Duration::from_secs(30), || async {
+        control.progress(&unit).and_then(|p| p.confirmed) == Some(99)
+    })
+    .await?;
+
+    // Revoked: the writer's epoch check refuses every send from now on.
+    control.revoke(&unit);
+    produce(&up, "fence", "t", 1, 100..200, 100).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(count(&env.eu, "fence", "t", 0) == 100);
+
+    control.set_lease(Some(None));
+    control.grant(&unit);
+    wait_until(
+        "restarted while the lease is missing",
+        Duration::from_secs(10),
+        || async {
+            pipeline
+                .stats()
+                .await
+                .is_ok_and(|s| s.iter().any(|s| s.restarts >= 1))
+        },
+    )
+    .await?;
+    assert!(count(&env.eu, "fence", "t", 0) == 100);
+
+    control.set_lease(None);
+    wait_until("resumed", Duration::from_secs(30), || async {
+        control.progress(&unit).and_then(|p| p.confirmed) == Some(199)
+    })
+    .await?;
+    assert_exact(&env.verify(&f, Duration::from_secs(10)).await?);
+    pipeline.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requested_release_drains_commits_and_hands_the_unit_back() -> TestResult {
+    let env = Env::start().await?;
+    let up = client(&env.us).await?;
+    create_topic(&up, "rel", "t", 1).await?;
+    produce(&up, "rel", "t", 1, 0..1000, 100).await?;
+    let f = flow("rel", &["rel/*"]);
+    let control = InMemoryControl::new();
+    let unit = WorkUnit::new("rel", "rel", "t", 0);
+    let pipeline = Pipeline::start(env.params(f.clone()), control.clone()).await?;
+    wait_until("assigned", Duration::from_secs(10), || async {
+        control.epoch(&unit).is_some()
+    })
+    .await?;
+    let first = control.epoch(&unit).ok_or("not assigned")?;
+    control.request_release(&unit);
+    // The unit is released, then granted again by the next discovery round under a new epoch.
+    wait_until("granted again", Duration::from_secs(10), || async {
+        control.epoch(&unit).is_some_and(|e| e > first)
+    })
+    .await?;
+    produce(&up, "rel", "t", 1, 1000..1100, 100).await?;
+    assert_exact(&env.verify(&f, Duration::from_secs(30)).await?);
+    wait_until("confirmed", Duration::from_secs(10), || async {
+        control.progress(&unit).and_then(|p| p.confirmed) == Some(1099)
+    })
+    .await?;
+    pipeline.shutdown().await;
+    Ok(())
+}
