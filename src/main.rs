@@ -1,2 +1,38 @@
-//! iggy-replicator binary.
-fn main() {}
+//! `iggy-replicator`: the command-line entry point. It parses arguments, installs
+//! logging, and hands each subcommand to its module; every failure ends here as
+//! one clear line, a hint, and a documented exit code (see [`exit::Failure`]).
+
+mod admin;
+mod cli;
+mod demo;
+mod exit;
+mod logging;
+mod metrics;
+mod node;
+mod run;
+mod verify;
+mod wiring;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = cli::Cli::parse();
+    if let Err(error) = logging::install(cli.log_format, cli.log_level.as_deref()) {
+        eprintln!("error: cannot install logging: {error}");
+        return std::process::ExitCode::from(exit::RUNTIME);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return std::process::ExitCode::from(exit::RUNTIME);
+        }
+    };
+    match runtime.block_on(cli::dispatch(cli.command)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(failure) => failure.report(),
+    }
+}

@@ -1,0 +1,336 @@
+//! The admin HTTP API on `node.api_addr`: health, readiness, status as JSON, Prometheus
+//! metrics, and the authenticated membership calls behind `iggy-replicator cluster`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use replicator_config::Config;
+use replicator_control::{ClusterStatus, Control, MemberStatus};
+use replicator_model::{Epoch, NodeId, UnitCounters, WorkUnit};
+use replicator_pipeline::{Pipeline, UnitStats};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub(crate) struct AdminState {
+    /// The node's control plane.
+    control: Control,
+    /// The node's pipeline; `None` while it is not running.
+    pipeline: Option<Arc<Pipeline>>,
+    /// Bearer tokens that authorise mutating calls (the cluster secret and the admin token).
+    tokens: Arc<Vec<String>>,
+    /// Prometheus families, fed at every scrape.
+    metrics: Arc<Metrics>,
+}
+
+impl AdminState {
+    /// State for a node built from `config`.
+    pub(crate) fn new(control: Control, pipeline: Option<Arc<Pipeline>>, config: &Config) -> Self {
+        let mut tokens = vec![config.cluster.secret.expose().to_owned()];
+        if let Some(token) = &config.cluster.admin_token {
+            tokens.push(token.expose().to_owned());
+        }
+        Self {
+            control,
+            pipeline,
+            tokens: Arc::new(tokens),
+            metrics: Arc::new(Metrics::new()),
+        }
+    }
+}
+
+/// The routes.
+pub(crate) fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/status", get(status))
+        .route("/metrics", get(metrics))
+        .route("/cluster/members", post(add_member))
+        .route("/cluster/members/{id}", delete(remove_member))
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `stop` is cancelled.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AdminState,
+    stop: CancellationToken,
+) {
+    let app = router(state);
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await;
+    if let Err(e) = result {
+        warn!(error = %e, "admin API stopped with an error");
+    }
+}
+
+/// `GET /health`: the process is alive and serving.
+async fn health() -> &'static str {
+    "ok\n"
+}
+
+/// `GET /ready`: a member of a cluster that has a leader, with its assignments known.
+async fn ready(State(state): State<AdminState>) -> Response {
+    let metrics = state.control.metrics();
+    match (metrics.leader, metrics.last_applied) {
+        (Some(leader), Some(_)) => {
+            (StatusCode::OK, format!("ready (leader {leader})\n")).into_response()
+        }
+        (None, _) => (StatusCode::SERVICE_UNAVAILABLE, "not ready: no leader\n").into_response(),
+        (Some(_), None) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: state not applied yet\n",
+        )
+            .into_response(),
+    }
+}
+
+/// The JSON document of `GET /status`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct StatusView {
+    /// The node that answered.
+    pub(crate) node: NodeId,
+    /// The leader it knows.
+    pub(crate) leader: Option<NodeId>,
+    /// Its Raft term.
+    pub(crate) term: u64,
+    /// Last applied log index.
+    pub(crate) applied_index: Option<u64>,
+    /// Members with liveness.
+    pub(crate) members: Vec<MemberStatus>,
+    /// Every unit with owner, epoch and confirmed offset; runtime figures for units this node runs.
+    pub(crate) units: Vec<UnitView>,
+}
+
+/// One unit in [`StatusView`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct UnitView {
+    /// The unit.
+    pub(crate) unit: WorkUnit,
+    /// Owner node, if granted.
+    pub(crate) owner: Option<NodeId>,
+    /// Epoch of the latest grant.
+    pub(crate) epoch: Epoch,
+    /// Last upstream offset confirmed written downstream.
+    pub(crate) confirmed_offset: Option<u64>,
+    /// Totals over the unit's life (messages, bytes, errors, gaps).
+    pub(crate) counters: UnitCounters,
+    /// The leader asked the owner to hand the unit back.
+    pub(crate) release_requested: bool,
+    /// Discovery no longer sees the upstream partition.
+    pub(crate) retired: bool,
+    /// Runtime figures from the owner (present when the answering node owns the unit).
+    pub(crate) live: Option<LiveView>,
+}
+
+/// Runtime figures of a unit on the node that runs it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct LiveView {
+    /// The node that runs the unit.
+    pub(crate) node: NodeId,
+    /// Next offset of the upstream partition as last seen.
+    pub(crate) upstream_end_offset: Option<u64>,
+    /// Messages not yet copied.
+    pub(crate) lag: Option<u64>,
+    /// Messages per second copied.
+    pub(crate) rate: f64,
+    /// Median replication latency of recent batches, in milliseconds.
+    pub(crate) latency_p50_ms: Option<f64>,
+    /// 99th percentile replication latency of recent batches, in milliseconds.
+    pub(crate) latency_p99_ms: Option<f64>,
+    /// Reader/writer restarts after failures.
+    pub(crate) restarts: u64,
+}
+
+/// Builds the status document from the control plane's view and this node's pipeline stats.
+pub(crate) fn status_view(node: NodeId, cluster: ClusterStatus, local: &[UnitStats]) -> StatusView {
+    let units = cluster
+        .units
+        .into_iter()
+        .map(|unit| {
+            let live = local
+                .iter()
+                .find(|s| s.unit == unit.unit && unit.owner == Some(node))
+                .map(|s| live_view(node, s));
+            UnitView {
+                owner: unit.owner,
+                epoch: unit.epoch,
+                confirmed_offset: unit.progress.confirmed,
+                counters: unit.progress.counters,
+                release_requested: unit.release_requested,
+                retired: unit.retired,
+                unit: unit.unit,
+                live,
+            }
+        })
+        .collect();
+    StatusView {
+        node,
+        leader: cluster.leader,
+        term: cluster.term,
+        applied_index: cluster.applied_index,
+        members: cluster.members,
+        units,
+    }
+}
+
+fn live_view(node: NodeId, stats: &UnitStats) -> LiveView {
+    let mut samples: Vec<Duration> = stats.latency_samples.clone();
+    samples.sort_unstable();
+    let quantile = |q: f64| -> Option<f64> {
+        if samples.is_empty() {
+            return None;
+        }
+        let index = ((samples.len() - 1) as f64 * q).round() as usize;
+        samples.get(index).map(|d| d.as_secs_f64() * 1000.0)
+    };
+    LiveView {
+        node,
+        upstream_end_offset: stats.upstream_end,
+        lag: stats.lag,
+        rate: stats.messages_per_second,
+        latency_p50_ms: quantile(0.5),
+        latency_p99_ms: quantile(0.99),
+        restarts: stats.restarts,
+    }
+}
+
+async fn local_stats(state: &AdminState) -> Vec<UnitStats> {
+    match &state.pipeline {
+        Some(pipeline) => pipeline.stats().await.unwrap_or_else(|e| {
+            warn!(error = %e, "cannot read pipeline stats");
+            Vec::new()
+        }),
+        None => Vec::new(),
+    }
+}
+
+/// `GET /status`.
+async fn status(State(state): State<AdminState>) -> Response {
+    match state.control.status().await {
+        Ok(cluster) => {
+            let local = local_stats(&state).await;
+            Json(status_view(state.control.node_id(), cluster, &local)).into_response()
+        }
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cluster status unavailable: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /metrics`: Prometheus text format.
+async fn metrics(State(state): State<AdminState>) -> Response {
+    let local = local_stats(&state).await;
+    let control = state.control.metrics();
+    match state.metrics.render(&control, &local) {
+        Ok(text) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
+}
+
+/// Body of `POST /cluster/members`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct AddMember {
+    /// The new node's id.
+    pub(crate) id: NodeId,
+    /// Its Raft `host:port`.
+    pub(crate) raft_addr: String,
+    /// Its admin API `host:port`.
+    pub(crate) api_addr: String,
+}
+
+/// Checks `Authorization: Bearer <token>` against the configured tokens; logs refusals.
+fn authorise(state: &AdminState, headers: &HeaderMap, action: &str) -> Result<(), Response> {
+    let presented = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let accepted = presented.is_some_and(|token| {
+        state
+            .tokens
+            .iter()
+            .any(|expected| constant_time_eq(expected.as_bytes(), token.as_bytes()))
+    });
+    if accepted {
+        Ok(())
+    } else {
+        warn!(
+            action,
+            presented = presented.is_some(),
+            "admin call refused: wrong or missing token"
+        );
+        Err((StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n").into_response())
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = u8::from(a.len() != b.len());
+    for (i, x) in a.iter().enumerate() {
+        diff |= x ^ b.get(i).copied().unwrap_or(!*x);
+    }
+    diff == 0
+}
+
+/// `POST /cluster/members`: adds a node (learner, then voter).
+async fn add_member(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    Json(body): Json<AddMember>,
+) -> Response {
+    if let Err(refused) = authorise(&state, &headers, "add_member") {
+        return refused;
+    }
+    info!(member = body.id, raft = %body.raft_addr, "adding member");
+    match state
+        .control
+        .add_member(body.id, body.raft_addr, body.api_addr)
+        .await
+    {
+        Ok(()) => (StatusCode::OK, format!("member {} added\n", body.id)).into_response(),
+        Err(e) => (
+            StatusCode::CONFLICT,
+            format!("cannot add member {}: {e}\n", body.id),
+        )
+            .into_response(),
+    }
+}
+
+/// `DELETE /cluster/members/{id}`: drains the node's units, then removes it.
+async fn remove_member(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    Path(id): Path<NodeId>,
+) -> Response {
+    if let Err(refused) = authorise(&state, &headers, "remove_member") {
+        return refused;
+    }
+    info!(member = id, "removing member");
+    match state.control.remove_member(id).await {
+        Ok(()) => (StatusCode::OK, format!("member {id} removed\n")).into_response(),
+        Err(e) => (
+            StatusCode::CONFLICT,
+            format!("cannot remove member {id}: {e}\n"),
+        )
+            .into_response(),
+    }
+}

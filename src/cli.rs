@@ -1,0 +1,95 @@
+//! The subcommands and their arguments. Each `--help` carries examples.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::exit::Failure;
+use crate::logging::LogFormat;
+
+/// Highly available replication of Apache Iggy topics between clusters.
+#[derive(Debug, Parser)]
+#[command(name = "iggy-replicator", version, about, long_about = None)]
+pub(crate) struct Cli {
+    /// Log line format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
+    pub(crate) log_format: LogFormat,
+    /// Log filter (e.g. `info`, `debug`, `replicator_pipeline=debug`); default `RUST_LOG` or `info`.
+    #[arg(long, global = true)]
+    pub(crate) log_level: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// See it work: two in-process Iggy servers, a three-node replicator cluster, a producer,
+    /// a node killed halfway, and a final verification. Needs nothing installed.
+    #[command(
+        after_help = "Examples:\n  iggy-replicator demo\n  iggy-replicator demo --messages 500000 --rate 50000\n  iggy-replicator demo --source-url iggy://iggy:iggy@127.0.0.1:8090 --target-url iggy://iggy:iggy@127.0.0.1:8091"
+    )]
+    Demo(crate::demo::DemoArgs),
+    /// Check a config file and exit: 0 when valid, 2 with every problem listed otherwise.
+    #[command(
+        after_help = "Example:\n  iggy-replicator check-config --config /etc/iggy-replicator/replicator.toml"
+    )]
+    CheckConfig {
+        /// The node's config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Run one replicator node (a member of the Raft cluster) until SIGTERM/Ctrl-C, then drain.
+    #[command(
+        after_help = "Example:\n  REPLICATOR_SECRET=... iggy-replicator run --config /etc/iggy-replicator/replicator.toml"
+    )]
+    Run {
+        /// The node's config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Compare upstream and downstream partition by partition; exit 0 only for an exact copy (3 otherwise).
+    #[command(
+        after_help = "Examples:\n  iggy-replicator verify --config replicator.toml\n  iggy-replicator verify --config replicator.toml --flow us-to-eu --wait 60s"
+    )]
+    Verify {
+        /// A node's config file (its clusters and flows are used).
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Only this flow (default: every flow).
+        #[arg(long)]
+        flow: Option<String>,
+        /// Keep re-checking for up to this long while the downstream catches up (e.g. `30s`).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+        wait: std::time::Duration,
+    },
+    /// Run the Iggy-compatible test server (speaks the Iggy 0.8 TCP protocol) for local experiments.
+    #[command(after_help = "Example:\n  iggy-replicator dev-server --port 8090 --data-in-memory")]
+    DevServer(replicator_testkit::dev_server::DevServerArgs),
+}
+
+/// Runs one subcommand to completion.
+pub(crate) async fn dispatch(command: Command) -> Result<(), Failure> {
+    match command {
+        Command::CheckConfig { config } => {
+            let loaded = replicator_config::load_file(&config)?;
+            println!(
+                "{}: valid (node {}, {} flow(s), {} cluster alias(es))",
+                config.display(),
+                loaded.node.id,
+                loaded.flows.len(),
+                loaded.clusters.len()
+            );
+            Ok(())
+        }
+        Command::Demo(args) => crate::demo::run(args).await,
+        Command::Run { config } => crate::run::run(&config).await,
+        Command::Verify { config, flow, wait } => {
+            crate::verify::run(&config, flow.as_deref(), wait).await
+        }
+        Command::DevServer(args) => replicator_testkit::dev_server::run(args)
+            .await
+            .map_err(|e| Failure::runtime(format!("dev server failed: {e}"), "is the port free?")),
+    }
+}

@@ -1,0 +1,719 @@
+//! `iggy-replicator demo`: the whole product in one process. Two Iggy-compatible servers
+//! (or real ones given by URL), a three-node replicator cluster, a producer, live
+//! progress, a node killed halfway, and a final `verify`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use iggy::prelude::{
+    Client, CompressionAlgorithm, HeaderKey, HeaderValue, Identifier, IggyClient, IggyExpiry,
+    IggyMessage, MaxTopicSize, MessageClient, Partitioning, StreamClient, TopicClient,
+};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use replicator_model::{NodeId, WorkUnit};
+use replicator_pipeline::verify::{verify, VerifyParams};
+use replicator_testkit::{TestServer, TestServerConfig};
+use tokio::task::JoinHandle;
+
+use crate::exit::Failure;
+use crate::node::{NodeListeners, RunningNode};
+use crate::verify::print_report;
+use crate::wiring::pipeline_params;
+
+/// Options of `demo`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct DemoArgs {
+    /// Keep the nodes' data (Raft logs) in this directory after the demo; by default a
+    /// temporary directory is used and removed at the end.
+    #[arg(long)]
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Messages to produce in total.
+    #[arg(long, default_value_t = 120_000)]
+    pub(crate) messages: u64,
+    /// Produce rate in messages per second.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) rate: u64,
+    /// Use this Iggy server as the source instead of an in-process one
+    /// (e.g. `iggy://iggy:iggy@127.0.0.1:8090`); the demo creates and deletes its own stream.
+    #[arg(long)]
+    pub(crate) source_url: Option<String>,
+    /// Use this Iggy server as the target instead of an in-process one.
+    #[arg(long)]
+    pub(crate) target_url: Option<String>,
+    /// Do not kill a node halfway.
+    #[arg(long)]
+    pub(crate) no_failover: bool,
+}
+
+/// Topics of the demo stream and their partition counts.
+const TOPICS: [(&str, u32); 3] = [("orders", 6), ("payments", 3), ("clicks", 3)];
+/// Messages per send of the producer.
+const PRODUCE_BATCH: u64 = 100;
+/// How long the cluster may take to copy everything once the producer is done.
+const CATCH_UP_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Everything the demo started, so that every exit path stops it.
+struct Demo {
+    servers: Vec<TestServer>,
+    nodes: Vec<Option<RunningNode>>,
+    producer: Option<JoinHandle<Result<(), String>>>,
+    /// Temporary data dir, removed on drop.
+    _temp: Option<tempfile::TempDir>,
+    /// Stream created on external servers, deleted at the end.
+    external_stream: Option<(String, Vec<String>)>,
+}
+
+/// Runs the demo; `Ok` when the final verification finds an exact copy.
+pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
+    let mut demo = Demo {
+        servers: Vec::new(),
+        nodes: Vec::new(),
+        producer: None,
+        _temp: None,
+        external_stream: None,
+    };
+    let outcome = tokio::select! {
+        outcome = demo.play(&args) => outcome,
+        _ = tokio::signal::ctrl_c() => {
+            println!("\ninterrupted: stopping everything");
+            Err(Failure::runtime("demo interrupted", "run it again without Ctrl-C"))
+        }
+    };
+    demo.stop().await;
+    outcome
+}
+
+impl Demo {
+    async fn play(&mut self, args: &DemoArgs) -> Result<(), Failure> {
+        let started = Instant::now();
+        let data_dir = match &args.data_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    Failure::runtime(
+                        format!("cannot create {}: {e}", dir.display()),
+                        "choose a writable --data-dir",
+                    )
+                })?;
+                dir.clone()
+            }
+            None => {
+                let temp = tempfile::Builder::new()
+                    .prefix("iggy-replicator-demo-")
+                    .tempdir()
+                    .map_err(|e| {
+                        Failure::runtime(
+                            format!("cannot create a temporary directory: {e}"),
+                            "pass --data-dir",
+                        )
+                    })?;
+                let path = temp.path().to_owned();
+                self._temp = Some(temp);
+                path
+            }
+        };
+
+        let source = self.server_url(args.source_url.as_deref()).await?;
+        let target = self.server_url(args.target_url.as_deref()).await?;
+        let external = args.source_url.is_some() || args.target_url.is_some();
+        let stream = if external {
+            format!("replicator-demo-{}", std::process::id())
+        } else {
+            "demo".to_owned()
+        };
+        println!("source cluster \"us\": {}", redact(&source));
+        println!("target cluster \"eu\": {}", redact(&target));
+
+        let producer_client = connect(&source).await?;
+        create_topics(&producer_client, &stream).await?;
+        if external {
+            self.external_stream = Some((stream.clone(), vec![source.clone(), target.clone()]));
+        }
+
+        // Three nodes on loopback ports picked by the OS.
+        let mut listeners = Vec::new();
+        for _ in 0..3 {
+            let raft = std::net::TcpListener::bind("127.0.0.1:0").map_err(io_failure)?;
+            let api = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .map_err(io_failure)?;
+            listeners.push((raft, api));
+        }
+        let raft_addrs: Vec<String> = listeners
+            .iter()
+            .map(|(raft, _)| raft.local_addr().map(|a| a.to_string()))
+            .collect::<Result<_, _>>()
+            .map_err(io_failure)?;
+        let secret = format!("demo-secret-{:016x}", rand::random::<u64>());
+        let mut configs = Vec::new();
+        for (index, (_, api)) in listeners.iter().enumerate() {
+            let id = index as u64 + 1;
+            let api_addr = api.local_addr().map_err(io_failure)?;
+            let text = node_config(NodeConfigText {
+                id,
+                data_dir: &data_dir.join(format!("node-{id}")),
+                raft_addrs: &raft_addrs,
+                api_addr: &api_addr.to_string(),
+                secret: &secret,
+                source: &source,
+                target: &target,
+                stream: &stream,
+            });
+            let config = replicator_config::parse_str(&text, &format!("demo node {id}"), |_| None)
+                .map_err(Failure::from)?;
+            configs.push(config);
+        }
+        for ((raft, api), config) in listeners.into_iter().zip(&configs) {
+            let node = RunningNode::start(config, Some(NodeListeners { raft, api })).await?;
+            println!(
+                "node {} started: raft {}  admin http://{}/status",
+                node.id, config.node.raft_addr, node.api_addr
+            );
+            self.nodes.push(Some(node));
+        }
+        let total_partitions: u32 = TOPICS.iter().map(|(_, p)| p).sum();
+        self.wait_for_assignment(total_partitions as usize).await?;
+        println!(
+            "cluster ready after {:.1} s: {} partitions spread over 3 nodes",
+            started.elapsed().as_secs_f64(),
+            total_partitions
+        );
+
+        // Producer.
+        let produced = Arc::new(AtomicU64::new(0));
+        self.producer = Some(tokio::spawn(produce(
+            producer_client,
+            stream.clone(),
+            args.messages,
+            args.rate.max(1),
+            produced.clone(),
+        )));
+
+        // Progress until everything is copied.
+        let target_client = connect(&target).await?;
+        let downstream_stream = stream.clone();
+        let progress = Progress::new(args.messages);
+        let mut failover: Option<Failover> = None;
+        let mut failover_time: Option<Duration> = None;
+        let mut producer_done_at: Option<Instant> = None;
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let produced_now = produced.load(Ordering::Relaxed);
+            let replicated = downstream_count(&target_client, &downstream_stream).await;
+            progress.update(produced_now, replicated);
+            progress.nodes(&self.node_lines().await);
+
+            if !args.no_failover && failover.is_none() && produced_now >= args.messages / 2 {
+                failover = Some(self.kill_leader(&progress).await?);
+            }
+            if let (Some(f), None) = (&failover, failover_time) {
+                if self.failover_complete(f).await {
+                    let took = f.killed_at.elapsed();
+                    failover_time = Some(took);
+                    progress.println(format!(
+                        "failover: the {} partitions of node {} were written again by their new owners {:.2} s after the kill",
+                        f.units.len(),
+                        f.node,
+                        took.as_secs_f64()
+                    ));
+                }
+            }
+            if let Some(producer) = &self.producer {
+                if producer.is_finished() && producer_done_at.is_none() {
+                    producer_done_at = Some(Instant::now());
+                    if let Some(handle) = self.producer.take() {
+                        match handle.await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => {
+                                return Err(Failure::runtime(
+                                    format!("producer failed: {e}"),
+                                    "check the source server",
+                                ))
+                            }
+                            Err(e) => {
+                                return Err(Failure::runtime(
+                                    format!("producer task failed: {e}"),
+                                    "report a bug",
+                                ))
+                            }
+                        }
+                    }
+                }
+            }
+            let producer_finished = self.producer.is_none();
+            if producer_finished && replicated >= args.messages {
+                break;
+            }
+            if producer_done_at.is_some_and(|t| t.elapsed() > CATCH_UP_DEADLINE) {
+                progress.finish();
+                return Err(Failure::runtime(
+                    format!(
+                        "the copy did not catch up within {} s ({replicated} of {} messages)",
+                        CATCH_UP_DEADLINE.as_secs(),
+                        args.messages
+                    ),
+                    "look at the warnings above; `iggy-replicator verify` shows what is missing",
+                ));
+            }
+        }
+        progress.finish();
+        println!(
+            "replicated {} messages in {:.1} s",
+            args.messages,
+            started.elapsed().as_secs_f64()
+        );
+        if let Some(took) = failover_time {
+            println!(
+                "failover time (kill → first write by the new owners): {:.2} s",
+                took.as_secs_f64()
+            );
+        }
+
+        // Verify.
+        let flow = pipeline_params(&configs[0]).flows.remove(0);
+        let mut params = VerifyParams::new(flow.clone(), source.clone(), target.clone());
+        params.wait = Duration::from_secs(10);
+        let report = verify(&params).await.map_err(|e| {
+            Failure::runtime(format!("verification failed: {e}"), "check both servers")
+        })?;
+        print_report(&flow.name, &report);
+        if report.is_exact() {
+            println!(
+                "result: exact copy — every message once, in order, ids, payloads, headers and timestamps preserved ({:.1} s in all)",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        } else {
+            Err(Failure::not_exact("the downstream copy is not exact"))
+        }
+    }
+
+    /// An in-process server's URL, or the given external one.
+    async fn server_url(&mut self, external: Option<&str>) -> Result<String, Failure> {
+        if let Some(url) = external {
+            return Ok(url.to_owned());
+        }
+        let server = TestServer::start(TestServerConfig::default())
+            .await
+            .map_err(|e| {
+                Failure::runtime(
+                    format!("cannot start an in-process Iggy server: {e}"),
+                    "is loopback available?",
+                )
+            })?;
+        let url = server.connection_string();
+        self.servers.push(server);
+        Ok(url)
+    }
+
+    async fn wait_for_assignment(&self, units: usize) -> Result<(), Failure> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(node) = self.nodes.iter().flatten().next() {
+                if let Ok(status) = node.control.status().await {
+                    let assigned = status
+                        .units
+                        .iter()
+                        .filter(|u| u.owner.is_some() && !u.retired)
+                        .count();
+                    if status.leader.is_some() && assigned >= units {
+                        return Ok(());
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(Failure::runtime(
+            "the cluster did not assign every partition within 30 s",
+            "run with --log-level debug to see the control plane",
+        ))
+    }
+
+    /// One line per live node: units, lag, rate.
+    async fn node_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for node in self.nodes.iter().flatten() {
+            let stats = node.pipeline.stats().await.unwrap_or_default();
+            let lag: u64 = stats.iter().filter_map(|s| s.lag).sum();
+            let rate: f64 = stats.iter().map(|s| s.messages_per_second).sum();
+            let leader = node.control.metrics().is_leader;
+            lines.push(format!(
+                "node {}{}: {:>2} partitions  lag {:>6}  {:>7.0} msg/s",
+                node.id,
+                if leader { " (leader)" } else { "" },
+                stats.len(),
+                lag,
+                rate
+            ));
+        }
+        lines
+    }
+
+    /// Kills the Raft leader (the hardest case: leader election plus partition failover).
+    async fn kill_leader(&mut self, progress: &Progress) -> Result<Failover, Failure> {
+        let leader = self
+            .nodes
+            .iter()
+            .flatten()
+            .find(|n| n.control.metrics().is_leader)
+            .map(|n| n.id)
+            .or_else(|| self.nodes.iter().flatten().next().map(|n| n.id))
+            .ok_or_else(|| Failure::runtime("no node left to kill", "report a bug"))?;
+        let status = self
+            .nodes
+            .iter()
+            .flatten()
+            .find(|n| n.id == leader)
+            .map(|n| n.control.clone());
+        let mut units = BTreeMap::new();
+        if let Some(control) = status {
+            if let Ok(status) = control.status().await {
+                for unit in status.units.into_iter().filter(|u| u.owner == Some(leader)) {
+                    units.insert(unit.unit, unit.progress.confirmed);
+                }
+            }
+        }
+        let slot = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.as_ref().is_some_and(|n| n.id == leader))
+            .and_then(Option::take);
+        let killed_at = Instant::now();
+        if let Some(node) = slot {
+            node.crash().await;
+        }
+        progress.println(format!(
+            "killed node {leader} (the Raft leader, owner of {} partitions) without warning",
+            units.len()
+        ));
+        Ok(Failover {
+            node: leader,
+            units,
+            killed_at,
+        })
+    }
+
+    /// Whether every unit of the killed node has a new owner that confirmed a write past
+    /// where the killed node stopped.
+    async fn failover_complete(&self, failover: &Failover) -> bool {
+        let Some(node) = self.nodes.iter().flatten().next() else {
+            return false;
+        };
+        let Ok(status) = node.control.status().await else {
+            return false;
+        };
+        failover.units.iter().all(|(unit, before)| {
+            status.units.iter().any(|u| {
+                &u.unit == unit
+                    && u.owner.is_some_and(|o| o != failover.node)
+                    && u.progress.confirmed > *before
+            })
+        })
+    }
+
+    /// Stops whatever is running, in order: producer, nodes (graceful), servers, streams.
+    async fn stop(&mut self) {
+        if let Some(producer) = self.producer.take() {
+            producer.abort();
+            let _ = producer.await;
+        }
+        for node in self.nodes.iter_mut().filter_map(Option::take) {
+            node.shutdown().await;
+        }
+        if let Some((stream, urls)) = self.external_stream.take() {
+            for url in urls {
+                if let Ok(client) = connect(&url).await {
+                    if let Ok(id) = Identifier::named(&stream) {
+                        let _ = client.delete_stream(&id).await;
+                    }
+                    let _ = client.shutdown().await;
+                }
+            }
+        }
+        for server in self.servers.drain(..) {
+            server.shutdown().await;
+        }
+    }
+}
+
+/// What was killed and what it owned (unit → confirmed offset at the kill).
+struct Failover {
+    node: NodeId,
+    units: BTreeMap<WorkUnit, Option<u64>>,
+    killed_at: Instant,
+}
+
+struct NodeConfigText<'a> {
+    id: u64,
+    data_dir: &'a std::path::Path,
+    raft_addrs: &'a [String],
+    api_addr: &'a str,
+    secret: &'a str,
+    source: &'a str,
+    target: &'a str,
+    stream: &'a str,
+}
+
+/// A node's config file, as an operator would write it.
+fn node_config(c: NodeConfigText<'_>) -> String {
+    let members = c
+        .raft_addrs
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| format!("{} = \"{addr}\"", i + 1))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        r#"
+[node]
+id = {id}
+data_dir = {data_dir:?}
+raft_addr = "{raft}"
+api_addr = "{api}"
+
+[cluster]
+secret = "{secret}"
+initial_members = {{ {members} }}
+
+[clusters.us]
+url = "{source}"
+
+[clusters.eu]
+url = "{target}"
+
+[[flows]]
+name = "us-to-eu"
+source = "us"
+target = "eu"
+include = ["{stream}/*"]
+poll_interval = "2ms"
+
+[pipeline]
+discovery_interval = "1s"
+"#,
+        id = c.id,
+        data_dir = c.data_dir.display().to_string(),
+        raft = c.raft_addrs[(c.id - 1) as usize],
+        api = c.api_addr,
+        secret = c.secret,
+        source = c.source,
+        target = c.target,
+        stream = c.stream,
+    )
+}
+
+async fn connect(url: &str) -> Result<IggyClient, Failure> {
+    let client = IggyClient::from_connection_string(url)
+        .map_err(|e| Failure::config(format!("invalid Iggy URL {}: {e}", redact(url))))?;
+    client.connect().await.map_err(|e| {
+        Failure::runtime(
+            format!("cannot connect to {}: {e}", redact(url)),
+            "is the server running and are the credentials right?",
+        )
+    })?;
+    Ok(client)
+}
+
+async fn create_topics(client: &IggyClient, stream: &str) -> Result<(), Failure> {
+    let fail = |e: iggy::prelude::IggyError| {
+        Failure::runtime(
+            format!("cannot create the demo topics: {e}"),
+            "check the source server's permissions",
+        )
+    };
+    let stream_id = Identifier::named(stream).map_err(fail)?;
+    if client.get_stream(&stream_id).await.map_err(fail)?.is_none() {
+        client.create_stream(stream).await.map_err(fail)?;
+    }
+    for (topic, partitions) in TOPICS {
+        let topic_id = Identifier::named(topic).map_err(fail)?;
+        if client
+            .get_topic(&stream_id, &topic_id)
+            .await
+            .map_err(fail)?
+            .is_none()
+        {
+            client
+                .create_topic(
+                    &stream_id,
+                    topic,
+                    partitions,
+                    CompressionAlgorithm::None,
+                    None,
+                    IggyExpiry::NeverExpire,
+                    MaxTopicSize::ServerDefault,
+                )
+                .await
+                .map_err(fail)?;
+        }
+    }
+    Ok(())
+}
+
+/// Produces `total` messages at about `rate` per second, round robin over every partition,
+/// each with a unique id, a user header and a payload of 200 bytes.
+async fn produce(
+    client: IggyClient,
+    stream: String,
+    total: u64,
+    rate: u64,
+    produced: Arc<AtomicU64>,
+) -> Result<(), String> {
+    let stream_id = Identifier::named(&stream).map_err(|e| e.to_string())?;
+    let slots: Vec<(Identifier, u32)> = TOPICS
+        .iter()
+        .flat_map(|(topic, partitions)| {
+            let id = Identifier::named(topic);
+            (0..*partitions).map(move |p| (id.clone(), p))
+        })
+        .map(|(id, p)| id.map(|id| (id, p)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let kind = HeaderKey::from_str("source").map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut sent = 0u64;
+    let mut slot = 0usize;
+    while sent < total {
+        let batch = PRODUCE_BATCH.min(total - sent);
+        let (topic_id, partition) = &slots[slot % slots.len()];
+        slot += 1;
+        let mut messages = Vec::with_capacity(batch as usize);
+        for i in sent..sent + batch {
+            let mut payload = format!("demo message {i} ").into_bytes();
+            payload.resize(200, b'.');
+            let mut headers = BTreeMap::new();
+            headers.insert(
+                kind.clone(),
+                HeaderValue::from_str("demo").map_err(|e| e.to_string())?,
+            );
+            let message = IggyMessage::builder()
+                .id(u128::from(i) + 1)
+                .payload(Bytes::from(payload))
+                .user_headers(headers)
+                .build()
+                .map_err(|e| e.to_string())?;
+            messages.push(message);
+        }
+        client
+            .send_messages(
+                &stream_id,
+                topic_id,
+                &Partitioning::partition_id(*partition),
+                &mut messages,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        sent += batch;
+        produced.store(sent, Ordering::Relaxed);
+        // Pace to the rate: sleep until the time this many messages are due.
+        let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+        if let Some(ahead) = due.checked_sub(started.elapsed()) {
+            tokio::time::sleep(ahead).await;
+        }
+    }
+    let _ = client.shutdown().await;
+    Ok(())
+}
+
+/// Messages stored downstream in the demo stream (0 while it does not exist yet).
+async fn downstream_count(client: &IggyClient, stream: &str) -> u64 {
+    let Ok(stream_id) = Identifier::named(stream) else {
+        return 0;
+    };
+    match client.get_stream(&stream_id).await {
+        Ok(Some(details)) => details.topics.iter().map(|t| t.messages_count).sum(),
+        _ => 0,
+    }
+}
+
+/// Live progress: bars on a terminal, milestone lines always.
+struct Progress {
+    bars: MultiProgress,
+    produced: ProgressBar,
+    replicated: ProgressBar,
+    nodes: Vec<ProgressBar>,
+}
+
+impl Progress {
+    fn new(total: u64) -> Self {
+        let bars = MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(5));
+        let style = ProgressStyle::with_template("{prefix:>11} [{bar:40}] {pos:>7}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+        let produced = bars.add(
+            ProgressBar::new(total)
+                .with_style(style.clone())
+                .with_prefix("produced"),
+        );
+        let replicated = bars.add(
+            ProgressBar::new(total)
+                .with_style(style)
+                .with_prefix("replicated"),
+        );
+        let nodes = (0..3)
+            .map(|_| {
+                bars.add(
+                    ProgressBar::new_spinner()
+                        .with_style(
+                            ProgressStyle::with_template("{prefix:>11} {msg}")
+                                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                        )
+                        .with_prefix(""),
+                )
+            })
+            .collect();
+        Self {
+            bars,
+            produced,
+            replicated,
+            nodes,
+        }
+    }
+
+    fn update(&self, produced: u64, replicated: u64) {
+        self.produced.set_position(produced);
+        self.replicated.set_position(replicated);
+    }
+
+    fn nodes(&self, lines: &[String]) {
+        for (bar, line) in self
+            .nodes
+            .iter()
+            .zip(lines.iter().map(Some).chain(std::iter::repeat(None)))
+        {
+            bar.set_message(line.cloned().unwrap_or_default());
+        }
+    }
+
+    /// Prints a milestone above the bars (and plainly when stderr is no terminal).
+    fn println(&self, line: String) {
+        if self.bars.is_hidden() {
+            println!("{line}");
+        } else {
+            let _ = self.bars.println(line);
+        }
+    }
+
+    fn finish(&self) {
+        self.produced.finish();
+        self.replicated.finish();
+        for bar in &self.nodes {
+            bar.finish();
+        }
+    }
+}
+
+fn redact(url: &str) -> String {
+    replicator_config::ClusterUrl::new(url).redacted()
+}
+
+fn io_failure(e: std::io::Error) -> Failure {
+    Failure::runtime(
+        format!("cannot bind a loopback port: {e}"),
+        "is loopback available?",
+    )
+}

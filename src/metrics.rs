@@ -1,0 +1,248 @@
+//! Prometheus metrics of one node, rendered at every scrape from the control plane's
+//! counters and the pipeline's per-unit meters.
+//!
+//! Counters are fed by deltas between scrapes, so they only ever grow; a unit whose meters
+//! restarted (it moved away and came back) counts from its new baseline. Label sets are
+//! bounded by the units this node runs (at most the cluster's partitions).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use replicator_control::ControlMetrics;
+use replicator_model::WorkUnit;
+use replicator_pipeline::UnitStats;
+
+/// Labels of per-unit series.
+type UnitLabels = Vec<(&'static str, String)>;
+
+fn unit_labels(unit: &WorkUnit) -> UnitLabels {
+    vec![
+        ("flow", unit.flow.clone()),
+        ("stream", unit.stream.clone()),
+        ("topic", unit.topic.clone()),
+        ("partition", unit.partition.to_string()),
+    ]
+}
+
+/// The node's metric families and what the previous scrape saw.
+pub(crate) struct Metrics {
+    /// Registry and last-seen values; one scrape at a time.
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    messages: Family<UnitLabels, Counter>,
+    bytes: Family<UnitLabels, Counter>,
+    gaps: Family<UnitLabels, Counter>,
+    lag: Family<UnitLabels, Gauge>,
+    restarts: Family<Vec<(&'static str, String)>, Counter>,
+    units_owned: Gauge,
+    term: Gauge,
+    leader: Gauge,
+    commit_index: Gauge,
+    applied_index: Gauge,
+    lease_renewals: Counter,
+    fenced_commits: Counter,
+    /// (series, unit) → the meter value at the previous scrape.
+    seen: HashMap<(&'static str, WorkUnit), u64>,
+    /// Control counters at the previous scrape.
+    seen_control: (u64, u64),
+    /// Units with a lag series, to drop the series of units that left this node.
+    lag_units: BTreeSet<WorkUnit>,
+}
+
+impl Metrics {
+    /// Registers every family under the `iggy_replicator_` prefix.
+    pub(crate) fn new() -> Self {
+        let mut registry = Registry::with_prefix("iggy_replicator");
+        let messages = Family::<UnitLabels, Counter>::default();
+        let bytes = Family::<UnitLabels, Counter>::default();
+        let gaps = Family::<UnitLabels, Counter>::default();
+        let lag = Family::<UnitLabels, Gauge>::default();
+        let restarts = Family::<Vec<(&'static str, String)>, Counter>::default();
+        let units_owned = Gauge::default();
+        let term = Gauge::default();
+        let leader = Gauge::default();
+        let commit_index = Gauge::default();
+        let applied_index = Gauge::default();
+        let lease_renewals = Counter::default();
+        let fenced_commits = Counter::default();
+        registry.register(
+            "messages_copied",
+            "Messages written downstream by this node",
+            messages.clone(),
+        );
+        registry.register(
+            "bytes_copied",
+            "Message bytes (header, payload, user headers) written downstream by this node",
+            bytes.clone(),
+        );
+        registry.register(
+            "gap_events",
+            "Times upstream retention removed messages before they were copied",
+            gaps.clone(),
+        );
+        registry.register(
+            "lag_messages",
+            "Upstream messages not yet copied, per unit this node runs",
+            lag.clone(),
+        );
+        registry.register(
+            "actor_restarts",
+            "Restarts of reader/writer pairs after failures",
+            restarts.clone(),
+        );
+        registry.register(
+            "units_owned",
+            "Work units this node owns",
+            units_owned.clone(),
+        );
+        registry.register("raft_term", "Current Raft term", term.clone());
+        registry.register(
+            "raft_leader",
+            "Node id of the known Raft leader (-1 when none)",
+            leader.clone(),
+        );
+        registry.register(
+            "raft_commit_index",
+            "Index of the last Raft log entry on this node",
+            commit_index.clone(),
+        );
+        registry.register(
+            "raft_applied_index",
+            "Index of the last Raft log entry applied on this node",
+            applied_index.clone(),
+        );
+        registry.register(
+            "lease_renewals",
+            "Ownership lease renewals committed for this node",
+            lease_renewals.clone(),
+        );
+        registry.register(
+            "fenced_commits",
+            "Offset commits rejected because their epoch was stale",
+            fenced_commits.clone(),
+        );
+        Self {
+            inner: Mutex::new(Inner {
+                registry,
+                messages,
+                bytes,
+                gaps,
+                lag,
+                restarts,
+                units_owned,
+                term,
+                leader,
+                commit_index,
+                applied_index,
+                lease_renewals,
+                fenced_commits,
+                seen: HashMap::new(),
+                seen_control: (0, 0),
+                lag_units: BTreeSet::new(),
+            }),
+        }
+    }
+
+    /// Updates every family from the given snapshots and renders the text format.
+    pub(crate) fn render(
+        &self,
+        control: &ControlMetrics,
+        units: &[UnitStats],
+    ) -> Result<String, std::fmt::Error> {
+        let mut inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        inner.update(control, units);
+        let mut text = String::new();
+        encode(&mut text, &inner.registry)?;
+        Ok(text)
+    }
+}
+
+impl Inner {
+    fn update(&mut self, control: &ControlMetrics, units: &[UnitStats]) {
+        let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.units_owned
+            .set(i64::try_from(control.units_owned).unwrap_or(i64::MAX));
+        self.term.set(to_i64(control.term));
+        self.leader.set(control.leader.map_or(-1, to_i64));
+        self.commit_index
+            .set(control.last_log_index.map_or(0, to_i64));
+        self.applied_index
+            .set(control.last_applied.map_or(0, to_i64));
+        let (renewals, fenced) = self.seen_control;
+        self.lease_renewals
+            .inc_by(delta(renewals, control.lease_renewals));
+        self.fenced_commits
+            .inc_by(delta(fenced, control.fenced_commits));
+        self.seen_control = (control.lease_renewals, control.fenced_commits);
+
+        let mut present = BTreeSet::new();
+        for stats in units {
+            let labels = unit_labels(&stats.unit);
+            for (series, value) in [
+                ("messages", stats.messages),
+                ("bytes", stats.bytes),
+                ("gaps", stats.gaps),
+                ("restarts", stats.restarts),
+            ] {
+                let previous = self
+                    .seen
+                    .insert((series, stats.unit.clone()), value)
+                    .unwrap_or(0);
+                let increase = delta(previous, value);
+                match series {
+                    "messages" => self.messages.get_or_create(&labels).inc_by(increase),
+                    "bytes" => self.bytes.get_or_create(&labels).inc_by(increase),
+                    "gaps" => self.gaps.get_or_create(&labels).inc_by(increase),
+                    _ => self
+                        .restarts
+                        .get_or_create(&vec![
+                            ("flow", stats.unit.flow.clone()),
+                            ("role", "reader_writer".to_owned()),
+                        ])
+                        .inc_by(increase),
+                };
+            }
+            if let Some(lag) = stats.lag {
+                self.lag.get_or_create(&labels).set(to_i64(lag));
+                present.insert(stats.unit.clone());
+            }
+        }
+        for gone in self.lag_units.difference(&present) {
+            self.lag.remove(&unit_labels(gone));
+        }
+        self.lag_units = present;
+    }
+}
+
+/// How much a meter grew since the previous scrape; a meter that restarted from zero
+/// contributes its whole new value.
+fn delta(previous: u64, current: u64) -> u64 {
+    if current >= previous {
+        current - previous
+    } else {
+        current
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delta_counts_growth_and_restarts_from_new_baseline() {
+        assert_eq!(delta(10, 15), 5);
+        assert_eq!(delta(10, 10), 0);
+        assert_eq!(delta(10, 3), 3);
+    }
+}

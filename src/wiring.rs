@@ -1,0 +1,149 @@
+//! Turns a validated config into the resolved parameters of the control plane and the
+//! pipeline, and adapts the Raft control handle to the pipeline's narrow `ControlPlane`
+//! trait. This is the only place that knows both crates.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use replicator_config::Config;
+use replicator_control::{ClusterSecret, Control, ControlParams, ControlTiming};
+use replicator_model::{Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit};
+use replicator_pipeline::{
+    BackoffParams, ClusterParams, ControlError, ControlPlane, FlowParams, PipelineParams,
+};
+use tokio::sync::watch;
+
+/// Control-plane timing: the control crate's defaults with the config's overrides.
+pub(crate) fn control_timing(config: &Config) -> ControlTiming {
+    let mut timing = ControlTiming::default();
+    let cluster = &config.cluster;
+    if let Some(expiry) = cluster.lease_expiry {
+        timing.lease_expiry = expiry;
+    }
+    if let Some(renew) = cluster.lease_renew_interval {
+        timing.lease_renew_interval = renew;
+    }
+    if let Some(heartbeat) = cluster.heartbeat_interval {
+        timing.heartbeat_interval = heartbeat;
+    }
+    if let Some(election) = cluster.election_timeout {
+        timing.election_timeout_min = election;
+        timing.election_timeout_max = election * 2;
+    }
+    timing
+}
+
+/// The control plane's parameters; `raft_listener` is pre-bound by the caller when it has one.
+pub(crate) fn control_params(
+    config: &Config,
+    raft_addr: SocketAddr,
+    raft_listener: Option<std::net::TcpListener>,
+) -> ControlParams {
+    ControlParams {
+        node_id: config.node.id,
+        data_dir: config.node.data_dir.clone(),
+        raft_addr,
+        raft_listener,
+        api_addr: config.advertised_api_addr().to_owned(),
+        secret: ClusterSecret::new(config.cluster.secret.expose()),
+        initial_members: config.initial_members(),
+        timing: control_timing(config),
+    }
+}
+
+/// The pipeline's parameters.
+pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
+    let clusters: BTreeMap<String, ClusterParams> = config
+        .clusters
+        .iter()
+        .map(|(alias, cluster)| (alias.clone(), ClusterParams::new(cluster.url.expose())))
+        .collect();
+    let flows = config
+        .flows
+        .iter()
+        .map(|flow| {
+            let mut params = FlowParams::new(
+                flow.name.clone(),
+                flow.source.clone(),
+                flow.target.clone(),
+                flow.include.clone(),
+            );
+            params.exclude = flow.exclude.clone();
+            params.naming = flow.naming;
+            // `Config::problems` rejected unknown words, so this only falls back for a config
+            // that was never validated.
+            params.initial_offset = flow.initial_offset.resolve().unwrap_or_default();
+            params.batch_size = flow.batch_size;
+            params.poll_interval = flow.poll_interval;
+            params.provenance = flow.provenance;
+            params.channel_capacity = flow.max_in_flight_batches;
+            params
+        })
+        .collect();
+    let mut params = PipelineParams::new(config.node.id, clusters, flows);
+    params.discovery_interval = config.pipeline.discovery_interval;
+    params.backoff = BackoffParams {
+        initial: config.pipeline.restart_backoff_min,
+        max: config.pipeline.restart_backoff_max,
+    };
+    params
+}
+
+/// The Raft control handle seen through the pipeline's interface.
+#[derive(Clone)]
+pub(crate) struct RaftControl(pub(crate) Control);
+
+fn control_error(error: replicator_control::Error) -> ControlError {
+    ControlError {
+        transient: error.is_transient(),
+        reason: error.to_string(),
+    }
+}
+
+impl ControlPlane for RaftControl {
+    fn assignments(&self) -> watch::Receiver<Vec<Assignment>> {
+        self.0.assignments()
+    }
+
+    fn lease_valid_until(&self) -> Option<Instant> {
+        self.0.lease_valid_until()
+    }
+
+    fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
+        self.0.progress(unit)
+    }
+
+    fn commit(
+        &self,
+        commits: Vec<OffsetCommit>,
+    ) -> impl Future<Output = Result<Vec<CommitOutcome>, ControlError>> + Send {
+        let control = self.0.clone();
+        async move { control.commit(commits).await.map_err(control_error) }
+    }
+
+    fn report_units(
+        &self,
+        flow: &str,
+        units: Vec<WorkUnit>,
+    ) -> impl Future<Output = Result<(), ControlError>> + Send {
+        let control = self.0.clone();
+        let flow = flow.to_owned();
+        async move {
+            control
+                .report_units(&flow, units)
+                .await
+                .map_err(control_error)
+        }
+    }
+
+    fn release(
+        &self,
+        unit: WorkUnit,
+        epoch: Epoch,
+    ) -> impl Future<Output = Result<(), ControlError>> + Send {
+        let control = self.0.clone();
+        async move { control.release(unit, epoch).await.map_err(control_error) }
+    }
+}
