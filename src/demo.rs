@@ -421,9 +421,9 @@ impl Demo {
             producer.abort();
             let _ = producer.await;
         }
-        for node in self.nodes.iter_mut().filter_map(Option::take) {
-            node.shutdown().await;
-        }
+        let running: Vec<RunningNode> = self.nodes.iter_mut().filter_map(Option::take).collect();
+        let drained = futures::future::join_all(running.into_iter().map(RunningNode::drain)).await;
+        futures::future::join_all(drained.into_iter().map(|n| n.shutdown())).await;
         if let Some((stream, urls)) = self.external_stream.take() {
             for url in urls {
                 if let Ok(client) = connect(&url).await {

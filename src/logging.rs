@@ -13,11 +13,11 @@ pub(crate) enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber; `level` wins over `RUST_LOG`, default `info`.
-pub(crate) fn install(format: LogFormat, level: Option<&str>) -> Result<(), String> {
+/// Installs the global subscriber; `level` wins over `RUST_LOG`, which wins over `default`.
+pub(crate) fn install(format: LogFormat, level: Option<&str>, default: &str) -> Result<(), String> {
     let filter = match level {
         Some(level) => EnvFilter::try_new(level).map_err(|e| e.to_string())?,
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default)),
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

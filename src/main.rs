@@ -17,7 +17,13 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
-    if let Err(error) = logging::install(cli.log_format, cli.log_level.as_deref()) {
+    // The demo prints its own story; library logs would only interleave with its progress
+    // bars, and the errors peers log about the node it kills on purpose are expected.
+    let default_level = match cli.command {
+        cli::Command::Demo(_) => "warn,openraft=off",
+        _ => "info",
+    };
+    if let Err(error) = logging::install(cli.log_format, cli.log_level.as_deref(), default_level) {
         eprintln!("error: cannot install logging: {error}");
         return std::process::ExitCode::from(exit::RUNTIME);
     }

@@ -102,6 +102,14 @@ impl RunningNode {
     /// Graceful stop: admin API, then the pipeline drains (final commits, units released),
     /// then the control plane.
     pub(crate) async fn shutdown(self) {
+        self.drain().await.shutdown().await;
+    }
+
+    /// First half of a graceful stop: stops the admin API and drains the pipeline (final
+    /// commits, units released) while the control plane keeps running. Stopping several
+    /// nodes of one cluster drains them all before any control plane stops, so the drains
+    /// never lose their quorum.
+    pub(crate) async fn drain(self) -> DrainedNode {
         self.admin_stop.cancel();
         if let Err(e) = self.admin_task.await {
             warn!(error = %e, "admin API task failed");
@@ -110,8 +118,10 @@ impl RunningNode {
             Ok(pipeline) => pipeline.shutdown().await,
             Err(_) => warn!("pipeline still shared at shutdown; it stops without draining"),
         }
-        self.control.shutdown().await;
-        info!(node = self.id, "node stopped");
+        DrainedNode {
+            id: self.id,
+            control: self.control,
+        }
     }
 
     /// Stops everything at once without draining, as `kill -9` would.
@@ -123,6 +133,20 @@ impl RunningNode {
             Err(_) => warn!("pipeline still shared at crash"),
         }
         self.control.crash().await;
+    }
+}
+
+/// A node whose pipeline has drained; only its control plane still runs.
+pub(crate) struct DrainedNode {
+    id: NodeId,
+    control: Control,
+}
+
+impl DrainedNode {
+    /// Stops the control plane.
+    pub(crate) async fn shutdown(self) {
+        self.control.shutdown().await;
+        info!(node = self.id, "node stopped");
     }
 }
 

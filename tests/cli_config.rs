@@ -1,0 +1,135 @@
+//! The binary rejects bad config files at start-up with exit code 2 and names the key.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+const VALID: &str = r#"
+[node]
+id = 1
+data_dir = "DATA"
+raft_addr = "127.0.0.1:1"
+api_addr = "127.0.0.1:1"
+
+[cluster]
+secret = "0123456789abcdef-test"
+
+[clusters.us]
+url = "iggy://iggy:iggy@127.0.0.1:1"
+
+[clusters.eu]
+url = "iggy://iggy:iggy@127.0.0.1:2"
+
+[[flows]]
+name = "us-to-eu"
+source = "us"
+target = "eu"
+include = ["orders/*"]
+"#;
+
+fn replicator(args: &[&str], config: &Path) -> std::io::Result<Output> {
+    Command::new(env!("CARGO_BIN_EXE_iggy-replicator"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .env_remove("RUST_LOG")
+        .output()
+}
+
+/// Writes `text` as a config file and runs `command` on it.
+fn run_with(
+    command: &str,
+    text: &str,
+) -> Result<(i32, String), Box<dyn std::error::Error + Send + Sync>> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("replicator.toml");
+    std::fs::write(
+        &path,
+        text.replace("DATA", &dir.path().join("data").display().to_string()),
+    )?;
+    let output = replicator(&[command], &path)?;
+    let code = output.status.code().ok_or("killed by a signal")?;
+    Ok((code, String::from_utf8_lossy(&output.stderr).into_owned()))
+}
+
+fn assert_rejected(text: &str, key: &str) -> TestResult {
+    for command in ["run", "check-config"] {
+        let (code, stderr) = run_with(command, text)?;
+        assert_eq!(code, 2, "{command}: exit code for {key}; stderr:\n{stderr}");
+        assert!(
+            stderr.contains(key),
+            "{command}: {key} not named in:\n{stderr}"
+        );
+        assert!(stderr.contains("hint:"), "{command}: no hint in:\n{stderr}");
+    }
+    Ok(())
+}
+
+#[test]
+fn valid_config_passes_check() -> TestResult {
+    let (code, stderr) = run_with("check-config", VALID)?;
+    assert_eq!(code, 0, "{stderr}");
+    Ok(())
+}
+
+#[test]
+fn unknown_key_exits_2_naming_it() -> TestResult {
+    assert_rejected(&VALID.replace("include =", "includes ="), "includes")
+}
+
+#[test]
+fn missing_cluster_alias_exits_2_naming_it() -> TestResult {
+    assert_rejected(
+        &VALID.replace("target = \"eu\"", "target = \"asia\""),
+        "flows[0].target",
+    )
+}
+
+#[test]
+fn bad_url_exits_2_naming_it() -> TestResult {
+    assert_rejected(
+        &VALID.replace(
+            "iggy://iggy:iggy@127.0.0.1:2",
+            "iggy://nopassword@127.0.0.1",
+        ),
+        "clusters.eu.url",
+    )
+}
+
+#[test]
+fn bad_glob_exits_2_naming_it() -> TestResult {
+    assert_rejected(
+        &VALID.replace("orders/*", "orders/[x"),
+        "flows[0].include[0]",
+    )
+}
+
+#[test]
+fn unset_environment_variable_exits_2_naming_key_and_variable() -> TestResult {
+    let text = VALID.replace("0123456789abcdef-test", "${IGGY_REPLICATOR_TEST_UNSET_VAR}");
+    assert_rejected(&text, "cluster.secret")?;
+    assert_rejected(&text, "IGGY_REPLICATOR_TEST_UNSET_VAR")
+}
+
+#[test]
+fn missing_file_exits_2() -> TestResult {
+    let output = replicator(&["run"], Path::new("/nonexistent/replicator.toml"))?;
+    assert_eq!(output.status.code(), Some(2));
+    Ok(())
+}
+
+#[test]
+fn credentials_never_reach_the_error_output() -> TestResult {
+    let text = VALID
+        .replace(
+            "iggy://iggy:iggy@127.0.0.1:1",
+            "iggy://admin:SuperSecretPw@127.0.0.1:1",
+        )
+        .replace("target = \"eu\"", "target = \"asia\"");
+    let (code, stderr) = run_with("run", &text)?;
+    assert_eq!(code, 2);
+    assert!(!stderr.contains("SuperSecretPw"), "{stderr}");
+    assert!(!stderr.contains("0123456789abcdef-test"), "{stderr}");
+    Ok(())
+}
