@@ -64,6 +64,24 @@ pub(crate) enum Command {
         #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
         wait: std::time::Duration,
     },
+    /// Show the cluster: members, and every partition with owner, epoch, confirmed offset, lag,
+    /// rate and latency (refreshed live with --watch).
+    #[command(
+        after_help = "Examples:\n  iggy-replicator status --api 10.0.0.1:7180\n  iggy-replicator status --watch --interval 2s"
+    )]
+    Status {
+        #[command(flatten)]
+        api: crate::status::ApiArgs,
+        /// Redraw until Ctrl-C.
+        #[arg(long)]
+        watch: bool,
+        /// Refresh period with --watch.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+        interval: std::time::Duration,
+    },
+    /// Change or show the cluster's membership through a member's admin API.
+    #[command(subcommand)]
+    Cluster(crate::status::ClusterCommand),
     /// Run the Iggy-compatible test server (speaks the Iggy 0.8 TCP protocol) for local experiments.
     #[command(after_help = "Example:\n  iggy-replicator dev-server --port 8090 --data-in-memory")]
     DevServer(replicator_testkit::dev_server::DevServerArgs),
@@ -88,6 +106,12 @@ pub(crate) async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Verify { config, flow, wait } => {
             crate::verify::run(&config, flow.as_deref(), wait).await
         }
+        Command::Status {
+            api,
+            watch,
+            interval,
+        } => crate::status::status(api, watch, interval).await,
+        Command::Cluster(command) => crate::status::cluster(command).await,
         Command::DevServer(args) => replicator_testkit::dev_server::run(args)
             .await
             .map_err(|e| Failure::runtime(format!("dev server failed: {e}"), "is the port free?")),

@@ -10,6 +10,7 @@ mod logging;
 mod metrics;
 mod node;
 mod run;
+mod status;
 mod verify;
 mod wiring;
 
