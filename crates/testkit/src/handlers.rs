@@ -115,6 +115,9 @@ pub(crate) fn handle(
         command::GET_CLIENT => {
             let id = decode(payload, |r| r.u32())?;
             auth(session)?;
+            if id == 0 {
+                return Err(status::INVALID_CLIENT_ID);
+            }
             if let Some(info) = lock(&shared.state.clients).get(&id) {
                 client_record(out, id, info, true);
             }

@@ -58,6 +58,7 @@ pub(crate) mod status {
     pub(crate) const INVALID_CREDENTIALS: u32 = 42;
     pub(crate) const INVALID_USERNAME: u32 = 43;
     pub(crate) const INVALID_PASSWORD: u32 = 44;
+    pub(crate) const INVALID_CLIENT_ID: u32 = 101;
     pub(crate) const STREAM_ID_NOT_FOUND: u32 = 1009;
     pub(crate) const STREAM_NAME_ALREADY_EXISTS: u32 = 1012;
     pub(crate) const INVALID_TOPIC_SIZE: u32 = 1019;

@@ -1521,3 +1521,151 @@ async fn expiry_cleaner_drops_sealed_segments_only() -> TestResult {
     t.stop().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_disconnected_member_leaves_its_group() -> TestResult {
+    let t = Target::new().await;
+    let a = t.client().await;
+    let (s, topic) = stream_with_topic(&a, "leave", 2).await;
+    let (st, tp, gid) = (name(&s), name(&topic), name("g"));
+    a.create_consumer_group(&st, &tp, "g").await?;
+    a.join_consumer_group(&st, &tp, &gid).await?;
+    let b = t.client().await;
+    b.join_consumer_group(&st, &tp, &gid).await?;
+    check!(
+        a.get_consumer_group(&st, &tp, &gid)
+            .await?
+            .expect("group")
+            .members_count
+            == 2
+    );
+    b.shutdown().await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let group = a.get_consumer_group(&st, &tp, &gid).await?.expect("group");
+        if group.members_count == 1 {
+            check!(group.members[0].partitions == vec![0, 1]);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "member never removed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cleanup(&a, &s).await;
+    a.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn data_dir_keeps_streams_messages_and_offsets_across_process_restarts() -> TestResult {
+    if std::env::var("IGGY_CONFORMANCE_URL").is_ok_and(|u| !u.is_empty()) {
+        println!("note: skipping data-dir persistence: needs in-process hooks (IGGY_CONFORMANCE_URL set)");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let config = TestServerConfig {
+        data_dir: Some(dir.path().to_owned()),
+        ..TestServerConfig::default()
+    };
+    let server = TestServer::start(config.clone()).await?;
+    let url = server.connection_string();
+    let client = IggyClient::from_connection_string(&url)?;
+    client.connect().await?;
+    let gone = client.create_stream("gone").await?;
+    let kept = client.create_stream("kept").await?;
+    client
+        .create_topic(
+            &name("kept"),
+            "t",
+            2,
+            CompressionAlgorithm::None,
+            None,
+            IggyExpiry::ServerDefault,
+            MaxTopicSize::ServerDefault,
+        )
+        .await?;
+    let (st, tp) = (name("kept"), name("t"));
+    let mut batch = vec![msg("a"), msg("b"), msg("c")];
+    client
+        .send_messages(&st, &tp, &Partitioning::partition_id(0), &mut batch)
+        .await?;
+    let mut more = vec![msg("d")];
+    client
+        .send_messages(&st, &tp, &Partitioning::partition_id(0), &mut more)
+        .await?;
+    let consumer = Consumer::new(name("c"));
+    client
+        .store_consumer_offset(&consumer, &st, &tp, Some(0), 1)
+        .await?;
+    client.create_consumer_group(&st, &tp, "g").await?;
+    client.delete_stream(&num(gone.id)).await?;
+    server.retention().drop_before("kept", "t", 0, 1)?;
+    let before = poll(
+        &client,
+        "kept",
+        "t",
+        Some(0),
+        PollingStrategy::offset(0),
+        10,
+    )
+    .await?;
+    client.shutdown().await?;
+    server.shutdown().await;
+
+    let server = TestServer::start(config).await?;
+    let client = IggyClient::from_connection_string(&server.connection_string())?;
+    client.connect().await?;
+    let stream = client.get_stream(&st).await?.expect("stream persisted");
+    check!(stream.id == kept.id);
+    check!(client.get_stream(&name("gone")).await?.is_none());
+    let after = poll(
+        &client,
+        "kept",
+        "t",
+        Some(0),
+        PollingStrategy::offset(0),
+        10,
+    )
+    .await?;
+    check!(offsets(&after) == vec![1, 2, 3]);
+    check!(
+        after
+            .messages
+            .iter()
+            .map(IggyMessage::to_bytes)
+            .collect::<Vec<_>>()
+            == before
+                .messages
+                .iter()
+                .map(IggyMessage::to_bytes)
+                .collect::<Vec<_>>(),
+        "stored bytes identical"
+    );
+    let info = client
+        .get_consumer_offset(&consumer, &st, &tp, Some(0))
+        .await?
+        .expect("offset");
+    check!(info.stored_offset == 1);
+    check!(client
+        .get_consumer_group(&st, &tp, &name("g"))
+        .await?
+        .is_some());
+    let mut next = vec![msg("e")];
+    client
+        .send_messages(&st, &tp, &Partitioning::partition_id(0), &mut next)
+        .await?;
+    check!(
+        offsets(&poll(&client, "kept", "t", Some(0), PollingStrategy::last(), 1).await?) == vec![4]
+    );
+    let reused = client.create_stream("new").await?;
+    check!(
+        reused.id == gone.id,
+        "freed stream slot still reused after reload"
+    );
+    client.shutdown().await?;
+    server.shutdown().await;
+    Ok(())
+}
