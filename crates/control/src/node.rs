@@ -427,16 +427,22 @@ fn copy_error(e: &Error) -> Error {
     }
 }
 
-/// Collects commit calls for `commit_batch_interval` and writes them as one entry.
+/// Collects commit calls for `commit_batch_interval` and writes them as one entry; keeps up
+/// to `commit_max_in_flight` batches in flight so a slow write does not hold the next batch.
 pub(crate) async fn run_commit_batcher(
     node: Arc<NodeInner>,
     mut rx: mpsc::Receiver<CommitRequest>,
 ) {
     let timing = node.timing.clone();
+    let mut in_flight = tokio::task::JoinSet::new();
     loop {
+        while in_flight.len() >= timing.commit_max_in_flight.max(1) {
+            in_flight.join_next().await;
+        }
         let first = tokio::select! {
-            () = node.cancel.cancelled() => return,
-            r = rx.recv() => match r { Some(r) => r, None => return },
+            () = node.cancel.cancelled() => break,
+            Some(_) = in_flight.join_next(), if !in_flight.is_empty() => continue,
+            r = rx.recv() => match r { Some(r) => r, None => break },
         };
         let mut count = first.commits.len();
         let mut requests = vec![first];
@@ -453,47 +459,54 @@ pub(crate) async fn run_commit_batcher(
                 },
             }
         }
-        let mut sizes = Vec::with_capacity(requests.len());
-        let mut replies = Vec::with_capacity(requests.len());
-        let mut commits = Vec::with_capacity(count);
-        for r in requests {
-            sizes.push(r.commits.len());
-            commits.extend(r.commits);
-            replies.push(r.reply);
+        in_flight.spawn(write_commit_batch(node.clone(), requests, count));
+    }
+    // Pending callers learn `ShuttingDown` when their reply senders drop with the tasks.
+    in_flight.abort_all();
+    while in_flight.join_next().await.is_some() {}
+}
+
+async fn write_commit_batch(node: Arc<NodeInner>, requests: Vec<CommitRequest>, count: usize) {
+    let mut sizes = Vec::with_capacity(requests.len());
+    let mut replies = Vec::with_capacity(requests.len());
+    let mut commits = Vec::with_capacity(count);
+    for r in requests {
+        sizes.push(r.commits.len());
+        commits.extend(r.commits);
+        replies.push(r.reply);
+    }
+    let cmd = ControlCommand::CommitOffsets {
+        node: node.id,
+        commits,
+    };
+    let result = node.write(&cmd).await;
+    node.counters.commit_batches.fetch_add(1, Ordering::Relaxed);
+    match result {
+        Ok((_, ControlResponse::Commits(outcomes))) if outcomes.len() == count => {
+            let fenced = outcomes
+                .iter()
+                .filter(|o| matches!(o, CommitOutcome::Fenced { .. }))
+                .count();
+            node.counters
+                .fenced_commits
+                .fetch_add(fenced as u64, Ordering::Relaxed);
+            let mut rest = outcomes.into_iter();
+            for (size, reply) in sizes.into_iter().zip(replies) {
+                // A caller that gave up is not an error.
+                let _ = reply.send(Ok(rest.by_ref().take(size).collect()));
+            }
         }
-        let cmd = ControlCommand::CommitOffsets {
-            node: node.id,
-            commits,
-        };
-        let result = node.write(&cmd).await;
-        node.counters.commit_batches.fetch_add(1, Ordering::Relaxed);
-        match result {
-            Ok((_, ControlResponse::Commits(outcomes))) if outcomes.len() == count => {
-                let fenced = outcomes
-                    .iter()
-                    .filter(|o| matches!(o, CommitOutcome::Fenced { .. }))
-                    .count();
-                node.counters
-                    .fenced_commits
-                    .fetch_add(fenced as u64, Ordering::Relaxed);
-                let mut rest = outcomes.into_iter();
-                for (size, reply) in sizes.into_iter().zip(replies) {
-                    // A caller that gave up is not an error.
-                    let _ = reply.send(Ok(rest.by_ref().take(size).collect()));
-                }
+        Ok((_, other)) => {
+            for reply in replies {
+                let _ = reply.send(Err(Error::Raft(format!(
+                    "unexpected commit response {other:?}"
+                ))));
             }
-            Ok((_, other)) => {
-                for reply in replies {
-                    let _ = reply.send(Err(Error::Raft(format!(
-                        "unexpected commit response {other:?}"
-                    ))));
-                }
-            }
-            Err(e) => {
-                tracing::warn!(node = %node.id, error = %e, commits = count, "commit batch failed");
-                for reply in replies {
-                    let _ = reply.send(Err(copy_error(&e)));
-                }
+        }
+        Err(e) => {
+            tracing::warn!(node = %node.id, error = %e, commits = count, "commit batch failed");
+            for reply in replies {
+                let _ = reply.send(Err(copy_error(&e)));
             }
         }
     }

@@ -83,6 +83,8 @@ pub struct ControlTiming {
     pub commit_batch_max: usize,
     /// Capacity of the commit request queue (callers wait when it is full). Default 1024.
     pub commit_queue: usize,
+    /// Commit batches a node keeps in flight at once (openraft pipelines them). Default 4.
+    pub commit_max_in_flight: usize,
     /// Period of the leader's assignment round. Default 100 ms.
     pub assignment_interval: Duration,
     /// How long a write keeps retrying across leader changes. Default 5 s.
@@ -109,6 +111,7 @@ impl Default for ControlTiming {
             commit_batch_interval: Duration::from_millis(5),
             commit_batch_max: 4096,
             commit_queue: 1024,
+            commit_max_in_flight: 4,
             assignment_interval: Duration::from_millis(100),
             write_timeout: Duration::from_secs(5),
             rpc_timeout: Duration::from_secs(1),
