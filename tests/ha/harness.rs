@@ -1,0 +1,903 @@
+//! The harness of the HA scenarios: two in-process Iggy servers (upstream "up", downstream
+//! "down"), replicator nodes as real OS processes of the `iggy-replicator` binary, a paced
+//! producer with unique message ids, `/status` polling, downstream progress probes and
+//! `verify`. Every process is killed by its pid when the [`Cluster`] is dropped, also when a
+//! test fails; the node logs of a failed test are printed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use iggy::prelude::{
+    Client, CompressionAlgorithm, HeaderKey, HeaderValue, Identifier, IggyClient, IggyExpiry,
+    IggyMessage, MaxTopicSize, MessageClient, Partitioning, StreamClient, TopicClient,
+};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use replicator_testkit::{TestServer, TestServerConfig};
+use serde::Deserialize;
+use tokio::task::JoinHandle;
+
+/// What every scenario returns.
+pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Upstream stream replicated by every scenario.
+pub const STREAM: &str = "ha";
+/// Upstream topic replicated by every scenario.
+pub const TOPIC: &str = "events";
+/// Partitions of [`TOPIC`].
+pub const PARTITIONS: u32 = 16;
+/// The one flow of every node's config.
+pub const FLOW: &str = "up-to-down";
+/// Default lease expiry (the scenarios run with the product defaults).
+pub const LEASE_EXPIRY: Duration = Duration::from_secs(2);
+
+/// Node ids are the control plane's `NodeId`.
+pub type NodeId = u64;
+
+/// Runs one scenario alone (a process-wide lock: the scenarios start several processes each
+/// and share two cores with the rest of the suite) on its own multi-threaded runtime.
+pub fn serial<F, Fut>(scenario: F) -> TestResult
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = TestResult>,
+{
+    static LOCK: Mutex<()> = Mutex::new(());
+    // A failed scenario poisons the lock; the next one may still run.
+    let _guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let outcome = runtime.block_on(scenario());
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    outcome
+}
+
+/// A deadline for polling loops, with a description for the error.
+pub struct Deadline {
+    until: Instant,
+    what: String,
+}
+
+impl Deadline {
+    /// A deadline `within` from now for `what`.
+    pub fn new(within: Duration, what: impl Into<String>) -> Self {
+        Self {
+            until: Instant::now() + within,
+            what: what.into(),
+        }
+    }
+
+    /// `Err` once the deadline has passed.
+    pub fn check(&self) -> TestResult {
+        if Instant::now() > self.until {
+            Err(format!("timed out waiting for {}", self.what).into())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Pause between two polls of a condition.
+pub async fn tick() {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// Upstream and downstream Iggy servers, with the replicated topic created upstream.
+pub struct Servers {
+    /// The source cluster ("up").
+    pub upstream: TestServer,
+    /// The target cluster ("down").
+    pub downstream: TestServer,
+}
+
+impl Servers {
+    /// Starts both servers and creates [`STREAM`]/[`TOPIC`] with [`PARTITIONS`] upstream.
+    pub async fn start() -> TestResult<Self> {
+        let upstream = TestServer::start(TestServerConfig::default()).await?;
+        let downstream = TestServer::start(TestServerConfig::default()).await?;
+        let client = connect(&upstream.connection_string()).await?;
+        client.create_stream(STREAM).await?;
+        client
+            .create_topic(
+                &Identifier::named(STREAM)?,
+                TOPIC,
+                PARTITIONS,
+                CompressionAlgorithm::None,
+                None,
+                IggyExpiry::NeverExpire,
+                MaxTopicSize::ServerDefault,
+            )
+            .await?;
+        let _ = client.shutdown().await;
+        Ok(Self {
+            upstream,
+            downstream,
+        })
+    }
+
+    /// Messages per partition upstream.
+    pub fn upstream_counts(&self) -> Vec<u64> {
+        counts(&self.upstream)
+    }
+
+    /// Messages per partition downstream (0 while the topic does not exist yet).
+    pub fn downstream_counts(&self) -> Vec<u64> {
+        counts(&self.downstream)
+    }
+
+    /// Waits until every partition downstream has as many messages as upstream.
+    pub async fn wait_caught_up(&self, within: Duration) -> TestResult<Duration> {
+        let started = Instant::now();
+        let deadline = Deadline::new(within, "the downstream to catch up");
+        loop {
+            let (up, down) = (self.upstream_counts(), self.downstream_counts());
+            if up == down {
+                return Ok(started.elapsed());
+            }
+            if deadline.check().is_err() {
+                return Err(format!(
+                    "the downstream did not catch up within {within:?}: upstream {up:?}, downstream {down:?}"
+                )
+                .into());
+            }
+            tick().await;
+        }
+    }
+
+    /// Shuts both servers down.
+    pub async fn shutdown(self) {
+        self.upstream.shutdown().await;
+        self.downstream.shutdown().await;
+    }
+}
+
+fn counts(server: &TestServer) -> Vec<u64> {
+    (0..PARTITIONS)
+        .map(|p| {
+            server
+                .partition_info(STREAM, TOPIC, p)
+                .map(|i| i.messages_count)
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+/// Connects (and logs in, the URL carries the credentials) to an Iggy server.
+pub async fn connect(url: &str) -> TestResult<IggyClient> {
+    let client = IggyClient::from_connection_string(url)?;
+    client.connect().await?;
+    Ok(client)
+}
+
+/// A producer writing continuously into every partition of the topic, round robin, each
+/// message with a unique id. A failed send is retried with fresh ids (the failed batch may or
+/// may not have been stored; either way ids stay unique).
+pub struct Producer {
+    stop: Arc<AtomicBool>,
+    produced: Arc<AtomicU64>,
+    task: JoinHandle<TestResult<ProducerReport>>,
+}
+
+/// What a producer did.
+#[derive(Debug, Clone, Copy)]
+pub struct ProducerReport {
+    /// Messages acknowledged by upstream.
+    pub produced: u64,
+    /// Sends that failed (upstream restarts, dropped connections).
+    pub failed_sends: u64,
+}
+
+impl Producer {
+    /// Starts producing about `rate` messages per second.
+    pub fn start(upstream_url: String, rate: u64) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let produced = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(produce(upstream_url, rate, stop.clone(), produced.clone()));
+        Self {
+            stop,
+            produced,
+            task,
+        }
+    }
+
+    /// Messages acknowledged so far.
+    pub fn produced(&self) -> u64 {
+        self.produced.load(Ordering::Relaxed)
+    }
+
+    /// Stops producing and reports.
+    pub async fn stop(self) -> TestResult<ProducerReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await?
+    }
+}
+
+/// Time between two rounds of sends.
+const PRODUCE_TICK: Duration = Duration::from_millis(50);
+
+async fn produce(
+    url: String,
+    rate: u64,
+    stop: Arc<AtomicBool>,
+    produced: Arc<AtomicU64>,
+) -> TestResult<ProducerReport> {
+    let client = connect(&url).await?;
+    let stream = Identifier::named(STREAM)?;
+    let topic = Identifier::named(TOPIC)?;
+    let key = HeaderKey::from_str("kind")?;
+    let per_partition =
+        (rate * PRODUCE_TICK.as_millis() as u64 / 1000 / u64::from(PARTITIONS)).max(1);
+    let mut next_id: u128 = 1;
+    let mut report = ProducerReport {
+        produced: 0,
+        failed_sends: 0,
+    };
+    let mut ticker = tokio::time::interval(PRODUCE_TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !stop.load(Ordering::Relaxed) {
+        ticker.tick().await;
+        for partition in 0..PARTITIONS {
+            let mut messages = Vec::with_capacity(per_partition as usize);
+            for _ in 0..per_partition {
+                let mut payload = format!("message {next_id} for partition {partition} ").into_bytes();
+                payload.resize(120, b'.');
+                let mut headers = BTreeMap::new();
+                headers.insert(key.clone(), HeaderValue::from_str("ha-test")?);
+                messages.push(
+                    IggyMessage::builder()
+                        .id(next_id)
+                        .payload(Bytes::from(payload))
+                        .user_headers(headers)
+                        .build()?,
+                );
+                next_id += 1;
+            }
+            let sent = tokio::time::timeout(
+                Duration::from_secs(5),
+                client.send_messages(
+                    &stream,
+                    &topic,
+                    &Partitioning::partition_id(partition),
+                    &mut messages,
+                ),
+            )
+            .await;
+            match sent {
+                Ok(Ok(())) => {
+                    report.produced += per_partition;
+                    produced.store(report.produced, Ordering::Relaxed);
+                }
+                // Upstream restarting or dropping connections: the SDK reconnects; the next
+                // round uses new ids.
+                Ok(Err(_)) | Err(_) => report.failed_sends += 1,
+            }
+        }
+    }
+    let _ = client.shutdown().await;
+    Ok(report)
+}
+
+/// `GET /status` of a node, the fields the scenarios read.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Status {
+    /// The node that answered.
+    pub node: NodeId,
+    /// The leader it knows.
+    pub leader: Option<NodeId>,
+    /// Its Raft term.
+    pub term: u64,
+    /// Members.
+    pub members: Vec<MemberView>,
+    /// Units.
+    pub units: Vec<UnitView>,
+}
+
+/// A member in [`Status`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct MemberView {
+    /// Node id.
+    pub id: NodeId,
+    /// Raft voter.
+    pub voter: bool,
+    /// Lease alive (known when reported by the leader).
+    pub lease_alive: Option<bool>,
+    /// Units it owns.
+    pub units_owned: usize,
+}
+
+/// A unit in [`Status`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct UnitView {
+    /// The unit.
+    pub unit: UnitKey,
+    /// Owner.
+    pub owner: Option<NodeId>,
+    /// Epoch of the latest grant.
+    pub epoch: serde_json::Value,
+    /// Confirmed offset.
+    pub confirmed_offset: Option<u64>,
+    /// Release requested by the leader.
+    pub release_requested: bool,
+    /// No longer seen upstream.
+    pub retired: bool,
+}
+
+/// A work unit's identity.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+pub struct UnitKey {
+    /// Flow.
+    pub flow: String,
+    /// Stream.
+    pub stream: String,
+    /// Topic.
+    pub topic: String,
+    /// Partition id.
+    pub partition: u32,
+}
+
+impl Status {
+    /// Owner of every live unit of the test topic, by partition.
+    pub fn owners(&self) -> BTreeMap<u32, Option<NodeId>> {
+        self.units
+            .iter()
+            .filter(|u| !u.retired && u.unit.stream == STREAM && u.unit.topic == TOPIC)
+            .map(|u| (u.unit.partition, u.owner))
+            .collect()
+    }
+
+    /// Partitions owned by `node`.
+    pub fn owned_by(&self, node: NodeId) -> BTreeSet<u32> {
+        self.owners()
+            .into_iter()
+            .filter(|(_, owner)| *owner == Some(node))
+            .map(|(p, _)| p)
+            .collect()
+    }
+
+    /// Whether all [`PARTITIONS`] units have an owner among `nodes`.
+    pub fn all_owned_by_any_of(&self, nodes: &[NodeId]) -> bool {
+        let owners = self.owners();
+        owners.len() == PARTITIONS as usize
+            && owners
+                .values()
+                .all(|o| o.is_some_and(|o| nodes.contains(&o)))
+    }
+
+    /// Units owned per member, as the leader reports them.
+    pub fn units_owned(&self, node: NodeId) -> usize {
+        self.members
+            .iter()
+            .find(|m| m.id == node)
+            .map_or(0, |m| m.units_owned)
+    }
+
+    /// Member ids.
+    pub fn member_ids(&self) -> Vec<NodeId> {
+        self.members.iter().map(|m| m.id).collect()
+    }
+}
+
+/// One replicator node process.
+pub struct Node {
+    /// Node id.
+    pub id: NodeId,
+    /// Raft address.
+    pub raft_addr: SocketAddr,
+    /// Admin API address.
+    pub api_addr: SocketAddr,
+    /// Its config file.
+    pub config: PathBuf,
+    /// Its log file (stdout and stderr).
+    pub log: PathBuf,
+    /// The running process, if any.
+    child: Option<Child>,
+    /// Stopped by SIGSTOP and not continued yet.
+    paused: bool,
+}
+
+impl Node {
+    /// Whether the process runs.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    fn pid(&self) -> TestResult<Pid> {
+        let child = self
+            .child
+            .as_ref()
+            .ok_or_else(|| format!("node {} is not running", self.id))?;
+        Ok(Pid::from_raw(i32::try_from(child.id())?))
+    }
+
+    fn signal(&self, signal: Signal) -> TestResult {
+        kill(self.pid()?, signal)?;
+        Ok(())
+    }
+}
+
+/// Free loopback port: bind port 0 and release it.
+pub fn free_addr() -> TestResult<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?)
+}
+
+/// A cluster of replicator node processes (and the shared secret, config and data dirs).
+pub struct Cluster {
+    /// Temp dir with every node's config, data dir and log.
+    dir: tempfile::TempDir,
+    /// Cluster secret (also the admin bearer token).
+    secret: String,
+    /// Upstream and downstream connection strings.
+    urls: (String, String),
+    /// Raft addresses of the bootstrap members.
+    initial: BTreeMap<NodeId, SocketAddr>,
+    /// The nodes by id.
+    nodes: BTreeMap<NodeId, Node>,
+    /// Admin API client.
+    http: reqwest::Client,
+    /// Set by [`Cluster::passed`]; otherwise drop prints the logs.
+    passed: bool,
+}
+
+impl Cluster {
+    /// Starts `n` nodes (ids 1..=n) bootstrapping one cluster over `servers`, and waits until
+    /// every partition is owned.
+    pub async fn start(servers: &Servers, n: u64) -> TestResult<Self> {
+        let dir = tempfile::Builder::new().prefix("iggy-replicator-ha-").tempdir()?;
+        let secret = format!("ha-test-secret-{:016x}", rand::random::<u64>());
+        let mut initial = BTreeMap::new();
+        for id in 1..=n {
+            initial.insert(id, free_addr()?);
+        }
+        let mut cluster = Self {
+            dir,
+            secret,
+            urls: (
+                servers.upstream.connection_string(),
+                servers.downstream.connection_string(),
+            ),
+            initial: initial.clone(),
+            nodes: BTreeMap::new(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(2))
+                .build()?,
+            passed: false,
+        };
+        for (id, raft_addr) in initial {
+            cluster.add_node_process(id, raft_addr)?;
+        }
+        let all: Vec<NodeId> = (1..=n).collect();
+        cluster
+            .wait_all_owned(&all, Duration::from_secs(60))
+            .await?;
+        Ok(cluster)
+    }
+
+    /// Writes the config of a new node `id` (bootstrap members: the cluster's initial ones)
+    /// and starts its process.
+    pub fn add_node_process(&mut self, id: NodeId, raft_addr: SocketAddr) -> TestResult<&Node> {
+        let api_addr = free_addr()?;
+        let node_dir = self.dir.path().join(format!("node-{id}"));
+        std::fs::create_dir_all(&node_dir)?;
+        let config = node_dir.join("replicator.toml");
+        std::fs::write(&config, self.config_text(id, raft_addr, api_addr, &node_dir))?;
+        let mut node = Node {
+            id,
+            raft_addr,
+            api_addr,
+            config,
+            log: node_dir.join("node.log"),
+            child: None,
+            paused: false,
+        };
+        spawn(&mut node)?;
+        self.nodes.insert(id, node);
+        self.node(id)
+    }
+
+    fn config_text(
+        &self,
+        id: NodeId,
+        raft_addr: SocketAddr,
+        api_addr: SocketAddr,
+        node_dir: &Path,
+    ) -> String {
+        let members = self
+            .initial
+            .iter()
+            .map(|(id, addr)| format!("{id} = \"{addr}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            r#"[node]
+id = {id}
+data_dir = {data:?}
+raft_addr = "{raft_addr}"
+api_addr = "{api_addr}"
+
+[cluster]
+secret = "{secret}"
+initial_members = {{ {members} }}
+
+[clusters.up]
+url = "{up}"
+
+[clusters.down]
+url = "{down}"
+
+[[flows]]
+name = "{FLOW}"
+source = "up"
+target = "down"
+include = ["{STREAM}/*"]
+poll_interval = "2ms"
+
+[pipeline]
+discovery_interval = "1s"
+"#,
+            data = node_dir.join("data").display().to_string(),
+            secret = self.secret,
+            up = self.urls.0,
+            down = self.urls.1,
+        )
+    }
+
+    /// A node by id.
+    pub fn node(&self, id: NodeId) -> TestResult<&Node> {
+        self.nodes
+            .get(&id)
+            .ok_or_else(|| format!("no node {id}").into())
+    }
+
+    fn node_mut(&mut self, id: NodeId) -> TestResult<&mut Node> {
+        self.nodes
+            .get_mut(&id)
+            .ok_or_else(|| format!("no node {id}").into())
+    }
+
+    /// Ids of the nodes whose process runs (and is not paused).
+    pub fn running(&self) -> Vec<NodeId> {
+        self.nodes
+            .values()
+            .filter(|n| n.is_running() && !n.paused)
+            .map(|n| n.id)
+            .collect()
+    }
+
+    /// Config file of the first node (for `verify`).
+    pub fn any_config(&self) -> TestResult<PathBuf> {
+        self.nodes
+            .values()
+            .next()
+            .map(|n| n.config.clone())
+            .ok_or_else(|| "no node".into())
+    }
+
+    /// `kill -9` of a node.
+    pub fn kill(&mut self, id: NodeId) -> TestResult {
+        let node = self.node_mut(id)?;
+        node.signal(Signal::SIGKILL)?;
+        if let Some(mut child) = node.child.take() {
+            child.wait()?;
+        }
+        node.paused = false;
+        Ok(())
+    }
+
+    /// SIGSTOP.
+    pub fn pause(&mut self, id: NodeId) -> TestResult {
+        let node = self.node_mut(id)?;
+        node.signal(Signal::SIGSTOP)?;
+        node.paused = true;
+        Ok(())
+    }
+
+    /// SIGCONT.
+    pub fn resume(&mut self, id: NodeId) -> TestResult {
+        let node = self.node_mut(id)?;
+        node.signal(Signal::SIGCONT)?;
+        node.paused = false;
+        Ok(())
+    }
+
+    /// SIGTERM to every running node at once, then waits for them to exit (graceful drain);
+    /// returns their exit codes. A node that does not exit within `within` is killed and
+    /// reported as an error.
+    pub async fn terminate(&mut self, ids: &[NodeId], within: Duration) -> TestResult<Vec<(NodeId, Option<i32>)>> {
+        for id in ids {
+            self.node(*id)?.signal(Signal::SIGTERM)?;
+        }
+        let deadline = Deadline::new(within, format!("nodes {ids:?} to exit after SIGTERM"));
+        let mut codes = Vec::new();
+        for id in ids {
+            loop {
+                let node = self.node_mut(*id)?;
+                let Some(child) = node.child.as_mut() else {
+                    break;
+                };
+                if let Some(status) = child.try_wait()? {
+                    node.child = None;
+                    codes.push((*id, status.code()));
+                    break;
+                }
+                if let Err(e) = deadline.check() {
+                    self.kill(*id)?;
+                    return Err(e);
+                }
+                tick().await;
+            }
+        }
+        Ok(codes)
+    }
+
+    /// Starts a stopped node's process again with the same config and data dir.
+    pub fn restart(&mut self, id: NodeId) -> TestResult {
+        let node = self.node_mut(id)?;
+        if node.child.is_some() {
+            return Err(format!("node {id} is still running").into());
+        }
+        spawn(node)
+    }
+
+    /// `GET /status` of one node.
+    pub async fn status_of(&self, id: NodeId) -> TestResult<Status> {
+        let node = self.node(id)?;
+        let response = self
+            .http
+            .get(format!("http://{}/status", node.api_addr))
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            return Err(format!("node {id}: /status answered {}", response.status()).into());
+        }
+        Ok(response.json().await?)
+    }
+
+    /// The status as the current leader reports it (the only one that knows lease liveness),
+    /// asking the running nodes for the leader; `None` while no running node knows a
+    /// reachable leader.
+    pub async fn leader_status(&self) -> Option<Status> {
+        for id in self.running() {
+            let Ok(status) = self.status_of(id).await else {
+                continue;
+            };
+            let Some(leader) = status.leader else {
+                continue;
+            };
+            if leader == id {
+                return Some(status);
+            }
+            if !self.running().contains(&leader) {
+                continue;
+            }
+            if let Ok(leader_status) = self.status_of(leader).await {
+                if leader_status.leader == Some(leader) {
+                    return Some(leader_status);
+                }
+            }
+        }
+        None
+    }
+
+    /// Waits until the leader reports every partition owned by one of `nodes` and each of
+    /// `nodes` owning at least one; returns that status.
+    pub async fn wait_all_owned(&self, nodes: &[NodeId], within: Duration) -> TestResult<Status> {
+        let deadline = Deadline::new(within, format!("every partition owned by {nodes:?}, each owning some"));
+        loop {
+            if let Some(status) = self.leader_status().await {
+                if status.all_owned_by_any_of(nodes)
+                    && nodes.iter().all(|n| status.units_owned(*n) > 0)
+                {
+                    return Ok(status);
+                }
+            }
+            if let Err(e) = deadline.check() {
+                let last = self.leader_status().await;
+                return Err(format!("{e}; last leader status: {last:?}").into());
+            }
+            tick().await;
+        }
+    }
+
+    /// `POST /cluster/members` to the leader.
+    pub async fn add_member(&self, id: NodeId) -> TestResult {
+        let node = self.node(id)?;
+        let body = serde_json::json!({
+            "id": id,
+            "raft_addr": node.raft_addr.to_string(),
+            "api_addr": node.api_addr.to_string(),
+        });
+        self.admin_call("add member", |leader| {
+            self.http
+                .post(format!("http://{leader}/cluster/members"))
+                .bearer_auth(&self.secret)
+                .timeout(Duration::from_secs(30))
+                .json(&body)
+        })
+        .await
+    }
+
+    /// `DELETE /cluster/members/{id}` to the leader (drain, then removal).
+    pub async fn remove_member(&self, id: NodeId) -> TestResult {
+        self.admin_call("remove member", |leader| {
+            self.http
+                .delete(format!("http://{leader}/cluster/members/{id}"))
+                .bearer_auth(&self.secret)
+                .timeout(Duration::from_secs(60))
+        })
+        .await
+    }
+
+    async fn admin_call(
+        &self,
+        what: &str,
+        request: impl Fn(SocketAddr) -> reqwest::RequestBuilder,
+    ) -> TestResult {
+        let deadline = Deadline::new(Duration::from_secs(60), what);
+        loop {
+            let mut last = String::from("no leader");
+            if let Some(status) = self.leader_status().await {
+                if let Some(leader) = status.leader.and_then(|l| self.nodes.get(&l)) {
+                    match request(leader.api_addr).send().await {
+                        Ok(r) if r.status().is_success() => return Ok(()),
+                        Ok(r) => {
+                            last = format!("{}: {}", r.status(), r.text().await.unwrap_or_default())
+                        }
+                        Err(e) => last = e.to_string(),
+                    }
+                }
+            }
+            if let Err(e) = deadline.check() {
+                return Err(format!("{e}: {last}").into());
+            }
+            tick().await;
+        }
+    }
+
+    /// Runs `iggy-replicator verify --config <node config> --wait <wait>`; prints its table
+    /// and returns whether it reported an exact copy (exit 0).
+    pub async fn verify(&self, wait: Duration) -> TestResult<bool> {
+        let config = self.any_config()?;
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_iggy-replicator"))
+            .args(["--log-level", "warn", "verify", "--wait"])
+            .arg(format!("{}s", wait.as_secs()))
+            .arg("--config")
+            .arg(&config)
+            .env_remove("RUST_LOG")
+            .kill_on_drop(true)
+            .output()
+            .await?;
+        println!("{}", String::from_utf8_lossy(&output.stdout));
+        if !output.stderr.is_empty() {
+            println!("verify stderr: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        match output.status.code() {
+            Some(0) => Ok(true),
+            Some(3) => Ok(false),
+            other => Err(format!("verify failed to run: exit {other:?}").into()),
+        }
+    }
+
+    /// Prometheus text of a node's `/metrics`.
+    pub async fn metrics_of(&self, id: NodeId) -> TestResult<String> {
+        let node = self.node(id)?;
+        Ok(self
+            .http
+            .get(format!("http://{}/metrics", node.api_addr))
+            .send()
+            .await?
+            .text()
+            .await?)
+    }
+
+    /// Marks the scenario as passed: drop will not print the node logs.
+    pub fn passed(&mut self) {
+        self.passed = true;
+    }
+
+    /// Prints the last lines of every node log.
+    pub fn print_logs(&self, lines: usize) {
+        for node in self.nodes.values() {
+            let text = std::fs::read_to_string(&node.log).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            let from = all.len().saturating_sub(lines);
+            eprintln!("---- node {} log (last {lines} lines) ----", node.id);
+            for line in &all[from..] {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in self.nodes.values_mut() {
+            if let Some(mut child) = node.child.take() {
+                if let Ok(pid) = i32::try_from(child.id()) {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+                let _ = child.wait();
+            }
+        }
+        if !self.passed {
+            self.print_logs(60);
+        }
+    }
+}
+
+fn spawn(node: &mut Node) -> TestResult {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&node.log)?;
+    let child = Command::new(env!("CARGO_BIN_EXE_iggy-replicator"))
+        .args(["--log-level", "info", "run", "--config"])
+        .arg(&node.config)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    node.child = Some(child);
+    node.paused = false;
+    Ok(())
+}
+
+/// How long after a fault every listed partition took to get a new message downstream.
+#[derive(Debug, Clone)]
+pub struct Resumption {
+    /// Until the first partition moved again.
+    pub first: Duration,
+    /// Until every partition moved again.
+    pub all: Duration,
+}
+
+/// Watches the downstream partitions `partitions` from `baseline` counts (taken after the
+/// fault at `since`) until each has grown, i.e. a new owner wrote to it.
+pub async fn wait_resumed(
+    servers: &Servers,
+    partitions: &BTreeSet<u32>,
+    baseline: &[u64],
+    since: Instant,
+    within: Duration,
+) -> TestResult<Resumption> {
+    let deadline = Deadline::new(within, format!("partitions {partitions:?} to be written again"));
+    let mut first = None;
+    let mut pending = partitions.clone();
+    loop {
+        let now = servers.downstream_counts();
+        pending.retain(|p| now[*p as usize] <= baseline[*p as usize]);
+        if pending.len() < partitions.len() && first.is_none() {
+            first = Some(since.elapsed());
+        }
+        if pending.is_empty() {
+            let all = since.elapsed();
+            return Ok(Resumption {
+                first: first.unwrap_or(all),
+                all,
+            });
+        }
+        if let Err(e) = deadline.check() {
+            return Err(format!("{e}; still stalled: {pending:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Median and maximum of durations.
+pub fn p50_max(samples: &[Duration]) -> (Duration, Duration) {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let p50 = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
+    let max = sorted.last().copied().unwrap_or_default();
+    (p50, max)
+}

@@ -1,0 +1,7 @@
+//! High-availability scenarios with real OS processes: three (or four) `iggy-replicator run`
+//! nodes over two in-process Iggy servers, with `kill -9`, SIGSTOP/SIGCONT, SIGTERM,
+//! membership changes and server faults. One test binary; the scenarios run one at a time
+//! (see `harness::serial`).
+
+mod failover;
+mod harness;
