@@ -828,8 +828,13 @@ impl Drop for Cluster {
                 let _ = child.wait();
             }
         }
-        if !self.passed {
+        if !self.passed || std::env::var_os("HA_PRINT_LOGS").is_some() {
             self.print_logs(60);
+        }
+        // `HA_KEEP_DIR=1` keeps configs, Raft data and full logs for a look afterwards.
+        if std::env::var_os("HA_KEEP_DIR").is_some() {
+            self.dir.disable_cleanup(true);
+            eprintln!("kept {}", self.dir.path().display());
         }
     }
 }

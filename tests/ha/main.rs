@@ -5,3 +5,4 @@
 
 mod failover;
 mod harness;
+mod restart;
