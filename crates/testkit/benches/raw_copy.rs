@@ -4,8 +4,11 @@
 //!
 //! `cargo bench -p replicator-testkit --bench raw_copy`; knobs (environment):
 //! `RAW_COPY_MESSAGES` (total, default 1_600_000), `RAW_COPY_WORKERS` (concurrent copy tasks,
-//! each with its own source and target connection and a share of the partitions; default 16).
-//! Prints messages/s and MB/s of the timed copy phase. Measures, never asserts.
+//! each with its own source and target connection and a share of the partitions; default 16),
+//! `RAW_COPY_OPTIONS` (connection-string options, e.g. `nodelay=true`).
+//! Prints messages/s and MB/s of the timed copy phase, and the process CPU time it used (on a
+//! shared machine, messages per CPU-second shows what an idle 2-core machine would do).
+//! Measures, never asserts a speed.
 
 use bytes::Bytes;
 use iggy::prelude::*;
@@ -26,7 +29,11 @@ fn env_or(name: &str, default: u64) -> u64 {
 }
 
 async fn client(server: &TestServer) -> BenchResult<IggyClient> {
-    let client = IggyClient::from_connection_string(&server.connection_string())?;
+    let mut url = server.connection_string();
+    if let Ok(options) = std::env::var("RAW_COPY_OPTIONS") {
+        url = format!("{url}?{options}");
+    }
+    let client = IggyClient::from_connection_string(&url)?;
     client.connect().await?;
     Ok(client)
 }
@@ -140,6 +147,7 @@ async fn run() -> BenchResult {
         let (src, dst) = (client(&source).await?, client(&target).await?);
         tasks.push((partitions, src, dst));
     }
+    let cpu_before = cpu_seconds();
     let started = Instant::now();
     let handles: Vec<_> = tasks
         .into_iter()
@@ -150,12 +158,21 @@ async fn run() -> BenchResult {
         copied += h.await??;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds().zip(cpu_before).map(|(a, b)| a - b);
     let bytes = copied as f64 * PAYLOAD as f64;
     println!(
         "raw_copy: {copied} messages ({PARTITIONS} partitions, {PAYLOAD} B payload, batches of {BATCH}, {workers} workers) in {elapsed:.2} s: {:.0} msg/s, {:.1} MB/s payload",
         copied as f64 / elapsed,
         bytes / elapsed / 1e6
     );
+    if let Some(cpu) = cpu {
+        println!(
+            "raw_copy: process CPU time {cpu:.2} s ({:.0} % of 2 cores): {:.0} msg per CPU-second, {:.0} msg/s if both cores were ours",
+            cpu / elapsed / 2.0 * 100.0,
+            copied as f64 / cpu,
+            copied as f64 / cpu * 2.0
+        );
+    }
     let target_info = target.partition_info("bench", "t", 0)?;
     assert_eq!(
         target_info.messages_count, per_partition,
@@ -164,6 +181,15 @@ async fn run() -> BenchResult {
     source.shutdown().await;
     target.shutdown().await;
     Ok(())
+}
+
+/// User + system CPU time of this process (Linux `/proc/self/stat`), in seconds.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
 }
 
 fn main() -> BenchResult {
