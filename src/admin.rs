@@ -334,3 +334,145 @@ async fn remove_member(
             .into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use replicator_testkit::{TestServer, TestServerConfig};
+
+    use super::*;
+    use crate::node::{NodeListeners, RunningNode};
+
+    type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+    const SECRET: &str = "admin-test-secret-0123456789";
+
+    async fn single_node(
+        us: &TestServer,
+        eu: &TestServer,
+        dir: &std::path::Path,
+    ) -> Result<RunningNode, Box<dyn std::error::Error + Send + Sync>> {
+        let raft = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let api = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let text = format!(
+            r#"
+[node]
+id = 1
+data_dir = {data:?}
+raft_addr = "{raft}"
+api_addr = "{api}"
+[cluster]
+secret = "{SECRET}"
+[clusters.us]
+url = "{us}"
+[clusters.eu]
+url = "{eu}"
+[[flows]]
+name = "us-to-eu"
+source = "us"
+target = "eu"
+"#,
+            data = dir.join("node").display().to_string(),
+            raft = raft.local_addr()?,
+            api = api.local_addr()?,
+            us = us.connection_string(),
+            eu = eu.connection_string(),
+        );
+        let config = replicator_config::parse_str(&text, "test", |_| None)?;
+        RunningNode::start(&config, Some(NodeListeners { raft, api }))
+            .await
+            .map_err(|e| format!("{e:?}").into())
+    }
+
+    async fn wait_ready(client: &reqwest::Client, base: &str) -> TestResult {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = client.get(format!("{base}/ready")).send().await?;
+            if ready.status() == StatusCode::OK {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err("node never became ready".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn admin_api_serves_health_status_metrics_and_guards_mutations() -> TestResult {
+        let us = TestServer::start(TestServerConfig::default()).await?;
+        let eu = TestServer::start(TestServerConfig::default()).await?;
+        let dir = tempfile::tempdir()?;
+        let node = single_node(&us, &eu, dir.path()).await?;
+        let base = format!("http://{}", node.api_addr);
+        let client = reqwest::Client::new();
+
+        let health = client.get(format!("{base}/health")).send().await?;
+        assert_eq!(health.status(), StatusCode::OK);
+        wait_ready(&client, &base).await?;
+
+        let status: StatusView = client
+            .get(format!("{base}/status"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        assert_eq!(status.node, 1);
+        assert_eq!(status.leader, Some(1));
+        assert!(status.members.iter().any(|m| m.id == 1 && m.voter));
+
+        let text = client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        let lines = text.lines().map(|l| Ok(l.to_owned()));
+        let scrape = prometheus_parse::Scrape::parse(lines)?;
+        let names: Vec<&str> = scrape.samples.iter().map(|s| s.metric.as_str()).collect();
+        for expected in [
+            "iggy_replicator_raft_term",
+            "iggy_replicator_raft_leader",
+            "iggy_replicator_units_owned",
+        ] {
+            assert!(
+                names.contains(&expected),
+                "{expected} missing from:\n{text}"
+            );
+        }
+        let leader = scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == "iggy_replicator_raft_leader")
+            .ok_or("no leader sample")?;
+        assert!(
+            matches!(leader.value, prometheus_parse::Value::Gauge(v) if v == 1.0),
+            "{:?}",
+            leader.value
+        );
+
+        let body = AddMember {
+            id: 9,
+            raft_addr: "127.0.0.1:1".into(),
+            api_addr: "127.0.0.1:2".into(),
+        };
+        let missing = client
+            .post(format!("{base}/cluster/members"))
+            .json(&body)
+            .send()
+            .await?;
+        assert_eq!(missing.status(), StatusCode::UNAUTHORIZED);
+        let wrong = client
+            .delete(format!("{base}/cluster/members/9"))
+            .bearer_auth("not-the-secret")
+            .send()
+            .await?;
+        assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+
+        node.shutdown().await;
+        us.shutdown().await;
+        eu.shutdown().await;
+        Ok(())
+    }
+}
