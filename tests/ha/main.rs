@@ -6,3 +6,4 @@
 mod failover;
 mod harness;
 mod restart;
+mod zombie;

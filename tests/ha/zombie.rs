@@ -1,0 +1,133 @@
+//! SIGSTOP of a node for longer than its lease while a producer writes: its partitions move
+//! to the others; after SIGCONT the paused node writes and commits nothing under its old
+//! grants (the copy stays exact, confirmed offsets never go back), then it rejoins and takes
+//! work again.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::harness::{
+    serial, tick, wait_resumed, Cluster, Deadline, NodeId, Producer, Servers, TestResult,
+    LEASE_EXPIRY,
+};
+
+/// The `iggy_replicator_fenced_commits_total` value in a Prometheus text, if present.
+fn fenced_commits(metrics: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with("iggy_replicator_fenced_commits_total"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() -> TestResult {
+    serial(|| async {
+        let servers = Servers::start().await?;
+        let mut cluster = Cluster::start(&servers, 3).await?;
+        let producer = Producer::start(servers.upstream.connection_string(), 1600);
+        let warm = Deadline::new(Duration::from_secs(30), "the copy to start");
+        while servers.downstream_counts().iter().any(|c| *c == 0) {
+            warm.check()?;
+            tick().await;
+        }
+
+        let status = cluster.leader_status().await.ok_or("no leader")?;
+        let leader = status.leader.ok_or("no leader")?;
+        let zombie: NodeId = cluster
+            .running()
+            .into_iter()
+            .find(|id| *id != leader && !status.owned_by(*id).is_empty())
+            .ok_or("no follower owns units")?;
+        let owned = status.owned_by(zombie);
+        let fenced_before = fenced_commits(&cluster.metrics_of(zombie).await?);
+
+        cluster.pause(zombie)?;
+        let paused_at = Instant::now();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let baseline = servers.downstream_counts();
+        let resumed = wait_resumed(
+            &servers,
+            &owned,
+            &baseline,
+            paused_at,
+            Duration::from_secs(30),
+        )
+        .await?;
+        let others: Vec<NodeId> = cluster.running();
+        let moved = cluster
+            .wait_all_owned(&others, Duration::from_secs(30))
+            .await?;
+        println!(
+            "node {zombie} paused: its {} partitions written by others after {:.2} s",
+            owned.len(),
+            resumed.all.as_secs_f64()
+        );
+        // Keep it paused for twice the lease in all, so that a writer stuck in a send has
+        // certainly outlived its lease when it wakes up.
+        while paused_at.elapsed() < LEASE_EXPIRY * 2 {
+            tick().await;
+        }
+        let epochs_before: BTreeMap<u32, (serde_json::Value, Option<u64>)> = moved
+            .units
+            .iter()
+            .filter(|u| owned.contains(&u.unit.partition))
+            .map(|u| (u.unit.partition, (u.epoch.clone(), u.confirmed_offset)))
+            .collect();
+
+        cluster.resume(zombie)?;
+        let resumed_at = Instant::now();
+        // Watch the moved units while the zombie wakes up: their confirmed offsets never go
+        // back, and only a new grant (a new epoch) may give one back to the zombie.
+        let mut rejoined_after = None;
+        let watch = Deadline::new(Duration::from_secs(60), format!("node {zombie} to own units again"));
+        loop {
+            if let Some(status) = cluster.leader_status().await {
+                for unit in status.units.iter().filter(|u| owned.contains(&u.unit.partition)) {
+                    let (epoch, confirmed) = &epochs_before[&unit.unit.partition];
+                    assert!(
+                        unit.confirmed_offset >= *confirmed,
+                        "partition {}: confirmed offset went back from {confirmed:?} to {:?}",
+                        unit.unit.partition,
+                        unit.confirmed_offset
+                    );
+                    if unit.owner == Some(zombie) {
+                        assert_ne!(
+                            &unit.epoch, epoch,
+                            "partition {} back at node {zombie} under its old epoch",
+                            unit.unit.partition
+                        );
+                    }
+                }
+                if status.units_owned(zombie) > 0 && rejoined_after.is_none() {
+                    rejoined_after = Some(resumed_at.elapsed());
+                }
+            }
+            if rejoined_after.is_some() && resumed_at.elapsed() > LEASE_EXPIRY * 2 {
+                break;
+            }
+            watch.check()?;
+            tick().await;
+        }
+        let everyone = {
+            let mut all = others.clone();
+            all.push(zombie);
+            all
+        };
+        cluster.wait_all_owned(&everyone, Duration::from_secs(30)).await?;
+        let fenced_after = fenced_commits(&cluster.metrics_of(zombie).await?);
+        println!(
+            "node {zombie} resumed: owns units again after {:.2} s; its fenced commits {fenced_before:?} → {fenced_after:?}",
+            rejoined_after.unwrap_or_default().as_secs_f64()
+        );
+
+        let report = producer.stop().await?;
+        servers.wait_caught_up(Duration::from_secs(60)).await?;
+        println!("produced {} messages", report.produced);
+        assert!(cluster.verify(Duration::from_secs(30)).await?, "verify: not exact");
+        cluster.passed();
+        drop(cluster);
+        servers.shutdown().await;
+        Ok(())
+    })
+}
