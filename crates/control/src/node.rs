@@ -545,6 +545,7 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
         let current = match view.take() {
             Some(v) if v.term == term => v,
             _ => {
+                tracing::Span::current().record("term", term);
                 tracing::info!(node = %node.id, term, "assignment loop starts as leader");
                 LeaderView::new(term)
             }
@@ -577,5 +578,10 @@ pub(crate) fn spawn_task<F>(name: &'static str, node: NodeId, fut: F) -> tokio::
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
-    tokio::spawn(fut.instrument(tracing::info_span!("control", task = name, node = %node)))
+    tokio::spawn(fut.instrument(tracing::info_span!(
+        "control",
+        task = name,
+        node = %node,
+        term = tracing::field::Empty
+    )))
 }

@@ -77,7 +77,7 @@ pub struct ControlTiming {
     pub lease_expiry: Duration,
     /// Subtracted from the owner's lease to absorb clock-rate differences. Default 200 ms.
     pub lease_safety_margin: Duration,
-    /// How long the commit batcher collects commits into one Raft entry. Default 5 ms.
+    /// How long the commit batcher collects commits into one Raft entry. Default 2 ms.
     pub commit_batch_interval: Duration,
     /// Most commits in one batch entry. Default 4096.
     pub commit_batch_max: usize,
@@ -108,7 +108,7 @@ impl Default for ControlTiming {
             lease_renew_interval: Duration::from_millis(500),
             lease_expiry: Duration::from_secs(2),
             lease_safety_margin: Duration::from_millis(200),
-            commit_batch_interval: Duration::from_millis(5),
+            commit_batch_interval: Duration::from_millis(2),
             commit_batch_max: 4096,
             commit_queue: 1024,
             commit_max_in_flight: 4,
