@@ -2,6 +2,7 @@
 //! or a script can point any Iggy 0.8-compatible client at it.
 
 use crate::{Result, TestServer, TestServerConfig};
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
@@ -33,7 +34,22 @@ pub struct DevServerArgs {
 
 /// Serves until Ctrl-C or SIGTERM, then shuts down cleanly.
 pub async fn run(args: DevServerArgs) -> Result<()> {
-    let config = TestServerConfig {
+    run_until(args, wait_for_signal()).await
+}
+
+/// Serves until `shutdown` completes (what `run` does with the process signals).
+pub async fn run_until(args: DevServerArgs, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let server = TestServer::start(config(args)).await?;
+    println!("iggy-compatible dev server listening on {}", server.addr());
+    println!("connection string: {}", server.connection_string());
+    shutdown.await;
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    Ok(())
+}
+
+fn config(args: DevServerArgs) -> TestServerConfig {
+    TestServerConfig {
         root_username: args.username,
         root_password: args.password,
         bind: SocketAddr::new(args.host, args.port),
@@ -43,14 +59,7 @@ pub async fn run(args: DevServerArgs) -> Result<()> {
             args.data_dir
         },
         ..TestServerConfig::default()
-    };
-    let server = TestServer::start(config).await?;
-    println!("iggy-compatible dev server listening on {}", server.addr());
-    println!("connection string: {}", server.connection_string());
-    wait_for_signal().await;
-    tracing::info!("shutting down");
-    server.shutdown().await;
-    Ok(())
+    }
 }
 
 async fn wait_for_signal() {
@@ -75,5 +84,49 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     if let Err(e) = tokio::signal::ctrl_c().await {
         tracing::warn!(error = %e, "cannot watch Ctrl-C");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use assert2::check;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: DevServerArgs,
+    }
+
+    #[test]
+    fn defaults_are_the_real_server_port_and_credentials() {
+        let cli = Cli::try_parse_from(["dev-server"]).expect("defaults parse");
+        let c = config(cli.args);
+        check!(c.bind == SocketAddr::from(([127, 0, 0, 1], 8090)));
+        check!(c.root_username == "iggy");
+        check!(c.root_password == "iggy");
+        check!(c.data_dir.is_none());
+    }
+
+    #[test]
+    fn data_in_memory_conflicts_with_data_dir() {
+        check!(Cli::try_parse_from(["dev-server", "--data-in-memory", "--data-dir", "x"]).is_err());
+        let cli = Cli::try_parse_from(["dev-server", "--data-dir", "/tmp/x", "--port", "0"])
+            .expect("parse");
+        check!(config(cli.args).data_dir == Some(PathBuf::from("/tmp/x")));
+    }
+
+    #[tokio::test]
+    async fn run_until_serves_until_the_shutdown_future_completes() {
+        let cli = Cli::try_parse_from(["dev-server", "--port", "0"]).expect("parse");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run_until(cli.args, async {
+            let _ = rx.await;
+        }));
+        tokio::task::yield_now().await;
+        check!(tx.send(()).is_ok());
+        let result = tokio::time::timeout(std::time::Duration::from_secs(10), task).await;
+        check!(matches!(result, Ok(Ok(Ok(())))));
     }
 }

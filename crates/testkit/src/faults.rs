@@ -11,23 +11,31 @@ use tokio_util::sync::CancellationToken;
 /// for the next accepted connection or the next request.
 #[derive(Debug, Clone, Default)]
 pub struct Faults {
+    /// Switches shared with the accept loop and every connection.
     pub(crate) inner: Arc<FaultState>,
 }
 
 /// One "fail the next N requests of a command" rule.
 #[derive(Debug, Clone, Copy)]
 struct FailRule {
+    /// Command code the rule applies to.
     command: u32,
+    /// Error status answered instead of executing the request.
     status: u32,
+    /// Requests still to fail.
     remaining: u32,
 }
 
 /// Shared fault switches.
 #[derive(Debug, Default)]
 pub(crate) struct FaultState {
+    /// Close new connections right after accept.
     refuse: AtomicBool,
+    /// No request is answered before this instant.
     stall_until: Mutex<Option<Instant>>,
+    /// Delay added before every response.
     latency: Mutex<Option<Duration>>,
+    /// Pending "fail the next N" rules, oldest first.
     rules: Mutex<Vec<FailRule>>,
     /// Cancelled by `drop_connections`; every connection holds a clone of the token current at
     /// its accept. Replaced by a fresh child of the server's shutdown token after each use.

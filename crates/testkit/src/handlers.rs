@@ -559,10 +559,15 @@ fn get_topic(shared: &Shared, session: &Session, payload: &[u8], out: &mut Vec<u
 
 /// Decoded CREATE_TOPIC / UPDATE_TOPIC settings.
 struct TopicSettings<'a> {
+    /// Compression code (1 none, 2 gzip).
     compression: u8,
+    /// Expiry in µs (0 = server default, `u64::MAX` = never).
     message_expiry: u64,
+    /// Size limit in bytes (0 = server default, `u64::MAX` = unlimited).
     max_topic_size: u64,
+    /// Replication factor (0 = unset, stored as 1).
     replication_factor: u8,
+    /// Topic name.
     name: &'a str,
 }
 

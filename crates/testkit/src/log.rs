@@ -76,15 +76,20 @@ impl SegmentMeta {
 /// synchronous and short, so the lock is never held across an `.await`.
 #[derive(Debug)]
 pub(crate) struct PartitionLog {
+    /// Stored bytes, oldest first; offsets are contiguous across chunks.
     chunks: VecDeque<Chunk>,
+    /// Logical segments, oldest first; the last one is active.
     segments: VecDeque<SegmentMeta>,
     /// Offset of the newest message ever appended (the server's `current_offset`).
     last_offset: u64,
     /// False until the first append (and again after a purge): the server's
     /// `should_increment_offset`, which makes the first message get offset 0.
     has_messages: bool,
+    /// Retained messages.
     messages_count: u64,
+    /// Retained encoded bytes.
     size_bytes: u64,
+    /// Newest batch timestamp, to keep timestamps monotonic.
     last_timestamp: u64,
     /// Stored offsets of plain consumers, keyed like the server (`PollingConsumer::consumer`).
     pub(crate) consumer_offsets: HashMap<u64, u64>,

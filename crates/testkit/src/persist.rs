@@ -30,6 +30,7 @@ use std::sync::Mutex;
 /// Durable mirror of a server's state in one directory.
 #[derive(Debug)]
 pub(crate) struct Store {
+    /// The data directory.
     dir: PathBuf,
     /// Open append handles of `messages.log` files.
     logs: Mutex<HashMap<(usize, usize, usize), File>>,
@@ -37,43 +38,68 @@ pub(crate) struct Store {
     meta_lock: Mutex<()>,
 }
 
+/// Contents of `metadata.json`.
 #[derive(Serialize, Deserialize)]
 struct MetaFile {
+    /// Every stream.
     streams: Vec<StreamFile>,
 }
 
+/// A persisted stream.
 #[derive(Serialize, Deserialize)]
 struct StreamFile {
+    /// Slot id.
     id: usize,
+    /// Name.
     name: String,
+    /// Creation time, µs.
     created_at: u64,
+    /// Topics of the stream.
     topics: Vec<TopicFile>,
 }
 
+/// A persisted topic.
 #[derive(Serialize, Deserialize)]
 struct TopicFile {
+    /// Slot id.
     id: usize,
+    /// Name.
     name: String,
+    /// Creation time, µs.
     created_at: u64,
+    /// Wire value, as in `Topic`.
     message_expiry: u64,
+    /// Wire code, as in `Topic`.
     compression: u8,
+    /// Wire value, as in `Topic`.
     max_topic_size: u64,
+    /// As in `Topic`.
     replication_factor: u8,
+    /// Creation time of each partition; the index is the id.
     partitions_created_at: Vec<u64>,
+    /// Consumer groups (membership is per connection, not persisted).
     groups: Vec<GroupFile>,
 }
 
+/// A persisted consumer group.
 #[derive(Serialize, Deserialize)]
 struct GroupFile {
+    /// Slot id.
     id: usize,
+    /// Name.
     name: String,
 }
 
+/// Contents of a partition's `state.json`.
 #[derive(Serialize, Deserialize, Default)]
 struct PartitionStateFile {
+    /// Whether the partition ever held a message since creation/purge.
     has_messages: bool,
+    /// Offset counter (`current_offset`), needed when no message is retained.
     last_offset: u64,
+    /// Stored offsets of plain consumers (key, offset).
     consumer_offsets: Vec<(u64, u64)>,
+    /// Stored offsets of groups (group id, offset).
     group_offsets: Vec<(u32, u64)>,
 }
 

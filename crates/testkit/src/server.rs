@@ -21,17 +21,24 @@ const REBIND_BUDGET: Duration = Duration::from_secs(10);
 /// A running Iggy-compatible server. Dropping it without `shutdown` cancels its tasks.
 #[derive(Debug)]
 pub struct TestServer {
+    /// State, config and storage shared with the connections.
     shared: Arc<Shared>,
+    /// Fault switches of this instance.
     faults: Faults,
+    /// Bound address; kept across restarts.
     addr: SocketAddr,
+    /// Accept loop (owns the connection tasks); `None` once shut down.
     running: Option<Running>,
+    /// Periodic retention cleaner, when configured.
     cleaner: Option<Running>,
 }
 
 /// A task and the token that stops it.
 #[derive(Debug)]
 struct Running {
+    /// Cancels the task and everything under it.
     stop: CancellationToken,
+    /// The task, awaited on stop.
     task: JoinHandle<()>,
 }
 
@@ -73,6 +80,7 @@ pub struct PartitionInfo {
 /// Retention hooks of a server; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Retention {
+    /// State, config and storage shared with the connections.
     shared: Arc<Shared>,
 }
 

@@ -29,8 +29,11 @@ pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 /// members: the next id is the most recently freed slot (a LIFO free list), or the end.
 #[derive(Debug)]
 pub(crate) struct Slab<T> {
+    /// Slots; vacant ones link the free list.
     entries: Vec<Entry<T>>,
+    /// Head of the free list (== `entries.len()` when full).
     next: usize,
+    /// Occupied slots.
     len: usize,
 }
 

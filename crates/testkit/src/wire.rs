@@ -158,7 +158,9 @@ pub(crate) enum Strategy {
 
 /// Bounds-checked little-endian reader over a request payload.
 pub(crate) struct Reader<'a> {
+    /// The payload.
     buf: &'a [u8],
+    /// Next byte to read.
     pos: usize,
 }
 
