@@ -60,7 +60,7 @@ impl<T> Slab<T> {
         self.next
     }
 
-    /// Stores `value` at [`Self::vacant_key`] and returns that key.
+    /// Stores `value` at the head of the free list (or the end) and returns that key.
     pub(crate) fn insert(&mut self, value: T) -> usize {
         let key = self.next;
         self.len += 1;
