@@ -1,0 +1,158 @@
+//! Scale out and in while a producer writes: a fourth node joins and takes a fair share with
+//! minimal movement, `DELETE /cluster/members/{id}` drains a node gracefully, and a two-node
+//! cluster that loses a node stops writing (no quorum) and resumes without loss when it
+//! returns. The copy is exact at the end.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::harness::{
+    free_addr, serial, tick, Cluster, Deadline, NodeId, Producer, Servers, Status, TestResult,
+    LEASE_EXPIRY, PARTITIONS,
+};
+
+/// Waits until the leader reports every partition owned by `nodes`, shares differing by at
+/// most one, and no release pending.
+async fn wait_balanced(cluster: &Cluster, nodes: &[NodeId], within: Duration) -> TestResult<Status> {
+    let deadline = Deadline::new(within, format!("a balanced assignment over {nodes:?}"));
+    loop {
+        if let Some(status) = cluster.leader_status().await {
+            let shares: Vec<usize> = nodes.iter().map(|n| status.owned_by(*n).len()).collect();
+            let spread = shares.iter().max().unwrap_or(&0) - shares.iter().min().unwrap_or(&0);
+            if status.all_owned_by_any_of(nodes)
+                && spread <= 1
+                && !status.units.iter().any(|u| u.release_requested)
+            {
+                return Ok(status);
+            }
+        }
+        if let Err(e) = deadline.check() {
+            return Err(format!("{e}; last: {:?}", cluster.leader_status().await.map(|s| s.owners())).into());
+        }
+        tick().await;
+    }
+}
+
+/// Partitions whose owner differs between two owner maps, with the new owner.
+fn moved(
+    before: &BTreeMap<u32, Option<NodeId>>,
+    after: &BTreeMap<u32, Option<NodeId>>,
+) -> BTreeMap<u32, Option<NodeId>> {
+    after
+        .iter()
+        .filter(|(p, owner)| before.get(p) != Some(owner))
+        .map(|(p, owner)| (*p, *owner))
+        .collect()
+}
+
+fn shares(status: &Status, nodes: &[NodeId]) -> Vec<(NodeId, usize)> {
+    nodes.iter().map(|n| (*n, status.owned_by(*n).len())).collect()
+}
+
+#[test]
+fn fourth_node_joins_nodes_drain_out_and_a_two_node_cluster_waits_for_quorum() -> TestResult {
+    serial(|| async {
+        let servers = Servers::start().await?;
+        let mut cluster = Cluster::start(&servers, 3).await?;
+        let producer = Producer::start(servers.upstream.connection_string(), 1600);
+        let warm = Deadline::new(Duration::from_secs(30), "the copy to start");
+        while servers.downstream_counts().iter().any(|c| *c == 0) {
+            warm.check()?;
+            tick().await;
+        }
+
+        // Scale out.
+        let three = [1, 2, 3];
+        let before = wait_balanced(&cluster, &three, Duration::from_secs(30)).await?;
+        cluster.add_node_process(4, free_addr()?)?;
+        let joining = Instant::now();
+        cluster.add_member(4).await?;
+        let four = [1, 2, 3, 4];
+        let after = wait_balanced(&cluster, &four, Duration::from_secs(60)).await?;
+        let movement = moved(&before.owners(), &after.owners());
+        println!(
+            "node 4 joined: balanced after {:.2} s, shares {:?}, moved {movement:?}",
+            joining.elapsed().as_secs_f64(),
+            shares(&after, &four)
+        );
+        assert!(
+            movement.values().all(|owner| *owner == Some(4)),
+            "units moved between the old nodes: {movement:?}"
+        );
+        assert_eq!(
+            movement.len(),
+            PARTITIONS as usize / 4,
+            "not a minimal movement: {movement:?}"
+        );
+
+        // Scale in: drain node 2.
+        let removing = Instant::now();
+        cluster.remove_member(2).await?;
+        let rest = [1, 3, 4];
+        let drained = wait_balanced(&cluster, &rest, Duration::from_secs(60)).await?;
+        let movement = moved(&after.owners(), &drained.owners());
+        println!(
+            "node 2 removed: balanced after {:.2} s, shares {:?}, moved {movement:?}",
+            removing.elapsed().as_secs_f64(),
+            shares(&drained, &rest)
+        );
+        assert!(
+            !drained.member_ids().contains(&2),
+            "node 2 still a member: {:?}",
+            drained.member_ids()
+        );
+        let from_node_2 = after.owned_by(2);
+        assert!(
+            movement.keys().all(|p| from_node_2.contains(p)),
+            "units of the remaining nodes moved: {movement:?} (node 2 had {from_node_2:?})"
+        );
+        let codes = cluster.terminate(&[2], Duration::from_secs(40)).await?;
+        println!("removed node 2 stopped: {codes:?}");
+
+        // Down to two nodes, then lose one of them.
+        cluster.remove_member(3).await?;
+        let two = [1, 4];
+        wait_balanced(&cluster, &two, Duration::from_secs(60)).await?;
+        cluster.terminate(&[3], Duration::from_secs(40)).await?;
+        let status = cluster.leader_status().await.ok_or("no leader")?;
+        println!("two-node cluster: members {:?}", status.member_ids());
+
+        cluster.kill(4)?;
+        // The survivor's lease cannot be renewed without a quorum: it stops within the lease.
+        tokio::time::sleep(LEASE_EXPIRY + Duration::from_secs(1)).await;
+        let stalled = servers.downstream_counts();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            servers.downstream_counts(),
+            stalled,
+            "node 1 kept writing without a quorum"
+        );
+        println!("without quorum: nothing written for 3 s");
+
+        cluster.restart(4)?;
+        let returned = Instant::now();
+        let resumed = Deadline::new(Duration::from_secs(60), "the copy to resume with quorum");
+        while servers
+            .downstream_counts()
+            .iter()
+            .zip(&stalled)
+            .any(|(now, then)| now <= then)
+        {
+            resumed.check()?;
+            tick().await;
+        }
+        println!(
+            "quorum back: every partition written again {:.2} s after node 4 restarted",
+            returned.elapsed().as_secs_f64()
+        );
+
+        let report = producer.stop().await?;
+        servers.wait_caught_up(Duration::from_secs(60)).await?;
+        println!("produced {} messages", report.produced);
+        assert!(cluster.verify(Duration::from_secs(30)).await?, "verify: not exact");
+        cluster.passed();
+        drop(cluster);
+        servers.shutdown().await;
+        Ok(())
+    })
+}
