@@ -430,7 +430,9 @@ async fn stream_ids_start_at_zero_and_freed_ids_are_reused() -> TestResult {
         check!(a.id == 0, "fresh server starts at 0");
     }
     let b = client.create_stream(&unique("ids-b")).await?;
-    check!(b.id == a.id + 1);
+    if !t.is_remote() {
+        check!(b.id == a.id + 1, "no freed slot: the next id is the end");
+    }
     client.delete_stream(&num(a.id)).await?;
     let c = client.create_stream(&unique("ids-c")).await?;
     check!(c.id == a.id, "the freed slot is reused");
