@@ -21,7 +21,7 @@ fn main() -> std::process::ExitCode {
     // The demo prints its own story; library logs would only interleave with its progress
     // bars, and the errors peers log about the node it kills on purpose are expected.
     let default_level = match cli.command {
-        cli::Command::Demo(_) => "warn,openraft=off",
+        cli::Command::Demo(_) => "warn,openraft=off,iggy=off",
         _ => "info",
     };
     if let Err(error) = logging::install(cli.log_format, cli.log_level.as_deref(), default_level) {
