@@ -395,6 +395,17 @@ async fn child_gone<C: ControlPlane>(
     }
     let epoch = slot.epoch;
     match &slot.phase {
+        Phase::Running { .. }
+            if state.draining.is_some()
+                || state
+                    .desired
+                    .get(unit)
+                    .is_none_or(|a| a.epoch != epoch || a.release_requested) =>
+        {
+            // The pair ended on its own because ownership moved on; nothing to restart.
+            state.slots.remove(unit);
+            reconcile(myself, state).await;
+        }
         Phase::Running { failed, .. } => {
             let failed = *failed;
             if slot.started.elapsed() >= slot.backoff_reset_after() {

@@ -118,12 +118,19 @@ impl<C: ControlPlane> Actor for PartitionReader<C> {
         let span = state.shared.span.clone();
         async {
             if state.next.is_none() {
-                let Some(start) = state.start.take() else {
+                // Never block the mailbox on the writer: a stop must be able to get through.
+                let Some(mut start) = state.start.take() else {
                     return Ok(());
                 };
-                match start.await {
+                match start.try_recv() {
                     Ok(from) => state.next = Some(from),
-                    Err(_) => {
+                    Err(oneshot::error::TryRecvError::Empty) => {
+                        state.start = Some(start);
+                        let delay = state.shared.flow.poll_interval;
+                        state.timer = Some(myself.send_after(delay, || ReaderMsg::Poll));
+                        return Ok(());
+                    }
+                    Err(oneshot::error::TryRecvError::Closed) => {
                         myself.stop(Some("writer gone before start".into()));
                         return Ok(());
                     }

@@ -150,7 +150,9 @@ impl<C: ControlPlane> Actor for DownstreamWriter<C> {
     ) -> std::result::Result<(), ActorProcessingErr> {
         let span = state.shared.span.clone();
         async {
+            let reader_gone = state.start.as_ref().is_some_and(|s| s.is_closed());
             let result = match msg {
+                WriterMsg::Resume if reader_gone => Ok(Flow::Stop("reader gone before start")),
                 WriterMsg::Resume => resume(state).await.map(|()| Flow::Continue),
                 WriterMsg::Next => next(state).await,
             };
