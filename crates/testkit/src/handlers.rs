@@ -776,7 +776,17 @@ fn delete_segments(shared: &Shared, session: &Session, payload: &[u8]) -> Reply 
         .get(partition as usize)
         .ok_or(status::PARTITION_NOT_FOUND)?;
     let mut log = lock(&p.log);
-    if log.drop_oldest_segments(count as usize) > 0 {
+    // Oldest sealed segments first; never the active one, never one above the lowest stored
+    // consumer offset (the server's barrier).
+    let mut freed = 0;
+    for _ in 0..count {
+        let bytes = log.drop_oldest_sealed();
+        if bytes == 0 {
+            break;
+        }
+        freed += bytes;
+    }
+    if freed > 0 {
         if let Some(store) = &shared.store {
             store.partition_rewritten(sid, tid, partition as usize, &log);
         }

@@ -379,7 +379,7 @@ impl PartitionLog {
 
     /// Whether the oldest sealed segment may be deleted by the cleaner: it exists, is not the
     /// active segment, and no stored consumer offset is below its end.
-    fn oldest_sealed_deletable(&self) -> Option<&SegmentMeta> {
+    pub(crate) fn oldest_sealed_deletable(&self) -> Option<&SegmentMeta> {
         if self.segments.len() < 2 {
             return None;
         }

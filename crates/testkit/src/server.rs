@@ -383,8 +383,8 @@ fn clean(shared: &Shared, now: u64) -> u64 {
                         .enumerate()
                         .filter_map(|(pid, p)| {
                             let log = lock(&p.log);
-                            (log.segments().len() > 1)
-                                .then(|| (log.segments()[0].max_timestamp, pid))
+                            log.oldest_sealed_deletable()
+                                .map(|segment| (segment.max_timestamp, pid))
                         })
                         .min();
                     let Some((_, pid)) = candidate else {

@@ -1671,3 +1671,65 @@ async fn data_dir_keeps_streams_messages_and_offsets_across_process_restarts() -
     server.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn size_cleaner_and_delete_segments_keep_the_active_segment_and_stored_offsets() -> TestResult
+{
+    let t = Target::with_config(TestServerConfig {
+        segment_size: 200,
+        ..TestServerConfig::default()
+    })
+    .await;
+    let Some(server) = t.local("size cleaner and DELETE_SEGMENTS") else {
+        return Ok(());
+    };
+    let client = t.client().await;
+    let s = unique("size");
+    client.create_stream(&s).await?;
+    client
+        .create_topic(
+            &name(&s),
+            "t",
+            2,
+            CompressionAlgorithm::None,
+            None,
+            IggyExpiry::NeverExpire,
+            MaxTopicSize::Custom(IggyByteSize::from(400u64)),
+        )
+        .await?;
+    for p in 0..2 {
+        for i in 0..6 {
+            // 100 bytes per message: two per 200-byte segment.
+            let mut one = vec![msg(&format!("{i:036}"))];
+            client
+                .send_messages(
+                    &name(&s),
+                    &name("t"),
+                    &Partitioning::partition_id(p),
+                    &mut one,
+                )
+                .await?;
+        }
+    }
+    // Partition 1: a stored consumer offset at 1 blocks everything above it.
+    client
+        .store_consumer_offset(&Consumer::new(num(1)), &name(&s), &name("t"), Some(1), 1)
+        .await?;
+    // Topic holds 1200 bytes against a 360-byte threshold (90 % of 400): partition 0 loses both
+    // sealed segments, partition 1 only the segment [0, 1] below its stored offset.
+    let dropped = server.retention().run_cleaner();
+    check!(dropped == 6);
+    check!(server.partition_info(&s, "t", 0)?.first_offset == 4);
+    check!(server.partition_info(&s, "t", 1)?.first_offset == 2);
+    client
+        .store_consumer_offset(&Consumer::new(num(1)), &name(&s), &name("t"), Some(1), 5)
+        .await?;
+    client.delete_segments(&name(&s), &name("t"), 1, 10).await?;
+    let info = server.partition_info(&s, "t", 1)?;
+    check!(info.first_offset == 4, "only sealed segments go");
+    check!(info.segments_count == 1);
+    check!(code(client.delete_segments(&name(&s), &name("t"), 7, 1).await) == 3007);
+    client.shutdown().await?;
+    t.stop().await;
+    Ok(())
+}
