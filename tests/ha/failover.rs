@@ -71,11 +71,7 @@ fn killed_follower_and_leader_partitions_resume_on_the_others_exactly_once() -> 
         let mut cluster = Cluster::start(&servers, 3).await?;
         let producer = Producer::start(servers.upstream.connection_string(), 1600);
         // The copy is running on every partition before the first fault.
-        let warm = crate::harness::Deadline::new(Duration::from_secs(30), "the copy to start");
-        while servers.downstream_counts().iter().any(|c| *c == 0) {
-            warm.check()?;
-            crate::harness::tick().await;
-        }
+        servers.wait_copy_started().await?;
 
         let status = cluster.leader_status().await.ok_or("no leader")?;
         let leader = status.leader.ok_or("no leader")?;
@@ -103,7 +99,10 @@ fn killed_follower_and_leader_partitions_resume_on_the_others_exactly_once() -> 
             follower_time.as_secs_f64(),
             leader_time.as_secs_f64()
         );
-        assert!(cluster.verify(Duration::from_secs(30)).await?, "verify: not exact");
+        assert!(
+            cluster.verify(Duration::from_secs(30)).await?,
+            "verify: not exact"
+        );
         cluster.passed();
         drop(cluster);
         servers.shutdown().await;

@@ -10,7 +10,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,25 +26,25 @@ use serde::Deserialize;
 use tokio::task::JoinHandle;
 
 /// What every scenario returns.
-pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+pub(crate) type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// Upstream stream replicated by every scenario.
-pub const STREAM: &str = "ha";
+pub(crate) const STREAM: &str = "ha";
 /// Upstream topic replicated by every scenario.
-pub const TOPIC: &str = "events";
+pub(crate) const TOPIC: &str = "events";
 /// Partitions of [`TOPIC`].
-pub const PARTITIONS: u32 = 16;
+pub(crate) const PARTITIONS: u32 = 16;
 /// The one flow of every node's config.
-pub const FLOW: &str = "up-to-down";
+pub(crate) const FLOW: &str = "up-to-down";
 /// Default lease expiry (the scenarios run with the product defaults).
-pub const LEASE_EXPIRY: Duration = Duration::from_secs(2);
+pub(crate) const LEASE_EXPIRY: Duration = Duration::from_secs(2);
 
 /// Node ids are the control plane's `NodeId`.
-pub type NodeId = u64;
+pub(crate) type NodeId = u64;
 
 /// Runs one scenario alone (a process-wide lock: the scenarios start several processes each
 /// and share two cores with the rest of the suite) on its own multi-threaded runtime.
-pub fn serial<F, Fut>(scenario: F) -> TestResult
+pub(crate) fn serial<F, Fut>(scenario: F) -> TestResult
 where
     F: FnOnce() -> Fut,
     Fut: Future<Output = TestResult>,
@@ -62,14 +62,14 @@ where
 }
 
 /// A deadline for polling loops, with a description for the error.
-pub struct Deadline {
+pub(crate) struct Deadline {
     until: Instant,
     what: String,
 }
 
 impl Deadline {
     /// A deadline `within` from now for `what`.
-    pub fn new(within: Duration, what: impl Into<String>) -> Self {
+    pub(crate) fn new(within: Duration, what: impl Into<String>) -> Self {
         Self {
             until: Instant::now() + within,
             what: what.into(),
@@ -77,7 +77,7 @@ impl Deadline {
     }
 
     /// `Err` once the deadline has passed.
-    pub fn check(&self) -> TestResult {
+    pub(crate) fn check(&self) -> TestResult {
         if Instant::now() > self.until {
             Err(format!("timed out waiting for {}", self.what).into())
         } else {
@@ -87,21 +87,21 @@ impl Deadline {
 }
 
 /// Pause between two polls of a condition.
-pub async fn tick() {
+pub(crate) async fn tick() {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
 /// Upstream and downstream Iggy servers, with the replicated topic created upstream.
-pub struct Servers {
+pub(crate) struct Servers {
     /// The source cluster ("up").
-    pub upstream: TestServer,
+    pub(crate) upstream: TestServer,
     /// The target cluster ("down").
-    pub downstream: TestServer,
+    pub(crate) downstream: TestServer,
 }
 
 impl Servers {
     /// Starts both servers and creates [`STREAM`]/[`TOPIC`] with [`PARTITIONS`] upstream.
-    pub async fn start() -> TestResult<Self> {
+    pub(crate) async fn start() -> TestResult<Self> {
         let upstream = TestServer::start(TestServerConfig::default()).await?;
         let downstream = TestServer::start(TestServerConfig::default()).await?;
         let client = connect(&upstream.connection_string()).await?;
@@ -125,17 +125,27 @@ impl Servers {
     }
 
     /// Messages per partition upstream.
-    pub fn upstream_counts(&self) -> Vec<u64> {
+    pub(crate) fn upstream_counts(&self) -> Vec<u64> {
         counts(&self.upstream)
     }
 
     /// Messages per partition downstream (0 while the topic does not exist yet).
-    pub fn downstream_counts(&self) -> Vec<u64> {
+    pub(crate) fn downstream_counts(&self) -> Vec<u64> {
         counts(&self.downstream)
     }
 
+    /// Waits until every downstream partition has messages (the copy runs everywhere).
+    pub(crate) async fn wait_copy_started(&self) -> TestResult {
+        let deadline = Deadline::new(Duration::from_secs(30), "every partition to be copied");
+        while self.downstream_counts().contains(&0) {
+            deadline.check()?;
+            tick().await;
+        }
+        Ok(())
+    }
+
     /// Waits until every partition downstream has as many messages as upstream.
-    pub async fn wait_caught_up(&self, within: Duration) -> TestResult<Duration> {
+    pub(crate) async fn wait_caught_up(&self, within: Duration) -> TestResult<Duration> {
         let started = Instant::now();
         let deadline = Deadline::new(within, "the downstream to catch up");
         loop {
@@ -154,7 +164,7 @@ impl Servers {
     }
 
     /// Shuts both servers down.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         self.upstream.shutdown().await;
         self.downstream.shutdown().await;
     }
@@ -172,7 +182,7 @@ fn counts(server: &TestServer) -> Vec<u64> {
 }
 
 /// Connects (and logs in, the URL carries the credentials) to an Iggy server.
-pub async fn connect(url: &str) -> TestResult<IggyClient> {
+pub(crate) async fn connect(url: &str) -> TestResult<IggyClient> {
     let client = IggyClient::from_connection_string(url)?;
     client.connect().await?;
     Ok(client)
@@ -181,41 +191,30 @@ pub async fn connect(url: &str) -> TestResult<IggyClient> {
 /// A producer writing continuously into every partition of the topic, round robin, each
 /// message with a unique id. A failed send is retried with fresh ids (the failed batch may or
 /// may not have been stored; either way ids stay unique).
-pub struct Producer {
+pub(crate) struct Producer {
     stop: Arc<AtomicBool>,
-    produced: Arc<AtomicU64>,
     task: JoinHandle<TestResult<ProducerReport>>,
 }
 
 /// What a producer did.
 #[derive(Debug, Clone, Copy)]
-pub struct ProducerReport {
+pub(crate) struct ProducerReport {
     /// Messages acknowledged by upstream.
-    pub produced: u64,
+    pub(crate) produced: u64,
     /// Sends that failed (upstream restarts, dropped connections).
-    pub failed_sends: u64,
+    pub(crate) failed_sends: u64,
 }
 
 impl Producer {
     /// Starts producing about `rate` messages per second.
-    pub fn start(upstream_url: String, rate: u64) -> Self {
+    pub(crate) fn start(upstream_url: String, rate: u64) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let produced = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(produce(upstream_url, rate, stop.clone(), produced.clone()));
-        Self {
-            stop,
-            produced,
-            task,
-        }
-    }
-
-    /// Messages acknowledged so far.
-    pub fn produced(&self) -> u64 {
-        self.produced.load(Ordering::Relaxed)
+        let task = tokio::spawn(produce(upstream_url, rate, stop.clone()));
+        Self { stop, task }
     }
 
     /// Stops producing and reports.
-    pub async fn stop(self) -> TestResult<ProducerReport> {
+    pub(crate) async fn stop(self) -> TestResult<ProducerReport> {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await?
     }
@@ -224,12 +223,7 @@ impl Producer {
 /// Time between two rounds of sends.
 const PRODUCE_TICK: Duration = Duration::from_millis(50);
 
-async fn produce(
-    url: String,
-    rate: u64,
-    stop: Arc<AtomicBool>,
-    produced: Arc<AtomicU64>,
-) -> TestResult<ProducerReport> {
+async fn produce(url: String, rate: u64, stop: Arc<AtomicBool>) -> TestResult<ProducerReport> {
     let client = connect(&url).await?;
     let stream = Identifier::named(STREAM)?;
     let topic = Identifier::named(TOPIC)?;
@@ -248,7 +242,8 @@ async fn produce(
         for partition in 0..PARTITIONS {
             let mut messages = Vec::with_capacity(per_partition as usize);
             for _ in 0..per_partition {
-                let mut payload = format!("message {next_id} for partition {partition} ").into_bytes();
+                let mut payload =
+                    format!("message {next_id} for partition {partition} ").into_bytes();
                 payload.resize(120, b'.');
                 let mut headers = BTreeMap::new();
                 headers.insert(key.clone(), HeaderValue::from_str("ha-test")?);
@@ -274,7 +269,6 @@ async fn produce(
             match sent {
                 Ok(Ok(())) => {
                     report.produced += per_partition;
-                    produced.store(report.produced, Ordering::Relaxed);
                 }
                 // Upstream restarting or dropping connections: the SDK reconnects; the next
                 // round uses new ids.
@@ -288,65 +282,59 @@ async fn produce(
 
 /// `GET /status` of a node, the fields the scenarios read.
 #[derive(Debug, Clone, Deserialize)]
-pub struct Status {
-    /// The node that answered.
-    pub node: NodeId,
+pub(crate) struct Status {
     /// The leader it knows.
-    pub leader: Option<NodeId>,
+    pub(crate) leader: Option<NodeId>,
     /// Its Raft term.
-    pub term: u64,
+    pub(crate) term: u64,
     /// Members.
-    pub members: Vec<MemberView>,
+    pub(crate) members: Vec<MemberView>,
     /// Units.
-    pub units: Vec<UnitView>,
+    pub(crate) units: Vec<UnitView>,
 }
 
 /// A member in [`Status`].
 #[derive(Debug, Clone, Deserialize)]
-pub struct MemberView {
+pub(crate) struct MemberView {
     /// Node id.
-    pub id: NodeId,
-    /// Raft voter.
-    pub voter: bool,
-    /// Lease alive (known when reported by the leader).
-    pub lease_alive: Option<bool>,
+    pub(crate) id: NodeId,
     /// Units it owns.
-    pub units_owned: usize,
+    pub(crate) units_owned: usize,
 }
 
 /// A unit in [`Status`].
 #[derive(Debug, Clone, Deserialize)]
-pub struct UnitView {
+pub(crate) struct UnitView {
     /// The unit.
-    pub unit: UnitKey,
+    pub(crate) unit: UnitKey,
     /// Owner.
-    pub owner: Option<NodeId>,
+    pub(crate) owner: Option<NodeId>,
     /// Epoch of the latest grant.
-    pub epoch: serde_json::Value,
+    pub(crate) epoch: serde_json::Value,
     /// Confirmed offset.
-    pub confirmed_offset: Option<u64>,
+    pub(crate) confirmed_offset: Option<u64>,
     /// Release requested by the leader.
-    pub release_requested: bool,
+    pub(crate) release_requested: bool,
     /// No longer seen upstream.
-    pub retired: bool,
+    pub(crate) retired: bool,
 }
 
 /// A work unit's identity.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
-pub struct UnitKey {
+pub(crate) struct UnitKey {
     /// Flow.
-    pub flow: String,
+    pub(crate) flow: String,
     /// Stream.
-    pub stream: String,
+    pub(crate) stream: String,
     /// Topic.
-    pub topic: String,
+    pub(crate) topic: String,
     /// Partition id.
-    pub partition: u32,
+    pub(crate) partition: u32,
 }
 
 impl Status {
     /// Owner of every live unit of the test topic, by partition.
-    pub fn owners(&self) -> BTreeMap<u32, Option<NodeId>> {
+    pub(crate) fn owners(&self) -> BTreeMap<u32, Option<NodeId>> {
         self.units
             .iter()
             .filter(|u| !u.retired && u.unit.stream == STREAM && u.unit.topic == TOPIC)
@@ -355,7 +343,7 @@ impl Status {
     }
 
     /// Partitions owned by `node`.
-    pub fn owned_by(&self, node: NodeId) -> BTreeSet<u32> {
+    pub(crate) fn owned_by(&self, node: NodeId) -> BTreeSet<u32> {
         self.owners()
             .into_iter()
             .filter(|(_, owner)| *owner == Some(node))
@@ -364,7 +352,7 @@ impl Status {
     }
 
     /// Whether all [`PARTITIONS`] units have an owner among `nodes`.
-    pub fn all_owned_by_any_of(&self, nodes: &[NodeId]) -> bool {
+    pub(crate) fn all_owned_by_any_of(&self, nodes: &[NodeId]) -> bool {
         let owners = self.owners();
         owners.len() == PARTITIONS as usize
             && owners
@@ -373,7 +361,7 @@ impl Status {
     }
 
     /// Units owned per member, as the leader reports them.
-    pub fn units_owned(&self, node: NodeId) -> usize {
+    pub(crate) fn units_owned(&self, node: NodeId) -> usize {
         self.members
             .iter()
             .find(|m| m.id == node)
@@ -381,23 +369,23 @@ impl Status {
     }
 
     /// Member ids.
-    pub fn member_ids(&self) -> Vec<NodeId> {
+    pub(crate) fn member_ids(&self) -> Vec<NodeId> {
         self.members.iter().map(|m| m.id).collect()
     }
 }
 
 /// One replicator node process.
-pub struct Node {
+pub(crate) struct Node {
     /// Node id.
-    pub id: NodeId,
+    pub(crate) id: NodeId,
     /// Raft address.
-    pub raft_addr: SocketAddr,
+    pub(crate) raft_addr: SocketAddr,
     /// Admin API address.
-    pub api_addr: SocketAddr,
+    pub(crate) api_addr: SocketAddr,
     /// Its config file.
-    pub config: PathBuf,
+    pub(crate) config: PathBuf,
     /// Its log file (stdout and stderr).
-    pub log: PathBuf,
+    pub(crate) log: PathBuf,
     /// The running process, if any.
     child: Option<Child>,
     /// Stopped by SIGSTOP and not continued yet.
@@ -406,7 +394,7 @@ pub struct Node {
 
 impl Node {
     /// Whether the process runs.
-    pub fn is_running(&self) -> bool {
+    pub(crate) fn is_running(&self) -> bool {
         self.child.is_some()
     }
 
@@ -425,13 +413,13 @@ impl Node {
 }
 
 /// Free loopback port: bind port 0 and release it.
-pub fn free_addr() -> TestResult<SocketAddr> {
+pub(crate) fn free_addr() -> TestResult<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?)
 }
 
 /// A cluster of replicator node processes (and the shared secret, config and data dirs).
-pub struct Cluster {
+pub(crate) struct Cluster {
     /// Temp dir with every node's config, data dir and log.
     dir: tempfile::TempDir,
     /// Cluster secret (also the admin bearer token).
@@ -451,8 +439,10 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` nodes (ids 1..=n) bootstrapping one cluster over `servers`, and waits until
     /// every partition is owned.
-    pub async fn start(servers: &Servers, n: u64) -> TestResult<Self> {
-        let dir = tempfile::Builder::new().prefix("iggy-replicator-ha-").tempdir()?;
+    pub(crate) async fn start(servers: &Servers, n: u64) -> TestResult<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("iggy-replicator-ha-")
+            .tempdir()?;
         let secret = format!("ha-test-secret-{:016x}", rand::random::<u64>());
         let mut initial = BTreeMap::new();
         for id in 1..=n {
@@ -484,12 +474,19 @@ impl Cluster {
 
     /// Writes the config of a new node `id` (bootstrap members: the cluster's initial ones)
     /// and starts its process.
-    pub fn add_node_process(&mut self, id: NodeId, raft_addr: SocketAddr) -> TestResult<&Node> {
+    pub(crate) fn add_node_process(
+        &mut self,
+        id: NodeId,
+        raft_addr: SocketAddr,
+    ) -> TestResult<&Node> {
         let api_addr = free_addr()?;
         let node_dir = self.dir.path().join(format!("node-{id}"));
         std::fs::create_dir_all(&node_dir)?;
         let config = node_dir.join("replicator.toml");
-        std::fs::write(&config, self.config_text(id, raft_addr, api_addr, &node_dir))?;
+        std::fs::write(
+            &config,
+            self.config_text(id, raft_addr, api_addr, &node_dir),
+        )?;
         let mut node = Node {
             id,
             raft_addr,
@@ -552,7 +549,7 @@ discovery_interval = "1s"
     }
 
     /// A node by id.
-    pub fn node(&self, id: NodeId) -> TestResult<&Node> {
+    pub(crate) fn node(&self, id: NodeId) -> TestResult<&Node> {
         self.nodes
             .get(&id)
             .ok_or_else(|| format!("no node {id}").into())
@@ -565,7 +562,7 @@ discovery_interval = "1s"
     }
 
     /// Ids of the nodes whose process runs (and is not paused).
-    pub fn running(&self) -> Vec<NodeId> {
+    pub(crate) fn running(&self) -> Vec<NodeId> {
         self.nodes
             .values()
             .filter(|n| n.is_running() && !n.paused)
@@ -574,7 +571,7 @@ discovery_interval = "1s"
     }
 
     /// Config file of the first node (for `verify`).
-    pub fn any_config(&self) -> TestResult<PathBuf> {
+    pub(crate) fn any_config(&self) -> TestResult<PathBuf> {
         self.nodes
             .values()
             .next()
@@ -583,7 +580,7 @@ discovery_interval = "1s"
     }
 
     /// `kill -9` of a node.
-    pub fn kill(&mut self, id: NodeId) -> TestResult {
+    pub(crate) fn kill(&mut self, id: NodeId) -> TestResult {
         let node = self.node_mut(id)?;
         node.signal(Signal::SIGKILL)?;
         if let Some(mut child) = node.child.take() {
@@ -594,7 +591,7 @@ discovery_interval = "1s"
     }
 
     /// SIGSTOP.
-    pub fn pause(&mut self, id: NodeId) -> TestResult {
+    pub(crate) fn pause(&mut self, id: NodeId) -> TestResult {
         let node = self.node_mut(id)?;
         node.signal(Signal::SIGSTOP)?;
         node.paused = true;
@@ -602,7 +599,7 @@ discovery_interval = "1s"
     }
 
     /// SIGCONT.
-    pub fn resume(&mut self, id: NodeId) -> TestResult {
+    pub(crate) fn resume(&mut self, id: NodeId) -> TestResult {
         let node = self.node_mut(id)?;
         node.signal(Signal::SIGCONT)?;
         node.paused = false;
@@ -612,7 +609,11 @@ discovery_interval = "1s"
     /// SIGTERM to every running node at once, then waits for them to exit (graceful drain);
     /// returns their exit codes. A node that does not exit within `within` is killed and
     /// reported as an error.
-    pub async fn terminate(&mut self, ids: &[NodeId], within: Duration) -> TestResult<Vec<(NodeId, Option<i32>)>> {
+    pub(crate) async fn terminate(
+        &mut self,
+        ids: &[NodeId],
+        within: Duration,
+    ) -> TestResult<Vec<(NodeId, Option<i32>)>> {
         for id in ids {
             self.node(*id)?.signal(Signal::SIGTERM)?;
         }
@@ -640,7 +641,7 @@ discovery_interval = "1s"
     }
 
     /// Starts a stopped node's process again with the same config and data dir.
-    pub fn restart(&mut self, id: NodeId) -> TestResult {
+    pub(crate) fn restart(&mut self, id: NodeId) -> TestResult {
         let node = self.node_mut(id)?;
         if node.child.is_some() {
             return Err(format!("node {id} is still running").into());
@@ -649,7 +650,7 @@ discovery_interval = "1s"
     }
 
     /// `GET /status` of one node.
-    pub async fn status_of(&self, id: NodeId) -> TestResult<Status> {
+    pub(crate) async fn status_of(&self, id: NodeId) -> TestResult<Status> {
         let node = self.node(id)?;
         let response = self
             .http
@@ -662,36 +663,38 @@ discovery_interval = "1s"
         Ok(response.json().await?)
     }
 
-    /// The status as the current leader reports it (the only one that knows lease liveness),
-    /// asking the running nodes for the leader; `None` while no running node knows a
-    /// reachable leader.
-    pub async fn leader_status(&self) -> Option<Status> {
+    /// The status as the current leader reports it (the only one that knows lease liveness);
+    /// `None` while unknown. The leader is the one named by the running nodes at the highest
+    /// term: a restarted former leader briefly believes it still leads, at its old term.
+    pub(crate) async fn leader_status(&self) -> Option<Status> {
+        let mut views = Vec::new();
         for id in self.running() {
-            let Ok(status) = self.status_of(id).await else {
-                continue;
-            };
-            let Some(leader) = status.leader else {
-                continue;
-            };
-            if leader == id {
-                return Some(status);
+            if let Ok(status) = self.status_of(id).await {
+                views.push((id, status));
             }
-            if !self.running().contains(&leader) {
-                continue;
-            }
-            if let Ok(leader_status) = self.status_of(leader).await {
-                if leader_status.leader == Some(leader) {
-                    return Some(leader_status);
-                }
-            }
+        }
+        let term = views.iter().map(|(_, s)| s.term).max()?;
+        let leader = views
+            .iter()
+            .find(|(_, s)| s.term == term && s.leader.is_some())
+            .and_then(|(_, s)| s.leader)?;
+        if let Some((_, status)) = views.iter().find(|(id, _)| *id == leader) {
+            return (status.leader == Some(leader) && status.term == term).then(|| status.clone());
         }
         None
     }
 
     /// Waits until the leader reports every partition owned by one of `nodes` and each of
     /// `nodes` owning at least one; returns that status.
-    pub async fn wait_all_owned(&self, nodes: &[NodeId], within: Duration) -> TestResult<Status> {
-        let deadline = Deadline::new(within, format!("every partition owned by {nodes:?}, each owning some"));
+    pub(crate) async fn wait_all_owned(
+        &self,
+        nodes: &[NodeId],
+        within: Duration,
+    ) -> TestResult<Status> {
+        let deadline = Deadline::new(
+            within,
+            format!("every partition owned by {nodes:?}, each owning some"),
+        );
         loop {
             if let Some(status) = self.leader_status().await {
                 if status.all_owned_by_any_of(nodes)
@@ -708,52 +711,69 @@ discovery_interval = "1s"
         }
     }
 
-    /// `POST /cluster/members` to the leader.
-    pub async fn add_member(&self, id: NodeId) -> TestResult {
+    /// `iggy-replicator cluster add` against the leader's admin API (token from
+    /// `REPLICATOR_TOKEN`).
+    pub(crate) async fn add_member(&self, id: NodeId) -> TestResult {
         let node = self.node(id)?;
-        let body = serde_json::json!({
-            "id": id,
-            "raft_addr": node.raft_addr.to_string(),
-            "api_addr": node.api_addr.to_string(),
-        });
-        self.admin_call("add member", |leader| {
-            self.http
-                .post(format!("http://{leader}/cluster/members"))
-                .bearer_auth(&self.secret)
-                .timeout(Duration::from_secs(30))
-                .json(&body)
-        })
-        .await
+        let args = vec![
+            "add".to_owned(),
+            "--id".to_owned(),
+            id.to_string(),
+            "--raft-addr".to_owned(),
+            node.raft_addr.to_string(),
+            "--api-addr".to_owned(),
+            node.api_addr.to_string(),
+        ];
+        self.cluster_command(&args).await
     }
 
-    /// `DELETE /cluster/members/{id}` to the leader (drain, then removal).
-    pub async fn remove_member(&self, id: NodeId) -> TestResult {
-        self.admin_call("remove member", |leader| {
-            self.http
-                .delete(format!("http://{leader}/cluster/members/{id}"))
-                .bearer_auth(&self.secret)
-                .timeout(Duration::from_secs(60))
-        })
-        .await
+    /// `iggy-replicator cluster remove --id N` against the leader (drain, then removal).
+    pub(crate) async fn remove_member(&self, id: NodeId) -> TestResult {
+        let args = vec!["remove".to_owned(), "--id".to_owned(), id.to_string()];
+        self.cluster_command(&args).await
     }
 
-    async fn admin_call(
-        &self,
-        what: &str,
-        request: impl Fn(SocketAddr) -> reqwest::RequestBuilder,
-    ) -> TestResult {
-        let deadline = Deadline::new(Duration::from_secs(60), what);
+    /// `iggy-replicator cluster status` of a node, as an operator sees it.
+    pub(crate) async fn cluster_status_text(&self, id: NodeId) -> TestResult<String> {
+        let node = self.node(id)?;
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_iggy-replicator"))
+            .args(["cluster", "status", "--api"])
+            .arg(node.api_addr.to_string())
+            .env_remove("RUST_LOG")
+            .kill_on_drop(true)
+            .output()
+            .await?;
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Runs `iggy-replicator cluster <args> --api <leader>` until it succeeds (the leader may
+    /// change meanwhile).
+    async fn cluster_command(&self, args: &[String]) -> TestResult {
+        let deadline = Deadline::new(Duration::from_secs(60), format!("cluster {args:?}"));
         loop {
             let mut last = String::from("no leader");
             if let Some(status) = self.leader_status().await {
                 if let Some(leader) = status.leader.and_then(|l| self.nodes.get(&l)) {
-                    match request(leader.api_addr).send().await {
-                        Ok(r) if r.status().is_success() => return Ok(()),
-                        Ok(r) => {
-                            last = format!("{}: {}", r.status(), r.text().await.unwrap_or_default())
-                        }
-                        Err(e) => last = e.to_string(),
+                    let output =
+                        tokio::process::Command::new(env!("CARGO_BIN_EXE_iggy-replicator"))
+                            .arg("cluster")
+                            .args(args)
+                            .arg("--api")
+                            .arg(leader.api_addr.to_string())
+                            .env("REPLICATOR_TOKEN", &self.secret)
+                            .env_remove("RUST_LOG")
+                            .kill_on_drop(true)
+                            .output()
+                            .await?;
+                    if output.status.success() {
+                        print!("{}", String::from_utf8_lossy(&output.stdout));
+                        return Ok(());
                     }
+                    last = format!(
+                        "exit {:?}: {}",
+                        output.status.code(),
+                        String::from_utf8_lossy(&output.stderr).trim()
+                    );
                 }
             }
             if let Err(e) = deadline.check() {
@@ -765,7 +785,7 @@ discovery_interval = "1s"
 
     /// Runs `iggy-replicator verify --config <node config> --wait <wait>`; prints its table
     /// and returns whether it reported an exact copy (exit 0).
-    pub async fn verify(&self, wait: Duration) -> TestResult<bool> {
+    pub(crate) async fn verify(&self, wait: Duration) -> TestResult<bool> {
         let config = self.any_config()?;
         let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_iggy-replicator"))
             .args(["--log-level", "warn", "verify", "--wait"])
@@ -788,7 +808,7 @@ discovery_interval = "1s"
     }
 
     /// Prometheus text of a node's `/metrics`.
-    pub async fn metrics_of(&self, id: NodeId) -> TestResult<String> {
+    pub(crate) async fn metrics_of(&self, id: NodeId) -> TestResult<String> {
         let node = self.node(id)?;
         Ok(self
             .http
@@ -800,12 +820,12 @@ discovery_interval = "1s"
     }
 
     /// Marks the scenario as passed: drop will not print the node logs.
-    pub fn passed(&mut self) {
+    pub(crate) fn passed(&mut self) {
         self.passed = true;
     }
 
     /// Prints the last lines of every node log.
-    pub fn print_logs(&self, lines: usize) {
+    pub(crate) fn print_logs(&self, lines: usize) {
         for node in self.nodes.values() {
             let text = std::fs::read_to_string(&node.log).unwrap_or_default();
             let all: Vec<&str> = text.lines().collect();
@@ -859,23 +879,26 @@ fn spawn(node: &mut Node) -> TestResult {
 
 /// How long after a fault every listed partition took to get a new message downstream.
 #[derive(Debug, Clone)]
-pub struct Resumption {
+pub(crate) struct Resumption {
     /// Until the first partition moved again.
-    pub first: Duration,
+    pub(crate) first: Duration,
     /// Until every partition moved again.
-    pub all: Duration,
+    pub(crate) all: Duration,
 }
 
 /// Watches the downstream partitions `partitions` from `baseline` counts (taken after the
 /// fault at `since`) until each has grown, i.e. a new owner wrote to it.
-pub async fn wait_resumed(
+pub(crate) async fn wait_resumed(
     servers: &Servers,
     partitions: &BTreeSet<u32>,
     baseline: &[u64],
     since: Instant,
     within: Duration,
 ) -> TestResult<Resumption> {
-    let deadline = Deadline::new(within, format!("partitions {partitions:?} to be written again"));
+    let deadline = Deadline::new(
+        within,
+        format!("partitions {partitions:?} to be written again"),
+    );
     let mut first = None;
     let mut pending = partitions.clone();
     loop {
@@ -899,7 +922,7 @@ pub async fn wait_resumed(
 }
 
 /// Median and maximum of durations.
-pub fn p50_max(samples: &[Duration]) -> (Duration, Duration) {
+pub(crate) fn p50_max(samples: &[Duration]) -> (Duration, Duration) {
     let mut sorted = samples.to_vec();
     sorted.sort_unstable();
     let p50 = sorted.get(sorted.len() / 2).copied().unwrap_or_default();

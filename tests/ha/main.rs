@@ -3,7 +3,9 @@
 //! membership changes and server faults. One test binary; the scenarios run one at a time
 //! (see `harness::serial`).
 
+mod chaos;
 mod failover;
 mod harness;
 mod restart;
+mod scale;
 mod zombie;

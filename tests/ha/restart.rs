@@ -20,7 +20,7 @@ fn whole_cluster_stopped_mid_stream_resumes_from_confirmed_offsets_exactly_once(
 
         let stopping = Instant::now();
         let all = cluster.running();
-        let codes = cluster.terminate(&all, Duration::from_secs(60)).await?;
+        let codes = cluster.terminate(&all, Duration::from_secs(90)).await?;
         println!(
             "all nodes stopped after {:.2} s, exit codes {codes:?}",
             stopping.elapsed().as_secs_f64()
@@ -41,7 +41,9 @@ fn whole_cluster_stopped_mid_stream_resumes_from_confirmed_offsets_exactly_once(
             cluster.restart(*id)?;
         }
         let restarted = Instant::now();
-        let status = cluster.wait_all_owned(&all, Duration::from_secs(60)).await?;
+        let status = cluster
+            .wait_all_owned(&all, Duration::from_secs(60))
+            .await?;
         let confirmed: BTreeMap<u32, Option<u64>> = status
             .units
             .iter()
@@ -76,7 +78,10 @@ fn whole_cluster_stopped_mid_stream_resumes_from_confirmed_offsets_exactly_once(
         let report = producer.stop().await?;
         servers.wait_caught_up(Duration::from_secs(60)).await?;
         println!("produced {} messages", report.produced);
-        assert!(cluster.verify(Duration::from_secs(30)).await?, "verify: not exact");
+        assert!(
+            cluster.verify(Duration::from_secs(30)).await?,
+            "verify: not exact"
+        );
         cluster.passed();
         drop(cluster);
         servers.shutdown().await;

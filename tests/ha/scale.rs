@@ -13,7 +13,11 @@ use crate::harness::{
 
 /// Waits until the leader reports every partition owned by `nodes`, shares differing by at
 /// most one, and no release pending.
-async fn wait_balanced(cluster: &Cluster, nodes: &[NodeId], within: Duration) -> TestResult<Status> {
+async fn wait_balanced(
+    cluster: &Cluster,
+    nodes: &[NodeId],
+    within: Duration,
+) -> TestResult<Status> {
     let deadline = Deadline::new(within, format!("a balanced assignment over {nodes:?}"));
     loop {
         if let Some(status) = cluster.leader_status().await {
@@ -27,7 +31,11 @@ async fn wait_balanced(cluster: &Cluster, nodes: &[NodeId], within: Duration) ->
             }
         }
         if let Err(e) = deadline.check() {
-            return Err(format!("{e}; last: {:?}", cluster.leader_status().await.map(|s| s.owners())).into());
+            return Err(format!(
+                "{e}; last: {:?}",
+                cluster.leader_status().await.map(|s| s.owners())
+            )
+            .into());
         }
         tick().await;
     }
@@ -46,7 +54,10 @@ fn moved(
 }
 
 fn shares(status: &Status, nodes: &[NodeId]) -> Vec<(NodeId, usize)> {
-    nodes.iter().map(|n| (*n, status.owned_by(*n).len())).collect()
+    nodes
+        .iter()
+        .map(|n| (*n, status.owned_by(*n).len()))
+        .collect()
 }
 
 #[test]
@@ -55,11 +66,7 @@ fn fourth_node_joins_nodes_drain_out_and_a_two_node_cluster_waits_for_quorum() -
         let servers = Servers::start().await?;
         let mut cluster = Cluster::start(&servers, 3).await?;
         let producer = Producer::start(servers.upstream.connection_string(), 1600);
-        let warm = Deadline::new(Duration::from_secs(30), "the copy to start");
-        while servers.downstream_counts().iter().any(|c| *c == 0) {
-            warm.check()?;
-            tick().await;
-        }
+        servers.wait_copy_started().await?;
 
         // Scale out.
         let three = [1, 2, 3];
@@ -115,7 +122,11 @@ fn fourth_node_joins_nodes_drain_out_and_a_two_node_cluster_waits_for_quorum() -
         wait_balanced(&cluster, &two, Duration::from_secs(60)).await?;
         cluster.terminate(&[3], Duration::from_secs(40)).await?;
         let status = cluster.leader_status().await.ok_or("no leader")?;
-        println!("two-node cluster: members {:?}", status.member_ids());
+        println!(
+            "two-node cluster: members {:?}\n{}",
+            status.member_ids(),
+            cluster.cluster_status_text(1).await?
+        );
 
         cluster.kill(4)?;
         // The survivor's lease cannot be renewed without a quorum: it stops within the lease.
@@ -149,7 +160,10 @@ fn fourth_node_joins_nodes_drain_out_and_a_two_node_cluster_waits_for_quorum() -
         let report = producer.stop().await?;
         servers.wait_caught_up(Duration::from_secs(60)).await?;
         println!("produced {} messages", report.produced);
-        assert!(cluster.verify(Duration::from_secs(30)).await?, "verify: not exact");
+        assert!(
+            cluster.verify(Duration::from_secs(30)).await?,
+            "verify: not exact"
+        );
         cluster.passed();
         drop(cluster);
         servers.shutdown().await;

@@ -26,11 +26,7 @@ fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() ->
         let servers = Servers::start().await?;
         let mut cluster = Cluster::start(&servers, 3).await?;
         let producer = Producer::start(servers.upstream.connection_string(), 1600);
-        let warm = Deadline::new(Duration::from_secs(30), "the copy to start");
-        while servers.downstream_counts().iter().any(|c| *c == 0) {
-            warm.check()?;
-            tick().await;
-        }
+        servers.wait_copy_started().await?;
 
         let status = cluster.leader_status().await.ok_or("no leader")?;
         let leader = status.leader.ok_or("no leader")?;
@@ -80,10 +76,17 @@ fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() ->
         // Watch the moved units while the zombie wakes up: their confirmed offsets never go
         // back, and only a new grant (a new epoch) may give one back to the zombie.
         let mut rejoined_after = None;
-        let watch = Deadline::new(Duration::from_secs(60), format!("node {zombie} to own units again"));
+        let watch = Deadline::new(
+            Duration::from_secs(60),
+            format!("node {zombie} to own units again"),
+        );
         loop {
             if let Some(status) = cluster.leader_status().await {
-                for unit in status.units.iter().filter(|u| owned.contains(&u.unit.partition)) {
+                for unit in status
+                    .units
+                    .iter()
+                    .filter(|u| owned.contains(&u.unit.partition))
+                {
                     let (epoch, confirmed) = &epochs_before[&unit.unit.partition];
                     assert!(
                         unit.confirmed_offset >= *confirmed,
@@ -114,7 +117,9 @@ fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() ->
             all.push(zombie);
             all
         };
-        cluster.wait_all_owned(&everyone, Duration::from_secs(30)).await?;
+        cluster
+            .wait_all_owned(&everyone, Duration::from_secs(30))
+            .await?;
         let fenced_after = fenced_commits(&cluster.metrics_of(zombie).await?);
         println!(
             "node {zombie} resumed: owns units again after {:.2} s; its fenced commits {fenced_before:?} → {fenced_after:?}",
@@ -124,7 +129,10 @@ fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() ->
         let report = producer.stop().await?;
         servers.wait_caught_up(Duration::from_secs(60)).await?;
         println!("produced {} messages", report.produced);
-        assert!(cluster.verify(Duration::from_secs(30)).await?, "verify: not exact");
+        assert!(
+            cluster.verify(Duration::from_secs(30)).await?,
+            "verify: not exact"
+        );
         cluster.passed();
         drop(cluster);
         servers.shutdown().await;

@@ -1,0 +1,246 @@
+//! Chaos: a producer writes continuously into 16 partitions while a seeded fault schedule
+//! kills (-9) and restarts nodes, kills the Raft leader, pauses nodes (SIGSTOP/SIGCONT),
+//! restarts the upstream and downstream servers and drops their connections. After every
+//! fault the cluster must recover (every partition owned and written again); at the end the
+//! producer stops, the copy catches up and `verify` must report an exact copy.
+//!
+//! `CHAOS_SEED=<u64>` replays a schedule (the seed is printed); `CHAOS_FAULTS=100` runs a
+//! long schedule by hand (CI runs the default: 12 faults).
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use crate::harness::{
+    p50_max, serial, tick, wait_resumed, Cluster, Deadline, NodeId, Producer, Servers, TestResult,
+    PARTITIONS,
+};
+
+/// Seed of the CI schedule.
+const DEFAULT_SEED: u64 = 0x5eed_0005;
+/// Faults of the CI schedule.
+const DEFAULT_FAULTS: usize = 12;
+/// Nodes of the cluster.
+const NODES: u64 = 3;
+
+/// One fault of the schedule.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// `kill -9` of a node, then a restart once its partitions moved.
+    KillRestart(NodeId),
+    /// `kill -9` of the current Raft leader, then a restart.
+    KillLeader,
+    /// SIGSTOP for a while, then SIGCONT.
+    Pause(NodeId, Duration),
+    /// Restart of the upstream server (same port, same data).
+    RestartUpstream,
+    /// Restart of the downstream server.
+    RestartDownstream,
+    /// Every upstream connection dropped.
+    DropUpstreamConnections,
+    /// Every downstream connection dropped.
+    DropDownstreamConnections,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::KillRestart(n) => write!(f, "kill -9 node {n} + restart"),
+            Fault::KillLeader => write!(f, "kill -9 leader + restart"),
+            Fault::Pause(n, d) => write!(f, "SIGSTOP node {n} for {:.1} s", d.as_secs_f64()),
+            Fault::RestartUpstream => write!(f, "restart upstream server"),
+            Fault::RestartDownstream => write!(f, "restart downstream server"),
+            Fault::DropUpstreamConnections => write!(f, "drop upstream connections"),
+            Fault::DropDownstreamConnections => write!(f, "drop downstream connections"),
+        }
+    }
+}
+
+/// The schedule: `count` faults drawn from `seed`, with the pause before each. The first
+/// seven are every kind of fault once, in a seeded order, so that even a short schedule
+/// covers them all; the rest are drawn at random.
+fn schedule(seed: u64, count: usize) -> Vec<(Duration, Fault)> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut kinds: Vec<u32> = (0..7).collect();
+    kinds.shuffle(&mut rng);
+    (0..count)
+        .map(|i| {
+            let kind = kinds.get(i).copied().unwrap_or_else(|| rng.gen_range(0..7));
+            let node = rng.gen_range(1..=NODES);
+            let fault = match kind {
+                0 => Fault::KillRestart(node),
+                1 => Fault::KillLeader,
+                2 => Fault::Pause(node, Duration::from_millis(rng.gen_range(500..4500))),
+                3 => Fault::RestartUpstream,
+                4 => Fault::RestartDownstream,
+                5 => Fault::DropUpstreamConnections,
+                _ => Fault::DropDownstreamConnections,
+            };
+            (Duration::from_millis(rng.gen_range(200..1500)), fault)
+        })
+        .collect()
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Kills `victim`, waits until its partitions are written by others, restarts it; returns
+/// the failover time (`None` when the victim owned nothing at the kill).
+async fn kill_restart(
+    servers: &Servers,
+    cluster: &mut Cluster,
+    victim: NodeId,
+) -> TestResult<Option<Duration>> {
+    let status = cluster
+        .leader_status()
+        .await
+        .ok_or("no leader before the kill")?;
+    let owned = status.owned_by(victim);
+    cluster.kill(victim)?;
+    let killed_at = Instant::now();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let baseline = servers.downstream_counts();
+    let resumed = wait_resumed(
+        servers,
+        &owned,
+        &baseline,
+        killed_at,
+        Duration::from_secs(60),
+    )
+    .await?;
+    println!(
+        "  node {victim} killed owning partitions {owned:?}: first written again after {:.2} s, all after {:.2} s",
+        resumed.first.as_secs_f64(),
+        resumed.all.as_secs_f64()
+    );
+    cluster.restart(victim)?;
+    Ok((!owned.is_empty()).then_some(resumed.all))
+}
+
+/// After a fault: all nodes run, every partition is owned by one of them, each node owns
+/// some, and every partition has been written again since `since_counts`.
+async fn wait_recovered(
+    servers: &Servers,
+    cluster: &Cluster,
+    since_counts: &[u64],
+) -> TestResult<Duration> {
+    let started = Instant::now();
+    let all: Vec<NodeId> = (1..=NODES).collect();
+    cluster
+        .wait_all_owned(&all, Duration::from_secs(60))
+        .await?;
+    let deadline = Deadline::new(
+        Duration::from_secs(60),
+        "every partition to be written again",
+    );
+    loop {
+        let now = servers.downstream_counts();
+        let stalled: BTreeSet<usize> = (0..PARTITIONS as usize)
+            .filter(|p| now[*p] <= since_counts[*p])
+            .collect();
+        if stalled.is_empty() {
+            return Ok(started.elapsed());
+        }
+        if let Err(e) = deadline.check() {
+            return Err(format!("{e}; stalled partitions {stalled:?}").into());
+        }
+        tick().await;
+    }
+}
+
+#[test]
+fn seeded_fault_schedule_ends_with_an_exact_copy() -> TestResult {
+    let seed = env_or("CHAOS_SEED", DEFAULT_SEED);
+    let faults = env_or("CHAOS_FAULTS", DEFAULT_FAULTS);
+    println!(
+        "chaos: seed {seed} ({faults} faults); replay with CHAOS_SEED={seed} CHAOS_FAULTS={faults}"
+    );
+    serial(|| async move {
+        let started = Instant::now();
+        let mut servers = Servers::start().await?;
+        let mut cluster = Cluster::start(&servers, NODES).await?;
+        let producer = Producer::start(servers.upstream.connection_string(), 1600);
+        servers.wait_copy_started().await?;
+
+        let mut failovers = Vec::new();
+        for (index, (pause, fault)) in schedule(seed, faults).into_iter().enumerate() {
+            tokio::time::sleep(pause).await;
+            let at = started.elapsed();
+            let before = servers.downstream_counts();
+            let mut failover = None;
+            match fault {
+                Fault::KillRestart(node) => {
+                    failover = kill_restart(&servers, &mut cluster, node).await?;
+                }
+                Fault::KillLeader => {
+                    let leader = cluster
+                        .leader_status()
+                        .await
+                        .and_then(|s| s.leader)
+                        .ok_or("no leader to kill")?;
+                    failover = kill_restart(&servers, &mut cluster, leader).await?;
+                }
+                Fault::Pause(node, duration) => {
+                    cluster.pause(node)?;
+                    tokio::time::sleep(duration).await;
+                    cluster.resume(node)?;
+                }
+                Fault::RestartUpstream => servers.upstream.restart().await?,
+                Fault::RestartDownstream => servers.downstream.restart().await?,
+                Fault::DropUpstreamConnections => servers.upstream.faults().drop_connections(),
+                Fault::DropDownstreamConnections => servers.downstream.faults().drop_connections(),
+            }
+            let recovery = wait_recovered(&servers, &cluster, &before)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "fault {} ({fault}) at {at:.1?}: no recovery: {e}; seed {seed}",
+                        index + 1
+                    )
+                })?;
+            let shares: Vec<usize> = match cluster.leader_status().await {
+                Some(status) => (1..=NODES).map(|n| status.owned_by(n).len()).collect(),
+                None => Vec::new(),
+            };
+            println!(
+                "fault {:>3} at {:>6.1} s: {fault:<32} failover {:>6}  recovered after {:.2} s, partitions per node {shares:?}",
+                index + 1,
+                at.as_secs_f64(),
+                failover.map_or("-".to_owned(), |d: Duration| format!("{:.2} s", d.as_secs_f64())),
+                recovery.as_secs_f64()
+            );
+            failovers.extend(failover);
+        }
+
+        let report = producer.stop().await?;
+        let caught_up = servers.wait_caught_up(Duration::from_secs(90)).await?;
+        let (p50, max) = p50_max(&failovers);
+        println!(
+            "chaos: {faults} faults in {:.1} s; failover p50 {:.2} s, max {:.2} s ({} node kills); {} messages produced ({} failed sends), copied {}; caught up {:.2} s after the producer stopped",
+            started.elapsed().as_secs_f64(),
+            p50.as_secs_f64(),
+            max.as_secs_f64(),
+            failovers.len(),
+            report.produced,
+            report.failed_sends,
+            servers.downstream_counts().iter().sum::<u64>(),
+            caught_up.as_secs_f64()
+        );
+        assert!(
+            cluster.verify(Duration::from_secs(30)).await?,
+            "verify: not exact (seed {seed})"
+        );
+        cluster.passed();
+        drop(cluster);
+        servers.shutdown().await;
+        Ok(())
+    })
+}
