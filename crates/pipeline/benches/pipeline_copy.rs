@@ -209,10 +209,24 @@ async fn pipeline_copy(
         InMemoryControl::new(),
     )
     .await?;
-    while downstream_count(target, "bench") < total {
+    let mut first = None;
+    loop {
+        let copied = downstream_count(target, "bench");
+        if copied > 0 && first.is_none() {
+            first = Some(started.elapsed());
+        }
+        if copied >= total {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
+    if let Some(first) = first {
+        println!(
+            "  (start-up, start to first message downstream: {:.0} ms)",
+            first.as_secs_f64() * 1e3
+        );
+    }
     pipeline.shutdown().await;
     Ok(elapsed)
 }

@@ -102,9 +102,9 @@ pub struct Found<'a> {
     pub topic_created_at: Option<u64>,
 }
 
-impl Found<'_> {
+impl<'a> Found<'a> {
     /// The cluster the message was first produced in, if it was ever replicated.
-    pub fn origin_cluster(&self) -> Option<&str> {
+    pub fn origin_cluster(&self) -> Option<&'a str> {
         self.origin.or(self.source)
     }
 }
@@ -191,36 +191,52 @@ fn put_entry(buf: &mut BytesMut, key: &str, kind: u8, value: &[u8]) {
 /// found on the message is kept (it names the first hop); otherwise the source is the origin.
 /// `None` when the result would exceed Iggy's user-header limit.
 pub fn stamp(user_headers: Option<&[u8]>, stamp: &Stamp<'_>) -> Option<Bytes> {
+    stamp_into(&mut BytesMut::new(), user_headers, stamp)
+}
+
+/// [`stamp`], writing into `arena` and splitting the result off it, so that one allocation can
+/// serve a whole batch.
+pub fn stamp_into(
+    arena: &mut BytesMut,
+    user_headers: Option<&[u8]>,
+    stamp: &Stamp<'_>,
+) -> Option<Bytes> {
     let existing = user_headers.unwrap_or_default();
-    let found = find(user_headers);
-    let origin = found.origin_cluster().unwrap_or(stamp.source);
+    let (origin, rewrite) = if existing.is_empty() {
+        (stamp.source, false)
+    } else {
+        let found = find(user_headers);
+        (
+            found.origin_cluster().unwrap_or(stamp.source),
+            has_ours(existing),
+        )
+    };
     let ours = entry_len(SOURCE_KEY, stamp.source.len())
         + entry_len(OFFSET_KEY, 8)
         + entry_len(ORIGIN_KEY, origin.len())
         + entry_len(CREATED_KEY, 8);
-    let mut buf = BytesMut::with_capacity(existing.len() + ours);
-    if has_ours(existing) {
+    if existing.len() + ours > MAX_USER_HEADERS_SIZE {
+        return None;
+    }
+    arena.clear();
+    arena.reserve(existing.len() + ours);
+    if rewrite {
         for entry in entries(existing).flatten().filter(|e| !is_ours(e)) {
-            buf.put_slice(entry.raw);
+            arena.put_slice(entry.raw);
         }
     } else {
-        buf.put_slice(existing);
+        arena.put_slice(existing);
     }
-    put_entry(&mut buf, SOURCE_KEY, KIND_STRING, stamp.source.as_bytes());
+    put_entry(arena, SOURCE_KEY, KIND_STRING, stamp.source.as_bytes());
+    put_entry(arena, OFFSET_KEY, KIND_UINT64, &stamp.offset.to_le_bytes());
+    put_entry(arena, ORIGIN_KEY, KIND_STRING, origin.as_bytes());
     put_entry(
-        &mut buf,
-        OFFSET_KEY,
-        KIND_UINT64,
-        &stamp.offset.to_le_bytes(),
-    );
-    put_entry(&mut buf, ORIGIN_KEY, KIND_STRING, origin.as_bytes());
-    put_entry(
-        &mut buf,
+        arena,
         CREATED_KEY,
         KIND_UINT64,
         &stamp.topic_created_at.to_le_bytes(),
     );
-    (buf.len() <= MAX_USER_HEADERS_SIZE).then(|| buf.freeze())
+    Some(arena.split().freeze())
 }
 
 #[cfg(test)]

@@ -414,14 +414,21 @@ pub(crate) fn prepare(
         bytes: 0,
         newest_timestamp: 0,
     };
+    // One allocation for the provenance of the whole batch (each message's headers are split off).
+    let mut arena = bytes::BytesMut::with_capacity(if p.provenance {
+        batch.messages.len() * (128 + p.source.len())
+    } else {
+        0
+    });
     for m in &batch.messages {
         let offset = m.header.offset;
         if p.last_written.is_some_and(|last| offset <= last) {
             continue;
         }
         let user_headers = if p.provenance {
-            let found = provenance::find(m.user_headers.as_deref());
-            if found.origin_cluster() == Some(p.target) {
+            let headers = m.user_headers.as_deref();
+            if headers.is_some_and(|h| provenance::find(Some(h)).origin_cluster() == Some(p.target))
+            {
                 out.skipped += 1;
                 continue;
             }
@@ -430,7 +437,7 @@ pub(crate) fn prepare(
                 offset,
                 topic_created_at: p.topic_created_at,
             };
-            Some(provenance::stamp(m.user_headers.as_deref(), &stamp).ok_or(offset)?)
+            Some(provenance::stamp_into(&mut arena, headers, &stamp).ok_or(offset)?)
         } else {
             m.user_headers.clone()
         };
