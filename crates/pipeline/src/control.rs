@@ -1,7 +1,7 @@
 //! The narrow view of the control plane the pipeline needs, and its error.
 //!
-//! The Raft control crate implements this through an adapter in the binary; [`InMemoryControl`]
-//! (crate::InMemoryControl) implements it for one node without Raft.
+//! The Raft control crate implements this through an adapter in the binary;
+//! [`InMemoryControl`](crate::InMemoryControl) implements it for one node without Raft.
 
 use std::future::Future;
 use std::time::Instant;
