@@ -259,8 +259,9 @@ pub(crate) struct AddMember {
     pub(crate) api_addr: String,
 }
 
-/// Checks `Authorization: Bearer <token>` against the configured tokens; logs refusals.
-fn authorise(state: &AdminState, headers: &HeaderMap, action: &str) -> Result<(), Response> {
+/// Checks `Authorization: Bearer <token>` against the configured tokens; logs refusals and
+/// returns the 401 answer to send.
+fn authorise(state: &AdminState, headers: &HeaderMap, action: &str) -> Result<(), Box<Response>> {
     let presented = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -279,7 +280,9 @@ fn authorise(state: &AdminState, headers: &HeaderMap, action: &str) -> Result<()
             presented = presented.is_some(),
             "admin call refused: wrong or missing token"
         );
-        Err((StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n").into_response())
+        Err(Box::new(
+            (StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n").into_response(),
+        ))
     }
 }
 
@@ -298,7 +301,7 @@ async fn add_member(
     Json(body): Json<AddMember>,
 ) -> Response {
     if let Err(refused) = authorise(&state, &headers, "add_member") {
-        return refused;
+        return *refused;
     }
     info!(member = body.id, raft = %body.raft_addr, "adding member");
     match state
@@ -322,7 +325,7 @@ async fn remove_member(
     Path(id): Path<NodeId>,
 ) -> Response {
     if let Err(refused) = authorise(&state, &headers, "remove_member") {
-        return refused;
+        return *refused;
     }
     info!(member = id, "removing member");
     match state.control.remove_member(id).await {
