@@ -102,8 +102,16 @@ pub(crate) struct Servers {
 impl Servers {
     /// Starts both servers and creates [`STREAM`]/[`TOPIC`] with [`PARTITIONS`] upstream.
     pub(crate) async fn start() -> TestResult<Self> {
-        let upstream = TestServer::start(TestServerConfig::default()).await?;
-        let downstream = TestServer::start(TestServerConfig::default()).await?;
+        Self::start_with(TestServerConfig::default(), TestServerConfig::default()).await
+    }
+
+    /// Like [`Servers::start`] with explicit server configs (e.g. another bind address).
+    pub(crate) async fn start_with(
+        upstream: TestServerConfig,
+        downstream: TestServerConfig,
+    ) -> TestResult<Self> {
+        let upstream = TestServer::start(upstream).await?;
+        let downstream = TestServer::start(downstream).await?;
         let client = connect(&upstream.connection_string()).await?;
         client.create_stream(STREAM).await?;
         client
@@ -390,6 +398,10 @@ pub(crate) struct Node {
     child: Option<Child>,
     /// Stopped by SIGSTOP and not continued yet.
     paused: bool,
+    /// Command prefix of its process.
+    wrapper: Vec<String>,
+    /// Cut off from its peers by the test: not asked for the leader's view.
+    unreachable: bool,
 }
 
 impl Node {
@@ -409,6 +421,32 @@ impl Node {
     fn signal(&self, signal: Signal) -> TestResult {
         kill(self.pid()?, signal)?;
         Ok(())
+    }
+}
+
+/// Where a node listens and how its process is launched.
+#[derive(Debug, Clone)]
+pub(crate) struct Placement {
+    /// `node.raft_addr`.
+    pub(crate) raft_addr: SocketAddr,
+    /// `node.api_addr` (what the node binds).
+    pub(crate) api_bind: SocketAddr,
+    /// Where the test reaches the admin API (`node.advertised_api_addr` when it differs).
+    pub(crate) api_addr: SocketAddr,
+    /// Command prefix, e.g. `ip netns exec NS`; empty for a plain process.
+    pub(crate) wrapper: Vec<String>,
+}
+
+impl Placement {
+    /// A node on loopback with free ports.
+    pub(crate) fn loopback() -> TestResult<Self> {
+        let api = free_addr()?;
+        Ok(Self {
+            raft_addr: free_addr()?,
+            api_bind: api,
+            api_addr: api,
+            wrapper: Vec::new(),
+        })
     }
 }
 
@@ -440,14 +478,22 @@ impl Cluster {
     /// Starts `n` nodes (ids 1..=n) bootstrapping one cluster over `servers`, and waits until
     /// every partition is owned.
     pub(crate) async fn start(servers: &Servers, n: u64) -> TestResult<Self> {
+        let placements = (1..=n)
+            .map(|id| Ok((id, Placement::loopback()?)))
+            .collect::<TestResult<BTreeMap<_, _>>>()?;
+        Self::start_placed(servers, placements).await
+    }
+
+    /// Starts the nodes of `placements` bootstrapping one cluster over `servers`, and waits
+    /// until every partition is owned.
+    pub(crate) async fn start_placed(
+        servers: &Servers,
+        placements: BTreeMap<NodeId, Placement>,
+    ) -> TestResult<Self> {
         let dir = tempfile::Builder::new()
             .prefix("iggy-replicator-ha-")
             .tempdir()?;
         let secret = format!("ha-test-secret-{:016x}", rand::random::<u64>());
-        let mut initial = BTreeMap::new();
-        for id in 1..=n {
-            initial.insert(id, free_addr()?);
-        }
         let mut cluster = Self {
             dir,
             secret,
@@ -455,17 +501,20 @@ impl Cluster {
                 servers.upstream.connection_string(),
                 servers.downstream.connection_string(),
             ),
-            initial: initial.clone(),
+            initial: placements
+                .iter()
+                .map(|(id, p)| (*id, p.raft_addr))
+                .collect(),
             nodes: BTreeMap::new(),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(2))
                 .build()?,
             passed: false,
         };
-        for (id, raft_addr) in initial {
-            cluster.add_node_process(id, raft_addr)?;
+        let all: Vec<NodeId> = placements.keys().copied().collect();
+        for (id, placement) in placements {
+            cluster.add_node_process(id, placement)?;
         }
-        let all: Vec<NodeId> = (1..=n).collect();
         cluster
             .wait_all_owned(&all, Duration::from_secs(60))
             .await?;
@@ -477,37 +526,34 @@ impl Cluster {
     pub(crate) fn add_node_process(
         &mut self,
         id: NodeId,
-        raft_addr: SocketAddr,
+        placement: Placement,
     ) -> TestResult<&Node> {
-        let api_addr = free_addr()?;
         let node_dir = self.dir.path().join(format!("node-{id}"));
         std::fs::create_dir_all(&node_dir)?;
         let config = node_dir.join("replicator.toml");
-        std::fs::write(
-            &config,
-            self.config_text(id, raft_addr, api_addr, &node_dir),
-        )?;
+        std::fs::write(&config, self.config_text(id, &placement, &node_dir))?;
         let mut node = Node {
             id,
-            raft_addr,
-            api_addr,
+            raft_addr: placement.raft_addr,
+            api_addr: placement.api_addr,
             config,
             log: node_dir.join("node.log"),
             child: None,
             paused: false,
+            wrapper: placement.wrapper,
+            unreachable: false,
         };
         spawn(&mut node)?;
         self.nodes.insert(id, node);
         self.node(id)
     }
 
-    fn config_text(
-        &self,
-        id: NodeId,
-        raft_addr: SocketAddr,
-        api_addr: SocketAddr,
-        node_dir: &Path,
-    ) -> String {
+    fn config_text(&self, id: NodeId, placement: &Placement, node_dir: &Path) -> String {
+        let advertised = if placement.api_addr == placement.api_bind {
+            String::new()
+        } else {
+            format!("advertised_api_addr = \"{}\"\n", placement.api_addr)
+        };
         let members = self
             .initial
             .iter()
@@ -519,8 +565,8 @@ impl Cluster {
 id = {id}
 data_dir = {data:?}
 raft_addr = "{raft_addr}"
-api_addr = "{api_addr}"
-
+api_addr = "{api_bind}"
+{advertised}
 [cluster]
 secret = "{secret}"
 initial_members = {{ {members} }}
@@ -542,6 +588,8 @@ poll_interval = "2ms"
 discovery_interval = "1s"
 "#,
             data = node_dir.join("data").display().to_string(),
+            raft_addr = placement.raft_addr,
+            api_bind = placement.api_bind,
             secret = self.secret,
             up = self.urls.0,
             down = self.urls.1,
@@ -565,7 +613,7 @@ discovery_interval = "1s"
     pub(crate) fn running(&self) -> Vec<NodeId> {
         self.nodes
             .values()
-            .filter(|n| n.is_running() && !n.paused)
+            .filter(|n| n.is_running() && !n.paused && !n.unreachable)
             .map(|n| n.id)
             .collect()
     }
@@ -588,6 +636,13 @@ discovery_interval = "1s"
         }
         node.paused = false;
         Ok(())
+    }
+
+    /// Marks a node as cut off from its peers (its view of the cluster is stale meanwhile).
+    pub(crate) fn set_unreachable(&mut self, id: NodeId, unreachable: bool) {
+        if let Some(node) = self.nodes.get_mut(&id) {
+            node.unreachable = unreachable;
+        }
     }
 
     /// SIGSTOP.
@@ -864,7 +919,16 @@ fn spawn(node: &mut Node) -> TestResult {
         .create(true)
         .append(true)
         .open(&node.log)?;
-    let child = Command::new(env!("CARGO_BIN_EXE_iggy-replicator"))
+    let binary = env!("CARGO_BIN_EXE_iggy-replicator");
+    let mut command = match node.wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(binary);
+            c
+        }
+        None => Command::new(binary),
+    };
+    let child = command
         .args(["--log-level", "info", "run", "--config"])
         .arg(&node.config)
         .env_remove("RUST_LOG")

@@ -6,6 +6,7 @@
 mod chaos;
 mod failover;
 mod harness;
+mod partition;
 mod restart;
 mod scale;
 mod zombie;

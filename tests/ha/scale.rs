@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::harness::{
-    free_addr, serial, tick, Cluster, Deadline, NodeId, Producer, Servers, Status, TestResult,
+    serial, tick, Cluster, Deadline, NodeId, Placement, Producer, Servers, Status, TestResult,
     LEASE_EXPIRY, PARTITIONS,
 };
 
@@ -71,7 +71,7 @@ fn fourth_node_joins_nodes_drain_out_and_a_two_node_cluster_waits_for_quorum() -
         // Scale out.
         let three = [1, 2, 3];
         let before = wait_balanced(&cluster, &three, Duration::from_secs(30)).await?;
-        cluster.add_node_process(4, free_addr()?)?;
+        cluster.add_node_process(4, Placement::loopback()?)?;
         let joining = Instant::now();
         cluster.add_member(4).await?;
         let four = [1, 2, 3, 4];
