@@ -34,7 +34,12 @@ pub(crate) struct AdminState {
 
 impl AdminState {
     /// State for a node built from `config`.
-    pub(crate) fn new(control: Control, pipeline: Option<Arc<Pipeline>>, config: &Config) -> Self {
+    pub(crate) fn new(
+        control: Control,
+        pipeline: Option<Arc<Pipeline>>,
+        metrics: Arc<Metrics>,
+        config: &Config,
+    ) -> Self {
         let mut tokens = vec![config.cluster.secret.expose().to_owned()];
         if let Some(token) = &config.cluster.admin_token {
             tokens.push(token.expose().to_owned());
@@ -43,7 +48,7 @@ impl AdminState {
             control,
             pipeline,
             tokens: Arc::new(tokens),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
         }
     }
 }
@@ -425,35 +430,93 @@ target = "eu"
         assert_eq!(status.leader, Some(1));
         assert!(status.members.iter().any(|m| m.id == 1 && m.voter));
 
-        let text = client
-            .get(format!("{base}/metrics"))
-            .send()
-            .await?
-            .text()
-            .await?;
-        let lines = text.lines().map(|l| Ok(l.to_owned()));
-        let scrape = prometheus_parse::Scrape::parse(lines)?;
+        // Some traffic, so that the data-path families have samples.
+        let producer = iggy::prelude::IggyClient::from_connection_string(&us.connection_string())?;
+        {
+            use iggy::prelude::{Client, MessageClient, StreamClient, TopicClient};
+            producer.connect().await?;
+            producer.create_stream("metrics").await?;
+            let stream = iggy::prelude::Identifier::named("metrics")?;
+            producer
+                .create_topic(
+                    &stream,
+                    "events",
+                    1,
+                    iggy::prelude::CompressionAlgorithm::None,
+                    None,
+                    iggy::prelude::IggyExpiry::NeverExpire,
+                    iggy::prelude::MaxTopicSize::ServerDefault,
+                )
+                .await?;
+            let mut messages = (1..=10u128)
+                .map(|id| {
+                    iggy::prelude::IggyMessage::builder()
+                        .id(id)
+                        .payload(bytes::Bytes::from_static(b"hello"))
+                        .build()
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            producer
+                .send_messages(
+                    &stream,
+                    &iggy::prelude::Identifier::named("events")?,
+                    &iggy::prelude::Partitioning::partition_id(0),
+                    &mut messages,
+                )
+                .await?;
+        }
+        let sample = |scrape: &prometheus_parse::Scrape, name: &str| -> Option<f64> {
+            scrape
+                .samples
+                .iter()
+                .find(|s| s.metric == name)
+                .map(|s| match s.value {
+                    prometheus_parse::Value::Counter(v)
+                    | prometheus_parse::Value::Gauge(v)
+                    | prometheus_parse::Value::Untyped(v) => v,
+                    _ => f64::NAN,
+                })
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (text, scrape) = loop {
+            let text = client
+                .get(format!("{base}/metrics"))
+                .send()
+                .await?
+                .text()
+                .await?;
+            let lines = text.lines().map(|l| Ok(l.to_owned()));
+            let scrape = prometheus_parse::Scrape::parse(lines)?;
+            if sample(&scrape, "iggy_replicator_messages_copied_total") == Some(10.0) {
+                break (text, scrape);
+            }
+            if Instant::now() > deadline {
+                return Err(format!("10 copied messages never showed in:\n{text}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         let names: Vec<&str> = scrape.samples.iter().map(|s| s.metric.as_str()).collect();
         for expected in [
             "iggy_replicator_raft_term",
             "iggy_replicator_raft_leader",
             "iggy_replicator_units_owned",
+            "iggy_replicator_bytes_copied_total",
+            "iggy_replicator_lag_messages",
+            "iggy_replicator_replication_latency_seconds_count",
+            "iggy_replicator_send_latency_seconds_count",
+            "iggy_replicator_poll_latency_seconds_count",
         ] {
             assert!(
                 names.contains(&expected),
                 "{expected} missing from:\n{text}"
             );
         }
-        let leader = scrape
-            .samples
-            .iter()
-            .find(|s| s.metric == "iggy_replicator_raft_leader")
-            .ok_or("no leader sample")?;
-        assert!(
-            matches!(leader.value, prometheus_parse::Value::Gauge(v) if v == 1.0),
-            "{:?}",
-            leader.value
+        assert_eq!(
+            sample(&scrape, "iggy_replicator_raft_leader"),
+            Some(1.0),
+            "{text}"
         );
+        let _ = iggy::prelude::Client::shutdown(&producer).await;
 
         let body = AddMember {
             id: 9,

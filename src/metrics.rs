@@ -12,6 +12,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use replicator_control::ControlMetrics;
 use replicator_model::WorkUnit;
@@ -29,10 +30,69 @@ fn unit_labels(unit: &WorkUnit) -> UnitLabels {
     ]
 }
 
+/// Labels of per-flow series.
+type FlowLabels = Vec<(&'static str, String)>;
+
 /// The node's metric families and what the previous scrape saw.
 pub(crate) struct Metrics {
     /// Registry and last-seen values; one scrape at a time.
     inner: Mutex<Inner>,
+    /// The families the pipeline feeds as things happen.
+    data_path: DataPath,
+}
+
+/// Histograms and counters fed by the pipeline's observer (not by scrapes).
+#[derive(Clone)]
+struct DataPath {
+    replication_latency: Family<FlowLabels, Histogram>,
+    poll_latency: Family<FlowLabels, Histogram>,
+    send_latency: Family<FlowLabels, Histogram>,
+    errors: Family<Vec<(&'static str, String)>, Counter>,
+}
+
+impl DataPath {
+    fn new() -> Self {
+        // 100 µs … ~52 s in 20 doubling steps: covers loopback sends and multi-second catch-up.
+        fn latency_histogram() -> Histogram {
+            Histogram::new(exponential_buckets(0.0001, 2.0, 20))
+        }
+        Self {
+            replication_latency: Family::new_with_constructor(latency_histogram),
+            poll_latency: Family::new_with_constructor(latency_histogram),
+            send_latency: Family::new_with_constructor(latency_histogram),
+            errors: Family::default(),
+        }
+    }
+}
+
+fn flow_labels(flow: &str) -> FlowLabels {
+    vec![("flow", flow.to_owned())]
+}
+
+impl replicator_pipeline::PipelineObserver for DataPath {
+    fn polled(&self, flow: &str, elapsed: std::time::Duration) {
+        self.poll_latency
+            .get_or_create(&flow_labels(flow))
+            .observe(elapsed.as_secs_f64());
+    }
+
+    fn sent(&self, flow: &str, elapsed: std::time::Duration) {
+        self.send_latency
+            .get_or_create(&flow_labels(flow))
+            .observe(elapsed.as_secs_f64());
+    }
+
+    fn replicated(&self, flow: &str, latency: std::time::Duration) {
+        self.replication_latency
+            .get_or_create(&flow_labels(flow))
+            .observe(latency.as_secs_f64());
+    }
+
+    fn error(&self, flow: &str, kind: &'static str) {
+        self.errors
+            .get_or_create(&vec![("flow", flow.to_owned()), ("kind", kind.to_owned())])
+            .inc();
+    }
 }
 
 struct Inner {
@@ -73,6 +133,27 @@ impl Metrics {
         let applied_index = Gauge::default();
         let lease_renewals = Counter::default();
         let fenced_commits = Counter::default();
+        let data_path = DataPath::new();
+        registry.register(
+            "replication_latency_seconds",
+            "Downstream acknowledgement time minus upstream append time of each batch's newest message",
+            data_path.replication_latency.clone(),
+        );
+        registry.register(
+            "poll_latency_seconds",
+            "Duration of upstream polls",
+            data_path.poll_latency.clone(),
+        );
+        registry.register(
+            "send_latency_seconds",
+            "Duration of downstream sends",
+            data_path.send_latency.clone(),
+        );
+        registry.register(
+            "errors",
+            "Failed Iggy or control-plane calls that were retried, by kind",
+            data_path.errors.clone(),
+        );
         registry.register(
             "messages_copied",
             "Messages written downstream by this node",
@@ -148,7 +229,13 @@ impl Metrics {
                 seen_control: (0, 0),
                 lag_units: BTreeSet::new(),
             }),
+            data_path,
         }
+    }
+
+    /// The observer to put into `PipelineParams`, feeding this registry.
+    pub(crate) fn observer(&self) -> replicator_pipeline::Observer {
+        replicator_pipeline::Observer(std::sync::Arc::new(self.data_path.clone()))
     }
 
     /// Updates every family from the given snapshots and renders the text format.

@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use crate::admin::{self, AdminState};
 use crate::exit::Failure;
+use crate::metrics::Metrics;
 use crate::wiring::{control_params, pipeline_params, RaftControl};
 
 /// Listeners bound before the node starts (port 0 in tests and the demo).
@@ -75,19 +76,21 @@ impl RunningNode {
                     "check node.data_dir (readable, this node's own) and node.raft_addr (free)",
                 )
             })?;
-        let pipeline =
-            match Pipeline::start(pipeline_params(config), RaftControl(control.clone())).await {
-                Ok(pipeline) => Arc::new(pipeline),
-                Err(e) => {
-                    control.shutdown().await;
-                    return Err(Failure::runtime(
-                        format!("cannot start the pipeline: {e}"),
-                        "check [clusters] and [[flows]]",
-                    ));
-                }
-            };
+        let metrics = Arc::new(Metrics::new());
+        let mut params = pipeline_params(config);
+        params.observer = metrics.observer();
+        let pipeline = match Pipeline::start(params, RaftControl(control.clone())).await {
+            Ok(pipeline) => Arc::new(pipeline),
+            Err(e) => {
+                control.shutdown().await;
+                return Err(Failure::runtime(
+                    format!("cannot start the pipeline: {e}"),
+                    "check [clusters] and [[flows]]",
+                ));
+            }
+        };
         let admin_stop = CancellationToken::new();
-        let state = AdminState::new(control.clone(), Some(pipeline.clone()), config);
+        let state = AdminState::new(control.clone(), Some(pipeline.clone()), metrics, config);
         let admin_task = tokio::spawn(admin::serve(api_listener, state, admin_stop.clone()));
         Ok(Self {
             id: config.node.id,

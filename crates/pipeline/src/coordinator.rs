@@ -558,7 +558,12 @@ async fn start_pair<C: ControlPlane>(
     let meters = state
         .meters
         .entry(unit.clone())
-        .or_insert_with(|| Arc::new(UnitMeters::new()))
+        .or_insert_with(|| {
+            Arc::new(UnitMeters::new(
+                &unit.flow,
+                state.args.tuning.observer.clone(),
+            ))
+        })
         .clone();
     let span = tracing::info_span!(
         parent: None,

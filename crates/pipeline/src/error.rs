@@ -111,6 +111,22 @@ impl Error {
         }
     }
 
+    /// A short, stable name of the error's kind, for metrics labels (bounded cardinality).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidParams { .. } => "invalid_params",
+            Error::Iggy { source, .. } if is_connection_error(source) => "connection",
+            Error::Iggy { .. } => "iggy",
+            Error::Timeout { .. } => "timeout",
+            Error::UpstreamTopicGone { .. } => "upstream_topic_gone",
+            Error::DownstreamMissing { .. } => "downstream_missing",
+            Error::Control { .. } => "control",
+            Error::Fenced { .. } => "fenced",
+            Error::Actor { .. } => "actor",
+            Error::Message { .. } => "message",
+        }
+    }
+
     /// Whether the connection that produced this error must be dropped and rebuilt.
     pub(crate) fn poisons_connection(&self) -> bool {
         match self {

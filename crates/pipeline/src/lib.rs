@@ -46,4 +46,4 @@ pub use memory::InMemoryControl;
 pub use offsets::Gap;
 pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams};
 pub use pipeline::Pipeline;
-pub use stats::UnitStats;
+pub use stats::{NoObserver, Observer, PipelineObserver, UnitStats};

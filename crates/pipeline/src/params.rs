@@ -36,6 +36,9 @@ pub struct PipelineParams {
     pub tail_scan_window: u32,
     /// How long `shutdown` waits for in-flight writes, final commits and releases, e.g. 30 s.
     pub shutdown_timeout: Duration,
+    /// Receives poll/send timings, replication latencies and errors as they happen (the binary
+    /// feeds Prometheus with them); default: ignores them.
+    pub observer: crate::stats::Observer,
 }
 
 impl PipelineParams {
@@ -56,6 +59,7 @@ impl PipelineParams {
             lease_safety_margin: Duration::from_millis(500),
             tail_scan_window: 10_000,
             shutdown_timeout: Duration::from_secs(30),
+            observer: crate::stats::Observer::default(),
         }
     }
 

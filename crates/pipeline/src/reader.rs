@@ -148,6 +148,7 @@ impl<C: ControlPlane> Actor for PartitionReader<C> {
                 }
                 Ok(Step::WriterGone) => myself.stop(Some("writer gone".into())),
                 Err(err) if err.is_transient() => {
+                    state.shared.meters.error(err.kind());
                     let budget = state.shared.tuning.retry_budget;
                     match state.backoff.on_failure(Instant::now(), budget) {
                         Some(delay) => {
@@ -175,6 +176,7 @@ async fn poll_once<C: ControlPlane>(state: &mut ReaderState<C>) -> Result<Step> 
     let (stream, topic, consumer) = state.ids.clone();
     let partition = shared.unit.partition;
     let count = shared.flow.batch_size;
+    let started = Instant::now();
     let polled = shared
         .source
         .call(shared.slot(), "poll_messages", |c| async move {
@@ -189,15 +191,16 @@ async fn poll_once<C: ControlPlane>(state: &mut ReaderState<C>) -> Result<Step> 
             )
             .await
         })
-        .await
-        .map_err(|e| match e {
-            Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
-                Error::UpstreamTopicGone {
-                    unit: shared.unit.clone(),
-                }
+        .await;
+    shared.meters.polled(started.elapsed());
+    let polled = polled.map_err(|e| match e {
+        Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
+            Error::UpstreamTopicGone {
+                unit: shared.unit.clone(),
             }
-            other => other,
-        })?;
+        }
+        other => other,
+    })?;
     let mut messages = polled.messages;
     messages.retain(|m| m.header.offset >= from.offset);
     let (Some(first), Some(last)) = (messages.first(), messages.last()) else {

@@ -19,9 +19,58 @@ const GAP_EVENTS: usize = 64;
 /// Marker for "no offset yet" in the atomics.
 const NONE: u64 = u64::MAX;
 
+/// Receives data-path measurements as they happen, so that the binary can feed a metrics
+/// system (Prometheus) without the pipeline knowing it. Every method defaults to doing nothing;
+/// implementations must be cheap (they run on the data path).
+pub trait PipelineObserver: Send + Sync + 'static {
+    /// An upstream poll of `flow` finished (whatever its result) after `elapsed`.
+    fn polled(&self, flow: &str, elapsed: Duration) {
+        let _ = (flow, elapsed);
+    }
+    /// A downstream send of `flow` finished (whatever its result) after `elapsed`.
+    fn sent(&self, flow: &str, elapsed: Duration) {
+        let _ = (flow, elapsed);
+    }
+    /// A batch of `flow` was acknowledged downstream `latency` after its newest message was
+    /// appended upstream.
+    fn replicated(&self, flow: &str, latency: Duration) {
+        let _ = (flow, latency);
+    }
+    /// A reader or writer of `flow` hit an error of `kind` (see `Error::kind`) and retries.
+    fn error(&self, flow: &str, kind: &'static str) {
+        let _ = (flow, kind);
+    }
+}
+
+/// The observer that ignores everything (the default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl PipelineObserver for NoObserver {}
+
+/// A shared observer handle, as `PipelineParams` holds it.
+#[derive(Clone)]
+pub struct Observer(pub std::sync::Arc<dyn PipelineObserver>);
+
+impl Default for Observer {
+    fn default() -> Self {
+        Self(std::sync::Arc::new(NoObserver))
+    }
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
+}
+
 /// Live meters of one unit (shared by its reader, writer and the coordinator).
 #[derive(Debug)]
 pub(crate) struct UnitMeters {
+    /// The unit's flow, for the observer.
+    flow: String,
+    /// Where measurements are forwarded as they happen.
+    observer: Observer,
     /// Last upstream offset written downstream.
     last_written: AtomicU64,
     /// Upstream partition's next offset as last seen by the reader.
@@ -47,9 +96,11 @@ pub(crate) struct UnitMeters {
 }
 
 impl UnitMeters {
-    /// Fresh meters.
-    pub(crate) fn new() -> Self {
+    /// Fresh meters of a unit of `flow`, forwarding to `observer`.
+    pub(crate) fn new(flow: &str, observer: Observer) -> Self {
         Self {
+            flow: flow.to_owned(),
+            observer,
             last_written: AtomicU64::new(NONE),
             upstream_end: AtomicU64::new(NONE),
             messages: AtomicU64::new(0),
@@ -107,8 +158,24 @@ impl UnitMeters {
         ring.push_back(gap);
     }
 
+    /// Records how long an upstream poll took.
+    pub(crate) fn polled(&self, elapsed: Duration) {
+        self.observer.0.polled(&self.flow, elapsed);
+    }
+
+    /// Records how long a downstream send took.
+    pub(crate) fn sent(&self, elapsed: Duration) {
+        self.observer.0.sent(&self.flow, elapsed);
+    }
+
+    /// Records an error that is being retried.
+    pub(crate) fn error(&self, kind: &'static str) {
+        self.observer.0.error(&self.flow, kind);
+    }
+
     /// Records one replication latency sample.
     pub(crate) fn latency(&self, sample: Duration) {
+        self.observer.0.replicated(&self.flow, sample);
         let mut ring = lock(&self.latencies);
         if ring.len() == LATENCY_SAMPLES {
             ring.pop_front();
@@ -195,7 +262,7 @@ mod tests {
 
     #[test]
     fn snapshot_reports_lag_and_rings_stay_bounded() {
-        let m = UnitMeters::new();
+        let m = UnitMeters::new("f", Observer::default());
         let u = WorkUnit::new("f", "s", "t", 0);
         let t0 = Instant::now();
         check!(m.snapshot(&u, t0).lag.is_none());

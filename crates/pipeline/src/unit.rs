@@ -24,6 +24,8 @@ pub(crate) struct UnitTuning {
     pub(crate) lease_safety_margin: Duration,
     /// Messages scanned back for the downstream tail.
     pub(crate) tail_scan_window: u32,
+    /// Receives poll/send timings, replication latencies and errors.
+    pub(crate) observer: crate::stats::Observer,
 }
 
 /// Immutable context of one running unit (one reader/writer pair under one epoch).

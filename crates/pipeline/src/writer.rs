@@ -28,6 +28,8 @@ use crate::unit::{Batch, UnitShared};
 
 /// How long a failed commit keeps its slot before the next commit is tried.
 const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(250);
+/// How long a writer whose lease is not valid long enough waits before looking again.
+const LEASE_RECHECK: Duration = Duration::from_millis(20);
 /// Messages per poll while scanning the downstream tail.
 const TAIL_CHUNK: u32 = 1000;
 
@@ -161,12 +163,17 @@ impl<C: ControlPlane> Actor for DownstreamWriter<C> {
                     state.backoff.reset();
                     myself.send_message(WriterMsg::Next)?;
                 }
+                Ok(Flow::WaitForLease) => {
+                    tracing::debug!("lease not valid long enough to send; holding the batch");
+                    state.timer = Some(myself.send_after(LEASE_RECHECK, || WriterMsg::Next));
+                }
                 Ok(Flow::Stop(reason)) => {
                     tracing::info!(reason, "writer stops");
                     myself.stop(Some(reason.to_owned()));
                 }
                 Err(err) if err.is_transient() => {
                     state.pending.errors += 1;
+                    state.shared.meters.error(err.kind());
                     let budget = state.shared.tuning.retry_budget;
                     match state.backoff.on_failure(Instant::now(), budget) {
                         Some(delay) => {
@@ -196,6 +203,9 @@ impl<C: ControlPlane> Actor for DownstreamWriter<C> {
 enum Flow {
     /// Keep going.
     Continue,
+    /// The lease is not valid long enough to send: keep the held batch and retry after
+    /// [`LEASE_RECHECK`].
+    WaitForLease,
     /// Stop with this reason.
     Stop(&'static str),
 }
@@ -225,7 +235,8 @@ async fn resume<C: ControlPlane>(state: &mut WriterState<C>) -> Result<()> {
     let progress = shared.control.progress(unit);
     let confirmed = match progress {
         Some(p) if p.topic_created_at == created_at => p.confirmed,
-        Some(p) => {
+        // A unit that never confirmed anything has no history to lose: nothing to warn about.
+        Some(p) if p.confirmed.is_some() => {
             tracing::warn!(
                 confirmed = ?p.confirmed,
                 old_created_at = p.topic_created_at,
@@ -234,7 +245,7 @@ async fn resume<C: ControlPlane>(state: &mut WriterState<C>) -> Result<()> {
             );
             None
         }
-        None => None,
+        _ => None,
     };
     let (down_stream, down_topic) = shared.downstream_ids()?;
     let down = shared
@@ -529,12 +540,16 @@ async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option
             Err(SendVeto::EpochNotCurrent) => {
                 return Ok(Some(Flow::Stop("epoch no longer current")))
             }
-            Err(SendVeto::LeaseExpiring) => return Ok(Some(Flow::Stop("lease expiring"))),
+            // Hold the batch and look again shortly: a lease that is not valid yet (the first
+            // renewal after start) or that lapsed under load comes back with the next renewal,
+            // and a unit that moved away shows up as a stale epoch. Nothing is sent meanwhile.
+            Err(SendVeto::LeaseExpiring) => return Ok(Some(Flow::WaitForLease)),
         }
         let (stream, topic) = shared.downstream_ids()?;
         let partitioning = Partitioning::partition_id(shared.unit.partition);
         let mut messages = prepared.messages;
         let count = messages.len() as u64;
+        let started = Instant::now();
         let sent = shared
             .target
             .call(shared.slot(), "send_messages", |c| async move {
@@ -542,6 +557,7 @@ async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option
                     .await
             })
             .await;
+        shared.meters.sent(started.elapsed());
         if let Err(err) = sent {
             // The batch may have been appended even though the call failed.
             state.resync = true;

@@ -32,17 +32,20 @@ async fn revoked_unit_and_lost_lease_stop_writes_until_ownership_returns() -> Te
 
     control.set_lease(Some(None));
     control.grant(&unit);
+    // The new pair starts and reads, but its writer holds the batch while the lease is missing.
+    let granted = control.epoch(&unit);
     wait_until(
-        "restarted while the lease is missing",
+        "reading under the new grant while the lease is missing",
         Duration::from_secs(10),
         || async {
-            pipeline
-                .stats()
-                .await
-                .is_ok_and(|s| s.iter().any(|s| s.restarts >= 1))
+            pipeline.stats().await.is_ok_and(|s| {
+                s.iter()
+                    .any(|s| Some(s.epoch) == granted && s.upstream_end == Some(200))
+            })
         },
     )
     .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(count(&env.eu, "fence", "t", 0) == 100);
 
     control.set_lease(None);
