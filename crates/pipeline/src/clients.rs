@@ -33,6 +33,10 @@ pub(crate) struct Conn {
 struct Slot {
     /// The current connection (if built) and the number of builds so far.
     current: Mutex<(Option<Conn>, u64)>,
+    /// Held for the whole of every call on this slot's connection. The SDK serialises requests
+    /// per connection anyway; taking the turn here first lets `call_checked` run its check
+    /// after any wait for the connection, immediately before the request is written.
+    turn: Mutex<()>,
 }
 
 /// The connections of this instance to one cluster.
@@ -157,10 +161,39 @@ impl Cluster {
         F: FnOnce(Arc<IggyClient>) -> Fut,
         Fut: Future<Output = std::result::Result<T, IggyError>>,
     {
+        match self
+            .call_checked(slot, op, || Ok::<(), std::convert::Infallible>(()), f)
+            .await?
+        {
+            Ok(value) => Ok(value),
+            Err(never) => match never {},
+        }
+    }
+
+    /// Like [`Cluster::call`], but runs `check` once this call's turn on the connection has
+    /// come, right before the request is written, and skips the call when it fails. Writers use
+    /// it to re-check their lease and epoch as late as possible: a wait for the connection
+    /// (other units' sends) can no longer carry a send past the end of its lease.
+    pub(crate) async fn call_checked<T, V, C, F, Fut>(
+        &self,
+        slot: usize,
+        op: &str,
+        check: C,
+        f: F,
+    ) -> Result<std::result::Result<T, V>>
+    where
+        C: FnOnce() -> std::result::Result<(), V>,
+        F: FnOnce(Arc<IggyClient>) -> Fut,
+        Fut: Future<Output = std::result::Result<T, IggyError>>,
+    {
         let conn = self.get(slot).await?;
+        let _turn = self.slots[conn.slot].turn.lock().await;
+        if let Err(veto) = check() {
+            return Ok(Err(veto));
+        }
         let result = tokio::time::timeout(self.timeout, f(conn.client.clone())).await;
         let err = match result {
-            Ok(Ok(value)) => return Ok(value),
+            Ok(Ok(value)) => return Ok(Ok(value)),
             Ok(Err(source)) => self.err(op, source),
             Err(_) => Error::Timeout {
                 cluster: self.alias.clone(),

@@ -550,14 +550,33 @@ async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option
         let mut messages = prepared.messages;
         let count = messages.len() as u64;
         let started = Instant::now();
+        // Checked again once the connection is ours, right before the request is written.
+        let assignments = state.assignments.clone();
+        let recheck = || {
+            let current = epoch_is_current(&assignments.borrow(), &shared.unit, shared.epoch);
+            may_send(
+                Instant::now(),
+                shared.control.lease_valid_until(),
+                shared.tuning.lease_safety_margin,
+                current,
+            )
+        };
         let sent = shared
             .target
-            .call(shared.slot(), "send_messages", |c| async move {
+            .call_checked(shared.slot(), "send_messages", recheck, |c| async move {
                 c.send_messages(&stream, &topic, &partitioning, &mut messages)
                     .await
             })
             .await;
         shared.meters.sent(started.elapsed());
+        let sent = match sent {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(SendVeto::EpochNotCurrent)) => {
+                return Ok(Some(Flow::Stop("epoch no longer current")))
+            }
+            Ok(Err(SendVeto::LeaseExpiring)) => return Ok(Some(Flow::WaitForLease)),
+            Err(e) => Err(e),
+        };
         if let Err(err) = sent {
             // The batch may have been appended even though the call failed.
             state.resync = true;
