@@ -65,10 +65,10 @@ pub struct ClusterConfig {
     #[serde(default)]
     pub initial_members: BTreeMap<String, String>,
     /// How long a member may go without renewing its lease before its partitions move.
-    /// Default: the control plane's (2 s). Example: `"2s"`.
+    /// Default: the control plane's (1.5 s). Example: `"1500ms"`.
     #[serde(default, with = "humantime_serde")]
     pub lease_expiry: Option<Duration>,
-    /// How often a member renews its lease. Default: the control plane's (500 ms). Example: `"500ms"`.
+    /// How often a member renews its lease. Default: the control plane's (300 ms). Example: `"300ms"`.
     #[serde(default, with = "humantime_serde")]
     pub lease_renew_interval: Option<Duration>,
     /// Raft heartbeat interval. Default: the control plane's (100 ms). Example: `"100ms"`.
