@@ -201,6 +201,8 @@ pub(crate) async fn connect(url: &str) -> TestResult<IggyClient> {
 /// may not have been stored; either way ids stay unique).
 pub(crate) struct Producer {
     stop: Arc<AtomicBool>,
+    /// While set, the producer skips its rounds.
+    paused: Arc<AtomicBool>,
     task: JoinHandle<TestResult<ProducerReport>>,
 }
 
@@ -217,8 +219,19 @@ impl Producer {
     /// Starts producing about `rate` messages per second.
     pub(crate) fn start(upstream_url: String, rate: u64) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn(produce(upstream_url, rate, stop.clone()));
-        Self { stop, task }
+        let paused = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(produce(upstream_url, rate, stop.clone(), paused.clone()));
+        Self { stop, paused, task }
+    }
+
+    /// Stops sending until [`Producer::resume`] (a round already under way finishes).
+    pub(crate) fn pause(&self) {
+        self.paused.store(true, Ordering::Relaxed);
+    }
+
+    /// Sends again after [`Producer::pause`].
+    pub(crate) fn resume(&self) {
+        self.paused.store(false, Ordering::Relaxed);
     }
 
     /// Stops producing and reports.
@@ -231,7 +244,12 @@ impl Producer {
 /// Time between two rounds of sends.
 const PRODUCE_TICK: Duration = Duration::from_millis(50);
 
-async fn produce(url: String, rate: u64, stop: Arc<AtomicBool>) -> TestResult<ProducerReport> {
+async fn produce(
+    url: String,
+    rate: u64,
+    stop: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
+) -> TestResult<ProducerReport> {
     let client = connect(&url).await?;
     let stream = Identifier::named(STREAM)?;
     let topic = Identifier::named(TOPIC)?;
@@ -247,6 +265,9 @@ async fn produce(url: String, rate: u64, stop: Arc<AtomicBool>) -> TestResult<Pr
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while !stop.load(Ordering::Relaxed) {
         ticker.tick().await;
+        if paused.load(Ordering::Relaxed) {
+            continue;
+        }
         for partition in 0..PARTITIONS {
             let mut messages = Vec::with_capacity(per_partition as usize);
             for _ in 0..per_partition {
