@@ -506,7 +506,18 @@ discovery_interval = "1s"
     )
 }
 
+/// A connected client. Small requests must not wait for Nagle's algorithm (with delayed ACKs
+/// every send of the producer would take ~40 ms), so `nodelay` is turned on unless the URL
+/// sets it.
 async fn connect(url: &str) -> Result<IggyClient, Failure> {
+    let url = if url.contains("nodelay=") {
+        url.to_owned()
+    } else if url.contains('?') {
+        format!("{url}&nodelay=true")
+    } else {
+        format!("{url}?nodelay=true")
+    };
+    let url = url.as_str();
     let client = IggyClient::from_connection_string(url)
         .map_err(|e| Failure::config(format!("invalid Iggy URL {}: {e}", redact(url))))?;
     client.connect().await.map_err(|e| {
