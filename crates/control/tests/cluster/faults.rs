@@ -147,11 +147,20 @@ async fn restarted_follower_catches_up_through_a_snapshot() -> TestResult {
             == Some(59)
     })
     .await?;
-    assert!(cluster
-        .node(follower)
-        .metrics()
-        .snapshot_index
-        .is_some_and(|s| s > crashed_at_index));
+    // openraft publishes the installed snapshot in its metrics a moment after the state
+    // machine has it, so wait for the metric rather than read it once.
+    wait_until(
+        "follower reports the installed snapshot",
+        Duration::from_secs(10),
+        || {
+            cluster
+                .node(follower)
+                .metrics()
+                .snapshot_index
+                .is_some_and(|s| s > crashed_at_index)
+        },
+    )
+    .await?;
     cluster.shutdown().await;
     Ok(())
 }
