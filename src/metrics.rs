@@ -276,30 +276,25 @@ impl Inner {
         let mut present = BTreeSet::new();
         for stats in units {
             let labels = unit_labels(&stats.unit);
-            for (series, value) in [
-                ("messages", stats.messages),
-                ("bytes", stats.bytes),
-                ("gaps", stats.gaps),
-                ("restarts", stats.restarts),
-            ] {
-                let previous = self
-                    .seen
-                    .insert((series, stats.unit.clone()), value)
-                    .unwrap_or(0);
-                let increase = delta(previous, value);
-                match series {
-                    "messages" => self.messages.get_or_create(&labels).inc_by(increase),
-                    "bytes" => self.bytes.get_or_create(&labels).inc_by(increase),
-                    "gaps" => self.gaps.get_or_create(&labels).inc_by(increase),
-                    _ => self
-                        .restarts
-                        .get_or_create(&vec![
-                            ("flow", stats.unit.flow.clone()),
-                            ("role", "reader_writer".to_owned()),
-                        ])
-                        .inc_by(increase),
-                };
-            }
+            let mut grown = |series: &'static str, value: u64| {
+                let previous = self.seen.insert((series, stats.unit.clone()), value);
+                delta(previous.unwrap_or(0), value)
+            };
+            let (messages, bytes, gaps, restarts) = (
+                grown("messages", stats.messages),
+                grown("bytes", stats.bytes),
+                grown("gaps", stats.gaps),
+                grown("restarts", stats.restarts),
+            );
+            self.messages.get_or_create(&labels).inc_by(messages);
+            self.bytes.get_or_create(&labels).inc_by(bytes);
+            self.gaps.get_or_create(&labels).inc_by(gaps);
+            self.restarts
+                .get_or_create(&vec![
+                    ("flow", stats.unit.flow.clone()),
+                    ("role", "reader_writer".to_owned()),
+                ])
+                .inc_by(restarts);
             if let Some(lag) = stats.lag {
                 self.lag.get_or_create(&labels).set(to_i64(lag));
                 present.insert(stats.unit.clone());

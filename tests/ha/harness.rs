@@ -309,6 +309,26 @@ async fn produce(
     Ok(report)
 }
 
+/// The common end of a scenario: stop the producer, wait for the copy to catch up, require
+/// `verify` to report an exact copy, then mark the cluster passed and stop everything.
+pub(crate) async fn finish_with_exact_copy(
+    producer: Producer,
+    servers: Servers,
+    mut cluster: Cluster,
+) -> TestResult {
+    let report = producer.stop().await?;
+    servers.wait_caught_up(Duration::from_secs(60)).await?;
+    println!("produced {} messages", report.produced);
+    assert!(
+        cluster.verify(Duration::from_secs(30)).await?,
+        "verify: not exact"
+    );
+    cluster.passed();
+    drop(cluster);
+    servers.shutdown().await;
+    Ok(())
+}
+
 /// `GET /status` of a node, the fields the scenarios read.
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Status {

@@ -226,16 +226,7 @@ fn leader_cut_off_from_its_peers_stops_writing_and_rejoins_after_the_cut_heals()
             healed.elapsed().as_secs_f64()
         );
 
-        let report = producer.stop().await?;
-        servers.wait_caught_up(Duration::from_secs(60)).await?;
-        println!("produced {} messages", report.produced);
-        assert!(
-            cluster.verify(Duration::from_secs(30)).await?,
-            "verify: not exact"
-        );
-        cluster.passed();
-        drop(cluster);
-        servers.shutdown().await;
+        crate::harness::finish_with_exact_copy(producer, servers, cluster).await?;
         drop(lab);
         Ok(())
     })

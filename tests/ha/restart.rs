@@ -75,16 +75,7 @@ fn whole_cluster_stopped_mid_stream_resumes_from_confirmed_offsets_exactly_once(
             restarted.elapsed().as_secs_f64()
         );
 
-        let report = producer.stop().await?;
-        servers.wait_caught_up(Duration::from_secs(60)).await?;
-        println!("produced {} messages", report.produced);
-        assert!(
-            cluster.verify(Duration::from_secs(30)).await?,
-            "verify: not exact"
-        );
-        cluster.passed();
-        drop(cluster);
-        servers.shutdown().await;
+        crate::harness::finish_with_exact_copy(producer, servers, cluster).await?;
         Ok(())
     })
 }

@@ -157,16 +157,7 @@ fn fourth_node_joins_nodes_drain_out_and_a_two_node_cluster_waits_for_quorum() -
             returned.elapsed().as_secs_f64()
         );
 
-        let report = producer.stop().await?;
-        servers.wait_caught_up(Duration::from_secs(60)).await?;
-        println!("produced {} messages", report.produced);
-        assert!(
-            cluster.verify(Duration::from_secs(30)).await?,
-            "verify: not exact"
-        );
-        cluster.passed();
-        drop(cluster);
-        servers.shutdown().await;
+        crate::harness::finish_with_exact_copy(producer, servers, cluster).await?;
         Ok(())
     })
 }

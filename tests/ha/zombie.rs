@@ -134,16 +134,7 @@ fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() ->
             rejoined_after.unwrap_or_default().as_secs_f64()
         );
 
-        let report = producer.stop().await?;
-        servers.wait_caught_up(Duration::from_secs(60)).await?;
-        println!("produced {} messages", report.produced);
-        assert!(
-            cluster.verify(Duration::from_secs(30)).await?,
-            "verify: not exact"
-        );
-        cluster.passed();
-        drop(cluster);
-        servers.shutdown().await;
+        crate::harness::finish_with_exact_copy(producer, servers, cluster).await?;
         Ok(())
     })
 }
