@@ -61,12 +61,15 @@ pub mod bench_support {
     pub struct Batch(crate::unit::Batch);
 
     impl Batch {
-        /// A batch of polled messages (offsets and timestamps set) with no gap before it.
-        pub fn new(messages: Vec<IggyMessage>) -> Self {
-            Self(crate::unit::Batch {
-                messages,
-                gap: None,
-            })
+        /// A batch of polled messages (offsets and timestamps set) with no gap before it;
+        /// `None` when `messages` is empty.
+        pub fn new(messages: Vec<IggyMessage>) -> Option<Self> {
+            crate::unit::Batch::new(messages, None).map(Self)
+        }
+
+        /// The messages: as polled, or once prepared the ones the writer would send.
+        pub fn messages(&self) -> &[IggyMessage] {
+            &self.0.messages
         }
     }
 
@@ -86,12 +89,10 @@ pub mod bench_support {
         pub topic_created_at: u64,
     }
 
-    /// The writer's batch conversion: the messages it would send for `batch`, or `Err(offset)`
-    /// of a message whose headers would exceed Iggy's limit with provenance added.
-    pub fn prepare(
-        batch: &Batch,
-        p: &PrepareParams<'_>,
-    ) -> std::result::Result<Vec<IggyMessage>, Offset> {
+    /// The writer's batch conversion, in place: leaves in `batch` the messages it would send
+    /// and returns their bytes, or `Err(offset)` of a message whose headers would exceed
+    /// Iggy's limit with provenance added.
+    pub fn prepare(batch: &mut Batch, p: &PrepareParams<'_>) -> std::result::Result<u64, Offset> {
         let params = crate::writer::PrepareParams {
             last_written: p.last_written,
             source: p.source,
@@ -99,6 +100,6 @@ pub mod bench_support {
             provenance: p.provenance,
             topic_created_at: p.topic_created_at,
         };
-        crate::writer::prepare(&batch.0, &params).map(|prepared| prepared.messages)
+        crate::writer::prepare(&mut batch.0, &params).map(|prepared| prepared.bytes)
     }
 }

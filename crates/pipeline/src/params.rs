@@ -36,6 +36,12 @@ pub struct PipelineParams {
     pub tail_scan_window: u32,
     /// How long `shutdown` waits for in-flight writes, final commits and releases, e.g. 30 s.
     pub shutdown_timeout: Duration,
+    /// Shortest time between two offset commits of one unit, e.g. 100 ms (the default). Under
+    /// load a unit confirms its progress at most this often instead of after every batch, which
+    /// keeps Raft writes per second bounded by units / interval, not by batches. Resume stays
+    /// exact: a writer starts after the last message it finds downstream, not after the last
+    /// confirmed offset. A unit that stops (drain, handover) commits at once.
+    pub commit_interval: Duration,
     /// Receives poll/send timings, replication latencies and errors as they happen (the binary
     /// feeds Prometheus with them); default: ignores them.
     pub observer: crate::stats::Observer,
@@ -59,6 +65,7 @@ impl PipelineParams {
             lease_safety_margin: Duration::from_millis(500),
             tail_scan_window: 10_000,
             shutdown_timeout: Duration::from_secs(30),
+            commit_interval: Duration::from_millis(100),
             observer: crate::stats::Observer::default(),
         }
     }

@@ -64,6 +64,7 @@ impl Pipeline {
             retry_budget: params.retry_budget,
             lease_safety_margin: params.lease_safety_margin,
             tail_scan_window: params.tail_scan_window,
+            commit_interval: params.commit_interval,
             observer: params.observer.clone(),
         };
         let name = format!("coordinator/n{}", params.node_id);

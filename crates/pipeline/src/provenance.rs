@@ -10,7 +10,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 pub const SOURCE_KEY: &str = "repl-source";
 /// Key of the upstream offset of the message (Uint64).
 pub const OFFSET_KEY: &str = "repl-offset";
-/// Key of the cluster where the message was first produced (String); kept across hops.
+/// Key of the cluster where the message was first produced (String); kept across hops. Written
+/// only when it differs from the source (from the second hop on): without it the source is the
+/// origin, and a first-hop message carries 23 bytes less.
 pub const ORIGIN_KEY: &str = "repl-origin";
 /// Key of the creation time (µs) of the upstream topic incarnation (Uint64).
 pub const CREATED_KEY: &str = "repl-created";
@@ -188,7 +190,8 @@ fn put_entry(buf: &mut BytesMut, key: &str, kind: u8, value: &[u8]) {
 }
 
 /// The user headers to send downstream: the user's entries byte for byte, then ours. An origin
-/// found on the message is kept (it names the first hop); otherwise the source is the origin.
+/// found on the message is kept (it names the first hop); otherwise the source is the origin
+/// and no origin entry is written.
 /// `None` when the result would exceed Iggy's user-header limit.
 pub fn stamp(user_headers: Option<&[u8]>, stamp: &Stamp<'_>) -> Option<Bytes> {
     stamp_into(&mut BytesMut::new(), user_headers, stamp)
@@ -211,9 +214,10 @@ pub fn stamp_into(
             has_ours(existing),
         )
     };
+    let origin = (origin != stamp.source).then_some(origin);
     let ours = entry_len(SOURCE_KEY, stamp.source.len())
         + entry_len(OFFSET_KEY, 8)
-        + entry_len(ORIGIN_KEY, origin.len())
+        + origin.map_or(0, |o| entry_len(ORIGIN_KEY, o.len()))
         + entry_len(CREATED_KEY, 8);
     if existing.len() + ours > MAX_USER_HEADERS_SIZE {
         return None;
@@ -229,7 +233,9 @@ pub fn stamp_into(
     }
     put_entry(arena, SOURCE_KEY, KIND_STRING, stamp.source.as_bytes());
     put_entry(arena, OFFSET_KEY, KIND_UINT64, &stamp.offset.to_le_bytes());
-    put_entry(arena, ORIGIN_KEY, KIND_STRING, origin.as_bytes());
+    if let Some(origin) = origin {
+        put_entry(arena, ORIGIN_KEY, KIND_STRING, origin.as_bytes());
+    }
     put_entry(
         arena,
         CREATED_KEY,
@@ -237,6 +243,72 @@ pub fn stamp_into(
         &stamp.topic_created_at.to_le_bytes(),
     );
     Some(arena.split().freeze())
+}
+
+/// Stamps the messages of one batch. Our entries are the same for every message that carries
+/// no provenance yet (origin = source) except for the offset value, so they are encoded
+/// once and only the offset is written per message; messages that already carry provenance
+/// (a second hop) take the general path of [`stamp_into`].
+#[derive(Debug, Clone)]
+pub struct Stamper<'a> {
+    /// Alias of the cluster the messages are copied from.
+    source: &'a str,
+    /// Creation time (µs) of the upstream topic.
+    topic_created_at: u64,
+    /// Our entries for origin = source (no origin entry) and offset 0.
+    block: Vec<u8>,
+    /// Position of the offset value's 8 bytes in `block`.
+    offset_at: usize,
+}
+
+impl<'a> Stamper<'a> {
+    /// A stamper for messages copied from `source`, topic incarnation `topic_created_at`.
+    pub fn new(source: &'a str, topic_created_at: u64) -> Self {
+        let mut block = BytesMut::new();
+        put_entry(&mut block, SOURCE_KEY, KIND_STRING, source.as_bytes());
+        let offset_at = block.len() + entry_len(OFFSET_KEY, 8) - 8;
+        put_entry(&mut block, OFFSET_KEY, KIND_UINT64, &0u64.to_le_bytes());
+        put_entry(
+            &mut block,
+            CREATED_KEY,
+            KIND_UINT64,
+            &topic_created_at.to_le_bytes(),
+        );
+        Self {
+            source,
+            topic_created_at,
+            block: block.to_vec(),
+            offset_at,
+        }
+    }
+
+    /// What [`stamp_into`] returns for this stamper's source and topic and `offset`.
+    pub fn stamp_into(
+        &self,
+        arena: &mut BytesMut,
+        user_headers: Option<&[u8]>,
+        offset: u64,
+    ) -> Option<Bytes> {
+        let existing = user_headers.unwrap_or_default();
+        if has_ours(existing) {
+            let stamp = Stamp {
+                source: self.source,
+                offset,
+                topic_created_at: self.topic_created_at,
+            };
+            return stamp_into(arena, user_headers, &stamp);
+        }
+        if existing.len() + self.block.len() > MAX_USER_HEADERS_SIZE {
+            return None;
+        }
+        arena.clear();
+        arena.reserve(existing.len() + self.block.len());
+        arena.put_slice(existing);
+        arena.put_slice(&self.block);
+        let at = existing.len() + self.offset_at;
+        arena[at..at + 8].copy_from_slice(&offset.to_le_bytes());
+        Some(arena.split().freeze())
+    }
 }
 
 #[cfg(test)]
@@ -285,11 +357,12 @@ mod tests {
             ..IggyMessage::from("p")
         };
         let map = msg.user_headers_map().expect("sdk parses").expect("some");
-        check!(map.len() == 6);
+        check!(map.len() == 5);
         let found = find(Some(&stamped));
         check!(found.source == Some("us"));
         check!(found.offset == Some(42));
-        check!(found.origin == Some("us"));
+        check!(found.origin.is_none());
+        check!(found.origin_cluster() == Some("us"));
         check!(found.topic_created_at == Some(77));
         check!(strip(Some(&stamped)) == Some(original.to_vec()));
     }
@@ -320,6 +393,27 @@ mod tests {
         let truncated = [2u8, 10, 0, 0, 0, b'a'];
         check!(find(Some(&truncated)) == Found::default());
         check!(strip(Some(&truncated)) == Some(truncated.to_vec()));
+    }
+
+    #[test]
+    fn stamper_writes_what_stamp_writes() {
+        let stamper = Stamper::new("us", 77);
+        let first_hop = stamp(Some(&user_headers(&[("k", "v")])), &stamp_of("eu", 5));
+        let inputs = [
+            None,
+            Some(user_headers(&[("trace", "abc"), ("b", "2")])),
+            first_hop,
+        ];
+        let mut arena = BytesMut::new();
+        for (i, headers) in inputs.iter().enumerate() {
+            let offset = 1_000 + i as u64;
+            let general = stamp(headers.as_deref(), &stamp_of("us", offset));
+            let fast = stamper.stamp_into(&mut arena, headers.as_deref(), offset);
+            check!(fast == general, "input {i}");
+        }
+        let mut big = BytesMut::new();
+        put_entry(&mut big, "k", KIND_STRING, &vec![b'x'; 99_939]);
+        check!(stamper.stamp_into(&mut arena, Some(&big), 1).is_none());
     }
 
     #[test]

@@ -226,7 +226,10 @@ async fn poll_once<C: ControlPlane>(state: &mut ReaderState<C>) -> Result<Step> 
         offset: last.saturating_add(1),
         contiguous: true,
     });
-    match state.tx.send(Batch { messages, gap }).await {
+    let Some(batch) = Batch::new(messages, gap) else {
+        return Ok(Step::CaughtUp);
+    };
+    match state.tx.send(batch).await {
         Ok(()) => Ok(Step::Forwarded),
         Err(_) => Ok(Step::WriterGone),
     }

@@ -24,6 +24,8 @@ pub(crate) struct UnitTuning {
     pub(crate) lease_safety_margin: Duration,
     /// Messages scanned back for the downstream tail.
     pub(crate) tail_scan_window: u32,
+    /// Shortest time between two commits of the unit.
+    pub(crate) commit_interval: Duration,
     /// Receives poll/send timings, replication latencies and errors.
     pub(crate) observer: crate::stats::Observer,
 }
@@ -87,18 +89,31 @@ pub(crate) fn named(name: &str, unit: &WorkUnit) -> Result<Identifier> {
 }
 
 /// Messages polled from one upstream partition, in offset order, handed from reader to writer.
+/// The writer turns the messages into the downstream ones in place (see `writer::prepare`), so
+/// what the batch covers upstream is kept apart from them.
 #[derive(Debug)]
 pub(crate) struct Batch {
-    /// The messages as polled (offset, timestamp and checksum set by the upstream server).
+    /// The messages as polled (offset, timestamp and checksum set by the upstream server);
+    /// once prepared, the ones to send downstream.
     pub(crate) messages: Vec<IggyMessage>,
     /// Offsets lost to upstream retention right before this batch.
     pub(crate) gap: Option<Gap>,
+    /// Offset of the last message as polled: the batch covers upstream up to here.
+    pub(crate) last_offset: Offset,
+    /// Messages dropped so far because they originated in the target cluster.
+    pub(crate) skipped: u64,
 }
 
 impl Batch {
-    /// Offset of the last message.
-    pub(crate) fn last_offset(&self) -> Option<Offset> {
-        self.messages.last().map(|m| m.header.offset)
+    /// A batch of polled messages; `None` when there are none.
+    pub(crate) fn new(messages: Vec<IggyMessage>, gap: Option<Gap>) -> Option<Self> {
+        let last_offset = messages.last()?.header.offset;
+        Some(Self {
+            messages,
+            gap,
+            last_offset,
+            skipped: 0,
+        })
     }
 }
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iggy::prelude::{
-    Consumer, Identifier, IggyMessage, IggyMessageHeader, IggyTimestamp, MessageClient,
-    Partitioning, PollingStrategy, TopicClient,
+    Consumer, Identifier, IggyMessage, IggyTimestamp, MessageClient, Partitioning, PollingStrategy,
+    TopicClient,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use replicator_model::{Assignment, CommitOutcome, Offset, OffsetCommit, UnitCounters};
@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::offsets::{
     epoch_is_current, may_send, plan_resume, PartitionExtent, ReadFrom, SendVeto,
 };
-use crate::provenance::{self, Stamp};
+use crate::provenance;
 use crate::unit::{Batch, UnitShared};
 
 /// How long a failed commit keeps its slot before the next commit is tried.
@@ -95,6 +95,8 @@ pub(crate) struct WriterState<C> {
     pending: UnitCounters,
     /// The commit in flight, if any (at most one).
     inflight: Option<InflightCommit>,
+    /// No commit starts before this (see `commit_interval`), except the final one.
+    next_commit_at: Instant,
     /// A batch taken from the channel but not yet written (retried after failures).
     held: Option<Batch>,
     /// A send failed in a way that may have appended it: re-read the tail before sending again.
@@ -127,6 +129,7 @@ impl<C: ControlPlane> Actor for DownstreamWriter<C> {
             last_committed: None,
             pending: UnitCounters::default(),
             inflight: None,
+            next_commit_at: Instant::now(),
             held: None,
             resync: false,
             timer: None,
@@ -381,18 +384,12 @@ async fn scan_tail<C>(shared: &UnitShared<C>, created_at: u64) -> Result<Option<
     Ok(None)
 }
 
-/// A batch ready to send.
+/// What [`prepare`] found out about a batch, besides the messages it left in it to send.
 #[derive(Debug)]
 pub(crate) struct Prepared {
-    /// Messages to send (may be empty when all were already downstream or skipped).
-    pub(crate) messages: Vec<IggyMessage>,
-    /// Last upstream offset this batch covers (sent, skipped or already downstream).
-    pub(crate) last_offset: Offset,
-    /// Messages skipped because they originated in the target cluster.
-    pub(crate) skipped: u64,
     /// Bytes of the messages to send (64-byte header + payload + user headers).
     pub(crate) bytes: u64,
-    /// Upstream append time (µs) of the newest message sent.
+    /// Upstream append time (µs) of the newest message to send.
     pub(crate) newest_timestamp: u64,
 }
 
@@ -410,66 +407,51 @@ pub(crate) struct PrepareParams<'a> {
     pub(crate) topic_created_at: u64,
 }
 
-/// Builds the downstream messages of a batch: drops what is already downstream, skips messages
-/// that originated in the target cluster, keeps id, origin timestamp, payload and user headers
-/// byte for byte and appends provenance. `Err(offset)` if a message's headers would exceed
-/// Iggy's limit with provenance added.
+/// Turns a batch into its downstream messages, in place: drops what is already downstream,
+/// drops (and counts in `batch.skipped`) messages that originated in the target cluster, keeps
+/// id, origin timestamp, payload and user headers byte for byte and appends provenance.
+/// In place, because the payloads need not be copied or even reference-counted again: the batch
+/// is what gets sent. Preparing a prepared batch again (a retry after a failed send) gives the
+/// same messages: provenance is replaced, not added twice. `Err(offset)` if a message's headers
+/// would exceed Iggy's limit with provenance added.
 pub(crate) fn prepare(
-    batch: &Batch,
+    batch: &mut Batch,
     p: &PrepareParams<'_>,
 ) -> std::result::Result<Prepared, Offset> {
     let mut out = Prepared {
-        messages: Vec::with_capacity(batch.messages.len()),
-        last_offset: batch.last_offset().unwrap_or_default(),
-        skipped: 0,
         bytes: 0,
         newest_timestamp: 0,
     };
-    // One allocation for the provenance of the whole batch (each message's headers are split off).
-    let mut arena = bytes::BytesMut::with_capacity(if p.provenance {
-        batch.messages.len() * (128 + p.source.len())
-    } else {
-        0
-    });
-    for m in &batch.messages {
-        let offset = m.header.offset;
-        if p.last_written.is_some_and(|last| offset <= last) {
-            continue;
-        }
-        let user_headers = if p.provenance {
-            let headers = m.user_headers.as_deref();
-            if headers.is_some_and(|h| provenance::find(Some(h)).origin_cluster() == Some(p.target))
-            {
-                out.skipped += 1;
-                continue;
-            }
-            let stamp = Stamp {
-                source: p.source,
-                offset,
-                topic_created_at: p.topic_created_at,
-            };
-            Some(provenance::stamp_into(&mut arena, headers, &stamp).ok_or(offset)?)
-        } else {
-            m.user_headers.clone()
-        };
-        let h = &m.header;
-        let header = IggyMessageHeader {
-            checksum: h.checksum,
-            id: h.id,
-            offset: h.offset,
-            timestamp: h.timestamp,
-            origin_timestamp: h.origin_timestamp,
-            user_headers_length: user_headers.as_ref().map_or(0, |h| h.len() as u32),
-            payload_length: h.payload_length,
-            reserved: h.reserved,
-        };
-        out.bytes += 64 + m.payload.len() as u64 + u64::from(header.user_headers_length);
-        out.newest_timestamp = out.newest_timestamp.max(m.header.timestamp);
-        out.messages.push(IggyMessage {
-            header,
-            payload: m.payload.clone(),
-            user_headers,
+    if let Some(last) = p.last_written {
+        // Offsets are ascending: what is already downstream is a prefix.
+        let done = batch.messages.partition_point(|m| m.header.offset <= last);
+        batch.messages.drain(..done);
+    }
+    if p.provenance {
+        let before = batch.messages.len();
+        batch.messages.retain(|m| {
+            m.user_headers
+                .as_deref()
+                .is_none_or(|h| provenance::find(Some(h)).origin_cluster() != Some(p.target))
         });
+        batch.skipped += (before - batch.messages.len()) as u64;
+        // One allocation for the provenance of the whole batch (each message's headers are
+        // split off it).
+        let mut arena =
+            bytes::BytesMut::with_capacity(batch.messages.len() * (128 + p.source.len()));
+        let stamper = provenance::Stamper::new(p.source, p.topic_created_at);
+        for m in &mut batch.messages {
+            let offset = m.header.offset;
+            let stamped = stamper
+                .stamp_into(&mut arena, m.user_headers.as_deref(), offset)
+                .ok_or(offset)?;
+            m.header.user_headers_length = stamped.len() as u32;
+            m.user_headers = Some(stamped);
+        }
+    }
+    for m in &batch.messages {
+        out.bytes += 64 + m.payload.len() as u64 + u64::from(m.header.user_headers_length);
+        out.newest_timestamp = out.newest_timestamp.max(m.header.timestamp);
     }
     Ok(out)
 }
@@ -477,6 +459,10 @@ pub(crate) fn prepare(
 /// One writer step: settle a finished commit, take or retry a batch, send it, start a commit.
 async fn next<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Flow> {
     if state.held.is_none() {
+        // Progress held back by the commit interval is committed when it ends, also when no
+        // batch comes meanwhile.
+        let due =
+            (state.inflight.is_none() && has_uncommitted(state)).then_some(state.next_commit_at);
         let WriterState { inflight, rx, .. } = state;
         tokio::select! {
             biased;
@@ -485,7 +471,11 @@ async fn next<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Flow> {
                 if let Some(stop) = settle_commit(state, done) {
                     return Ok(stop);
                 }
-                start_commit(state);
+                start_commit(state, false);
+                return Ok(Flow::Continue);
+            }
+            () = async { match due { Some(at) => tokio::time::sleep_until(at.into()).await, None => std::future::pending().await } } => {
+                start_commit(state, false);
                 return Ok(Flow::Continue);
             }
             batch = rx.recv() => match batch {
@@ -497,7 +487,7 @@ async fn next<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Flow> {
     if let Some(stop) = send_held(state).await? {
         return Ok(stop);
     }
-    start_commit(state);
+    start_commit(state, false);
     Ok(Flow::Continue)
 }
 
@@ -509,7 +499,7 @@ async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option
         state.last_written = state.last_written.max(tail);
         state.resync = false;
     }
-    let Some(batch) = state.held.as_ref() else {
+    let Some(batch) = state.held.as_mut() else {
         return Ok(None);
     };
     let prepared = prepare(
@@ -528,7 +518,8 @@ async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option
         source: Box::new(iggy::prelude::IggyError::TooBigUserHeaders),
     })?;
     let gap = batch.gap;
-    if !prepared.messages.is_empty() {
+    let last_offset = batch.last_offset;
+    if !batch.messages.is_empty() {
         let current = epoch_is_current(&state.assignments.borrow(), &shared.unit, shared.epoch);
         match may_send(
             Instant::now(),
@@ -547,7 +538,7 @@ async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option
         }
         let (stream, topic) = shared.downstream_ids()?;
         let partitioning = Partitioning::partition_id(shared.unit.partition);
-        let mut messages = prepared.messages;
+        let messages = &mut batch.messages;
         let count = messages.len() as u64;
         let started = Instant::now();
         // Checked again once the connection is ours, right before the request is written.
@@ -564,7 +555,7 @@ async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option
         let sent = shared
             .target
             .call_checked(shared.slot(), "send_messages", recheck, |c| async move {
-                c.send_messages(&stream, &topic, &partitioning, &mut messages)
+                c.send_messages(&stream, &topic, &partitioning, messages)
                     .await
             })
             .await;
@@ -595,35 +586,43 @@ async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option
         shared.meters.latency(Duration::from_micros(
             now_us.saturating_sub(prepared.newest_timestamp),
         ));
-        shared
-            .meters
-            .written(prepared.last_offset, count, prepared.bytes);
+        shared.meters.written(last_offset, count, prepared.bytes);
         state.pending.messages += count;
         state.pending.bytes += prepared.bytes;
-        tracing::debug!(offset = prepared.last_offset, count, "sent");
+        tracing::debug!(offset = last_offset, count, "sent");
     }
-    if prepared.skipped > 0 {
-        shared.meters.skipped(prepared.skipped);
+    if let Some(done) = state.held.take() {
+        if done.skipped > 0 {
+            shared.meters.skipped(done.skipped);
+        }
     }
     if gap.is_some() {
         state.pending.gaps += 1;
     }
-    state.last_written = state.last_written.max(Some(prepared.last_offset));
-    state.held = None;
+    state.last_written = state.last_written.max(Some(last_offset));
     Ok(None)
 }
 
-/// Starts a commit if none is in flight and there is something to confirm.
-fn start_commit<C: ControlPlane>(state: &mut WriterState<C>) {
-    if state.inflight.is_some() {
+/// Whether there is progress or counters the control plane has not confirmed yet.
+fn has_uncommitted<C>(state: &WriterState<C>) -> bool {
+    state.last_written.is_some()
+        && (state.last_committed < state.last_written || state.pending != UnitCounters::default())
+}
+
+/// Starts a commit if none is in flight and there is something to confirm, at most once per
+/// `commit_interval` unless `now` (the final commit of a stopping writer).
+fn start_commit<C: ControlPlane>(state: &mut WriterState<C>, now: bool) {
+    if state.inflight.is_some() || !has_uncommitted(state) {
         return;
     }
     let Some(offset) = state.last_written else {
         return;
     };
-    if state.last_committed >= Some(offset) && state.pending == UnitCounters::default() {
+    let started = Instant::now();
+    if !now && started < state.next_commit_at {
         return;
     }
+    state.next_commit_at = started + state.shared.tuning.commit_interval;
     let counters = std::mem::take(&mut state.pending);
     let commit = OffsetCommit {
         unit: state.shared.unit.clone(),
@@ -677,7 +676,7 @@ async fn drain<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Flow> {
             return Ok(stop);
         }
     }
-    start_commit(state);
+    start_commit(state, true);
     if let Some(inflight) = state.inflight.take() {
         if let Some(stop) = settle_commit(state, inflight.await) {
             return Ok(stop);
@@ -716,76 +715,99 @@ mod tests {
         }
     }
 
+    fn batch(messages: Vec<IggyMessage>) -> Batch {
+        Batch::new(messages, None).expect("not empty")
+    }
+
+    fn offsets(batch: &Batch) -> Vec<u64> {
+        batch.messages.iter().map(|m| m.header.offset).collect()
+    }
+
     #[test]
     fn prepare_drops_what_is_already_downstream() {
-        let batch = Batch {
-            messages: (10..15).map(|o| msg(o, None)).collect(),
-            gap: None,
-        };
-        let p = prepare(&batch, &params(Some(12))).expect("fits");
-        check!(
-            p.messages
-                .iter()
-                .map(|m| m.header.offset)
-                .collect::<Vec<_>>()
-                == vec![13, 14]
-        );
-        check!(p.last_offset == 14);
+        let mut b = batch((10..15).map(|o| msg(o, None)).collect());
+        let p = prepare(&mut b, &params(Some(12))).expect("fits");
+        check!(offsets(&b) == vec![13, 14]);
+        check!(b.last_offset == 14);
         check!(p.newest_timestamp == 24);
     }
 
     #[test]
     fn prepare_preserves_message_and_stamps_provenance() {
-        let batch = Batch {
-            messages: vec![msg(3, None)],
-            gap: None,
-        };
-        let p = prepare(&batch, &params(None)).expect("fits");
-        assert!(p.messages.len() == 1);
-        let out = &p.messages[0];
+        let original = msg(3, None);
+        let mut b = batch(vec![msg(3, None)]);
+        let p = prepare(&mut b, &params(None)).expect("fits");
+        assert!(b.messages.len() == 1);
+        let out = &b.messages[0];
         check!(out.header.id == 1003);
         check!(out.header.origin_timestamp == 8);
-        check!(out.payload == batch.messages[0].payload);
+        check!(out.payload == original.payload);
         let found = provenance::find(out.user_headers.as_deref());
         check!(found.source == Some("us"));
         check!(found.offset == Some(3));
         check!(found.topic_created_at == Some(9));
-        check!(
-            out.header.user_headers_length as usize
-                == out.user_headers.as_ref().map_or(0, |h| h.len())
+        let headers_len = out.user_headers.as_ref().map_or(0, |h| h.len());
+        check!(out.header.user_headers_length as usize == headers_len);
+        check!(p.bytes == (64 + original.payload.len() + headers_len) as u64);
+    }
+
+    #[test]
+    fn preparing_a_prepared_batch_again_changes_nothing() {
+        let user = provenance::stamp(
+            None,
+            &provenance::Stamp {
+                source: "ap",
+                offset: 77,
+                topic_created_at: 1,
+            },
         );
+        let mut b = batch(vec![msg(1, None), msg(2, user)]);
+        let fields = |b: &Batch| -> Vec<(u64, u128, u32, Bytes, Option<Bytes>)> {
+            b.messages
+                .iter()
+                .map(|m| {
+                    let h = &m.header;
+                    (
+                        h.offset,
+                        h.id,
+                        h.user_headers_length,
+                        m.payload.clone(),
+                        m.user_headers.clone(),
+                    )
+                })
+                .collect()
+        };
+        prepare(&mut b, &params(None)).expect("fits");
+        let once = fields(&b);
+        prepare(&mut b, &params(None)).expect("fits");
+        check!(fields(&b) == once);
+        check!(provenance::find(b.messages[1].user_headers.as_deref()).origin == Some("ap"));
     }
 
     #[test]
     fn prepare_skips_messages_that_originated_in_the_target() {
         let from_eu = provenance::stamp(
             None,
-            &Stamp {
+            &provenance::Stamp {
                 source: "eu",
                 offset: 1,
                 topic_created_at: 1,
             },
         );
-        let batch = Batch {
-            messages: vec![msg(0, from_eu), msg(1, None)],
-            gap: None,
-        };
-        let p = prepare(&batch, &params(None)).expect("fits");
-        check!(p.skipped == 1);
-        check!(p.messages.len() == 1);
-        check!(p.last_offset == 1);
+        let mut b = batch(vec![msg(0, from_eu), msg(1, None)]);
+        prepare(&mut b, &params(None)).expect("fits");
+        check!(b.skipped == 1);
+        check!(offsets(&b) == vec![1]);
+        check!(b.last_offset == 1);
     }
 
     #[test]
     fn prepare_without_provenance_forwards_headers_unchanged() {
         let raw = Bytes::from_static(&[2, 1, 0, 0, 0, b'k', 2, 1, 0, 0, 0, b'v']);
-        let batch = Batch {
-            messages: vec![msg(0, Some(raw.clone()))],
-            gap: None,
-        };
+        let mut b = batch(vec![msg(0, Some(raw.clone()))]);
         let mut p = params(None);
         p.provenance = false;
-        let out = prepare(&batch, &p).expect("fits");
-        check!(out.messages[0].user_headers == Some(raw));
+        prepare(&mut b, &p).expect("fits");
+        check!(b.messages[0].user_headers == Some(raw));
     }
 }
