@@ -58,7 +58,11 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
     let clusters: BTreeMap<String, ClusterParams> = config
         .clusters
         .iter()
-        .map(|(alias, cluster)| (alias.clone(), ClusterParams::new(cluster.url.expose())))
+        .map(|(alias, cluster)| {
+            let mut params = ClusterParams::new(cluster.url.expose());
+            params.connections = cluster.connections;
+            (alias.clone(), params)
+        })
         .collect();
     let flows = config
         .flows

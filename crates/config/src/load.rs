@@ -138,6 +138,7 @@ url = "iggy://iggy:${PASS}@127.0.0.1:8090"
 
 [clusters.eu]
 url = "iggy+tcp://iggy:iggy@127.0.0.1:8091?nodelay=true"
+connections = 2
 
 [[flows]]
 name = "us-to-eu"
@@ -177,6 +178,11 @@ poll_interval = "10ms"
             config.clusters["us"].url.expose(),
             "iggy://iggy:pw@127.0.0.1:8090"
         );
+        assert_eq!(
+            config.clusters["us"].connections,
+            crate::DEFAULT_CONNECTIONS
+        );
+        assert_eq!(config.clusters["eu"].connections, 2);
         let flow = &config.flows[0];
         assert_eq!(flow.naming, Naming::Prefix);
         assert_eq!(flow.initial_offset.resolve(), Some(InitialOffset::At(42)));
@@ -213,7 +219,8 @@ poll_interval = "10ms"
             .replace("source = \"us\"", "source = \"asia\"")
             .replace("[\"orders/*\"]", "[\"orders/[\"]")
             .replace("iggy://iggy:${PASS}@127.0.0.1:8090", "http://nope")
-            .replace("initial_offset = 42", "initial_offset = \"oldest\"");
+            .replace("initial_offset = 42", "initial_offset = \"oldest\"")
+            .replace("connections = 2", "connections = 0");
         let keys =
             problem_keys(parse_str(&text, "t", env(&[("SECRET", "short")])).expect_err("invalid"));
         for expected in [
@@ -222,6 +229,7 @@ poll_interval = "10ms"
             "flows[0].source",
             "flows[0].include[0]",
             "flows[0].initial_offset",
+            "clusters.eu.connections",
         ] {
             assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
         }

@@ -87,6 +87,11 @@ pub struct IggyClusterConfig {
     /// Iggy TCP connection string with credentials, as the SDK takes it.
     /// Required. Example: `"iggy://replicator:${IGGY_PASSWORD}@10.1.0.1:8090?nodelay=true"`.
     pub url: ClusterUrl,
+    /// TCP connections this instance opens to the cluster; partitions are spread over them
+    /// (the SDK runs one request at a time per connection, so more connections let polls and
+    /// sends of different partitions overlap). Default: `4`; 1 to 64.
+    #[serde(default = "default_connections")]
+    pub connections: usize,
 }
 
 /// `[[flows]]`: one direction of replication between two aliases.
@@ -184,6 +189,12 @@ impl Default for PipelineConfig {
 fn default_include() -> Vec<String> {
     vec!["*/*".to_owned()]
 }
+/// Connections per Iggy cluster and instance when `connections` is not set.
+pub const DEFAULT_CONNECTIONS: usize = 4;
+
+fn default_connections() -> usize {
+    DEFAULT_CONNECTIONS
+}
 fn default_batch_size() -> u32 {
     1000
 }
@@ -233,6 +244,12 @@ impl Config {
             let key = format!("clusters.{alias}.url");
             if let Err(message) = check_url(cluster.url.expose()) {
                 problems.push(Problem::new(key, message));
+            }
+            if !(1..=64).contains(&cluster.connections) {
+                problems.push(Problem::new(
+                    format!("clusters.{alias}.connections"),
+                    format!("must be 1 to 64, got {}", cluster.connections),
+                ));
             }
         }
         let mut names = std::collections::BTreeSet::new();
