@@ -81,6 +81,7 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
             params.initial_offset = flow.initial_offset.resolve().unwrap_or_default();
             params.batch_size = flow.batch_size;
             params.poll_interval = flow.poll_interval;
+            params.idle_poll_interval = flow.idle_poll_interval;
             params.provenance = flow.provenance;
             params.channel_capacity = flow.max_in_flight_batches;
             params

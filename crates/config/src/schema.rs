@@ -124,6 +124,12 @@ pub struct FlowConfig {
     /// Pause between polls of a caught-up partition. Default: `"5ms"`; at most 10 s.
     #[serde(default = "default_poll_interval", with = "humantime_serde")]
     pub poll_interval: Duration,
+    /// Longest pause between polls of a partition that stays caught up: the pause doubles from
+    /// `poll_interval` with every empty poll up to this, and is back at `poll_interval` with
+    /// the first new message. Default: `"100ms"`; at most 10 s (less than `poll_interval`
+    /// means `poll_interval`).
+    #[serde(default = "default_idle_poll_interval", with = "humantime_serde")]
+    pub idle_poll_interval: Duration,
     /// Add provenance headers (source alias, source offset, origin) to copied messages; they
     /// make resume exact and prevent loops in two-way setups. Default: `true`.
     #[serde(default = "default_true")]
@@ -197,6 +203,9 @@ fn default_connections() -> usize {
 }
 fn default_batch_size() -> u32 {
     1000
+}
+fn default_idle_poll_interval() -> Duration {
+    Duration::from_millis(100)
 }
 fn default_poll_interval() -> Duration {
     Duration::from_millis(5)
@@ -395,6 +404,12 @@ impl FlowConfig {
             problems.push(Problem::new(
                 format!("{key}.poll_interval"),
                 "must be greater than zero and at most 10s",
+            ));
+        }
+        if self.idle_poll_interval > Duration::from_secs(10) {
+            problems.push(Problem::new(
+                format!("{key}.idle_poll_interval"),
+                "must be at most 10s",
             ));
         }
         if !(1..=64).contains(&self.max_in_flight_batches) {

@@ -78,13 +78,17 @@ pub struct ControlTiming {
     pub lease_expiry: Duration,
     /// Subtracted from the owner's lease to absorb clock-rate differences. Default 200 ms.
     pub lease_safety_margin: Duration,
-    /// How long the commit batcher collects commits into one Raft entry. Default 2 ms.
+    /// How long the commit batcher collects commits into one Raft entry. Default 50 ms: with
+    /// `commit_max_in_flight` = 1 a node writes at most ~20 commit entries per second, however
+    /// many partitions it copies.
     pub commit_batch_interval: Duration,
     /// Most commits in one batch entry. Default 4096.
     pub commit_batch_max: usize,
     /// Capacity of the commit request queue (callers wait when it is full). Default 1024.
     pub commit_queue: usize,
-    /// Commit batches a node keeps in flight at once (openraft pipelines them). Default 4.
+    /// Commit batches a node keeps in flight at once (openraft pipelines them). Default 1: the
+    /// next batch collects while one is written, so a node writes at most one commit entry per
+    /// `commit_batch_interval` + write time, however many units commit.
     pub commit_max_in_flight: usize,
     /// Period of the leader's assignment round. Default 100 ms.
     pub assignment_interval: Duration,
@@ -109,10 +113,10 @@ impl Default for ControlTiming {
             lease_renew_interval: Duration::from_millis(300),
             lease_expiry: Duration::from_millis(1500),
             lease_safety_margin: Duration::from_millis(200),
-            commit_batch_interval: Duration::from_millis(2),
+            commit_batch_interval: Duration::from_millis(50),
             commit_batch_max: 4096,
             commit_queue: 1024,
-            commit_max_in_flight: 4,
+            commit_max_in_flight: 1,
             assignment_interval: Duration::from_millis(100),
             write_timeout: Duration::from_secs(5),
             rpc_timeout: Duration::from_secs(1),

@@ -186,6 +186,12 @@ pub struct FlowParams {
     pub batch_size: u32,
     /// How long a caught-up reader waits before polling again, e.g. 5 ms.
     pub poll_interval: Duration,
+    /// Longest wait of a reader whose partition stays caught up, e.g. 100 ms: the wait doubles
+    /// from `poll_interval` with every empty poll up to this, and drops back to `poll_interval`
+    /// with the first message. Idle partitions then cost few polls (what lets one instance
+    /// carry thousands of them) while busy ones are polled every `poll_interval`. Set it to
+    /// `poll_interval` to poll every partition at the same pace.
+    pub idle_poll_interval: Duration,
     /// Whether writers add provenance headers (source alias, source offset, origin cluster).
     /// Turning it off also turns off tail-based exactly-once and loop prevention.
     pub provenance: bool,
@@ -212,6 +218,7 @@ impl FlowParams {
             initial_offset: InitialOffset::Earliest,
             batch_size: 1000,
             poll_interval: Duration::from_millis(5),
+            idle_poll_interval: Duration::from_millis(100),
             provenance: true,
             channel_capacity: 2,
         }

@@ -3,7 +3,7 @@
 
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use iggy::prelude::{Consumer, Identifier, MessageClient, PollingStrategy};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -58,6 +58,12 @@ pub(crate) struct ReaderState<C> {
     ids: (Identifier, Identifier, Consumer),
     /// Retry backoff for transient poll failures.
     backoff: Backoff,
+    /// Pause before the next poll of a caught-up partition: `poll_interval`, and once the
+    /// partition has been quiet for [`QUIET_POLLS`] polls, doubled with every further empty poll
+    /// up to `idle_poll_interval`.
+    idle_pause: Duration,
+    /// Empty polls in a row.
+    empty_polls: u32,
     /// Pending delayed `Poll` (caught up or backing off); aborted when the reader stops.
     timer: Option<JoinHandle<std::result::Result<(), ractor::MessagingErr<ReaderMsg>>>>,
 }
@@ -88,6 +94,8 @@ impl<C: ControlPlane> Actor for PartitionReader<C> {
         myself.send_message(ReaderMsg::Poll)?;
         Ok(ReaderState {
             backoff: Backoff::new(args.shared.tuning.backoff, args.shared.seed),
+            idle_pause: args.shared.flow.poll_interval,
+            empty_polls: 0,
             shared: args.shared,
             tx: args.tx,
             start: Some(args.start),
@@ -139,11 +147,17 @@ impl<C: ControlPlane> Actor for PartitionReader<C> {
             match poll_once(state).await {
                 Ok(Step::Forwarded) => {
                     state.backoff.reset();
+                    state.idle_pause = state.shared.flow.poll_interval;
+                    state.empty_polls = 0;
                     myself.send_message(ReaderMsg::Poll)?;
                 }
                 Ok(Step::CaughtUp) => {
                     state.backoff.reset();
-                    let delay = state.shared.flow.poll_interval;
+                    let delay = state.idle_pause;
+                    state.empty_polls = state.empty_polls.saturating_add(1);
+                    if state.empty_polls >= QUIET_POLLS {
+                        state.idle_pause = next_idle_pause(&state.shared.flow, delay);
+                    }
                     state.timer = Some(myself.send_after(delay, || ReaderMsg::Poll));
                 }
                 Ok(Step::WriterGone) => myself.stop(Some("writer gone".into())),
@@ -165,6 +179,17 @@ impl<C: ControlPlane> Actor for PartitionReader<C> {
         .instrument(span)
         .await
     }
+}
+
+/// Empty polls in a row after which a partition counts as idle and its polls slow down. A
+/// partition with traffic finds data within a few polls and keeps the `poll_interval` pace
+/// (latency); one that stayed empty this long backs off (CPU with thousands of partitions).
+const QUIET_POLLS: u32 = 20;
+
+/// The pause after one more empty poll of an idle partition: doubled, within `poll_interval..=idle_poll_interval`.
+fn next_idle_pause(flow: &crate::params::FlowParams, pause: Duration) -> Duration {
+    let cap = flow.idle_poll_interval.max(flow.poll_interval);
+    pause.saturating_mul(2).clamp(flow.poll_interval, cap)
 }
 
 /// Polls once from `state.next` and forwards a non-empty batch (waiting while the channel is full).
@@ -232,5 +257,29 @@ async fn poll_once<C: ControlPlane>(state: &mut ReaderState<C>) -> Result<Step> 
     match state.tx.send(batch).await {
         Ok(()) => Ok(Step::Forwarded),
         Err(_) => Ok(Step::WriterGone),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use assert2::check;
+
+    use super::*;
+
+    #[test]
+    fn idle_pause_doubles_up_to_the_idle_interval() {
+        let mut flow = crate::params::FlowParams::new("f", "a", "b", vec!["*/*".into()]);
+        flow.poll_interval = Duration::from_millis(5);
+        flow.idle_poll_interval = Duration::from_millis(100);
+        let mut pause = flow.poll_interval;
+        let mut seen = Vec::new();
+        for _ in 0..7 {
+            seen.push(pause.as_millis());
+            pause = next_idle_pause(&flow, pause);
+        }
+        check!(seen == vec![5, 10, 20, 40, 80, 100, 100]);
+        // An idle interval below the poll interval means: always the poll interval.
+        flow.idle_poll_interval = Duration::from_millis(1);
+        check!(next_idle_pause(&flow, flow.poll_interval) == flow.poll_interval);
     }
 }
