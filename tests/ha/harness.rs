@@ -402,11 +402,17 @@ impl Status {
 
     /// Whether all [`PARTITIONS`] units have an owner among `nodes`.
     pub(crate) fn all_owned_by_any_of(&self, nodes: &[NodeId]) -> bool {
-        let owners = self.owners();
-        owners.len() == PARTITIONS as usize
-            && owners
-                .values()
-                .all(|o| o.is_some_and(|o| nodes.contains(&o)))
+        self.all_units_owned_by_any_of(nodes, PARTITIONS as usize)
+    }
+
+    /// Whether there are `units` live units (any flow, stream, topic), each owned by one of
+    /// `nodes`.
+    pub(crate) fn all_units_owned_by_any_of(&self, nodes: &[NodeId], units: usize) -> bool {
+        let live: Vec<&UnitView> = self.units.iter().filter(|u| !u.retired).collect();
+        live.len() == units
+            && live
+                .iter()
+                .all(|u| u.owner.is_some_and(|o| nodes.contains(&o)))
     }
 
     /// Units owned per member, as the leader reports them.
@@ -443,6 +449,8 @@ pub(crate) struct Node {
     wrapper: Vec<String>,
     /// Cut off from its peers by the test: not asked for the leader's view.
     unreachable: bool,
+    /// `--log-level` of its process.
+    log_level: &'static str,
 }
 
 impl Node {
@@ -497,14 +505,58 @@ pub(crate) fn free_addr() -> TestResult<SocketAddr> {
     Ok(listener.local_addr()?)
 }
 
+/// What the nodes of a [`Cluster`] replicate and how they run.
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterSpec {
+    /// `[clusters.*]`, `[[flows]]` and `[pipeline]` TOML, appended to every node's config.
+    pub(crate) replication_toml: String,
+    /// Live units the nodes must own between them before a start returns.
+    pub(crate) units: usize,
+    /// `--log-level` of the node processes.
+    pub(crate) log_level: &'static str,
+    /// How long a start may take until every unit is owned.
+    pub(crate) owned_within: Duration,
+}
+
+impl ClusterSpec {
+    /// The HA scenarios' replication: [`STREAM`] from "up" to "down" with identity naming.
+    pub(crate) fn ha(servers: &Servers) -> Self {
+        Self {
+            replication_toml: format!(
+                r#"[clusters.up]
+url = "{up}"
+
+[clusters.down]
+url = "{down}"
+
+[[flows]]
+name = "{FLOW}"
+source = "up"
+target = "down"
+include = ["{STREAM}/*"]
+poll_interval = "2ms"
+
+[pipeline]
+discovery_interval = "1s"
+"#,
+                up = servers.upstream.connection_string(),
+                down = servers.downstream.connection_string(),
+            ),
+            units: PARTITIONS as usize,
+            log_level: "info",
+            owned_within: Duration::from_secs(60),
+        }
+    }
+}
+
 /// A cluster of replicator node processes (and the shared secret, config and data dirs).
 pub(crate) struct Cluster {
     /// Temp dir with every node's config, data dir and log.
     dir: tempfile::TempDir,
     /// Cluster secret (also the admin bearer token).
     secret: String,
-    /// Upstream and downstream connection strings.
-    urls: (String, String),
+    /// What the nodes replicate.
+    spec: ClusterSpec,
     /// Raft addresses of the bootstrap members.
     initial: BTreeMap<NodeId, SocketAddr>,
     /// The nodes by id.
@@ -519,16 +571,31 @@ impl Cluster {
     /// Starts `n` nodes (ids 1..=n) bootstrapping one cluster over `servers`, and waits until
     /// every partition is owned.
     pub(crate) async fn start(servers: &Servers, n: u64) -> TestResult<Self> {
+        Self::start_spec(ClusterSpec::ha(servers), n).await
+    }
+
+    /// Starts `n` loopback nodes (ids 1..=n) replicating `spec`, and waits until every unit is
+    /// owned.
+    pub(crate) async fn start_spec(spec: ClusterSpec, n: u64) -> TestResult<Self> {
         let placements = (1..=n)
             .map(|id| Ok((id, Placement::loopback()?)))
             .collect::<TestResult<BTreeMap<_, _>>>()?;
-        Self::start_placed(servers, placements).await
+        Self::launch(spec, placements).await
     }
 
     /// Starts the nodes of `placements` bootstrapping one cluster over `servers`, and waits
     /// until every partition is owned.
     pub(crate) async fn start_placed(
         servers: &Servers,
+        placements: BTreeMap<NodeId, Placement>,
+    ) -> TestResult<Self> {
+        Self::launch(ClusterSpec::ha(servers), placements).await
+    }
+
+    /// Starts the nodes of `placements` bootstrapping one cluster that replicates `spec`, and
+    /// waits until every unit is owned.
+    pub(crate) async fn launch(
+        spec: ClusterSpec,
         placements: BTreeMap<NodeId, Placement>,
     ) -> TestResult<Self> {
         let dir = tempfile::Builder::new()
@@ -538,10 +605,7 @@ impl Cluster {
         let mut cluster = Self {
             dir,
             secret,
-            urls: (
-                servers.upstream.connection_string(),
-                servers.downstream.connection_string(),
-            ),
+            spec,
             initial: placements
                 .iter()
                 .map(|(id, p)| (*id, p.raft_addr))
@@ -557,7 +621,7 @@ impl Cluster {
             cluster.add_node_process(id, placement)?;
         }
         cluster
-            .wait_all_owned(&all, Duration::from_secs(60))
+            .wait_all_owned(&all, cluster.spec.owned_within)
             .await?;
         Ok(cluster)
     }
@@ -583,6 +647,7 @@ impl Cluster {
             paused: false,
             wrapper: placement.wrapper,
             unreachable: false,
+            log_level: self.spec.log_level,
         };
         spawn(&mut node)?;
         self.nodes.insert(id, node);
@@ -612,28 +677,12 @@ api_addr = "{api_bind}"
 secret = "{secret}"
 initial_members = {{ {members} }}
 
-[clusters.up]
-url = "{up}"
-
-[clusters.down]
-url = "{down}"
-
-[[flows]]
-name = "{FLOW}"
-source = "up"
-target = "down"
-include = ["{STREAM}/*"]
-poll_interval = "2ms"
-
-[pipeline]
-discovery_interval = "1s"
-"#,
+{replication}"#,
             data = node_dir.join("data").display().to_string(),
             raft_addr = placement.raft_addr,
             api_bind = placement.api_bind,
             secret = self.secret,
-            up = self.urls.0,
-            down = self.urls.1,
+            replication = self.spec.replication_toml,
         )
     }
 
@@ -656,6 +705,15 @@ discovery_interval = "1s"
             .values()
             .filter(|n| n.is_running() && !n.paused && !n.unreachable)
             .map(|n| n.id)
+            .collect()
+    }
+
+    /// Pids of the running node processes, by node id (the benchmarks read their CPU and RSS).
+    #[allow(dead_code)]
+    pub(crate) fn pids(&self) -> BTreeMap<NodeId, u32> {
+        self.nodes
+            .values()
+            .filter_map(|n| n.child.as_ref().map(|c| (n.id, c.id())))
             .collect()
     }
 
@@ -793,7 +851,7 @@ discovery_interval = "1s"
         );
         loop {
             if let Some(status) = self.leader_status().await {
-                if status.all_owned_by_any_of(nodes)
+                if status.all_units_owned_by_any_of(nodes, self.spec.units)
                     && nodes.iter().all(|n| status.units_owned(*n) > 0)
                 {
                     return Ok(status);
@@ -970,7 +1028,7 @@ fn spawn(node: &mut Node) -> TestResult {
         None => Command::new(binary),
     };
     let child = command
-        .args(["--log-level", "info", "run", "--config"])
+        .args(["--log-level", node.log_level, "run", "--config"])
         .arg(&node.config)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
@@ -980,6 +1038,18 @@ fn spawn(node: &mut Node) -> TestResult {
     node.child = Some(child);
     node.paused = false;
     Ok(())
+}
+
+/// Where [`wait_resumed`] reads how many messages each downstream partition holds.
+pub(crate) trait DownstreamCounts {
+    /// Messages per partition of the watched downstream topic, by partition id.
+    fn counts_now(&self) -> impl Future<Output = TestResult<Vec<u64>>>;
+}
+
+impl DownstreamCounts for Servers {
+    async fn counts_now(&self) -> TestResult<Vec<u64>> {
+        Ok(self.downstream_counts())
+    }
 }
 
 /// How long after a fault every listed partition took to get a new message downstream.
@@ -994,7 +1064,7 @@ pub(crate) struct Resumption {
 /// Watches the downstream partitions `partitions` from `baseline` counts (taken after the
 /// fault at `since`) until each has grown, i.e. a new owner wrote to it.
 pub(crate) async fn wait_resumed(
-    servers: &Servers,
+    servers: &impl DownstreamCounts,
     partitions: &BTreeSet<u32>,
     baseline: &[u64],
     since: Instant,
@@ -1007,7 +1077,7 @@ pub(crate) async fn wait_resumed(
     let mut first = None;
     let mut pending = partitions.clone();
     loop {
-        let now = servers.downstream_counts();
+        let now = servers.counts_now().await?;
         pending.retain(|p| now[*p as usize] <= baseline[*p as usize]);
         if pending.len() < partitions.len() && first.is_none() {
             first = Some(since.elapsed());

@@ -1,0 +1,345 @@
+//! Catch-up throughput: a topic already holding `BENCH_MESSAGES` messages is copied by (a) a raw
+//! poll→send loop through the SDK, (b) one replicator instance, (c) three instances; the
+//! variants alternate within each round so that they share the machine's state.
+
+use std::time::{Duration, Instant};
+
+use iggy::prelude::{
+    Client, Consumer, Identifier, IggyClient, MessageClient, Partitioning, PollingStrategy,
+};
+
+use crate::env::{
+    connect, create_topic, delete_stream, fill, own_cpu_seconds, replication_spec, run_name,
+    total_cpu, Endpoints, Watch, FILL_BATCH, PAYLOAD_BYTES,
+};
+use crate::harness::{Cluster, TestResult};
+use crate::metrics::Stages;
+use crate::report::median_range;
+use crate::settings::Settings;
+
+/// Partitions of the catch-up topic.
+const PARTITIONS: u32 = 16;
+/// Topic name (in a stream named per run).
+const TOPIC: &str = "t";
+
+/// The three ways to copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// The baseline: poll→send through the SDK, nothing else.
+    RawLoop,
+    /// `iggy-replicator run`, one instance.
+    OneInstance,
+    /// `iggy-replicator run`, a three-instance cluster.
+    ThreeInstances,
+}
+
+impl Variant {
+    fn label(self) -> &'static str {
+        match self {
+            Variant::RawLoop => "(a) raw poll→send loop",
+            Variant::OneInstance => "(b) replicator, 1 instance",
+            Variant::ThreeInstances => "(c) replicator, 3 instances",
+        }
+    }
+}
+
+/// One copy of the whole topic.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    variant: Variant,
+    /// From the start (process spawn for the replicator) to the last message downstream.
+    total: Duration,
+    /// From the first message downstream to the last.
+    copying: Duration,
+    /// CPU seconds of the copier (the loop, or the sum of the replicator processes).
+    cpu: f64,
+    /// CPU seconds of the two dev servers meanwhile (0 for external servers).
+    server_cpu: f64,
+}
+
+pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResult {
+    let stream = run_name("catchup");
+    let per_partition = (settings.messages / u64::from(PARTITIONS)).max(1);
+    let messages = per_partition * u64::from(PARTITIONS);
+    println!(
+        "## Catch-up: {messages} messages of {PAYLOAD_BYTES} B in {PARTITIONS} partitions, batches of {FILL_BATCH}, {} connection(s) per cluster\n",
+        settings.connections
+    );
+    let outcome = measure_all(endpoints, settings, &stream, per_partition).await;
+    let cleanup = delete_stream(&endpoints.upstream_url, &stream).await;
+    let samples = outcome?;
+    cleanup?;
+    print_table(&samples, messages);
+    Ok(())
+}
+
+async fn measure_all(
+    endpoints: &Endpoints,
+    settings: &Settings,
+    stream: &str,
+    per_partition: u64,
+) -> TestResult<Vec<Sample>> {
+    let up = connect(&endpoints.upstream_url).await?;
+    create_topic(&up, stream, TOPIC, PARTITIONS).await?;
+    up.shutdown().await?;
+    let filling = Instant::now();
+    fill(
+        &endpoints.upstream_url,
+        stream,
+        TOPIC,
+        PARTITIONS,
+        per_partition,
+        4,
+    )
+    .await?;
+    println!(
+        "filled upstream in {:.1} s\n",
+        filling.elapsed().as_secs_f64()
+    );
+    let mut samples = Vec::new();
+    for round in 1..=settings.rounds {
+        for variant in [
+            Variant::RawLoop,
+            Variant::OneInstance,
+            Variant::ThreeInstances,
+        ] {
+            let sample =
+                copy_once(endpoints, settings, stream, per_partition, variant, round).await?;
+            println!(
+                "round {round}: {:<28} {:>6.2} s copying, {:>6.2} s in all, {:.2} CPU s",
+                variant.label(),
+                sample.copying.as_secs_f64(),
+                sample.total.as_secs_f64(),
+                sample.cpu
+            );
+            samples.push(sample);
+        }
+    }
+    println!();
+    Ok(samples)
+}
+
+/// Copies the topic once with `variant` into a downstream stream of its own, then deletes it.
+async fn copy_once(
+    endpoints: &Endpoints,
+    settings: &Settings,
+    stream: &str,
+    per_partition: u64,
+    variant: Variant,
+    round: u32,
+) -> TestResult<Sample> {
+    let messages = per_partition * u64::from(PARTITIONS);
+    // The replicator names its downstream stream `<source alias>.<stream>`.
+    let alias = format!(
+        "r{round}{}",
+        if variant == Variant::ThreeInstances {
+            "c"
+        } else {
+            "b"
+        }
+    );
+    let down_stream = match variant {
+        Variant::RawLoop => format!("raw{round}.{stream}"),
+        _ => format!("{alias}.{stream}"),
+    };
+    let servers = endpoints.server_pids();
+    let server_cpu_before = total_cpu(&servers);
+    let outcome = async {
+        match variant {
+            Variant::RawLoop => {
+                let down = connect(&endpoints.downstream_url).await?;
+                create_topic(&down, &down_stream, TOPIC, PARTITIONS).await?;
+                down.shutdown().await?;
+                let cpu_before = own_cpu_seconds();
+                let started = Instant::now();
+                raw_copy(endpoints, settings.connections, stream, &down_stream, per_partition)
+                    .await?;
+                let total = started.elapsed();
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>((
+                    total,
+                    total,
+                    own_cpu_seconds() - cpu_before,
+                ))
+            }
+            Variant::OneInstance | Variant::ThreeInstances => {
+                let nodes = if variant == Variant::OneInstance { 1 } else { 3 };
+                let spec = replication_spec(
+                    endpoints,
+                    &alias,
+                    &format!("{stream}/*"),
+                    true,
+                    settings,
+                    PARTITIONS as usize,
+                );
+                let watch = Watch::new(&endpoints.downstream_url, &down_stream, TOPIC).await?;
+                let started = Instant::now();
+                let waiting = tokio::spawn(async move {
+                    let times = watch
+                        .wait_total(messages, started, Duration::from_secs(600))
+                        .await;
+                    (watch, times)
+                });
+                let mut cluster = Cluster::start_spec(spec, nodes).await?;
+                let (watch, times) = waiting.await?;
+                let (first, total) = times?;
+                let pids: Vec<u32> = cluster.pids().into_values().collect();
+                let cpu = total_cpu(&pids);
+                let (poll_ms, polls, send_ms, sends) =
+                    Stages::default().since(&Stages::read(&cluster).await?);
+                println!(
+                    "round {round}: {}: {polls:.0} polls of {poll_ms:.2} ms mean, {sends:.0} sends of {send_ms:.2} ms mean",
+                    variant.label()
+                );
+                let copied = watch.total().await?;
+                watch.close().await;
+                if copied != messages {
+                    return Err(format!("copy not exact: {copied} of {messages} messages").into());
+                }
+                cluster.passed();
+                drop(cluster);
+                Ok((total, total.saturating_sub(first), cpu))
+            }
+        }
+    }
+    .await;
+    let server_cpu = total_cpu(&servers) - server_cpu_before;
+    let cleanup = delete_stream(&endpoints.downstream_url, &down_stream).await;
+    let (total, copying, cpu) = outcome?;
+    cleanup?;
+    Ok(Sample {
+        variant,
+        total,
+        copying,
+        cpu,
+        server_cpu,
+    })
+}
+
+/// The baseline: `connections` workers, each with one connection to each side and a share of
+/// the partitions, polling a batch at an explicit offset and sending it, round robin.
+async fn raw_copy(
+    endpoints: &Endpoints,
+    connections: usize,
+    stream: &str,
+    down_stream: &str,
+    per_partition: u64,
+) -> TestResult {
+    let mut workers = Vec::new();
+    for worker in 0..connections as u32 {
+        let partitions: Vec<u32> = (0..PARTITIONS)
+            .filter(|p| p % connections as u32 == worker)
+            .collect();
+        let source = connect(&endpoints.upstream_url).await?;
+        let target = connect(&endpoints.downstream_url).await?;
+        let (stream, down_stream) = (stream.to_owned(), down_stream.to_owned());
+        workers.push(tokio::spawn(async move {
+            raw_worker(
+                &source,
+                &target,
+                (&stream, &down_stream),
+                &partitions,
+                per_partition,
+            )
+            .await?;
+            source.shutdown().await?;
+            target.shutdown().await?;
+            TestResult::Ok(())
+        }));
+    }
+    for worker in workers {
+        worker.await??;
+    }
+    Ok(())
+}
+
+async fn raw_worker(
+    source: &IggyClient,
+    target: &IggyClient,
+    (stream, down_stream): (&str, &str),
+    partitions: &[u32],
+    per_partition: u64,
+) -> TestResult {
+    let (s, t) = (Identifier::named(stream)?, Identifier::named(TOPIC)?);
+    let ds = Identifier::named(down_stream)?;
+    let consumer = Consumer::new(Identifier::named("bench-raw")?);
+    let mut next = vec![0u64; partitions.len()];
+    while next.iter().any(|n| *n < per_partition) {
+        for (i, partition) in partitions.iter().enumerate() {
+            if next[i] >= per_partition {
+                continue;
+            }
+            let mut polled = source
+                .poll_messages(
+                    &s,
+                    &t,
+                    Some(*partition),
+                    &consumer,
+                    &PollingStrategy::offset(next[i]),
+                    FILL_BATCH as u32,
+                    false,
+                )
+                .await?;
+            let Some(last) = polled.messages.last().map(|m| m.header.offset) else {
+                return Err(format!("partition {partition} ended at offset {}", next[i]).into());
+            };
+            target
+                .send_messages(
+                    &ds,
+                    &t,
+                    &Partitioning::partition_id(*partition),
+                    &mut polled.messages,
+                )
+                .await?;
+            next[i] = last + 1;
+        }
+    }
+    Ok(())
+}
+
+fn print_table(samples: &[Sample], messages: u64) {
+    let millions = messages as f64 / 1e6;
+    let of = |variant: Variant| -> Vec<Sample> {
+        samples
+            .iter()
+            .filter(|s| s.variant == variant)
+            .copied()
+            .collect()
+    };
+    let raw = of(Variant::RawLoop);
+    println!("| variant | msgs/s while copying | payload MB/s | wall time incl. start (s) | copier CPU s per 1M msgs | server CPU s per 1M msgs | ratio to (a), per round |");
+    println!("|---|---|---|---|---|---|---|");
+    for variant in [
+        Variant::RawLoop,
+        Variant::OneInstance,
+        Variant::ThreeInstances,
+    ] {
+        let mine = of(variant);
+        let rate: Vec<f64> = mine
+            .iter()
+            .map(|s| messages as f64 / s.copying.as_secs_f64())
+            .collect();
+        let mb: Vec<f64> = rate
+            .iter()
+            .map(|r| r * PAYLOAD_BYTES as f64 / 1e6)
+            .collect();
+        let total: Vec<f64> = mine.iter().map(|s| s.total.as_secs_f64()).collect();
+        let cpu: Vec<f64> = mine.iter().map(|s| s.cpu / millions).collect();
+        let server: Vec<f64> = mine.iter().map(|s| s.server_cpu / millions).collect();
+        let ratio: Vec<f64> = mine
+            .iter()
+            .zip(&raw)
+            .map(|(s, r)| r.copying.as_secs_f64() / s.copying.as_secs_f64())
+            .collect();
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            variant.label(),
+            median_range(&rate, 0),
+            median_range(&mb, 1),
+            median_range(&total, 2),
+            median_range(&cpu, 2),
+            median_range(&server, 2),
+            median_range(&ratio, 2),
+        );
+    }
+    println!("\nmedian (min–max) over rounds; \"while copying\" runs from the first message downstream to the last, \"wall time\" also counts process start, Raft election and assignment.\n");
+}

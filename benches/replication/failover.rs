@@ -1,0 +1,140 @@
+//! Failover time: `kill -9` of a random instance of three while producing, repeated; the time
+//! until every partition it owned is written again by a new owner. The killed instance is
+//! restarted and takes work again before the next round. At the end the copy must be exact.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use iggy::prelude::Client;
+use rand::{Rng, SeedableRng};
+
+use crate::env::{
+    connect, create_topic, delete_stream, replication_spec, run_name, wait_balanced, Endpoints,
+    Watch,
+};
+use crate::harness::{wait_resumed, Cluster, DownstreamCounts, NodeId, Status, TestResult};
+use crate::load::{targets, PacedProducer};
+use crate::report::{median_range, secs};
+use crate::settings::Settings;
+
+/// Partitions of the produced topic.
+const PARTITIONS: u32 = 16;
+/// Topic name.
+const TOPIC: &str = "t";
+
+pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResult {
+    let stream = run_name("failover");
+    println!(
+        "## Failover: {} × kill -9 of a random instance of three, {} msg/s produced, defaults\n",
+        settings.failovers, settings.failover_rate
+    );
+    let outcome = measure(endpoints, settings, &stream).await;
+    let up = delete_stream(&endpoints.upstream_url, &stream).await;
+    let down = delete_stream(&endpoints.downstream_url, &stream).await;
+    outcome?;
+    up?;
+    down?;
+    Ok(())
+}
+
+/// Partitions of the benchmark topic that `node` owns in `status`.
+fn owned_by(status: &Status, stream: &str, node: NodeId) -> BTreeSet<u32> {
+    status
+        .units
+        .iter()
+        .filter(|u| !u.retired && u.unit.stream == stream && u.owner == Some(node))
+        .map(|u| u.unit.partition)
+        .collect()
+}
+
+async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> TestResult {
+    let up = connect(&endpoints.upstream_url).await?;
+    create_topic(&up, stream, TOPIC, PARTITIONS).await?;
+    up.shutdown().await?;
+    let spec = replication_spec(
+        endpoints,
+        "up",
+        &format!("{stream}/*"),
+        false,
+        settings,
+        PARTITIONS as usize,
+    );
+    let mut cluster = Cluster::start_spec(spec, 3).await?;
+    wait_balanced(&cluster, Duration::from_secs(60)).await?;
+    let producer = PacedProducer::start(
+        endpoints.upstream_url.clone(),
+        targets(stream, &[TOPIC.to_owned()], PARTITIONS),
+        settings.failover_rate,
+    );
+    let watch = Watch::new(&endpoints.downstream_url, stream, TOPIC).await?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(settings.seed);
+    println!(
+        "| round | killed | role | partitions | first written again (s) | all written again (s) |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let mut all_times = Vec::new();
+    let mut leader_times = Vec::new();
+    for round in 1..=settings.failovers {
+        let status = cluster.leader_status().await.ok_or("no leader")?;
+        let running = cluster.running();
+        let victim = running[rng.gen_range(0..running.len())];
+        let role = if status.leader == Some(victim) {
+            "leader"
+        } else {
+            "follower"
+        };
+        let owned = owned_by(&status, stream, victim);
+        cluster.kill(victim)?;
+        let killed_at = Instant::now();
+        // Sends already on the wire when it died may still land: count from after them.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let baseline = watch.counts_now().await?;
+        let resumed = wait_resumed(
+            &watch,
+            &owned,
+            &baseline,
+            killed_at,
+            Duration::from_secs(60),
+        )
+        .await?;
+        println!(
+            "| {round} | node {victim} | {role} | {} | {} | {} |",
+            owned.len(),
+            secs(resumed.first),
+            secs(resumed.all)
+        );
+        all_times.push(resumed.all.as_secs_f64());
+        if role == "leader" {
+            leader_times.push(resumed.all.as_secs_f64());
+        }
+        cluster.restart(victim)?;
+        let mut everyone = running.clone();
+        everyone.sort_unstable();
+        cluster
+            .wait_all_owned(&everyone, Duration::from_secs(120))
+            .await?;
+        wait_balanced(&cluster, Duration::from_secs(120)).await?;
+    }
+    let produced = producer.stop().await?;
+    watch
+        .wait_total(produced, Instant::now(), Duration::from_secs(120))
+        .await?;
+    watch.close().await;
+    let exact = cluster.verify(Duration::from_secs(60)).await?;
+    let max = all_times.iter().copied().fold(0.0, f64::max);
+    println!(
+        "\nall partitions written again: median (min–max) {} s, max {max:.2} s; leader kills: {}; {produced} messages produced; verify: {}\n",
+        median_range(&all_times, 2),
+        if leader_times.is_empty() {
+            "none".to_owned()
+        } else {
+            median_range(&leader_times, 2)
+        },
+        if exact { "exact (no loss, no duplicates)" } else { "NOT EXACT" }
+    );
+    if !exact {
+        return Err("verify found the copy not exact after the failovers".into());
+    }
+    cluster.passed();
+    Ok(())
+}

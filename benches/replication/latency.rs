@@ -1,0 +1,113 @@
+//! Steady-state latency: a three-instance cluster with default settings follows topics produced
+//! at fixed rates; per message, downstream append time minus upstream append time. The nodes'
+//! poll and send histograms say where the time goes.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use iggy::prelude::Client;
+
+use crate::env::{
+    connect, create_topic, delete_stream, replication_spec, run_name, wait_balanced, Endpoints,
+    Watch,
+};
+use crate::harness::{Cluster, DownstreamCounts, TestResult};
+use crate::load::{append_latencies_us, targets, PacedProducer};
+use crate::metrics::Stages;
+use crate::report::{ms_from_us, percentile_of_sorted};
+use crate::settings::Settings;
+
+/// Partitions of every latency topic.
+const PARTITIONS: u32 = 16;
+
+pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResult {
+    let stream = run_name("latency");
+    println!(
+        "## Latency: three instances, defaults, {PARTITIONS} partitions per topic, {} s per rate\n",
+        settings.latency_seconds
+    );
+    let outcome = measure(endpoints, settings, &stream).await;
+    let up = delete_stream(&endpoints.upstream_url, &stream).await;
+    let down = delete_stream(&endpoints.downstream_url, &stream).await;
+    outcome?;
+    up?;
+    down?;
+    Ok(())
+}
+
+async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> TestResult {
+    let topics: BTreeMap<u64, String> = settings
+        .rates
+        .iter()
+        .map(|rate| (*rate, format!("r{rate}")))
+        .collect();
+    let up = connect(&endpoints.upstream_url).await?;
+    for topic in topics.values() {
+        create_topic(&up, stream, topic, PARTITIONS).await?;
+    }
+    up.shutdown().await?;
+    let spec = replication_spec(
+        endpoints,
+        "up",
+        &format!("{stream}/*"),
+        false,
+        settings,
+        topics.len() * PARTITIONS as usize,
+    );
+    let mut cluster = Cluster::start_spec(spec, 3).await?;
+    wait_balanced(&cluster, Duration::from_secs(60)).await?;
+    println!("| offered msg/s | achieved msg/s | p50 ms | p99 ms | max ms | mean poll ms (polls) | mean send ms (sends) |");
+    println!("|---|---|---|---|---|---|---|");
+    for (rate, topic) in &topics {
+        // Warm-up: the nodes connect to the servers lazily, and the first message of every
+        // partition pays for connecting and logging in; those are not the steady state.
+        let warm_up = PacedProducer::start(
+            endpoints.upstream_url.clone(),
+            targets(stream, std::slice::from_ref(topic), PARTITIONS),
+            (*rate).min(2_000),
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let warmed = warm_up.stop().await?;
+        let watch = Watch::new(&endpoints.downstream_url, stream, topic).await?;
+        watch
+            .wait_total(warmed, Instant::now(), Duration::from_secs(60))
+            .await?;
+        let from = watch.counts_now().await?;
+        let before = Stages::read(&cluster).await?;
+        let producer = PacedProducer::start(
+            endpoints.upstream_url.clone(),
+            targets(stream, std::slice::from_ref(topic), PARTITIONS),
+            *rate,
+        );
+        let started = Instant::now();
+        tokio::time::sleep(Duration::from_secs(settings.latency_seconds)).await;
+        let produced = producer.stop().await?;
+        let elapsed = started.elapsed();
+        watch
+            .wait_total(warmed + produced, Instant::now(), Duration::from_secs(120))
+            .await?;
+        watch.close().await;
+        let after = Stages::read(&cluster).await?;
+        let latencies = append_latencies_us(
+            &endpoints.upstream_url,
+            &endpoints.downstream_url,
+            (stream, stream),
+            topic,
+            &from,
+        )
+        .await?;
+        let (poll_ms, polls, send_ms, sends) = before.since(&after);
+        println!(
+            "| {rate} | {:.0} | {} | {} | {} | {poll_ms:.2} ({polls:.0}) | {send_ms:.2} ({sends:.0}) |",
+            produced as f64 / elapsed.as_secs_f64(),
+            ms_from_us(percentile_of_sorted(&latencies, 50.0)),
+            ms_from_us(percentile_of_sorted(&latencies, 99.0)),
+            ms_from_us(latencies.last().copied().unwrap_or_default()),
+        );
+        // A short idle gap keeps one rate's backlog out of the next one's figures.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    println!("\nlatency = downstream append timestamp − upstream append timestamp of every message (both servers on one clock); a caught-up partition is polled every `poll_interval` (default 5 ms), so a message waits up to that long before the poll that takes it, then one poll and one send.\n");
+    cluster.passed();
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! Benchmark knobs, from environment variables, and the machine they ran on.
+
+use std::fmt;
+
+use crate::harness::TestResult;
+
+/// What the scenarios do; every field has an environment variable and a default.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// `BENCH_MESSAGES`: messages of the catch-up topic (default 1,000,000).
+    pub(crate) messages: u64,
+    /// `BENCH_ROUNDS`: rounds of each catch-up variant (default 3).
+    pub(crate) rounds: u32,
+    /// `BENCH_CONNECTIONS`: connections per Iggy cluster of every replicator instance and of the
+    /// raw loop (default: the replicator's default).
+    pub(crate) connections: usize,
+    /// `BENCH_RATES`: latency rates in msg/s (default `1000,20000,100000`).
+    pub(crate) rates: Vec<u64>,
+    /// `BENCH_LATENCY_SECONDS`: how long each rate is produced (default 10).
+    pub(crate) latency_seconds: u64,
+    /// `BENCH_FAILOVERS`: `kill -9` rounds (default 10).
+    pub(crate) failovers: u32,
+    /// `BENCH_FAILOVER_RATE`: msg/s produced during the failovers (default 5,000).
+    pub(crate) failover_rate: u64,
+    /// `BENCH_SEED`: picks the failover victims (default 1).
+    pub(crate) seed: u64,
+    /// `BENCH_SCALE_TOPICS` × `BENCH_SCALE_PARTITIONS`: the partition-scale layout
+    /// (default 50 × 20).
+    pub(crate) scale_topics: u32,
+    /// See `scale_topics`.
+    pub(crate) scale_partitions: u32,
+    /// `BENCH_SCALE_RATE`: msg/s spread over all partitions under load (default 2,000).
+    pub(crate) scale_rate: u64,
+    /// `BENCH_PROVENANCE`: `0` turns provenance headers off in every flow, to show what they
+    /// cost (default 1: the product default, on).
+    pub(crate) provenance: bool,
+    /// `BENCH_SAMPLE_SECONDS`: CPU and Raft sampling window of the scale scenario (default 10).
+    pub(crate) sample_seconds: u64,
+}
+
+impl Settings {
+    /// Reads the environment; a variable that is set but not a number is an error.
+    pub(crate) fn from_env() -> TestResult<Self> {
+        let rates = match std::env::var("BENCH_RATES") {
+            Ok(text) => text
+                .split(',')
+                .map(|r| number("BENCH_RATES", r.trim()))
+                .collect::<TestResult<Vec<u64>>>()?,
+            Err(_) => vec![1_000, 20_000, 100_000],
+        };
+        Ok(Self {
+            messages: var("BENCH_MESSAGES", 1_000_000)?,
+            rounds: u32::try_from(var("BENCH_ROUNDS", 3)?)?.max(1),
+            connections: usize::try_from(var(
+                "BENCH_CONNECTIONS",
+                replicator_config::DEFAULT_CONNECTIONS as u64,
+            )?)?
+            .clamp(1, 64),
+            rates,
+            latency_seconds: var("BENCH_LATENCY_SECONDS", 10)?.max(1),
+            failovers: u32::try_from(var("BENCH_FAILOVERS", 10)?)?,
+            failover_rate: var("BENCH_FAILOVER_RATE", 5_000)?,
+            seed: var("BENCH_SEED", 1)?,
+            scale_topics: u32::try_from(var("BENCH_SCALE_TOPICS", 50)?)?.max(1),
+            scale_partitions: u32::try_from(var("BENCH_SCALE_PARTITIONS", 20)?)?.max(1),
+            scale_rate: var("BENCH_SCALE_RATE", 2_000)?,
+            sample_seconds: var("BENCH_SAMPLE_SECONDS", 10)?.max(1),
+            provenance: var("BENCH_PROVENANCE", 1)? != 0,
+        })
+    }
+}
+
+impl fmt::Display for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "messages={} rounds={} connections={} rates={:?} latency_seconds={} failovers={} \
+             failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} provenance={}",
+            self.messages,
+            self.rounds,
+            self.connections,
+            self.rates,
+            self.latency_seconds,
+            self.failovers,
+            self.failover_rate,
+            self.seed,
+            self.scale_topics,
+            self.scale_partitions,
+            self.scale_rate,
+            self.sample_seconds,
+            self.provenance
+        )
+    }
+}
+
+fn var(name: &str, default: u64) -> TestResult<u64> {
+    match std::env::var(name) {
+        Ok(text) => number(name, &text),
+        Err(_) => Ok(default),
+    }
+}
+
+fn number(name: &str, text: &str) -> TestResult<u64> {
+    text.replace('_', "")
+        .parse()
+        .map_err(|_| format!("{name}={text:?} is not a number").into())
+}
+
+/// CPU model, cores, memory and kernel, for the report.
+pub(crate) fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_gib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!(
+        "{model}, {cores} cores, {mem_gib:.0} GiB, Linux {}, load average at start {load}",
+        kernel.trim()
+    )
+}
