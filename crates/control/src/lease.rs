@@ -30,8 +30,25 @@ impl LeaderView {
         }
     }
 
+    /// A view for a new `term` that carries on from `observed`: this node's own record, kept
+    /// while it followed, of when it first saw each member's latest renewal in its applied
+    /// state. The owner of a lease counts from the moment it *sent* that renewal, which was
+    /// before it was committed and applied anywhere, so an expiry counted from the moment
+    /// this node saw it applied never ends before the owner's own. Use it only once this node
+    /// has applied an entry of `term`: then every renewal committed before the election is in
+    /// its applied state, and a later one shows up as a new index and is timed afresh. A
+    /// member the record does not know starts at the first `observe` (a full fresh period).
+    /// This is what lets a new leader reassign a dead leader's units one `expiry` after that
+    /// leader's last renewal instead of one `expiry` after the election.
+    pub(crate) fn carry_on(term: u64, observed: &LeaderView) -> Self {
+        Self {
+            term,
+            seen: observed.seen.clone(),
+        }
+    }
+
     /// Records the members' renewal indexes at `now`. A member seen for the first time in this
-    /// term starts at `now`: a new leader gives everyone a full fresh period.
+    /// view starts at `now`: a new leader gives everyone it knows nothing about a full period.
     pub(crate) fn observe(&mut self, members: &BTreeMap<NodeId, MemberRecord>, now: Instant) {
         self.seen.retain(|id, _| members.contains_key(id));
         for (id, m) in members {
@@ -124,6 +141,29 @@ mod tests {
         check!(view.live(t2, EXPIRY) == BTreeSet::from([1]));
         check!(view.is_live(2, t2, EXPIRY) == Some(false));
         check!(view.renewal_seen() == BTreeMap::from([(1, 20), (2, 11)]));
+    }
+
+    #[test]
+    fn a_new_leader_carries_on_from_what_it_saw_as_a_follower() {
+        let t0 = Instant::now();
+        let mut observed = LeaderView::new(0);
+        observed.observe(&BTreeMap::from([(1, member(10)), (2, member(11))]), t0);
+        // Elected 600 ms later: member 1 (the old leader) renewed nothing since, member 2 did,
+        // and member 3 is new to this node.
+        let t1 = t0 + Duration::from_millis(600);
+        let mut view = LeaderView::carry_on(4, &observed);
+        view.observe(
+            &BTreeMap::from([(1, member(10)), (2, member(12)), (3, member(1))]),
+            t1,
+        );
+        check!(view.term == 4);
+        // Member 1 expires one period after it was seen, not one period after the election.
+        check!(view.is_live(1, t0 + EXPIRY - Duration::from_millis(1), EXPIRY) == Some(true));
+        check!(view.is_live(1, t0 + EXPIRY, EXPIRY) == Some(false));
+        // The renewal seen only now, and the member seen for the first time, count from now.
+        check!(view.is_live(2, t1 + EXPIRY - Duration::from_millis(1), EXPIRY) == Some(true));
+        check!(view.is_live(3, t1 + EXPIRY - Duration::from_millis(1), EXPIRY) == Some(true));
+        check!(view.renewal_seen() == BTreeMap::from([(1, 10), (2, 12), (3, 1)]));
     }
 
     #[test]

@@ -18,8 +18,9 @@
 //! Every node renews its lease through Raft every `lease_renew_interval`. The owner treats its
 //! lease as valid until the time it *sent* its latest renewal that was committed and applied,
 //! plus `lease_expiry` minus `lease_safety_margin`. The leader remembers, on its own clock,
-//! when it last *saw* each member's renewal applied (and, when it becomes leader, starts every
-//! member at "now"). It revokes a live member's unit never; it revokes the units of a member it
+//! when it last *saw* each member's renewal applied; every node keeps that record while it
+//! follows, and a new leader carries on from it once it applied an entry of its own term
+//! (members it never saw start at "now"). It revokes a live member's unit never; it revokes the units of a member it
 //! has not seen renew for `lease_expiry`, and the `Revoke` applies only if no renewal of that
 //! member was applied in between. Since a renewal is sent before it is applied, the owner's
 //! lease ends before the leader can take its units. A renewal applied after a revoke of one of

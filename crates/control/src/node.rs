@@ -519,17 +519,23 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
     let mut tick = tokio::time::interval(timing.assignment_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut view: Option<LeaderView> = None;
+    // Every node, leading or not, keeps timing the renewals it sees applied, so that once it
+    // leads it can carry on from them (see `LeaderView::carry_on`).
+    let mut observed = LeaderView::new(0);
     loop {
         tokio::select! {
             () = node.cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let (leading, term) = {
+        observed.observe(&node.shared.read().state.members, std::time::Instant::now());
+        let (leading, term, applied_in_term) = {
             let metrics = node.raft.metrics();
             let m = metrics.borrow();
             (
                 m.state == ServerState::Leader && m.current_leader == Some(node.id),
                 m.current_term,
+                m.last_applied
+                    .is_some_and(|l| l.leader_id.get_term() == m.current_term),
             )
         };
         if !leading {
@@ -544,10 +550,13 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
         }
         let current = match view.take() {
             Some(v) if v.term == term => v,
+            // Until the new leader applied an entry of its term, renewals committed before the
+            // election may be missing from its applied state: no round yet.
+            _ if !applied_in_term => continue,
             _ => {
                 tracing::Span::current().record("term", term);
                 tracing::info!(node = %node.id, term, "assignment loop starts as leader");
-                LeaderView::new(term)
+                LeaderView::carry_on(term, &observed)
             }
         };
         let mut current = current;
