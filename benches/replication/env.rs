@@ -437,3 +437,33 @@ pub(crate) async fn wait_balanced(cluster: &Cluster, within: Duration) -> TestRe
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Creates `topics` (each with `partitions` partitions) in `stream` upstream, starts three
+/// nodes replicating `stream/*` with identity naming, and waits until the units are spread
+/// evenly. Returns the cluster and how long the nodes took from start to owning every unit.
+pub(crate) async fn start_three_nodes(
+    endpoints: &Endpoints,
+    settings: &Settings,
+    stream: &str,
+    topics: &[String],
+    partitions: u32,
+) -> TestResult<(Cluster, Duration)> {
+    let up = connect(&endpoints.upstream_url).await?;
+    for topic in topics {
+        create_topic(&up, stream, topic, partitions).await?;
+    }
+    up.shutdown().await?;
+    let spec = replication_spec(
+        endpoints,
+        "up",
+        &format!("{stream}/*"),
+        false,
+        settings,
+        topics.len() * partitions as usize,
+    );
+    let started = Instant::now();
+    let cluster = Cluster::start_spec(spec, 3).await?;
+    let assigned = started.elapsed();
+    wait_balanced(&cluster, Duration::from_secs(300)).await?;
+    Ok((cluster, assigned))
+}

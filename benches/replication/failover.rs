@@ -5,14 +5,10 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::Client;
 use rand::{Rng, SeedableRng};
 
-use crate::env::{
-    connect, create_topic, delete_stream, replication_spec, run_name, wait_balanced, Endpoints,
-    Watch,
-};
-use crate::harness::{wait_resumed, Cluster, DownstreamCounts, NodeId, Status, TestResult};
+use crate::env::{delete_stream, run_name, start_three_nodes, wait_balanced, Endpoints, Watch};
+use crate::harness::{wait_resumed, DownstreamCounts, NodeId, Status, TestResult};
 use crate::load::{targets, PacedProducer};
 use crate::report::{median_range, secs};
 use crate::settings::Settings;
@@ -48,19 +44,8 @@ fn owned_by(status: &Status, stream: &str, node: NodeId) -> BTreeSet<u32> {
 }
 
 async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> TestResult {
-    let up = connect(&endpoints.upstream_url).await?;
-    create_topic(&up, stream, TOPIC, PARTITIONS).await?;
-    up.shutdown().await?;
-    let spec = replication_spec(
-        endpoints,
-        "up",
-        &format!("{stream}/*"),
-        false,
-        settings,
-        PARTITIONS as usize,
-    );
-    let mut cluster = Cluster::start_spec(spec, 3).await?;
-    wait_balanced(&cluster, Duration::from_secs(60)).await?;
+    let (mut cluster, _) =
+        start_three_nodes(endpoints, settings, stream, &[TOPIC.to_owned()], PARTITIONS).await?;
     let producer = PacedProducer::start(
         endpoints.upstream_url.clone(),
         targets(stream, &[TOPIC.to_owned()], PARTITIONS),

@@ -5,13 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::Client;
-
-use crate::env::{
-    connect, create_topic, delete_stream, replication_spec, run_name, wait_balanced, Endpoints,
-    Watch,
-};
-use crate::harness::{Cluster, DownstreamCounts, TestResult};
+use crate::env::{delete_stream, run_name, start_three_nodes, Endpoints, Watch};
+use crate::harness::{DownstreamCounts, TestResult};
 use crate::load::{append_latencies_us, targets, PacedProducer};
 use crate::metrics::Stages;
 use crate::report::{ms_from_us, percentile_of_sorted};
@@ -41,21 +36,9 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
         .iter()
         .map(|rate| (*rate, format!("r{rate}")))
         .collect();
-    let up = connect(&endpoints.upstream_url).await?;
-    for topic in topics.values() {
-        create_topic(&up, stream, topic, PARTITIONS).await?;
-    }
-    up.shutdown().await?;
-    let spec = replication_spec(
-        endpoints,
-        "up",
-        &format!("{stream}/*"),
-        false,
-        settings,
-        topics.len() * PARTITIONS as usize,
-    );
-    let mut cluster = Cluster::start_spec(spec, 3).await?;
-    wait_balanced(&cluster, Duration::from_secs(60)).await?;
+    let names: Vec<String> = topics.values().cloned().collect();
+    let (mut cluster, _) =
+        start_three_nodes(endpoints, settings, stream, &names, PARTITIONS).await?;
     println!("| offered msg/s | achieved msg/s | p50 ms | p99 ms | max ms | mean poll ms (polls) | mean send ms (sends) |");
     println!("|---|---|---|---|---|---|---|");
     for (rate, topic) in &topics {

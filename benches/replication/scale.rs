@@ -6,12 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::Client;
-
-use crate::env::{
-    connect, cpu_seconds, create_topic, delete_stream, replication_spec, rss_bytes, run_name,
-    wait_balanced, Endpoints,
-};
+use crate::env::{cpu_seconds, delete_stream, rss_bytes, run_name, start_three_nodes, Endpoints};
 use crate::harness::{Cluster, NodeId, TestResult};
 use crate::load::{targets, PacedProducer};
 use crate::metrics::applied_index;
@@ -94,25 +89,10 @@ async fn measure(
     partitions: u32,
 ) -> TestResult<Row> {
     let names: Vec<String> = (0..topics).map(|t| format!("t{t:03}")).collect();
-    let up = connect(&endpoints.upstream_url).await?;
-    for name in &names {
-        create_topic(&up, stream, name, partitions).await?;
-    }
-    up.shutdown().await?;
     let units = names.len() * partitions as usize;
-    let spec = replication_spec(
-        endpoints,
-        "up",
-        &format!("{stream}/*"),
-        false,
-        settings,
-        units,
-    );
-    let started = Instant::now();
-    let mut cluster = Cluster::start_spec(spec, 3).await?;
-    let assign_all = started.elapsed();
+    let (mut cluster, assign_all) =
+        start_three_nodes(endpoints, settings, stream, &names, partitions).await?;
     let window = Duration::from_secs(settings.sample_seconds);
-    wait_balanced(&cluster, Duration::from_secs(300)).await?;
     // Start-up work (downstream topic creation, first resumes) is over before sampling.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let idle = sample(&cluster, window).await?;
