@@ -1,0 +1,53 @@
+//! What `benches/hot_path.rs` drives. **Not a stable API**: it exists only for the criterion
+//! benches of this crate, wraps the writer's crate-private batch conversion without changing it,
+//! and may change or disappear with any commit.
+
+use iggy::prelude::IggyMessage;
+use replicator_model::Offset;
+
+/// A batch as the reader hands it to the writer.
+#[derive(Debug)]
+pub struct Batch(crate::unit::Batch);
+
+impl Batch {
+    /// A batch of polled messages (offsets and timestamps set) with no gap before it;
+    /// `None` when `messages` is empty.
+    pub fn new(messages: Vec<IggyMessage>) -> Option<Self> {
+        crate::unit::Batch::new(messages, None).map(Self)
+    }
+
+    /// The messages: as polled, or once prepared the ones the writer would send.
+    pub fn messages(&self) -> &[IggyMessage] {
+        &self.0.messages
+    }
+}
+
+/// What the writer's batch conversion needs besides the batch (the writer resolves these
+/// from its flow and its resume point).
+#[derive(Debug, Clone, Copy)]
+pub struct PrepareParams<'a> {
+    /// Last upstream offset already downstream, e.g. `None`; messages up to it are dropped.
+    pub last_written: Option<Offset>,
+    /// The flow's source alias, stamped as provenance source, e.g. `us`.
+    pub source: &'a str,
+    /// The flow's target alias, e.g. `eu`; messages that originated there are skipped.
+    pub target: &'a str,
+    /// Whether to stamp provenance and skip messages that originated in the target.
+    pub provenance: bool,
+    /// Creation time (µs) of the upstream topic, e.g. `1_700_000_000_000_000`.
+    pub topic_created_at: u64,
+}
+
+/// The writer's batch conversion, in place: leaves in `batch` the messages it would send
+/// and returns their bytes, or `Err(offset)` of a message whose headers would exceed
+/// Iggy's limit with provenance added.
+pub fn prepare(batch: &mut Batch, p: &PrepareParams<'_>) -> std::result::Result<u64, Offset> {
+    let params = crate::writer::PrepareParams {
+        last_written: p.last_written,
+        source: p.source,
+        target: p.target,
+        provenance: p.provenance,
+        topic_created_at: p.topic_created_at,
+    };
+    crate::writer::prepare(&mut batch.0, &params).map(|prepared| prepared.bytes)
+}
