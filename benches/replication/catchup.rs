@@ -69,7 +69,7 @@ pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResul
     let cleanup = delete_stream(&endpoints.upstream_url, &stream).await;
     let samples = outcome?;
     cleanup?;
-    print_table(&samples, messages);
+    print_table(&samples, messages, endpoints.external());
     Ok(())
 }
 
@@ -296,7 +296,8 @@ async fn raw_worker(
     Ok(())
 }
 
-fn print_table(samples: &[Sample], messages: u64) {
+/// Prints the table; the server CPU column is `n/a` for external servers (not our processes).
+fn print_table(samples: &[Sample], messages: u64, external_servers: bool) {
     let millions = messages as f64 / 1e6;
     let of = |variant: Variant| -> Vec<Sample> {
         samples
@@ -337,7 +338,11 @@ fn print_table(samples: &[Sample], messages: u64) {
             median_range(&mb, 1),
             median_range(&total, 2),
             median_range(&cpu, 2),
-            median_range(&server, 2),
+            if external_servers {
+                "n/a".to_owned()
+            } else {
+                median_range(&server, 2)
+            },
             median_range(&ratio, 2),
         );
     }
