@@ -58,11 +58,7 @@ pub(crate) struct ReaderState<C> {
     ids: (Identifier, Identifier, Consumer),
     /// Retry backoff for transient poll failures.
     backoff: Backoff,
-    /// Pause before the next poll of a caught-up partition: `poll_interval`, and once the
-    /// partition has been quiet for [`QUIET_POLLS`] polls, doubled with every further empty poll
-    /// up to `idle_poll_interval`.
-    idle_pause: Duration,
-    /// Empty polls in a row.
+    /// Empty polls in a row (they set the pause before the next poll, see [`idle_pause`]).
     empty_polls: u32,
     /// Pending delayed `Poll` (caught up or backing off); aborted when the reader stops.
     timer: Option<JoinHandle<std::result::Result<(), ractor::MessagingErr<ReaderMsg>>>>,
@@ -94,7 +90,6 @@ impl<C: ControlPlane> Actor for PartitionReader<C> {
         myself.send_message(ReaderMsg::Poll)?;
         Ok(ReaderState {
             backoff: Backoff::new(args.shared.tuning.backoff, args.shared.seed),
-            idle_pause: args.shared.flow.poll_interval,
             empty_polls: 0,
             shared: args.shared,
             tx: args.tx,
@@ -147,17 +142,13 @@ impl<C: ControlPlane> Actor for PartitionReader<C> {
             match poll_once(state).await {
                 Ok(Step::Forwarded) => {
                     state.backoff.reset();
-                    state.idle_pause = state.shared.flow.poll_interval;
                     state.empty_polls = 0;
                     myself.send_message(ReaderMsg::Poll)?;
                 }
                 Ok(Step::CaughtUp) => {
                     state.backoff.reset();
-                    let delay = state.idle_pause;
                     state.empty_polls = state.empty_polls.saturating_add(1);
-                    if state.empty_polls >= QUIET_POLLS {
-                        state.idle_pause = next_idle_pause(&state.shared.flow, delay);
-                    }
+                    let delay = idle_pause(&state.shared.flow, state.empty_polls);
                     state.timer = Some(myself.send_after(delay, || ReaderMsg::Poll));
                 }
                 Ok(Step::WriterGone) => myself.stop(Some("writer gone".into())),
@@ -186,10 +177,13 @@ impl<C: ControlPlane> Actor for PartitionReader<C> {
 /// (latency); one that stayed empty this long backs off (CPU with thousands of partitions).
 const QUIET_POLLS: u32 = 20;
 
-/// The pause after one more empty poll of an idle partition: doubled, within `poll_interval..=idle_poll_interval`.
-fn next_idle_pause(flow: &crate::params::FlowParams, pause: Duration) -> Duration {
+/// The pause after the `empty_polls`-th empty poll in a row: `poll_interval` up to
+/// [`QUIET_POLLS`], then doubled with every further empty poll, at most `idle_poll_interval`.
+fn idle_pause(flow: &crate::params::FlowParams, empty_polls: u32) -> Duration {
     let cap = flow.idle_poll_interval.max(flow.poll_interval);
-    pause.saturating_mul(2).clamp(flow.poll_interval, cap)
+    let doublings = empty_polls.saturating_sub(QUIET_POLLS);
+    let factor = 1u32.checked_shl(doublings).unwrap_or(u32::MAX);
+    flow.poll_interval.saturating_mul(factor).min(cap)
 }
 
 /// Polls once from `state.next` and forwards a non-empty batch (waiting while the channel is full).
@@ -271,15 +265,15 @@ mod tests {
         let mut flow = crate::params::FlowParams::new("f", "a", "b", vec!["*/*".into()]);
         flow.poll_interval = Duration::from_millis(5);
         flow.idle_poll_interval = Duration::from_millis(100);
-        let mut pause = flow.poll_interval;
-        let mut seen = Vec::new();
-        for _ in 0..7 {
-            seen.push(pause.as_millis());
-            pause = next_idle_pause(&flow, pause);
-        }
+        // A partition with traffic now and then keeps the poll interval.
+        check!((1..=QUIET_POLLS).all(|n| idle_pause(&flow, n) == flow.poll_interval));
+        let seen: Vec<u128> = (QUIET_POLLS..QUIET_POLLS + 7)
+            .map(|n| idle_pause(&flow, n).as_millis())
+            .collect();
         check!(seen == vec![5, 10, 20, 40, 80, 100, 100]);
+        check!(idle_pause(&flow, u32::MAX) == flow.idle_poll_interval);
         // An idle interval below the poll interval means: always the poll interval.
         flow.idle_poll_interval = Duration::from_millis(1);
-        check!(next_idle_pause(&flow, flow.poll_interval) == flow.poll_interval);
+        check!(idle_pause(&flow, QUIET_POLLS + 1) == flow.poll_interval);
     }
 }
