@@ -184,6 +184,22 @@ pub(crate) async fn delete_stream(url: &str, stream: &str) -> TestResult {
     Ok(())
 }
 
+/// Runs `scenario`, then deletes `stream` on both servers whatever the scenario's outcome;
+/// the scenario's error comes first, then a cleanup error.
+pub(crate) async fn cleaned_up<T>(
+    endpoints: &Endpoints,
+    stream: &str,
+    scenario: impl std::future::Future<Output = TestResult<T>>,
+) -> TestResult<T> {
+    let outcome = scenario.await;
+    let up = delete_stream(&endpoints.upstream_url, stream).await;
+    let down = delete_stream(&endpoints.downstream_url, stream).await;
+    let value = outcome?;
+    up?;
+    down?;
+    Ok(value)
+}
+
 /// Messages per partition of `stream/topic` (empty while it does not exist), by partition id.
 pub(crate) async fn partition_counts(
     client: &IggyClient,

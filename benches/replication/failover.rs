@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
-use crate::env::{delete_stream, run_name, start_three_nodes, wait_balanced, Endpoints, Watch};
+use crate::env::{cleaned_up, run_name, start_three_nodes, wait_balanced, Endpoints, Watch};
 use crate::harness::{wait_resumed, DownstreamCounts, NodeId, Status, TestResult};
 use crate::load::{targets, PacedProducer};
 use crate::report::{median_range, secs};
@@ -24,13 +24,7 @@ pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResul
         "## Failover: {} × kill -9 of a random instance of three, {} msg/s produced, defaults\n",
         settings.failovers, settings.failover_rate
     );
-    let outcome = measure(endpoints, settings, &stream).await;
-    let up = delete_stream(&endpoints.upstream_url, &stream).await;
-    let down = delete_stream(&endpoints.downstream_url, &stream).await;
-    outcome?;
-    up?;
-    down?;
-    Ok(())
+    cleaned_up(endpoints, &stream, measure(endpoints, settings, &stream)).await
 }
 
 /// Partitions of the benchmark topic that `node` owns in `status`.

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::env::{delete_stream, run_name, start_three_nodes, Endpoints, Watch};
+use crate::env::{cleaned_up, run_name, start_three_nodes, Endpoints, Watch};
 use crate::harness::{DownstreamCounts, TestResult};
 use crate::load::{append_latencies_us, targets, PacedProducer};
 use crate::metrics::Stages;
@@ -21,13 +21,7 @@ pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResul
         "## Latency: three instances, defaults, {PARTITIONS} partitions per topic, {} s per rate\n",
         settings.latency_seconds
     );
-    let outcome = measure(endpoints, settings, &stream).await;
-    let up = delete_stream(&endpoints.upstream_url, &stream).await;
-    let down = delete_stream(&endpoints.downstream_url, &stream).await;
-    outcome?;
-    up?;
-    down?;
-    Ok(())
+    cleaned_up(endpoints, &stream, measure(endpoints, settings, &stream)).await
 }
 
 async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> TestResult {

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::env::{cpu_seconds, delete_stream, rss_bytes, run_name, start_three_nodes, Endpoints};
+use crate::env::{cleaned_up, cpu_seconds, rss_bytes, run_name, start_three_nodes, Endpoints};
 use crate::harness::{Cluster, NodeId, TestResult};
 use crate::load::{targets, PacedProducer};
 use crate::metrics::applied_index;
@@ -45,12 +45,8 @@ pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResul
     let mut rows = Vec::new();
     for (topics, partitions) in [(1, 16), (settings.scale_topics, settings.scale_partitions)] {
         let stream = run_name("scale");
-        let outcome = measure(endpoints, settings, &stream, topics, partitions).await;
-        let up = delete_stream(&endpoints.upstream_url, &stream).await;
-        let down = delete_stream(&endpoints.downstream_url, &stream).await;
-        rows.push(outcome?);
-        up?;
-        down?;
+        let scenario = measure(endpoints, settings, &stream, topics, partitions);
+        rows.push(cleaned_up(endpoints, &stream, scenario).await?);
     }
     println!("| layout | assign all units after start (s) | RSS per instance idle / load (MiB) | CPU % per instance idle | CPU % per instance under load | Raft entries/s idle / load | reassign all after leader kill (s) |");
     println!("|---|---|---|---|---|---|---|");

@@ -51,11 +51,13 @@ impl Settings {
         Ok(Self {
             messages: var("BENCH_MESSAGES", 1_000_000)?,
             rounds: u32::try_from(var("BENCH_ROUNDS", 3)?)?.max(1),
-            connections: usize::try_from(var(
+            connections: match var(
                 "BENCH_CONNECTIONS",
                 replicator_config::DEFAULT_CONNECTIONS as u64,
-            )?)?
-            .clamp(1, 64),
+            )? {
+                n @ 1..=64 => n as usize,
+                n => return Err(format!("BENCH_CONNECTIONS={n} must be 1 to 64").into()),
+            },
             rates,
             latency_seconds: var("BENCH_LATENCY_SECONDS", 10)?.max(1),
             failovers: u32::try_from(var("BENCH_FAILOVERS", 10)?)?,
