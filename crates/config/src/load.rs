@@ -220,7 +220,11 @@ poll_interval = "10ms"
             .replace("[\"orders/*\"]", "[\"orders/[\"]")
             .replace("iggy://iggy:${PASS}@127.0.0.1:8090", "http://nope")
             .replace("initial_offset = 42", "initial_offset = \"oldest\"")
-            .replace("connections = 2", "connections = 0");
+            .replace("connections = 2", "connections = 0")
+            .replace(
+                "poll_interval = \"10ms\"",
+                "poll_interval = \"10ms\"\nidle_poll_interval = \"11s\"",
+            );
         let keys =
             problem_keys(parse_str(&text, "t", env(&[("SECRET", "short")])).expect_err("invalid"));
         for expected in [
@@ -230,6 +234,7 @@ poll_interval = "10ms"
             "flows[0].include[0]",
             "flows[0].initial_offset",
             "clusters.eu.connections",
+            "flows[0].idle_poll_interval",
         ] {
             assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
         }
