@@ -152,3 +152,48 @@ impl ControlPlane for RaftControl {
         async move { control.release(unit, epoch).await.map_err(control_error) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn cluster_connections_and_idle_poll_interval_reach_the_pipeline() {
+        let text = r#"
+[node]
+id = 1
+data_dir = "/tmp/r1"
+raft_addr = "127.0.0.1:7101"
+api_addr = "127.0.0.1:7181"
+
+[cluster]
+secret = "0123456789abcdef"
+
+[clusters.us]
+url = "iggy://iggy:iggy@127.0.0.1:8090"
+connections = 7
+
+[clusters.eu]
+url = "iggy://iggy:iggy@127.0.0.1:8091"
+
+[[flows]]
+name = "us-to-eu"
+source = "us"
+target = "eu"
+idle_poll_interval = "250ms"
+"#;
+        let config = replicator_config::parse_str(text, "test", |_| None).expect("valid config");
+        let params = pipeline_params(&config);
+        assert_eq!(params.clusters["us"].connections, 7);
+        assert_eq!(
+            params.clusters["eu"].connections,
+            replicator_config::DEFAULT_CONNECTIONS
+        );
+        assert_eq!(
+            params.flows[0].idle_poll_interval,
+            Duration::from_millis(250)
+        );
+    }
+}
