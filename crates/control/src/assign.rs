@@ -3,13 +3,18 @@
 //!
 //! Rules, in order:
 //! 1. a unit whose owner is gone or whose lease expired is revoked (guarded by the renewal
-//!    index the leader saw, see `ControlCommand::Revoke`);
+//!    index the leader saw, see `ControlCommand::Revoke`), unless the owner is in the grace
+//!    period a new leader gives every member after its election (their renewals could not
+//!    commit while there was no leader);
 //! 2. a unit of a live `Leaving` member is requested back;
 //! 3. every eligible (live and `Active`) member gets a quota: `n / k` units, and the `n % k`
 //!    members that own the most units now get one more, so that as few units as possible move;
 //! 4. members above their quota are asked to release the excess (never taken: a live owner
 //!    keeps a unit until it hands it back);
 //! 5. unowned units go to the members furthest below their quota (lowest id on ties).
+//!
+//! A retired unit (no longer reported by discovery) stays with its owner, which was asked to
+//! hand it back; it is revoked like any other when the owner's lease expired, and never granted.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,14 +23,32 @@ use replicator_model::{NodeId, WorkUnit};
 use crate::command::ControlCommand;
 use crate::state::{ControlState, MemberState};
 
-/// Computes one assignment round. `live` holds the members whose lease the leader considers
-/// alive; `renewal_seen` the `last_renewal_index` the leader last observed per member (the
-/// guard of every `Revoke`).
-pub(crate) fn plan(
-    state: &ControlState,
-    live: &BTreeSet<NodeId>,
-    renewal_seen: &BTreeMap<NodeId, u64>,
-) -> Vec<ControlCommand> {
+/// Most commands in one assignment round: keeps a round's log entry small (about 40 bytes a
+/// command) however many units there are; the rest follows in the next rounds.
+pub(crate) const MAX_COMMANDS_PER_ROUND: usize = 1000;
+
+/// What the leader knows of the members' leases for one round.
+#[derive(Debug, Default)]
+pub(crate) struct Liveness {
+    /// Members whose lease the leader considers alive: they keep and receive units.
+    pub(crate) live: BTreeSet<NodeId>,
+    /// Members not known alive but still inside the grace period after this leader's
+    /// election: their units are neither revoked nor added to.
+    pub(crate) grace: BTreeSet<NodeId>,
+    /// The `last_renewal_index` the leader last observed per member (the guard of every
+    /// `Revoke`).
+    pub(crate) renewal_seen: BTreeMap<NodeId, u64>,
+}
+
+/// Computes one assignment round (at most [`MAX_COMMANDS_PER_ROUND`] commands).
+pub(crate) fn plan(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
+    let mut out = plan_all(state, lease);
+    out.truncate(MAX_COMMANDS_PER_ROUND);
+    out
+}
+
+fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
+    let live = &lease.live;
     let mut out = Vec::new();
     let eligible: BTreeSet<NodeId> = state
         .members
@@ -38,15 +61,23 @@ pub(crate) fn plan(
     let mut free: Vec<&WorkUnit> = Vec::new();
     let mut active_units = 0usize;
 
-    for (unit, rec) in state.units.iter().filter(|(_, r)| !r.retired) {
-        active_units += 1;
+    for (unit, rec) in &state.units {
+        if !rec.retired {
+            active_units += 1;
+        }
         let Some(owner) = rec.owner else {
-            free.push(unit);
+            if !rec.retired {
+                free.push(unit);
+            }
             continue;
         };
         let member = state.members.get(&owner);
         if member.is_none() || !live.contains(&owner) {
-            let renewal_index = renewal_seen
+            if member.is_some() && lease.grace.contains(&owner) {
+                continue;
+            }
+            let renewal_index = lease
+                .renewal_seen
                 .get(&owner)
                 .copied()
                 .or_else(|| member.map(|m| m.last_renewal_index))
@@ -56,10 +87,12 @@ pub(crate) fn plan(
                 epoch: rec.epoch,
                 renewal_index,
             });
-            free.push(unit);
+            if !rec.retired {
+                free.push(unit);
+            }
             continue;
         }
-        if rec.release_requested {
+        if rec.retired || rec.release_requested {
             continue; // on its way back; counted by nobody
         }
         match load.get_mut(&owner) {

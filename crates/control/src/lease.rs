@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use replicator_model::NodeId;
 
+use crate::assign::Liveness;
 use crate::state::MemberRecord;
 
 /// Until when an owner may write after a renewal it sent at `sent` was committed and applied.
@@ -20,6 +21,8 @@ pub(crate) struct LeaderView {
     pub(crate) term: u64,
     /// Per member: the `last_renewal_index` seen and when it was first seen.
     seen: BTreeMap<NodeId, (u64, Instant)>,
+    /// When this node started leading `term` (`None` for the record a follower keeps).
+    leading_since: Option<Instant>,
 }
 
 impl LeaderView {
@@ -27,6 +30,7 @@ impl LeaderView {
         Self {
             term,
             seen: BTreeMap::new(),
+            leading_since: None,
         }
     }
 
@@ -40,10 +44,11 @@ impl LeaderView {
     /// member the record does not know starts at the first `observe` (a full fresh period).
     /// This is what lets a new leader reassign a dead leader's units one `expiry` after that
     /// leader's last renewal instead of one `expiry` after the election.
-    pub(crate) fn carry_on(term: u64, observed: &LeaderView) -> Self {
+    pub(crate) fn carry_on(term: u64, observed: &LeaderView, now: Instant) -> Self {
         Self {
             term,
             seen: observed.seen.clone(),
+            leading_since: Some(now),
         }
     }
 
@@ -72,6 +77,33 @@ impl LeaderView {
             .filter(|(_, (_, at))| now.saturating_duration_since(*at) < expiry)
             .map(|(id, _)| *id)
             .collect()
+    }
+
+    /// What one assignment round may rely on at `now`. Members not seen renewing for `expiry`
+    /// are in grace while this leader has led for less than `grace`: no renewal could commit
+    /// while there was no leader, so after a slow election every member looks expired, and
+    /// revoking them all at once would hand every unit to whichever member renews first and
+    /// then ask for most of them back. Grace only delays a revoke (the owner's own lease
+    /// ends on its own clock whatever the leader does), so it never weakens "never two owners".
+    pub(crate) fn liveness(&self, now: Instant, expiry: Duration, grace: Duration) -> Liveness {
+        let live = self.live(now, expiry);
+        let in_grace = self
+            .leading_since
+            .is_some_and(|since| now.saturating_duration_since(since) < grace);
+        let grace = if in_grace {
+            self.seen
+                .keys()
+                .filter(|id| !live.contains(id))
+                .copied()
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        Liveness {
+            live,
+            grace,
+            renewal_seen: self.renewal_seen(),
+        }
     }
 
     /// Whether `node`'s lease is alive at `now` (`None` if the view does not know it).
@@ -151,7 +183,7 @@ mod tests {
         // Elected 600 ms later: member 1 (the old leader) renewed nothing since, member 2 did,
         // and member 3 is new to this node.
         let t1 = t0 + Duration::from_millis(600);
-        let mut view = LeaderView::carry_on(4, &observed);
+        let mut view = LeaderView::carry_on(4, &observed, t1);
         view.observe(
             &BTreeMap::from([(1, member(10)), (2, member(12)), (3, member(1))]),
             t1,
@@ -173,5 +205,64 @@ mod tests {
         view.observe(&BTreeMap::from([(1, member(1)), (2, member(2))]), t0);
         view.observe(&BTreeMap::from([(1, member(1))]), t0);
         check!(view.is_live(2, t0, EXPIRY) == None);
+    }
+}
+
+#[cfg(test)]
+mod grace_tests {
+    use assert2::check;
+
+    use super::*;
+    use crate::state::MemberState;
+
+    const EXPIRY: Duration = Duration::from_millis(1500);
+    const GRACE: Duration = Duration::from_millis(600);
+
+    fn member(renewal: u64) -> MemberRecord {
+        MemberRecord {
+            raft_addr: String::new(),
+            api_addr: String::new(),
+            state: MemberState::Active,
+            last_renewal_index: renewal,
+            last_revoke_index: 0,
+        }
+    }
+
+    #[test]
+    fn after_a_slow_election_expired_members_get_a_grace_to_renew() {
+        let t0 = Instant::now();
+        let mut observed = LeaderView::new(0);
+        observed.observe(&BTreeMap::from([(1, member(10)), (2, member(11))]), t0);
+        // Elected 3 s after anybody last renewed: both look expired.
+        let elected = t0 + Duration::from_secs(3);
+        let mut view = LeaderView::carry_on(5, &observed, elected);
+        view.observe(&BTreeMap::from([(1, member(10)), (2, member(11))]), elected);
+        let l = view.liveness(elected, EXPIRY, GRACE);
+        check!(l.live.is_empty());
+        check!(l.grace == BTreeSet::from([1, 2]));
+        // Member 2 renews within the grace: live. Member 1 does not: revocable once it ends.
+        let renewed = elected + Duration::from_millis(300);
+        view.observe(&BTreeMap::from([(1, member(10)), (2, member(20))]), renewed);
+        let l = view.liveness(renewed, EXPIRY, GRACE);
+        check!(l.live == BTreeSet::from([2]));
+        check!(l.grace == BTreeSet::from([1]));
+        let l = view.liveness(elected + GRACE, EXPIRY, GRACE);
+        check!(l.live == BTreeSet::from([2]));
+        check!(l.grace.is_empty());
+        check!(l.renewal_seen == BTreeMap::from([(1, 10), (2, 20)]));
+    }
+
+    #[test]
+    fn a_follower_record_and_a_quick_election_give_no_grace_that_matters() {
+        let t0 = Instant::now();
+        let mut observed = LeaderView::new(0);
+        observed.observe(&BTreeMap::from([(1, member(10))]), t0);
+        // A follower's own record never grants grace.
+        check!(observed.liveness(t0, EXPIRY, GRACE).grace.is_empty());
+        // Elected 500 ms after the dead member's last renewal: it is still live by its lease,
+        // and once that ends (t0 + expiry, after the grace) it is revocable at once.
+        let view = LeaderView::carry_on(2, &observed, t0 + Duration::from_millis(500));
+        check!(view.liveness(t0 + EXPIRY, EXPIRY, GRACE).live.is_empty());
+        check!(view.liveness(t0 + EXPIRY, EXPIRY, GRACE).grace.is_empty());
     }
 }

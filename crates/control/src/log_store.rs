@@ -2,6 +2,12 @@
 //!
 //! Durable before acknowledged: `save_vote`, `truncate` and `purge` flush before returning and
 //! `append` calls `LogFlushed` only after `flush_async` returned.
+//!
+//! Two rules keep a loaded cluster live (issue "never stall"): a node that restarts never
+//! resumes the leadership it held before (`forget_own_leadership`), and one AppendEntries never
+//! carries more than [`APPEND_BYTES_BUDGET`] of entries (`limited_get_log_entries`), because
+//! openraft gives every AppendEntries one heartbeat interval to complete and retries a request
+//! that timed out unchanged.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -35,6 +41,11 @@ pub(crate) struct LogStore {
     meta: sled::Tree,
 }
 
+/// Most encoded entry bytes one AppendEntries carries (a single larger entry still goes alone).
+/// A commit entry of 1,000 units is about 40 KiB; the budget keeps a catching-up follower's
+/// requests far below what loopback or a LAN moves and a follower fsyncs in a heartbeat.
+pub(crate) const APPEND_BYTES_BUDGET: usize = 256 * 1024;
+
 fn key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
@@ -67,6 +78,33 @@ impl LogStore {
             }
         }
         Ok(store)
+    }
+
+    /// Demotes a vote this node granted itself and saw committed (it was the leader) to an
+    /// uncommitted one of the same term, before openraft reads it.
+    ///
+    /// Why: openraft 0.9 restores a node whose saved vote is its own committed one as the
+    /// leader of that term at once, without an election. After a crash the others have usually
+    /// moved to a later term, but until it hears so the restarted node runs as leader: its
+    /// assignment loop plans from stale state and every local write waits for a commit that
+    /// cannot come. The demoted vote keeps the term and whom it voted for, which is all Raft's
+    /// safety needs (it still refuses any other candidate of that term); the node then starts
+    /// as a follower and leads again only by winning a new election, in a later term.
+    pub(crate) async fn forget_own_leadership(&self, node: NodeId) -> Result<bool> {
+        let Some(mut vote) = self.read_meta::<Vote<NodeId>>(KEY_VOTE)? else {
+            return Ok(false);
+        };
+        if !vote.committed || vote.leader_id().voted_for() != Some(node) {
+            return Ok(false);
+        }
+        vote.committed = false;
+        let failed = |e: AnyError| Error::Codec {
+            what: "vote",
+            reason: e.to_string(),
+        };
+        self.write_meta(KEY_VOTE, &vote).map_err(failed)?;
+        self.flush().await.map_err(failed)?;
+        Ok(true)
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(&self, k: &[u8]) -> Result<Option<T>> {
@@ -113,6 +151,33 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let mut out = Vec::new();
         for item in self.logs.range::<[u8; 8], _>((start, end)) {
             let (_, v) = item.map_err(|e| StorageIOError::read_logs(any(e)))?;
+            out.push(
+                decode::<Entry<TypeConfig>>("log entry", &v)
+                    .map_err(|e| StorageIOError::read_logs(any(e)))?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Entries from `start` on, stopping before `end` or once [`APPEND_BYTES_BUDGET`] encoded
+    /// bytes are collected (never fewer than one entry). openraft builds every AppendEntries
+    /// from this call.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
+        let mut out = Vec::new();
+        if start >= end {
+            return Ok(out);
+        }
+        let mut bytes = 0usize;
+        for item in self.logs.range(key(start)..key(end)) {
+            let (_, v) = item.map_err(|e| StorageIOError::read_logs(any(e)))?;
+            if !out.is_empty() && bytes + v.len() > APPEND_BYTES_BUDGET {
+                break;
+            }
+            bytes += v.len();
             out.push(
                 decode::<Entry<TypeConfig>>("log entry", &v)
                     .map_err(|e| StorageIOError::read_logs(any(e)))?,
@@ -225,6 +290,85 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(any(e)))?;
         self.flush().await.map_err(StorageIOError::write_logs)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use assert2::check;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+    use crate::command::ControlCommand;
+
+    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+    fn open() -> std::result::Result<(tempfile::TempDir, LogStore), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let db = data_dir::open(dir.path())?;
+        let store = LogStore::open(&db, dir.path())?;
+        Ok((dir, store))
+    }
+
+    /// An entry whose encoding is a little over `payload` bytes.
+    fn entry(index: u64, payload: usize) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(ControlCommand::ReportUnits {
+                flow: "f".repeat(payload),
+                units: Vec::new(),
+            }),
+        }
+    }
+
+    fn insert(store: &LogStore, entries: &[Entry<TypeConfig>]) -> TestResult {
+        for e in entries {
+            store
+                .logs
+                .insert(key(e.log_id.index), encode("log entry", e)?)?;
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn appends_stop_at_the_byte_budget_but_never_send_nothing() -> TestResult {
+        let (_dir, mut store) = open()?;
+        let quarter = APPEND_BYTES_BUDGET / 4;
+        insert(
+            &store,
+            &(1..=10).map(|i| entry(i, quarter)).collect::<Vec<_>>(),
+        )?;
+        // Each entry is a bit over a quarter of the budget: three fit, the fourth would not.
+        let got = store.limited_get_log_entries(1, 11).await?;
+        check!(got.len() == 3);
+        check!(got[0].log_id.index == 1);
+        // The range's end still bounds it.
+        check!(store.limited_get_log_entries(4, 6).await?.len() == 2);
+        check!(store.limited_get_log_entries(6, 6).await?.is_empty());
+        // A single entry larger than the budget goes alone rather than not at all.
+        insert(&store, &[entry(11, APPEND_BYTES_BUDGET * 2)])?;
+        let got = store.limited_get_log_entries(11, 12).await?;
+        check!(got.len() == 1);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_restarted_leader_forgets_only_its_own_committed_vote() -> TestResult {
+        let (_dir, mut store) = open()?;
+        check!(!store.forget_own_leadership(1).await?);
+        let mut led = Vote::new(7, 1);
+        led.commit();
+        store.save_vote(&led).await?;
+        // Another node's vote is left alone.
+        check!(!store.forget_own_leadership(2).await?);
+        check!(store.read_vote().await? == Some(led));
+        check!(store.forget_own_leadership(1).await?);
+        let after = store.read_vote().await?.ok_or("vote gone")?;
+        check!(after == Vote::new(7, 1));
+        check!(!after.is_committed());
+        // A vote this node granted itself but never saw committed stays as it is.
+        check!(!store.forget_own_leadership(1).await?);
         Ok(())
     }
 }

@@ -33,10 +33,30 @@ pub(crate) struct Counters {
     pub(crate) commit_batches: AtomicU64,
 }
 
-/// One commit call waiting for its batch.
-pub(crate) struct CommitRequest {
-    pub(crate) commits: Vec<OffsetCommit>,
-    pub(crate) reply: oneshot::Sender<Result<Vec<CommitOutcome>>>,
+/// One call waiting for the next batch entry: the batcher writes every commit and release
+/// queued within `commit_batch_interval` as one Raft entry.
+pub(crate) enum BatchRequest {
+    /// `Control::commit`: offsets of one caller, answered with one outcome per commit.
+    Commits {
+        commits: Vec<OffsetCommit>,
+        reply: oneshot::Sender<Result<Vec<CommitOutcome>>>,
+    },
+    /// `Control::release`: a unit handed back. A drain of hundreds of units releases them in
+    /// a few entries instead of one entry (and one round trip) each.
+    Release {
+        release: ControlCommand,
+        reply: oneshot::Sender<Result<()>>,
+    },
+}
+
+impl BatchRequest {
+    /// Commands it adds to the entry (commits count one each).
+    fn size(&self) -> usize {
+        match self {
+            BatchRequest::Commits { commits, .. } => commits.len(),
+            BatchRequest::Release { .. } => 1,
+        }
+    }
 }
 
 /// What every task and RPC handler of a node shares.
@@ -67,6 +87,8 @@ pub(crate) struct NodeInner {
     pub(crate) leader_view: Mutex<Option<LeaderView>>,
     /// Set by `leave`: never re-register as active.
     pub(crate) leaving: AtomicBool,
+    /// Set by `Control::begin_drain`: writes give up after `drain_write_timeout`.
+    pub(crate) draining: AtomicBool,
     /// Metrics counters.
     pub(crate) counters: Counters,
     /// Stops every task.
@@ -191,6 +213,11 @@ impl NodeInner {
     }
 
     async fn route(&self, req: Routed<'_>, within: Duration) -> Result<(u64, ControlResponse)> {
+        let within = if self.draining.load(Ordering::SeqCst) {
+            within.min(self.timing.drain_write_timeout())
+        } else {
+            within
+        };
         let started = Instant::now();
         let deadline = started + within;
         let mut backoff = Duration::from_millis(5);
@@ -224,8 +251,14 @@ impl NodeInner {
                 }
                 (Some(l), Some(addr)) => {
                     let sent = match &req {
+                        // One attempt gets one RPC timeout, not the whole remaining time: a
+                        // leader that died or lost its quorum after accepting the request
+                        // must not hold the write until its deadline, when another leader
+                        // may already answer. Every command is safe to send twice (epoch-
+                        // and index-guarded, or idempotent).
                         Routed::Write(cmd) => {
-                            self.peers.call(&addr, paths::WRITE, cmd, remaining).await
+                            let attempt = remaining.min(self.timing.rpc_timeout);
+                            self.peers.call(&addr, paths::WRITE, cmd, attempt).await
                         }
                         Routed::Manage(m) => {
                             self.peers.call(&addr, paths::MANAGE, m, remaining).await
@@ -427,12 +460,9 @@ fn copy_error(e: &Error) -> Error {
     }
 }
 
-/// Collects commit calls for `commit_batch_interval` and writes them as one entry; keeps up
-/// to `commit_max_in_flight` batches in flight so a slow write does not hold the next batch.
-pub(crate) async fn run_commit_batcher(
-    node: Arc<NodeInner>,
-    mut rx: mpsc::Receiver<CommitRequest>,
-) {
+/// Collects commit and release calls for `commit_batch_interval` and writes them as one entry;
+/// keeps up to `commit_max_in_flight` entries in flight so a slow write does not hold the next.
+pub(crate) async fn run_commit_batcher(node: Arc<NodeInner>, mut rx: mpsc::Receiver<BatchRequest>) {
     let timing = node.timing.clone();
     let mut in_flight = tokio::task::JoinSet::new();
     loop {
@@ -444,7 +474,7 @@ pub(crate) async fn run_commit_batcher(
             Some(_) = in_flight.join_next(), if !in_flight.is_empty() => continue,
             r = rx.recv() => match r { Some(r) => r, None => break },
         };
-        let mut count = first.commits.len();
+        let mut count = first.size();
         let mut requests = vec![first];
         let deadline = Instant::now() + timing.commit_batch_interval;
         while count < timing.commit_batch_max {
@@ -452,37 +482,109 @@ pub(crate) async fn run_commit_batcher(
                 () = tokio::time::sleep_until(deadline) => break,
                 r = rx.recv() => match r {
                     Some(r) => {
-                        count += r.commits.len();
+                        count += r.size();
                         requests.push(r);
                     }
                     None => break,
                 },
             }
         }
-        in_flight.spawn(write_commit_batch(node.clone(), requests, count));
+        in_flight.spawn(write_batch(node.clone(), requests));
     }
     // Pending callers learn `ShuttingDown` when their reply senders drop with the tasks.
     in_flight.abort_all();
     while in_flight.join_next().await.is_some() {}
 }
 
-async fn write_commit_batch(node: Arc<NodeInner>, requests: Vec<CommitRequest>, count: usize) {
-    let mut sizes = Vec::with_capacity(requests.len());
-    let mut replies = Vec::with_capacity(requests.len());
-    let mut commits = Vec::with_capacity(count);
-    for r in requests {
-        sizes.push(r.commits.len());
-        commits.extend(r.commits);
-        replies.push(r.reply);
+/// The callers of one batch entry, in the order of their commands.
+enum Waiting {
+    Commits(usize, oneshot::Sender<Result<Vec<CommitOutcome>>>),
+    Release(oneshot::Sender<Result<()>>),
+}
+
+/// The entry for `commits` and `releases`: a plain `CommitOffsets` when nothing is released
+/// (the common case), otherwise a `Batch` with the commits first.
+fn batch_command(
+    node: NodeId,
+    commits: Vec<OffsetCommit>,
+    releases: Vec<ControlCommand>,
+) -> ControlCommand {
+    if releases.is_empty() {
+        return ControlCommand::CommitOffsets { node, commits };
     }
-    let cmd = ControlCommand::CommitOffsets {
-        node: node.id,
-        commits,
+    let mut cmds = Vec::with_capacity(releases.len() + 1);
+    if !commits.is_empty() {
+        cmds.push(ControlCommand::CommitOffsets { node, commits });
+    }
+    cmds.extend(releases);
+    ControlCommand::Batch(cmds)
+}
+
+/// Splits the response of [`batch_command`] into the commit outcomes and one answer per
+/// release (a release of a unit no longer held under that epoch is done already).
+fn split_response(
+    response: ControlResponse,
+    commits: usize,
+    releases: usize,
+) -> Option<(Vec<CommitOutcome>, Vec<Result<()>>)> {
+    let release_answer = |r: ControlResponse| match r {
+        ControlResponse::Done | ControlResponse::Ignored(Rejection::StaleEpoch) => Ok(()),
+        other => Err(Error::Rejected(format!("release: {other:?}"))),
     };
-    let result = node.write(&cmd).await;
+    match response {
+        ControlResponse::Commits(outcomes) if releases == 0 && outcomes.len() == commits => {
+            Some((outcomes, Vec::new()))
+        }
+        ControlResponse::Batch(mut answers) => {
+            let outcomes = if commits > 0 {
+                if answers.is_empty() {
+                    return None;
+                }
+                match answers.remove(0) {
+                    ControlResponse::Commits(o) if o.len() == commits => o,
+                    _ => return None,
+                }
+            } else {
+                Vec::new()
+            };
+            if answers.len() != releases {
+                return None;
+            }
+            Some((outcomes, answers.into_iter().map(release_answer).collect()))
+        }
+        _ => None,
+    }
+}
+
+async fn write_batch(node: Arc<NodeInner>, requests: Vec<BatchRequest>) {
+    let mut waiting = Vec::with_capacity(requests.len());
+    let mut commits = Vec::new();
+    let mut releases = Vec::new();
+    for r in requests {
+        match r {
+            BatchRequest::Commits { commits: c, reply } => {
+                waiting.push(Waiting::Commits(c.len(), reply));
+                commits.extend(c);
+            }
+            BatchRequest::Release { release, reply } => {
+                waiting.push(Waiting::Release(reply));
+                releases.push(release);
+            }
+        }
+    }
+    let (commit_count, release_count) = (commits.len(), releases.len());
+    let result = node.write(&batch_command(node.id, commits, releases)).await;
     node.counters.commit_batches.fetch_add(1, Ordering::Relaxed);
-    match result {
-        Ok((_, ControlResponse::Commits(outcomes))) if outcomes.len() == count => {
+    let split = match result {
+        Ok((_, response)) => split_response(response.clone(), commit_count, release_count)
+            .ok_or_else(|| Error::Raft(format!("unexpected batch response {response:?}"))),
+        Err(e) => {
+            tracing::warn!(node = %node.id, error = %e, commits = commit_count, releases = release_count, "commit batch failed");
+            Err(e)
+        }
+    };
+    match split {
+        Ok((outcomes, answers)) => {
             let fenced = outcomes
                 .iter()
                 .filter(|o| matches!(o, CommitOutcome::Fenced { .. }))
@@ -490,23 +592,33 @@ async fn write_commit_batch(node: Arc<NodeInner>, requests: Vec<CommitRequest>, 
             node.counters
                 .fenced_commits
                 .fetch_add(fenced as u64, Ordering::Relaxed);
-            let mut rest = outcomes.into_iter();
-            for (size, reply) in sizes.into_iter().zip(replies) {
+            let mut outcomes = outcomes.into_iter();
+            let mut answers = answers.into_iter();
+            for w in waiting {
                 // A caller that gave up is not an error.
-                let _ = reply.send(Ok(rest.by_ref().take(size).collect()));
-            }
-        }
-        Ok((_, other)) => {
-            for reply in replies {
-                let _ = reply.send(Err(Error::Raft(format!(
-                    "unexpected commit response {other:?}"
-                ))));
+                match w {
+                    Waiting::Commits(size, reply) => {
+                        let _ = reply.send(Ok(outcomes.by_ref().take(size).collect()));
+                    }
+                    Waiting::Release(reply) => {
+                        let answer = answers
+                            .next()
+                            .unwrap_or_else(|| Err(Error::Raft("release not answered".into())));
+                        let _ = reply.send(answer);
+                    }
+                }
             }
         }
         Err(e) => {
-            tracing::warn!(node = %node.id, error = %e, commits = count, "commit batch failed");
-            for reply in replies {
-                let _ = reply.send(Err(copy_error(&e)));
+            for w in waiting {
+                match w {
+                    Waiting::Commits(_, reply) => {
+                        let _ = reply.send(Err(copy_error(&e)));
+                    }
+                    Waiting::Release(reply) => {
+                        let _ = reply.send(Err(copy_error(&e)));
+                    }
+                }
             }
         }
     }
@@ -556,16 +668,19 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             _ => {
                 tracing::Span::current().record("term", term);
                 tracing::info!(node = %node.id, term, "assignment loop starts as leader");
-                LeaderView::carry_on(term, &observed)
+                LeaderView::carry_on(term, &observed, std::time::Instant::now())
             }
         };
         let mut current = current;
-        let now = std::time::Instant::now();
         let cmds = {
             let data = node.shared.read();
+            // Read the clock only once the state is locked: a renewal applied while this task
+            // waited for the lock must not be stamped earlier than it was seen, or the leader
+            // could count its lease out before the owner does.
+            let now = std::time::Instant::now();
             current.observe(&data.state.members, now);
-            let live = current.live(now, timing.lease_expiry);
-            assign::plan(&data.state, &live, &current.renewal_seen())
+            let lease = current.liveness(now, timing.lease_expiry, timing.election_grace());
+            assign::plan(&data.state, &lease)
         };
         *node
             .leader_view
@@ -593,4 +708,81 @@ where
         node = %node,
         term = tracing::field::Empty
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use assert2::check;
+    use replicator_model::{Epoch, WorkUnit};
+
+    use super::*;
+
+    fn release(p: u32) -> ControlCommand {
+        ControlCommand::Release {
+            unit: WorkUnit::new("f", "s", "t", p),
+            epoch: Epoch(3),
+            node: 1,
+        }
+    }
+
+    fn commit(p: u32) -> OffsetCommit {
+        OffsetCommit {
+            unit: WorkUnit::new("f", "s", "t", p),
+            epoch: Epoch(3),
+            offset: 9,
+            topic_created_at: 1,
+            counters: replicator_model::UnitCounters::default(),
+        }
+    }
+
+    #[test]
+    fn commits_alone_stay_one_commit_entry() {
+        let cmd = batch_command(1, vec![commit(0), commit(1)], Vec::new());
+        check!(
+            matches!(cmd, ControlCommand::CommitOffsets { node: 1, ref commits } if commits.len() == 2)
+        );
+        let split = split_response(
+            ControlResponse::Commits(vec![CommitOutcome::Committed; 2]),
+            2,
+            0,
+        );
+        check!(split.map(|(o, r)| (o.len(), r.len())) == Some((2, 0)));
+    }
+
+    #[test]
+    fn releases_ride_in_one_batch_after_the_commits() {
+        let cmd = batch_command(1, vec![commit(0)], vec![release(1), release(2)]);
+        let ControlCommand::Batch(cmds) = cmd else {
+            panic!("expected a batch");
+        };
+        check!(cmds.len() == 3);
+        check!(matches!(cmds[0], ControlCommand::CommitOffsets { .. }));
+        let response = ControlResponse::Batch(vec![
+            ControlResponse::Commits(vec![CommitOutcome::Committed]),
+            ControlResponse::Done,
+            // Released before (a retry after a timeout) or revoked: nothing left to do.
+            ControlResponse::Ignored(Rejection::StaleEpoch),
+        ]);
+        let (outcomes, answers) = split_response(response, 1, 2).expect("well-formed");
+        check!(outcomes == vec![CommitOutcome::Committed]);
+        check!(answers.iter().all(Result::is_ok));
+        // Releases without commits.
+        let ControlCommand::Batch(cmds) = batch_command(1, Vec::new(), vec![release(1)]) else {
+            panic!("expected a batch");
+        };
+        check!(cmds.len() == 1);
+        let (o, a) = split_response(ControlResponse::Batch(vec![ControlResponse::Done]), 0, 1)
+            .expect("well-formed");
+        check!(o.is_empty() && a.len() == 1);
+    }
+
+    #[test]
+    fn a_refused_release_and_a_malformed_response_are_errors() {
+        let response =
+            ControlResponse::Batch(vec![ControlResponse::Ignored(Rejection::UnknownUnit)]);
+        let (_, answers) = split_response(response, 0, 1).expect("well-formed");
+        check!(answers[0].is_err());
+        check!(split_response(ControlResponse::Done, 1, 0).is_none());
+        check!(split_response(ControlResponse::Batch(Vec::new()), 1, 1).is_none());
+    }
 }

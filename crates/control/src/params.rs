@@ -127,6 +127,24 @@ impl Default for ControlTiming {
     }
 }
 
+impl ControlTiming {
+    /// How long a new leader spares members it has not seen renew (see `LeaderView::liveness`):
+    /// two renewal periods, time for every live member to renew once through the new leader.
+    #[must_use]
+    pub fn election_grace(&self) -> Duration {
+        self.lease_renew_interval * 2
+    }
+
+    /// The whole time a write may take while the node drains for shutdown: two election
+    /// timeouts. A cluster with a quorum commits in milliseconds or elects a leader within
+    /// one; without a quorum the drain should end rather than wait out `write_timeout` for
+    /// every release.
+    #[must_use]
+    pub fn drain_write_timeout(&self) -> Duration {
+        self.election_timeout_max * 2
+    }
+}
+
 /// Everything `Control::start` needs, resolved by the binary from the validated config.
 #[derive(Debug)]
 pub struct ControlParams {

@@ -200,9 +200,12 @@ impl ControlState {
         let listed: std::collections::BTreeSet<&WorkUnit> = units.iter().collect();
         for (unit, rec) in self.units.iter_mut().filter(|(u, _)| u.flow == flow) {
             let retire = !listed.contains(unit);
-            if retire && !rec.retired {
-                rec.owner = None;
-                rec.release_requested = false;
+            if retire && !rec.retired && rec.owner.is_some() {
+                // The owner keeps the unit until it hands it back (or its lease expires and the
+                // leader revokes it): clearing the owner here would let the next report (from
+                // a node whose discovery sees the topic) grant it to a second node while the
+                // first is still writing.
+                rec.release_requested = true;
             }
             rec.retired = retire;
         }
@@ -217,7 +220,8 @@ impl ControlState {
             return CommitOutcome::Fenced { current: None };
         };
         let current = rec.owner.map(|_| rec.epoch);
-        if rec.retired || rec.owner != Some(node) || rec.epoch != c.epoch {
+        // A retired unit's owner still holds it until it releases it: its final commit counts.
+        if rec.owner != Some(node) || rec.epoch != c.epoch {
             return CommitOutcome::Fenced { current };
         }
         let p = &mut rec.progress;
@@ -233,15 +237,16 @@ impl ControlState {
         CommitOutcome::Committed
     }
 
-    /// The units `node` owns now, in unit order.
+    /// The units `node` owns now, in unit order. A retired unit it still owns is listed with
+    /// `release_requested`, so that its pair stops and hands it back.
     pub(crate) fn assignments_of(&self, node: NodeId) -> Vec<Assignment> {
         self.units
             .iter()
-            .filter(|(_, r)| r.owner == Some(node) && !r.retired)
+            .filter(|(_, r)| r.owner == Some(node))
             .map(|(unit, r)| Assignment {
                 unit: unit.clone(),
                 epoch: r.epoch,
-                release_requested: r.release_requested,
+                release_requested: r.release_requested || r.retired,
             })
             .collect()
     }
@@ -250,7 +255,7 @@ impl ControlState {
     pub(crate) fn holds(&self, node: NodeId, unit: &WorkUnit, epoch: Epoch) -> bool {
         self.units
             .get(unit)
-            .is_some_and(|r| r.owner == Some(node) && r.epoch == epoch && !r.retired)
+            .is_some_and(|r| r.owner == Some(node) && r.epoch == epoch)
     }
 }
 

@@ -96,21 +96,30 @@ impl Shared {
 
     /// Publishes the current assignments and applied index after the state changed.
     fn publish(&self) {
+        self.publish_applied(true);
+    }
+
+    /// Publishes the applied index, and this node's assignments when `assignments_may_differ`
+    /// (computing them walks every unit, so it is skipped after entries that cannot change
+    /// them, see `ControlCommand::changes_assignments`).
+    fn publish_applied(&self, assignments_may_differ: bool) {
         let (mine, applied) = {
             let data = self.read();
             (
-                data.state.assignments_of(self.node),
+                assignments_may_differ.then(|| data.state.assignments_of(self.node)),
                 data.last_applied.map_or(0, |l| l.index),
             )
         };
-        self.assignments.send_if_modified(|current| {
-            if *current == mine {
-                false
-            } else {
-                *current = mine;
-                true
-            }
-        });
+        if let Some(mine) = mine {
+            self.assignments.send_if_modified(|current| {
+                if *current == mine {
+                    false
+                } else {
+                    *current = mine;
+                    true
+                }
+            });
+        }
         self.applied.send_replace(applied);
     }
 }
@@ -210,13 +219,17 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: OptionalSend,
     {
         let mut out = Vec::new();
+        let mut assignments_may_differ = false;
         {
             let mut sm = self.shared.write();
             for entry in entries {
                 sm.last_applied = Some(entry.log_id);
                 out.push(match entry.payload {
                     EntryPayload::Blank => ControlResponse::Empty,
-                    EntryPayload::Normal(cmd) => sm.state.apply(entry.log_id.index, &cmd),
+                    EntryPayload::Normal(cmd) => {
+                        assignments_may_differ |= cmd.changes_assignments();
+                        sm.state.apply(entry.log_id.index, &cmd)
+                    }
                     EntryPayload::Membership(m) => {
                         sm.last_membership = StoredMembership::new(Some(entry.log_id), m);
                         ControlResponse::Empty
@@ -224,7 +237,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 });
             }
         }
-        self.shared.publish();
+        self.shared.publish_applied(assignments_may_differ);
         Ok(out)
     }
 

@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::log_store::LogStore;
 use crate::network::client::{NetworkFactory, PeerClient};
 use crate::network::{paths, FaultSwitch, ManageRequest};
-use crate::node::{self, CommitRequest, Counters, NodeInner};
+use crate::node::{self, BatchRequest, Counters, NodeInner};
 use crate::params::ControlParams;
 use crate::state_machine::{Shared, StateMachineStore};
 use crate::{data_dir, raft_config};
@@ -39,8 +39,8 @@ pub struct Control {
 struct Runtime {
     /// The node's database, flushed on shutdown.
     db: sled::Db,
-    /// Commit requests into the batcher (bounded: callers wait when it is full).
-    commit_tx: mpsc::Sender<CommitRequest>,
+    /// Commits and releases into the batcher (bounded: callers wait when it is full).
+    commit_tx: mpsc::Sender<BatchRequest>,
     /// Every task the node spawned, aborted or awaited on stop.
     tasks: Mutex<Vec<(&'static str, JoinHandle<()>)>>,
     /// The Raft server task, stopped last.
@@ -68,6 +68,9 @@ impl Control {
         let config = raft_config(&timing)?;
         let db = data_dir::open(&data_dir)?;
         let log_store = LogStore::open(&db, &data_dir)?;
+        if log_store.forget_own_leadership(node_id).await? {
+            tracing::info!(node = %node_id, "was the leader before the restart; rejoining as a follower");
+        }
         let shared = Shared::new(node_id);
         let state_machine = StateMachineStore::open(&db, &data_dir, shared.clone())?;
 
@@ -107,6 +110,7 @@ impl Control {
             lease: Mutex::new(None),
             leader_view: Mutex::new(None),
             leaving: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             counters: Counters::default(),
             cancel: cancel.clone(),
         });
@@ -211,7 +215,7 @@ impl Control {
         let (reply, rx) = oneshot::channel();
         self.runtime
             .commit_tx
-            .send(CommitRequest { commits, reply })
+            .send(BatchRequest::Commits { commits, reply })
             .await
             .map_err(|_| Error::ShuttingDown)?;
         rx.await.map_err(|_| Error::ShuttingDown)?
@@ -262,18 +266,30 @@ impl Control {
     }
 
     /// Hands `unit` (owned under `epoch`) back. Succeeds also when it is no longer owned under
-    /// that epoch (a retry after a timeout).
+    /// that epoch (a retry after a timeout). Batched with other releases and commits into one
+    /// Raft entry per batch interval.
     #[tracing::instrument(skip_all, fields(node = %self.inner.id, unit = %unit, epoch = %epoch), err)]
     pub async fn release(&self, unit: WorkUnit, epoch: Epoch) -> Result<()> {
-        let cmd = ControlCommand::Release {
+        let release = ControlCommand::Release {
             unit,
             epoch,
             node: self.inner.id,
         };
-        match self.inner.write(&cmd).await? {
-            (_, ControlResponse::Done | ControlResponse::Ignored(Rejection::StaleEpoch)) => Ok(()),
-            (_, other) => Err(Error::Rejected(format!("release: {other:?}"))),
-        }
+        let (reply, rx) = oneshot::channel();
+        self.runtime
+            .commit_tx
+            .send(BatchRequest::Release { release, reply })
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        rx.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Marks the start of a graceful stop: from now on every write gives up after
+    /// `ControlTiming::drain_write_timeout` instead of `write_timeout`, so a drain without a
+    /// quorum ends promptly (its commits and releases fail; the units move once this node's
+    /// lease expires, as after a crash).
+    pub fn begin_drain(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
     }
 
     /// Leaves the cluster's work: marks this node `Leaving` and releases every unit it owns

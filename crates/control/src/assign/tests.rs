@@ -11,6 +11,22 @@ fn unit(p: u32) -> WorkUnit {
     WorkUnit::new("f", "s", "t", p)
 }
 
+/// A round with no member in grace.
+fn plan_with(
+    s: &ControlState,
+    live: &BTreeSet<NodeId>,
+    seen: &BTreeMap<NodeId, u64>,
+) -> Vec<ControlCommand> {
+    plan(
+        s,
+        &Liveness {
+            live: live.clone(),
+            grace: BTreeSet::new(),
+            renewal_seen: seen.clone(),
+        },
+    )
+}
+
 fn state(members: &[NodeId], units: u32) -> ControlState {
     let mut s = ControlState::default();
     for m in members {
@@ -41,7 +57,7 @@ fn converge(s: &mut ControlState, live: &BTreeSet<NodeId>, index: &mut u64) -> u
             .iter()
             .map(|(id, m)| (*id, m.last_renewal_index))
             .collect();
-        let cmds = plan(s, live, &seen);
+        let cmds = plan_with(s, live, &seen);
         // Owners hand back what was requested (the pipeline's part).
         let releases: Vec<ControlCommand> = s
             .units
@@ -98,7 +114,7 @@ fn unowned_units_are_spread_within_one() {
 fn first_round_grants_everything_in_one_batch() {
     let s = state(&[1, 2, 3], 9);
     let live = BTreeSet::from([1, 2, 3]);
-    let cmds = plan(&s, &live, &BTreeMap::new());
+    let cmds = plan_with(&s, &live, &BTreeMap::new());
     check!(cmds.len() == 9);
     check!(cmds
         .iter()
@@ -127,7 +143,7 @@ fn a_join_moves_only_the_minimum_and_only_by_release() {
         .iter()
         .map(|(id, m)| (*id, m.last_renewal_index))
         .collect();
-    let first = plan(&s, &live, &seen);
+    let first = plan_with(&s, &live, &seen);
     check!(first
         .iter()
         .all(|c| matches!(c, ControlCommand::RequestRelease { .. })));
@@ -147,7 +163,7 @@ fn units_of_an_expired_member_are_revoked_with_its_seen_renewal_and_regranted() 
     converge(&mut s, &BTreeSet::from([1, 2, 3]), &mut index);
     let live = BTreeSet::from([1, 2]);
     let seen = BTreeMap::from([(1, 1), (2, 1), (3, 1)]);
-    let cmds = plan(&s, &live, &seen);
+    let cmds = plan_with(&s, &live, &seen);
     let revokes: Vec<_> = cmds
         .iter()
         .filter(|c| {
@@ -186,7 +202,7 @@ fn a_leaving_member_is_drained_by_request_not_revoke() {
         .iter()
         .map(|(id, m)| (*id, m.last_renewal_index))
         .collect();
-    let cmds = plan(&s, &live, &seen);
+    let cmds = plan_with(&s, &live, &seen);
     check!(cmds.len() == 2);
     check!(cmds
         .iter()
@@ -199,7 +215,7 @@ fn a_leaving_member_is_drained_by_request_not_revoke() {
 #[test]
 fn no_live_member_means_no_grants_and_a_stable_cluster_means_no_commands() {
     let s = state(&[1, 2], 4);
-    check!(plan(&s, &BTreeSet::new(), &BTreeMap::new()).is_empty());
+    check!(plan_with(&s, &BTreeSet::new(), &BTreeMap::new()).is_empty());
     let mut s = state(&[1, 2], 4);
     let mut index = 10;
     let live = BTreeSet::from([1, 2]);
@@ -209,7 +225,7 @@ fn no_live_member_means_no_grants_and_a_stable_cluster_means_no_commands() {
         .iter()
         .map(|(id, m)| (*id, m.last_renewal_index))
         .collect();
-    check!(plan(&s, &live, &seen).is_empty());
+    check!(plan_with(&s, &live, &seen).is_empty());
 }
 
 #[test]
@@ -231,9 +247,105 @@ fn release_requests_are_not_repeated_while_pending() {
         .iter()
         .map(|(id, m)| (*id, m.last_renewal_index))
         .collect();
-    let first = plan(&s, &live, &seen);
+    let first = plan_with(&s, &live, &seen);
     check!(first.len() == 2);
     s.apply(31, &ControlCommand::Batch(first));
     // Owner has not released yet: nothing new to ask, nothing to grant.
-    check!(plan(&s, &live, &seen).is_empty());
+    check!(plan_with(&s, &live, &seen).is_empty());
+}
+
+#[test]
+fn members_in_the_grace_after_an_election_keep_their_units_but_get_no_more() {
+    // A slow election: the new leader (1) has seen nobody renew for a whole lease. Member 2
+    // is in grace (not known alive yet), member 3 is known dead.
+    let mut s = state(&[1, 2, 3], 6);
+    let mut index = 10;
+    converge(&mut s, &BTreeSet::from([1, 2, 3]), &mut index);
+    s.apply(
+        100,
+        &ControlCommand::ReportUnits {
+            flow: "f".into(),
+            units: (0..7).map(unit).collect(),
+        },
+    );
+    let cmds = plan(
+        &s,
+        &Liveness {
+            live: BTreeSet::from([1]),
+            grace: BTreeSet::from([2]),
+            renewal_seen: BTreeMap::new(),
+        },
+    );
+    let revoked_from = |node: NodeId| {
+        cmds.iter()
+            .filter(|c| match c {
+                ControlCommand::Revoke { unit, .. } => s.units[unit].owner == Some(node),
+                _ => false,
+            })
+            .count()
+    };
+    check!(revoked_from(2) == 0);
+    check!(revoked_from(3) == 2);
+    // Everything free (member 3's two units and the new one) goes to the live member only.
+    let granted_to: Vec<NodeId> = cmds
+        .iter()
+        .filter_map(|c| match c {
+            ControlCommand::Grant { node, .. } => Some(*node),
+            _ => None,
+        })
+        .collect();
+    check!(granted_to == vec![1, 1, 1]);
+    // Nothing of member 2's is asked back either.
+    check!(!cmds
+        .iter()
+        .any(|c| matches!(c, ControlCommand::RequestRelease { .. })));
+}
+
+#[test]
+fn a_retired_unit_stays_with_a_live_owner_and_is_revoked_from_a_dead_one() {
+    let mut s = state(&[1, 2], 4);
+    let mut index = 10;
+    let live = BTreeSet::from([1, 2]);
+    converge(&mut s, &live, &mut index);
+    // Units 2 and 3 are no longer reported.
+    s.apply(
+        100,
+        &ControlCommand::ReportUnits {
+            flow: "f".into(),
+            units: (0..2).map(unit).collect(),
+        },
+    );
+    let seen: BTreeMap<NodeId, u64> = s
+        .members
+        .iter()
+        .map(|(id, m)| (*id, m.last_renewal_index))
+        .collect();
+    // Both owners alive: the retired units wait for their owners' releases, nothing moves.
+    check!(plan_with(&s, &live, &seen).is_empty());
+    // The owner of unit 3 dies: its retired unit is revoked, and never granted again.
+    let dead = s.units[&unit(3)].owner.unwrap_or_default();
+    let alive = BTreeSet::from([if dead == 1 { 2 } else { 1 }]);
+    let cmds = plan_with(&s, &alive, &seen);
+    check!(cmds
+        .iter()
+        .any(|c| matches!(c, ControlCommand::Revoke { unit: u, .. } if *u == unit(3))));
+    check!(!cmds.iter().any(
+        |c| matches!(c, ControlCommand::Grant { unit: u, .. } if *u == unit(3) || *u == unit(2))
+    ));
+}
+
+#[test]
+fn a_round_holds_at_most_the_cap_and_the_rest_follows() {
+    let n = u32::try_from(MAX_COMMANDS_PER_ROUND).unwrap_or(u32::MAX) + 500;
+    let mut s = state(&[1, 2], n);
+    let live = BTreeSet::from([1, 2]);
+    let first = plan_with(&s, &live, &BTreeMap::new());
+    check!(first.len() == MAX_COMMANDS_PER_ROUND);
+    s.apply(10, &ControlCommand::Batch(first));
+    let second = plan_with(&s, &live, &BTreeMap::new());
+    check!(second.len() == 500);
+    s.apply(11, &ControlCommand::Batch(second));
+    check!(s.units.values().all(|r| r.owner.is_some()));
+    let l = loads(&s, &live);
+    check!(l.iter().max().copied().unwrap_or(0) - l.iter().min().copied().unwrap_or(0) <= 1);
 }

@@ -1,11 +1,13 @@
 //! Outbound RPCs: a shared reqwest client that adds the secret, and openraft's network
 //! factory on top of it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -79,10 +81,21 @@ impl PeerClient {
         req: &Q,
         timeout: Duration,
     ) -> Result<A, CallError> {
+        let body = encode("rpc request", req).map_err(|e| CallError::Codec(e.to_string()))?;
+        self.call_encoded(addr, path, body, timeout).await
+    }
+
+    /// [`Self::call`] with a body the caller encoded already (to know its size).
+    pub(crate) async fn call_encoded<A: DeserializeOwned>(
+        &self,
+        addr: &str,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<A, CallError> {
         if self.fault.is_isolated() {
             return Err(CallError::Isolated);
         }
-        let body = encode("rpc request", req).map_err(|e| CallError::Codec(e.to_string()))?;
         let resp = self
             .http
             .post(format!("http://{addr}{path}"))
@@ -124,6 +137,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             addr: node.raft_addr.clone(),
             client: self.client.clone(),
             default_timeout: self.default_timeout,
+            timed_out_entries: AtomicU64::new(0),
         }
     }
 }
@@ -134,6 +148,41 @@ pub(crate) struct Connection {
     addr: String,
     client: PeerClient,
     default_timeout: Duration,
+    /// Entries of the latest AppendEntries that openraft cancelled at its timeout (0: none
+    /// since the last shrink). Written by [`CancelledAppend`] on drop.
+    timed_out_entries: AtomicU64,
+}
+
+/// The number of entries to ask openraft for instead of `entries`, after an AppendEntries of
+/// `timed_out_with` entries did not finish within openraft's timeout (one heartbeat interval,
+/// which openraft applies to every AppendEntries whatever its size, and after which it resends
+/// the same range unchanged). Halving until a request fits turns a livelock on a slow
+/// follower into smaller requests; a single entry cannot shrink and is simply retried.
+pub(crate) fn shrink_after_timeout(entries: u64, timed_out_with: u64) -> Option<u64> {
+    (timed_out_with > 1 && entries >= timed_out_with).then(|| (timed_out_with / 2).max(1))
+}
+
+/// Records an AppendEntries that was dropped before it finished (openraft's timeout).
+struct CancelledAppend<'a> {
+    slot: &'a AtomicU64,
+    target: NodeId,
+    entries: u64,
+    bytes: usize,
+    finished: bool,
+}
+
+impl Drop for CancelledAppend<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.slot.store(self.entries, Ordering::Relaxed);
+            tracing::warn!(
+                peer = %self.target,
+                entries = self.entries,
+                bytes = self.bytes,
+                "append entries did not finish within the heartbeat interval"
+            );
+        }
+    }
 }
 
 type RpcResult<T, E = openraft::error::Infallible> =
@@ -146,6 +195,21 @@ impl Connection {
         A: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
+        let body = encode("rpc request", req)
+            .map_err(|e| RPCError::Network(NetworkError::new(&CallError::Codec(e.to_string()))))?;
+        self.rpc_encoded(path, body, option).await
+    }
+
+    async fn rpc_encoded<A, E>(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        option: &RPCOption,
+    ) -> RpcResult<A, E>
+    where
+        A: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
         // openraft also wraps every call in its own timeout; this bounds the HTTP request.
         let timeout = match option.hard_ttl() {
             t if t.is_zero() => self.default_timeout,
@@ -153,7 +217,7 @@ impl Connection {
         };
         let reply: Result<A, RaftError<NodeId, E>> = self
             .client
-            .call(&self.addr, path, req, timeout)
+            .call_encoded(&self.addr, path, body, timeout)
             .await
             .map_err(|e| match e {
                 CallError::Unreachable(_) | CallError::Isolated => {
@@ -173,7 +237,28 @@ impl RaftNetwork<TypeConfig> for Connection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>> {
-        self.rpc(paths::APPEND, &rpc, &option).await
+        let entries = rpc.entries.len() as u64;
+        let timed_out_with = self.timed_out_entries.load(Ordering::Relaxed);
+        if let Some(hint) = shrink_after_timeout(entries, timed_out_with) {
+            self.timed_out_entries.store(0, Ordering::Relaxed);
+            tracing::info!(peer = %self.target, entries, hint, "asking for smaller append entries");
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(hint),
+            ));
+        }
+        let body = encode("rpc request", &rpc)
+            .map_err(|e| RPCError::Network(NetworkError::new(&CallError::Codec(e.to_string()))))?;
+        tracing::trace!(peer = %self.target, entries, bytes = body.len(), "append entries");
+        let mut cancelled = CancelledAppend {
+            slot: &self.timed_out_entries,
+            target: self.target,
+            entries,
+            bytes: body.len(),
+            finished: false,
+        };
+        let result = self.rpc_encoded(paths::APPEND, body, &option).await;
+        cancelled.finished = true;
+        result
     }
 
     async fn install_snapshot(
@@ -190,5 +275,28 @@ impl RaftNetwork<TypeConfig> for Connection {
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>> {
         self.rpc(paths::VOTE, &rpc, &option).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use assert2::check;
+
+    use super::shrink_after_timeout;
+
+    #[test]
+    fn a_timed_out_append_is_halved_until_it_is_one_entry() {
+        // Nothing timed out: send as openraft built it.
+        check!(shrink_after_timeout(300, 0) == None);
+        // 300 entries timed out: the resend of the same range asks for 150.
+        check!(shrink_after_timeout(300, 300) == Some(150));
+        // Openraft already resends fewer than the request that timed out: let it go.
+        check!(shrink_after_timeout(100, 300) == None);
+        check!(shrink_after_timeout(150, 150) == Some(75));
+        check!(shrink_after_timeout(3, 3) == Some(1));
+        check!(shrink_after_timeout(2, 2) == Some(1));
+        // One entry cannot be split: retry it as it is.
+        check!(shrink_after_timeout(1, 1) == None);
+        check!(shrink_after_timeout(5, 1) == None);
     }
 }

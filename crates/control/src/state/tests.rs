@@ -302,8 +302,41 @@ fn units_no_longer_reported_are_retired_with_progress_kept() {
     );
     let rec = &s.units[&unit(0)];
     check!(rec.retired);
-    check!(rec.owner == None);
+    // The owner keeps a retired unit until it hands it back: it is asked to, its final commit
+    // still counts, and nobody else can be granted it meanwhile.
+    check!(rec.owner == Some(1));
     check!(rec.progress.confirmed == Some(50));
+    check!(
+        s.assignments_of(1)
+            == vec![Assignment {
+                unit: unit(0),
+                epoch: Epoch(10),
+                release_requested: true
+            }]
+    );
+    check!(s.holds(1, &unit(0), Epoch(10)));
+    check!(commit_as(&mut s, 13, 1, commit(10, 60, 7)) == CommitOutcome::Committed);
+    check!(
+        s.apply(
+            13,
+            &ControlCommand::Grant {
+                unit: unit(0),
+                node: 2
+            }
+        ) == ControlResponse::Ignored(Rejection::Retired)
+    );
+    check!(
+        s.apply(
+            13,
+            &ControlCommand::Release {
+                unit: unit(0),
+                epoch: Epoch(10),
+                node: 1
+            }
+        ) == ControlResponse::Done
+    );
+    check!(s.units[&unit(0)].owner == None);
+    check!(s.assignments_of(1).is_empty());
     check!(
         s.apply(
             13,
@@ -322,7 +355,7 @@ fn units_no_longer_reported_are_retired_with_progress_kept() {
         },
     );
     check!(!s.units[&unit(0)].retired);
-    check!(s.units[&unit(0)].progress.confirmed == Some(50));
+    check!(s.units[&unit(0)].progress.confirmed == Some(60));
     // Another flow's units are untouched by a report of "f"; a foreign unit is refused.
     let other = WorkUnit::new("g", "s", "t", 0);
     s.apply(

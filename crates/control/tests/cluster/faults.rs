@@ -257,3 +257,62 @@ async fn corrupt_data_dir_is_reported_with_its_path() -> TestResult {
     assert!(err.to_string().contains("FORMAT"), "{err}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_leader_never_leads_its_old_term_again() -> TestResult {
+    let mut cluster = TestCluster::start(3, fast_timing()).await?;
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
+    let old_term = cluster.node(leader).metrics().term;
+    cluster.crash(leader).await;
+    // Back at once, before the others can elect anybody: openraft alone would restore it as
+    // the leader of `old_term` from its saved vote.
+    cluster.restart(leader).await?;
+    let restarted = cluster.node(leader).clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        let m = restarted.metrics();
+        assert2::check!(
+            !(m.is_leader && m.term <= old_term),
+            "restarted node leads term {} it held before",
+            m.term
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The cluster carries on under a leader of a later term.
+    let now_leading = cluster.wait_leader(Duration::from_secs(10)).await?;
+    assert2::check!(cluster.node(now_leading).metrics().term > old_term);
+    cluster.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_without_quorum_gives_up_promptly() -> TestResult {
+    let mut cluster = TestCluster::start(3, fast_timing()).await?;
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
+    cluster
+        .node(leader)
+        .report_units("f", units("f", 3))
+        .await?;
+    let survivor = if leader == 1 { 2 } else { 1 };
+    let mut rx = cluster.node(survivor).assignments();
+    rx.wait_for(|a| !a.is_empty()).await?;
+    let mine = rx.borrow().clone();
+    for id in [1, 2, 3].into_iter().filter(|id| *id != survivor) {
+        cluster.crash(id).await;
+    }
+    let node = cluster.node(survivor).clone();
+    node.begin_drain();
+    let started = std::time::Instant::now();
+    let released = node.release(mine[0].unit.clone(), mine[0].epoch).await;
+    let took = started.elapsed();
+    assert2::check!(released.is_err());
+    // Bounded by the drain's write timeout (two election timeouts), not `write_timeout`.
+    let timing = fast_timing();
+    assert2::check!(
+        took < timing.write_timeout,
+        "release without quorum took {took:?}"
+    );
+    assert2::check!(timing.drain_write_timeout() < timing.write_timeout);
+    cluster.shutdown().await;
+    Ok(())
+}

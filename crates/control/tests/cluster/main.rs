@@ -5,3 +5,4 @@ mod util;
 mod basic;
 mod faults;
 mod membership;
+mod stress;
