@@ -6,6 +6,9 @@
 //!   it) holding 1024 units owned by 4 members; member 1 commits its 256 units. Throughput is in
 //!   commits. `apply` changes memory only (snapshots are what reaches sled), so no fsync is in
 //!   these figures; the per-apply republish of member 1's assignments is.
+//! - `apply_16_commits_by_units/{1024,10240}`: the same 16-commit entry applied with ten times
+//!   the units in the state: the cost of an apply must not grow with the unit count (the node's
+//!   assignments are republished only after entries that can change them).
 //! - `commit_256/{one_entry,entry_per_commit}`: the same 256 commits coalesced into one entry,
 //!   against one entry (and one `apply` call) per commit, which is what the state machine would
 //!   see without the commit batcher.
@@ -34,11 +37,16 @@ const UNITS: u32 = 1024;
 /// Commits per entry.
 const SIZES: [usize; 3] = [1, 16, 256];
 
-/// 1024 units of one flow: 64 topics of 16 partitions.
-fn units() -> Vec<WorkUnit> {
-    (0..UNITS)
-        .map(|i| WorkUnit::new("us-to-eu", "orders", format!("topic-{:02}", i / 16), i % 16))
+/// `n` units of one flow: topics of 16 partitions.
+fn units_of(n: u32) -> Vec<WorkUnit> {
+    (0..n)
+        .map(|i| WorkUnit::new("us-to-eu", "orders", format!("topic-{:03}", i / 16), i % 16))
         .collect()
+}
+
+/// The default state's units: 1024 (64 topics of 16 partitions).
+fn units() -> Vec<WorkUnit> {
+    units_of(UNITS)
 }
 
 /// One commit per assignment, as a writer sends it after a 1000-message batch.
@@ -81,6 +89,26 @@ fn apply_commit_entry(c: &mut Criterion) {
         let committed = sm.apply(vec![entry.clone()]).expect("apply succeeds");
         assert!(committed == n, "every commit is accepted");
         group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &entry, |b, entry| {
+            b.iter_batched(
+                || vec![entry.clone()],
+                |entries| sm.apply(entries).expect("apply succeeds"),
+                BatchSize::SmallInput,
+            );
+        });
+    }
+    group.finish();
+}
+
+fn apply_16_commits_by_units(c: &mut Criterion) {
+    let mut group = c.benchmark_group("apply_16_commits_by_units");
+    for n in [UNITS, UNITS * 10] {
+        let dir = tempfile::tempdir().expect("a temp dir can be created");
+        let mut sm =
+            StateMachine::open(dir.path(), MEMBERS, &units_of(n)).expect("a fresh data dir opens");
+        let entry = CommitEntry::new(sm.last_applied() + 1, commits(&sm.assignments(), 16));
+        assert!(sm.apply(vec![entry.clone()]).expect("apply succeeds") == 16);
+        group.throughput(Throughput::Elements(16));
         group.bench_with_input(BenchmarkId::from_parameter(n), &entry, |b, entry| {
             b.iter_batched(
                 || vec![entry.clone()],
@@ -143,5 +171,11 @@ fn codec(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, apply_commit_entry, commit_256, codec);
+criterion_group!(
+    benches,
+    apply_commit_entry,
+    apply_16_commits_by_units,
+    commit_256,
+    codec
+);
 criterion_main!(benches);

@@ -206,27 +206,9 @@ mod tests {
         view.observe(&BTreeMap::from([(1, member(1))]), t0);
         check!(view.is_live(2, t0, EXPIRY) == None);
     }
-}
 
-#[cfg(test)]
-mod grace_tests {
-    use assert2::check;
-
-    use super::*;
-    use crate::state::MemberState;
-
-    const EXPIRY: Duration = Duration::from_millis(1500);
+    const LEASE: Duration = Duration::from_millis(1500);
     const GRACE: Duration = Duration::from_millis(600);
-
-    fn member(renewal: u64) -> MemberRecord {
-        MemberRecord {
-            raft_addr: String::new(),
-            api_addr: String::new(),
-            state: MemberState::Active,
-            last_renewal_index: renewal,
-            last_revoke_index: 0,
-        }
-    }
 
     #[test]
     fn after_a_slow_election_expired_members_get_a_grace_to_renew() {
@@ -237,16 +219,16 @@ mod grace_tests {
         let elected = t0 + Duration::from_secs(3);
         let mut view = LeaderView::carry_on(5, &observed, elected);
         view.observe(&BTreeMap::from([(1, member(10)), (2, member(11))]), elected);
-        let l = view.liveness(elected, EXPIRY, GRACE);
+        let l = view.liveness(elected, LEASE, GRACE);
         check!(l.live.is_empty());
         check!(l.grace == BTreeSet::from([1, 2]));
         // Member 2 renews within the grace: live. Member 1 does not: revocable once it ends.
         let renewed = elected + Duration::from_millis(300);
         view.observe(&BTreeMap::from([(1, member(10)), (2, member(20))]), renewed);
-        let l = view.liveness(renewed, EXPIRY, GRACE);
+        let l = view.liveness(renewed, LEASE, GRACE);
         check!(l.live == BTreeSet::from([2]));
         check!(l.grace == BTreeSet::from([1]));
-        let l = view.liveness(elected + GRACE, EXPIRY, GRACE);
+        let l = view.liveness(elected + GRACE, LEASE, GRACE);
         check!(l.live == BTreeSet::from([2]));
         check!(l.grace.is_empty());
         check!(l.renewal_seen == BTreeMap::from([(1, 10), (2, 20)]));
@@ -258,11 +240,11 @@ mod grace_tests {
         let mut observed = LeaderView::new(0);
         observed.observe(&BTreeMap::from([(1, member(10))]), t0);
         // A follower's own record never grants grace.
-        check!(observed.liveness(t0, EXPIRY, GRACE).grace.is_empty());
+        check!(observed.liveness(t0, LEASE, GRACE).grace.is_empty());
         // Elected 500 ms after the dead member's last renewal: it is still live by its lease,
         // and once that ends (t0 + expiry, after the grace) it is revocable at once.
         let view = LeaderView::carry_on(2, &observed, t0 + Duration::from_millis(500));
-        check!(view.liveness(t0 + EXPIRY, EXPIRY, GRACE).live.is_empty());
-        check!(view.liveness(t0 + EXPIRY, EXPIRY, GRACE).grace.is_empty());
+        check!(view.liveness(t0 + LEASE, LEASE, GRACE).live.is_empty());
+        check!(view.liveness(t0 + LEASE, LEASE, GRACE).grace.is_empty());
     }
 }

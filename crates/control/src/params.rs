@@ -59,11 +59,8 @@ impl fmt::Display for ClusterSecret {
 
 /// Timing of the control plane. `Default` gives the documented production values.
 ///
-/// Failover budget with the defaults: the election takes at most `election_timeout_max`
-/// (0.6 s) after the last heartbeat; the new leader starts every member's lease at "now", so a
-/// dead owner's units move `lease_expiry` (1.5 s) plus at most one `assignment_interval`
-/// (0.1 s) later, and the new writer needs a few round trips to resume: under 3 s from the
-/// crash even when the leader is the node that died (measured 3.3–4.4 s with a 2 s expiry).
+/// The failover budget these values give is in ARCHITECTURE.md ("Never two owners"); the
+/// measured times are in BENCHMARKS.md.
 #[derive(Debug, Clone)]
 pub struct ControlTiming {
     /// Leader heartbeat period. Default 100 ms.
