@@ -15,6 +15,7 @@ use iggy::prelude::{Client, ClientWrapper, IggyClient, IggyError, TcpClient, Tcp
 use iggy_common::{ConnectionString, TcpConnectionStringOptions};
 use tokio::sync::Mutex;
 
+use crate::activity::ActivityRegistry;
 use crate::error::{Error, Result};
 
 /// An established connection as handed to callers.
@@ -49,6 +50,9 @@ pub(crate) struct Cluster {
     slots: Vec<Slot>,
     /// Bound of every call.
     timeout: Duration,
+    /// Per-topic activity watchers of the readers reading from this cluster (kept here because
+    /// every unit of the instance shares the cluster, and so that `close` ends them).
+    activity: ActivityRegistry,
 }
 
 impl Cluster {
@@ -78,12 +82,18 @@ impl Cluster {
             config: Arc::new(config),
             slots: (0..connections.max(1)).map(|_| Slot::default()).collect(),
             timeout,
+            activity: ActivityRegistry::default(),
         })
     }
 
     /// The cluster alias.
     pub(crate) fn alias(&self) -> &str {
         &self.alias
+    }
+
+    /// The per-topic activity watchers of the readers reading from this cluster.
+    pub(crate) fn activity(&self) -> &ActivityRegistry {
+        &self.activity
     }
 
     /// The connection of `slot` (modulo the slot count), connecting if needed.
@@ -135,8 +145,10 @@ impl Cluster {
         }
     }
 
-    /// Shuts every connection down.
+    /// Shuts every connection down, after ending the activity watchers (which would otherwise
+    /// reconnect for their next metadata request).
     pub(crate) async fn close(&self) {
+        self.activity.close();
         for slot in &self.slots {
             let conn = slot.current.lock().await.0.take();
             if let Some(conn) = conn {

@@ -20,6 +20,7 @@
 //! [`ControlPlane`]) and reads no config files.
 #![warn(missing_docs)]
 
+mod activity;
 mod backoff;
 mod clients;
 mod control;

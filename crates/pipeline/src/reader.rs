@@ -1,5 +1,10 @@
 //! `PartitionReader`: polls one upstream partition at explicit offsets and hands batches to its
 //! writer through a bounded channel (a full channel stops polling: backpressure).
+//!
+//! A caught-up reader polls again after `poll_interval`, then ever more slowly (see
+//! [`idle_wait`]); once its partition counts as idle it stops polling on a timer and waits for
+//! its topic's activity watcher (`activity`), which wakes it when metadata shows a message it
+//! has not read, with a slow safety-net poll in case the metadata is wrong.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -7,11 +12,14 @@ use std::time::{Duration, Instant};
 
 use iggy::prelude::{Consumer, Identifier, MessageClient, PollingStrategy};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::backoff::Backoff;
+use crate::activity::{self, Ticket, TopicActivity, WatchParams};
+use crate::backoff::{with_jitter, Backoff};
 use crate::control::ControlPlane;
 use crate::error::{Error, Result};
 use crate::offsets::{detect_gap, ReadFrom};
@@ -29,8 +37,9 @@ impl<C> PartitionReader<C> {
 
 /// Messages of the reader.
 pub(crate) enum ReaderMsg {
-    /// Sent by the reader to itself (directly or from its timer): poll once more. No reply.
-    /// The coordinator stops a reader with `stop`, which takes priority over queued polls.
+    /// Sent by the reader to itself (directly or from its timer), and by its topic's activity
+    /// watcher when the partition holds a message the reader has not read: poll once more. No
+    /// reply. The coordinator stops a reader with `stop`, which takes priority over queued polls.
     Poll,
 }
 
@@ -58,17 +67,25 @@ pub(crate) struct ReaderState<C> {
     ids: (Identifier, Identifier, Consumer),
     /// Retry backoff for transient poll failures.
     backoff: Backoff,
-    /// Empty polls in a row (they set the pause before the next poll, see [`idle_pause`]).
+    /// Empty polls in a row (they set how the reader waits for its next poll, see [`idle_wait`]).
     empty_polls: u32,
-    /// Pending delayed `Poll` (caught up or backing off); aborted when the reader stops.
+    /// Pending delayed `Poll` (caught up, backing off, or the safety net while subscribed to the
+    /// activity watcher); aborted by the next `Poll` and when the reader stops.
     timer: Option<JoinHandle<std::result::Result<(), ractor::MessagingErr<ReaderMsg>>>>,
+    /// The activity watcher of the unit's topic, fetched from the source cluster's registry the
+    /// first time the partition goes idle.
+    activity: Option<Arc<TopicActivity>>,
+    /// The subscription to `activity` while idle; withdrawn by the next `Poll` and at stop.
+    watching: Option<Ticket>,
+    /// Jitter of the safety-net polls, seeded from the pair's seed.
+    rng: StdRng,
 }
 
 /// Outcome of one poll.
 enum Step {
     /// A batch went to the writer: poll again at once.
     Forwarded,
-    /// Nothing new upstream: poll again after the flow's poll interval.
+    /// Nothing new upstream: wait as [`idle_wait`] says, then poll again.
     CaughtUp,
     /// The writer is gone: stop.
     WriterGone,
@@ -91,12 +108,15 @@ impl<C: ControlPlane> Actor for PartitionReader<C> {
         Ok(ReaderState {
             backoff: Backoff::new(args.shared.tuning.backoff, args.shared.seed),
             empty_polls: 0,
-            shared: args.shared,
             tx: args.tx,
             start: Some(args.start),
             next: None,
             ids: (stream, topic, consumer),
             timer: None,
+            activity: None,
+            watching: None,
+            rng: StdRng::seed_from_u64(args.shared.seed.rotate_left(17)),
+            shared: args.shared,
         })
     }
 
@@ -105,9 +125,7 @@ impl<C: ControlPlane> Actor for PartitionReader<C> {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> std::result::Result<(), ActorProcessingErr> {
-        if let Some(timer) = state.timer.take() {
-            timer.abort();
-        }
+        settle(state);
         Ok(())
     }
 
@@ -118,6 +136,8 @@ impl<C: ControlPlane> Actor for PartitionReader<C> {
         state: &mut Self::State,
     ) -> std::result::Result<(), ActorProcessingErr> {
         let ReaderMsg::Poll = msg;
+        // Whoever sent this poll (timer or watcher), the other one is no longer needed.
+        settle(state);
         let span = state.shared.span.clone();
         async {
             if state.next.is_none() {
@@ -148,8 +168,7 @@ impl<C: ControlPlane> Actor for PartitionReader<C> {
                 Ok(Step::CaughtUp) => {
                     state.backoff.reset();
                     state.empty_polls = state.empty_polls.saturating_add(1);
-                    let delay = idle_pause(&state.shared.flow, state.empty_polls);
-                    state.timer = Some(myself.send_after(delay, || ReaderMsg::Poll));
+                    wait_idle(&myself, state);
                 }
                 Ok(Step::WriterGone) => myself.stop(Some("writer gone".into())),
                 Err(err) if err.is_transient() => {
@@ -184,6 +203,95 @@ fn idle_pause(flow: &crate::params::FlowParams, empty_polls: u32) -> Duration {
     let doublings = empty_polls.saturating_sub(QUIET_POLLS);
     let factor = 1u32.checked_shl(doublings).unwrap_or(u32::MAX);
     flow.poll_interval.saturating_mul(factor).min(cap)
+}
+
+/// How a caught-up reader waits for its next poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdleWait {
+    /// Poll again after this pause.
+    Pause(Duration),
+    /// Subscribe to the topic's activity watcher and poll when it wakes the reader, or after
+    /// this safety-net delay at the latest.
+    Watch(Duration),
+}
+
+/// The safety-net poll of a watched partition comes after 50–100 % of this many
+/// `idle_poll_interval`s (5–10 s with the default 100 ms). The watcher is the normal way to
+/// notice a new message; this bounds the delay when its metadata is wrong or late: Iggy builds
+/// these figures from statistics it calls "inconsistent" (eventually consistent), and a topic
+/// recreated before the watcher first listed it, with lower offsets, does not look like growth
+/// (discovery restarts its units within a `discovery_interval` anyway). At 1,000 idle
+/// partitions it costs 100–200 polls per second across the cluster instead of the 10,000 of one
+/// poll per `idle_poll_interval`. The jitter keeps partitions that went idle together from
+/// polling together.
+const WATCHED_POLL_FACTOR: u32 = 100;
+
+/// How a caught-up reader waits after its `empty_polls`-th empty poll in a row: pauses as in
+/// [`idle_pause`] while they are shorter than `idle_poll_interval` (a partition that drained for
+/// a moment keeps its latency), then the activity watcher, with a safety-net poll after
+/// `WATCHED_POLL_FACTOR` × `idle_poll_interval` scaled by `jitter` (in `[0, 1)`, to 50–100 %).
+/// While the watcher's metadata requests fail (`degraded`) the safety net is one
+/// `idle_poll_interval`: per-partition polling as before, until metadata is back. A flow whose
+/// `idle_poll_interval` is not above `poll_interval` asked for every partition to be polled at
+/// the same pace and never uses the watcher.
+fn idle_wait(
+    flow: &crate::params::FlowParams,
+    empty_polls: u32,
+    degraded: bool,
+    jitter: f64,
+) -> IdleWait {
+    let pause = idle_pause(flow, empty_polls);
+    if flow.idle_poll_interval <= flow.poll_interval || pause < flow.idle_poll_interval {
+        return IdleWait::Pause(pause);
+    }
+    if degraded {
+        return IdleWait::Watch(flow.idle_poll_interval);
+    }
+    let cap = flow.idle_poll_interval.saturating_mul(WATCHED_POLL_FACTOR);
+    IdleWait::Watch(with_jitter(cap, jitter))
+}
+
+/// Schedules the next poll of a caught-up reader (see [`idle_wait`]): a timer, or a
+/// subscription to the topic's activity watcher plus the safety-net timer. Nothing here waits:
+/// the timer and the watcher send `ReaderMsg::Poll` from their own tasks.
+fn wait_idle<C>(myself: &ActorRef<ReaderMsg>, state: &mut ReaderState<C>) {
+    let degraded = state.activity.as_ref().is_some_and(|a| a.degraded());
+    let jitter = state.rng.gen::<f64>();
+    let delay = match idle_wait(&state.shared.flow, state.empty_polls, degraded, jitter) {
+        IdleWait::Pause(delay) => delay,
+        IdleWait::Watch(cap) => {
+            let shared = &state.shared;
+            let activity = state.activity.get_or_insert_with(|| {
+                activity::watch(
+                    &shared.source,
+                    WatchParams {
+                        flow: shared.unit.flow.clone(),
+                        stream: shared.unit.stream.clone(),
+                        topic: shared.unit.topic.clone(),
+                        ids: (state.ids.0.clone(), state.ids.1.clone()),
+                        interval: shared.flow.idle_poll_interval,
+                        observer: shared.tuning.observer.clone(),
+                    },
+                )
+            });
+            let next = state.next.map_or(0, |n| n.offset);
+            let ticket = activity.subscribe(shared.unit.partition, next, myself.clone());
+            state.watching = Some(ticket);
+            cap
+        }
+    };
+    state.timer = Some(myself.send_after(delay, || ReaderMsg::Poll));
+}
+
+/// Withdraws whatever was to send the next `Poll` (timer, watcher subscription): on every poll,
+/// since the other one is then stale, and when the reader stops.
+fn settle<C>(state: &mut ReaderState<C>) {
+    if let Some(timer) = state.timer.take() {
+        timer.abort();
+    }
+    if let (Some(ticket), Some(activity)) = (state.watching.take(), &state.activity) {
+        activity.unsubscribe(ticket);
+    }
 }
 
 /// Polls once from `state.next` and forwards a non-empty batch (waiting while the channel is full).
@@ -275,5 +383,31 @@ mod tests {
         // An idle interval below the poll interval means: always the poll interval.
         flow.idle_poll_interval = Duration::from_millis(1);
         check!(idle_pause(&flow, QUIET_POLLS + 1) == flow.poll_interval);
+    }
+
+    #[test]
+    fn idle_wait_keeps_short_pauses_then_waits_for_the_watcher_with_a_safety_net() {
+        let mut flow = crate::params::FlowParams::new("f", "a", "b", vec!["*/*".into()]);
+        flow.poll_interval = Duration::from_millis(5);
+        flow.idle_poll_interval = Duration::from_millis(100);
+        // A partition that drains for a moment keeps the pauses of before (latency under load);
+        // 5, 10, 20, 40, 80 ms are still timed polls.
+        let pauses: Vec<IdleWait> = (QUIET_POLLS..QUIET_POLLS + 5)
+            .map(|n| idle_wait(&flow, n, false, 0.5))
+            .collect();
+        check!(pauses == [5, 10, 20, 40, 80].map(|ms| IdleWait::Pause(Duration::from_millis(ms))));
+        check!((1..QUIET_POLLS)
+            .all(|n| idle_wait(&flow, n, false, 0.5) == IdleWait::Pause(flow.poll_interval)));
+        // Where the pause would reach `idle_poll_interval`, the watcher takes over; the safety
+        // net is 5–10 s (100 × 100 ms, jittered to 50–100 %).
+        let idle = QUIET_POLLS + 5;
+        check!(idle_wait(&flow, idle, false, 0.0) == IdleWait::Watch(Duration::from_secs(5)));
+        check!(idle_wait(&flow, idle, false, 1.0) == IdleWait::Watch(Duration::from_secs(10)));
+        check!(idle_wait(&flow, u32::MAX, false, 1.0) == IdleWait::Watch(Duration::from_secs(10)));
+        // Metadata failing: poll every idle interval, as before the watcher.
+        check!(idle_wait(&flow, idle, true, 1.0) == IdleWait::Watch(flow.idle_poll_interval));
+        // An idle interval not above the poll interval means: always poll at that pace.
+        flow.idle_poll_interval = flow.poll_interval;
+        check!(idle_wait(&flow, u32::MAX, false, 1.0) == IdleWait::Pause(flow.poll_interval));
     }
 }

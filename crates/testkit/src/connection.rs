@@ -82,6 +82,7 @@ async fn run(
                 if !faults.wait_stall(cancel).await {
                     return Ok(());
                 }
+                faults.count_request(code);
                 let reply = match faults.take_failure(code) {
                     Some(injected) => Err(injected),
                     None => handle(shared, session, code, &mut buf[..payload_len], &mut out),

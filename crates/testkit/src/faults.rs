@@ -1,6 +1,7 @@
 //! Runtime-switchable fault injection, scoped to one server instance.
 
 use crate::state::lock;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -40,6 +41,9 @@ pub(crate) struct FaultState {
     /// Cancelled by `drop_connections`; every connection holds a clone of the token current at
     /// its accept. Replaced by a fresh child of the server's shutdown token after each use.
     generation: Mutex<Option<(CancellationToken, CancellationToken)>>,
+    /// Requests read so far, by command code (a stat hook, not a fault: tests use it to show
+    /// how many requests of a kind a client makes).
+    requests: Mutex<BTreeMap<u32, u64>>,
 }
 
 impl Faults {
@@ -82,6 +86,15 @@ impl Faults {
     /// Delays every response by `latency` (`None` turns it off).
     pub fn set_latency(&self, latency: Option<Duration>) {
         *lock(&self.inner.latency) = latency;
+    }
+
+    /// How many requests with command code `command` (e.g. 100 POLL_MESSAGES) this server has
+    /// read from its clients since it started, including those answered by an injected fault.
+    pub fn requests(&self, command: u32) -> u64 {
+        lock(&self.inner.requests)
+            .get(&command)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Turns every fault off.
@@ -135,6 +148,11 @@ impl FaultState {
         }
     }
 
+    /// Counts one request of `command` (see [`Faults::requests`]).
+    pub(crate) fn count_request(&self, command: u32) {
+        *lock(&self.requests).entry(command).or_insert(0) += 1;
+    }
+
     /// The injected error status for this request, consuming one use of the matching rule.
     pub(crate) fn take_failure(&self, command: u32) -> Option<u32> {
         let mut rules = lock(&self.rules);
@@ -163,6 +181,18 @@ mod tests {
         check!(f.inner.take_failure(101) == Some(3007));
         check!(f.inner.take_failure(101) == Some(3007));
         check!(f.inner.take_failure(101).is_none());
+    }
+
+    #[test]
+    fn requests_are_counted_per_command() {
+        let f = Faults::default();
+        check!(f.requests(100) == 0);
+        f.inner.count_request(100);
+        f.inner.count_request(100);
+        f.inner.count_request(300);
+        check!(f.requests(100) == 2);
+        check!(f.requests(300) == 1);
+        check!(f.requests(101) == 0);
     }
 
     #[test]

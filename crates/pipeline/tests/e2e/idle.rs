@@ -1,0 +1,188 @@
+//! Idle partitions: once caught up for a while, readers stop polling one by one and wait for
+//! their topic's activity watcher, which asks for the topic's metadata once per
+//! `idle_poll_interval` and wakes exactly the readers whose partition grew.
+
+use std::time::Duration;
+
+use iggy::prelude::{Identifier, IggyClient, MessageClient, Partitioning};
+use replicator_pipeline::{InMemoryControl, Pipeline, PipelineParams};
+use replicator_testkit::TestServer;
+
+use crate::harness::{
+    assert_exact, client, count, create_topic, flow, message, wait_until, Env, TestResult,
+};
+
+/// Command code of POLL_MESSAGES (what an idle reader used to send every interval).
+const POLL_MESSAGES: u32 = 100;
+/// Command code of GET_TOPIC (what the activity watcher sends once per interval).
+const GET_TOPIC: u32 = 300;
+/// Partitions of the test topic.
+const PARTITIONS: u32 = 50;
+
+/// Params for `flow` with discovery out of the way: its first round (at start) sets everything
+/// up, and later rounds would add GET_TOPIC requests to the ones counted here.
+fn quiet_params(env: &Env, flow: replicator_pipeline::FlowParams) -> PipelineParams {
+    let mut p = env.params(flow);
+    p.discovery_interval = Duration::from_secs(600);
+    p
+}
+
+/// Sends `seq` to `partition` of `stream/t` (payload and headers as the harness makes them).
+async fn produce_one(c: &IggyClient, stream: &str, partition: u32, seq: u64) -> TestResult {
+    let mut msgs = vec![message(partition, seq, 64)?];
+    let (s, t) = (Identifier::named(stream)?, Identifier::named("t")?);
+    c.send_messages(&s, &t, &Partitioning::partition_id(partition), &mut msgs)
+        .await?;
+    Ok(())
+}
+
+/// A topic of [`PARTITIONS`] partitions where the even ones hold one message (offset 0) and the
+/// odd ones are empty: Iggy reports `current_offset` 0 for both, so a watcher that mixed them
+/// up would wake the readers of one of the two halves in every round.
+async fn half_empty_topic(env: &Env, stream: &str) -> TestResult<IggyClient> {
+    let up = client(&env.us).await?;
+    create_topic(&up, stream, "t", PARTITIONS).await?;
+    for partition in (0..PARTITIONS).step_by(2) {
+        produce_one(&up, stream, partition, 0).await?;
+    }
+    Ok(up)
+}
+
+/// Messages in all downstream partitions of `stream/t`.
+fn copied(env: &Env, stream: &str) -> u64 {
+    (0..PARTITIONS)
+        .map(|p| count(&env.eu, stream, "t", p))
+        .sum()
+}
+
+/// Waits until upstream saw `rounds` GET_TOPIC requests in a row without a single POLL_MESSAGES
+/// in between: every reader then waits for the watcher (a reader still in its short pauses
+/// polls at least once per `idle_poll_interval`, the watcher's period).
+async fn wait_until_readers_watch(server: &TestServer, rounds: u64) -> TestResult {
+    let faults = server.faults();
+    let mut mark = (faults.requests(POLL_MESSAGES), faults.requests(GET_TOPIC));
+    wait_until(
+        "idle readers wait for the watcher",
+        Duration::from_secs(60),
+        || {
+            let now = (faults.requests(POLL_MESSAGES), faults.requests(GET_TOPIC));
+            let quiet = now.0 == mark.0 && now.1 >= mark.1 + rounds;
+            if now.0 != mark.0 {
+                mark = now;
+            }
+            async move { quiet }
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_partitions_stop_polling_and_one_metadata_request_per_round_replaces_them(
+) -> TestResult {
+    let env = Env::start().await?;
+    let _up = half_empty_topic(&env, "quiet").await?;
+    // Default idle interval (100 ms): per-partition polling would make 10 polls per partition
+    // and second, about 1,000 over the window below.
+    let f = flow("quiet", &["quiet/*"]);
+    let pipeline = Pipeline::start(quiet_params(&env, f.clone()), InMemoryControl::new()).await?;
+    wait_until("first messages copied", Duration::from_secs(30), || async {
+        copied(&env, "quiet") == u64::from(PARTITIONS / 2)
+    })
+    .await?;
+    wait_until_readers_watch(&env.us, 3).await?;
+    let faults = env.us.faults();
+    let (polls, rounds) = (faults.requests(POLL_MESSAGES), faults.requests(GET_TOPIC));
+    wait_until("20 watcher rounds", Duration::from_secs(60), || async {
+        faults.requests(GET_TOPIC) >= rounds + 20
+    })
+    .await?;
+    let polled = faults.requests(POLL_MESSAGES) - polls;
+    // Only the safety net polls a watched partition, at most once per 5 s: at most one poll per
+    // partition over 20 rounds (2 s), where per-partition polling made about 20.
+    assert!(
+        polled <= u64::from(PARTITIONS),
+        "{polled} polls of {PARTITIONS} idle partitions in 20 watcher rounds"
+    );
+    pipeline.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watched_idle_partitions_copy_a_new_message_after_the_watcher_wakes_their_reader(
+) -> TestResult {
+    let env = Env::start().await?;
+    let up = half_empty_topic(&env, "wake").await?;
+    // A 1 s idle interval puts the readers' safety-net polls 50–100 s away: within the
+    // deadlines below, only the watcher can have woken them.
+    let mut f = flow("wake", &["wake/*"]);
+    f.idle_poll_interval = Duration::from_secs(1);
+    let pipeline = Pipeline::start(quiet_params(&env, f.clone()), InMemoryControl::new()).await?;
+    let half = u64::from(PARTITIONS / 2);
+    wait_until("first messages copied", Duration::from_secs(30), || async {
+        copied(&env, "wake") == half
+    })
+    .await?;
+    wait_until_readers_watch(&env.us, 2).await?;
+    // An empty partition gets its first message (offset 0, `current_offset` unchanged at 0).
+    produce_one(&up, "wake", 7, 0).await?;
+    wait_until(
+        "first message of partition 7",
+        Duration::from_secs(30),
+        || async { count(&env.eu, "wake", "t", 7) == 1 },
+    )
+    .await?;
+    // The reader goes back to the watcher; a partition that already held offset 0 grows.
+    wait_until_readers_watch(&env.us, 2).await?;
+    produce_one(&up, "wake", 8, 1).await?;
+    wait_until(
+        "second message of partition 8",
+        Duration::from_secs(30),
+        || async { count(&env.eu, "wake", "t", 8) == 2 },
+    )
+    .await?;
+    assert!(copied(&env, "wake") == half + 2);
+    pipeline.shutdown().await;
+    let report = env.verify(&f, Duration::from_secs(10)).await?;
+    assert_exact(&report);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_topic_metadata_falls_back_to_polling_each_partition_until_it_recovers(
+) -> TestResult {
+    let env = Env::start().await?;
+    let up = half_empty_topic(&env, "fallback").await?;
+    let mut f = flow("fallback", &["fallback/*"]);
+    f.idle_poll_interval = Duration::from_secs(1);
+    let pipeline = Pipeline::start(quiet_params(&env, f.clone()), InMemoryControl::new()).await?;
+    wait_until("first messages copied", Duration::from_secs(30), || async {
+        copied(&env, "fallback") == u64::from(PARTITIONS / 2)
+    })
+    .await?;
+    wait_until_readers_watch(&env.us, 2).await?;
+    // GET_TOPIC now fails (status 5, FeatureUnavailable): the readers poll on their own again,
+    // every idle interval, although their safety net is 50–100 s away.
+    let faults = env.us.faults();
+    faults.fail_next(GET_TOPIC, 5, u32::MAX);
+    let polls = faults.requests(POLL_MESSAGES);
+    wait_until(
+        "every partition polled again, twice",
+        Duration::from_secs(30),
+        || async { faults.requests(POLL_MESSAGES) >= polls + 2 * u64::from(PARTITIONS) },
+    )
+    .await?;
+    produce_one(&up, "fallback", 9, 0).await?;
+    wait_until(
+        "message copied without metadata",
+        Duration::from_secs(30),
+        || async { count(&env.eu, "fallback", "t", 9) == 1 },
+    )
+    .await?;
+    // Metadata is back: the readers wait for the watcher again.
+    faults.clear();
+    wait_until_readers_watch(&env.us, 2).await?;
+    pipeline.shutdown().await;
+    let report = env.verify(&f, Duration::from_secs(10)).await?;
+    assert_exact(&report);
+    Ok(())
+}
