@@ -1,8 +1,14 @@
 //! The admin HTTP API on `node.api_addr`: health, readiness, status as JSON, Prometheus
 //! metrics, and the authenticated membership calls behind `iggy-replicator cluster`.
+//!
+//! It serves from the moment the node's listeners are bound, before the control plane and the
+//! pipeline start (they can wait a long time for peers or Iggy), and until they stopped. The
+//! node publishes each part into [`NodeParts`] as it comes up; handlers answer with what is
+//! known and never wait for an actor.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -12,20 +18,133 @@ use axum::{Json, Router};
 use replicator_config::Config;
 use replicator_control::{ClusterStatus, Control, MemberStatus};
 use replicator_model::{Epoch, NodeId, UnitCounters, WorkUnit};
-use replicator_pipeline::{Pipeline, UnitStats};
+use replicator_pipeline::UnitStats;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 
+/// Reads the pipeline's per-unit statistics (shared meters; never waits for an actor).
+pub(crate) type StatsReader = Arc<dyn Fn() -> Vec<UnitStats> + Send + Sync>;
+
+/// The parts of a node the admin API reads, published by the node as they come up.
+pub(crate) struct NodeParts {
+    /// The control plane, once started.
+    control: OnceLock<Control>,
+    /// The pipeline's statistics, once the pipeline started.
+    stats: OnceLock<StatsReader>,
+    /// Set when the node begins to stop (drain, then control plane).
+    stopping: AtomicBool,
+    /// When the current stage began (a start stuck in one stage shows how long it has been).
+    stage_since: Mutex<Instant>,
+}
+
+impl NodeParts {
+    /// Nothing started yet.
+    pub(crate) fn new() -> Self {
+        Self {
+            control: OnceLock::new(),
+            stats: OnceLock::new(),
+            stopping: AtomicBool::new(false),
+            stage_since: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Publishes the started control plane.
+    pub(crate) fn publish_control(&self, control: Control) {
+        if self.control.set(control).is_err() {
+            warn!("control plane published twice; keeping the first");
+        }
+        self.next_stage();
+    }
+
+    /// Publishes the started pipeline's statistics.
+    pub(crate) fn publish_pipeline(&self, stats: StatsReader) {
+        if self.stats.set(stats).is_err() {
+            warn!("pipeline published twice; keeping the first");
+        }
+        self.next_stage();
+    }
+
+    /// Marks the node as stopping: it is no longer ready.
+    pub(crate) fn begin_stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.next_stage();
+    }
+
+    fn next_stage(&self) {
+        *self
+            .stage_since
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Instant::now();
+    }
+
+    /// One line on where the node stands: `ok`, or the stage with how long it has lasted
+    /// (`starting: control plane (for 12s)`).
+    fn describe(&self) -> String {
+        let stage = self.stage();
+        if stage == Stage::Running {
+            return stage.describe().to_owned();
+        }
+        let since = *self
+            .stage_since
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        format!("{} (for {}s)", stage.describe(), since.elapsed().as_secs())
+    }
+
+    /// Where the node's life stands.
+    fn stage(&self) -> Stage {
+        if self.stopping.load(Ordering::SeqCst) {
+            Stage::Stopping
+        } else if self.control.get().is_none() {
+            Stage::StartingControl
+        } else if self.stats.get().is_none() {
+            Stage::StartingPipeline
+        } else {
+            Stage::Running
+        }
+    }
+
+    /// The pipeline's statistics; empty while it has not started.
+    fn local_stats(&self) -> Vec<UnitStats> {
+        self.stats.get().map(|read| read()).unwrap_or_default()
+    }
+}
+
+/// Where a node's life stands, as the admin API reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// The control plane is starting (opening its data dir, starting Raft).
+    StartingControl,
+    /// The control plane runs; the pipeline is starting.
+    StartingPipeline,
+    /// Both run.
+    Running,
+    /// The node drains and stops.
+    Stopping,
+}
+
+impl Stage {
+    /// One line for `/health` and `/ready`.
+    fn describe(self) -> &'static str {
+        match self {
+            Self::StartingControl => "starting: control plane",
+            Self::StartingPipeline => "starting: pipeline",
+            Self::Running => "ok",
+            Self::Stopping => "stopping",
+        }
+    }
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 pub(crate) struct AdminState {
-    /// The node's control plane.
-    control: Control,
-    /// The node's pipeline; `None` while it is not running.
-    pipeline: Option<Arc<Pipeline>>,
+    /// The node's id (known before anything started).
+    node: NodeId,
+    /// The node's control plane and pipeline, as far as they are up.
+    parts: Arc<NodeParts>,
     /// Bearer tokens that authorise mutating calls (the cluster secret and the admin token).
     tokens: Arc<Vec<String>>,
     /// Prometheus families, fed at every scrape.
@@ -33,20 +152,15 @@ pub(crate) struct AdminState {
 }
 
 impl AdminState {
-    /// State for a node built from `config`.
-    pub(crate) fn new(
-        control: Control,
-        pipeline: Option<Arc<Pipeline>>,
-        metrics: Arc<Metrics>,
-        config: &Config,
-    ) -> Self {
+    /// State for a node built from `config`, reading its parts from `parts`.
+    pub(crate) fn new(parts: Arc<NodeParts>, metrics: Arc<Metrics>, config: &Config) -> Self {
         let mut tokens = vec![config.cluster.secret.expose().to_owned()];
         if let Some(token) = &config.cluster.admin_token {
             tokens.push(token.expose().to_owned());
         }
         Self {
-            control,
-            pipeline,
+            node: config.node.id,
+            parts,
             tokens: Arc::new(tokens),
             metrics,
         }
@@ -80,14 +194,30 @@ pub(crate) async fn serve(
     }
 }
 
-/// `GET /health`: the process is alive and serving.
-async fn health() -> &'static str {
-    "ok\n"
+/// `GET /health` (liveness): 200 whenever the process can answer, whatever it waits for; the
+/// handler touches no actor and no lock held across an await, so an answer means the runtime
+/// is not wedged. The body says where the node stands: `ok`, or `starting: control plane`,
+/// `starting: pipeline`, `stopping`, each with how long it has lasted. A node that waits for
+/// its peers is alive: restarting it would not make them come.
+async fn health(State(state): State<AdminState>) -> String {
+    format!("{}\n", state.parts.describe())
 }
 
-/// `GET /ready`: a member of a cluster that has a leader, with its assignments known.
+/// `GET /ready`: a running member of a cluster that has a leader, with its assignments known;
+/// 503 with the reason otherwise (also while starting or stopping).
 async fn ready(State(state): State<AdminState>) -> Response {
-    let metrics = state.control.metrics();
+    let stage = state.parts.stage();
+    let control = match (stage, state.parts.control.get()) {
+        (Stage::Running, Some(control)) => control,
+        _ => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {}\n", state.parts.describe()),
+            )
+                .into_response()
+        }
+    };
+    let metrics = control.metrics();
     match (metrics.leader, metrics.last_applied) {
         (Some(leader), Some(_)) => {
             (StatusCode::OK, format!("ready (leader {leader})\n")).into_response()
@@ -99,6 +229,23 @@ async fn ready(State(state): State<AdminState>) -> Response {
         )
             .into_response(),
     }
+}
+
+/// The control plane, or the 503 answer of a node whose control plane has not started yet.
+fn started_control(state: &AdminState) -> Result<&Control, Box<Response>> {
+    state.parts.control.get().ok_or_else(|| {
+        Box::new(
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "node {} is {}; retry when /ready answers 200\n",
+                    state.node,
+                    state.parts.describe()
+                ),
+            )
+                .into_response(),
+        )
+    })
 }
 
 /// The JSON document of `GET /status`.
@@ -211,22 +358,17 @@ fn live_view(node: NodeId, stats: &UnitStats) -> LiveView {
     }
 }
 
-async fn local_stats(state: &AdminState) -> Vec<UnitStats> {
-    match &state.pipeline {
-        Some(pipeline) => pipeline.stats().await.unwrap_or_else(|e| {
-            warn!(error = %e, "cannot read pipeline stats");
-            Vec::new()
-        }),
-        None => Vec::new(),
-    }
-}
-
-/// `GET /status`.
+/// `GET /status`: the cluster as this node's control plane knows it (from the leader when
+/// reachable) with this node's live unit figures; 503 while the control plane has not started.
 async fn status(State(state): State<AdminState>) -> Response {
-    match state.control.status().await {
+    let control = match started_control(&state) {
+        Ok(control) => control,
+        Err(answer) => return *answer,
+    };
+    match control.status().await {
         Ok(cluster) => {
-            let local = local_stats(&state).await;
-            Json(status_view(state.control.node_id(), cluster, &local)).into_response()
+            let local = state.parts.local_stats();
+            Json(status_view(control.node_id(), cluster, &local)).into_response()
         }
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -236,11 +378,12 @@ async fn status(State(state): State<AdminState>) -> Response {
     }
 }
 
-/// `GET /metrics`: Prometheus text format.
+/// `GET /metrics`: Prometheus text format, from the first moment: the data-path families
+/// always, the control plane's once it started, the units' once the pipeline started.
 async fn metrics(State(state): State<AdminState>) -> Response {
-    let local = local_stats(&state).await;
-    let control = state.control.metrics();
-    match state.metrics.render(&control, &local) {
+    let local = state.parts.local_stats();
+    let control = state.parts.control.get().map(Control::metrics);
+    match state.metrics.render(control.as_ref(), &local) {
         Ok(text) => (
             [(
                 axum::http::header::CONTENT_TYPE,
@@ -308,9 +451,12 @@ async fn add_member(
     if let Err(refused) = authorise(&state, &headers, "add_member") {
         return *refused;
     }
+    let control = match started_control(&state) {
+        Ok(control) => control,
+        Err(answer) => return *answer,
+    };
     info!(member = body.id, raft = %body.raft_addr, "adding member");
-    match state
-        .control
+    match control
         .add_member(body.id, body.raft_addr, body.api_addr)
         .await
     {
@@ -332,8 +478,12 @@ async fn remove_member(
     if let Err(refused) = authorise(&state, &headers, "remove_member") {
         return *refused;
     }
+    let control = match started_control(&state) {
+        Ok(control) => control,
+        Err(answer) => return *answer,
+    };
     info!(member = id, "removing member");
-    match state.control.remove_member(id).await {
+    match control.remove_member(id).await {
         Ok(()) => (StatusCode::OK, format!("member {id} removed\n")).into_response(),
         Err(e) => (
             StatusCode::CONFLICT,
@@ -407,6 +557,71 @@ target = "eu"
         }
     }
 
+    #[tokio::test]
+    async fn admin_api_answers_while_the_node_starts() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let text = format!(
+            r#"
+[node]
+id = 7
+data_dir = {data:?}
+raft_addr = "127.0.0.1:1"
+api_addr = "127.0.0.1:2"
+[cluster]
+secret = "{SECRET}"
+"#,
+            data = dir.path().display().to_string(),
+        );
+        let config = replicator_config::parse_str(&text, "test", |_| None)?;
+        let parts = Arc::new(NodeParts::new());
+        let state = AdminState::new(parts.clone(), Arc::new(Metrics::new()), &config);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(listener, state, stop.clone()));
+        let client = reqwest::Client::new();
+        let get = |path: &str| client.get(format!("{base}{path}")).send();
+
+        let health = get("/health").await?;
+        assert_eq!(health.status(), StatusCode::OK);
+        let body = health.text().await?;
+        assert!(body.starts_with("starting: control plane (for "), "{body}");
+        let ready = get("/ready").await?;
+        assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = ready.text().await?;
+        assert!(
+            body.starts_with("not ready: starting: control plane"),
+            "{body}"
+        );
+        let status = get("/status").await?;
+        assert_eq!(status.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(status.text().await?.contains("node 7 is starting"));
+        let metrics = get("/metrics").await?;
+        assert_eq!(metrics.status(), StatusCode::OK);
+        let text = metrics.text().await?;
+        assert!(text.contains("iggy_replicator_raft_leader -1"), "{text}");
+        // Mutations are still authorised first, then refused until the control plane runs.
+        let add = client
+            .delete(format!("{base}/cluster/members/3"))
+            .bearer_auth(SECRET)
+            .send()
+            .await?;
+        assert_eq!(add.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+        parts.begin_stop();
+        let health = get("/health").await?;
+        assert_eq!(health.status(), StatusCode::OK);
+        let body = health.text().await?;
+        assert!(body.starts_with("stopping (for "), "{body}");
+        assert_eq!(
+            get("/ready").await?.status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        stop.cancel();
+        server.await?;
+        Ok(())
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn admin_api_serves_health_status_metrics_and_guards_mutations() -> TestResult {
         let us = TestServer::start(TestServerConfig::default()).await?;
@@ -418,6 +633,7 @@ target = "eu"
 
         let health = client.get(format!("{base}/health")).send().await?;
         assert_eq!(health.status(), StatusCode::OK);
+        assert_eq!(health.text().await?, "ok\n");
         wait_ready(&client, &base).await?;
 
         let status: StatusView = client

@@ -38,7 +38,11 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(exit::RUNTIME);
         }
     };
-    match runtime.block_on(cli::dispatch(cli.command)) {
+    let result = runtime.block_on(cli::dispatch(cli.command));
+    // A task stuck in blocking code (a slow disk under the control plane's database, say) must
+    // not keep a stopped node from exiting: dropping the runtime would wait for it forever.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(failure) => failure.report(),
     }

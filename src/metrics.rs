@@ -1,6 +1,9 @@
 //! Prometheus metrics of one node, rendered at every scrape from the control plane's
 //! counters and the pipeline's per-unit meters.
 //!
+//! The control plane's families keep their initial values (leader -1, the rest 0) until it
+//! has started: a node answers scrapes from the moment its admin API listens.
+//!
 //! Counters are fed by deltas between scrapes, so they only ever grow; a unit whose meters
 //! restarted (it moved away and came back) counts from its new baseline. Label sets are
 //! bounded by the units this node runs (at most the cluster's partitions).
@@ -129,6 +132,8 @@ impl Metrics {
         let units_owned = Gauge::default();
         let term = Gauge::default();
         let leader = Gauge::default();
+        // No leader known until the control plane says otherwise.
+        leader.set(-1);
         let commit_index = Gauge::default();
         let applied_index = Gauge::default();
         let lease_renewals = Counter::default();
@@ -238,26 +243,33 @@ impl Metrics {
         replicator_pipeline::Observer(std::sync::Arc::new(self.data_path.clone()))
     }
 
-    /// Updates every family from the given snapshots and renders the text format.
+    /// Updates every family from the given snapshots (`control` is `None` while the control
+    /// plane starts) and renders the text format.
     pub(crate) fn render(
         &self,
-        control: &ControlMetrics,
+        control: Option<&ControlMetrics>,
         units: &[UnitStats],
     ) -> Result<String, std::fmt::Error> {
         let mut inner = self
             .inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        inner.update(control, units);
+        if let Some(control) = control {
+            inner.update_control(control);
+        }
+        inner.update_units(units);
         let mut text = String::new();
         encode(&mut text, &inner.registry)?;
         Ok(text)
     }
 }
 
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
 impl Inner {
-    fn update(&mut self, control: &ControlMetrics, units: &[UnitStats]) {
-        let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    fn update_control(&mut self, control: &ControlMetrics) {
         self.units_owned
             .set(i64::try_from(control.units_owned).unwrap_or(i64::MAX));
         self.term.set(to_i64(control.term));
@@ -272,7 +284,9 @@ impl Inner {
         self.fenced_commits
             .inc_by(delta(fenced, control.fenced_commits));
         self.seen_control = (control.lease_renewals, control.fenced_commits);
+    }
 
+    fn update_units(&mut self, units: &[UnitStats]) {
         let mut present = BTreeSet::new();
         for stats in units {
             let labels = unit_labels(&stats.unit);
@@ -320,6 +334,26 @@ fn delta(previous: u64, current: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn render_before_the_control_plane_started_has_every_family() -> Result<(), std::fmt::Error> {
+        let metrics = Metrics::new();
+        let text = metrics.render(None, &[])?;
+        for family in [
+            "iggy_replicator_raft_term",
+            "iggy_replicator_raft_leader",
+            "iggy_replicator_units_owned",
+            "iggy_replicator_lease_renewals_total",
+            "iggy_replicator_fenced_commits_total",
+        ] {
+            assert!(text.contains(family), "{family} missing from:\n{text}");
+        }
+        assert!(
+            text.contains("iggy_replicator_raft_leader -1"),
+            "no leader is -1:\n{text}"
+        );
+        Ok(())
+    }
 
     #[test]
     fn delta_counts_growth_and_restarts_from_new_baseline() {

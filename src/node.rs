@@ -1,8 +1,14 @@
-//! One running replicator node: its control plane, pipeline and admin API, started
-//! together and stopped in reverse order. `run` runs one; `demo` runs three in-process.
+//! One running replicator node: its admin API, control plane and pipeline, started in that
+//! order and stopped in reverse order. `run` runs one; `demo` runs three in-process.
+//!
+//! The admin API serves from the moment the listeners are bound, so that an operator can see a
+//! node that waits (for a quorum, for Iggy) and stop it: [`RunningNode::start_until`] gives up
+//! the start when asked to stop, shutting down whatever already started.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use replicator_config::Config;
 use replicator_control::Control;
@@ -12,10 +18,17 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminState, NodeParts};
 use crate::exit::Failure;
 use crate::metrics::Metrics;
 use crate::wiring::{control_params, pipeline_params, RaftControl};
+
+/// How long the admin API may take to finish the requests in flight when it stops, before
+/// its task is aborted (a `/status` forwarded to an unreachable leader must not hold a stop).
+const ADMIN_STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a start given up (a stop during start) may take to end before it is abandoned.
+const ABANDON_GRACE: Duration = Duration::from_secs(1);
 
 /// Listeners bound before the node starts (port 0 in tests and the demo).
 pub(crate) struct NodeListeners {
@@ -25,131 +38,266 @@ pub(crate) struct NodeListeners {
     pub(crate) api: tokio::net::TcpListener,
 }
 
+impl NodeListeners {
+    /// Binds `node.raft_addr` and `node.api_addr` of `config` (DNS names are resolved).
+    pub(crate) async fn bind(config: &Config) -> Result<Self, Failure> {
+        let api = tokio::net::TcpListener::bind(&config.node.api_addr)
+            .await
+            .map_err(|e| {
+                Failure::runtime(
+                    format!("cannot bind the admin API on {}: {e}", config.node.api_addr),
+                    "choose a free node.api_addr",
+                )
+            })?;
+        let raft_addr = resolve(&config.node.raft_addr, "node.raft_addr").await?;
+        let raft = std::net::TcpListener::bind(raft_addr).map_err(|e| {
+            Failure::runtime(
+                format!("cannot bind the Raft listener on {raft_addr}: {e}"),
+                "choose a free node.raft_addr",
+            )
+        })?;
+        Ok(Self { raft, api })
+    }
+}
+
+/// The admin API task of a node.
+struct AdminServer {
+    /// Asks the server to stop accepting and finish its requests.
+    stop: CancellationToken,
+    /// The server task.
+    task: JoinHandle<()>,
+}
+
+impl AdminServer {
+    /// Serves `state` on `listener` from now on.
+    fn start(listener: tokio::net::TcpListener, state: AdminState) -> Self {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(admin::serve(listener, state, stop.clone()));
+        Self { stop, task }
+    }
+
+    /// Stops serving; requests in flight get [`ADMIN_STOP_GRACE`] to finish.
+    async fn shutdown(mut self) {
+        self.stop.cancel();
+        match tokio::time::timeout(ADMIN_STOP_GRACE, &mut self.task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "admin API task failed"),
+            Err(_) => {
+                warn!(grace = ?ADMIN_STOP_GRACE, "admin API requests still running; aborting them");
+                self.task.abort();
+                let _ = self.task.await;
+            }
+        }
+    }
+
+    /// Stops serving at once.
+    async fn crash(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
 /// A started node.
 pub(crate) struct RunningNode {
     /// The node id.
     pub(crate) id: NodeId,
     /// Its control-plane handle.
     pub(crate) control: Control,
-    /// Its pipeline (shared with the admin API for status).
-    pub(crate) pipeline: Arc<Pipeline>,
+    /// Its pipeline (the admin API reads its statistics through a shared reader).
+    pub(crate) pipeline: Pipeline,
     /// Where its admin API listens.
     pub(crate) api_addr: SocketAddr,
-    /// Stops the admin API.
-    admin_stop: CancellationToken,
-    /// The admin API task.
-    admin_task: JoinHandle<()>,
+    /// What the admin API reads; told when the node stops.
+    parts: Arc<NodeParts>,
+    /// The admin API.
+    admin: AdminServer,
 }
 
 impl RunningNode {
-    /// Starts control plane, pipeline and admin API; binds the configured addresses unless
-    /// `listeners` are given.
+    /// Starts admin API, control plane and pipeline and waits until all run; binds the
+    /// configured addresses unless `listeners` are given. For in-process nodes (demo, tests),
+    /// which are never asked to stop while they start.
     pub(crate) async fn start(
         config: &Config,
         listeners: Option<NodeListeners>,
     ) -> Result<Self, Failure> {
-        let (raft_addr, raft_listener, api_listener) = match listeners {
-            Some(l) => {
-                let raft_addr = l.raft.local_addr().map_err(bind_failure)?;
-                (raft_addr, Some(l.raft), l.api)
-            }
-            None => {
-                let raft_addr = resolve(&config.node.raft_addr, "node.raft_addr").await?;
-                let api = tokio::net::TcpListener::bind(&config.node.api_addr)
-                    .await
-                    .map_err(|e| {
-                        Failure::runtime(
-                            format!("cannot bind the admin API on {}: {e}", config.node.api_addr),
-                            "choose a free node.api_addr",
-                        )
-                    })?;
-                (raft_addr, None, api)
-            }
+        let listeners = match listeners {
+            Some(listeners) => listeners,
+            None => NodeListeners::bind(config).await?,
         };
-        let api_addr = api_listener.local_addr().map_err(bind_failure)?;
-        info!(node = config.node.id, raft = %raft_addr, api = %api_addr, "starting node");
-        let control = Control::start(control_params(config, raft_addr, raft_listener))
-            .await
-            .map_err(|e| {
-                Failure::runtime(
-                    format!("cannot start the control plane: {e}"),
-                    "check node.data_dir (readable, this node's own) and node.raft_addr (free)",
-                )
-            })?;
+        let never = CancellationToken::new();
+        Self::start_until(config, listeners, &never)
+            .await?
+            .ok_or_else(|| Failure::runtime("the node start was interrupted", "report a bug"))
+    }
+
+    /// Serves the admin API on `listeners.api` at once, then starts the control plane and the
+    /// pipeline, publishing each to the admin API as it comes up. When `stop` is cancelled
+    /// first, whatever already started is shut down in reverse order and the answer is
+    /// `Ok(None)`; a failure to start shuts it down likewise and is returned.
+    pub(crate) async fn start_until(
+        config: &Config,
+        listeners: NodeListeners,
+        stop: &CancellationToken,
+    ) -> Result<Option<Self>, Failure> {
+        let NodeListeners { raft, api } = listeners;
+        let raft_addr = raft.local_addr().map_err(bind_failure)?;
+        let api_addr = api.local_addr().map_err(bind_failure)?;
         let metrics = Arc::new(Metrics::new());
+        let parts = Arc::new(NodeParts::new());
+        let admin =
+            AdminServer::start(api, AdminState::new(parts.clone(), metrics.clone(), config));
+        info!(node = config.node.id, raft = %raft_addr, api = %api_addr, "starting node; admin API serving");
+
+        let params = control_params(config, raft_addr, Some(raft));
+        let control =
+            match start_unless_stopped("control plane", Control::start(params), stop).await {
+                Outcome::Started(control) => control,
+                Outcome::Stopped(started) => {
+                    parts.begin_stop();
+                    if let Some(control) = started {
+                        control.shutdown().await;
+                    }
+                    admin.shutdown().await;
+                    return Ok(None);
+                }
+                Outcome::Failed(e) => {
+                    admin.shutdown().await;
+                    return Err(Failure::runtime(
+                        format!("cannot start the control plane: {e}"),
+                        "check node.data_dir (readable, this node's own) and node.raft_addr (free)",
+                    ));
+                }
+            };
+        parts.publish_control(control.clone());
+
         let mut params = pipeline_params(config);
         params.observer = metrics.observer();
-        let pipeline = match Pipeline::start(params, RaftControl(control.clone())).await {
-            Ok(pipeline) => Arc::new(pipeline),
-            Err(e) => {
+        let start = Pipeline::start(params, RaftControl(control.clone()));
+        let pipeline = match start_unless_stopped("pipeline", start, stop).await {
+            Outcome::Started(pipeline) => pipeline,
+            Outcome::Stopped(started) => {
+                parts.begin_stop();
+                if let Some(pipeline) = started {
+                    pipeline.shutdown().await;
+                }
                 control.shutdown().await;
+                admin.shutdown().await;
+                return Ok(None);
+            }
+            Outcome::Failed(e) => {
+                control.shutdown().await;
+                admin.shutdown().await;
                 return Err(Failure::runtime(
                     format!("cannot start the pipeline: {e}"),
                     "check [clusters] and [[flows]]",
                 ));
             }
         };
-        let admin_stop = CancellationToken::new();
-        let state = AdminState::new(control.clone(), Some(pipeline.clone()), metrics, config);
-        let admin_task = tokio::spawn(admin::serve(api_listener, state, admin_stop.clone()));
-        Ok(Self {
+        parts.publish_pipeline(Arc::new(pipeline.stats_reader()));
+        info!(node = config.node.id, "node started");
+        Ok(Some(Self {
             id: config.node.id,
             control,
             pipeline,
             api_addr,
-            admin_stop,
-            admin_task,
-        })
+            parts,
+            admin,
+        }))
     }
 
-    /// Graceful stop: admin API, then the pipeline drains (final commits, units released),
-    /// then the control plane.
+    /// Graceful stop: the pipeline drains (final commits, units released), then the control
+    /// plane stops, then the admin API.
     pub(crate) async fn shutdown(self) {
         self.drain().await.shutdown().await;
     }
 
-    /// First half of a graceful stop: stops the admin API and drains the pipeline (final
-    /// commits, units released) while the control plane keeps running. Stopping several
-    /// nodes of one cluster drains them all before any control plane stops, so the drains
-    /// never lose their quorum.
+    /// First half of a graceful stop: the node reports itself stopping (not ready) and drains
+    /// the pipeline (final commits, units released) while the control plane and the admin API
+    /// keep running. Stopping several nodes of one cluster drains them all before any control
+    /// plane stops, so the drains never lose their quorum.
     pub(crate) async fn drain(self) -> DrainedNode {
-        self.admin_stop.cancel();
-        if let Err(e) = self.admin_task.await {
-            warn!(error = %e, "admin API task failed");
-        }
-        match Arc::try_unwrap(self.pipeline) {
-            Ok(pipeline) => pipeline.shutdown().await,
-            Err(_) => warn!("pipeline still shared at shutdown; it stops without draining"),
-        }
+        self.parts.begin_stop();
+        // Without a quorum the drain's commits and releases cannot succeed: give each up after
+        // two election timeouts instead of the full write timeout (successors resume from the
+        // confirmed offsets and the downstream tails once this node's lease expires).
+        self.control.begin_drain();
+        self.pipeline.shutdown().await;
         DrainedNode {
             id: self.id,
             control: self.control,
+            admin: self.admin,
         }
     }
 
     /// Stops everything at once without draining, as `kill -9` would.
     pub(crate) async fn crash(self) {
-        self.admin_task.abort();
-        let _ = self.admin_task.await;
-        match Arc::try_unwrap(self.pipeline) {
-            Ok(pipeline) => pipeline.crash().await,
-            Err(_) => warn!("pipeline still shared at crash"),
-        }
+        self.admin.crash().await;
+        self.pipeline.crash().await;
         self.control.crash().await;
     }
 }
 
-/// A node whose pipeline has drained; only its control plane still runs.
+/// A node whose pipeline has drained; its control plane and admin API still run.
 pub(crate) struct DrainedNode {
     id: NodeId,
     control: Control,
+    admin: AdminServer,
 }
 
 impl DrainedNode {
-    /// Stops the control plane.
+    /// Stops the control plane, then the admin API.
     pub(crate) async fn shutdown(self) {
         self.control.shutdown().await;
+        self.admin.shutdown().await;
         info!(node = self.id, "node stopped");
+    }
+}
+
+/// How a part of the node came out of [`start_unless_stopped`].
+enum Outcome<T> {
+    /// It runs.
+    Started(T),
+    /// Its start failed.
+    Failed(String),
+    /// A stop came first; the start was given up (`Some` if it had finished meanwhile and
+    /// must be shut down).
+    Stopped(Option<T>),
+}
+
+/// Runs `start` as a task of its own (so that a start stuck even in blocking code cannot hold
+/// the node's reaction to `stop`) until it finishes or `stop` is cancelled. A start given up
+/// is aborted and waited for at most [`ABANDON_GRACE`].
+async fn start_unless_stopped<T, E, F>(
+    part: &'static str,
+    start: F,
+    stop: &CancellationToken,
+) -> Outcome<T>
+where
+    T: Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+    F: Future<Output = Result<T, E>> + Send + 'static,
+{
+    let mut task = tokio::spawn(start);
+    tokio::select! {
+        biased;
+        () = stop.cancelled() => {
+            info!(part, "stop requested while starting; giving the start up");
+            task.abort();
+            match tokio::time::timeout(ABANDON_GRACE, task).await {
+                Ok(Ok(Ok(started))) => Outcome::Stopped(Some(started)),
+                Ok(_) => Outcome::Stopped(None),
+                Err(_) => {
+                    warn!(part, grace = ?ABANDON_GRACE, "start did not give up in time; abandoned");
+                    Outcome::Stopped(None)
+                }
+            }
+        }
+        joined = &mut task => match joined {
+            Ok(Ok(started)) => Outcome::Started(started),
+            Ok(Err(e)) => Outcome::Failed(e.to_string()),
+            Err(e) => Outcome::Failed(format!("its start task failed: {e}")),
+        },
     }
 }
 
@@ -166,4 +314,44 @@ async fn resolve(address: &str, key: &str) -> Result<SocketAddr, Failure> {
     addrs
         .next()
         .ok_or_else(|| Failure::runtime(format!("{key} {address:?} resolves to no address"), hint))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+    #[tokio::test]
+    async fn stop_before_the_control_plane_starts_leaves_nothing_running() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let raft = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let api = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let api_addr = api.local_addr()?;
+        let data = dir.path().join("node");
+        let text = format!(
+            r#"
+[node]
+id = 1
+data_dir = {data:?}
+raft_addr = "{raft}"
+api_addr = "{api_addr}"
+[cluster]
+secret = "node-test-secret-0123456789"
+"#,
+            data = data.display().to_string(),
+            raft = raft.local_addr()?,
+        );
+        let config = replicator_config::parse_str(&text, "test", |_| None)?;
+        let stop = CancellationToken::new();
+        stop.cancel();
+        let started = RunningNode::start_until(&config, NodeListeners { raft, api }, &stop)
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        assert!(started.is_none(), "a stopped start returns no node");
+        // The control plane never opened its data dir, and the admin API stopped serving.
+        assert!(!data.exists());
+        assert!(tokio::net::TcpStream::connect(api_addr).await.is_err());
+        Ok(())
+    }
 }

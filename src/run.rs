@@ -1,35 +1,114 @@
 //! `iggy-replicator run`: one cluster member until SIGTERM/SIGINT, then a drain.
+//!
+//! The stop signals are listened for before anything is bound, so a node obeys SIGTERM from
+//! the moment its admin API answers, also while it is still starting (waiting for a quorum,
+//! say): the start is given up and what already started is stopped, in reverse order. A second
+//! signal during a start or a drain ends the process at once, with exit code 1.
 
 use std::path::Path;
 
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::exit::Failure;
-use crate::node::RunningNode;
+use crate::node::{NodeListeners, RunningNode};
 
 /// Runs a node from its config file until a stop signal, then drains.
 pub(crate) async fn run(config_path: &Path) -> Result<(), Failure> {
     let config = replicator_config::load_file(config_path)?;
-    let node = RunningNode::start(&config, None).await?;
-    wait_for_stop_signal().await;
+    let signals = StopSignals::install();
+    let stop = CancellationToken::new();
+    let force = CancellationToken::new();
+    let watcher = Watcher(tokio::spawn(signals.forward(stop.clone(), force.clone())));
+    let outcome = tokio::select! {
+        outcome = run_node(&config, &stop) => outcome,
+        () = force.cancelled() => Err(Failure::runtime(
+            "second stop signal: exiting without finishing the start or the drain",
+            "units not released are taken over by other members once this node's lease expires",
+        )),
+    };
+    drop(watcher);
+    outcome
+}
+
+/// Binds, starts (unless `stop` comes first), runs until `stop`, drains.
+async fn run_node(
+    config: &replicator_config::Config,
+    stop: &CancellationToken,
+) -> Result<(), Failure> {
+    let listeners = tokio::select! {
+        biased;
+        () = stop.cancelled() => return Ok(()),
+        listeners = NodeListeners::bind(config) => listeners?,
+    };
+    let Some(node) = RunningNode::start_until(config, listeners, stop).await? else {
+        info!("stopped while starting");
+        return Ok(());
+    };
+    stop.cancelled().await;
     info!("stop signal received, draining");
     node.shutdown().await;
     Ok(())
 }
 
-/// Waits for SIGTERM or Ctrl-C (SIGINT).
-pub(crate) async fn wait_for_stop_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+/// The signal-forwarding task; aborted when dropped.
+struct Watcher(JoinHandle<()>);
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// SIGTERM and SIGINT (Ctrl-C), registered when installed.
+struct StopSignals {
+    /// SIGTERM, unless it could not be registered.
+    term: Option<Signal>,
+    /// SIGINT, unless it could not be registered.
+    interrupt: Option<Signal>,
+}
+
+impl StopSignals {
+    /// Registers both signals now (a signal that arrives later is never lost to the default
+    /// action, which would end the process without a drain).
+    fn install() -> Self {
+        let register = |kind: SignalKind, name: &str| match signal(kind) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!(error = %e, signal = name, "cannot listen for the stop signal");
+                None
             }
+        };
+        Self {
+            term: register(SignalKind::terminate(), "SIGTERM"),
+            interrupt: register(SignalKind::interrupt(), "SIGINT"),
         }
-        Err(e) => {
-            warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the node");
-            let _ = tokio::signal::ctrl_c().await;
+    }
+
+    /// Waits for the next SIGTERM or SIGINT (forever when neither could be registered).
+    async fn next(&mut self) {
+        async fn recv(signal: &mut Option<Signal>) {
+            if let Some(s) = signal {
+                if s.recv().await.is_some() {
+                    return;
+                }
+            }
+            std::future::pending().await
         }
+        tokio::select! {
+            () = recv(&mut self.term) => {}
+            () = recv(&mut self.interrupt) => {}
+        }
+    }
+
+    /// Cancels `stop` at the first signal and `force` at the second.
+    async fn forward(mut self, stop: CancellationToken, force: CancellationToken) {
+        self.next().await;
+        stop.cancel();
+        self.next().await;
+        warn!("second stop signal: exiting now");
+        force.cancel();
     }
 }

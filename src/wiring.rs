@@ -116,6 +116,11 @@ impl ControlPlane for RaftControl {
         self.0.lease_valid_until()
     }
 
+    /// Reads the lease, then the applied state (not the assignments watch, which may lag it).
+    fn lease_valid_for(&self, unit: &WorkUnit, epoch: Epoch) -> Option<Instant> {
+        self.0.lease_valid_for(unit, epoch)
+    }
+
     fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
         self.0.progress(unit)
     }

@@ -27,6 +27,24 @@ pub trait ControlPlane: Clone + Send + Sync + 'static {
     /// Until when this node's ownership lease is valid; `None` when it holds no valid lease.
     fn lease_valid_until(&self) -> Option<Instant>;
 
+    /// Like [`ControlPlane::lease_valid_until`], but `None` also when this node no longer owns
+    /// `unit` under `epoch`. Writers check this one call before every send.
+    ///
+    /// The lease must be read *before* the ownership: a lease extended by a renewal that
+    /// followed a revoke is then never paired with the revoked grant (the renewal was applied
+    /// after the revoke, so the ownership read after it shows the revoke). The default follows
+    /// that order over [`ControlPlane::assignments`]; implementations whose assignments watch
+    /// may lag their applied state override it to read the state itself.
+    fn lease_valid_for(&self, unit: &WorkUnit, epoch: Epoch) -> Option<Instant> {
+        let lease = self.lease_valid_until()?;
+        let owned = self
+            .assignments()
+            .borrow()
+            .iter()
+            .any(|a| a.epoch == epoch && a.unit == *unit);
+        owned.then_some(lease)
+    }
+
     /// Confirmed progress of a unit from the local state, `None` if it was never committed.
     fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress>;
 

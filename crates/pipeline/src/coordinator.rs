@@ -1,6 +1,10 @@
 //! `Coordinator`: follows this node's assignments, runs one reader/writer pair per assigned
 //! unit, stops pairs cleanly when units are revoked or released, and restarts failed pairs with
 //! bounded exponential backoff plus jitter.
+//!
+//! Its handlers never wait for the control plane: a unit is handed back (`release`) by a task
+//! of its own, at most one per unit, which reports the outcome as [`CoordinatorMsg::Released`].
+//! Statistics are read from the shared [`MeterRegistry`], not through the mailbox.
 
 use std::collections::{BTreeMap, HashMap};
 use std::marker::PhantomData;
@@ -15,13 +19,16 @@ use tracing::Instrument;
 
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
-use crate::control::ControlPlane;
+use crate::control::{ControlError, ControlPlane};
 use crate::mapping::downstream_stream;
 use crate::params::FlowParams;
 use crate::reader::{PartitionReader, ReaderArgs, ReaderMsg};
-use crate::stats::{UnitMeters, UnitStats};
+use crate::stats::{MeterRegistry, UnitMeters};
 use crate::unit::{actor_name, UnitShared, UnitTuning};
 use crate::writer::{DownstreamWriter, WriterArgs, WriterMsg};
+
+/// A pair that ran at least this long before ending restarts from the initial backoff.
+const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(30);
 
 /// The coordinator actor of one pipeline instance.
 pub(crate) struct Coordinator<C>(PhantomData<fn() -> C>);
@@ -55,11 +62,27 @@ pub(crate) enum CoordinatorMsg {
         /// Upstream topic.
         topic: String,
     },
-    /// From `Pipeline::shutdown`: stop every unit cleanly (final commit, release); replies when
-    /// all are stopped.
+    /// From `Pipeline::shutdown`: stop every unit cleanly (final commit, then release); replies
+    /// when every unit is stopped and every release was attempted.
     Drain(RpcReplyPort<()>),
-    /// From `Pipeline::stats`: replies with every unit's statistics.
-    Stats(RpcReplyPort<Vec<UnitStats>>),
+    /// From a release task of the coordinator: handing `unit` back under `epoch` finished with
+    /// `result`. No reply.
+    Released {
+        /// The unit.
+        unit: WorkUnit,
+        /// The epoch released.
+        epoch: Epoch,
+        /// What the control plane answered.
+        result: Result<(), ControlError>,
+    },
+    /// From a retry timer of the coordinator: try the failed release of `unit` under `epoch`
+    /// again if the leader still asks for it. No reply.
+    ReleaseRetryDue {
+        /// The unit.
+        unit: WorkUnit,
+        /// The epoch whose release failed.
+        epoch: Epoch,
+    },
 }
 
 /// Everything the coordinator needs to start pairs.
@@ -74,6 +97,8 @@ pub(crate) struct CoordinatorArgs<C> {
     pub(crate) clusters: BTreeMap<String, Arc<Cluster>>,
     /// Tunables for units.
     pub(crate) tuning: UnitTuning,
+    /// Where the meters of every started unit are registered (shared with `Pipeline::stats`).
+    pub(crate) meters: MeterRegistry,
 }
 
 /// Which actor of a pair.
@@ -181,6 +206,237 @@ pub(crate) fn decide(
     }
 }
 
+/// How a unit's pair ended, once both of its actors are gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// The pair stopped by itself (an actor failed, or stopped on a fence or a stale epoch).
+    ByItself,
+    /// The coordinator stopped it; `release` hands the unit back afterwards.
+    Stopped {
+        /// Release after the final commit.
+        release: bool,
+    },
+}
+
+/// What follows the end of a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterPair {
+    /// Forget the slot; `reconcile` decides what comes next from the assignments.
+    Remove,
+    /// Forget the slot and hand the unit back under this epoch (the final commit is done).
+    Release(Epoch),
+    /// The unit is still ours: restart the pair after a backoff, reset first when the pair
+    /// had run for at least [`BACKOFF_RESET_AFTER`].
+    Restart {
+        /// Start the backoff again from its initial delay.
+        reset_backoff: bool,
+    },
+}
+
+/// Decides what follows the end of the pair of a unit that ran under `epoch` for `ran_for`.
+pub(crate) fn after_pair_gone(
+    ended: Ended,
+    epoch: Epoch,
+    desired: Option<&Assignment>,
+    draining: bool,
+    ran_for: Duration,
+) -> AfterPair {
+    match ended {
+        Ended::Stopped { release: true } => AfterPair::Release(epoch),
+        Ended::Stopped { release: false } => AfterPair::Remove,
+        // Ownership moved on (or the node drains): nothing to restart.
+        Ended::ByItself
+            if draining || desired.is_none_or(|a| a.epoch != epoch || a.release_requested) =>
+        {
+            AfterPair::Remove
+        }
+        Ended::ByItself => AfterPair::Restart {
+            reset_backoff: ran_for >= BACKOFF_RESET_AFTER,
+        },
+    }
+}
+
+/// Where the hand-back of a unit stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseState {
+    /// A release task runs for `epoch`; `queued` is a newer epoch to release after it.
+    InFlight {
+        /// The epoch being released.
+        epoch: Epoch,
+        /// A newer epoch to release once this one is done.
+        queued: Option<Epoch>,
+    },
+    /// `epoch` was released (the assignments may still show it until they catch up).
+    Released {
+        /// The epoch released.
+        epoch: Epoch,
+    },
+    /// Releasing `epoch` failed; a timer retries it unless the node drains.
+    Failed {
+        /// The epoch whose release failed.
+        epoch: Epoch,
+    },
+}
+
+impl ReleaseState {
+    /// Whether `epoch` is being or has been handed back (no pair may start under it).
+    fn covers(self, epoch: Epoch) -> bool {
+        match self {
+            Self::InFlight { epoch: e, queued } => e == epoch || queued == Some(epoch),
+            Self::Released { epoch: e } => e == epoch,
+            Self::Failed { .. } => false,
+        }
+    }
+}
+
+/// What to do when a unit is to be handed back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleasePlan {
+    /// Start a release task for this epoch.
+    Spawn(Epoch),
+    /// Release this epoch once the release in flight is done (one task per unit at most).
+    Queue(Epoch),
+    /// Nothing to do: this epoch (or a newer one) is released, being released, or failed and
+    /// waits for its retry timer.
+    Skip,
+}
+
+/// Decides how to hand `unit` back under `epoch`, given where its hand-back stands.
+pub(crate) fn plan_release(current: Option<ReleaseState>, epoch: Epoch) -> ReleasePlan {
+    match current {
+        None => ReleasePlan::Spawn(epoch),
+        Some(ReleaseState::InFlight {
+            epoch: running,
+            queued,
+        }) => {
+            if epoch <= running || queued.is_some_and(|q| q >= epoch) {
+                ReleasePlan::Skip
+            } else {
+                ReleasePlan::Queue(epoch)
+            }
+        }
+        Some(ReleaseState::Released { epoch: done } | ReleaseState::Failed { epoch: done })
+            if epoch <= done =>
+        {
+            ReleasePlan::Skip
+        }
+        Some(ReleaseState::Released { .. } | ReleaseState::Failed { .. }) => {
+            ReleasePlan::Spawn(epoch)
+        }
+    }
+}
+
+/// What follows a finished release task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseFollowUp {
+    /// Nothing.
+    Nothing,
+    /// Start the release of the queued epoch.
+    Spawn(Epoch),
+    /// Arm the retry timer of the failed release.
+    RetryLater,
+}
+
+/// The new hand-back state after the release of `epoch` finished (`ok`: it succeeded), and
+/// what to do next. A drain attempts each release once, so a failure while draining is not
+/// retried; a report that matches no release in flight (a forgotten one) changes nothing.
+pub(crate) fn release_finished(
+    current: Option<ReleaseState>,
+    epoch: Epoch,
+    ok: bool,
+    draining: bool,
+) -> (Option<ReleaseState>, ReleaseFollowUp) {
+    match current {
+        Some(ReleaseState::InFlight {
+            epoch: running,
+            queued,
+        }) if running == epoch => match queued {
+            Some(next) => (
+                Some(ReleaseState::InFlight {
+                    epoch: next,
+                    queued: None,
+                }),
+                ReleaseFollowUp::Spawn(next),
+            ),
+            None if ok => (
+                Some(ReleaseState::Released { epoch }),
+                ReleaseFollowUp::Nothing,
+            ),
+            None if draining => (
+                Some(ReleaseState::Failed { epoch }),
+                ReleaseFollowUp::Nothing,
+            ),
+            None => (
+                Some(ReleaseState::Failed { epoch }),
+                ReleaseFollowUp::RetryLater,
+            ),
+        },
+        other => (other, ReleaseFollowUp::Nothing),
+    }
+}
+
+/// What a release retry timer does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RetryPlan {
+    /// Release again.
+    Spawn,
+    /// The leader no longer asks for it: forget the failure.
+    Forget,
+    /// A stale timer, or the node drains (the drain made its own attempt).
+    Nothing,
+}
+
+/// Decides what the retry timer of the failed release of `epoch` does.
+pub(crate) fn retry_release(
+    current: Option<ReleaseState>,
+    epoch: Epoch,
+    desired: Option<&Assignment>,
+    draining: bool,
+) -> RetryPlan {
+    if current != Some(ReleaseState::Failed { epoch }) || draining {
+        return RetryPlan::Nothing;
+    }
+    if desired.is_some_and(|a| a.epoch == epoch && a.release_requested) {
+        RetryPlan::Spawn
+    } else {
+        RetryPlan::Forget
+    }
+}
+
+/// Whether to keep a finished hand-back record when the assignments change: a release in
+/// flight always, a finished one while the assignments still show its epoch (so that a stale
+/// view does not release it again).
+fn keep_release(state: ReleaseState, desired: Option<&Assignment>) -> bool {
+    match state {
+        ReleaseState::InFlight { .. } => true,
+        ReleaseState::Released { epoch } | ReleaseState::Failed { epoch } => {
+            desired.is_some_and(|a| a.epoch == epoch)
+        }
+    }
+}
+
+/// A task handle that aborts its task when dropped (also when the coordinator is killed and
+/// its state dropped without `post_stop`).
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The hand-back of one unit.
+struct ReleaseSlot {
+    /// Where it stands.
+    state: ReleaseState,
+    /// The release task in flight; it reports with [`CoordinatorMsg::Released`].
+    task: Option<AbortOnDrop<()>>,
+    /// The retry timer of a failed release.
+    retry: Option<AbortOnDrop<Result<(), ractor::MessagingErr<CoordinatorMsg>>>>,
+    /// Retry backoff (reset by a success).
+    backoff: Backoff,
+}
+
 /// Runtime state of the coordinator.
 pub(crate) struct CoordinatorState<C> {
     /// Inputs.
@@ -191,8 +447,8 @@ pub(crate) struct CoordinatorState<C> {
     slots: BTreeMap<WorkUnit, Slot>,
     /// Which unit and role each live child actor is.
     children: HashMap<ActorId, (WorkUnit, Role)>,
-    /// Meters by unit, kept after a unit stops so its statistics stay readable.
-    meters: BTreeMap<WorkUnit, Arc<UnitMeters>>,
+    /// Hand-backs in flight, done (until the assignments catch up) or waiting for a retry.
+    releases: BTreeMap<WorkUnit, ReleaseSlot>,
     /// Set by `Drain`: stop everything, start nothing, answer when done.
     draining: Option<Option<RpcReplyPort<()>>>,
     /// Forwards assignment changes into the mailbox; aborted when the coordinator stops.
@@ -238,7 +494,7 @@ impl<C: ControlPlane> Actor for Coordinator<C> {
             desired: BTreeMap::new(),
             slots: BTreeMap::new(),
             children: HashMap::new(),
-            meters: BTreeMap::new(),
+            releases: BTreeMap::new(),
             draining: None,
             watcher,
             warned_flows: Default::default(),
@@ -257,6 +513,8 @@ impl<C: ControlPlane> Actor for Coordinator<C> {
                 timer.abort();
             }
         }
+        // Aborts releases still in flight (only after a drain that ran out of time).
+        state.releases.clear();
         Ok(())
     }
 
@@ -271,6 +529,10 @@ impl<C: ControlPlane> Actor for Coordinator<C> {
             match msg {
                 CoordinatorMsg::Assignments(list) => {
                     state.desired = list.into_iter().map(|a| (a.unit.clone(), a)).collect();
+                    let desired = &state.desired;
+                    state
+                        .releases
+                        .retain(|unit, r| keep_release(r.state, desired.get(unit)));
                     reconcile(&myself, state).await;
                 }
                 CoordinatorMsg::RestartDue { unit, epoch } => {
@@ -303,16 +565,30 @@ impl<C: ControlPlane> Actor for Coordinator<C> {
                 }
                 CoordinatorMsg::Drain(reply) => {
                     state.draining = Some(Some(reply));
+                    // A drain attempts every release once more, also those that failed before.
+                    state
+                        .releases
+                        .retain(|_, r| !matches!(r.state, ReleaseState::Failed { .. }));
                     reconcile(&myself, state).await;
                 }
-                CoordinatorMsg::Stats(reply) => {
-                    let now = Instant::now();
-                    let stats = state
-                        .meters
-                        .iter()
-                        .map(|(unit, m)| m.snapshot(unit, now))
-                        .collect();
-                    let _ = reply.send(stats);
+                CoordinatorMsg::Released {
+                    unit,
+                    epoch,
+                    result,
+                } => {
+                    released(&myself, state, unit, epoch, result);
+                    finish_drain_if_done(state);
+                }
+                CoordinatorMsg::ReleaseRetryDue { unit, epoch } => {
+                    let current = state.releases.get(&unit).map(|r| r.state);
+                    let draining = state.draining.is_some();
+                    match retry_release(current, epoch, state.desired.get(&unit), draining) {
+                        RetryPlan::Spawn => spawn_release(&myself, state, &unit, epoch),
+                        RetryPlan::Forget => {
+                            state.releases.remove(&unit);
+                        }
+                        RetryPlan::Nothing => {}
+                    }
                 }
             }
             Ok(())
@@ -366,16 +642,23 @@ async fn child_gone<C: ControlPlane>(
     let Some(slot) = state.slots.get_mut(unit) else {
         return;
     };
-    let (reader, writer) = match &mut slot.phase {
+    let (reader, writer, ended) = match &mut slot.phase {
         Phase::Running {
             reader,
             writer,
             failed,
         } => {
             *failed |= failed_now;
-            (reader, writer)
+            (reader, writer, Ended::ByItself)
         }
-        Phase::Stopping { reader, writer, .. } => (reader, writer),
+        Phase::Stopping {
+            reader,
+            writer,
+            release,
+        } => {
+            let ended = Ended::Stopped { release: *release };
+            (reader, writer, ended)
+        }
         Phase::Waiting { .. } => return,
     };
     match role {
@@ -394,25 +677,29 @@ async fn child_gone<C: ControlPlane>(
         return;
     }
     let epoch = slot.epoch;
-    match &slot.phase {
-        Phase::Running { .. }
-            if state.draining.is_some()
-                || state
-                    .desired
-                    .get(unit)
-                    .is_none_or(|a| a.epoch != epoch || a.release_requested) =>
-        {
-            // The pair ended on its own because ownership moved on; nothing to restart.
+    let failed = matches!(slot.phase, Phase::Running { failed: true, .. });
+    match after_pair_gone(
+        ended,
+        epoch,
+        state.desired.get(unit),
+        state.draining.is_some(),
+        slot.started.elapsed(),
+    ) {
+        AfterPair::Remove => {
             state.slots.remove(unit);
             reconcile(myself, state).await;
         }
-        Phase::Running { failed, .. } => {
-            let failed = *failed;
-            if slot.started.elapsed() >= slot.backoff_reset_after() {
+        AfterPair::Release(epoch) => {
+            state.slots.remove(unit);
+            request_release(myself, state, unit, epoch);
+            reconcile(myself, state).await;
+        }
+        AfterPair::Restart { reset_backoff } => {
+            if reset_backoff {
                 slot.backoff.reset();
             }
             let delay = slot.backoff.next_delay();
-            if let Some(m) = state.meters.get(unit) {
+            if let Some(m) = state.args.meters.get(unit) {
                 m.restarted();
             }
             tracing::warn!(
@@ -427,31 +714,140 @@ async fn child_gone<C: ControlPlane>(
             });
             slot.phase = Phase::Waiting { timer };
         }
-        Phase::Stopping { release, .. } => {
-            let release = *release;
-            state.slots.remove(unit);
-            if release {
-                release_unit(state, unit, epoch).await;
+    }
+}
+
+/// Hands `unit` back under `epoch` by a task of its own (at most one per unit; a newer epoch
+/// waits for the one in flight). The handler never waits for the control plane.
+fn request_release<C: ControlPlane>(
+    myself: &ActorRef<CoordinatorMsg>,
+    state: &mut CoordinatorState<C>,
+    unit: &WorkUnit,
+    epoch: Epoch,
+) {
+    let current = state.releases.get(unit).map(|r| r.state);
+    match plan_release(current, epoch) {
+        ReleasePlan::Spawn(epoch) => spawn_release(myself, state, unit, epoch),
+        ReleasePlan::Queue(epoch) => {
+            if let Some(ReleaseSlot {
+                state: ReleaseState::InFlight { queued, .. },
+                ..
+            }) = state.releases.get_mut(unit)
+            {
+                *queued = Some(epoch);
             }
-            reconcile(myself, state).await;
         }
-        Phase::Waiting { .. } => {}
+        ReleasePlan::Skip => {}
     }
 }
 
-impl Slot {
-    /// A pair that ran at least this long before ending restarts from the initial backoff.
-    fn backoff_reset_after(&self) -> Duration {
-        Duration::from_secs(30)
-    }
+/// Starts the release task of `unit` under `epoch`; it reports with [`CoordinatorMsg::Released`].
+fn spawn_release<C: ControlPlane>(
+    myself: &ActorRef<CoordinatorMsg>,
+    state: &mut CoordinatorState<C>,
+    unit: &WorkUnit,
+    epoch: Epoch,
+) {
+    let control = state.args.control.clone();
+    let me = myself.clone();
+    let (u, span) = (unit.clone(), state.span.clone());
+    let task = tokio::spawn(
+        async move {
+            let result = control.release(u.clone(), epoch).await;
+            // The coordinator may be gone (a drain that ran out of time); nobody to tell then.
+            let _ = me.send_message(CoordinatorMsg::Released {
+                unit: u,
+                epoch,
+                result,
+            });
+        }
+        .instrument(span),
+    );
+    state.seeds = state.seeds.wrapping_add(1);
+    let backoff_params = state.args.tuning.backoff;
+    let seed = state.seeds;
+    let slot = state
+        .releases
+        .entry(unit.clone())
+        .or_insert_with(|| ReleaseSlot {
+            state: ReleaseState::InFlight {
+                epoch,
+                queued: None,
+            },
+            task: None,
+            retry: None,
+            backoff: Backoff::new(backoff_params, seed),
+        });
+    slot.state = ReleaseState::InFlight {
+        epoch,
+        queued: None,
+    };
+    slot.task = Some(AbortOnDrop(task));
+    slot.retry = None;
 }
 
-/// Hands a unit back to the control plane (logged, not retried: the lease expiry frees it anyway).
-async fn release_unit<C: ControlPlane>(state: &CoordinatorState<C>, unit: &WorkUnit, epoch: Epoch) {
-    match state.args.control.release(unit.clone(), epoch).await {
+/// Applies the outcome of a release task: logs it, starts a queued release, arms a retry.
+fn released<C: ControlPlane>(
+    myself: &ActorRef<CoordinatorMsg>,
+    state: &mut CoordinatorState<C>,
+    unit: WorkUnit,
+    epoch: Epoch,
+    result: Result<(), ControlError>,
+) {
+    match &result {
         Ok(()) => tracing::info!(%unit, epoch = %epoch, "unit released"),
         Err(err) => tracing::warn!(%unit, epoch = %epoch, error = %err, "release failed"),
     }
+    let current = state.releases.get(&unit).map(|r| r.state);
+    let draining = state.draining.is_some();
+    let (next, follow_up) = release_finished(current, epoch, result.is_ok(), draining);
+    if let (Some(slot), Some(next)) = (state.releases.get_mut(&unit), next) {
+        if Some(next) != current {
+            // The task that reported has finished.
+            slot.task = None;
+            slot.state = next;
+            if matches!(next, ReleaseState::Released { .. }) {
+                slot.backoff.reset();
+            }
+        }
+    }
+    match follow_up {
+        ReleaseFollowUp::Nothing => {}
+        ReleaseFollowUp::Spawn(next) => spawn_release(myself, state, &unit, next),
+        ReleaseFollowUp::RetryLater => {
+            if let Some(slot) = state.releases.get_mut(&unit) {
+                let delay = slot.backoff.next_delay();
+                tracing::debug!(%unit, epoch = %epoch, backoff = ?delay, "release retried after backoff");
+                let u = unit.clone();
+                let timer = myself.send_after(delay, move || CoordinatorMsg::ReleaseRetryDue {
+                    unit: u,
+                    epoch,
+                });
+                slot.retry = Some(AbortOnDrop(timer));
+            }
+        }
+    }
+}
+
+/// Answers a pending drain once no pair runs and no release is in flight.
+fn finish_drain_if_done<C>(state: &mut CoordinatorState<C>) {
+    let releasing = state
+        .releases
+        .values()
+        .any(|r| matches!(r.state, ReleaseState::InFlight { .. }));
+    if state.slots.is_empty() && !releasing {
+        if let Some(reply) = state.draining.as_mut().and_then(Option::take) {
+            let _ = reply.send(());
+        }
+    }
+}
+
+/// Whether `epoch` of `unit` is being or has been handed back: no pair starts under it.
+fn handing_back<C>(state: &CoordinatorState<C>, unit: &WorkUnit, epoch: Epoch) -> bool {
+    state
+        .releases
+        .get(unit)
+        .is_some_and(|r| r.state.covers(epoch))
 }
 
 /// Asks a running pair to stop cleanly: the reader stops polling, the writer drains and commits.
@@ -494,6 +890,7 @@ async fn reconcile<C: ControlPlane>(
         });
         match decide(view, state.desired.get(&unit), draining) {
             Action::Nothing => {}
+            Action::Start(epoch) if handing_back(state, &unit, epoch) => {}
             Action::Start(epoch) => start_pair(myself, state, &unit, epoch, None).await,
             Action::Stop { release } => {
                 if let Some(slot) = state.slots.get_mut(&unit) {
@@ -507,28 +904,29 @@ async fn reconcile<C: ControlPlane>(
                         timer.abort();
                     }
                     if release {
-                        release_unit(state, &unit, slot.epoch).await;
+                        request_release(myself, state, &unit, slot.epoch);
                     }
                 }
             }
-            Action::Release(epoch) => release_unit(state, &unit, epoch).await,
+            Action::Release(epoch) => request_release(myself, state, &unit, epoch),
         }
     }
     // A new epoch for a unit whose old pair just went away starts on the next pass.
     let startable: Vec<(WorkUnit, Epoch)> = state
         .desired
         .values()
-        .filter(|a| !draining && !a.release_requested && !state.slots.contains_key(&a.unit))
+        .filter(|a| {
+            !draining
+                && !a.release_requested
+                && !state.slots.contains_key(&a.unit)
+                && !handing_back(state, &a.unit, a.epoch)
+        })
         .map(|a| (a.unit.clone(), a.epoch))
         .collect();
     for (unit, epoch) in startable {
         start_pair(myself, state, &unit, epoch, None).await;
     }
-    if state.slots.is_empty() {
-        if let Some(reply) = state.draining.as_mut().and_then(Option::take) {
-            let _ = reply.send(());
-        }
-    }
+    finish_drain_if_done(state);
 }
 
 /// Spawns the reader/writer pair of a unit under `epoch`.
@@ -555,16 +953,11 @@ async fn start_pair<C: ControlPlane>(
         return;
     };
     state.seeds = state.seeds.wrapping_add(1);
+    let observer = state.args.tuning.observer.clone();
     let meters = state
+        .args
         .meters
-        .entry(unit.clone())
-        .or_insert_with(|| {
-            Arc::new(UnitMeters::new(
-                &unit.flow,
-                state.args.tuning.observer.clone(),
-            ))
-        })
-        .clone();
+        .get_or_insert(unit, || UnitMeters::new(&unit.flow, observer));
     let span = tracing::info_span!(
         parent: None,
         "unit",
@@ -733,5 +1126,198 @@ mod tests {
     fn stopping_pair_is_left_alone() {
         let stopping = Some((Epoch(3), PhaseKind::Stopping));
         check!(decide(stopping, Some(&a(9, false)), true) == Action::Nothing);
+    }
+
+    const SHORT: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn pair_stopped_for_release_is_released_under_its_own_epoch() {
+        let stopped = Ended::Stopped { release: true };
+        // Also when the assignments already moved on: the final commit was made under it.
+        check!(
+            after_pair_gone(stopped, Epoch(3), Some(&a(3, true)), false, SHORT)
+                == AfterPair::Release(Epoch(3))
+        );
+        check!(
+            after_pair_gone(stopped, Epoch(3), None, true, SHORT) == AfterPair::Release(Epoch(3))
+        );
+    }
+
+    #[test]
+    fn pair_stopped_without_release_is_removed() {
+        let stopped = Ended::Stopped { release: false };
+        check!(
+            after_pair_gone(stopped, Epoch(3), Some(&a(3, false)), false, SHORT)
+                == AfterPair::Remove
+        );
+        check!(after_pair_gone(stopped, Epoch(3), None, false, SHORT) == AfterPair::Remove);
+    }
+
+    #[test]
+    fn pair_that_ended_by_itself_restarts_while_still_owned() {
+        let ended = Ended::ByItself;
+        check!(
+            after_pair_gone(ended, Epoch(3), Some(&a(3, false)), false, SHORT)
+                == (AfterPair::Restart {
+                    reset_backoff: false
+                })
+        );
+        // Exactly the reset threshold resets (`>=` → `>` would keep growing the backoff).
+        check!(
+            after_pair_gone(
+                ended,
+                Epoch(3),
+                Some(&a(3, false)),
+                false,
+                BACKOFF_RESET_AFTER
+            ) == (AfterPair::Restart {
+                reset_backoff: true
+            })
+        );
+        check!(
+            after_pair_gone(
+                ended,
+                Epoch(3),
+                Some(&a(3, false)),
+                false,
+                BACKOFF_RESET_AFTER - SHORT
+            ) == (AfterPair::Restart {
+                reset_backoff: false
+            })
+        );
+    }
+
+    #[test]
+    fn pair_that_ended_by_itself_is_removed_once_ownership_moved_on() {
+        let ended = Ended::ByItself;
+        // Revoked, re-granted under another epoch, release requested, or the node drains.
+        check!(after_pair_gone(ended, Epoch(3), None, false, SHORT) == AfterPair::Remove);
+        check!(
+            after_pair_gone(ended, Epoch(3), Some(&a(4, false)), false, SHORT) == AfterPair::Remove
+        );
+        check!(
+            after_pair_gone(ended, Epoch(3), Some(&a(3, true)), false, SHORT) == AfterPair::Remove
+        );
+        check!(
+            after_pair_gone(ended, Epoch(3), Some(&a(3, false)), true, SHORT) == AfterPair::Remove
+        );
+    }
+
+    fn in_flight(epoch: u64, queued: Option<u64>) -> Option<ReleaseState> {
+        Some(ReleaseState::InFlight {
+            epoch: Epoch(epoch),
+            queued: queued.map(Epoch),
+        })
+    }
+
+    #[test]
+    fn first_release_of_a_unit_spawns_a_task() {
+        check!(plan_release(None, Epoch(3)) == ReleasePlan::Spawn(Epoch(3)));
+    }
+
+    #[test]
+    fn at_most_one_release_per_unit_is_in_flight() {
+        // The same (or an older) epoch again: already on its way.
+        check!(plan_release(in_flight(3, None), Epoch(3)) == ReleasePlan::Skip);
+        check!(plan_release(in_flight(3, None), Epoch(2)) == ReleasePlan::Skip);
+        // A newer epoch waits for the one in flight; a second request for it changes nothing.
+        check!(plan_release(in_flight(3, None), Epoch(5)) == ReleasePlan::Queue(Epoch(5)));
+        check!(plan_release(in_flight(3, Some(5)), Epoch(5)) == ReleasePlan::Skip);
+        check!(plan_release(in_flight(3, Some(5)), Epoch(4)) == ReleasePlan::Skip);
+        check!(plan_release(in_flight(3, Some(5)), Epoch(6)) == ReleasePlan::Queue(Epoch(6)));
+    }
+
+    #[test]
+    fn a_finished_release_is_not_repeated_for_a_stale_view() {
+        let released = Some(ReleaseState::Released { epoch: Epoch(3) });
+        let failed = Some(ReleaseState::Failed { epoch: Epoch(3) });
+        check!(plan_release(released, Epoch(3)) == ReleasePlan::Skip);
+        // A failed one waits for its retry timer rather than looping on every reconcile.
+        check!(plan_release(failed, Epoch(3)) == ReleasePlan::Skip);
+        check!(plan_release(released, Epoch(4)) == ReleasePlan::Spawn(Epoch(4)));
+        check!(plan_release(failed, Epoch(4)) == ReleasePlan::Spawn(Epoch(4)));
+    }
+
+    #[test]
+    fn finished_release_starts_the_queued_one_or_records_the_outcome() {
+        check!(
+            release_finished(in_flight(3, Some(5)), Epoch(3), true, false)
+                == (in_flight(5, None), ReleaseFollowUp::Spawn(Epoch(5)))
+        );
+        check!(
+            release_finished(in_flight(3, None), Epoch(3), true, false)
+                == (
+                    Some(ReleaseState::Released { epoch: Epoch(3) }),
+                    ReleaseFollowUp::Nothing
+                )
+        );
+        check!(
+            release_finished(in_flight(3, None), Epoch(3), false, false)
+                == (
+                    Some(ReleaseState::Failed { epoch: Epoch(3) }),
+                    ReleaseFollowUp::RetryLater
+                )
+        );
+    }
+
+    #[test]
+    fn failed_release_during_a_drain_is_not_retried() {
+        check!(
+            release_finished(in_flight(3, None), Epoch(3), false, true)
+                == (
+                    Some(ReleaseState::Failed { epoch: Epoch(3) }),
+                    ReleaseFollowUp::Nothing
+                )
+        );
+    }
+
+    #[test]
+    fn report_of_a_forgotten_release_changes_nothing() {
+        check!(release_finished(None, Epoch(3), true, false) == (None, ReleaseFollowUp::Nothing));
+        check!(
+            release_finished(in_flight(5, None), Epoch(3), false, false)
+                == (in_flight(5, None), ReleaseFollowUp::Nothing)
+        );
+    }
+
+    #[test]
+    fn retry_releases_again_only_while_the_leader_still_asks() {
+        let failed = Some(ReleaseState::Failed { epoch: Epoch(3) });
+        check!(retry_release(failed, Epoch(3), Some(&a(3, true)), false) == RetryPlan::Spawn);
+        check!(retry_release(failed, Epoch(3), Some(&a(3, false)), false) == RetryPlan::Forget);
+        check!(retry_release(failed, Epoch(3), Some(&a(4, true)), false) == RetryPlan::Forget);
+        check!(retry_release(failed, Epoch(3), None, false) == RetryPlan::Forget);
+        // Draining: the drain made its own attempt. Stale timers do nothing.
+        check!(retry_release(failed, Epoch(3), Some(&a(3, true)), true) == RetryPlan::Nothing);
+        check!(
+            retry_release(in_flight(3, None), Epoch(3), Some(&a(3, true)), false)
+                == RetryPlan::Nothing
+        );
+        check!(retry_release(failed, Epoch(2), Some(&a(2, true)), false) == RetryPlan::Nothing);
+    }
+
+    #[test]
+    fn release_records_are_kept_while_the_assignments_show_their_epoch() {
+        let released = ReleaseState::Released { epoch: Epoch(3) };
+        check!(keep_release(released, Some(&a(3, true))));
+        check!(!keep_release(released, None));
+        check!(!keep_release(released, Some(&a(4, false))));
+        let running = ReleaseState::InFlight {
+            epoch: Epoch(3),
+            queued: None,
+        };
+        check!(keep_release(running, None));
+    }
+
+    #[test]
+    fn no_pair_starts_under_an_epoch_being_handed_back() {
+        let queued = in_flight(3, Some(5)).expect("in flight");
+        check!(queued.covers(Epoch(3)));
+        check!(queued.covers(Epoch(5)));
+        check!(!queued.covers(Epoch(4)));
+        let released = ReleaseState::Released { epoch: Epoch(3) };
+        let failed = ReleaseState::Failed { epoch: Epoch(3) };
+        check!(released.covers(Epoch(3)));
+        check!(!failed.covers(Epoch(3)));
     }
 }

@@ -54,6 +54,14 @@ impl State {
         entry.held = false;
     }
 
+    /// Until when the lease is valid, as of now.
+    fn lease_valid_until(&self) -> Option<Instant> {
+        match self.lease {
+            Some(lease) => lease,
+            None => Some(Instant::now() + LEASE_AHEAD),
+        }
+    }
+
     /// The assignments of this node.
     fn assignments(&self) -> Vec<Assignment> {
         self.units
@@ -209,10 +217,15 @@ impl ControlPlane for InMemoryControl {
     }
 
     fn lease_valid_until(&self) -> Option<Instant> {
-        match self.lock().lease {
-            Some(lease) => lease,
-            None => Some(Instant::now() + LEASE_AHEAD),
-        }
+        self.lock().lease_valid_until()
+    }
+
+    /// The lease and the ownership are read under one lock, so they always belong together.
+    fn lease_valid_for(&self, unit: &WorkUnit, epoch: Epoch) -> Option<Instant> {
+        let state = self.lock();
+        let lease = state.lease_valid_until()?;
+        let owned = state.units.get(unit).and_then(|e| e.owner) == Some(epoch);
+        owned.then_some(lease)
     }
 
     fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
@@ -363,6 +376,74 @@ mod tests {
         check!(c.epoch(&u).is_none());
         c.grant(&u);
         check!(c.epoch(&u) > Some(e1));
+    }
+
+    #[tokio::test]
+    async fn lease_valid_for_needs_both_the_lease_and_the_grant() {
+        let c = InMemoryControl::new();
+        let u = unit(0);
+        check!(c.lease_valid_for(&u, Epoch(1)).is_none());
+        c.report_units("f", vec![u.clone()]).await.expect("ok");
+        let e = c.epoch(&u).expect("assigned");
+        check!(c.lease_valid_for(&u, e).is_some_and(|t| t > Instant::now()));
+        // Another epoch of the same unit, or another unit: not ours.
+        check!(c.lease_valid_for(&u, Epoch(e.0 + 1)).is_none());
+        check!(c.lease_valid_for(&unit(1), e).is_none());
+        // No lease: nothing, whatever the grant.
+        c.set_lease(Some(None));
+        check!(c.lease_valid_for(&u, e).is_none());
+        let until = Instant::now() + Duration::from_secs(5);
+        c.set_lease(Some(Some(until)));
+        check!(c.lease_valid_for(&u, e) == Some(until));
+        // Revoked: nothing, whatever the lease.
+        c.revoke(&u);
+        check!(c.lease_valid_for(&u, e).is_none());
+    }
+
+    #[tokio::test]
+    async fn default_lease_valid_for_agrees_with_the_in_memory_one() {
+        /// Uses the trait's default `lease_valid_for` over the in-memory control plane.
+        #[derive(Clone)]
+        struct Defaulted(InMemoryControl);
+        impl ControlPlane for Defaulted {
+            fn assignments(&self) -> watch::Receiver<Vec<Assignment>> {
+                self.0.assignments()
+            }
+            fn lease_valid_until(&self) -> Option<Instant> {
+                self.0.lease_valid_until()
+            }
+            fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
+                self.0.progress(unit)
+            }
+            async fn commit(
+                &self,
+                commits: Vec<OffsetCommit>,
+            ) -> Result<Vec<CommitOutcome>, ControlError> {
+                self.0.commit(commits).await
+            }
+            async fn report_units(
+                &self,
+                flow: &str,
+                units: Vec<WorkUnit>,
+            ) -> Result<(), ControlError> {
+                self.0.report_units(flow, units).await
+            }
+            async fn release(&self, unit: WorkUnit, epoch: Epoch) -> Result<(), ControlError> {
+                self.0.release(unit, epoch).await
+            }
+        }
+        let c = InMemoryControl::new();
+        let d = Defaulted(c.clone());
+        let u = unit(0);
+        c.report_units("f", vec![u.clone()]).await.expect("ok");
+        let e = c.epoch(&u).expect("assigned");
+        check!(d.lease_valid_for(&u, e).is_some());
+        check!(d.lease_valid_for(&u, Epoch(e.0 + 1)).is_none());
+        c.set_lease(Some(None));
+        check!(d.lease_valid_for(&u, e).is_none());
+        c.set_lease(None);
+        c.revoke(&u);
+        check!(d.lease_valid_for(&u, e).is_none());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ractor::{call_t, Actor, ActorRef};
 use tokio::task::JoinHandle;
@@ -16,11 +16,8 @@ use crate::discovery::{self, DiscoveryParams};
 use crate::error::{Error, Result};
 use crate::mapping::Selector;
 use crate::params::PipelineParams;
-use crate::stats::UnitStats;
+use crate::stats::{MeterRegistry, UnitStats};
 use crate::unit::UnitTuning;
-
-/// How long `stats` waits for the coordinator.
-const STATS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A running pipeline instance.
 pub struct Pipeline {
@@ -36,6 +33,8 @@ pub struct Pipeline {
     clusters: Vec<Arc<Cluster>>,
     /// Bound of the graceful drain.
     shutdown_timeout: Duration,
+    /// Meters of every unit started, shared with the coordinator (which registers them).
+    meters: MeterRegistry,
 }
 
 impl Pipeline {
@@ -67,6 +66,7 @@ impl Pipeline {
             commit_interval: params.commit_interval,
             observer: params.observer.clone(),
         };
+        let meters = MeterRegistry::default();
         let name = format!("coordinator/n{}", params.node_id);
         let (coordinator, coordinator_task) = Coordinator::<C>::spawn(
             Some(name.clone()),
@@ -77,6 +77,7 @@ impl Pipeline {
                 flows: flows.clone(),
                 clusters: clusters.clone(),
                 tuning,
+                meters: meters.clone(),
             },
         )
         .await
@@ -113,20 +114,25 @@ impl Pipeline {
             cancel,
             clusters: clusters.into_values().collect(),
             shutdown_timeout: params.shutdown_timeout,
+            meters,
         })
     }
 
-    /// Statistics of every unit this instance has worked on since it started.
+    /// Statistics of every unit this instance has worked on since it started, in unit order.
+    ///
+    /// Read from the units' shared meters, never through the coordinator's mailbox, so it
+    /// answers at once however busy the coordinator is. Never fails; it keeps its `Result` so
+    /// that callers written for the actor query still compile.
     pub async fn stats(&self) -> Result<Vec<UnitStats>> {
-        call_t!(
-            self.coordinator,
-            CoordinatorMsg::Stats,
-            STATS_TIMEOUT.as_millis() as u64
-        )
-        .map_err(|e| Error::Actor {
-            name: "coordinator".into(),
-            reason: e.to_string(),
-        })
+        Ok(self.meters.snapshot(Instant::now()))
+    }
+
+    /// A cheap, cloneable reader of [`Pipeline::stats`] that outlives a borrow of the pipeline
+    /// (the admin API keeps one while the node owns the pipeline for its shutdown). It reads
+    /// the same shared meters, synchronously.
+    pub fn stats_reader(&self) -> impl Fn() -> Vec<UnitStats> + Clone + Send + Sync + 'static {
+        let meters = self.meters.clone();
+        move || meters.snapshot(Instant::now())
     }
 
     /// Graceful stop (SIGTERM): stop discovery, stop reading, finish in-flight writes, commit,

@@ -1,11 +1,13 @@
 //! Per-unit runtime statistics, written by a unit's reader and writer and read by the admin API.
 //!
 //! These are meters, not state the pipeline decides on: actors publish them with atomics (and two
-//! small bounded rings) so that reading them never waits for an actor busy with a batch.
+//! small bounded rings) so that reading them never waits for an actor busy with a batch, and the
+//! coordinator registers each unit's meters in a [`MeterRegistry`] that readers of statistics
+//! (the admin API, `Pipeline::stats`) read directly, never through the coordinator's mailbox.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use replicator_model::{Epoch, Offset, WorkUnit};
@@ -217,6 +219,64 @@ impl UnitMeters {
     }
 }
 
+/// The meters of every unit this instance has worked on since it started (kept after a unit
+/// stops so that its statistics stay readable). Cheap to clone; clones share the map.
+///
+/// The coordinator is the only writer (it registers a unit when it first starts its pair); the
+/// lock is held only to look up or insert an `Arc`, never while a meter is read.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MeterRegistry {
+    /// Meters by unit.
+    units: Arc<RwLock<BTreeMap<WorkUnit, Arc<UnitMeters>>>>,
+}
+
+impl MeterRegistry {
+    /// The meters of `unit`, registered with `make` if the unit has none yet.
+    pub(crate) fn get_or_insert(
+        &self,
+        unit: &WorkUnit,
+        make: impl FnOnce() -> UnitMeters,
+    ) -> Arc<UnitMeters> {
+        if let Some(meters) = self.get(unit) {
+            return meters;
+        }
+        let mut units = self
+            .units
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        units
+            .entry(unit.clone())
+            .or_insert_with(|| Arc::new(make()))
+            .clone()
+    }
+
+    /// The meters of `unit`, if it was ever started.
+    pub(crate) fn get(&self, unit: &WorkUnit) -> Option<Arc<UnitMeters>> {
+        self.read().get(unit).cloned()
+    }
+
+    /// A snapshot of every unit's meters at `now`, in unit order.
+    pub(crate) fn snapshot(&self, now: Instant) -> Vec<UnitStats> {
+        // Clone the handles first: the map lock is not held while the meters' own locks are.
+        let units: Vec<(WorkUnit, Arc<UnitMeters>)> = self
+            .read()
+            .iter()
+            .map(|(unit, meters)| (unit.clone(), meters.clone()))
+            .collect();
+        units
+            .iter()
+            .map(|(unit, meters)| meters.snapshot(unit, now))
+            .collect()
+    }
+
+    /// Read access; a poisoned lock is taken over (the map is valid after any single insert).
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<WorkUnit, Arc<UnitMeters>>> {
+        self.units
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
 /// Locks a meter ring; a poisoned lock is taken over (a ring is valid after any single push).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -281,5 +341,27 @@ mod tests {
         check!(s.recent_gaps.len() == GAP_EVENTS);
         check!(s.gaps == 100);
         check!(s.messages_per_second > 0.0);
+    }
+
+    #[test]
+    fn registry_keeps_one_meter_per_unit_and_snapshots_in_unit_order() {
+        let registry = MeterRegistry::default();
+        let (a, b) = (
+            WorkUnit::new("f", "s", "t", 0),
+            WorkUnit::new("f", "s", "t", 1),
+        );
+        let first = registry.get_or_insert(&b, || UnitMeters::new("f", Observer::default()));
+        first.written(4, 5, 50);
+        // A second registration of the same unit keeps the meters (and their counts).
+        let again = registry.get_or_insert(&b, || UnitMeters::new("f", Observer::default()));
+        check!(Arc::ptr_eq(&first, &again));
+        registry.get_or_insert(&a, || UnitMeters::new("f", Observer::default()));
+        check!(registry.get(&a).is_some());
+        let stats = registry.snapshot(Instant::now());
+        let units: Vec<&WorkUnit> = stats.iter().map(|s| &s.unit).collect();
+        check!(units == vec![&a, &b]);
+        check!(stats[1].messages == 5);
+        // A clone reads the same map.
+        check!(registry.clone().snapshot(Instant::now()).len() == 2);
     }
 }

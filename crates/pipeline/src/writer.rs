@@ -520,13 +520,7 @@ async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option
     let gap = batch.gap;
     let last_offset = batch.last_offset;
     if !batch.messages.is_empty() {
-        let current = epoch_is_current(&state.assignments.borrow(), &shared.unit, shared.epoch);
-        match may_send(
-            Instant::now(),
-            shared.control.lease_valid_until(),
-            shared.tuning.lease_safety_margin,
-            current,
-        ) {
+        match send_check(&shared, &state.assignments) {
             Ok(()) => {}
             Err(SendVeto::EpochNotCurrent) => {
                 return Ok(Some(Flow::Stop("epoch no longer current")))
@@ -543,15 +537,7 @@ async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option
         let started = Instant::now();
         // Checked again once the connection is ours, right before the request is written.
         let assignments = state.assignments.clone();
-        let recheck = || {
-            let current = epoch_is_current(&assignments.borrow(), &shared.unit, shared.epoch);
-            may_send(
-                Instant::now(),
-                shared.control.lease_valid_until(),
-                shared.tuning.lease_safety_margin,
-                current,
-            )
-        };
+        let recheck = || send_check(&shared, &assignments);
         let sent = shared
             .target
             .call_checked(shared.slot(), "send_messages", recheck, |c| async move {
@@ -601,6 +587,38 @@ async fn send_held<C: ControlPlane>(state: &mut WriterState<C>) -> Result<Option
     }
     state.last_written = state.last_written.max(Some(last_offset));
     Ok(None)
+}
+
+/// Whether the writer may send now, asked of the control plane in one call that reads the
+/// lease before the grant ([`ControlPlane::lease_valid_for`]), so that a lease extended after a
+/// revoke is never paired with the revoked grant.
+fn send_check<C: ControlPlane>(
+    shared: &UnitShared<C>,
+    assignments: &watch::Receiver<Vec<Assignment>>,
+) -> std::result::Result<(), SendVeto> {
+    send_verdict(
+        Instant::now(),
+        shared.control.lease_valid_for(&shared.unit, shared.epoch),
+        shared.tuning.lease_safety_margin,
+        || epoch_is_current(&assignments.borrow(), &shared.unit, shared.epoch),
+    )
+}
+
+/// The send decision from `lease_for_epoch` (the lease, `None` when it is not valid or the
+/// epoch no longer ours). Only that value lets a send through; when it vetoes, this node's
+/// assignments (`epoch_current`, read afterwards) tell a unit that moved away (stop) from a
+/// lease not valid long enough (hold the batch and look again).
+fn send_verdict(
+    now: Instant,
+    lease_for_epoch: Option<Instant>,
+    margin: Duration,
+    epoch_current: impl FnOnce() -> bool,
+) -> std::result::Result<(), SendVeto> {
+    match may_send(now, lease_for_epoch, margin, true) {
+        Ok(()) => Ok(()),
+        Err(_) if !epoch_current() => Err(SendVeto::EpochNotCurrent),
+        Err(veto) => Err(veto),
+    }
 }
 
 /// Whether there is progress or counters the control plane has not confirmed yet.
@@ -721,6 +739,29 @@ mod tests {
 
     fn offsets(batch: &Batch) -> Vec<u64> {
         batch.messages.iter().map(|m| m.header.offset).collect()
+    }
+
+    #[test]
+    fn send_verdict_sends_only_on_a_lease_valid_past_the_margin() {
+        let now = Instant::now();
+        let margin = Duration::from_millis(500);
+        let long = Some(now + Duration::from_secs(1));
+        check!(send_verdict(now, long, margin, || true) == Ok(()));
+        // The assignments are not even consulted when the one call says yes.
+        check!(send_verdict(now, long, margin, || false) == Ok(()));
+        check!(
+            send_verdict(now, Some(now + margin), margin, || true) == Err(SendVeto::LeaseExpiring)
+        );
+    }
+
+    #[test]
+    fn send_verdict_tells_a_moved_unit_from_a_lease_too_short() {
+        let now = Instant::now();
+        let margin = Duration::from_millis(500);
+        check!(send_verdict(now, None, margin, || true) == Err(SendVeto::LeaseExpiring));
+        check!(send_verdict(now, None, margin, || false) == Err(SendVeto::EpochNotCurrent));
+        let short = Some(now + Duration::from_millis(100));
+        check!(send_verdict(now, short, margin, || false) == Err(SendVeto::EpochNotCurrent));
     }
 
     #[test]

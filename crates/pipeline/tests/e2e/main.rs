@@ -6,4 +6,6 @@ mod copy;
 mod edges;
 mod fencing;
 mod harness;
+mod idle;
+mod release;
 mod topics;

@@ -1,0 +1,238 @@
+//! A node answers its admin API and obeys SIGTERM from the moment its listeners are bound,
+//! whatever its control plane and pipeline wait for: here a quorum that never forms (its two
+//! peers do not run) and Iggy clusters that do not answer. The node runs as an OS process of
+//! the `iggy-replicator` binary, killed by its pid when the test ends, also on failure.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Generous bound of every wait (a loaded CI machine), never a pass/fail timing goal.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A free loopback address: bind port 0 and release it.
+fn free_addr() -> TestResult<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// A node process, killed (SIGKILL, by pid) when dropped; its log is printed on failure.
+struct NodeProcess {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl NodeProcess {
+    fn spawn(config: &Path, log: PathBuf) -> TestResult<Self> {
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(env!("CARGO_BIN_EXE_iggy-replicator"))
+            .args(["--log-level", "info", "run", "--config"])
+            .arg(config)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()?;
+        Ok(Self {
+            child: Some(child),
+            log,
+        })
+    }
+
+    fn pid(&self) -> TestResult<Pid> {
+        let child = self.child.as_ref().ok_or("the node is not running")?;
+        Ok(Pid::from_raw(i32::try_from(child.id())?))
+    }
+
+    /// Polls until the process exited, at most `within`.
+    async fn wait_exit(&mut self, within: Duration) -> TestResult<ExitStatus> {
+        let until = Instant::now() + within;
+        loop {
+            let child = self.child.as_mut().ok_or("the node is not running")?;
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                return Ok(status);
+            }
+            if Instant::now() > until {
+                return Err(format!("the node did not exit within {within:?}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- node log ---\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// Polls `GET base + path` until it answers at all (any status), at most [`DEADLINE`].
+async fn get_when_listening(
+    client: &reqwest::Client,
+    url: &str,
+) -> TestResult<(reqwest::StatusCode, String)> {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        match client.get(url).send().await {
+            Ok(response) => {
+                let status = response.status();
+                return Ok((status, response.text().await?));
+            }
+            Err(e) if Instant::now() > until => {
+                return Err(format!("{url} never answered: {e}").into())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// Polls `GET url` until it answers 200, at most [`DEADLINE`].
+async fn get_ok(client: &reqwest::Client, url: &str) -> TestResult<String> {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let (status, body) = get_when_listening(client, url).await?;
+        if status == reqwest::StatusCode::OK {
+            return Ok(body);
+        }
+        if Instant::now() > until {
+            return Err(format!("{url} kept answering {status}: {body}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_without_quorum_or_iggy_serves_admin_api_and_exits_on_sigterm() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (raft, api) = (free_addr()?, free_addr()?);
+    // Nothing listens on these: the peers never run, the Iggy clusters never answer.
+    let (peer2, peer3) = (free_addr()?, free_addr()?);
+    let (us, eu) = (free_addr()?, free_addr()?);
+    let config = dir.path().join("replicator.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[node]
+id = 1
+data_dir = {data:?}
+raft_addr = "{raft}"
+api_addr = "{api}"
+
+[cluster]
+secret = "node-start-test-secret-0123456789"
+initial_members = {{ 1 = "{raft}", 2 = "{peer2}", 3 = "{peer3}" }}
+
+[clusters.us]
+url = "iggy://iggy:iggy@{us}"
+
+[clusters.eu]
+url = "iggy://iggy:iggy@{eu}"
+
+[[flows]]
+name = "us-to-eu"
+source = "us"
+target = "eu"
+"#,
+            data = dir.path().join("data").display().to_string(),
+        ),
+    )?;
+    let mut node = NodeProcess::spawn(&config, dir.path().join("node.log"))?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    let base = format!("http://{api}");
+
+    // Alive, whatever it waits for.
+    let (status, body) = get_when_listening(&client, &format!("{base}/health")).await?;
+    assert_eq!(status, reqwest::StatusCode::OK, "/health: {body}");
+    // Not ready without a leader, and it says why.
+    let (status, body) = get_when_listening(&client, &format!("{base}/ready")).await?;
+    assert_eq!(
+        status,
+        reqwest::StatusCode::SERVICE_UNAVAILABLE,
+        "/ready: {body}"
+    );
+    assert!(body.starts_with("not ready"), "/ready: {body}");
+    // Status as far as this node knows it: itself, no leader.
+    let status: serde_json::Value =
+        serde_json::from_str(&get_ok(&client, &format!("{base}/status")).await?)?;
+    assert_eq!(status["node"], 1, "{status}");
+    assert!(status["leader"].is_null(), "{status}");
+    assert!(status["units"].is_array(), "{status}");
+    // Metrics answer too: no leader is -1.
+    let metrics = get_ok(&client, &format!("{base}/metrics")).await?;
+    assert!(
+        metrics.contains("iggy_replicator_raft_leader -1"),
+        "{metrics}"
+    );
+
+    kill(node.pid()?, Signal::SIGTERM)?;
+    let exit = node.wait_exit(DEADLINE).await?;
+    assert_eq!(exit.code(), Some(0), "exit after SIGTERM: {exit:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_stopped_as_soon_as_its_admin_api_answers_exits_cleanly() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (raft, api, peer2) = (free_addr()?, free_addr()?, free_addr()?);
+    let us = free_addr()?;
+    let config = dir.path().join("replicator.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[node]
+id = 1
+data_dir = {data:?}
+raft_addr = "{raft}"
+api_addr = "{api}"
+
+[cluster]
+secret = "node-start-test-secret-0123456789"
+initial_members = {{ 1 = "{raft}", 2 = "{peer2}" }}
+
+[clusters.us]
+url = "iggy://iggy:iggy@{us}"
+
+[clusters.eu]
+url = "iggy://iggy:iggy@{us}"
+
+[[flows]]
+name = "us-to-eu"
+source = "us"
+target = "eu"
+"#,
+            data = dir.path().join("data").display().to_string(),
+        ),
+    )?;
+    let mut node = NodeProcess::spawn(&config, dir.path().join("node.log"))?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    // The first answer may come while the control plane or the pipeline still starts.
+    let (status, body) = get_when_listening(&client, &format!("http://{api}/health")).await?;
+    assert_eq!(status, reqwest::StatusCode::OK, "/health: {body}");
+    kill(node.pid()?, Signal::SIGTERM)?;
+    let exit = node.wait_exit(DEADLINE).await?;
+    assert_eq!(exit.code(), Some(0), "exit after SIGTERM: {exit:?}");
+    Ok(())
+}
