@@ -12,10 +12,15 @@
 //! - `scale`: 1,000 partitions (50 topics × 20) against 16, three instances: time to assign
 //!   all units, RSS and CPU idle and under load, Raft entries per second, reassignment after
 //!   an instance loss.
+//! - `leader-kills` (only by name: about 6 minutes): 1,000 units (10 topics × 100) on three
+//!   instances at low traffic, 50 × `kill -9` of the Raft leader; p50/p99/max of the time until
+//!   the survivors agree on a new leader and until every unit is owned again, the slowest kill,
+//!   then an exact `verify`. A kill that stalls past 60 s fails the run at that kill.
 //!
 //! ```text
-//! cargo bench --bench replication                      # every scenario
+//! cargo bench --bench replication                      # the default scenarios
 //! cargo bench --bench replication -- catchup latency   # some of them
+//! BENCH_LEADER_KILLS=3 cargo bench --bench replication -- leader-kills
 //! BENCH_SOURCE_URL=iggy://user:pass@10.0.0.1:8090 \
 //! BENCH_TARGET_URL=iggy://user:pass@10.0.0.2:8090 \
 //!   cargo bench --bench replication -- catchup         # against real Iggy servers
@@ -35,6 +40,7 @@ mod catchup;
 mod env;
 mod failover;
 mod latency;
+mod leader_kills;
 mod load;
 mod metrics;
 mod report;
@@ -48,8 +54,11 @@ use crate::env::Endpoints;
 use crate::harness::TestResult;
 use crate::settings::Settings;
 
-/// The scenarios, in the order `all` runs them.
-const SCENARIOS: [&str; 4] = ["catchup", "latency", "failover", "scale"];
+/// The scenarios a run without names runs, in this order.
+const DEFAULT_SCENARIOS: [&str; 4] = ["catchup", "latency", "failover", "scale"];
+/// Every scenario that can be named; the ones not in [`DEFAULT_SCENARIOS`] take too long for
+/// every run.
+const SCENARIOS: [&str; 5] = ["catchup", "latency", "failover", "scale", "leader-kills"];
 
 fn main() -> ExitCode {
     // `cargo bench` passes `--bench`; anything else starting with `-` is ignored the same way.
@@ -58,7 +67,7 @@ fn main() -> ExitCode {
         .filter(|a| !a.starts_with('-'))
         .collect();
     if chosen.is_empty() {
-        chosen = SCENARIOS.iter().map(|s| (*s).to_owned()).collect();
+        chosen = DEFAULT_SCENARIOS.iter().map(|s| (*s).to_owned()).collect();
     }
     if let Some(unknown) = chosen.iter().find(|c| !SCENARIOS.contains(&c.as_str())) {
         eprintln!(
@@ -108,6 +117,7 @@ async fn run(chosen: &[String], settings: &Settings) -> TestResult {
             "latency" => latency::run(&endpoints, settings).await?,
             "failover" => failover::run(&endpoints, settings).await?,
             "scale" => scale::run(&endpoints, settings).await?,
+            "leader-kills" => leader_kills::run(&endpoints, settings).await?,
             other => return Err(format!("unknown scenario {other}").into()),
         }
     }

@@ -1,6 +1,6 @@
 //! What the benchmarks read from the nodes' `/metrics`.
 
-use crate::harness::{Cluster, TestResult};
+use crate::harness::{Cluster, NodeId, TestResult};
 
 /// Sums and counts of the nodes' histograms that explain the latency.
 #[derive(Debug, Clone, Copy, Default)]
@@ -67,4 +67,36 @@ pub(crate) async fn applied_index(cluster: &Cluster) -> TestResult<u64> {
         }
     }
     Ok(highest)
+}
+
+/// One node's own view of Raft, from its `/metrics` (its `/status` would ask the leader).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RaftView {
+    /// The leader it knows, if any.
+    pub(crate) leader: Option<NodeId>,
+    /// Its current term.
+    pub(crate) term: u64,
+}
+
+/// Reads `node`'s Raft leader and term gauges.
+pub(crate) async fn raft_view(cluster: &Cluster, node: NodeId) -> TestResult<RaftView> {
+    let text = cluster.metrics_of(node).await?;
+    let gauge = |name: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .ok_or_else(|| format!("node {node}: no {name} in /metrics"))
+    };
+    let leader = gauge("iggy_replicator_raft_leader")?;
+    let term = gauge("iggy_replicator_raft_term")?;
+    Ok(RaftView {
+        // -1 (or anything negative) means no leader known.
+        leader: (leader >= 0.0).then_some(leader as NodeId),
+        term: term as u64,
+    })
 }

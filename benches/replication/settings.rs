@@ -29,13 +29,22 @@ pub(crate) struct Settings {
     pub(crate) scale_topics: u32,
     /// See `scale_topics`.
     pub(crate) scale_partitions: u32,
-    /// `BENCH_SCALE_RATE`: msg/s spread over all partitions under load (default 2,000).
+    /// `BENCH_SCALE_RATE`: msg/s spread over all partitions under load (default 2,000); also the
+    /// traffic of the leader-kills scenario.
     pub(crate) scale_rate: u64,
     /// `BENCH_PROVENANCE`: `0` turns provenance headers off in every flow, to show what they
     /// cost (default 1: the product default, on).
     pub(crate) provenance: bool,
     /// `BENCH_SAMPLE_SECONDS`: CPU and Raft sampling window of the scale scenario (default 10).
     pub(crate) sample_seconds: u64,
+    /// `BENCH_LEADER_KILLS`: `kill -9` rounds of the Raft leader in the leader-kills scenario
+    /// (default 50); its traffic is `BENCH_SCALE_RATE`.
+    pub(crate) leader_kills: u32,
+    /// `BENCH_KILL_TOPICS` × `BENCH_KILL_PARTITIONS`: the leader-kills layout (default 10 × 100,
+    /// 1,000 units).
+    pub(crate) kill_topics: u32,
+    /// See `kill_topics`.
+    pub(crate) kill_partitions: u32,
 }
 
 impl Settings {
@@ -68,6 +77,9 @@ impl Settings {
             scale_rate: var("BENCH_SCALE_RATE", 2_000)?,
             sample_seconds: var("BENCH_SAMPLE_SECONDS", 10)?.max(1),
             provenance: var("BENCH_PROVENANCE", 1)? != 0,
+            leader_kills: u32::try_from(var("BENCH_LEADER_KILLS", 50)?)?,
+            kill_topics: u32::try_from(var("BENCH_KILL_TOPICS", 10)?)?.max(1),
+            kill_partitions: u32::try_from(var("BENCH_KILL_PARTITIONS", 100)?)?.max(1),
         })
     }
 }
@@ -77,7 +89,8 @@ impl fmt::Display for Settings {
         write!(
             f,
             "messages={} rounds={} connections={} rates={:?} latency_seconds={} failovers={} \
-             failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} provenance={}",
+             failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} provenance={} \
+             leader_kills={} kill_layout={}x{}",
             self.messages,
             self.rounds,
             self.connections,
@@ -90,7 +103,10 @@ impl fmt::Display for Settings {
             self.scale_partitions,
             self.scale_rate,
             self.sample_seconds,
-            self.provenance
+            self.provenance,
+            self.leader_kills,
+            self.kill_topics,
+            self.kill_partitions
         )
     }
 }
