@@ -124,10 +124,12 @@ pub struct FlowConfig {
     /// Pause between polls of a caught-up partition. Default: `"5ms"`; at most 10 s.
     #[serde(default = "default_poll_interval", with = "humantime_serde")]
     pub poll_interval: Duration,
-    /// Longest pause between polls of a partition that stays caught up: the pause doubles from
-    /// `poll_interval` with every empty poll up to this, and is back at `poll_interval` with
-    /// the first new message. Default: `"100ms"`; at most 10 s (less than `poll_interval`
-    /// means `poll_interval`).
+    /// How quickly a partition that went idle notices new messages. The pause after an empty
+    /// poll doubles from `poll_interval`; once it would reach this value the partition stops
+    /// polling and waits for its topic's watcher, which reads the topic's metadata (one
+    /// request per topic) every `idle_poll_interval` and wakes exactly the partitions that
+    /// grew. Default: `"100ms"`; at most 10 s. Set it to `poll_interval` (or less) to poll
+    /// every partition at one pace instead.
     #[serde(default = "default_idle_poll_interval", with = "humantime_serde")]
     pub idle_poll_interval: Duration,
     /// Add provenance headers (source alias, source offset, origin) to copied messages; they

@@ -7,7 +7,8 @@
 //!   instance and exposes per-unit [`UnitStats`].
 //! - `coordinator` follows this node's assignments and supervises one reader/writer pair per unit.
 //! - `reader` polls one upstream partition at explicit offsets; batches go to the writer through
-//!   a bounded channel, never through an actor mailbox.
+//!   a bounded channel, never through an actor mailbox; once its partition is idle it waits
+//!   for `activity`, a per-topic watcher that reads topic metadata instead of every partition.
 //! - `writer` resumes after the highest of the confirmed offset and the last offset found in the
 //!   downstream tail, checks its lease and epoch before every send, stamps provenance and
 //!   commits offsets.

@@ -186,11 +186,12 @@ pub struct FlowParams {
     pub batch_size: u32,
     /// How long a caught-up reader waits before polling again, e.g. 5 ms.
     pub poll_interval: Duration,
-    /// Longest wait of a reader whose partition stays caught up, e.g. 100 ms: the wait doubles
-    /// from `poll_interval` with every empty poll up to this, and drops back to `poll_interval`
-    /// with the first message. Idle partitions then cost few polls (what lets one instance
-    /// carry thousands of them) while busy ones are polled every `poll_interval`. Set it to
-    /// `poll_interval` to poll every partition at the same pace.
+    /// Period of the per-topic watcher that idle readers wait for, e.g. 100 ms (see
+    /// `activity`): a reader's pause doubles from `poll_interval` with every empty poll, and
+    /// once it would reach this value the reader waits until its topic's metadata shows a new
+    /// message (or a safety-net timer of 100 periods fires). Idle partitions then cost one
+    /// metadata request per topic per period, while busy ones are polled every
+    /// `poll_interval`. Set it to `poll_interval` to poll every partition at the same pace.
     pub idle_poll_interval: Duration,
     /// Whether writers add provenance headers (source alias, source offset, origin cluster).
     /// Turning it off also turns off tail-based exactly-once and loop prevention.
