@@ -1,6 +1,6 @@
 //! The operator's TOML file: its schema ([`Config`] and its sections), the
 //! documented defaults, `${VAR}` substitution for secrets, and a single
-//! validation pass ([`Config::validate`]) that reports every problem with the
+//! validation pass ([`Config::problems`]) that reports every problem with the
 //! key it concerns.
 //!
 //! This crate owns parsing and checking only. It starts nothing and connects to

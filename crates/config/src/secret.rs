@@ -44,7 +44,7 @@ impl<'de> Deserialize<'de> for Secret {
 pub struct ClusterUrl(String);
 
 impl ClusterUrl {
-    /// Wraps a connection string (not validated here; see `Config::validate`).
+    /// Wraps a connection string (not validated here; see `Config::problems`).
     pub fn new(value: impl Into<String>) -> Self {
         Self(value.into())
     }

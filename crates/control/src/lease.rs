@@ -1,4 +1,4 @@
-//! Lease arithmetic, kept pure so the timing argument (crate docs, "Never two owners") is
+//! Lease arithmetic, kept pure so the timing argument (ARCHITECTURE.md, "Never two owners") is
 //! unit-tested: the owner's side (`owner_lease_until`) and the leader's side (`LeaderView`).
 
 use std::collections::{BTreeMap, BTreeSet};

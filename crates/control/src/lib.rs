@@ -15,17 +15,9 @@
 //! - `api`: the public [`Control`] handle and the [`ClusterStatus`] it reports.
 //!
 //! # Never two owners
-//! Every node renews its lease through Raft every `lease_renew_interval`. The owner treats its
-//! lease as valid until the time it *sent* its latest renewal that was committed and applied,
-//! plus `lease_expiry` minus `lease_safety_margin`. The leader remembers, on its own clock,
-//! when it last *saw* each member's renewal applied; every node keeps that record while it
-//! follows, and a new leader carries on from it once it applied an entry of its own term
-//! (members it never saw start at "now"). It revokes a live member's unit never; it revokes the units of a member it
-//! has not seen renew for `lease_expiry`, and the `Revoke` applies only if no renewal of that
-//! member was applied in between. Since a renewal is sent before it is applied, the owner's
-//! lease ends before the leader can take its units. A renewal applied after a revoke of one of
-//! the node's units does not extend the lease, so the node stops until its state shows the
-//! revoke. See [`ControlTiming`] for the numbers.
+//! How leases, revokes and epochs keep a unit from having two writers is argued once, in the
+//! repository's ARCHITECTURE.md ("Never two owners"); [`ControlTiming`] holds the numbers and
+//! `lease` the arithmetic, with tests.
 #![warn(missing_docs)]
 
 mod api;

@@ -181,7 +181,7 @@ impl Control {
     }
 
     /// Until when this node may write downstream; `None` when it holds no valid lease. Check
-    /// it before every send (see "Never two owners" in the crate docs).
+    /// it before every send (see "Never two owners" in ARCHITECTURE.md).
     #[must_use]
     pub fn lease_valid_until(&self) -> Option<std::time::Instant> {
         let lease = *self
