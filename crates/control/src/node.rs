@@ -19,9 +19,10 @@ use crate::assign;
 use crate::command::{ControlCommand, ControlResponse, Rejection};
 use crate::error::{Error, Result};
 use crate::lease::{owner_lease_until, LeaderView};
+use crate::network::auth::{ReplayGuard, Signer};
 use crate::network::client::PeerClient;
 use crate::network::{paths, FaultSwitch, ManageRequest, WriteReply};
-use crate::params::{ClusterSecret, ControlTiming};
+use crate::params::ControlTiming;
 use crate::state_machine::Shared;
 use crate::{ClusterStatus, MemberNode, TypeConfig};
 
@@ -71,8 +72,10 @@ pub(crate) struct NodeInner {
     pub(crate) peers: PeerClient,
     /// Test seam cutting the node off the network.
     pub(crate) fault: Arc<FaultSwitch>,
-    /// The cluster secret checked on inbound RPCs.
-    pub(crate) secret: ClusterSecret,
+    /// Verifies the signature of inbound RPCs (keyed with the cluster secret).
+    pub(crate) signer: Signer,
+    /// Refuses inbound RPCs replayed within the signature's validity.
+    pub(crate) replay: ReplayGuard,
     /// Timing values.
     pub(crate) timing: ControlTiming,
     /// Advertised Raft address.

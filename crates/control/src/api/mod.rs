@@ -20,6 +20,7 @@ pub use admin::{ClusterStatus, ControlMetrics, MemberStatus, UnitStatus};
 use crate::command::{ControlCommand, ControlResponse, Rejection};
 use crate::error::{Error, Result};
 use crate::log_store::LogStore;
+use crate::network::auth::{ReplayGuard, Signer};
 use crate::network::client::{NetworkFactory, PeerClient};
 use crate::network::{paths, FaultSwitch, ManageRequest};
 use crate::node::{self, BatchRequest, Counters, NodeInner};
@@ -86,7 +87,7 @@ impl Control {
         let listener = tokio::net::TcpListener::from_std(listener).map_err(listen_err)?;
 
         let fault = Arc::new(FaultSwitch::default());
-        let peers = PeerClient::new(secret.clone(), fault.clone());
+        let peers = PeerClient::new(&secret, fault.clone());
         let network = NetworkFactory {
             client: peers.clone(),
             default_timeout: timing.rpc_timeout,
@@ -102,7 +103,8 @@ impl Control {
             shared,
             peers,
             fault,
-            secret,
+            signer: Signer::new(&secret),
+            replay: ReplayGuard::new(),
             timing: timing.clone(),
             raft_addr: raft_addr.to_string(),
             api_addr,

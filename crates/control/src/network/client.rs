@@ -1,4 +1,4 @@
-//! Outbound RPCs: a shared reqwest client that adds the secret, and openraft's network
+//! Outbound RPCs: a shared reqwest client that signs every request, and openraft's network
 //! factory on top of it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +18,8 @@ use replicator_model::NodeId;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{paths, FaultSwitch, SECRET_HEADER};
+use super::auth::{now_millis, Signer, Stamp, AUTH_HEADER};
+use super::{paths, FaultSwitch};
 use crate::command::{decode, encode};
 use crate::params::ClusterSecret;
 use crate::{MemberNode, TypeConfig};
@@ -32,8 +33,8 @@ pub(crate) enum CallError {
     /// The test fault switch cut this node off.
     #[error("network cut by fault switch")]
     Isolated,
-    /// The peer rejected the cluster secret.
-    #[error("peer rejected the cluster secret")]
+    /// The peer refused the request's signature (another cluster secret, or clocks apart).
+    #[error("peer refused the request's signature (cluster secret or clock)")]
     Unauthorized,
     /// The peer answered with another non-success status.
     #[error("peer answered http {0}")]
@@ -54,12 +55,12 @@ impl CallError {
 #[derive(Clone)]
 pub(crate) struct PeerClient {
     http: reqwest::Client,
-    secret: ClusterSecret,
+    signer: Signer,
     fault: Arc<FaultSwitch>,
 }
 
 impl PeerClient {
-    pub(crate) fn new(secret: ClusterSecret, fault: Arc<FaultSwitch>) -> Self {
+    pub(crate) fn new(secret: &ClusterSecret, fault: Arc<FaultSwitch>) -> Self {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true)
@@ -68,7 +69,7 @@ impl PeerClient {
             .unwrap_or_else(|_| reqwest::Client::new());
         Self {
             http,
-            secret,
+            signer: Signer::new(secret),
             fault,
         }
     }
@@ -99,7 +100,17 @@ impl PeerClient {
         let resp = self
             .http
             .post(format!("http://{addr}{path}"))
-            .header(SECRET_HEADER, self.secret.expose())
+            .header(
+                AUTH_HEADER,
+                self.signer.sign(
+                    path,
+                    &body,
+                    Stamp {
+                        millis: now_millis(),
+                        nonce: rand::random(),
+                    },
+                ),
+            )
             .header("content-type", "application/octet-stream")
             .timeout(timeout)
             .body(body)

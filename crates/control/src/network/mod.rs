@@ -1,11 +1,12 @@
 //! The authenticated transport between nodes: HTTP POSTs with bincode bodies, served by axum
-//! (`server`) and sent with reqwest (`client`). Every request carries the cluster secret in
-//! [`SECRET_HEADER`]; the server compares it in constant time and rejects (401, `warn` log
-//! without the secret) anything else.
+//! (`server`) and sent with reqwest (`client`). Every request is signed with the cluster
+//! secret (`auth`: an HMAC of path, timestamp, nonce and body; the secret itself never
+//! travels); the server refuses a wrong signature, a stale timestamp or a replay (401, `warn`).
 //!
 //! Besides openraft's three RPCs the same channel carries writes forwarded from followers to
 //! the leader, membership changes, status queries and the bootstrap ping.
 
+pub(crate) mod auth;
 pub(crate) mod client;
 pub(crate) mod server;
 
@@ -15,9 +16,6 @@ use replicator_model::NodeId;
 use serde::{Deserialize, Serialize};
 
 use crate::command::ControlResponse;
-
-/// HTTP header carrying the cluster secret.
-pub(crate) const SECRET_HEADER: &str = "x-replicator-secret";
 
 /// Request paths, one per RPC.
 pub(crate) mod paths {

@@ -1,5 +1,6 @@
 //! Inbound RPCs: an axum router over a pre-bound listener. Every handler first checks the
-//! fault switch and the cluster secret, then decodes the bincode body and answers in bincode.
+//! fault switch and the request's signature (`auth`), then decodes the bincode body and
+//! answers in bincode.
 
 use std::sync::Arc;
 
@@ -15,7 +16,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::{paths, ManageRequest, PingReply, SECRET_HEADER};
+use super::auth::{authenticate, now_millis, AUTH_HEADER};
+use super::{paths, ManageRequest, PingReply};
 use crate::command::{decode, encode, ControlCommand};
 use crate::node::NodeInner;
 use crate::TypeConfig;
@@ -40,7 +42,7 @@ pub(crate) async fn serve(
         .await
 }
 
-/// Checks the fault switch and the secret; decodes the body.
+/// Checks the fault switch, the signature and that the request is no replay; decodes the body.
 fn admit<Q: DeserializeOwned>(
     node: &NodeInner,
     headers: &HeaderMap,
@@ -50,14 +52,16 @@ fn admit<Q: DeserializeOwned>(
     if node.fault.is_isolated() {
         return Err(StatusCode::SERVICE_UNAVAILABLE);
     }
-    let presented = headers.get(SECRET_HEADER).map(|v| v.as_bytes());
-    if !presented.is_some_and(|p| node.secret.matches(p)) {
-        tracing::warn!(
-            node = %node.id,
-            path,
-            secret_present = presented.is_some(),
-            "rejected rpc with a wrong or missing cluster secret"
-        );
+    let checked = authenticate(
+        &node.signer,
+        &node.replay,
+        path,
+        body,
+        headers.get(AUTH_HEADER).map(|v| v.as_bytes()),
+        now_millis(),
+    );
+    if let Err(reason) = checked {
+        tracing::warn!(node = %node.id, path, %reason, "refused an unauthenticated rpc");
         return Err(StatusCode::UNAUTHORIZED);
     }
     decode(path, body).map_err(|e| {
