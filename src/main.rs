@@ -22,7 +22,7 @@ fn main() -> std::process::ExitCode {
     // bars, and the errors peers log about the node it kills on purpose are expected.
     let default_level = match cli.command {
         cli::Command::Demo(_) => "warn,openraft=off,iggy=off",
-        _ => "info",
+        _ => logging::DEFAULT_FILTER,
     };
     if let Err(error) = logging::install(cli.log_format, cli.log_level.as_deref(), default_level) {
         eprintln!("error: cannot install logging: {error}");
