@@ -70,6 +70,7 @@ async fn start_cluster(dir: &std::path::Path) -> BenchResult<Vec<Control>> {
                 secret: ClusterSecret::new("bench"),
                 initial_members: initial.clone(),
                 timing: ControlTiming::default(),
+                tls: None,
             })
             .await?,
         );

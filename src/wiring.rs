@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use replicator_config::Config;
-use replicator_control::{ClusterSecret, Control, ControlParams, ControlTiming};
+use replicator_control::{ClusterSecret, Control, ControlParams, ControlTiming, TlsFiles};
 use replicator_model::{Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit};
 use replicator_pipeline::{
     BackoffParams, ClusterParams, ControlError, ControlPlane, FlowParams, PipelineParams,
@@ -50,6 +50,11 @@ pub(crate) fn control_params(
         secret: ClusterSecret::new(config.cluster.secret.expose()),
         initial_members: config.initial_members(),
         timing: control_timing(config),
+        tls: config.cluster.tls.as_ref().map(|t| TlsFiles {
+            cert_file: t.cert_file.clone(),
+            key_file: t.key_file.clone(),
+            ca_file: t.ca_file.clone(),
+        }),
     }
 }
 

@@ -17,6 +17,6 @@ pub use error::{Error, Problem, Result};
 pub use load::{load_file, parse_str};
 pub use schema::{
     ClusterConfig, Config, FlowConfig, IggyClusterConfig, InitialOffsetSetting, NodeConfig,
-    PipelineConfig, DEFAULT_CONNECTIONS,
+    PipelineConfig, TlsFilesConfig, DEFAULT_CONNECTIONS,
 };
 pub use secret::{ClusterUrl, Secret};

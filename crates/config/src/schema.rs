@@ -78,6 +78,42 @@ pub struct ClusterConfig {
     /// Default: the control plane's (400 ms). Example: `"400ms"`.
     #[serde(default, with = "humantime_serde")]
     pub election_timeout: Option<Duration>,
+    /// Mutual TLS between members (`[cluster.tls]`). Default: none: Raft RPCs are plain HTTP
+    /// (signed, but readable on the wire), and `run` warns about it at start.
+    #[serde(default)]
+    pub tls: Option<TlsFilesConfig>,
+}
+
+/// `[cluster.tls]` (and `[node.api_tls]`): PEM files, re-read when they change on disk.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFilesConfig {
+    /// This node's certificate chain; its subject alternative names must cover the host
+    /// peers dial. Required. Example: `"/etc/iggy-replicator/tls/node.crt"`.
+    pub cert_file: PathBuf,
+    /// The certificate's private key. Required. Example: `"/etc/iggy-replicator/tls/node.key"`.
+    pub key_file: PathBuf,
+    /// The CA that signs every member's certificate; peers must present a certificate it
+    /// signed. Required. Example: `"/etc/iggy-replicator/tls/ca.crt"`.
+    pub ca_file: PathBuf,
+}
+
+impl TlsFilesConfig {
+    /// Reports each file that cannot be read, under `key` (e.g. `cluster.tls`).
+    fn check(&self, key: &str, problems: &mut Vec<Problem>) {
+        for (field, path) in [
+            ("cert_file", &self.cert_file),
+            ("key_file", &self.key_file),
+            ("ca_file", &self.ca_file),
+        ] {
+            if let Err(e) = std::fs::File::open(path) {
+                problems.push(Problem::new(
+                    format!("{key}.{field}"),
+                    format!("cannot read {}: {e}", path.display()),
+                ));
+            }
+        }
+    }
 }
 
 /// `[clusters.<alias>]`: one Iggy cluster.
@@ -316,6 +352,9 @@ impl ClusterConfig {
                     "must be at least 16 characters",
                 ));
             }
+        }
+        if let Some(tls) = &self.tls {
+            tls.check("cluster.tls", problems);
         }
         let positive = [
             ("cluster.lease_expiry", self.lease_expiry),

@@ -13,6 +13,7 @@
 //! - `node`: the running node's tasks: lease renewer, commit batcher, assignment loop,
 //!   bootstrap.
 //! - `api`: the public [`Control`] handle and the [`ClusterStatus`] it reports.
+//! - `tls`: mutual TLS between members ([`TlsFiles`]), reloaded when the files change.
 //!
 //! # Never two owners
 //! How leases, revokes and epochs keep a unit from having two writers is argued once, in the
@@ -32,6 +33,7 @@ mod node;
 mod params;
 mod state;
 mod state_machine;
+mod tls;
 
 use std::io::Cursor;
 
@@ -41,6 +43,7 @@ pub use api::{ClusterStatus, Control, ControlMetrics, MemberStatus, UnitStatus};
 pub use error::{Error, Result};
 pub use params::{ClusterSecret, ControlParams, ControlTiming};
 pub use state::MemberState;
+pub use tls::TlsFiles;
 
 /// What openraft knows about a node: where to reach it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -151,6 +151,8 @@ pub struct ControlParams {
     pub initial_members: BTreeMap<NodeId, String>,
     /// Timing values.
     pub timing: ControlTiming,
+    /// Mutual TLS between members (`[cluster.tls]`); `None` serves and dials plain HTTP.
+    pub tls: Option<crate::TlsFiles>,
 }
 
 #[cfg(test)]

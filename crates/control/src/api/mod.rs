@@ -26,6 +26,7 @@ use crate::network::{paths, FaultSwitch, ManageRequest};
 use crate::node::{self, BatchRequest, Counters, NodeInner};
 use crate::params::ControlParams;
 use crate::state_machine::{Shared, StateMachineStore};
+use crate::tls::TlsState;
 use crate::{data_dir, raft_config};
 
 /// Handle to a running control-plane node. Cheap to clone; `shutdown`/`crash` stop it.
@@ -62,6 +63,7 @@ impl Control {
             secret,
             initial_members,
             timing,
+            tls,
         } = params;
         if initial_members.is_empty() {
             return Err(Error::InvalidParams("initial_members is empty".into()));
@@ -86,8 +88,16 @@ impl Control {
         listener.set_nonblocking(true).map_err(listen_err)?;
         let listener = tokio::net::TcpListener::from_std(listener).map_err(listen_err)?;
 
+        let tls = tls.map(TlsState::open).transpose()?.map(Arc::new);
+        if tls.is_none() {
+            tracing::warn!(node = %node_id, raft_addr = %raft_addr, "raft rpc listener serves plain http: configure [cluster.tls] for mutual tls");
+        }
         let fault = Arc::new(FaultSwitch::default());
-        let peers = PeerClient::new(&secret, fault.clone());
+        let peers = PeerClient::new(
+            &secret,
+            fault.clone(),
+            tls.as_ref().map(|t| t.configs()).as_ref(),
+        )?;
         let network = NetworkFactory {
             client: peers.clone(),
             default_timeout: timing.rpc_timeout,
@@ -120,14 +130,15 @@ impl Control {
         let server = {
             let inner = inner.clone();
             let cancel = cancel.clone();
+            let tls = tls.clone();
             node::spawn_task("raft_server", node_id, async move {
-                if let Err(e) = crate::network::server::serve(listener, inner, cancel).await {
+                if let Err(e) = crate::network::server::serve(listener, inner, cancel, tls).await {
                     tracing::error!(error = %e, "raft rpc server stopped");
                 }
             })
         };
         let (commit_tx, commit_rx) = mpsc::channel(timing.commit_queue.max(1));
-        let tasks = vec![
+        let mut tasks = vec![
             (
                 "commit_batcher",
                 node::spawn_task(
@@ -157,6 +168,25 @@ impl Control {
                 ),
             ),
         ];
+        if let Some(tls) = tls {
+            let peers = inner.peers.clone();
+            let cancel = cancel.clone();
+            tasks.push((
+                "tls_reloader",
+                node::spawn_task("tls_reloader", node_id, async move {
+                    let mut tick = tokio::time::interval(crate::tls::RELOAD_CHECK_INTERVAL);
+                    loop {
+                        tokio::select! {
+                            () = cancel.cancelled() => return,
+                            _ = tick.tick() => {}
+                        }
+                        if let Some(configs) = tls.reload_if_changed() {
+                            peers.use_tls(&configs);
+                        }
+                    }
+                }),
+            ));
+        }
         tracing::info!(node = %node_id, raft_addr = %raft_addr, "control plane started");
         Ok(Control {
             inner,

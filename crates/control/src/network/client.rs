@@ -2,7 +2,7 @@
 //! factory on top of it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use openraft::error::{
@@ -22,6 +22,7 @@ use super::auth::{now_millis, Signer, Stamp, AUTH_HEADER};
 use super::{paths, FaultSwitch};
 use crate::command::{decode, encode};
 use crate::params::ClusterSecret;
+use crate::tls::TlsConfigs;
 use crate::{MemberNode, TypeConfig};
 
 /// Why an RPC got no answer.
@@ -51,26 +52,69 @@ impl CallError {
     }
 }
 
-/// Sends authenticated requests to peers. Cheap to clone.
+/// Sends authenticated requests to peers. Cheap to clone (clones share the HTTP client, which
+/// is replaced when the TLS files are reloaded).
 #[derive(Clone)]
 pub(crate) struct PeerClient {
-    http: reqwest::Client,
+    http: Arc<RwLock<reqwest::Client>>,
+    /// `https` with mutual TLS, `http` without.
+    scheme: &'static str,
     signer: Signer,
     fault: Arc<FaultSwitch>,
 }
 
+/// The HTTP client for peer RPCs; with `tls` it presents this node's certificate and trusts
+/// only the cluster's CA.
+fn http_client(tls: Option<&TlsConfigs>) -> crate::Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(1))
+        .tcp_nodelay(true)
+        .pool_idle_timeout(Duration::from_secs(30));
+    if let Some(tls) = tls {
+        builder = builder.tls_backend_preconfigured(tls.client.clone());
+    }
+    builder
+        .build()
+        .map_err(|e| crate::Error::InvalidParams(format!("rpc client: {e}")))
+}
+
+/// `e` with its causes: reqwest's own message ("error sending request") hides whether a
+/// connection was refused or a TLS handshake failed.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 impl PeerClient {
-    pub(crate) fn new(secret: &ClusterSecret, fault: Arc<FaultSwitch>) -> Self {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(1))
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build()
-            .unwrap_or_else(|_| reqwest::Client::new());
-        Self {
-            http,
+    pub(crate) fn new(
+        secret: &ClusterSecret,
+        fault: Arc<FaultSwitch>,
+        tls: Option<&TlsConfigs>,
+    ) -> crate::Result<Self> {
+        Ok(Self {
+            http: Arc::new(RwLock::new(http_client(tls)?)),
+            scheme: if tls.is_some() { "https" } else { "http" },
             signer: Signer::new(secret),
             fault,
+        })
+    }
+
+    /// Uses reloaded TLS material for the next connections (open ones finish as they are).
+    pub(crate) fn use_tls(&self, tls: &TlsConfigs) {
+        match http_client(Some(tls)) {
+            Ok(client) => {
+                *self
+                    .http
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = client;
+            }
+            Err(e) => tracing::warn!(error = %e, "reloaded tls material not usable for rpc client"),
         }
     }
 
@@ -97,9 +141,13 @@ impl PeerClient {
         if self.fault.is_isolated() {
             return Err(CallError::Isolated);
         }
-        let resp = self
+        let http = self
             .http
-            .post(format!("http://{addr}{path}"))
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let resp = http
+            .post(format!("{}://{addr}{path}", self.scheme))
             .header(
                 AUTH_HEADER,
                 self.signer.sign(
@@ -116,7 +164,7 @@ impl PeerClient {
             .body(body)
             .send()
             .await
-            .map_err(|e| CallError::Unreachable(e.to_string()))?;
+            .map_err(|e| CallError::Unreachable(with_causes(&e)))?;
         match resp.status().as_u16() {
             200 => {}
             401 => return Err(CallError::Unauthorized),
@@ -125,7 +173,7 @@ impl PeerClient {
         let bytes = resp
             .bytes()
             .await
-            .map_err(|e| CallError::Unreachable(e.to_string()))?;
+            .map_err(|e| CallError::Unreachable(with_causes(&e)))?;
         if self.fault.is_isolated() {
             return Err(CallError::Isolated);
         }

@@ -20,13 +20,16 @@ use super::auth::{authenticate, now_millis, AUTH_HEADER};
 use super::{paths, ManageRequest, PingReply};
 use crate::command::{decode, encode, ControlCommand};
 use crate::node::NodeInner;
+use crate::tls::TlsState;
 use crate::TypeConfig;
 
-/// Serves Raft and control RPCs on `listener` until `shutdown` is cancelled.
+/// Serves Raft and control RPCs on `listener` until `shutdown` is cancelled; over mutual TLS
+/// when `tls` is given (each connection uses the configuration current when it was accepted).
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     node: Arc<NodeInner>,
     shutdown: CancellationToken,
+    tls: Option<Arc<TlsState>>,
 ) -> std::io::Result<()> {
     let router = Router::new()
         .route(paths::APPEND, post(append))
@@ -37,9 +40,72 @@ pub(crate) async fn serve(
         .route(paths::STATUS, post(status))
         .route(paths::PING, post(ping))
         .with_state(node);
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    match tls {
+        None => {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+        }
+        Some(tls) => {
+            serve_tls(listener, router, shutdown, move || tls.configs().server).await;
+            Ok(())
+        }
+    }
+}
+
+/// How long a peer may take for its TLS handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Accepts TLS connections and serves `router` on each until `shutdown`; connections still
+/// open then are closed.
+pub(crate) async fn serve_tls<F>(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+    config: F,
+) where
+    F: Fn() -> Arc<rustls::ServerConfig> + Send + Sync + 'static,
+{
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = tokio_rustls::TlsAcceptor::from(config());
+        let router = router.clone();
+        connections.spawn(async move {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    tracing::warn!(%peer, error = %e, "refused a tls connection");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(%peer, "tls handshake timed out");
+                    return;
+                }
+            };
+            let service = hyper_util::service::TowerToHyperService::new(router);
+            let served =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            if let Err(e) = served {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    connections.abort_all();
+    while connections.join_next().await.is_some() {}
 }
 
 /// Checks the fault switch, the signature and that the request is no replay; decodes the body.

@@ -6,3 +6,4 @@ mod basic;
 mod faults;
 mod membership;
 mod stress;
+mod tls;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
-use replicator_control::{ClusterSecret, Control, ControlParams, ControlTiming};
+use replicator_control::{ClusterSecret, Control, ControlParams, ControlTiming, TlsFiles};
 use replicator_model::{Assignment, NodeId, WorkUnit};
 use tokio::task::JoinHandle;
 
@@ -54,6 +54,8 @@ pub(crate) struct TestCluster {
     /// Per node: a task playing the pipeline's part of handing back requested units.
     releasers: BTreeMap<NodeId, JoinHandle<()>>,
     pub(crate) timing: ControlTiming,
+    /// Per node: its TLS files (empty: plain HTTP).
+    pub(crate) tls: BTreeMap<NodeId, TlsFiles>,
 }
 
 fn bind_any() -> std::io::Result<TcpListener> {
@@ -64,6 +66,15 @@ impl TestCluster {
     pub(crate) async fn start(
         n: u64,
         timing: ControlTiming,
+    ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        Self::start_with_tls(n, timing, BTreeMap::new()).await
+    }
+
+    /// [`Self::start`] with TLS files per node.
+    pub(crate) async fn start_with_tls(
+        n: u64,
+        timing: ControlTiming,
+        tls: BTreeMap<NodeId, TlsFiles>,
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         init_tracing();
         let dir = tempfile::tempdir()?;
@@ -83,6 +94,7 @@ impl TestCluster {
             nodes: BTreeMap::new(),
             releasers: BTreeMap::new(),
             timing,
+            tls,
         };
         for (id, listener) in listeners {
             cluster.launch(id, Some(listener)).await?;
@@ -104,6 +116,7 @@ impl TestCluster {
             secret: ClusterSecret::new(SECRET),
             initial_members: self.initial.clone(),
             timing: self.timing.clone(),
+            tls: self.tls.get(&id).cloned(),
         }
     }
 
@@ -187,6 +200,29 @@ impl TestCluster {
                 [Some(l)] if self.nodes.contains_key(l) && self.nodes[l].metrics().is_leader => {
                     Some(*l)
                 }
+                _ => None,
+            };
+            found.is_some()
+        })
+        .await?;
+        found.ok_or_else(|| "no leader".into())
+    }
+
+    /// Waits until the nodes `among` agree on one leader, one of them (the others may be cut
+    /// off).
+    pub(crate) async fn wait_leader_among(
+        &self,
+        among: &[NodeId],
+        within: Duration,
+    ) -> Result<NodeId, Box<dyn std::error::Error + Send + Sync>> {
+        let mut found = None;
+        wait_until("a leader the given nodes agree on", within, || {
+            let leaders: std::collections::BTreeSet<Option<NodeId>> = among
+                .iter()
+                .map(|id| self.nodes[id].metrics().leader)
+                .collect();
+            found = match leaders.into_iter().collect::<Vec<_>>().as_slice() {
+                [Some(l)] if among.contains(l) && self.nodes[l].metrics().is_leader => Some(*l),
                 _ => None,
             };
             found.is_some()
