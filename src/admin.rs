@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use replicator_config::Config;
+use replicator_control::tls::{serve_tls, ServerTls};
 use replicator_control::{ClusterStatus, Control, MemberStatus};
 use replicator_model::{Epoch, NodeId, UnitCounters, WorkUnit};
 use replicator_pipeline::UnitStats;
@@ -184,8 +185,15 @@ pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     state: AdminState,
     stop: CancellationToken,
+    tls: Option<ServerTls>,
 ) {
     let app = router(state);
+    if let Some(tls) = tls {
+        let watcher = tls.watch(stop.clone());
+        serve_tls(listener, app, stop, &tls).await;
+        let _ = watcher.await;
+        return;
+    }
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await;
@@ -578,7 +586,7 @@ secret = "{SECRET}"
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
         let stop = CancellationToken::new();
-        let server = tokio::spawn(serve(listener, state, stop.clone()));
+        let server = tokio::spawn(serve(listener, state, stop.clone(), None));
         let client = reqwest::Client::new();
         let get = |path: &str| client.get(format!("{base}{path}")).send();
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use replicator_config::Config;
+use replicator_control::tls::{ServerTls, ServerTlsFiles};
 use replicator_control::Control;
 use replicator_model::NodeId;
 use replicator_pipeline::Pipeline;
@@ -69,10 +70,10 @@ struct AdminServer {
 }
 
 impl AdminServer {
-    /// Serves `state` on `listener` from now on.
-    fn start(listener: tokio::net::TcpListener, state: AdminState) -> Self {
+    /// Serves `state` on `listener` from now on, over HTTPS when `tls` is given.
+    fn start(listener: tokio::net::TcpListener, state: AdminState, tls: Option<ServerTls>) -> Self {
         let stop = CancellationToken::new();
-        let task = tokio::spawn(admin::serve(listener, state, stop.clone()));
+        let task = tokio::spawn(admin::serve(listener, state, stop.clone(), tls));
         Self { stop, task }
     }
 
@@ -145,8 +146,25 @@ impl RunningNode {
         let api_addr = api.local_addr().map_err(bind_failure)?;
         let metrics = Arc::new(Metrics::new());
         let parts = Arc::new(NodeParts::new());
-        let admin =
-            AdminServer::start(api, AdminState::new(parts.clone(), metrics.clone(), config));
+        let tls = match &config.node.api_tls {
+            Some(t) => Some(
+                ServerTls::open(ServerTlsFiles {
+                    cert_file: t.cert_file.clone(),
+                    key_file: t.key_file.clone(),
+                    client_ca_file: t.client_ca_file.clone(),
+                })
+                .map_err(|e| Failure::config(format!("node.api_tls: {e}")))?,
+            ),
+            None => {
+                warn!(api = %api_addr, "admin API serves plain http: configure [node.api_tls] for https");
+                None
+            }
+        };
+        let admin = AdminServer::start(
+            api,
+            AdminState::new(parts.clone(), metrics.clone(), config),
+            tls,
+        );
         info!(node = config.node.id, raft = %raft_addr, api = %api_addr, "starting node; admin API serving");
 
         let params = control_params(config, raft_addr, Some(raft));

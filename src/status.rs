@@ -4,6 +4,7 @@
 //! the units it runs, and renders one table (refreshed with `--watch`).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use replicator_model::NodeId;
@@ -11,12 +12,69 @@ use replicator_model::NodeId;
 use crate::admin::{AddMember, LiveView, StatusView};
 use crate::exit::Failure;
 
-/// Where the admin API is and how to authenticate.
+/// Where the admin API is and how to reach it.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct ApiArgs {
-    /// Admin API of any cluster member, `host:port` or `http://host:port`.
+    /// Admin API of any cluster member, `host:port`, `http://host:port` or `https://host:port`.
     #[arg(long, default_value = "127.0.0.1:7180", env = "REPLICATOR_API")]
     pub(crate) api: String,
+    /// PEM CA that signed the admin API's certificate (`[node.api_tls]`); a `host:port`
+    /// address is then reached over https.
+    #[arg(long, env = "REPLICATOR_CA_FILE")]
+    pub(crate) ca_file: Option<PathBuf>,
+    /// PEM client certificate, when the admin API requires one (`client_ca_file`).
+    #[arg(long, env = "REPLICATOR_CERT_FILE", requires = "key_file")]
+    pub(crate) cert_file: Option<PathBuf>,
+    /// The client certificate's PEM private key.
+    #[arg(long, env = "REPLICATOR_KEY_FILE", requires = "cert_file")]
+    pub(crate) key_file: Option<PathBuf>,
+}
+
+/// An HTTP client for the admin API of every member, and the scheme a bare `host:port` gets.
+pub(crate) struct ApiClient {
+    http: reqwest::Client,
+    scheme: &'static str,
+}
+
+impl ApiArgs {
+    /// The client these arguments describe; unreadable files are config errors (exit 2).
+    pub(crate) fn client(&self) -> Result<ApiClient, Failure> {
+        let read = |flag: &str, path: &PathBuf| {
+            std::fs::read(path)
+                .map_err(|e| Failure::config(format!("{flag} {}: {e}", path.display())))
+        };
+        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(60));
+        if let Some(ca) = &self.ca_file {
+            let cert = reqwest::Certificate::from_pem(&read("--ca-file", ca)?)
+                .map_err(|e| Failure::config(format!("--ca-file {}: {e}", ca.display())))?;
+            builder = builder.tls_certs_only([cert]);
+        }
+        if let (Some(cert), Some(key)) = (&self.cert_file, &self.key_file) {
+            let mut pem = read("--cert-file", cert)?;
+            pem.extend(read("--key-file", key)?);
+            let identity = reqwest::Identity::from_pem(&pem)
+                .map_err(|e| Failure::config(format!("--cert-file/--key-file: {e}")))?;
+            builder = builder.identity(identity);
+        }
+        let http = builder.build().map_err(|e| {
+            Failure::runtime(format!("cannot build an HTTP client: {e}"), "report a bug")
+        })?;
+        Ok(ApiClient {
+            http,
+            scheme: if self.ca_file.is_some() {
+                "https"
+            } else {
+                "http"
+            },
+        })
+    }
+}
+
+impl ApiClient {
+    /// `path` on the admin API at `api` (a bare `host:port` gets this client's scheme).
+    fn url(&self, api: &str, path: &str) -> String {
+        format!("{}{path}", base_url(api, self.scheme))
+    }
 }
 
 /// Bearer token of mutating calls.
@@ -70,20 +128,13 @@ pub(crate) enum ClusterCommand {
     },
 }
 
-fn base_url(api: &str) -> String {
+fn base_url(api: &str, scheme: &str) -> String {
     let trimmed = api.trim_end_matches('/');
     if trimmed.starts_with("http://") || trimmed.starts_with("https://") {
         trimmed.to_owned()
     } else {
-        format!("http://{trimmed}")
+        format!("{scheme}://{trimmed}")
     }
-}
-
-fn http() -> Result<reqwest::Client, Failure> {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .map_err(|e| Failure::runtime(format!("cannot build an HTTP client: {e}"), "report a bug"))
 }
 
 fn unreachable(api: &str, e: reqwest::Error) -> Failure {
@@ -94,9 +145,10 @@ fn unreachable(api: &str, e: reqwest::Error) -> Failure {
 }
 
 /// Fetches `/status` from `api`.
-async fn fetch_status(client: &reqwest::Client, api: &str) -> Result<StatusView, Failure> {
+async fn fetch_status(client: &ApiClient, api: &str) -> Result<StatusView, Failure> {
     let response = client
-        .get(format!("{}/status", base_url(api)))
+        .http
+        .get(client.url(api, "/status"))
         .send()
         .await
         .map_err(|e| unreachable(api, e))?;
@@ -118,7 +170,6 @@ async fn fetch_status(client: &reqwest::Client, api: &str) -> Result<StatusView,
 
 /// Runs a `cluster` subcommand.
 pub(crate) async fn cluster(command: ClusterCommand) -> Result<(), Failure> {
-    let client = http()?;
     match command {
         ClusterCommand::Add {
             api,
@@ -127,8 +178,10 @@ pub(crate) async fn cluster(command: ClusterCommand) -> Result<(), Failure> {
             raft_addr,
             api_addr,
         } => {
+            let client = api.client()?;
             let response = client
-                .post(format!("{}/cluster/members", base_url(&api.api)))
+                .http
+                .post(client.url(&api.api, "/cluster/members"))
                 .bearer_auth(&token.token)
                 .json(&AddMember {
                     id,
@@ -141,8 +194,10 @@ pub(crate) async fn cluster(command: ClusterCommand) -> Result<(), Failure> {
             mutation_result(response, "add").await
         }
         ClusterCommand::Remove { api, token, id } => {
+            let client = api.client()?;
             let response = client
-                .delete(format!("{}/cluster/members/{id}", base_url(&api.api)))
+                .http
+                .delete(client.url(&api.api, &format!("/cluster/members/{id}")))
                 .bearer_auth(&token.token)
                 .send()
                 .await
@@ -150,7 +205,7 @@ pub(crate) async fn cluster(command: ClusterCommand) -> Result<(), Failure> {
             mutation_result(response, "remove").await
         }
         ClusterCommand::Status { api } => {
-            let view = fetch_status(&client, &api.api).await?;
+            let view = fetch_status(&api.client()?, &api.api).await?;
             print!("{}", render_members(&view));
             Ok(())
         }
@@ -178,7 +233,7 @@ async fn mutation_result(response: reqwest::Response, action: &str) -> Result<()
 
 /// Runs `status`, once or every `interval` with `watch`.
 pub(crate) async fn status(api: ApiArgs, watch: bool, interval: Duration) -> Result<(), Failure> {
-    let client = http()?;
+    let client = api.client()?;
     loop {
         let view = fetch_status(&client, &api.api).await?;
         let live = collect_live(&client, &view).await;
@@ -200,7 +255,7 @@ pub(crate) async fn status(api: ApiArgs, watch: bool, interval: Duration) -> Res
 }
 
 /// Live figures of every unit, from the members that run them (unreachable members are skipped).
-async fn collect_live(client: &reqwest::Client, view: &StatusView) -> BTreeMap<String, LiveView> {
+async fn collect_live(client: &ApiClient, view: &StatusView) -> BTreeMap<String, LiveView> {
     let mut live = BTreeMap::new();
     let mut collect = |v: &StatusView| {
         for unit in &v.units {
@@ -290,8 +345,112 @@ mod tests {
 
     #[test]
     fn base_url_adds_scheme_and_trims_slash() {
-        assert_eq!(base_url("10.0.0.1:7180"), "http://10.0.0.1:7180");
-        assert_eq!(base_url("http://h:1/"), "http://h:1");
-        assert_eq!(base_url("https://h:1"), "https://h:1");
+        assert_eq!(base_url("10.0.0.1:7180", "http"), "http://10.0.0.1:7180");
+        assert_eq!(base_url("10.0.0.1:7180", "https"), "https://10.0.0.1:7180");
+        assert_eq!(base_url("http://h:1/", "https"), "http://h:1");
+        assert_eq!(base_url("https://h:1", "http"), "https://h:1");
+    }
+
+    type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+    /// A CA and a certificate it signed for `san`: (CA PEM, cert PEM, key PEM).
+    fn signed(
+        ca: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+        san: &str,
+    ) -> Result<(String, String), rcgen::Error> {
+        let key = rcgen::KeyPair::generate()?;
+        let cert = rcgen::CertificateParams::new(vec![san.to_owned()])?.signed_by(&key, ca)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
+    fn ca() -> Result<rcgen::CertifiedIssuer<'static, rcgen::KeyPair>, rcgen::Error> {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate()?)
+    }
+
+    #[tokio::test]
+    async fn the_cli_reaches_an_admin_api_that_requires_client_certificates() -> TestResult {
+        use std::sync::Arc;
+
+        use replicator_control::tls::{ServerTls, ServerTlsFiles};
+        use tokio_util::sync::CancellationToken;
+
+        use crate::admin::{serve, AdminState, NodeParts};
+        use crate::metrics::Metrics;
+
+        let dir = tempfile::tempdir()?;
+        let write = |name: &str, text: &str| -> std::io::Result<PathBuf> {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text)?;
+            Ok(path)
+        };
+        let server_ca = ca()?;
+        let client_ca = ca()?;
+        let (cert, key) = signed(&server_ca, "127.0.0.1")?;
+        let (client_cert, client_key) = signed(&client_ca, "operator")?;
+        let files = ServerTlsFiles {
+            cert_file: write("api.crt", &cert)?,
+            key_file: write("api.key", &key)?,
+            client_ca_file: Some(write("clients.crt", &client_ca.pem())?),
+        };
+        let config = replicator_config::parse_str(
+            "[node]\nid = 1\ndata_dir = \"/tmp/unused\"\nraft_addr = \"127.0.0.1:1\"\napi_addr = \"127.0.0.1:2\"\n[cluster]\nsecret = \"0123456789abcdef\"\n",
+            "test",
+            |_| None,
+        )?;
+        let state = AdminState::new(
+            Arc::new(NodeParts::new()),
+            Arc::new(Metrics::new()),
+            &config,
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let api = listener.local_addr()?.to_string();
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            state,
+            stop.clone(),
+            Some(ServerTls::open(files)?),
+        ));
+
+        let args =
+            |cert_file: Option<PathBuf>, key_file: Option<PathBuf>| -> std::io::Result<ApiArgs> {
+                Ok(ApiArgs {
+                    api: api.clone(),
+                    ca_file: Some(write("server-ca.crt", &server_ca.pem())?),
+                    cert_file,
+                    key_file,
+                })
+            };
+        let operator = args(
+            Some(write("operator.crt", &client_cert)?),
+            Some(write("operator.key", &client_key)?),
+        )?
+        .client()
+        .map_err(|f| format!("{f:?}"))?;
+        let health = operator
+            .http
+            .get(operator.url(&api, "/health"))
+            .send()
+            .await?;
+        assert_eq!(health.status(), reqwest::StatusCode::OK);
+        // Without a client certificate the handshake fails; plain HTTP gets no answer.
+        let anonymous = args(None, None)?.client().map_err(|f| format!("{f:?}"))?;
+        assert!(anonymous
+            .http
+            .get(anonymous.url(&api, "/health"))
+            .send()
+            .await
+            .is_err());
+        let plain = reqwest::Client::new()
+            .get(format!("http://{api}/health"))
+            .send()
+            .await;
+        assert!(plain.is_err() || plain.is_ok_and(|r| !r.status().is_success()));
+
+        stop.cancel();
+        server.await?;
+        Ok(())
     }
 }

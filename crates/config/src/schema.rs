@@ -48,6 +48,25 @@ pub struct NodeConfig {
     /// wildcard. Default: `api_addr`. Example: `"10.0.0.1:7180"`.
     #[serde(default)]
     pub advertised_api_addr: Option<String>,
+    /// HTTPS for the admin API (`[node.api_tls]`). Default: none: plain HTTP, and `run` warns
+    /// about it at start.
+    #[serde(default)]
+    pub api_tls: Option<ApiTlsConfig>,
+}
+
+/// `[node.api_tls]`: the admin API's certificate, and optionally the CA of client
+/// certificates it requires. PEM files, re-read when they change on disk.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ApiTlsConfig {
+    /// The admin API's certificate chain. Required. Example: `"/etc/iggy-replicator/tls/api.crt"`.
+    pub cert_file: PathBuf,
+    /// Its private key. Required. Example: `"/etc/iggy-replicator/tls/api.key"`.
+    pub key_file: PathBuf,
+    /// When set, every client (Prometheus, the CLI) must present a certificate signed by this
+    /// CA. Default: none (any client; mutating calls still need the bearer token).
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
 }
 
 /// `[cluster]`: the replicator cluster (the Raft group).
@@ -98,17 +117,13 @@ pub struct TlsFilesConfig {
     pub ca_file: PathBuf,
 }
 
-impl TlsFilesConfig {
-    /// Reports each file that cannot be read, under `key` (e.g. `cluster.tls`).
-    fn check(&self, key: &str, problems: &mut Vec<Problem>) {
-        for (field, path) in [
-            ("cert_file", &self.cert_file),
-            ("key_file", &self.key_file),
-            ("ca_file", &self.ca_file),
-        ] {
+/// Reports each given file that cannot be read, as `<section>.<field>`.
+fn check_readable(problems: &mut Vec<Problem>, section: &str, files: &[(&str, Option<&PathBuf>)]) {
+    for (field, path) in files {
+        if let Some(path) = path {
             if let Err(e) = std::fs::File::open(path) {
                 problems.push(Problem::new(
-                    format!("{key}.{field}"),
+                    format!("{section}.{field}"),
                     format!("cannot read {}: {e}", path.display()),
                 ));
             }
@@ -276,6 +291,14 @@ impl Config {
         if self.node.data_dir.as_os_str().is_empty() {
             problems.push(Problem::new("node.data_dir", "must not be empty"));
         }
+        if let Some(tls) = &self.node.api_tls {
+            let files = [
+                ("cert_file", Some(&tls.cert_file)),
+                ("key_file", Some(&tls.key_file)),
+                ("client_ca_file", tls.client_ca_file.as_ref()),
+            ];
+            check_readable(&mut problems, "node.api_tls", &files);
+        }
         self.cluster.check(&mut problems);
         for (id, addr) in &self.cluster.initial_members {
             let key = format!("cluster.initial_members.{id}");
@@ -354,7 +377,12 @@ impl ClusterConfig {
             }
         }
         if let Some(tls) = &self.tls {
-            tls.check("cluster.tls", problems);
+            let files = [
+                ("cert_file", Some(&tls.cert_file)),
+                ("key_file", Some(&tls.key_file)),
+                ("ca_file", Some(&tls.ca_file)),
+            ];
+            check_readable(problems, "cluster.tls", &files);
         }
         let positive = [
             ("cluster.lease_expiry", self.lease_expiry),

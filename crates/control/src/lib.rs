@@ -33,7 +33,7 @@ mod node;
 mod params;
 mod state;
 mod state_machine;
-mod tls;
+pub mod tls;
 
 use std::io::Cursor;
 

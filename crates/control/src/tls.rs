@@ -1,8 +1,10 @@
-//! Mutual TLS between members: every node presents a certificate signed by the cluster's CA
-//! and accepts only peers that do the same. The files are read at start (an unreadable or
-//! invalid file fails the start, naming it) and re-read when they change on disk, so that
-//! certificates can be rotated without a restart: new connections use the new files, a file
-//! set that does not load is refused with a warning and the previous one stays in use.
+//! TLS for the node's HTTP listeners. Between members it is mutual: every node presents a
+//! certificate signed by the cluster's CA and accepts only peers that do the same
+//! ([`TlsFiles`]); the admin API reuses the same loading, reloading and serving
+//! ([`ServerTls`], [`serve_tls`]). The files are read at start (an unreadable or invalid file
+//! fails the start, naming it) and re-read when they change on disk, so that certificates can
+//! be rotated without a restart: new connections use the new files; a set that does not load
+//! is refused with a warning and the previous one stays in use.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -89,35 +91,72 @@ pub(crate) fn load(files: &TlsFiles) -> Result<TlsConfigs> {
     })
 }
 
-/// The modification times of the three files (`None` for one that cannot be read).
-fn stamp(files: &TlsFiles) -> [Option<SystemTime>; 3] {
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    [
-        modified(&files.cert_file),
-        modified(&files.key_file),
-        modified(&files.ca_file),
-    ]
+/// An HTTPS listener's own certificate, and optionally the CA its clients must present a
+/// certificate of (the admin API's `[node.api_tls]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTlsFiles {
+    /// PEM certificate chain of the listener.
+    pub cert_file: PathBuf,
+    /// PEM private key of that certificate.
+    pub key_file: PathBuf,
+    /// When set, clients must present a certificate signed by this CA (mutual TLS).
+    pub client_ca_file: Option<PathBuf>,
 }
 
-/// The current TLS configurations of a node, reloaded when the files change.
-pub(crate) struct TlsState {
-    files: TlsFiles,
-    current: RwLock<(TlsConfigs, [Option<SystemTime>; 3])>,
+/// Builds the server configuration of `files`.
+fn load_server(files: &ServerTlsFiles) -> Result<Arc<ServerConfig>> {
+    let chain = certificates(&files.cert_file)?;
+    let key = PrivateKeyDer::from_pem_file(&files.key_file).map_err(|e| bad(&files.key_file, e))?;
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::InvalidParams(format!("tls: {e}")))?;
+    let builder = match &files.client_ca_file {
+        Some(ca_file) => {
+            let mut roots = RootCertStore::empty();
+            for ca in certificates(ca_file)? {
+                roots.add(ca).map_err(|e| bad(ca_file, e))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                .build()
+                .map_err(|e| bad(ca_file, e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| bad(&files.cert_file, e))?;
+    Ok(Arc::new(config))
 }
 
-impl TlsState {
-    /// Loads the files; fails naming the file that does not load.
-    pub(crate) fn open(files: TlsFiles) -> Result<Self> {
-        let stamp = stamp(&files);
-        let configs = load(&files)?;
+/// Something built from files, rebuilt when any of them changes on disk.
+pub(crate) struct Reloading<T> {
+    paths: Vec<PathBuf>,
+    build: Box<dyn Fn() -> Result<T> + Send + Sync>,
+    current: RwLock<(T, Vec<Option<SystemTime>>)>,
+}
+
+fn stamps(paths: &[PathBuf]) -> Vec<Option<SystemTime>> {
+    paths
+        .iter()
+        .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .collect()
+}
+
+impl<T: Clone> Reloading<T> {
+    /// Builds once (failing with the file that does not load) and remembers the files' times.
+    fn open(paths: Vec<PathBuf>, build: Box<dyn Fn() -> Result<T> + Send + Sync>) -> Result<Self> {
+        let stamp = stamps(&paths);
+        let value = build()?;
         Ok(Self {
-            files,
-            current: RwLock::new((configs, stamp)),
+            paths,
+            build,
+            current: RwLock::new((value, stamp)),
         })
     }
 
-    /// The configurations to use for the next connection.
-    pub(crate) fn configs(&self) -> TlsConfigs {
+    /// The current value.
+    pub(crate) fn get(&self) -> T {
         self.current
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -125,37 +164,92 @@ impl TlsState {
             .clone()
     }
 
-    /// Reloads the files if any of them changed since the last load. Returns the new
-    /// configurations when they were reloaded; a set that does not load keeps the old one.
-    pub(crate) fn reload_if_changed(&self) -> Option<TlsConfigs> {
-        let now = stamp(&self.files);
+    /// Rebuilds if any file changed since the last build; returns the new value. A build that
+    /// fails keeps the old value (logged once per change of the files).
+    pub(crate) fn reload_if_changed(&self) -> Option<T> {
+        let now = stamps(&self.paths);
+        if self
+            .current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1
+            == now
         {
-            let current = self
-                .current
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if current.1 == now {
-                return None;
-            }
+            return None;
         }
-        match load(&self.files) {
-            Ok(configs) => {
-                *self
-                    .current
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = (configs.clone(), now);
-                tracing::info!(cert_file = %self.files.cert_file.display(), "tls certificates reloaded");
-                Some(configs)
+        let built = (self.build)();
+        let mut current = self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        current.1 = now;
+        match built {
+            Ok(value) => {
+                current.0 = value.clone();
+                tracing::info!(files = ?self.paths, "tls files reloaded");
+                Some(value)
             }
             Err(e) => {
-                // Remember the stamp so the warning is not repeated until the files change.
-                self.current
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .1 = now;
                 tracing::warn!(error = %e, "tls files changed but do not load; keeping the previous ones");
                 None
             }
         }
     }
+}
+
+/// A member's TLS configurations, reloaded when its files change.
+pub(crate) type TlsState = Reloading<TlsConfigs>;
+
+impl TlsState {
+    /// Loads the member's files; fails naming the file that does not load.
+    pub(crate) fn for_member(files: TlsFiles) -> Result<Self> {
+        let paths = vec![
+            files.cert_file.clone(),
+            files.key_file.clone(),
+            files.ca_file.clone(),
+        ];
+        Reloading::open(paths, Box::new(move || load(&files)))
+    }
+}
+
+/// The TLS configuration of an HTTPS listener, reloaded when its files change; serve with
+/// [`serve_tls`] and call [`ServerTls::watch`] to pick up rotated certificates.
+pub struct ServerTls(Arc<Reloading<Arc<ServerConfig>>>);
+
+impl ServerTls {
+    /// Loads the files; fails naming the file that does not load.
+    pub fn open(files: ServerTlsFiles) -> Result<Self> {
+        let mut paths = vec![files.cert_file.clone(), files.key_file.clone()];
+        paths.extend(files.client_ca_file.clone());
+        Ok(Self(Arc::new(Reloading::open(
+            paths,
+            Box::new(move || load_server(&files)),
+        )?)))
+    }
+
+    /// Checks the files every few seconds until `stop`, so new connections use rotated files.
+    pub fn watch(&self, stop: tokio_util::sync::CancellationToken) -> tokio::task::JoinHandle<()> {
+        let state = self.0.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RELOAD_CHECK_INTERVAL);
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                state.reload_if_changed();
+            }
+        })
+    }
+}
+
+/// Serves `router` over TLS on `listener` until `shutdown` (see `network::server::serve_tls`).
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: tokio_util::sync::CancellationToken,
+    tls: &ServerTls,
+) {
+    let state = tls.0.clone();
+    crate::network::server::serve_tls(listener, router, shutdown, move || state.get()).await;
 }

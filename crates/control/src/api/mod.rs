@@ -88,7 +88,7 @@ impl Control {
         listener.set_nonblocking(true).map_err(listen_err)?;
         let listener = tokio::net::TcpListener::from_std(listener).map_err(listen_err)?;
 
-        let tls = tls.map(TlsState::open).transpose()?.map(Arc::new);
+        let tls = tls.map(TlsState::for_member).transpose()?.map(Arc::new);
         if tls.is_none() {
             tracing::warn!(node = %node_id, raft_addr = %raft_addr, "raft rpc listener serves plain http: configure [cluster.tls] for mutual tls");
         }
@@ -96,7 +96,7 @@ impl Control {
         let peers = PeerClient::new(
             &secret,
             fault.clone(),
-            tls.as_ref().map(|t| t.configs()).as_ref(),
+            tls.as_ref().map(|t| t.get()).as_ref(),
         )?;
         let network = NetworkFactory {
             client: peers.clone(),

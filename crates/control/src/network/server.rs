@@ -47,7 +47,7 @@ pub(crate) async fn serve(
                 .await
         }
         Some(tls) => {
-            serve_tls(listener, router, shutdown, move || tls.configs().server).await;
+            serve_tls(listener, router, shutdown, move || tls.get().server).await;
             Ok(())
         }
     }
