@@ -12,6 +12,8 @@
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{
@@ -39,6 +41,8 @@ pub(crate) struct LogStore {
     logs: sled::Tree,
     /// Vote, committed, purged.
     meta: sled::Tree,
+    /// The latest committed index openraft saved, plus one (0: none yet), for metrics.
+    committed: Arc<AtomicU64>,
 }
 
 /// Most encoded entry bytes one AppendEntries carries (a single larger entry still goes alone).
@@ -57,6 +61,7 @@ impl LogStore {
             db: db.clone(),
             logs: data_dir::tree(db, dir, TREE_LOGS)?,
             meta: data_dir::tree(db, dir, TREE_META)?,
+            committed: Arc::new(AtomicU64::new(0)),
         };
         let corrupt = |what: &str, e: &dyn std::fmt::Display| Error::DataDir {
             path: PathBuf::from(dir),
@@ -65,9 +70,11 @@ impl LogStore {
         store
             .read_meta::<Vote<NodeId>>(KEY_VOTE)
             .map_err(|e| corrupt("vote", &e))?;
-        store
+        let committed = store
             .read_meta::<Option<LogId<NodeId>>>(KEY_COMMITTED)
-            .map_err(|e| corrupt("committed id", &e))?;
+            .map_err(|e| corrupt("committed id", &e))?
+            .flatten();
+        store.note_committed(committed);
         store
             .read_meta::<LogId<NodeId>>(KEY_PURGED)
             .map_err(|e| corrupt("purged id", &e))?;
@@ -105,6 +112,16 @@ impl LogStore {
         self.write_meta(KEY_VOTE, &vote).map_err(failed)?;
         self.flush().await.map_err(failed)?;
         Ok(true)
+    }
+
+    /// The commit index as openraft last saved it (`None` before any), shared for metrics.
+    pub(crate) fn committed_index(&self) -> Arc<AtomicU64> {
+        self.committed.clone()
+    }
+
+    fn note_committed(&self, committed: Option<LogId<NodeId>>) {
+        self.committed
+            .store(committed.map_or(0, |c| c.index + 1), Ordering::Relaxed);
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(&self, k: &[u8]) -> Result<Option<T>> {
@@ -233,6 +250,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Not flushed: losing the latest value only means re-applying less on restart.
         self.write_meta(KEY_COMMITTED, &committed)
             .map_err(StorageIOError::write)?;
+        self.note_committed(committed);
         Ok(())
     }
 

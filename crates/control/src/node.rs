@@ -94,6 +94,8 @@ pub(crate) struct NodeInner {
     pub(crate) draining: AtomicBool,
     /// Metrics counters.
     pub(crate) counters: Counters,
+    /// The commit index the log store last saved, plus one (0: none), for metrics.
+    pub(crate) committed: Arc<AtomicU64>,
     /// Stops every task.
     pub(crate) cancel: CancellationToken,
 }

@@ -251,6 +251,14 @@ impl ControlState {
             .collect()
     }
 
+    /// Units that are reported (not retired) and have no owner.
+    pub(crate) fn unowned_units(&self) -> usize {
+        self.units
+            .values()
+            .filter(|r| !r.retired && r.owner.is_none())
+            .count()
+    }
+
     /// Whether `node` owns `unit` under `epoch` right now.
     pub(crate) fn holds(&self, node: NodeId, unit: &WorkUnit, epoch: Epoch) -> bool {
         self.units

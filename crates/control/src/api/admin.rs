@@ -80,6 +80,8 @@ pub struct ControlMetrics {
     pub last_log_index: Option<u64>,
     /// Index of the last applied entry.
     pub last_applied: Option<u64>,
+    /// Commit index as this node knows it (entries up to it are durable on a quorum).
+    pub commit_index: Option<u64>,
     /// Last log index included in the node's latest snapshot.
     pub snapshot_index: Option<u64>,
     /// Last purged log index (entries up to it exist only in the snapshot).
@@ -92,6 +94,9 @@ pub struct ControlMetrics {
     pub commit_batches: u64,
     /// Units this node owns now.
     pub units_owned: usize,
+    /// Units discovery reports that nobody owns, in this node's applied state (meaningful
+    /// on the leader and on any follower that is up to date).
+    pub units_unowned: usize,
 }
 
 pub(crate) struct StatusInputs<'a> {

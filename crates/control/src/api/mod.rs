@@ -102,6 +102,7 @@ impl Control {
             client: peers.clone(),
             default_timeout: timing.rpc_timeout,
         };
+        let committed = log_store.committed_index();
         let raft = Raft::new(node_id, Arc::new(config), network, log_store, state_machine)
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;
@@ -124,6 +125,7 @@ impl Control {
             leaving: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             counters: Counters::default(),
+            committed,
             cancel: cancel.clone(),
         });
 
@@ -442,6 +444,11 @@ impl Control {
             is_leader: m.current_leader == Some(self.inner.id),
             last_log_index: m.last_log_index,
             last_applied: m.last_applied.map(|l| l.index),
+            commit_index: self
+                .inner
+                .committed
+                .load(Ordering::Relaxed)
+                .checked_sub(1),
             snapshot_index: m.snapshot.map(|l| l.index),
             purged_index: m.purged.map(|l| l.index),
             lease_renewals: c.lease_renewals.load(Ordering::Relaxed),
@@ -454,6 +461,7 @@ impl Control {
                 .state
                 .assignments_of(self.inner.id)
                 .len(),
+            units_unowned: self.inner.shared.read().state.unowned_units(),
         }
     }
 

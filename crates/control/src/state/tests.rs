@@ -450,3 +450,19 @@ fn apply_is_deterministic() {
     }
     check!(a == b);
 }
+
+#[test]
+fn unowned_units_count_only_reported_units_without_an_owner() {
+    let mut s = setup();
+    // setup: units 0..3 reported, unit 0 owned by node 1.
+    check!(s.unowned_units() == 2);
+    s.apply(
+        20,
+        &ControlCommand::ReportUnits {
+            flow: "f".into(),
+            units: vec![unit(0), unit(1)],
+        },
+    );
+    // Unit 2 is retired: not counted; unit 0 (owned) neither.
+    check!(s.unowned_units() == 1);
+}

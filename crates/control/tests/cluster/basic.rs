@@ -70,6 +70,13 @@ async fn three_nodes_elect_a_leader_assign_evenly_and_commit() -> TestResult {
         .members
         .iter()
         .all(|m| m.voter && m.lease_alive == Some(true)));
+    // The commit index the log store saved is never behind what was applied.
+    for node in cluster.nodes.values() {
+        let m = node.metrics();
+        assert2::check!(m.commit_index.is_some());
+        assert2::check!(m.commit_index >= m.last_applied);
+        assert2::check!(m.units_unowned == 0);
+    }
     cluster.shutdown().await;
     Ok(())
 }
