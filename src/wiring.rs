@@ -88,7 +88,7 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
             params.poll_interval = flow.poll_interval;
             params.idle_poll_interval = flow.idle_poll_interval;
             params.provenance = flow.provenance;
-            params.channel_capacity = flow.max_in_flight_batches;
+            params.max_in_flight_batches = flow.max_in_flight_batches;
             params
         })
         .collect();
@@ -205,5 +205,33 @@ idle_poll_interval = "250ms"
             params.flows[0].idle_poll_interval,
             Duration::from_millis(250)
         );
+    }
+
+    #[test]
+    fn max_in_flight_batches_reaches_the_pipeline_under_the_same_name() {
+        let text = r#"
+[node]
+id = 1
+data_dir = "/tmp/r1"
+raft_addr = "127.0.0.1:7101"
+api_addr = "127.0.0.1:7181"
+
+[cluster]
+secret = "0123456789abcdef"
+
+[clusters.us]
+url = "iggy://iggy:iggy@127.0.0.1:8090"
+
+[clusters.eu]
+url = "iggy://iggy:iggy@127.0.0.1:8091"
+
+[[flows]]
+name = "us-to-eu"
+source = "us"
+target = "eu"
+max_in_flight_batches = 5
+"#;
+        let config = replicator_config::parse_str(text, "test", |_| None).expect("valid config");
+        assert_eq!(pipeline_params(&config).flows[0].max_in_flight_batches, 5);
     }
 }

@@ -6,11 +6,12 @@
 //! metadata (`get_topic`) already lists every partition's `current_offset` and
 //! `messages_count`, so one request tells all readers of the topic on this node which of them
 //! have something to read. A reader whose partition stayed empty long enough subscribes to its
-//! topic's [`TopicActivity`] with its next offset (see `reader::idle_wait`); while the topic has
-//! subscribers, one task fetches the metadata every interval and sends `ReaderMsg::Poll` to
-//! exactly the subscribers whose partition holds a message they have not read ([`should_wake`]).
-//! A woken subscriber is removed: it polls, and subscribes again once it is idle again. The
-//! task ends when no subscriber is left, and starts again with the next one.
+//! topic's [`TopicActivity`] with its next offset (see `reader::idle_wait`) and awaits the
+//! [`Subscription`] together with its stop token and a safety-net timer; while the topic has
+//! subscribers, one task fetches the metadata every interval and wakes exactly the subscribers
+//! whose partition holds a message they have not read ([`should_wake`]). A woken subscriber is
+//! removed: it polls, and subscribes again once it is idle again. The task ends when no
+//! subscriber is left, and starts again with the next one.
 //!
 //! Metadata is only a hint. Whatever it cannot vouch for (the topic is missing, was recreated,
 //! lost partitions, or the request failed) wakes every subscriber, so that the readers find out
@@ -23,14 +24,13 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use iggy::prelude::{Identifier, TopicClient, TopicDetails};
-use ractor::{ActorRef, ActorStatus};
 use replicator_model::Offset;
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 use tracing::Instrument;
 
 use crate::clients::Cluster;
-use crate::reader::ReaderMsg;
 use crate::stats::Observer;
 
 /// What tells two topic watchers apart: the flow (which fixes the source cluster and the idle
@@ -171,14 +171,34 @@ struct Waiter {
     partition: u32,
     /// The next offset it would poll.
     next: Offset,
-    /// Where the wake-up goes.
-    reader: ActorRef<ReaderMsg>,
+    /// Where the wake-up goes (one at most: a woken waiter is removed).
+    wake: oneshot::Sender<()>,
 }
 
-/// A subscription, handed back to [`TopicActivity::unsubscribe`] by a reader that polled for
-/// another reason (its safety-net timer) or stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Ticket(u64);
+/// One idle reader's subscription: [`Subscription::woken`] completes once the watcher saw a
+/// message the reader has not read. Dropping it withdraws it (a reader that polls for another
+/// reason, or stops), a no-op once it was woken.
+pub(crate) struct Subscription {
+    watcher: Arc<TopicActivity>,
+    ticket: u64,
+    woken: oneshot::Receiver<()>,
+}
+
+impl Subscription {
+    /// Completes when the watcher wakes this subscriber (never, once the watcher was closed:
+    /// the reader's safety-net timer then brings the next poll).
+    pub(crate) async fn woken(&mut self) {
+        if (&mut self.woken).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        lock(&self.watcher.state).waiters.remove(&self.ticket);
+    }
+}
 
 impl TopicActivity {
     /// Whether metadata requests are failing (the reader then polls every interval itself).
@@ -186,14 +206,10 @@ impl TopicActivity {
         self.degraded.load(Ordering::Relaxed)
     }
 
-    /// Asks for one `ReaderMsg::Poll` to `reader` once `partition` holds a message at or after
-    /// `next`, starting the watcher's task if it does not run.
-    pub(crate) fn subscribe(
-        self: &Arc<Self>,
-        partition: u32,
-        next: Offset,
-        reader: ActorRef<ReaderMsg>,
-    ) -> Ticket {
+    /// Subscribes an idle reader: woken once `partition` holds a message at or after `next`.
+    /// Starts the watcher's task if it does not run.
+    pub(crate) fn subscribe(self: &Arc<Self>, partition: u32, next: Offset) -> Subscription {
+        let (wake, woken) = oneshot::channel();
         let mut state = lock(&self.state);
         let ticket = state.next_ticket;
         state.next_ticket = ticket.wrapping_add(1);
@@ -202,7 +218,7 @@ impl TopicActivity {
             Waiter {
                 partition,
                 next,
-                reader,
+                wake,
             },
         );
         if !state.running && !self.source.activity().closed.load(Ordering::SeqCst) {
@@ -215,22 +231,19 @@ impl TopicActivity {
             let span = self.span.clone();
             state.task = Some(tokio::spawn(run(watcher).instrument(span)));
         }
-        Ticket(ticket)
+        drop(state);
+        Subscription {
+            watcher: self.clone(),
+            ticket,
+            woken,
+        }
     }
 
-    /// Withdraws a subscription (a no-op once it was woken).
-    pub(crate) fn unsubscribe(&self, ticket: Ticket) {
-        lock(&self.state).waiters.remove(&ticket.0);
-    }
-
-    /// Drops subscribers whose reader is gone (killed readers never unsubscribe) and tells
-    /// whether any is left; if not, the task is about to end, so it is marked as not running
-    /// under the same lock a new subscriber takes.
+    /// Whether any subscriber is left (a reader that stops, also an aborted one, withdraws its
+    /// subscription as it drops it); if not, the task is about to end, so it is marked as not
+    /// running under the same lock a new subscriber takes.
     fn keep_running(&self) -> bool {
         let mut state = lock(&self.state);
-        state
-            .waiters
-            .retain(|_, w| w.reader.get_status() < ActorStatus::Stopping);
         if state.waiters.is_empty() {
             state.running = false;
             return false;
@@ -271,28 +284,24 @@ impl TopicActivity {
 
     /// Wakes (and unsubscribes) the subscribers `listing` says have something to read.
     fn wake(&self, listing: Option<Listing>) {
-        let woken: Vec<ActorRef<ReaderMsg>> = {
+        let woken: Vec<oneshot::Sender<()>> = {
             let mut state = lock(&self.state);
             let view = TopicView::new(state.identity, listing);
             if let TopicView::Listed { identity, .. } | TopicView::Replaced { identity } = &view {
                 state.identity = Some(*identity);
             }
-            let mut woken = Vec::new();
-            state.waiters.retain(|_, w| {
-                let wake = should_wake(&view, w.partition, w.next);
-                if wake {
-                    woken.push(w.reader.clone());
-                }
-                !wake
-            });
-            woken
+            let (due, waiting): (HashMap<u64, Waiter>, _) = std::mem::take(&mut state.waiters)
+                .into_iter()
+                .partition(|(_, w)| should_wake(&view, w.partition, w.next));
+            state.waiters = waiting;
+            due.into_values().map(|w| w.wake).collect()
         };
         if !woken.is_empty() {
             tracing::debug!(readers = woken.len(), "waking idle readers");
         }
-        for reader in woken {
+        for wake in woken {
             // A reader that stopped meanwhile has nothing to wake.
-            let _ = reader.send_message(ReaderMsg::Poll);
+            let _ = wake.send(());
         }
     }
 }
@@ -459,6 +468,54 @@ mod tests {
             partitions,
         };
         TopicView::new(Some(TOPIC), Some(listing))
+    }
+
+    /// A watcher whose task never starts (its registry is closed): tests call `wake`.
+    fn watcher() -> Arc<TopicActivity> {
+        let timeout = Duration::from_secs(1);
+        let cluster = Cluster::new("us", "iggy://u:p@127.0.0.1:8090", 1, timeout).expect("valid");
+        let cluster = Arc::new(cluster);
+        cluster.activity().close();
+        let params = WatchParams {
+            flow: "f".into(),
+            stream: "s".into(),
+            topic: "t".into(),
+            ids: (
+                Identifier::named("s").expect("valid"),
+                Identifier::named("t").expect("valid"),
+            ),
+            interval: Duration::from_millis(100),
+            observer: Observer::default(),
+        };
+        watch(&cluster, params)
+    }
+
+    fn waiters(watcher: &TopicActivity) -> usize {
+        lock(&watcher.state).waiters.len()
+    }
+
+    #[tokio::test]
+    async fn a_woken_subscriber_is_removed_and_a_dropped_one_withdrawn() {
+        let watcher = watcher();
+        let mut due = watcher.subscribe(0, 5);
+        let stopped = watcher.subscribe(1, 5);
+        let idle = watcher.subscribe(2, 5);
+        check!(waiters(&watcher) == 3);
+        // A reader that stops (or is aborted) drops its subscription.
+        drop(stopped);
+        check!(waiters(&watcher) == 2);
+        let listing = Listing {
+            identity: TOPIC,
+            partitions: vec![(0, mark(5, 6)), (1, mark(9, 10)), (2, mark(4, 5))],
+        };
+        watcher.wake(Some(listing));
+        let woken = tokio::time::timeout(Duration::from_secs(5), due.woken()).await;
+        check!(woken.is_ok());
+        // Partition 2 has nothing from offset 5 on: still waiting.
+        check!(waiters(&watcher) == 1);
+        check!(watcher.keep_running());
+        drop(idle);
+        check!(!watcher.keep_running());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The pipeline's error type and its transient/permanent classification.
 
 use iggy::prelude::IggyError;
-use replicator_model::{Epoch, WorkUnit};
+use replicator_model::WorkUnit;
 
 /// Result alias of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -52,27 +52,7 @@ pub enum Error {
         /// Partition id.
         partition: u32,
     },
-    /// The control plane refused or failed a request.
-    #[error("control plane: {op} failed: {reason}")]
-    Control {
-        /// The operation, e.g. `commit`.
-        op: &'static str,
-        /// The control plane's error, rendered (its type belongs to the control crate).
-        reason: String,
-        /// Whether retrying can help (as classified by the control plane).
-        transient: bool,
-    },
-    /// The unit is owned under another epoch: the writer must stop.
-    #[error("{unit} is fenced: own epoch {epoch}, current {current:?}")]
-    Fenced {
-        /// The unit.
-        unit: WorkUnit,
-        /// The epoch this instance held.
-        epoch: Epoch,
-        /// The epoch the control plane holds, if any.
-        current: Option<Epoch>,
-    },
-    /// An actor could not be spawned or did not answer.
+    /// The coordinator actor could not be spawned.
     #[error("actor {name}: {reason}")]
     Actor {
         /// Actor name, e.g. `coordinator/n1`.
@@ -97,17 +77,14 @@ impl Error {
     /// Whether a retry (after a backoff) can succeed without anyone changing anything.
     ///
     /// Connection failures, timeouts and missing downstream topics (discovery creates them) are
-    /// transient; fencing, invalid params and malformed messages are not.
+    /// transient; invalid params and malformed messages are not (a fenced writer stops without
+    /// an error).
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Iggy { source, .. } => is_connection_error(source) || is_missing(source),
             Error::Timeout { .. } | Error::DownstreamMissing { .. } => true,
             Error::UpstreamTopicGone { .. } => true,
-            Error::Control { transient, .. } => *transient,
-            Error::InvalidParams { .. }
-            | Error::Fenced { .. }
-            | Error::Actor { .. }
-            | Error::Message { .. } => false,
+            Error::InvalidParams { .. } | Error::Actor { .. } | Error::Message { .. } => false,
         }
     }
 
@@ -120,8 +97,6 @@ impl Error {
             Error::Timeout { .. } => "timeout",
             Error::UpstreamTopicGone { .. } => "upstream_topic_gone",
             Error::DownstreamMissing { .. } => "downstream_missing",
-            Error::Control { .. } => "control",
-            Error::Fenced { .. } => "fenced",
             Error::Actor { .. } => "actor",
             Error::Message { .. } => "message",
         }

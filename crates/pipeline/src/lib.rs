@@ -5,13 +5,15 @@
 //! # Layout
 //! - [`Pipeline`] starts, stops ([`Pipeline::shutdown`]) and kills ([`Pipeline::crash`]) an
 //!   instance and exposes per-unit [`UnitStats`].
-//! - `coordinator` follows this node's assignments and supervises one reader/writer pair per unit.
+//! - `coordinator`, the data plane's one actor, follows this node's assignments and supervises
+//!   one reader/writer pair per unit: two plain tokio tasks under a cancellation token of the
+//!   pair, which report their end to it by message.
 //! - `reader` polls one upstream partition at explicit offsets; batches go to the writer through
-//!   a bounded channel, never through an actor mailbox; once its partition is idle it waits
-//!   for `activity`, a per-topic watcher that reads topic metadata instead of every partition.
+//!   a bounded channel, never through a mailbox; once its partition is idle it waits for
+//!   `activity`, a per-topic watcher that reads topic metadata instead of every partition.
 //! - `writer` resumes after the highest of the confirmed offset and the last offset found in the
 //!   downstream tail, checks its lease and epoch before every send, stamps provenance and
-//!   commits offsets.
+//!   commits offsets (its pure cores: `writer::resume`, `prepare`, `send`, `commit`).
 //! - `discovery` selects topics by glob, creates or grows them downstream, reports units.
 //! - [`ControlPlane`] is the narrow interface to the control plane; [`InMemoryControl`]
 //!   implements it for a single node without Raft.
@@ -44,7 +46,7 @@ pub use backoff::{next_backoff, with_jitter};
 pub use control::{ControlError, ControlPlane};
 pub use error::{Error, Result};
 pub use mapping::{downstream_stream, Selector};
-pub use memory::InMemoryControl;
+pub use memory::{InMemoryControl, InMemoryLease};
 pub use offsets::Gap;
 pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams};
 pub use pipeline::Pipeline;

@@ -39,8 +39,20 @@ struct State {
     last_epoch: u64,
     /// Every unit ever reported, keyed by identity.
     units: BTreeMap<WorkUnit, UnitEntry>,
-    /// Lease override set by tests; `None` means "valid for an hour from now".
-    lease: Option<Option<Instant>>,
+    /// The lease as tests set it.
+    lease: InMemoryLease,
+}
+
+/// The lease an [`InMemoryControl`] reports (tests take it away to see writers hold off).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum InMemoryLease {
+    /// Always valid: until an hour from now, whenever asked (the default).
+    #[default]
+    Held,
+    /// No valid lease.
+    Missing,
+    /// Valid until the given instant.
+    Until(Instant),
 }
 
 impl State {
@@ -57,8 +69,9 @@ impl State {
     /// Until when the lease is valid, as of now.
     fn lease_valid_until(&self) -> Option<Instant> {
         match self.lease {
-            Some(lease) => lease,
-            None => Some(Instant::now() + LEASE_AHEAD),
+            InMemoryLease::Held => Some(Instant::now() + LEASE_AHEAD),
+            InMemoryLease::Missing => None,
+            InMemoryLease::Until(until) => Some(until),
         }
     }
 
@@ -204,9 +217,8 @@ impl InMemoryControl {
         self.mutate(|s| s.grant(unit));
     }
 
-    /// Overrides the lease: `Some(None)` = no lease, `Some(Some(t))` = valid until `t`,
-    /// `None` = back to "always valid".
-    pub fn set_lease(&self, lease: Option<Option<Instant>>) {
+    /// Sets the lease this control plane reports from now on.
+    pub fn set_lease(&self, lease: InMemoryLease) {
         self.lock().lease = lease;
     }
 }
@@ -390,10 +402,10 @@ mod tests {
         check!(c.lease_valid_for(&u, Epoch(e.0 + 1)).is_none());
         check!(c.lease_valid_for(&unit(1), e).is_none());
         // No lease: nothing, whatever the grant.
-        c.set_lease(Some(None));
+        c.set_lease(InMemoryLease::Missing);
         check!(c.lease_valid_for(&u, e).is_none());
         let until = Instant::now() + Duration::from_secs(5);
-        c.set_lease(Some(Some(until)));
+        c.set_lease(InMemoryLease::Until(until));
         check!(c.lease_valid_for(&u, e) == Some(until));
         // Revoked: nothing, whatever the lease.
         c.revoke(&u);
@@ -439,9 +451,9 @@ mod tests {
         let e = c.epoch(&u).expect("assigned");
         check!(d.lease_valid_for(&u, e).is_some());
         check!(d.lease_valid_for(&u, Epoch(e.0 + 1)).is_none());
-        c.set_lease(Some(None));
+        c.set_lease(InMemoryLease::Missing);
         check!(d.lease_valid_for(&u, e).is_none());
-        c.set_lease(None);
+        c.set_lease(InMemoryLease::Held);
         c.revoke(&u);
         check!(d.lease_valid_for(&u, e).is_none());
     }
@@ -450,9 +462,9 @@ mod tests {
     fn lease_can_be_overridden_and_restored() {
         let c = InMemoryControl::new();
         check!(c.lease_valid_until().is_some_and(|t| t > Instant::now()));
-        c.set_lease(Some(None));
+        c.set_lease(InMemoryLease::Missing);
         check!(c.lease_valid_until().is_none());
-        c.set_lease(None);
+        c.set_lease(InMemoryLease::Held);
         check!(c.lease_valid_until().is_some());
     }
 }

@@ -11,7 +11,8 @@ use crate::error::{Error, Result};
 /// Everything `Pipeline::start` needs.
 #[derive(Debug, Clone)]
 pub struct PipelineParams {
-    /// This instance's node id (`[node] id`), e.g. `1`. Used in actor names and spans.
+    /// This instance's node id (`[node] id`), e.g. `1`. Used in the coordinator's name and in
+    /// spans.
     pub node_id: NodeId,
     /// Iggy clusters by alias (`[clusters.<alias>]`), e.g. `{"us": ..., "eu": ...}`.
     pub clusters: BTreeMap<String, ClusterParams>,
@@ -115,9 +116,9 @@ impl PipelineParams {
                     "must be at least 1",
                 ));
             }
-            if flow.channel_capacity == 0 {
+            if flow.max_in_flight_batches == 0 {
                 return Err(invalid(
-                    format!("flows[{i}].channel_capacity"),
+                    format!("flows[{i}].max_in_flight_batches"),
                     "must be at least 1",
                 ));
             }
@@ -196,8 +197,10 @@ pub struct FlowParams {
     /// Whether writers add provenance headers (source alias, source offset, origin cluster).
     /// Turning it off also turns off tail-based exactly-once and loop prevention.
     pub provenance: bool,
-    /// Batches in flight between one reader and its writer, e.g. 2 (the reader blocks when full).
-    pub channel_capacity: usize,
+    /// Batches in flight between one reader and its writer (`flows[].max_in_flight_batches`),
+    /// e.g. 2: the capacity of the bounded channel between them; a full channel holds the
+    /// reader (backpressure).
+    pub max_in_flight_batches: usize,
 }
 
 impl FlowParams {
@@ -221,7 +224,7 @@ impl FlowParams {
             poll_interval: Duration::from_millis(5),
             idle_poll_interval: Duration::from_millis(100),
             provenance: true,
-            channel_capacity: 2,
+            max_in_flight_batches: 2,
         }
     }
 }

@@ -1,11 +1,12 @@
 //! `Pipeline`: the running data plane of one instance (discovery loops plus the coordinator and
-//! its unit actors), with `start`, `shutdown`, `crash` and `stats`.
+//! the unit tasks it supervises), with `start`, `shutdown`, `crash` and `stats`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ractor::{call_t, Actor, ActorRef};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -21,14 +22,15 @@ use crate::unit::UnitTuning;
 
 /// A running pipeline instance.
 pub struct Pipeline {
-    /// The coordinator actor.
     coordinator: ActorRef<CoordinatorMsg>,
-    /// Its task.
     coordinator_task: JoinHandle<()>,
     /// One discovery loop per flow.
     discovery: Vec<JoinHandle<()>>,
-    /// Stops the discovery loops.
+    /// Stops the discovery loops (the units stop through the coordinator, which decides what to
+    /// release).
     cancel: CancellationToken,
+    /// Yields `None` once every task the coordinator spawned is gone (nothing is ever sent).
+    tasks_gone: mpsc::Receiver<()>,
     /// Connections, closed at the end.
     clusters: Vec<Arc<Cluster>>,
     /// Bound of the graceful drain.
@@ -67,6 +69,7 @@ impl Pipeline {
             observer: params.observer.clone(),
         };
         let meters = MeterRegistry::default();
+        let (alive, tasks_gone) = mpsc::channel(1);
         let name = format!("coordinator/n{}", params.node_id);
         let (coordinator, coordinator_task) = Coordinator::<C>::spawn(
             Some(name.clone()),
@@ -78,6 +81,7 @@ impl Pipeline {
                 clusters: clusters.clone(),
                 tuning,
                 meters: meters.clone(),
+                alive,
             },
         )
         .await
@@ -112,6 +116,7 @@ impl Pipeline {
             coordinator_task,
             discovery,
             cancel,
+            tasks_gone,
             clusters: clusters.into_values().collect(),
             shutdown_timeout: params.shutdown_timeout,
             meters,
@@ -137,9 +142,9 @@ impl Pipeline {
 
     /// Graceful stop (SIGTERM): stop discovery, stop reading, finish in-flight writes, commit,
     /// release every unit, then close the connections. Bounded by the shutdown timeout, after
-    /// which whatever still runs is aborted.
+    /// which whatever still runs is aborted (the coordinator aborts its tasks as it stops).
     #[tracing::instrument(skip_all)]
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         self.cancel.cancel();
         for task in self.discovery {
             let _ = task.await;
@@ -151,30 +156,27 @@ impl Pipeline {
         );
         if let Err(err) = drained {
             tracing::warn!(error = %err, "drain did not finish in time; aborting the rest");
-            for child in self.coordinator.get_children() {
-                child.kill();
-            }
         }
         self.coordinator.stop(Some("shutdown".into()));
         let _ = self.coordinator_task.await;
+        let _ = self.tasks_gone.recv().await;
         for cluster in &self.clusters {
             cluster.close().await;
         }
         tracing::info!("pipeline stopped");
     }
 
-    /// Abrupt stop for tests (`kill -9`): aborts every actor and task at once, without draining,
-    /// committing or releasing anything.
-    pub async fn crash(self) {
+    /// Abrupt stop for tests (`kill -9`): aborts every task at once, without draining,
+    /// committing or releasing anything, and returns once none of them runs any more.
+    pub async fn crash(mut self) {
         self.cancel.cancel();
         for task in &self.discovery {
             task.abort();
         }
-        for child in self.coordinator.get_children() {
-            child.kill();
-        }
+        // Its state, dropped without `post_stop`, aborts the unit and release tasks.
         self.coordinator.kill();
         let _ = self.coordinator_task.await;
+        let _ = self.tasks_gone.recv().await;
         for task in self.discovery {
             let _ = task.await;
         }

@@ -1,49 +1,33 @@
-//! `PartitionReader`: polls one upstream partition at explicit offsets and hands batches to its
-//! writer through a bounded channel (a full channel stops polling: backpressure).
+//! The partition reader of one unit: a task that polls one upstream partition at explicit
+//! offsets and hands batches to its writer through a bounded channel (a full channel holds the
+//! reader: backpressure).
 //!
 //! A caught-up reader polls again after `poll_interval`, then ever more slowly (see
 //! [`idle_wait`]); once its partition counts as idle it stops polling on a timer and waits for
 //! its topic's activity watcher (`activity`), which wakes it when metadata shows a message it
 //! has not read, with a slow safety-net poll in case the metadata is wrong.
+//!
+//! The pair's stop token ends every wait of the reader (for the writer's start signal, for
+//! room in the channel, for its next poll, for a retry) at once; a poll in progress is finished
+//! first. The reader ending closes the channel, which is the writer's signal to drain.
 
-use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iggy::prelude::{Consumer, Identifier, MessageClient, PollingStrategy};
-use ractor::{Actor, ActorProcessingErr, ActorRef};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
-use tracing::Instrument;
+use tokio_util::sync::CancellationToken;
 
-use crate::activity::{self, Ticket, TopicActivity, WatchParams};
+use crate::activity::{self, TopicActivity, WatchParams};
 use crate::backoff::{with_jitter, Backoff};
 use crate::control::ControlPlane;
 use crate::error::{Error, Result};
 use crate::offsets::{detect_gap, ReadFrom};
-use crate::unit::{Batch, UnitShared};
+use crate::unit::{named, Batch, UnitShared};
 
-/// The reader actor of one unit.
-pub(crate) struct PartitionReader<C>(PhantomData<fn() -> C>);
-
-impl<C> PartitionReader<C> {
-    /// The actor value (all state lives in [`ReaderState`]).
-    pub(crate) fn new() -> Self {
-        Self(PhantomData)
-    }
-}
-
-/// Messages of the reader.
-pub(crate) enum ReaderMsg {
-    /// Sent by the reader to itself (directly or from its timer), and by its topic's activity
-    /// watcher when the partition holds a message the reader has not read: poll once more. No
-    /// reply. The coordinator stops a reader with `stop`, which takes priority over queued polls.
-    Poll,
-}
-
-/// Start-up inputs, from the coordinator.
+/// What the coordinator starts a reader with.
 pub(crate) struct ReaderArgs<C> {
     /// The unit's shared context.
     pub(crate) shared: Arc<UnitShared<C>>,
@@ -51,143 +35,208 @@ pub(crate) struct ReaderArgs<C> {
     pub(crate) tx: mpsc::Sender<Batch>,
     /// Where to start, sent by the writer once it found the resume point.
     pub(crate) start: oneshot::Receiver<ReadFrom>,
+    /// The pair's stop token.
+    pub(crate) stop: CancellationToken,
 }
 
-/// Runtime state of the reader.
-pub(crate) struct ReaderState<C> {
-    /// Shared context.
+/// Runs the reader of one unit until it is stopped or its writer is gone; returns why, or the
+/// error it gave up on.
+pub(crate) async fn run<C: ControlPlane>(args: ReaderArgs<C>) -> Result<&'static str> {
+    let ReaderArgs {
+        shared,
+        tx,
+        start,
+        stop,
+    } = args;
+    let (stream, topic) = shared.upstream_ids()?;
+    let consumer = Consumer::new(named(
+        &format!("iggy-replicator.{}", shared.unit.flow),
+        &shared.unit,
+    )?);
+    let next = tokio::select! {
+        biased;
+        () = stop.cancelled() => return Ok("stopped before start"),
+        from = start => match from {
+            Ok(from) => from,
+            Err(_) => return Ok("writer gone before start"),
+        },
+    };
+    let mut reader = Reader {
+        backoff: Backoff::new(shared.tuning.backoff, shared.seed),
+        rng: StdRng::seed_from_u64(shared.seed.rotate_left(17)),
+        ids: (stream, topic, consumer),
+        shared,
+        tx,
+        stop,
+        next,
+        empty_polls: 0,
+        activity: None,
+    };
+    reader.run().await
+}
+
+/// A running reader.
+struct Reader<C> {
     shared: Arc<UnitShared<C>>,
-    /// Channel to the writer.
     tx: mpsc::Sender<Batch>,
-    /// Resume point not yet received from the writer.
-    start: Option<oneshot::Receiver<ReadFrom>>,
-    /// Next offset to poll (known after the writer's start signal).
-    next: Option<ReadFrom>,
+    stop: CancellationToken,
+    /// Next offset to poll.
+    next: ReadFrom,
     /// Upstream stream and topic ids, and the plain consumer.
     ids: (Identifier, Identifier, Consumer),
     /// Retry backoff for transient poll failures.
     backoff: Backoff,
     /// Empty polls in a row (they set how the reader waits for its next poll, see [`idle_wait`]).
     empty_polls: u32,
-    /// Pending delayed `Poll` (caught up, backing off, or the safety net while subscribed to the
-    /// activity watcher); aborted by the next `Poll` and when the reader stops.
-    timer: Option<JoinHandle<std::result::Result<(), ractor::MessagingErr<ReaderMsg>>>>,
     /// The activity watcher of the unit's topic, fetched from the source cluster's registry the
     /// first time the partition goes idle.
     activity: Option<Arc<TopicActivity>>,
-    /// The subscription to `activity` while idle; withdrawn by the next `Poll` and at stop.
-    watching: Option<Ticket>,
     /// Jitter of the safety-net polls, seeded from the pair's seed.
     rng: StdRng,
 }
 
-/// Outcome of one poll.
-enum Step {
-    /// A batch went to the writer: poll again at once.
-    Forwarded,
-    /// Nothing new upstream: wait as [`idle_wait`] says, then poll again.
-    CaughtUp,
-    /// The writer is gone: stop.
-    WriterGone,
-}
-
-impl<C: ControlPlane> Actor for PartitionReader<C> {
-    type Msg = ReaderMsg;
-    type State = ReaderState<C>;
-    type Arguments = ReaderArgs<C>;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        args: Self::Arguments,
-    ) -> std::result::Result<Self::State, ActorProcessingErr> {
-        let (stream, topic) = args.shared.upstream_ids()?;
-        let consumer_name = format!("iggy-replicator.{}", args.shared.unit.flow);
-        let consumer = Consumer::new(Identifier::named(&consumer_name)?);
-        myself.send_message(ReaderMsg::Poll)?;
-        Ok(ReaderState {
-            backoff: Backoff::new(args.shared.tuning.backoff, args.shared.seed),
-            empty_polls: 0,
-            tx: args.tx,
-            start: Some(args.start),
-            next: None,
-            ids: (stream, topic, consumer),
-            timer: None,
-            activity: None,
-            watching: None,
-            rng: StdRng::seed_from_u64(args.shared.seed.rotate_left(17)),
-            shared: args.shared,
-        })
-    }
-
-    async fn post_stop(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        state: &mut Self::State,
-    ) -> std::result::Result<(), ActorProcessingErr> {
-        settle(state);
-        Ok(())
-    }
-
-    async fn handle(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        state: &mut Self::State,
-    ) -> std::result::Result<(), ActorProcessingErr> {
-        let ReaderMsg::Poll = msg;
-        // Whoever sent this poll (timer or watcher), the other one is no longer needed.
-        settle(state);
-        let span = state.shared.span.clone();
-        async {
-            if state.next.is_none() {
-                // Never block the mailbox on the writer: a stop must be able to get through.
-                let Some(mut start) = state.start.take() else {
-                    return Ok(());
-                };
-                match start.try_recv() {
-                    Ok(from) => state.next = Some(from),
-                    Err(oneshot::error::TryRecvError::Empty) => {
-                        state.start = Some(start);
-                        let delay = state.shared.flow.poll_interval;
-                        state.timer = Some(myself.send_after(delay, || ReaderMsg::Poll));
-                        return Ok(());
-                    }
-                    Err(oneshot::error::TryRecvError::Closed) => {
-                        myself.stop(Some("writer gone before start".into()));
-                        return Ok(());
-                    }
-                }
+impl<C: ControlPlane> Reader<C> {
+    async fn run(&mut self) -> Result<&'static str> {
+        loop {
+            if self.stop.is_cancelled() {
+                return Ok("stopped");
             }
-            match poll_once(state).await {
-                Ok(Step::Forwarded) => {
-                    state.backoff.reset();
-                    state.empty_polls = 0;
-                    myself.send_message(ReaderMsg::Poll)?;
+            let woken = match self.poll_once().await {
+                Ok(Some(batch)) => {
+                    self.backoff.reset();
+                    self.empty_polls = 0;
+                    tokio::select! {
+                        biased;
+                        () = self.stop.cancelled() => return Ok("stopped"),
+                        sent = self.tx.send(batch) => match sent {
+                            Ok(()) => continue,
+                            Err(_) => return Ok("writer gone"),
+                        },
+                    }
                 }
-                Ok(Step::CaughtUp) => {
-                    state.backoff.reset();
-                    state.empty_polls = state.empty_polls.saturating_add(1);
-                    wait_idle(&myself, state);
+                Ok(None) => {
+                    self.backoff.reset();
+                    self.empty_polls = self.empty_polls.saturating_add(1);
+                    self.wait_idle().await
                 }
-                Ok(Step::WriterGone) => myself.stop(Some("writer gone".into())),
                 Err(err) if err.is_transient() => {
-                    state.shared.meters.error(err.kind());
-                    let budget = state.shared.tuning.retry_budget;
-                    match state.backoff.on_failure(Instant::now(), budget) {
-                        Some(delay) => {
-                            tracing::warn!(error = %err, backoff = ?delay, "poll failed, retrying");
-                            state.timer = Some(myself.send_after(delay, || ReaderMsg::Poll));
-                        }
-                        None => return Err(err.into()),
-                    }
+                    self.shared.meters.error(err.kind());
+                    let budget = self.shared.tuning.retry_budget;
+                    let Some(delay) = self.backoff.on_failure(Instant::now(), budget) else {
+                        return Err(err);
+                    };
+                    tracing::warn!(error = %err, backoff = ?delay, "poll failed, retrying");
+                    self.pause(delay).await
                 }
-                Err(err) => return Err(err.into()),
+                Err(err) => return Err(err),
+            };
+            if !woken {
+                return Ok("stopped");
             }
-            Ok(())
         }
-        .instrument(span)
-        .await
+    }
+
+    /// Waits for `delay`; `false` when the pair was stopped meanwhile.
+    async fn pause(&self, delay: Duration) -> bool {
+        tokio::select! {
+            biased;
+            () = self.stop.cancelled() => false,
+            () = tokio::time::sleep(delay) => true,
+        }
+    }
+
+    /// Waits as [`idle_wait`] says after an empty poll: a pause, or the topic's activity
+    /// watcher with a safety-net timer; `false` when the pair was stopped meanwhile.
+    async fn wait_idle(&mut self) -> bool {
+        let degraded = self.activity.as_ref().is_some_and(|a| a.degraded());
+        let jitter = self.rng.gen::<f64>();
+        let cap = match idle_wait(&self.shared.flow, self.empty_polls, degraded, jitter) {
+            IdleWait::Pause(delay) => return self.pause(delay).await,
+            IdleWait::Watch(cap) => cap,
+        };
+        let shared = &self.shared;
+        let ids = &self.ids;
+        let activity = self.activity.get_or_insert_with(|| {
+            activity::watch(
+                &shared.source,
+                WatchParams {
+                    flow: shared.unit.flow.clone(),
+                    stream: shared.unit.stream.clone(),
+                    topic: shared.unit.topic.clone(),
+                    ids: (ids.0.clone(), ids.1.clone()),
+                    interval: shared.flow.idle_poll_interval,
+                    observer: shared.tuning.observer.clone(),
+                },
+            )
+        });
+        // Withdrawn when dropped, whichever of the three comes first.
+        let mut subscription = activity.subscribe(shared.unit.partition, self.next.offset);
+        tokio::select! {
+            biased;
+            () = self.stop.cancelled() => false,
+            () = subscription.woken() => true,
+            () = tokio::time::sleep(cap) => true,
+        }
+    }
+
+    /// Polls once from `next`; a batch when the partition held something from there on.
+    async fn poll_once(&mut self) -> Result<Option<Batch>> {
+        let from = self.next;
+        let shared = &self.shared;
+        let (stream, topic, consumer) = self.ids.clone();
+        let partition = shared.unit.partition;
+        let count = shared.flow.batch_size;
+        let started = Instant::now();
+        let polled = shared
+            .source
+            .call(shared.slot(), "poll_messages", |c| async move {
+                c.poll_messages(
+                    &stream,
+                    &topic,
+                    Some(partition),
+                    &consumer,
+                    &PollingStrategy::offset(from.offset),
+                    count,
+                    false,
+                )
+                .await
+            })
+            .await;
+        shared.meters.polled(started.elapsed());
+        let polled = polled.map_err(|e| match e {
+            Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
+                Error::UpstreamTopicGone {
+                    unit: shared.unit.clone(),
+                }
+            }
+            other => other,
+        })?;
+        let mut messages = polled.messages;
+        messages.retain(|m| m.header.offset >= from.offset);
+        let (Some(first), Some(last)) = (messages.first(), messages.last()) else {
+            shared.meters.upstream_end(from.offset);
+            return Ok(None);
+        };
+        let (first, last) = (first.header.offset, last.header.offset);
+        shared
+            .meters
+            .upstream_end(polled.current_offset.max(last).saturating_add(1));
+        let gap = detect_gap(from, first);
+        if let Some(gap) = gap {
+            shared.meters.gap(gap);
+            tracing::warn!(
+                from = gap.from,
+                to = gap.to,
+                lost = gap.len(),
+                "upstream retention removed messages before they were copied"
+            );
+        }
+        tracing::debug!(offset = first, count = messages.len(), "polled");
+        self.next = ReadFrom {
+            offset: last.saturating_add(1),
+            contiguous: true,
+        };
+        Ok(Batch::new(messages, gap))
     }
 }
 
@@ -249,117 +298,6 @@ fn idle_wait(
     }
     let cap = flow.idle_poll_interval.saturating_mul(WATCHED_POLL_FACTOR);
     IdleWait::Watch(with_jitter(cap, jitter))
-}
-
-/// Schedules the next poll of a caught-up reader (see [`idle_wait`]): a timer, or a
-/// subscription to the topic's activity watcher plus the safety-net timer. Nothing here waits:
-/// the timer and the watcher send `ReaderMsg::Poll` from their own tasks.
-fn wait_idle<C>(myself: &ActorRef<ReaderMsg>, state: &mut ReaderState<C>) {
-    let degraded = state.activity.as_ref().is_some_and(|a| a.degraded());
-    let jitter = state.rng.gen::<f64>();
-    let delay = match idle_wait(&state.shared.flow, state.empty_polls, degraded, jitter) {
-        IdleWait::Pause(delay) => delay,
-        IdleWait::Watch(cap) => {
-            let shared = &state.shared;
-            let activity = state.activity.get_or_insert_with(|| {
-                activity::watch(
-                    &shared.source,
-                    WatchParams {
-                        flow: shared.unit.flow.clone(),
-                        stream: shared.unit.stream.clone(),
-                        topic: shared.unit.topic.clone(),
-                        ids: (state.ids.0.clone(), state.ids.1.clone()),
-                        interval: shared.flow.idle_poll_interval,
-                        observer: shared.tuning.observer.clone(),
-                    },
-                )
-            });
-            let next = state.next.map_or(0, |n| n.offset);
-            let ticket = activity.subscribe(shared.unit.partition, next, myself.clone());
-            state.watching = Some(ticket);
-            cap
-        }
-    };
-    state.timer = Some(myself.send_after(delay, || ReaderMsg::Poll));
-}
-
-/// Withdraws whatever was to send the next `Poll` (timer, watcher subscription): on every poll,
-/// since the other one is then stale, and when the reader stops.
-fn settle<C>(state: &mut ReaderState<C>) {
-    if let Some(timer) = state.timer.take() {
-        timer.abort();
-    }
-    if let (Some(ticket), Some(activity)) = (state.watching.take(), &state.activity) {
-        activity.unsubscribe(ticket);
-    }
-}
-
-/// Polls once from `state.next` and forwards a non-empty batch (waiting while the channel is full).
-async fn poll_once<C: ControlPlane>(state: &mut ReaderState<C>) -> Result<Step> {
-    let Some(from) = state.next else {
-        return Ok(Step::CaughtUp);
-    };
-    let shared = &state.shared;
-    let (stream, topic, consumer) = state.ids.clone();
-    let partition = shared.unit.partition;
-    let count = shared.flow.batch_size;
-    let started = Instant::now();
-    let polled = shared
-        .source
-        .call(shared.slot(), "poll_messages", |c| async move {
-            c.poll_messages(
-                &stream,
-                &topic,
-                Some(partition),
-                &consumer,
-                &PollingStrategy::offset(from.offset),
-                count,
-                false,
-            )
-            .await
-        })
-        .await;
-    shared.meters.polled(started.elapsed());
-    let polled = polled.map_err(|e| match e {
-        Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
-            Error::UpstreamTopicGone {
-                unit: shared.unit.clone(),
-            }
-        }
-        other => other,
-    })?;
-    let mut messages = polled.messages;
-    messages.retain(|m| m.header.offset >= from.offset);
-    let (Some(first), Some(last)) = (messages.first(), messages.last()) else {
-        shared.meters.upstream_end(from.offset);
-        return Ok(Step::CaughtUp);
-    };
-    let (first, last) = (first.header.offset, last.header.offset);
-    shared
-        .meters
-        .upstream_end(polled.current_offset.max(last).saturating_add(1));
-    let gap = detect_gap(from, first);
-    if let Some(gap) = gap {
-        shared.meters.gap(gap);
-        tracing::warn!(
-            from = gap.from,
-            to = gap.to,
-            lost = gap.len(),
-            "upstream retention removed messages before they were copied"
-        );
-    }
-    tracing::debug!(offset = first, count = messages.len(), "polled");
-    state.next = Some(ReadFrom {
-        offset: last.saturating_add(1),
-        contiguous: true,
-    });
-    let Some(batch) = Batch::new(messages, gap) else {
-        return Ok(Step::CaughtUp);
-    };
-    match state.tx.send(batch).await {
-        Ok(()) => Ok(Step::Forwarded),
-        Err(_) => Ok(Step::WriterGone),
-    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Per-unit runtime statistics, written by a unit's reader and writer and read by the admin API.
 //!
-//! These are meters, not state the pipeline decides on: actors publish them with atomics (and two
-//! small bounded rings) so that reading them never waits for an actor busy with a batch, and the
+//! These are meters, not state the pipeline decides on: unit tasks publish them with atomics (and
+//! two small bounded rings) so that reading them never waits for a task busy with a batch, and the
 //! coordinator registers each unit's meters in a [`MeterRegistry`] that readers of statistics
 //! (the admin API, `Pipeline::stats`) read directly, never through the coordinator's mailbox.
 

@@ -1,5 +1,5 @@
-//! What a unit's reader and writer share: identity, resolved names, clients, meters, and the
-//! batch type that travels between them through a bounded channel.
+//! What a unit's reader and writer tasks share: identity, resolved names, clients, meters, and
+//! the batch type that travels between them through a bounded channel.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,9 +16,9 @@ use crate::stats::UnitMeters;
 /// Tunables every unit uses, resolved once from `PipelineParams`.
 #[derive(Debug, Clone)]
 pub(crate) struct UnitTuning {
-    /// Backoff bounds for retries.
     pub(crate) backoff: BackoffParams,
-    /// Longest failure streak retried inside an actor.
+    /// Longest failure streak a reader or writer retries before it gives up and ends with the
+    /// error (the coordinator then restarts the pair after a backoff).
     pub(crate) retry_budget: Duration,
     /// Lease margin a writer requires before each send.
     pub(crate) lease_safety_margin: Duration,
@@ -32,26 +32,17 @@ pub(crate) struct UnitTuning {
 
 /// Immutable context of one running unit (one reader/writer pair under one epoch).
 pub(crate) struct UnitShared<C> {
-    /// The unit.
     pub(crate) unit: WorkUnit,
     /// Epoch of the grant the pair runs under.
     pub(crate) epoch: Epoch,
-    /// The unit's flow.
     pub(crate) flow: Arc<FlowParams>,
-    /// Upstream cluster.
     pub(crate) source: Arc<Cluster>,
-    /// Downstream cluster.
     pub(crate) target: Arc<Cluster>,
-    /// Control plane handle.
     pub(crate) control: C,
-    /// Meters of the unit.
     pub(crate) meters: Arc<UnitMeters>,
-    /// Tunables.
     pub(crate) tuning: UnitTuning,
-    /// Downstream stream name (after naming).
+    /// Downstream stream name (the flow's naming applied to the upstream one).
     pub(crate) downstream_stream: String,
-    /// Span carrying flow, stream, topic, partition and epoch.
-    pub(crate) span: tracing::Span,
     /// Seed for this pair's jitter.
     pub(crate) seed: u64,
 }
@@ -115,12 +106,4 @@ impl Batch {
             skipped: 0,
         })
     }
-}
-
-/// Name of a unit's actor: `{role}/n{node}/{flow}/{stream}/{topic}/{partition}`.
-pub(crate) fn actor_name(role: &str, node: u64, unit: &WorkUnit) -> String {
-    format!(
-        "{role}/n{node}/{}/{}/{}/{}",
-        unit.flow, unit.stream, unit.topic, unit.partition
-    )
 }

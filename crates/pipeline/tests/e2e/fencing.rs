@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use replicator_model::WorkUnit;
-use replicator_pipeline::{ControlPlane, InMemoryControl, Pipeline};
+use replicator_pipeline::{ControlPlane, InMemoryControl, InMemoryLease, Pipeline};
 
 use crate::harness::{
     assert_exact, client, count, create_topic, flow, produce, wait_until, Env, TestResult,
@@ -30,7 +30,7 @@ async fn revoked_unit_and_lost_lease_stop_writes_until_ownership_returns() -> Te
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(count(&env.eu, "fence", "t", 0) == 100);
 
-    control.set_lease(Some(None));
+    control.set_lease(InMemoryLease::Missing);
     control.grant(&unit);
     // The new pair starts and reads, but its writer holds the batch while the lease is missing.
     let granted = control.epoch(&unit);
@@ -48,7 +48,7 @@ async fn revoked_unit_and_lost_lease_stop_writes_until_ownership_returns() -> Te
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(count(&env.eu, "fence", "t", 0) == 100);
 
-    control.set_lease(None);
+    control.set_lease(InMemoryLease::Held);
     wait_until("resumed", Duration::from_secs(30), || async {
         control.progress(&unit).and_then(|p| p.confirmed) == Some(199)
     })

@@ -1,0 +1,530 @@
+//! The downstream writer of one unit: a task that finds where the unit resumes, then sends the
+//! reader's batches to the same partition downstream, stamped with provenance, and confirms
+//! offsets to the control plane.
+//!
+//! The task is IO around pure cores: [`resume`] decides the resume point and how far back to
+//! scan the downstream tail, [`prepare`](mod@prepare) turns a batch into the downstream
+//! messages, [`send`] decides whether it may go out (lease and epoch, checked before every send
+//! and again once the connection is ours), and [`commit`] keeps the commit bookkeeping.
+//!
+//! How a writer ends:
+//! - the reader ended (the coordinator stopped the pair, or the reader failed) and closed the
+//!   channel: the writer sends what is still queued, makes its final commit and ends;
+//! - the pair's stop token fires while the writer waits (for a lease, or to retry a failure):
+//!   it makes the final commit of what is downstream and ends, leaving the batch it held to the
+//!   next owner (nothing of it is confirmed);
+//! - a commit is fenced or its epoch is no longer current: it ends at once;
+//! - a failure is not transient or outlasts the retry budget: it ends with the error, and the
+//!   coordinator restarts the pair after a backoff.
+//!
+//! A send in progress is never abandoned half-way (only `crash` aborts the task).
+
+mod commit;
+mod prepare;
+mod resume;
+mod send;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iggy::prelude::{Consumer, IggyMessage, IggyTimestamp, MessageClient, Partitioning};
+use iggy::prelude::{PollingStrategy, TopicClient};
+use replicator_model::{Assignment, CommitOutcome, Offset, OffsetCommit};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use self::commit::{CommitRequest, CommitTracker, Settled};
+pub(crate) use self::prepare::{prepare, PrepareParams};
+use self::resume::{PartitionExtent, ResumeFacts, TailEntry, TailPoll, TailScan, TailStep};
+use self::send::{epoch_is_current, send_verdict, SendVeto};
+use crate::backoff::Backoff;
+use crate::control::{ControlError, ControlPlane};
+use crate::error::{Error, Result};
+use crate::offsets::ReadFrom;
+use crate::provenance;
+use crate::unit::{named, Batch, UnitShared};
+
+/// How long a writer whose lease is not valid long enough waits before looking again.
+const LEASE_RECHECK: Duration = Duration::from_millis(20);
+
+/// What the coordinator starts a writer with.
+pub(crate) struct WriterArgs<C> {
+    /// The unit's shared context.
+    pub(crate) shared: Arc<UnitShared<C>>,
+    /// Receiving side of the bounded channel from the reader; its closing is the graceful stop.
+    pub(crate) rx: mpsc::Receiver<Batch>,
+    /// Tells the reader where to start, once the writer knows.
+    pub(crate) start: oneshot::Sender<ReadFrom>,
+    /// The pair's stop token: ends the writer's waits (the channel ends the rest).
+    pub(crate) stop: CancellationToken,
+}
+
+/// Runs the writer of one unit until it ends; returns why it stopped, or the error it gave up
+/// on.
+pub(crate) async fn run<C: ControlPlane>(args: WriterArgs<C>) -> Result<&'static str> {
+    let WriterArgs {
+        shared,
+        rx,
+        start,
+        stop,
+    } = args;
+    let mut writer = Writer {
+        assignments: shared.control.assignments(),
+        backoff: Backoff::new(shared.tuning.backoff, shared.seed ^ 0x5eed),
+        commits: CommitTracker::new(shared.tuning.commit_interval, Instant::now()),
+        shared,
+        rx,
+        stop,
+        topic_created_at: 0,
+        commit_call: None,
+        held: None,
+        resync: false,
+    };
+    let ended = writer.run(start).await;
+    if let Ok(reason) = &ended {
+        tracing::info!(reason, "writer stops");
+    }
+    ended
+}
+
+/// The commit call in flight.
+type CommitCall =
+    Pin<Box<dyn Future<Output = std::result::Result<Vec<CommitOutcome>, ControlError>> + Send>>;
+
+/// A running writer.
+struct Writer<C> {
+    shared: Arc<UnitShared<C>>,
+    rx: mpsc::Receiver<Batch>,
+    stop: CancellationToken,
+    /// This node's assignments, to tell a unit that moved away from a lease too short.
+    assignments: watch::Receiver<Vec<Assignment>>,
+    /// Creation time (µs) of the upstream topic incarnation being copied.
+    topic_created_at: u64,
+    commits: CommitTracker,
+    /// The call of the commit `commits` has in flight.
+    commit_call: Option<CommitCall>,
+    /// A batch taken from the channel but not yet sent (kept across retries).
+    held: Option<Batch>,
+    /// A send failed in a way that may have appended it: re-read the tail before sending again.
+    resync: bool,
+    /// Backoff of transient failures (resume and send).
+    backoff: Backoff,
+}
+
+/// What the writer waits for.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    /// The next batch from the reader.
+    Batch,
+    /// The end of a pause (a lease re-check or a retry), unless the pair stops first.
+    Until(tokio::time::Instant),
+}
+
+/// What ended a wait.
+enum Woken {
+    /// A batch arrived.
+    Batch(Batch),
+    /// The reader is gone and the channel is empty.
+    Closed,
+    /// The pause is over.
+    PauseOver,
+    /// The pair was stopped during a pause.
+    Stopped,
+    /// A commit was fenced.
+    Fenced,
+}
+
+/// The outcome of one attempt to send the held batch.
+enum Sent {
+    /// Sent, or nothing in it needed sending.
+    Done,
+    /// Not sent: the lease or the epoch says no.
+    Vetoed(SendVeto),
+}
+
+impl<C: ControlPlane> Writer<C> {
+    async fn run(&mut self, start: oneshot::Sender<ReadFrom>) -> Result<&'static str> {
+        let from = loop {
+            if start.is_closed() {
+                return Ok("reader gone before start");
+            }
+            let err = match self.resume().await {
+                Ok(from) => break from,
+                Err(err) => err,
+            };
+            let delay = self.retry_delay(err)?;
+            match self.wait(Wait::Until(pause_end(delay))).await {
+                Woken::Stopped => return self.drain("stopped before start").await,
+                Woken::Fenced => return Ok("fenced"),
+                _ => {}
+            }
+        };
+        self.backoff.reset();
+        // The reader may be gone already; the writer then drains an empty, closed channel.
+        let _ = start.send(from);
+        loop {
+            if self.held.is_none() {
+                match self.wait(Wait::Batch).await {
+                    Woken::Batch(batch) => self.held = Some(batch),
+                    Woken::Closed => return self.drain("drained").await,
+                    Woken::Fenced => return Ok("fenced"),
+                    Woken::PauseOver | Woken::Stopped => continue,
+                }
+            }
+            let delay = match self.send_held().await {
+                Ok(Sent::Done) => {
+                    self.backoff.reset();
+                    self.start_commit();
+                    continue;
+                }
+                Ok(Sent::Vetoed(SendVeto::EpochNotCurrent)) => {
+                    return Ok("epoch no longer current")
+                }
+                Ok(Sent::Vetoed(SendVeto::LeaseExpiring)) => {
+                    tracing::debug!("lease not valid long enough to send; holding the batch");
+                    LEASE_RECHECK
+                }
+                Err(err) => self.retry_delay(err)?,
+            };
+            match self.wait(Wait::Until(pause_end(delay))).await {
+                Woken::Stopped => return self.drain("stopped while holding a batch").await,
+                Woken::Fenced => return Ok("fenced"),
+                _ => {}
+            }
+        }
+    }
+
+    /// Waits for `wait`, meanwhile settling the commit in flight and starting the next one
+    /// when it is due (so that progress held back by the commit interval is confirmed also
+    /// when no batch comes). The stop token ends pauses only: a writer waiting for batches
+    /// learns of the stop when the reader closes the channel, after the batches queued before.
+    async fn wait(&mut self, wait: Wait) -> Woken {
+        loop {
+            let due = self.commits.due_at().map(tokio::time::Instant::from_std);
+            let (batches, until) = match wait {
+                Wait::Batch => (true, None),
+                Wait::Until(until) => (false, Some(until)),
+            };
+            let commit_call = &mut self.commit_call;
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled(), if !batches => return Woken::Stopped,
+                answer = async { match commit_call.as_mut() { Some(call) => call.await, None => std::future::pending().await } } => {
+                    self.commit_call = None;
+                    if self.settle(answer).is_some() {
+                        return Woken::Fenced;
+                    }
+                    self.start_commit();
+                }
+                () = sleep_until(due) => self.start_commit(),
+                () = sleep_until(until) => return Woken::PauseOver,
+                batch = self.rx.recv(), if batches => {
+                    return batch.map_or(Woken::Closed, Woken::Batch);
+                }
+            }
+        }
+    }
+
+    /// Works out where the unit resumes (confirmed offset, downstream tail, initial offset).
+    async fn resume(&mut self) -> Result<ReadFrom> {
+        let shared = self.shared.clone();
+        let unit = &shared.unit;
+        let (up_stream, up_topic) = shared.upstream_ids()?;
+        let topic = shared
+            .source
+            .call(shared.slot(), "get_topic", |c| async move {
+                c.get_topic(&up_stream, &up_topic).await
+            })
+            .await?
+            .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
+        let partition = topic
+            .partitions
+            .iter()
+            .find(|p| p.id == unit.partition)
+            .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
+        let extent = PartitionExtent {
+            messages_count: partition.messages_count,
+            current_offset: partition.current_offset,
+        };
+        let created_at = topic.created_at.as_micros();
+        let progress = shared.control.progress(unit);
+        let (down_stream, down_topic) = shared.downstream_ids()?;
+        let down = shared
+            .target
+            .call(shared.slot(), "get_topic", |c| async move {
+                c.get_topic(&down_stream, &down_topic).await
+            })
+            .await?;
+        let missing = || Error::DownstreamMissing {
+            stream: shared.downstream_stream.clone(),
+            topic: unit.topic.clone(),
+            partition: unit.partition,
+        };
+        let down = down.ok_or_else(missing)?;
+        if !down.partitions.iter().any(|p| p.id == unit.partition) {
+            return Err(missing());
+        }
+        let tail = if shared.flow.provenance {
+            scan_tail(&shared, created_at).await?
+        } else {
+            None
+        };
+        let plan = resume::plan(&ResumeFacts {
+            progress,
+            created_at,
+            tail,
+            initial: shared.flow.initial_offset,
+            extent,
+        });
+        if let Some(forgotten) = plan.forgotten {
+            tracing::warn!(
+                confirmed = forgotten,
+                old_created_at = progress.map_or(0, |p| p.topic_created_at),
+                created_at,
+                "upstream topic was recreated; starting it from the initial offset"
+            );
+        }
+        self.topic_created_at = created_at;
+        self.commits.resumed(plan.written, plan.confirmed);
+        shared.meters.resumed_after(plan.written);
+        shared.meters.set_epoch(shared.epoch);
+        tracing::info!(
+            offset = plan.from.offset,
+            confirmed = ?plan.confirmed,
+            tail = ?tail,
+            "unit resumes"
+        );
+        Ok(plan.from)
+    }
+
+    /// Sends the held batch (after a tail re-read if the previous attempt may have landed).
+    async fn send_held(&mut self) -> Result<Sent> {
+        let shared = self.shared.clone();
+        if self.resync {
+            let tail = scan_tail(&shared, self.topic_created_at).await?;
+            self.commits.covered(tail);
+            self.resync = false;
+        }
+        let Some(batch) = self.held.as_mut() else {
+            return Ok(Sent::Done);
+        };
+        let prepared = prepare(
+            batch,
+            &PrepareParams {
+                last_written: self.commits.written(),
+                source: shared.source.alias(),
+                target: shared.target.alias(),
+                provenance: shared.flow.provenance,
+                topic_created_at: self.topic_created_at,
+            },
+        )
+        .map_err(|offset| Error::Message {
+            unit: shared.unit.clone(),
+            offset,
+            source: Box::new(iggy::prelude::IggyError::TooBigUserHeaders),
+        })?;
+        let (gap, last_offset) = (batch.gap, batch.last_offset);
+        if !batch.messages.is_empty() {
+            if let Err(veto) = send_check(&shared, &self.assignments) {
+                return Ok(Sent::Vetoed(veto));
+            }
+            let (stream, topic) = shared.downstream_ids()?;
+            let partitioning = Partitioning::partition_id(shared.unit.partition);
+            let messages = &mut batch.messages;
+            let count = messages.len() as u64;
+            let started = Instant::now();
+            // Checked again once the connection is ours, right before the request is written.
+            let assignments = self.assignments.clone();
+            let recheck = || send_check(&shared, &assignments);
+            let sent = shared
+                .target
+                .call_checked(shared.slot(), "send_messages", recheck, |c| async move {
+                    c.send_messages(&stream, &topic, &partitioning, messages)
+                        .await
+                })
+                .await;
+            shared.meters.sent(started.elapsed());
+            match sent {
+                Ok(Ok(())) => {}
+                Ok(Err(veto)) => return Ok(Sent::Vetoed(veto)),
+                Err(err) => {
+                    // The batch may have been appended even though the call failed.
+                    self.resync = true;
+                    return Err(match err {
+                        Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
+                            Error::DownstreamMissing {
+                                stream: shared.downstream_stream.clone(),
+                                topic: shared.unit.topic.clone(),
+                                partition: shared.unit.partition,
+                            }
+                        }
+                        other => other,
+                    });
+                }
+            }
+            let now_us = IggyTimestamp::now().as_micros();
+            shared.meters.latency(Duration::from_micros(
+                now_us.saturating_sub(prepared.newest_timestamp),
+            ));
+            shared.meters.written(last_offset, count, prepared.bytes);
+            self.commits.sent(count, prepared.bytes);
+            tracing::debug!(offset = last_offset, count, "sent");
+        }
+        if let Some(done) = self.held.take() {
+            if done.skipped > 0 {
+                shared.meters.skipped(done.skipped);
+            }
+        }
+        if gap.is_some() {
+            self.commits.gap();
+        }
+        self.commits.covered(Some(last_offset));
+        Ok(Sent::Done)
+    }
+
+    /// How long to wait before retrying after `err`, counting it; the error itself when it is
+    /// not transient or the failure streak outlasted the retry budget.
+    fn retry_delay(&mut self, err: Error) -> Result<Duration> {
+        if !err.is_transient() {
+            return Err(err);
+        }
+        self.commits.error();
+        self.shared.meters.error(err.kind());
+        match self
+            .backoff
+            .on_failure(Instant::now(), self.shared.tuning.retry_budget)
+        {
+            Some(delay) => {
+                tracing::warn!(error = %err, backoff = ?delay, "write path failed, retrying");
+                Ok(delay)
+            }
+            None => Err(err),
+        }
+    }
+
+    /// Starts a commit if the tracker says one is due.
+    fn start_commit(&mut self) {
+        if let Some(request) = self.commits.start_if_due(Instant::now()) {
+            self.call_commit(request);
+        }
+    }
+
+    fn call_commit(&mut self, request: CommitRequest) {
+        let commit = OffsetCommit {
+            unit: self.shared.unit.clone(),
+            epoch: self.shared.epoch,
+            offset: request.offset,
+            topic_created_at: self.topic_created_at,
+            counters: request.counters,
+        };
+        let control = self.shared.control.clone();
+        self.commit_call = Some(Box::pin(async move { control.commit(vec![commit]).await }));
+    }
+
+    /// Applies a commit's answer; `Some` with the reason to stop when it was fenced.
+    fn settle(
+        &mut self,
+        answer: std::result::Result<Vec<CommitOutcome>, ControlError>,
+    ) -> Option<&'static str> {
+        if let Err(err) = &answer {
+            tracing::warn!(error = %err, "commit failed, will retry");
+        }
+        match self.commits.settle(Instant::now(), answer.as_deref()) {
+            Settled::Continue => None,
+            Settled::Fenced { current } => {
+                tracing::warn!(current = ?current, "commit fenced");
+                Some("fenced")
+            }
+        }
+    }
+
+    /// The end of a writer that stops: settles the commit in flight, makes the final commit
+    /// (without waiting for the commit interval) and returns `reason`.
+    async fn drain(&mut self, reason: &'static str) -> Result<&'static str> {
+        if let Some(call) = self.commit_call.take() {
+            if let Some(fenced) = self.settle(call.await) {
+                return Ok(fenced);
+            }
+        }
+        if let Some(request) = self.commits.start_final(Instant::now()) {
+            self.call_commit(request);
+            if let Some(call) = self.commit_call.take() {
+                if let Some(fenced) = self.settle(call.await) {
+                    return Ok(fenced);
+                }
+            }
+        }
+        Ok(reason)
+    }
+}
+
+/// When a pause of `delay` that starts now ends.
+fn pause_end(delay: Duration) -> tokio::time::Instant {
+    tokio::time::Instant::now() + delay
+}
+
+/// Sleeps until `at`, or forever without it.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether the writer may send now (see [`send_verdict`]), asked of the control plane and the
+/// clock at the moment of the call.
+fn send_check<C: ControlPlane>(
+    shared: &UnitShared<C>,
+    assignments: &watch::Receiver<Vec<Assignment>>,
+) -> std::result::Result<(), SendVeto> {
+    send_verdict(
+        Instant::now(),
+        shared.control.lease_valid_for(&shared.unit, shared.epoch),
+        shared.tuning.lease_safety_margin,
+        || epoch_is_current(&assignments.borrow(), &shared.unit, shared.epoch),
+    )
+}
+
+/// The upstream offset of the last message this flow wrote to the downstream partition for
+/// the topic incarnation created at `created_at`: reads the pages [`TailScan`] asks for.
+async fn scan_tail<C>(shared: &UnitShared<C>, created_at: u64) -> Result<Option<Offset>> {
+    let (stream, topic) = shared.downstream_ids()?;
+    let partition = shared.unit.partition;
+    let consumer = Consumer::new(named("iggy-replicator.tail", &shared.unit)?);
+    let source = shared.source.alias();
+    let ours = |m: &IggyMessage| {
+        let found = provenance::find(m.user_headers.as_deref());
+        (found.source == Some(source) && found.topic_created_at == Some(created_at))
+            .then_some(found.offset)
+            .flatten()
+    };
+    let (mut scan, mut poll) = TailScan::start(shared.tuning.tail_scan_window);
+    loop {
+        let (strategy, count) = match poll {
+            TailPoll::Last { count } => (PollingStrategy::last(), count),
+            TailPoll::From { offset, count } => (PollingStrategy::offset(offset), count),
+        };
+        let (s, t, c) = (stream.clone(), topic.clone(), consumer.clone());
+        let polled = shared
+            .target
+            .call(shared.slot(), "poll_messages (tail)", |cl| async move {
+                cl.poll_messages(&s, &t, Some(partition), &c, &strategy, count, false)
+                    .await
+            })
+            .await?;
+        let page: Vec<TailEntry> = polled
+            .messages
+            .iter()
+            .map(|m| TailEntry {
+                offset: m.header.offset,
+                ours: ours(m),
+            })
+            .collect();
+        match scan.feed(&page) {
+            TailStep::Poll(next) => poll = next,
+            TailStep::Done(found) => return Ok(found),
+        }
+    }
+}
