@@ -444,11 +444,7 @@ impl Control {
             is_leader: m.current_leader == Some(self.inner.id),
             last_log_index: m.last_log_index,
             last_applied: m.last_applied.map(|l| l.index),
-            commit_index: self
-                .inner
-                .committed
-                .load(Ordering::Relaxed)
-                .checked_sub(1),
+            commit_index: self.inner.committed.load(Ordering::Relaxed).checked_sub(1),
             snapshot_index: m.snapshot.map(|l| l.index),
             purged_index: m.purged.map(|l| l.index),
             lease_renewals: c.lease_renewals.load(Ordering::Relaxed),
