@@ -4,21 +4,17 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use iggy::prelude::{
-    Client, CompressionAlgorithm, HeaderKey, HeaderValue, Identifier, IggyClient, IggyExpiry,
-    IggyMessage, MaxTopicSize, MessageClient, Partitioning, StreamClient, TopicClient,
-};
+use iggy::prelude::{Client, IggyClient};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use replicator_harness::{
+    delete_stream, ensure_topic, stream_messages, FlowConfig, MessageShape, NodeConfig,
+    PacedProducer, ProducerParams, Topic,
+};
 use replicator_model::{NodeId, WorkUnit};
 use replicator_pipeline::verify::{verify, VerifyParams};
 use replicator_testkit::{TestServer, TestServerConfig};
-use tokio::task::JoinHandle;
 
 use crate::exit::Failure;
 use crate::node::{NodeListeners, RunningNode};
@@ -61,7 +57,7 @@ const CATCH_UP_DEADLINE: Duration = Duration::from_secs(60);
 struct Demo {
     servers: Vec<TestServer>,
     nodes: Vec<Option<RunningNode>>,
-    producer: Option<JoinHandle<Result<(), String>>>,
+    producer: Option<PacedProducer>,
     /// Temporary data dir, removed on drop.
     _temp: Option<tempfile::TempDir>,
     /// Stream created on external servers, deleted at the end.
@@ -128,8 +124,9 @@ impl Demo {
         println!("source cluster \"us\": {}", redact(&source));
         println!("target cluster \"eu\": {}", redact(&target));
 
-        let producer_client = connect(&source).await?;
-        create_topics(&producer_client, &stream).await?;
+        let source_client = connect(&source).await?;
+        create_topics(&source_client, &stream).await?;
+        let _ = source_client.shutdown().await;
         if external {
             self.external_stream = Some((stream.clone(), vec![source.clone(), target.clone()]));
         }
@@ -143,26 +140,32 @@ impl Demo {
                 .map_err(io_failure)?;
             listeners.push((raft, api));
         }
-        let raft_addrs: Vec<String> = listeners
-            .iter()
-            .map(|(raft, _)| raft.local_addr().map(|a| a.to_string()))
-            .collect::<Result<_, _>>()
-            .map_err(io_failure)?;
+        let mut raft_addrs = BTreeMap::new();
+        for (id, (raft, _)) in (1..).zip(&listeners) {
+            raft_addrs.insert(id, raft.local_addr().map_err(io_failure)?);
+        }
         let secret = format!("demo-secret-{:016x}", rand::random::<u64>());
+        let replication = FlowConfig {
+            name: "us-to-eu",
+            source_alias: "us",
+            source_url: &source,
+            target_alias: "eu",
+            target_url: &target,
+            include: &format!("{stream}/*"),
+        }
+        .toml();
         let mut configs = Vec::new();
-        for (index, (_, api)) in listeners.iter().enumerate() {
-            let id = index as u64 + 1;
-            let api_addr = api.local_addr().map_err(io_failure)?;
-            let text = node_config(NodeConfigText {
-                id,
+        for ((id, raft_addr), (_, api)) in raft_addrs.iter().zip(&listeners) {
+            let text = NodeConfig {
+                id: *id,
                 data_dir: &data_dir.join(format!("node-{id}")),
-                raft_addrs: &raft_addrs,
-                api_addr: &api_addr.to_string(),
+                raft_addr: *raft_addr,
+                api_bind: api.local_addr().map_err(io_failure)?,
+                advertised_api_addr: None,
                 secret: &secret,
-                source: &source,
-                target: &target,
-                stream: &stream,
-            });
+                initial_members: &raft_addrs,
+            }
+            .toml(&replication);
             let config = replicator_config::parse_str(&text, &format!("demo node {id}"), |_| None)
                 .map_err(Failure::from)?;
             configs.push(config);
@@ -183,15 +186,7 @@ impl Demo {
             total_partitions
         );
 
-        // Producer.
-        let produced = Arc::new(AtomicU64::new(0));
-        self.producer = Some(tokio::spawn(produce(
-            producer_client,
-            stream.clone(),
-            args.messages,
-            args.rate.max(1),
-            produced.clone(),
-        )));
+        self.producer = Some(start_producer(&source, &stream, args));
 
         // Progress until everything is copied.
         let target_client = connect(&target).await?;
@@ -200,10 +195,16 @@ impl Demo {
         let mut failover: Option<Failover> = None;
         let mut failover_time: Option<Duration> = None;
         let mut producer_done_at: Option<Instant> = None;
+        let mut produced_now = 0;
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            let produced_now = produced.load(Ordering::Relaxed);
-            let replicated = downstream_count(&target_client, &downstream_stream).await;
+            if let Some(producer) = &self.producer {
+                produced_now = producer.produced();
+            }
+            // 0 while the stream does not exist downstream yet.
+            let replicated = stream_messages(&target_client, &downstream_stream)
+                .await
+                .unwrap_or(0);
             progress.update(produced_now, replicated);
             progress.nodes(&self.node_lines().await);
 
@@ -222,24 +223,26 @@ impl Demo {
                     ));
                 }
             }
-            if let Some(producer) = &self.producer {
-                if producer.is_finished() && producer_done_at.is_none() {
-                    producer_done_at = Some(Instant::now());
-                    if let Some(handle) = self.producer.take() {
-                        match handle.await {
-                            Ok(Ok(())) => {}
-                            Ok(Err(e)) => {
-                                return Err(Failure::runtime(
-                                    format!("producer failed: {e}"),
-                                    "check the source server",
-                                ))
-                            }
-                            Err(e) => {
-                                return Err(Failure::runtime(
-                                    format!("producer task failed: {e}"),
-                                    "report a bug",
-                                ))
-                            }
+            if self
+                .producer
+                .as_ref()
+                .is_some_and(PacedProducer::is_finished)
+            {
+                producer_done_at = Some(Instant::now());
+                if let Some(producer) = self.producer.take() {
+                    match producer.stop().await {
+                        Ok(report) => produced_now = report.produced,
+                        Err(e @ replicator_harness::Error::Task(_)) => {
+                            return Err(Failure::runtime(
+                                format!("producer task failed: {e}"),
+                                "report a bug",
+                            ))
+                        }
+                        Err(e) => {
+                            return Err(Failure::runtime(
+                                format!("producer failed: {e}"),
+                                "check the source server",
+                            ))
                         }
                     }
                 }
@@ -417,21 +420,14 @@ impl Demo {
 
     /// Stops whatever is running, in order: producer, nodes (graceful), servers, streams.
     async fn stop(&mut self) {
-        if let Some(producer) = self.producer.take() {
-            producer.abort();
-            let _ = producer.await;
-        }
+        // Dropping the producer aborts its task.
+        drop(self.producer.take());
         let running: Vec<RunningNode> = self.nodes.iter_mut().filter_map(Option::take).collect();
         let drained = futures::future::join_all(running.into_iter().map(RunningNode::drain)).await;
         futures::future::join_all(drained.into_iter().map(|n| n.shutdown())).await;
         if let Some((stream, urls)) = self.external_stream.take() {
             for url in urls {
-                if let Ok(client) = connect(&url).await {
-                    if let Ok(id) = Identifier::named(&stream) {
-                        let _ = client.delete_stream(&id).await;
-                    }
-                    let _ = client.shutdown().await;
-                }
+                let _ = delete_stream(&url, &stream).await;
             }
         }
         for server in self.servers.drain(..) {
@@ -447,198 +443,50 @@ struct Failover {
     killed_at: Instant,
 }
 
-struct NodeConfigText<'a> {
-    id: u64,
-    data_dir: &'a std::path::Path,
-    raft_addrs: &'a [String],
-    api_addr: &'a str,
-    secret: &'a str,
-    source: &'a str,
-    target: &'a str,
-    stream: &'a str,
-}
-
-/// A node's config file, as an operator would write it.
-fn node_config(c: NodeConfigText<'_>) -> String {
-    let members = c
-        .raft_addrs
-        .iter()
-        .enumerate()
-        .map(|(i, addr)| format!("{} = \"{addr}\"", i + 1))
-        .collect::<Vec<_>>()
-        .join(", ");
-    format!(
-        r#"
-[node]
-id = {id}
-data_dir = {data_dir:?}
-raft_addr = "{raft}"
-api_addr = "{api}"
-
-[cluster]
-secret = "{secret}"
-initial_members = {{ {members} }}
-
-[clusters.us]
-url = "{source}"
-
-[clusters.eu]
-url = "{target}"
-
-[[flows]]
-name = "us-to-eu"
-source = "us"
-target = "eu"
-include = ["{stream}/*"]
-poll_interval = "2ms"
-
-[pipeline]
-discovery_interval = "1s"
-"#,
-        id = c.id,
-        data_dir = c.data_dir.display().to_string(),
-        raft = c.raft_addrs[(c.id - 1) as usize],
-        api = c.api_addr,
-        secret = c.secret,
-        source = c.source,
-        target = c.target,
-        stream = c.stream,
-    )
-}
-
-/// A connected client. Small requests must not wait for Nagle's algorithm (with delayed ACKs
-/// every send of the producer would take ~40 ms), so `nodelay` is turned on unless the URL
-/// sets it.
+/// A connected client (with Nagle's algorithm off: see `replicator_harness::connect`).
 async fn connect(url: &str) -> Result<IggyClient, Failure> {
-    let url = if url.contains("nodelay=") {
-        url.to_owned()
-    } else if url.contains('?') {
-        format!("{url}&nodelay=true")
-    } else {
-        format!("{url}?nodelay=true")
-    };
-    let url = url.as_str();
-    let client = IggyClient::from_connection_string(url)
-        .map_err(|e| Failure::config(format!("invalid Iggy URL {}: {e}", redact(url))))?;
-    client.connect().await.map_err(|e| {
-        Failure::runtime(
+    replicator_harness::connect(url).await.map_err(|e| match e {
+        replicator_harness::Error::InvalidUrl(e) => {
+            Failure::config(format!("invalid Iggy URL {}: {e}", redact(url)))
+        }
+        e => Failure::runtime(
             format!("cannot connect to {}: {e}", redact(url)),
             "is the server running and are the credentials right?",
-        )
-    })?;
-    Ok(client)
+        ),
+    })
 }
 
 async fn create_topics(client: &IggyClient, stream: &str) -> Result<(), Failure> {
-    let fail = |e: iggy::prelude::IggyError| {
-        Failure::runtime(
-            format!("cannot create the demo topics: {e}"),
-            "check the source server's permissions",
-        )
-    };
-    let stream_id = Identifier::named(stream).map_err(fail)?;
-    if client.get_stream(&stream_id).await.map_err(fail)?.is_none() {
-        client.create_stream(stream).await.map_err(fail)?;
-    }
     for (topic, partitions) in TOPICS {
-        let topic_id = Identifier::named(topic).map_err(fail)?;
-        if client
-            .get_topic(&stream_id, &topic_id)
+        ensure_topic(client, stream, topic, partitions)
             .await
-            .map_err(fail)?
-            .is_none()
-        {
-            client
-                .create_topic(
-                    &stream_id,
-                    topic,
-                    partitions,
-                    CompressionAlgorithm::None,
-                    None,
-                    IggyExpiry::NeverExpire,
-                    MaxTopicSize::ServerDefault,
+            .map_err(|e| {
+                Failure::runtime(
+                    format!("cannot create the demo topics: {e}"),
+                    "check the source server's permissions",
                 )
-                .await
-                .map_err(fail)?;
-        }
+            })?;
     }
     Ok(())
 }
 
-/// Produces `total` messages at about `rate` per second, round robin over every partition,
-/// each with a unique id, a user header and a payload of 200 bytes.
-async fn produce(
-    client: IggyClient,
-    stream: String,
-    total: u64,
-    rate: u64,
-    produced: Arc<AtomicU64>,
-) -> Result<(), String> {
-    let stream_id = Identifier::named(&stream).map_err(|e| e.to_string())?;
-    let slots: Vec<(Identifier, u32)> = TOPICS
+/// Produces `args.messages` messages at about `args.rate` per second into `stream` at
+/// `source`, `PRODUCE_BATCH` at a time to each partition of every topic in turn, each with a
+/// unique id, a user header and a payload of 200 bytes.
+fn start_producer(source: &str, stream: &str, args: &DemoArgs) -> PacedProducer {
+    let targets = TOPICS
         .iter()
-        .flat_map(|(topic, partitions)| {
-            let id = Identifier::named(topic);
-            (0..*partitions).map(move |p| (id.clone(), p))
-        })
-        .map(|(id, p)| id.map(|id| (id, p)))
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
-    let kind = HeaderKey::from_str("source").map_err(|e| e.to_string())?;
-    let started = Instant::now();
-    let mut sent = 0u64;
-    let mut slot = 0usize;
-    while sent < total {
-        let batch = PRODUCE_BATCH.min(total - sent);
-        let (topic_id, partition) = &slots[slot % slots.len()];
-        slot += 1;
-        let mut messages = Vec::with_capacity(batch as usize);
-        for i in sent..sent + batch {
-            let mut payload = format!("demo message {i} ").into_bytes();
-            payload.resize(200, b'.');
-            let mut headers = BTreeMap::new();
-            headers.insert(
-                kind.clone(),
-                HeaderValue::from_str("demo").map_err(|e| e.to_string())?,
-            );
-            let message = IggyMessage::builder()
-                .id(u128::from(i) + 1)
-                .payload(Bytes::from(payload))
-                .user_headers(headers)
-                .build()
-                .map_err(|e| e.to_string())?;
-            messages.push(message);
-        }
-        client
-            .send_messages(
-                &stream_id,
-                topic_id,
-                &Partitioning::partition_id(*partition),
-                &mut messages,
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        sent += batch;
-        produced.store(sent, Ordering::Relaxed);
-        // Pace to the rate: sleep until the time this many messages are due.
-        let due = Duration::from_secs_f64(sent as f64 / rate as f64);
-        if let Some(ahead) = due.checked_sub(started.elapsed()) {
-            tokio::time::sleep(ahead).await;
-        }
-    }
-    let _ = client.shutdown().await;
-    Ok(())
-}
-
-/// Messages stored downstream in the demo stream (0 while it does not exist yet).
-async fn downstream_count(client: &IggyClient, stream: &str) -> u64 {
-    let Ok(stream_id) = Identifier::named(stream) else {
-        return 0;
+        .flat_map(|(topic, partitions)| Topic::new(stream, *topic, *partitions).targets())
+        .collect();
+    let mut params = ProducerParams::new(source, targets, args.rate.max(1));
+    params.total = Some(args.messages);
+    params.batch = PRODUCE_BATCH;
+    params.shape = MessageShape {
+        payload_bytes: 200,
+        label: Some("demo message".to_owned()),
+        header: Some(("source".to_owned(), "demo".to_owned())),
     };
-    match client.get_stream(&stream_id).await {
-        Ok(Some(details)) => details.topics.iter().map(|t| t.messages_count).sum(),
-        _ => 0,
-    }
+    PacedProducer::start(params)
 }
 
 /// Live progress: bars on a terminal, milestone lines always.

@@ -8,11 +8,12 @@ use iggy::prelude::{
     Client, Consumer, Identifier, IggyClient, MessageClient, Partitioning, PollingStrategy,
 };
 
+use replicator_harness::{connect, delete_stream, ensure_topic, Cluster, TestResult, Watch};
+
 use crate::env::{
-    connect, create_topic, delete_stream, fill, own_cpu_seconds, replication_spec, run_name,
-    total_cpu, Endpoints, Watch, FILL_BATCH, PAYLOAD_BYTES,
+    fill, own_cpu_seconds, replication_spec, run_name, total_cpu, Endpoints, FILL_BATCH,
+    PAYLOAD_BYTES,
 };
-use crate::harness::{Cluster, TestResult};
 use crate::metrics::Stages;
 use crate::report::median_range;
 use crate::settings::Settings;
@@ -80,7 +81,7 @@ async fn measure_all(
     per_partition: u64,
 ) -> TestResult<Vec<Sample>> {
     let up = connect(&endpoints.upstream_url).await?;
-    create_topic(&up, stream, TOPIC, PARTITIONS).await?;
+    ensure_topic(&up, stream, TOPIC, PARTITIONS).await?;
     up.shutdown().await?;
     let filling = Instant::now();
     fill(
@@ -148,7 +149,7 @@ async fn copy_once(
         match variant {
             Variant::RawLoop => {
                 let down = connect(&endpoints.downstream_url).await?;
-                create_topic(&down, &down_stream, TOPIC, PARTITIONS).await?;
+                ensure_topic(&down, &down_stream, TOPIC, PARTITIONS).await?;
                 down.shutdown().await?;
                 let cpu_before = own_cpu_seconds();
                 let started = Instant::now();
@@ -179,7 +180,7 @@ async fn copy_once(
                         .await;
                     (watch, times)
                 });
-                let mut cluster = Cluster::start_spec(spec, nodes).await?;
+                let mut cluster = Cluster::start(spec, nodes).await?;
                 let (watch, times) = waiting.await?;
                 let (first, total) = times?;
                 let pids: Vec<u32> = cluster.pids().into_values().collect();

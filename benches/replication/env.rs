@@ -1,20 +1,16 @@
 //! Where the benchmarks run: two Iggy servers (upstream and downstream), either external ones
-//! given by URL or two `iggy-replicator dev-server` processes started here, plus the SDK calls
-//! the scenarios share (create, fill, count, delete) and process CPU/RSS readings.
+//! given by URL or two `iggy-replicator dev-server` processes started here, the topic filling
+//! the scenarios share, process CPU/RSS readings, and a three-node cluster over them.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use iggy::prelude::{
-    Client, CompressionAlgorithm, Identifier, IggyClient, IggyExpiry, IggyMessage, MaxTopicSize,
-    MessageClient, Partitioning, StreamClient, TopicClient,
+use iggy::prelude::{Client, IggyMessage};
+use replicator_harness::{
+    connect, delete_stream, ensure_topic, produce_bulk, Bulk, Cluster, ClusterSpec, DevServer,
+    ReplicatorBinary, TestResult,
 };
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 
-use crate::harness::{Cluster, ClusterSpec, Deadline, DownstreamCounts, TestResult};
 use crate::settings::Settings;
 
 /// Size of every benchmark message's payload.
@@ -22,20 +18,23 @@ pub(crate) const PAYLOAD_BYTES: usize = 256;
 /// Messages per send when filling a topic (also the replicator's default batch size).
 pub(crate) const FILL_BATCH: u64 = 1000;
 
-/// The two Iggy servers of a run.
+/// The two Iggy servers of a run, and the binary the nodes run.
 pub(crate) struct Endpoints {
+    /// The `iggy-replicator` executable (nodes, `verify`, dev servers).
+    pub(crate) binary: ReplicatorBinary,
     /// Connection string of the source cluster.
     pub(crate) upstream_url: String,
     /// Connection string of the target cluster.
     pub(crate) downstream_url: String,
     /// The dev-server processes started here (none for external servers).
-    servers: Vec<Child>,
+    servers: Vec<DevServer>,
 }
 
 impl Endpoints {
     /// External servers from `BENCH_SOURCE_URL` and `BENCH_TARGET_URL` when both are set,
-    /// otherwise two dev-server processes on free loopback ports.
+    /// otherwise two dev-server processes on loopback ports the OS picked.
     pub(crate) async fn from_env() -> TestResult<Self> {
+        let binary = ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?;
         match (
             std::env::var("BENCH_SOURCE_URL"),
             std::env::var("BENCH_TARGET_URL"),
@@ -45,25 +44,20 @@ impl Endpoints {
                     connect(url).await?.shutdown().await?;
                 }
                 Ok(Self {
+                    binary,
                     upstream_url,
                     downstream_url,
                     servers: Vec::new(),
                 })
             }
             (Err(_), Err(_)) => {
-                let mut servers = Vec::new();
-                let mut urls = Vec::new();
-                for _ in 0..2 {
-                    let (child, url) = start_dev_server().await?;
-                    servers.push(child);
-                    urls.push(url);
-                }
-                let downstream_url = urls.pop().ok_or("no downstream server")?;
-                let upstream_url = urls.pop().ok_or("no upstream server")?;
+                let upstream = DevServer::start(&binary).await?;
+                let downstream = DevServer::start(&binary).await?;
                 Ok(Self {
-                    upstream_url,
-                    downstream_url,
-                    servers,
+                    upstream_url: upstream.url().to_owned(),
+                    downstream_url: downstream.url().to_owned(),
+                    servers: vec![upstream, downstream],
+                    binary,
                 })
             }
             _ => Err("set both BENCH_SOURCE_URL and BENCH_TARGET_URL, or neither".into()),
@@ -77,7 +71,7 @@ impl Endpoints {
 
     /// Pids of the dev-server processes started here (their CPU is reported apart).
     pub(crate) fn server_pids(&self) -> Vec<u32> {
-        self.servers.iter().map(Child::id).collect()
+        self.servers.iter().map(DevServer::pid).collect()
     }
 
     /// A short description for the report.
@@ -94,94 +88,10 @@ impl Endpoints {
     }
 }
 
-impl Drop for Endpoints {
-    fn drop(&mut self) {
-        for child in &mut self.servers {
-            if let Ok(pid) = i32::try_from(child.id()) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-            let _ = child.wait();
-        }
-    }
-}
-
 /// The host:port part of a connection string (credentials are never printed).
 fn address(url: &str) -> &str {
     let rest = url.rsplit_once('@').map_or(url, |(_, rest)| rest);
     rest.split('?').next().unwrap_or(rest)
-}
-
-/// Starts `iggy-replicator dev-server` on a free port and waits until it accepts a login.
-async fn start_dev_server() -> TestResult<(Child, String)> {
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let child = Command::new(env!("CARGO_BIN_EXE_iggy-replicator"))
-        .args(["--log-level", "warn", "dev-server", "--port"])
-        .arg(port.to_string())
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let url = format!("iggy://iggy:iggy@127.0.0.1:{port}");
-    let deadline = Deadline::new(Duration::from_secs(30), "the dev server to accept logins");
-    loop {
-        if let Ok(client) = connect(&url).await {
-            client.shutdown().await?;
-            return Ok((child, url));
-        }
-        deadline.check()?;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// A connected, logged-in SDK client with Nagle's algorithm off (batches must not wait).
-pub(crate) async fn connect(url: &str) -> TestResult<IggyClient> {
-    let url = if url.contains("nodelay") {
-        url.to_owned()
-    } else if url.contains('?') {
-        format!("{url}&nodelay=true")
-    } else {
-        format!("{url}?nodelay=true")
-    };
-    let client = IggyClient::from_connection_string(&url)?;
-    client.connect().await?;
-    Ok(client)
-}
-
-/// Creates `stream` (if missing) and `topic` with `partitions` partitions.
-pub(crate) async fn create_topic(
-    client: &IggyClient,
-    stream: &str,
-    topic: &str,
-    partitions: u32,
-) -> TestResult {
-    let stream_id = Identifier::named(stream)?;
-    if client.get_stream(&stream_id).await?.is_none() {
-        client.create_stream(stream).await?;
-    }
-    client
-        .create_topic(
-            &stream_id,
-            topic,
-            partitions,
-            CompressionAlgorithm::None,
-            None,
-            IggyExpiry::NeverExpire,
-            MaxTopicSize::ServerDefault,
-        )
-        .await?;
-    Ok(())
-}
-
-/// Deletes `stream` if it exists (the cleanup of every scenario).
-pub(crate) async fn delete_stream(url: &str, stream: &str) -> TestResult {
-    let client = connect(url).await?;
-    let id = Identifier::named(stream)?;
-    if client.get_stream(&id).await?.is_some() {
-        client.delete_stream(&id).await?;
-    }
-    client.shutdown().await?;
-    Ok(())
 }
 
 /// Runs `scenario`, then deletes `stream` on both servers whatever the scenario's outcome;
@@ -200,92 +110,6 @@ pub(crate) async fn cleaned_up<T>(
     Ok(value)
 }
 
-/// Messages per partition of `stream/topic` (empty while it does not exist), by partition id.
-pub(crate) async fn partition_counts(
-    client: &IggyClient,
-    stream: &str,
-    topic: &str,
-) -> TestResult<Vec<u64>> {
-    let topic = client
-        .get_topic(&Identifier::named(stream)?, &Identifier::named(topic)?)
-        .await?;
-    let Some(topic) = topic else {
-        return Ok(Vec::new());
-    };
-    let mut partitions: Vec<(u32, u64)> = topic
-        .partitions
-        .iter()
-        .map(|p| (p.id, p.messages_count))
-        .collect();
-    partitions.sort_unstable();
-    Ok(partitions.into_iter().map(|(_, count)| count).collect())
-}
-
-/// A watched topic: its counts through one client kept open.
-pub(crate) struct Watch {
-    /// Client of the watched server.
-    client: IggyClient,
-    /// Stream name.
-    stream: String,
-    /// Topic name.
-    topic: String,
-}
-
-impl Watch {
-    /// Watches `stream/topic` on the server at `url`.
-    pub(crate) async fn new(url: &str, stream: &str, topic: &str) -> TestResult<Self> {
-        Ok(Self {
-            client: connect(url).await?,
-            stream: stream.to_owned(),
-            topic: topic.to_owned(),
-        })
-    }
-
-    /// Sum of the messages of every partition.
-    pub(crate) async fn total(&self) -> TestResult<u64> {
-        Ok(self.counts_now().await?.iter().sum())
-    }
-
-    /// Waits until the topic holds `target` messages; returns when the first message appeared
-    /// (relative to `since`) and when the last did.
-    pub(crate) async fn wait_total(
-        &self,
-        target: u64,
-        since: Instant,
-        within: Duration,
-    ) -> TestResult<(Duration, Duration)> {
-        let deadline = Deadline::new(
-            within,
-            format!("{}/{} to hold {target} messages", self.stream, self.topic),
-        );
-        let mut first = None;
-        loop {
-            let total = self.total().await?;
-            if total > 0 && first.is_none() {
-                first = Some(since.elapsed());
-            }
-            if total >= target {
-                return Ok((first.unwrap_or_default(), since.elapsed()));
-            }
-            if let Err(e) = deadline.check() {
-                return Err(format!("{e}: {total} of {target}").into());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Closes the client.
-    pub(crate) async fn close(self) {
-        let _ = self.client.shutdown().await;
-    }
-}
-
-impl DownstreamCounts for Watch {
-    async fn counts_now(&self) -> TestResult<Vec<u64>> {
-        partition_counts(&self.client, &self.stream, &self.topic).await
-    }
-}
-
 /// Fills every partition of `stream/topic` with `per_partition` messages of
 /// [`PAYLOAD_BYTES`] each, with ids unique in the topic, over `connections` connections.
 pub(crate) async fn fill(
@@ -300,33 +124,24 @@ pub(crate) async fn fill(
     let mut tasks = Vec::new();
     for worker in 0..connections {
         let client = connect(url).await?;
-        let (stream, topic, payload) = (stream.to_owned(), topic.to_owned(), payload.clone());
+        let bulk = Bulk {
+            stream: stream.to_owned(),
+            topic: topic.to_owned(),
+            partitions: (0..partitions)
+                .filter(|p| p % connections == worker)
+                .collect(),
+            range: 0..per_partition,
+            batch: FILL_BATCH,
+        };
+        let payload = payload.clone();
         tasks.push(tokio::spawn(async move {
-            let (s, t) = (Identifier::named(&stream)?, Identifier::named(&topic)?);
-            for partition in (0..partitions).filter(|p| p % connections == worker) {
-                let mut sent = 0;
-                while sent < per_partition {
-                    let n = (per_partition - sent).min(FILL_BATCH);
-                    let mut messages = (0..n)
-                        .map(|i| {
-                            let id = (u128::from(partition) << 64) | u128::from(sent + i + 1);
-                            IggyMessage::builder()
-                                .id(id)
-                                .payload(payload.clone())
-                                .build()
-                        })
-                        .collect::<Result<Vec<_>, _>>()?;
-                    client
-                        .send_messages(
-                            &s,
-                            &t,
-                            &Partitioning::partition_id(partition),
-                            &mut messages,
-                        )
-                        .await?;
-                    sent += n;
-                }
-            }
+            produce_bulk(&client, &bulk, |partition, seq| {
+                IggyMessage::builder()
+                    .id((u128::from(partition) << 64) | u128::from(seq + 1))
+                    .payload(payload.clone())
+                    .build()
+            })
+            .await?;
             client.shutdown().await?;
             TestResult::Ok(())
         }));
@@ -400,6 +215,7 @@ pub(crate) fn replication_spec(
     let naming = if prefix { "prefix" } else { "identity" };
     let (connections, provenance) = (settings.connections, settings.provenance);
     ClusterSpec {
+        binary: endpoints.binary.clone(),
         replication_toml: format!(
             r#"[clusters.{source_alias}]
 url = "{up}"
@@ -431,27 +247,12 @@ pub(crate) fn run_name(what: &str) -> String {
     format!("bench-{what}-{:06x}", rand::random::<u32>() & 0xff_ffff)
 }
 
-/// Waits until the leader reports the units spread evenly over the running nodes (counts
-/// differ by at most one) with no handover pending: after a start or a rejoin the leader moves
-/// units for a while, and a scenario measures the steady state only after that.
-pub(crate) async fn wait_balanced(cluster: &Cluster, within: Duration) -> TestResult<Duration> {
-    let started = Instant::now();
-    let deadline = Deadline::new(within, "the units to be spread evenly");
-    loop {
-        if let Some(status) = cluster.leader_status().await {
-            let running = cluster.running();
-            let owned: Vec<usize> = running.iter().map(|n| status.units_owned(*n)).collect();
-            let (min, max) = (owned.iter().min(), owned.iter().max());
-            let handing_over = status.units.iter().any(|u| u.release_requested);
-            if let (Some(min), Some(max)) = (min, max) {
-                if max - min <= 1 && !handing_over {
-                    return Ok(started.elapsed());
-                }
-            }
-        }
-        deadline.check()?;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// Waits until the leader reports the units spread evenly over the running nodes with no
+/// handover pending: after a start or a rejoin the leader moves units for a while, and a
+/// scenario measures the steady state only after that.
+pub(crate) async fn wait_balanced(cluster: &Cluster, within: Duration) -> TestResult {
+    cluster.wait_balanced(&cluster.running(), within).await?;
+    Ok(())
 }
 
 /// Creates `topics` (each with `partitions` partitions) in `stream` upstream, starts three
@@ -466,7 +267,7 @@ pub(crate) async fn start_three_nodes(
 ) -> TestResult<(Cluster, Duration)> {
     let up = connect(&endpoints.upstream_url).await?;
     for topic in topics {
-        create_topic(&up, stream, topic, partitions).await?;
+        ensure_topic(&up, stream, topic, partitions).await?;
     }
     up.shutdown().await?;
     let spec = replication_spec(
@@ -478,7 +279,7 @@ pub(crate) async fn start_three_nodes(
         topics.len() * partitions as usize,
     );
     let started = Instant::now();
-    let cluster = Cluster::start_spec(spec, 3).await?;
+    let cluster = Cluster::start(spec, 3).await?;
     let assigned = started.elapsed();
     wait_balanced(&cluster, Duration::from_secs(300)).await?;
     Ok((cluster, assigned))

@@ -2,14 +2,13 @@
 //! until every partition it owned is written again by a new owner. The killed instance is
 //! restarted and takes work again before the next round. At the end the copy must be exact.
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
+use replicator_harness::{TestResult, Topic, Watch};
 
-use crate::env::{cleaned_up, run_name, start_three_nodes, wait_balanced, Endpoints, Watch};
-use crate::harness::{wait_resumed, DownstreamCounts, NodeId, Status, TestResult};
-use crate::load::{targets, PacedProducer};
+use crate::env::{cleaned_up, run_name, start_three_nodes, wait_balanced, Endpoints};
+use crate::load::paced;
 use crate::report::{median_range, secs};
 use crate::settings::Settings;
 
@@ -27,22 +26,13 @@ pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResul
     cleaned_up(endpoints, &stream, measure(endpoints, settings, &stream)).await
 }
 
-/// Partitions of the benchmark topic that `node` owns in `status`.
-fn owned_by(status: &Status, stream: &str, node: NodeId) -> BTreeSet<u32> {
-    status
-        .units
-        .iter()
-        .filter(|u| !u.retired && u.unit.stream == stream && u.owner == Some(node))
-        .map(|u| u.unit.partition)
-        .collect()
-}
-
 async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> TestResult {
     let (mut cluster, _) =
         start_three_nodes(endpoints, settings, stream, &[TOPIC.to_owned()], PARTITIONS).await?;
-    let producer = PacedProducer::start(
-        endpoints.upstream_url.clone(),
-        targets(stream, &[TOPIC.to_owned()], PARTITIONS),
+    let topic = Topic::new(stream, TOPIC, PARTITIONS);
+    let producer = paced(
+        &endpoints.upstream_url,
+        topic.targets(),
         settings.failover_rate,
     );
     let watch = Watch::new(&endpoints.downstream_url, stream, TOPIC).await?;
@@ -62,23 +52,13 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
         } else {
             "follower"
         };
-        let owned = owned_by(&status, stream, victim);
-        cluster.kill(victim)?;
-        let killed_at = Instant::now();
-        // Sends already on the wire when it died may still land: count from after them.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let baseline = watch.counts_now().await?;
-        let resumed = wait_resumed(
-            &watch,
-            &owned,
-            &baseline,
-            killed_at,
-            Duration::from_secs(60),
-        )
-        .await?;
+        let killed = cluster
+            .kill_and_wait_resumed(victim, &topic, &watch)
+            .await?;
+        let resumed = killed.resumed;
         println!(
             "| {round} | node {victim} | {role} | {} | {} | {} |",
-            owned.len(),
+            killed.owned.len(),
             secs(resumed.first),
             secs(resumed.all)
         );
@@ -94,7 +74,7 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
             .await?;
         wait_balanced(&cluster, Duration::from_secs(120)).await?;
     }
-    let produced = producer.stop().await?;
+    let produced = producer.stop().await?.produced;
     watch
         .wait_total(produced, Instant::now(), Duration::from_secs(120))
         .await?;

@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::env::{cleaned_up, run_name, start_three_nodes, Endpoints, Watch};
-use crate::harness::{DownstreamCounts, TestResult};
-use crate::load::{append_latencies_us, targets, PacedProducer};
+use replicator_harness::{TestResult, Topic, Watch};
+
+use crate::env::{cleaned_up, run_name, start_three_nodes, Endpoints};
+use crate::load::{append_latencies_us, paced};
 use crate::metrics::Stages;
 use crate::report::{ms_from_us, percentile_of_sorted};
 use crate::settings::Settings;
@@ -38,27 +39,20 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
     for (rate, topic) in &topics {
         // Warm-up: the nodes connect to the servers lazily, and the first message of every
         // partition pays for connecting and logging in; those are not the steady state.
-        let warm_up = PacedProducer::start(
-            endpoints.upstream_url.clone(),
-            targets(stream, std::slice::from_ref(topic), PARTITIONS),
-            (*rate).min(2_000),
-        );
+        let targets = Topic::new(stream, topic.as_str(), PARTITIONS).targets();
+        let warm_up = paced(&endpoints.upstream_url, targets.clone(), (*rate).min(2_000));
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let warmed = warm_up.stop().await?;
+        let warmed = warm_up.stop().await?.produced;
         let watch = Watch::new(&endpoints.downstream_url, stream, topic).await?;
         watch
             .wait_total(warmed, Instant::now(), Duration::from_secs(60))
             .await?;
-        let from = watch.counts_now().await?;
+        let from = watch.counts().await?;
         let before = Stages::read(&cluster).await?;
-        let producer = PacedProducer::start(
-            endpoints.upstream_url.clone(),
-            targets(stream, std::slice::from_ref(topic), PARTITIONS),
-            *rate,
-        );
+        let producer = paced(&endpoints.upstream_url, targets, *rate);
         let started = Instant::now();
         tokio::time::sleep(Duration::from_secs(settings.latency_seconds)).await;
-        let produced = producer.stop().await?;
+        let produced = producer.stop().await?.produced;
         let elapsed = started.elapsed();
         watch
             .wait_total(warmed + produced, Instant::now(), Duration::from_secs(120))

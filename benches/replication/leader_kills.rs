@@ -9,18 +9,19 @@
 use std::time::{Duration, Instant};
 
 use iggy::prelude::Client;
-
-use crate::env::{
-    cleaned_up, connect, partition_counts, run_name, start_three_nodes, wait_balanced, Endpoints,
+use replicator_harness::{
+    connect, partition_counts, Cluster, Deadline, NodeId, Status, TestResult,
 };
-use crate::harness::{Cluster, Deadline, NodeId, Status, TestResult};
-use crate::load::{targets, PacedProducer};
+
+use crate::env::{cleaned_up, run_name, start_three_nodes, wait_balanced, Endpoints};
+use crate::load::{paced, targets};
 use crate::metrics::{raft_view, RaftView};
 use crate::report::{percentile_of_sorted, secs};
 use crate::settings::Settings;
 
-/// Bound of every wait of a kill round: far above the 1–2 s a leader kill takes, so that only a
-/// stall runs into it.
+/// Bound of every wait of a kill round: far above the failover budget of the defaults (an
+/// election, one `ControlTiming::lease_expiry`, one assignment round), so that only a stall
+/// runs into it.
 const DEADLINE: Duration = Duration::from_secs(60);
 /// Pause between two polls while a kill is measured; each poll reads the survivors' `/metrics`
 /// and, once one follows a new leader, the leader's `/status` of every unit.
@@ -74,8 +75,8 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
         "{units} units owned {} s after start, spread evenly\n",
         secs(assigned)
     );
-    let producer = PacedProducer::start(
-        endpoints.upstream_url.clone(),
+    let producer = paced(
+        &endpoints.upstream_url,
         targets(stream, &names, partitions),
         settings.scale_rate,
     );
@@ -125,7 +126,7 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
         .into());
     }
 
-    let produced = producer.stop().await?;
+    let produced = producer.stop().await?.produced;
     let caught_up = wait_copied(endpoints, stream, &names, Duration::from_secs(120)).await?;
     let exact = verify_briefly(&cluster, Duration::from_secs(60)).await?;
     println!(
@@ -356,35 +357,14 @@ async fn wait_copied(
 /// copy is exact (its table has a row per partition: 1,000 rows by default); returns whether
 /// it was exact.
 async fn verify_briefly(cluster: &Cluster, wait: Duration) -> TestResult<bool> {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_iggy-replicator"))
-        .args(["--log-level", "warn", "verify", "--wait"])
-        .arg(format!("{}s", wait.as_secs()))
-        .arg("--config")
-        .arg(cluster.any_config()?)
-        .env_remove("RUST_LOG")
-        .kill_on_drop(true)
-        .output()
-        .await?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let exact = match output.status.code() {
-        Some(0) => true,
-        Some(3) => false,
-        other => {
-            println!("{stdout}");
-            return Err(format!(
-                "verify failed to run: exit {other:?}: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            )
-            .into());
-        }
-    };
-    for line in stdout.lines() {
+    let run = cluster.run_verify(wait).await?;
+    for line in run.stdout.lines() {
         // Partition rows are indented; keep them only when something is wrong.
-        if !exact || !line.starts_with("  ") || line.trim_start().starts_with("total:") {
+        if !run.exact || !line.starts_with("  ") || line.trim_start().starts_with("total:") {
             println!("verify: {line}");
         }
     }
-    Ok(exact)
+    Ok(run.exact)
 }
 
 /// The markdown summary: p50 / p99 / max of (a) and (b) and the slowest kill of each.

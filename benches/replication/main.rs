@@ -27,14 +27,11 @@
 //! ```
 //!
 //! Without URLs two `iggy-replicator dev-server` processes serve as the clusters. Replicator
-//! nodes are `iggy-replicator run` processes; CPU and RSS come from `/proc`. Every stream a
+//! nodes are `iggy-replicator run` processes (the servers, the node cluster and the producers
+//! come from `replicator-harness`); CPU and RSS come from `/proc`. Every stream a
 //! scenario creates is named `bench-…` and deleted at its end, also when it fails. Tuning
 //! knobs are environment variables (see [`settings::Settings`]). The benchmarks print
 //! markdown tables; they never fail on a number, only when a copy is not exact.
-
-#[allow(dead_code)]
-#[path = "../../tests/ha/harness.rs"]
-mod harness;
 
 mod catchup;
 mod env;
@@ -50,8 +47,9 @@ mod settings;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use replicator_harness::TestResult;
+
 use crate::env::Endpoints;
-use crate::harness::TestResult;
 use crate::settings::Settings;
 
 /// The scenarios a run without names runs, in this order.

@@ -1,6 +1,6 @@
 //! What the benchmarks read from the nodes' `/metrics`.
 
-use crate::harness::{Cluster, NodeId, TestResult};
+use replicator_harness::{Cluster, NodeId, TestResult};
 
 /// Sums and counts of the nodes' histograms that explain the latency.
 #[derive(Debug, Clone, Copy, Default)]

@@ -6,9 +6,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use replicator_harness::{Cluster, NodeId, TestResult};
+
 use crate::env::{cleaned_up, cpu_seconds, rss_bytes, run_name, start_three_nodes, Endpoints};
-use crate::harness::{Cluster, NodeId, TestResult};
-use crate::load::{targets, PacedProducer};
+use crate::load::{paced, targets};
 use crate::metrics::applied_index;
 use crate::report::{mib, secs};
 use crate::settings::Settings;
@@ -92,8 +93,8 @@ async fn measure(
     // Start-up work (downstream topic creation, first resumes) is over before sampling.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let idle = sample(&cluster, window).await?;
-    let producer = PacedProducer::start(
-        endpoints.upstream_url.clone(),
+    let producer = paced(
+        &endpoints.upstream_url,
         targets(stream, &names, partitions),
         settings.scale_rate,
     );

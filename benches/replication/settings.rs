@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::harness::TestResult;
+use replicator_harness::TestResult;
 
 /// What the scenarios do; every field has an environment variable and a default.
 #[derive(Debug, Clone)]

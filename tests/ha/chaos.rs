@@ -7,7 +7,6 @@
 //! `CHAOS_SEED=<u64>` replays a schedule (the seed is printed); `CHAOS_FAULTS=100` runs a
 //! long schedule by hand (CI runs the default: 12 faults).
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -15,10 +14,9 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::harness::{
-    p50_max, serial, tick, wait_resumed, Cluster, Deadline, NodeId, Producer, Servers, TestResult,
-    PARTITIONS,
-};
+use replicator_harness::{serial, wait_resumed, Cluster, NodeId, Servers, Stalled, TestResult};
+
+use crate::fixture;
 
 /// Seed of the CI schedule.
 const DEFAULT_SEED: u64 = 0x5eed_0005;
@@ -92,6 +90,15 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+/// Median and maximum of durations.
+fn p50_max(samples: &[Duration]) -> (Duration, Duration) {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let p50 = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
+    let max = sorted.last().copied().unwrap_or_default();
+    (p50, max)
+}
+
 /// Kills `victim`, waits until its partitions are written by others, restarts it; returns
 /// the failover time (`None` when the victim owned nothing at the kill).
 async fn kill_restart(
@@ -99,30 +106,17 @@ async fn kill_restart(
     cluster: &mut Cluster,
     victim: NodeId,
 ) -> TestResult<Option<Duration>> {
-    let status = cluster
-        .leader_status()
-        .await
-        .ok_or("no leader before the kill")?;
-    let owned = status.owned_by(victim);
-    cluster.kill(victim)?;
-    let killed_at = Instant::now();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let baseline = servers.downstream_counts();
-    let resumed = wait_resumed(
-        servers,
-        &owned,
-        &baseline,
-        killed_at,
-        Duration::from_secs(60),
-    )
-    .await?;
+    let killed = cluster
+        .kill_and_wait_resumed(victim, &servers.topic, servers)
+        .await?;
     println!(
-        "  node {victim} killed owning partitions {owned:?}: first written again after {:.2} s, all after {:.2} s",
-        resumed.first.as_secs_f64(),
-        resumed.all.as_secs_f64()
+        "  node {victim} killed owning partitions {:?}: first written again after {:.2} s, all after {:.2} s",
+        killed.owned,
+        killed.resumed.first.as_secs_f64(),
+        killed.resumed.all.as_secs_f64()
     );
     cluster.restart(victim)?;
-    Ok((!owned.is_empty()).then_some(resumed.all))
+    Ok((!killed.owned.is_empty()).then_some(killed.resumed.all))
 }
 
 /// After a fault: all nodes run, every partition is owned by one of them, each node owns
@@ -137,23 +131,9 @@ async fn wait_recovered(
     cluster
         .wait_all_owned(&all, Duration::from_secs(60))
         .await?;
-    let deadline = Deadline::new(
-        Duration::from_secs(60),
-        "every partition to be written again",
-    );
-    loop {
-        let now = servers.downstream_counts();
-        let stalled: BTreeSet<usize> = (0..PARTITIONS as usize)
-            .filter(|p| now[*p] <= since_counts[*p])
-            .collect();
-        if stalled.is_empty() {
-            return Ok(started.elapsed());
-        }
-        if let Err(e) = deadline.check() {
-            return Err(format!("{e}; stalled partitions {stalled:?}").into());
-        }
-        tick().await;
-    }
+    let stalled = Stalled::every_partition(since_counts.to_vec());
+    wait_resumed(servers, &stalled, Duration::from_secs(60)).await?;
+    Ok(started.elapsed())
 }
 
 #[test]
@@ -165,10 +145,7 @@ fn seeded_fault_schedule_ends_with_an_exact_copy() -> TestResult {
     );
     serial(|| async move {
         let started = Instant::now();
-        let mut servers = Servers::start().await?;
-        let mut cluster = Cluster::start(&servers, NODES).await?;
-        let producer = Producer::start(servers.upstream.connection_string(), 1600);
-        servers.wait_copy_started().await?;
+        let (mut servers, mut cluster, producer) = fixture::start(NODES).await?;
 
         let mut failovers = Vec::new();
         let mut first_excess: Option<(usize, String)> = None;
@@ -214,7 +191,9 @@ fn seeded_fault_schedule_ends_with_an_exact_copy() -> TestResult {
                     )
                 })?;
             let shares: Vec<usize> = match cluster.leader_status().await {
-                Some(status) => (1..=NODES).map(|n| status.owned_by(n).len()).collect(),
+                Some(status) => (1..=NODES)
+                    .map(|n| status.owned_by(&servers.topic, n).len())
+                    .collect(),
                 None => Vec::new(),
             };
             println!(
@@ -227,7 +206,7 @@ fn seeded_fault_schedule_ends_with_an_exact_copy() -> TestResult {
             failovers.extend(failover);
             // More messages downstream than upstream can only be duplicates: name the fault.
             let (up, down) = (servers.upstream_counts(), servers.downstream_counts());
-            let over: Vec<(usize, u64)> = (0..PARTITIONS as usize)
+            let over: Vec<(usize, u64)> = (0..up.len())
                 .filter(|p| down[*p] > up[*p])
                 .map(|p| (p, down[p] - up[p]))
                 .collect();

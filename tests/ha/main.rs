@@ -1,11 +1,11 @@
 //! High-availability scenarios with real OS processes: three (or four) `iggy-replicator run`
 //! nodes over two in-process Iggy servers, with `kill -9`, SIGSTOP/SIGCONT, SIGTERM,
-//! membership changes and server faults. One test binary; the scenarios run one at a time
-//! (see `harness::serial`).
+//! membership changes and server faults, driven by `replicator-harness`. One test binary; the
+//! scenarios run one at a time (see `replicator_harness::serial`).
 
 mod chaos;
 mod failover;
-mod harness;
+mod fixture;
 mod partition;
 mod restart;
 mod scale;

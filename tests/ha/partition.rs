@@ -10,12 +10,12 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use replicator_harness::{
+    serial, tick, wait_resumed, NodeId, Placement, Servers, Stalled, TestResult,
+};
 use replicator_testkit::TestServerConfig;
 
-use crate::harness::{
-    serial, tick, wait_resumed, Cluster, NodeId, Placement, Producer, Servers, TestResult,
-    LEASE_EXPIRY,
-};
+use crate::fixture::{self, finish_with_exact_copy};
 
 /// Namespaces, bridges and links of one test; removed on drop.
 struct NetLab {
@@ -163,18 +163,16 @@ fn leader_cut_off_from_its_peers_stops_writing_and_rejoins_after_the_cut_heals()
             bind,
             ..TestServerConfig::default()
         };
-        let servers = Servers::start_with(config(), config()).await?;
+        let servers = Servers::start_with(fixture::topic(), config(), config()).await?;
         let mut placements = BTreeMap::new();
         for id in 1..=3 {
             placements.insert(id, lab.add_node(id)?);
         }
-        let mut cluster = Cluster::start_placed(&servers, placements).await?;
-        let producer = Producer::start(servers.upstream.connection_string(), 1600);
-        servers.wait_copy_started().await?;
+        let (servers, mut cluster, producer) = fixture::start_placed(servers, placements).await?;
 
         let status = cluster.leader_status().await.ok_or("no leader")?;
         let victim = status.leader.ok_or("no leader")?;
-        let owned = status.owned_by(victim);
+        let owned = status.owned_by(&servers.topic, victim);
         lab.cut_raft(victim, true)?;
         let cut_at = Instant::now();
         cluster.set_unreachable(victim, true);
@@ -184,9 +182,12 @@ fn leader_cut_off_from_its_peers_stops_writing_and_rejoins_after_the_cut_heals()
             .wait_all_owned(&others, Duration::from_secs(30))
             .await?;
         let granted_after = cut_at.elapsed();
-        let baseline = servers.downstream_counts();
-        let resumed =
-            wait_resumed(&servers, &owned, &baseline, cut_at, Duration::from_secs(30)).await?;
+        let stalled = Stalled {
+            partitions: owned.clone(),
+            baseline: servers.downstream_counts(),
+            since: cut_at,
+        };
+        let resumed = wait_resumed(&servers, &stalled, Duration::from_secs(30)).await?;
         println!(
             "leader node {victim} cut off: the majority (new leader {:?}) granted its {} partitions after {:.2} s, written by their new owners after {:.2} s",
             granted.leader,
@@ -195,7 +196,7 @@ fn leader_cut_off_from_its_peers_stops_writing_and_rejoins_after_the_cut_heals()
             resumed.all.as_secs_f64()
         );
         // The minority can still reach both Iggy servers; its lease keeps it from writing.
-        while cut_at.elapsed() < LEASE_EXPIRY + Duration::from_millis(500) {
+        while cut_at.elapsed() < cluster.timing().lease_expiry + Duration::from_millis(500) {
             tick().await;
         }
         let copied = messages_copied(&cluster.metrics_of(victim).await?);
@@ -222,11 +223,11 @@ fn leader_cut_off_from_its_peers_stops_writing_and_rejoins_after_the_cut_heals()
             .await?;
         println!(
             "cut healed: node {victim} owns {} partitions again after {:.2} s",
-            status.owned_by(victim).len(),
+            status.owned_by(&servers.topic, victim).len(),
             healed.elapsed().as_secs_f64()
         );
 
-        crate::harness::finish_with_exact_copy(producer, servers, cluster).await?;
+        finish_with_exact_copy(producer, servers, cluster).await?;
         drop(lab);
         Ok(())
     })

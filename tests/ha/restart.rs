@@ -4,18 +4,18 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::harness::{serial, Cluster, Deadline, Producer, Servers, TestResult};
+use replicator_harness::{serial, tick, wait_resumed, Deadline, Stalled, TestResult};
+
+use crate::fixture::{self, finish_with_exact_copy};
 
 #[test]
 fn whole_cluster_stopped_mid_stream_resumes_from_confirmed_offsets_exactly_once() -> TestResult {
     serial(|| async {
-        let servers = Servers::start().await?;
-        let mut cluster = Cluster::start(&servers, 3).await?;
-        let producer = Producer::start(servers.upstream.connection_string(), 1600);
-        let warm = Deadline::new(Duration::from_secs(30), "the copy to start");
+        let (servers, mut cluster, producer) = fixture::start(3).await?;
+        let warm = Deadline::new(Duration::from_secs(30), "2000 messages to be copied");
         while servers.downstream_counts().iter().sum::<u64>() < 2000 {
             warm.check()?;
-            crate::harness::tick().await;
+            tick().await;
         }
 
         let stopping = Instant::now();
@@ -60,22 +60,16 @@ fn whole_cluster_stopped_mid_stream_resumes_from_confirmed_offsets_exactly_once(
                 "partition {partition} lost its confirmed offset over the restart"
             );
         }
-        let resumed = Deadline::new(Duration::from_secs(30), "the copy to resume");
-        while servers
-            .downstream_counts()
-            .iter()
-            .zip(&stopped_counts)
-            .any(|(now, then)| now <= then)
-        {
-            resumed.check()?;
-            crate::harness::tick().await;
-        }
+        let stalled = Stalled {
+            since: restarted,
+            ..Stalled::every_partition(stopped_counts)
+        };
+        wait_resumed(&servers, &stalled, Duration::from_secs(30)).await?;
         println!(
             "every partition written again {:.2} s after the restart",
             restarted.elapsed().as_secs_f64()
         );
 
-        crate::harness::finish_with_exact_copy(producer, servers, cluster).await?;
-        Ok(())
+        finish_with_exact_copy(producer, servers, cluster).await
     })
 }

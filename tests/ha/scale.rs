@@ -6,40 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::harness::{
-    serial, tick, Cluster, Deadline, NodeId, Placement, Producer, Servers, Status, TestResult,
-    LEASE_EXPIRY, PARTITIONS,
+use replicator_harness::{
+    serial, wait_resumed, NodeId, Placement, Stalled, Status, TestResult, Topic,
 };
 
-/// Waits until the leader reports every partition owned by `nodes`, shares differing by at
-/// most one, and no release pending.
-async fn wait_balanced(
-    cluster: &Cluster,
-    nodes: &[NodeId],
-    within: Duration,
-) -> TestResult<Status> {
-    let deadline = Deadline::new(within, format!("a balanced assignment over {nodes:?}"));
-    loop {
-        if let Some(status) = cluster.leader_status().await {
-            let shares: Vec<usize> = nodes.iter().map(|n| status.owned_by(*n).len()).collect();
-            let spread = shares.iter().max().unwrap_or(&0) - shares.iter().min().unwrap_or(&0);
-            if status.all_owned_by_any_of(nodes)
-                && spread <= 1
-                && !status.units.iter().any(|u| u.release_requested)
-            {
-                return Ok(status);
-            }
-        }
-        if let Err(e) = deadline.check() {
-            return Err(format!(
-                "{e}; last: {:?}",
-                cluster.leader_status().await.map(|s| s.owners())
-            )
-            .into());
-        }
-        tick().await;
-    }
-}
+use crate::fixture::{self, finish_with_exact_copy};
 
 /// Partitions whose owner differs between two owner maps, with the new owner.
 fn moved(
@@ -53,34 +24,36 @@ fn moved(
         .collect()
 }
 
-fn shares(status: &Status, nodes: &[NodeId]) -> Vec<(NodeId, usize)> {
+fn shares(status: &Status, topic: &Topic, nodes: &[NodeId]) -> Vec<(NodeId, usize)> {
     nodes
         .iter()
-        .map(|n| (*n, status.owned_by(*n).len()))
+        .map(|n| (*n, status.owned_by(topic, *n).len()))
         .collect()
 }
 
 #[test]
 fn fourth_node_joins_nodes_drain_out_and_a_two_node_cluster_waits_for_quorum() -> TestResult {
     serial(|| async {
-        let servers = Servers::start().await?;
-        let mut cluster = Cluster::start(&servers, 3).await?;
-        let producer = Producer::start(servers.upstream.connection_string(), 1600);
-        servers.wait_copy_started().await?;
+        let (servers, mut cluster, producer) = fixture::start(3).await?;
+        let topic = &servers.topic;
 
         // Scale out.
         let three = [1, 2, 3];
-        let before = wait_balanced(&cluster, &three, Duration::from_secs(30)).await?;
+        let before = cluster
+            .wait_balanced(&three, Duration::from_secs(30))
+            .await?;
         cluster.add_node_process(4, Placement::loopback()?)?;
         let joining = Instant::now();
         cluster.add_member(4).await?;
         let four = [1, 2, 3, 4];
-        let after = wait_balanced(&cluster, &four, Duration::from_secs(60)).await?;
-        let movement = moved(&before.owners(), &after.owners());
+        let after = cluster
+            .wait_balanced(&four, Duration::from_secs(60))
+            .await?;
+        let movement = moved(&before.owners(topic), &after.owners(topic));
         println!(
             "node 4 joined: balanced after {:.2} s, shares {:?}, moved {movement:?}",
             joining.elapsed().as_secs_f64(),
-            shares(&after, &four)
+            shares(&after, topic, &four)
         );
         assert!(
             movement.values().all(|owner| *owner == Some(4)),
@@ -88,7 +61,7 @@ fn fourth_node_joins_nodes_drain_out_and_a_two_node_cluster_waits_for_quorum() -
         );
         assert_eq!(
             movement.len(),
-            PARTITIONS as usize / 4,
+            topic.partitions as usize / 4,
             "not a minimal movement: {movement:?}"
         );
 
@@ -96,19 +69,21 @@ fn fourth_node_joins_nodes_drain_out_and_a_two_node_cluster_waits_for_quorum() -
         let removing = Instant::now();
         cluster.remove_member(2).await?;
         let rest = [1, 3, 4];
-        let drained = wait_balanced(&cluster, &rest, Duration::from_secs(60)).await?;
-        let movement = moved(&after.owners(), &drained.owners());
+        let drained = cluster
+            .wait_balanced(&rest, Duration::from_secs(60))
+            .await?;
+        let movement = moved(&after.owners(topic), &drained.owners(topic));
         println!(
             "node 2 removed: balanced after {:.2} s, shares {:?}, moved {movement:?}",
             removing.elapsed().as_secs_f64(),
-            shares(&drained, &rest)
+            shares(&drained, topic, &rest)
         );
         assert!(
             !drained.member_ids().contains(&2),
             "node 2 still a member: {:?}",
             drained.member_ids()
         );
-        let from_node_2 = after.owned_by(2);
+        let from_node_2 = after.owned_by(topic, 2);
         assert!(
             movement.keys().all(|p| from_node_2.contains(p)),
             "units of the remaining nodes moved: {movement:?} (node 2 had {from_node_2:?})"
@@ -119,7 +94,7 @@ fn fourth_node_joins_nodes_drain_out_and_a_two_node_cluster_waits_for_quorum() -
         // Down to two nodes, then lose one of them.
         cluster.remove_member(3).await?;
         let two = [1, 4];
-        wait_balanced(&cluster, &two, Duration::from_secs(60)).await?;
+        cluster.wait_balanced(&two, Duration::from_secs(60)).await?;
         cluster.terminate(&[3], Duration::from_secs(40)).await?;
         let status = cluster.leader_status().await.ok_or("no leader")?;
         println!(
@@ -130,7 +105,7 @@ fn fourth_node_joins_nodes_drain_out_and_a_two_node_cluster_waits_for_quorum() -
 
         cluster.kill(4)?;
         // The survivor's lease cannot be renewed without a quorum: it stops within the lease.
-        tokio::time::sleep(LEASE_EXPIRY + Duration::from_secs(1)).await;
+        tokio::time::sleep(cluster.timing().lease_expiry + Duration::from_secs(1)).await;
         let stalled = servers.downstream_counts();
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(
@@ -141,23 +116,13 @@ fn fourth_node_joins_nodes_drain_out_and_a_two_node_cluster_waits_for_quorum() -
         println!("without quorum: nothing written for 3 s");
 
         cluster.restart(4)?;
-        let returned = Instant::now();
-        let resumed = Deadline::new(Duration::from_secs(60), "the copy to resume with quorum");
-        while servers
-            .downstream_counts()
-            .iter()
-            .zip(&stalled)
-            .any(|(now, then)| now <= then)
-        {
-            resumed.check()?;
-            tick().await;
-        }
+        let stalled = Stalled::every_partition(stalled);
+        let resumed = wait_resumed(&servers, &stalled, Duration::from_secs(60)).await?;
         println!(
             "quorum back: every partition written again {:.2} s after node 4 restarted",
-            returned.elapsed().as_secs_f64()
+            resumed.all.as_secs_f64()
         );
 
-        crate::harness::finish_with_exact_copy(producer, servers, cluster).await?;
-        Ok(())
+        finish_with_exact_copy(producer, servers, cluster).await
     })
 }

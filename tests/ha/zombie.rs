@@ -6,10 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::harness::{
-    serial, tick, wait_resumed, Cluster, Deadline, NodeId, Producer, Servers, TestResult,
-    LEASE_EXPIRY,
-};
+use replicator_harness::{serial, tick, wait_resumed, Deadline, NodeId, Stalled, TestResult};
+
+use crate::fixture::{self, finish_with_exact_copy};
 
 /// The `iggy_replicator_fenced_commits_total` value in a Prometheus text, if present.
 fn fenced_commits(metrics: &str) -> Option<f64> {
@@ -23,19 +22,17 @@ fn fenced_commits(metrics: &str) -> Option<f64> {
 #[test]
 fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() -> TestResult {
     serial(|| async {
-        let servers = Servers::start().await?;
-        let mut cluster = Cluster::start(&servers, 3).await?;
-        let producer = Producer::start(servers.upstream.connection_string(), 1600);
-        servers.wait_copy_started().await?;
+        let (servers, mut cluster, producer) = fixture::start(3).await?;
+        let lease_expiry = cluster.timing().lease_expiry;
 
         let status = cluster.leader_status().await.ok_or("no leader")?;
         let leader = status.leader.ok_or("no leader")?;
         let zombie: NodeId = cluster
             .running()
             .into_iter()
-            .find(|id| *id != leader && !status.owned_by(*id).is_empty())
+            .find(|id| *id != leader && !status.owned_by(&servers.topic, *id).is_empty())
             .ok_or("no follower owns units")?;
-        let owned = status.owned_by(zombie);
+        let owned = status.owned_by(&servers.topic, zombie);
         let fenced_before = fenced_commits(&cluster.metrics_of(zombie).await?);
 
         // Freeze the node while it is idle (caught up, no send under way). A process frozen
@@ -49,15 +46,12 @@ fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() ->
         producer.resume();
         let paused_at = Instant::now();
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let baseline = servers.downstream_counts();
-        let resumed = wait_resumed(
-            &servers,
-            &owned,
-            &baseline,
-            paused_at,
-            Duration::from_secs(30),
-        )
-        .await?;
+        let stalled = Stalled {
+            partitions: owned.clone(),
+            baseline: servers.downstream_counts(),
+            since: paused_at,
+        };
+        let resumed = wait_resumed(&servers, &stalled, Duration::from_secs(30)).await?;
         let others: Vec<NodeId> = cluster.running();
         let moved = cluster
             .wait_all_owned(&others, Duration::from_secs(30))
@@ -69,7 +63,7 @@ fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() ->
         );
         // Keep it paused for twice the lease in all, so that a writer stuck in a send has
         // certainly outlived its lease when it wakes up.
-        while paused_at.elapsed() < LEASE_EXPIRY * 2 {
+        while paused_at.elapsed() < lease_expiry * 2 {
             tick().await;
         }
         let epochs_before: BTreeMap<u32, (serde_json::Value, Option<u64>)> = moved
@@ -114,7 +108,7 @@ fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() ->
                     rejoined_after = Some(resumed_at.elapsed());
                 }
             }
-            if rejoined_after.is_some() && resumed_at.elapsed() > LEASE_EXPIRY * 2 {
+            if rejoined_after.is_some() && resumed_at.elapsed() > lease_expiry * 2 {
                 break;
             }
             watch.check()?;
@@ -134,7 +128,6 @@ fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() ->
             rejoined_after.unwrap_or_default().as_secs_f64()
         );
 
-        crate::harness::finish_with_exact_copy(producer, servers, cluster).await?;
-        Ok(())
+        finish_with_exact_copy(producer, servers, cluster).await
     })
 }

@@ -1,23 +1,25 @@
-//! Shared fixtures: two servers, producing test data, params, waiting on conditions.
+//! The pipeline's fixtures on top of `replicator-harness`: two servers, params and verify for
+//! one flow, recognisable test messages. Topics, producing and waiting come from the harness.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use iggy::prelude::{
-    Client, CompressionAlgorithm, HeaderKey, HeaderValue, Identifier, IggyClient, IggyExpiry,
-    IggyMessage, MaxTopicSize, MessageClient, Partitioning, StreamClient, TopicClient,
-};
+use iggy::prelude::{HeaderKey, HeaderValue, IggyClient, IggyMessage};
+use replicator_harness::{connect, produce_bulk, Bulk};
 use replicator_pipeline::verify::{verify, VerifyParams, VerifyReport};
 use replicator_pipeline::{BackoffParams, ClusterParams, FlowParams, PipelineParams};
 use replicator_testkit::{TestServer, TestServerConfig};
 
-/// Result type of tests.
-pub(crate) type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+/// `create_topic(client, stream, topic, partitions)`: creates the stream and topic if missing.
+pub(crate) use replicator_harness::ensure_topic as create_topic;
+/// `count(server, stream, topic, partition)`: messages stored in one partition.
+pub(crate) use replicator_harness::partition_messages as count;
+pub(crate) use replicator_harness::TestResult;
 
 /// Installs a test log writer once (`RUST_LOG` selects levels; default warn).
 pub(crate) fn init_tracing() {
@@ -113,32 +115,7 @@ pub(crate) fn flow(name: &str, include: &[&str]) -> FlowParams {
 
 /// A connected SDK client.
 pub(crate) async fn client(server: &TestServer) -> TestResult<IggyClient> {
-    let c = IggyClient::from_connection_string(&server.connection_string())?;
-    c.connect().await?;
-    Ok(c)
-}
-
-/// Creates `stream/topic` with `partitions` partitions.
-pub(crate) async fn create_topic(
-    c: &IggyClient,
-    stream: &str,
-    topic: &str,
-    partitions: u32,
-) -> TestResult {
-    if c.get_stream(&Identifier::named(stream)?).await?.is_none() {
-        c.create_stream(stream).await?;
-    }
-    c.create_topic(
-        &Identifier::named(stream)?,
-        topic,
-        partitions,
-        CompressionAlgorithm::None,
-        None,
-        IggyExpiry::NeverExpire,
-        MaxTopicSize::ServerDefault,
-    )
-    .await?;
-    Ok(())
+    Ok(connect(&server.connection_string()).await?)
 }
 
 /// A recognisable test message: id, payload, one user header and an origin timestamp derived
@@ -159,7 +136,8 @@ pub(crate) fn message(partition: u32, seq: u64, payload_len: usize) -> TestResul
     Ok(m)
 }
 
-/// Produces messages `from..to` to each of `partitions` partitions, `batch` per send.
+/// Produces messages `range` ([`message`]s of 64 bytes) to each of `partitions` partitions,
+/// `batch` per send.
 pub(crate) async fn produce(
     c: &IggyClient,
     stream: &str,
@@ -168,44 +146,23 @@ pub(crate) async fn produce(
     range: std::ops::Range<u64>,
     batch: u64,
 ) -> TestResult {
-    let (s, t) = (Identifier::named(stream)?, Identifier::named(topic)?);
-    for partition in 0..partitions {
-        let mut seq = range.start;
-        while seq < range.end {
-            let end = (seq + batch).min(range.end);
-            let mut msgs = (seq..end)
-                .map(|i| message(partition, i, 64))
-                .collect::<TestResult<Vec<_>>>()?;
-            c.send_messages(&s, &t, &Partitioning::partition_id(partition), &mut msgs)
-                .await?;
-            seq = end;
-        }
-    }
-    Ok(())
+    let bulk = Bulk {
+        stream: stream.to_owned(),
+        topic: topic.to_owned(),
+        partitions: (0..partitions).collect(),
+        range,
+        batch,
+    };
+    produce_bulk(c, &bulk, |partition, seq| message(partition, seq, 64)).await
 }
 
-/// Polls `cond` every 50 ms until it holds or `deadline` passes.
-pub(crate) async fn wait_until<F, Fut>(what: &str, deadline: Duration, mut cond: F) -> TestResult
+/// Polls `condition` every 50 ms until it holds or `within` passes.
+pub(crate) async fn wait_until<F, Fut>(what: &str, within: Duration, condition: F) -> TestResult
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let end = Instant::now() + deadline;
-    while Instant::now() < end {
-        if cond().await {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err(format!("timed out waiting for: {what}").into())
-}
-
-/// Messages stored in a downstream/upstream partition.
-pub(crate) fn count(server: &TestServer, stream: &str, topic: &str, partition: u32) -> u64 {
-    server
-        .partition_info(stream, topic, partition)
-        .map(|i| i.messages_count)
-        .unwrap_or(0)
+    Ok(replicator_harness::wait_until(what, within, condition).await?)
 }
 
 /// Asserts a report is exact, printing it otherwise.

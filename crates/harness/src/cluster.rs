@@ -1,0 +1,613 @@
+//! A cluster of `iggy-replicator run` node processes: their configs and data dirs in one temp
+//! dir, real faults by signal, and what an operator reads (`/status`, `/metrics`, the
+//! `cluster` and `verify` commands). Every process is killed by its pid when the [`Cluster`]
+//! is dropped, also when a test fails; the node logs of a failed test are printed.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use replicator_control::ControlTiming;
+
+use crate::{tick, Deadline, Error, NodeConfig, NodeId, ReplicatorBinary, Result, Status};
+
+/// What the nodes of a [`Cluster`] replicate and how they run.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    /// The executable of the node processes and commands.
+    pub binary: ReplicatorBinary,
+    /// `[clusters.*]`, `[[flows]]` and `[pipeline]` TOML, appended to every node's config
+    /// after its `[node]` and `[cluster]` sections.
+    pub replication_toml: String,
+    /// Live units the nodes must own between them before a start returns, e.g. 16.
+    pub units: usize,
+    /// `--log-level` of the node processes, e.g. `"info"`.
+    pub log_level: &'static str,
+    /// How long a start may take until every unit is owned.
+    pub owned_within: Duration,
+}
+
+/// Where a node listens and how its process is launched.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// `node.raft_addr`.
+    pub raft_addr: SocketAddr,
+    /// `node.api_addr` (what the node binds).
+    pub api_bind: SocketAddr,
+    /// Where the harness reaches the admin API (`node.advertised_api_addr` when it differs).
+    pub api_addr: SocketAddr,
+    /// Command prefix, e.g. `ip netns exec NS`; empty for a plain process.
+    pub wrapper: Vec<String>,
+}
+
+impl Placement {
+    /// A node on loopback with free ports.
+    pub fn loopback() -> Result<Self> {
+        let api = free_addr()?;
+        Ok(Self {
+            raft_addr: free_addr()?,
+            api_bind: api,
+            api_addr: api,
+            wrapper: Vec::new(),
+        })
+    }
+}
+
+/// A free loopback address: binds port 0 and releases it for the node process to bind.
+pub fn free_addr() -> Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?)
+}
+
+/// One replicator node process.
+#[derive(Debug)]
+pub struct Node {
+    /// Node id.
+    pub id: NodeId,
+    /// Raft address.
+    pub raft_addr: SocketAddr,
+    /// Admin API address.
+    pub api_addr: SocketAddr,
+    /// Its config file.
+    pub config: PathBuf,
+    /// Its log file (stdout and stderr).
+    pub log: PathBuf,
+    /// The running process, if any.
+    child: Option<Child>,
+    /// Stopped by SIGSTOP and not continued yet.
+    paused: bool,
+    /// Command prefix of its process.
+    wrapper: Vec<String>,
+    /// Cut off from its peers by the test: not asked for the leader's view.
+    unreachable: bool,
+}
+
+impl Node {
+    /// Whether the process runs (paused or not).
+    #[must_use]
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    fn pid(&self) -> Result<Pid> {
+        let child = self.child.as_ref().ok_or(Error::NotRunning(self.id))?;
+        let pid = i32::try_from(child.id())
+            .map_err(|_| Error::Setup(format!("node {}: pid out of range", self.id)))?;
+        Ok(Pid::from_raw(pid))
+    }
+
+    fn signal(&self, signal: Signal) -> Result<()> {
+        kill(self.pid()?, signal)?;
+        Ok(())
+    }
+
+    /// Starts its process with its config (and data dir, kept across restarts).
+    fn spawn(&mut self, binary: &ReplicatorBinary, log_level: &str) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let mut command = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = std::process::Command::new(program);
+                c.args(args).arg(binary.path()).env_remove("RUST_LOG");
+                c
+            }
+            None => binary.process(),
+        };
+        let child = command
+            .args(["--log-level", log_level, "run", "--config"])
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        self.child = Some(child);
+        self.paused = false;
+        Ok(())
+    }
+}
+
+/// What `iggy-replicator verify` reported.
+#[derive(Debug, Clone)]
+pub struct VerifyRun {
+    /// Exit 0: an exact copy (exit 3 is a mismatch; anything else is an error).
+    pub exact: bool,
+    /// Its table.
+    pub stdout: String,
+    /// Its warnings.
+    pub stderr: String,
+}
+
+/// A cluster of replicator node processes sharing a secret, with their configs, data dirs and
+/// logs in one temp dir.
+pub struct Cluster {
+    /// Temp dir with every node's config, data dir and log.
+    dir: tempfile::TempDir,
+    /// Cluster secret (also the admin bearer token).
+    secret: String,
+    /// What the nodes replicate.
+    spec: ClusterSpec,
+    /// Raft addresses of the bootstrap members.
+    initial: BTreeMap<NodeId, SocketAddr>,
+    /// The nodes by id.
+    nodes: BTreeMap<NodeId, Node>,
+    /// Admin API client.
+    http: reqwest::Client,
+    /// Set by [`Cluster::passed`]; otherwise drop prints the logs.
+    passed: bool,
+}
+
+impl Cluster {
+    /// Starts `n` loopback nodes (ids 1..=n) bootstrapping one cluster that replicates `spec`,
+    /// and waits until every unit is owned.
+    pub async fn start(spec: ClusterSpec, n: u64) -> Result<Self> {
+        let placements = (1..=n)
+            .map(|id| Ok((id, Placement::loopback()?)))
+            .collect::<Result<BTreeMap<_, _>>>()?;
+        Self::launch(spec, placements).await
+    }
+
+    /// Starts the nodes of `placements` bootstrapping one cluster that replicates `spec`, and
+    /// waits until every unit is owned.
+    pub async fn launch(
+        spec: ClusterSpec,
+        placements: BTreeMap<NodeId, Placement>,
+    ) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("iggy-replicator-ha-")
+            .tempdir()?;
+        let secret = format!("ha-test-secret-{:016x}", rand::random::<u64>());
+        let mut cluster = Self {
+            dir,
+            secret,
+            spec,
+            initial: placements
+                .iter()
+                .map(|(id, p)| (*id, p.raft_addr))
+                .collect(),
+            nodes: BTreeMap::new(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(2))
+                .build()?,
+            passed: false,
+        };
+        let all: Vec<NodeId> = placements.keys().copied().collect();
+        for (id, placement) in placements {
+            cluster.add_node_process(id, placement)?;
+        }
+        cluster
+            .wait_all_owned(&all, cluster.spec.owned_within)
+            .await?;
+        Ok(cluster)
+    }
+
+    /// The control-plane timing the nodes run with: the control plane's defaults, since their
+    /// config sets no timing key (the spec's TOML cannot reach `[cluster]`).
+    #[must_use]
+    pub fn timing(&self) -> ControlTiming {
+        ControlTiming::default()
+    }
+
+    /// Writes the config of a new node `id` (bootstrap members: the cluster's initial ones)
+    /// and starts its process.
+    pub fn add_node_process(&mut self, id: NodeId, placement: Placement) -> Result<&Node> {
+        let node_dir = self.dir.path().join(format!("node-{id}"));
+        std::fs::create_dir_all(&node_dir)?;
+        let config = node_dir.join("replicator.toml");
+        std::fs::write(&config, self.config_text(id, &placement, &node_dir))?;
+        let mut node = Node {
+            id,
+            raft_addr: placement.raft_addr,
+            api_addr: placement.api_addr,
+            config,
+            log: node_dir.join("node.log"),
+            child: None,
+            paused: false,
+            wrapper: placement.wrapper,
+            unreachable: false,
+        };
+        node.spawn(&self.spec.binary, self.spec.log_level)?;
+        self.nodes.insert(id, node);
+        self.node(id)
+    }
+
+    fn config_text(&self, id: NodeId, placement: &Placement, node_dir: &Path) -> String {
+        NodeConfig {
+            id,
+            data_dir: &node_dir.join("data"),
+            raft_addr: placement.raft_addr,
+            api_bind: placement.api_bind,
+            advertised_api_addr: (placement.api_addr != placement.api_bind)
+                .then_some(placement.api_addr),
+            secret: &self.secret,
+            initial_members: &self.initial,
+        }
+        .toml(&self.spec.replication_toml)
+    }
+
+    /// A node by id.
+    pub fn node(&self, id: NodeId) -> Result<&Node> {
+        self.nodes.get(&id).ok_or(Error::NoNode(id))
+    }
+
+    fn node_mut(&mut self, id: NodeId) -> Result<&mut Node> {
+        self.nodes.get_mut(&id).ok_or(Error::NoNode(id))
+    }
+
+    /// Ids of the nodes whose process runs, is not paused and is not cut off.
+    #[must_use]
+    pub fn running(&self) -> Vec<NodeId> {
+        self.nodes
+            .values()
+            .filter(|n| n.is_running() && !n.paused && !n.unreachable)
+            .map(|n| n.id)
+            .collect()
+    }
+
+    /// Pids of the node processes, by node id (the benchmarks read their CPU and RSS).
+    #[must_use]
+    pub fn pids(&self) -> BTreeMap<NodeId, u32> {
+        self.nodes
+            .values()
+            .filter_map(|n| n.child.as_ref().map(|c| (n.id, c.id())))
+            .collect()
+    }
+
+    /// Config file of the first node (for `verify`).
+    pub fn any_config(&self) -> Result<PathBuf> {
+        self.nodes
+            .values()
+            .next()
+            .map(|n| n.config.clone())
+            .ok_or_else(|| Error::Setup("the cluster has no node".to_owned()))
+    }
+
+    /// `kill -9` of a node; waits for the process to be gone.
+    pub fn kill(&mut self, id: NodeId) -> Result<()> {
+        let node = self.node_mut(id)?;
+        node.signal(Signal::SIGKILL)?;
+        if let Some(mut child) = node.child.take() {
+            child.wait()?;
+        }
+        node.paused = false;
+        Ok(())
+    }
+
+    /// Marks a node as cut off from its peers (its view of the cluster is stale meanwhile).
+    pub fn set_unreachable(&mut self, id: NodeId, unreachable: bool) {
+        if let Some(node) = self.nodes.get_mut(&id) {
+            node.unreachable = unreachable;
+        }
+    }
+
+    /// SIGSTOP.
+    pub fn pause(&mut self, id: NodeId) -> Result<()> {
+        let node = self.node_mut(id)?;
+        node.signal(Signal::SIGSTOP)?;
+        node.paused = true;
+        Ok(())
+    }
+
+    /// SIGCONT.
+    pub fn resume(&mut self, id: NodeId) -> Result<()> {
+        let node = self.node_mut(id)?;
+        node.signal(Signal::SIGCONT)?;
+        node.paused = false;
+        Ok(())
+    }
+
+    /// SIGTERM to every node of `ids` at once, then waits for them to exit (graceful drain);
+    /// returns their exit codes. A node that does not exit within `within` is killed and
+    /// reported as an error.
+    pub async fn terminate(
+        &mut self,
+        ids: &[NodeId],
+        within: Duration,
+    ) -> Result<Vec<(NodeId, Option<i32>)>> {
+        for id in ids {
+            self.node(*id)?.signal(Signal::SIGTERM)?;
+        }
+        let deadline = Deadline::new(within, format!("nodes {ids:?} to exit after SIGTERM"));
+        let mut codes = Vec::new();
+        for id in ids {
+            loop {
+                let node = self.node_mut(*id)?;
+                let Some(child) = node.child.as_mut() else {
+                    break;
+                };
+                if let Some(status) = child.try_wait()? {
+                    node.child = None;
+                    codes.push((*id, status.code()));
+                    break;
+                }
+                if let Err(e) = deadline.check() {
+                    self.kill(*id)?;
+                    return Err(e);
+                }
+                tick().await;
+            }
+        }
+        Ok(codes)
+    }
+
+    /// Starts a stopped node's process again with the same config and data dir.
+    pub fn restart(&mut self, id: NodeId) -> Result<()> {
+        let (binary, log_level) = (self.spec.binary.clone(), self.spec.log_level);
+        let node = self.node_mut(id)?;
+        if node.child.is_some() {
+            return Err(Error::StillRunning(id));
+        }
+        node.spawn(&binary, log_level)
+    }
+
+    /// `GET /status` of one node.
+    pub async fn status_of(&self, id: NodeId) -> Result<Status> {
+        let response = self.get(id, "/status").await?;
+        Ok(response.json().await?)
+    }
+
+    /// Prometheus text of a node's `/metrics`.
+    pub async fn metrics_of(&self, id: NodeId) -> Result<String> {
+        Ok(self.get(id, "/metrics").await?.text().await?)
+    }
+
+    async fn get(&self, id: NodeId, path: &'static str) -> Result<reqwest::Response> {
+        let node = self.node(id)?;
+        let response = self
+            .http
+            .get(format!("http://{}{path}", node.api_addr))
+            .send()
+            .await?;
+        if response.status().is_success() {
+            Ok(response)
+        } else {
+            Err(Error::AdminStatus {
+                node: id,
+                path,
+                status: response.status(),
+            })
+        }
+    }
+
+    /// The status as the current leader reports it (the only one that knows lease liveness);
+    /// `None` while unknown. The leader is the one named by the running nodes at the highest
+    /// term: a restarted former leader briefly believes it still leads, at its old term.
+    pub async fn leader_status(&self) -> Option<Status> {
+        let mut views = Vec::new();
+        for id in self.running() {
+            if let Ok(status) = self.status_of(id).await {
+                views.push((id, status));
+            }
+        }
+        let term = views.iter().map(|(_, s)| s.term).max()?;
+        let leader = views
+            .iter()
+            .find(|(_, s)| s.term == term && s.leader.is_some())
+            .and_then(|(_, s)| s.leader)?;
+        let (_, status) = views.iter().find(|(id, _)| *id == leader)?;
+        (status.leader == Some(leader) && status.term == term).then(|| status.clone())
+    }
+
+    /// Waits until the leader reports every unit owned by one of `nodes` and each of `nodes`
+    /// owning at least one; returns that status.
+    pub async fn wait_all_owned(&self, nodes: &[NodeId], within: Duration) -> Result<Status> {
+        self.wait_leader_status(
+            format!("every unit owned by {nodes:?}, each owning some"),
+            within,
+            |status| {
+                status.all_units_owned_by_any_of(nodes, self.spec.units)
+                    && nodes.iter().all(|n| status.units_owned(*n) > 0)
+            },
+        )
+        .await
+    }
+
+    /// Waits until the leader reports every unit owned by one of `nodes`, their shares
+    /// differing by at most one, and no release pending; returns that status.
+    pub async fn wait_balanced(&self, nodes: &[NodeId], within: Duration) -> Result<Status> {
+        self.wait_leader_status(
+            format!("a balanced assignment over {nodes:?}"),
+            within,
+            |status| {
+                status.all_units_owned_by_any_of(nodes, self.spec.units)
+                    && status.balanced_over(nodes)
+            },
+        )
+        .await
+    }
+
+    /// Polls the leader's status until `done` holds; the error names the last status seen.
+    async fn wait_leader_status(
+        &self,
+        what: String,
+        within: Duration,
+        done: impl Fn(&Status) -> bool,
+    ) -> Result<Status> {
+        let deadline = Deadline::new(within, what);
+        loop {
+            let last = self.leader_status().await;
+            if let Some(status) = last.as_ref().filter(|s| done(s)) {
+                return Ok(status.clone());
+            }
+            deadline.check_seeing(|| format!("last leader status: {last:?}"))?;
+            tick().await;
+        }
+    }
+
+    /// `iggy-replicator cluster add` for node `id` against the leader's admin API (token from
+    /// `REPLICATOR_TOKEN`).
+    pub async fn add_member(&self, id: NodeId) -> Result<()> {
+        let node = self.node(id)?;
+        let args = [
+            "add".to_owned(),
+            "--id".to_owned(),
+            id.to_string(),
+            "--raft-addr".to_owned(),
+            node.raft_addr.to_string(),
+            "--api-addr".to_owned(),
+            node.api_addr.to_string(),
+        ];
+        self.cluster_command(&args).await
+    }
+
+    /// `iggy-replicator cluster remove --id N` against the leader (drain, then removal).
+    pub async fn remove_member(&self, id: NodeId) -> Result<()> {
+        let args = ["remove".to_owned(), "--id".to_owned(), id.to_string()];
+        self.cluster_command(&args).await
+    }
+
+    /// `iggy-replicator cluster status` of a node, as an operator sees it.
+    pub async fn cluster_status_text(&self, id: NodeId) -> Result<String> {
+        let node = self.node(id)?;
+        let output = self
+            .spec
+            .binary
+            .one_shot()
+            .args(["cluster", "status", "--api"])
+            .arg(node.api_addr.to_string())
+            .output()
+            .await?;
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Runs `iggy-replicator cluster <args> --api <leader>` until it succeeds (the leader may
+    /// change meanwhile).
+    async fn cluster_command(&self, args: &[String]) -> Result<()> {
+        let deadline = Deadline::new(Duration::from_secs(60), format!("cluster {args:?}"));
+        loop {
+            let mut last = String::from("no leader");
+            if let Some(status) = self.leader_status().await {
+                if let Some(leader) = status.leader.and_then(|l| self.nodes.get(&l)) {
+                    let output = self
+                        .spec
+                        .binary
+                        .one_shot()
+                        .arg("cluster")
+                        .args(args)
+                        .arg("--api")
+                        .arg(leader.api_addr.to_string())
+                        .env("REPLICATOR_TOKEN", &self.secret)
+                        .output()
+                        .await?;
+                    if output.status.success() {
+                        print!("{}", String::from_utf8_lossy(&output.stdout));
+                        return Ok(());
+                    }
+                    last = format!(
+                        "exit {:?}: {}",
+                        output.status.code(),
+                        String::from_utf8_lossy(&output.stderr).trim()
+                    );
+                }
+            }
+            deadline.check_seeing(|| last)?;
+            tick().await;
+        }
+    }
+
+    /// Runs `iggy-replicator verify --config <node config> --wait <wait>` and returns what it
+    /// reported.
+    pub async fn run_verify(&self, wait: Duration) -> Result<VerifyRun> {
+        let output = self
+            .spec
+            .binary
+            .one_shot()
+            .args(["--log-level", "warn", "verify", "--wait"])
+            .arg(format!("{}s", wait.as_secs()))
+            .arg("--config")
+            .arg(self.any_config()?)
+            .output()
+            .await?;
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        );
+        match output.status.code() {
+            Some(code @ (0 | 3)) => Ok(VerifyRun {
+                exact: code == 0,
+                stdout,
+                stderr,
+            }),
+            other => Err(Error::Command {
+                command: "verify".to_owned(),
+                detail: format!("exit {other:?}: {}\n{stdout}", stderr.trim()),
+            }),
+        }
+    }
+
+    /// Runs `verify` like [`Cluster::run_verify`], prints its table and returns whether it
+    /// reported an exact copy.
+    pub async fn verify(&self, wait: Duration) -> Result<bool> {
+        let run = self.run_verify(wait).await?;
+        println!("{}", run.stdout);
+        if !run.stderr.is_empty() {
+            println!("verify stderr: {}", run.stderr);
+        }
+        Ok(run.exact)
+    }
+
+    /// Marks the scenario as passed: drop will not print the node logs.
+    pub fn passed(&mut self) {
+        self.passed = true;
+    }
+
+    /// Prints the last `lines` lines of every node log.
+    pub fn print_logs(&self, lines: usize) {
+        for node in self.nodes.values() {
+            let text = std::fs::read_to_string(&node.log).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            let from = all.len().saturating_sub(lines);
+            eprintln!("---- node {} log (last {lines} lines) ----", node.id);
+            for line in &all[from..] {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in self.nodes.values_mut() {
+            if let Some(mut child) = node.child.take() {
+                if let Ok(pid) = i32::try_from(child.id()) {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+                let _ = child.wait();
+            }
+        }
+        // `HA_PRINT_LOGS=1` prints the logs of passed runs too.
+        if !self.passed || std::env::var_os("HA_PRINT_LOGS").is_some() {
+            self.print_logs(60);
+        }
+        // `HA_KEEP_DIR=1` keeps configs, Raft data and full logs for a look afterwards.
+        if std::env::var_os("HA_KEEP_DIR").is_some() {
+            self.dir.disable_cleanup(true);
+            eprintln!("kept {}", self.dir.path().display());
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! The test harness of iggy-replicator, shared by the HA scenarios (`tests/ha`), the
+//! replication benchmarks (`benches/replication`), the pipeline's end-to-end tests and the
+//! `demo` command: Iggy servers to replicate between, topics and producers on them, and
+//! clusters of `iggy-replicator run` processes with real faults (`kill -9`, SIGSTOP/SIGCONT,
+//! SIGTERM, restarts, membership changes). It owns no replication logic: it drives the binary
+//! and the SDK from the outside and reads the admin API, as an operator would.
+//!
+//! # Layout
+//! * `binary`: [`ReplicatorBinary`], the `iggy-replicator` executable, passed in by the caller.
+//! * `servers`: [`Servers`], two in-process servers with the replicated topic created
+//!   upstream, and [`DevServer`], a `dev-server` process on a port the OS picked.
+//! * `topic`: [`Topic`] and the SDK calls around it: [`connect`], [`ensure_topic`],
+//!   [`delete_stream`], message counts, [`Watch`].
+//! * `producer`: [`PacedProducer`] (a rate, optionally a total, pause and resume) and
+//!   [`produce_bulk`] (a range of messages per partition, as fast as the server takes them).
+//! * `cluster`: [`Cluster`] of node processes described by a [`ClusterSpec`]; start, kill,
+//!   pause, resume, terminate, restart; `/status`, `/metrics`, `cluster` and `verify` commands.
+//! * `node_config`: [`NodeConfig`] and [`FlowConfig`], a node's config file as an operator
+//!   writes it (also the demo's nodes).
+//! * `status`: [`Status`], the fields of a node's `GET /status` that the tests read.
+//! * `failover`: [`Cluster::kill_and_wait_resumed`] and [`wait_resumed`], "kill, then wait
+//!   until the victim's partitions are written again".
+//! * `wait`: [`Deadline`], [`wait_until`], [`tick`] and [`serial`], the polling and scenario
+//!   runners.
+//!
+//! Every process it starts is killed by its pid when its owner is dropped (also when a test
+//! fails). Addresses come from the OS (port 0), never from a fixed list. Timings are the control
+//! plane's defaults ([`ControlTiming::default`]), read, never copied.
+
+#![warn(missing_docs)]
+
+mod binary;
+mod cluster;
+mod error;
+mod failover;
+mod node_config;
+mod producer;
+mod servers;
+mod status;
+mod topic;
+mod wait;
+
+pub use binary::ReplicatorBinary;
+pub use cluster::{free_addr, Cluster, ClusterSpec, Node, Placement, VerifyRun};
+pub use error::{Error, Result};
+pub use failover::{wait_resumed, DownstreamCounts, Killed, Resumption, Stalled};
+pub use node_config::{FlowConfig, NodeConfig};
+pub use producer::{
+    produce_bulk, Bulk, MessageShape, PacedProducer, ProducerParams, ProducerReport,
+};
+pub use replicator_control::ControlTiming;
+pub use replicator_model::NodeId;
+pub use servers::{DevServer, Servers};
+pub use status::{MemberView, Status, UnitView};
+pub use topic::{
+    connect, delete_stream, ensure_topic, partition_counts, partition_messages, stream_messages,
+    Target, Topic, Watch,
+};
+pub use wait::{serial, tick, wait_until, Deadline};
+
+/// What tests, benchmarks and scenarios return (the workspace's test convention).
+pub type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;

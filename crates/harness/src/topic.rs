@@ -1,0 +1,214 @@
+//! Topics by name and the SDK calls the harness makes on them: connect, create, delete, count.
+
+use std::time::{Duration, Instant};
+
+use iggy::prelude::{
+    Client, CompressionAlgorithm, Identifier, IggyClient, IggyExpiry, MaxTopicSize, StreamClient,
+    TopicClient,
+};
+use replicator_testkit::TestServer;
+
+use crate::{Deadline, Error, Result};
+
+/// A topic by stream and topic name, with its partition count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topic {
+    /// Stream name, e.g. `"ha"`.
+    pub stream: String,
+    /// Topic name, e.g. `"events"`.
+    pub name: String,
+    /// Partitions (ids `0..partitions`).
+    pub partitions: u32,
+}
+
+impl Topic {
+    /// `stream/name` with `partitions` partitions.
+    pub fn new(stream: impl Into<String>, name: impl Into<String>, partitions: u32) -> Self {
+        Self {
+            stream: stream.into(),
+            name: name.into(),
+            partitions,
+        }
+    }
+
+    /// Every partition of the topic, for a producer.
+    #[must_use]
+    pub fn targets(&self) -> Vec<Target> {
+        (0..self.partitions)
+            .map(|partition| Target {
+                stream: self.stream.clone(),
+                topic: self.name.clone(),
+                partition,
+            })
+            .collect()
+    }
+}
+
+/// One partition a producer writes to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Target {
+    /// Stream name.
+    pub stream: String,
+    /// Topic name.
+    pub topic: String,
+    /// Partition id.
+    pub partition: u32,
+}
+
+/// A connected, logged-in SDK client (the URL carries the credentials). Nagle's algorithm is
+/// turned off unless the URL sets `nodelay`: with delayed ACKs every small send would wait
+/// about 40 ms.
+pub async fn connect(url: &str) -> Result<IggyClient> {
+    let url = if url.contains("nodelay=") {
+        url.to_owned()
+    } else if url.contains('?') {
+        format!("{url}&nodelay=true")
+    } else {
+        format!("{url}?nodelay=true")
+    };
+    let client = IggyClient::from_connection_string(&url).map_err(Error::InvalidUrl)?;
+    client.connect().await?;
+    Ok(client)
+}
+
+/// Creates `stream` if it is missing and `stream/topic` with `partitions` partitions if it is
+/// missing; an existing topic is kept as it is.
+pub async fn ensure_topic(
+    client: &IggyClient,
+    stream: &str,
+    topic: &str,
+    partitions: u32,
+) -> Result<()> {
+    let stream_id = Identifier::named(stream)?;
+    if client.get_stream(&stream_id).await?.is_none() {
+        client.create_stream(stream).await?;
+    }
+    if client
+        .get_topic(&stream_id, &Identifier::named(topic)?)
+        .await?
+        .is_none()
+    {
+        client
+            .create_topic(
+                &stream_id,
+                topic,
+                partitions,
+                CompressionAlgorithm::None,
+                None,
+                IggyExpiry::NeverExpire,
+                MaxTopicSize::ServerDefault,
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// Deletes `stream` on the server at `url` if it exists (the cleanup of a run on shared
+/// servers).
+pub async fn delete_stream(url: &str, stream: &str) -> Result<()> {
+    let client = connect(url).await?;
+    let id = Identifier::named(stream)?;
+    if client.get_stream(&id).await?.is_some() {
+        client.delete_stream(&id).await?;
+    }
+    client.shutdown().await?;
+    Ok(())
+}
+
+/// Messages per partition of `stream/topic` through the SDK, by partition id (empty while the
+/// topic does not exist).
+pub async fn partition_counts(client: &IggyClient, stream: &str, topic: &str) -> Result<Vec<u64>> {
+    let topic = client
+        .get_topic(&Identifier::named(stream)?, &Identifier::named(topic)?)
+        .await?;
+    let Some(topic) = topic else {
+        return Ok(Vec::new());
+    };
+    let mut partitions: Vec<(u32, u64)> = topic
+        .partitions
+        .iter()
+        .map(|p| (p.id, p.messages_count))
+        .collect();
+    partitions.sort_unstable();
+    Ok(partitions.into_iter().map(|(_, count)| count).collect())
+}
+
+/// Messages in every topic of `stream` through the SDK (0 while it does not exist).
+pub async fn stream_messages(client: &IggyClient, stream: &str) -> Result<u64> {
+    Ok(client
+        .get_stream(&Identifier::named(stream)?)
+        .await?
+        .map_or(0, |details| {
+            details.topics.iter().map(|t| t.messages_count).sum()
+        }))
+}
+
+/// Messages stored in one partition of an in-process server (0 while it does not exist).
+#[must_use]
+pub fn partition_messages(server: &TestServer, stream: &str, topic: &str, partition: u32) -> u64 {
+    server
+        .partition_info(stream, topic, partition)
+        .map_or(0, |info| info.messages_count)
+}
+
+/// A watched topic: its message counts through one client kept open (servers of any kind).
+pub struct Watch {
+    /// Client of the watched server.
+    client: IggyClient,
+    /// Stream name.
+    stream: String,
+    /// Topic name.
+    topic: String,
+}
+
+impl Watch {
+    /// Watches `stream/topic` on the server at `url`.
+    pub async fn new(url: &str, stream: &str, topic: &str) -> Result<Self> {
+        Ok(Self {
+            client: connect(url).await?,
+            stream: stream.to_owned(),
+            topic: topic.to_owned(),
+        })
+    }
+
+    /// Messages per partition, by partition id.
+    pub async fn counts(&self) -> Result<Vec<u64>> {
+        partition_counts(&self.client, &self.stream, &self.topic).await
+    }
+
+    /// Sum of the messages of every partition.
+    pub async fn total(&self) -> Result<u64> {
+        Ok(self.counts().await?.iter().sum())
+    }
+
+    /// Waits until the topic holds `target` messages; returns when the first message appeared
+    /// and when the last did, both relative to `since`.
+    pub async fn wait_total(
+        &self,
+        target: u64,
+        since: Instant,
+        within: Duration,
+    ) -> Result<(Duration, Duration)> {
+        let deadline = Deadline::new(
+            within,
+            format!("{}/{} to hold {target} messages", self.stream, self.topic),
+        );
+        let mut first = None;
+        loop {
+            let total = self.total().await?;
+            if total > 0 && first.is_none() {
+                first = Some(since.elapsed());
+            }
+            if total >= target {
+                return Ok((first.unwrap_or_default(), since.elapsed()));
+            }
+            deadline.check_seeing(|| format!("{total} of {target}"))?;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Closes the client.
+    pub async fn close(self) {
+        let _ = self.client.shutdown().await;
+    }
+}

@@ -1,0 +1,100 @@
+//! The HA scenarios' setup on top of `replicator-harness`: the replicated topic, the node
+//! config (one flow "up" → "down", product defaults), the steady producer, and the common
+//! start and end of a scenario.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use replicator_harness::{
+    Cluster, ClusterSpec, FlowConfig, MessageShape, NodeId, PacedProducer, Placement,
+    ProducerParams, ReplicatorBinary, Servers, TestResult, Topic,
+};
+
+/// Producer rate of every scenario, in messages per second over the 16 partitions.
+const RATE: u64 = 1600;
+
+/// The topic every scenario replicates: `ha/events`, 16 partitions.
+pub(crate) fn topic() -> Topic {
+    Topic::new("ha", "events", 16)
+}
+
+/// The nodes' replication: the topic's stream from "up" to "down", product defaults otherwise
+/// (the control plane's timing included: see [`Cluster::timing`]).
+fn spec(servers: &Servers) -> TestResult<ClusterSpec> {
+    Ok(ClusterSpec {
+        binary: ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?,
+        replication_toml: FlowConfig {
+            name: "up-to-down",
+            source_alias: "up",
+            source_url: &servers.upstream.connection_string(),
+            target_alias: "down",
+            target_url: &servers.downstream.connection_string(),
+            include: &format!("{}/*", servers.topic.stream),
+        }
+        .toml(),
+        units: servers.topic.partitions as usize,
+        log_level: "info",
+        owned_within: Duration::from_secs(60),
+    })
+}
+
+/// In-process servers, `n` loopback nodes owning every partition, the producer running and
+/// the copy under way on every partition.
+pub(crate) async fn start(n: u64) -> TestResult<(Servers, Cluster, PacedProducer)> {
+    let servers = Servers::start(topic()).await?;
+    let placements = (1..=n)
+        .map(|id| Ok((id, Placement::loopback()?)))
+        .collect::<TestResult<BTreeMap<_, _>>>()?;
+    start_placed(servers, placements).await
+}
+
+/// Like [`start`] with the given servers and node placements.
+pub(crate) async fn start_placed(
+    servers: Servers,
+    placements: BTreeMap<NodeId, Placement>,
+) -> TestResult<(Servers, Cluster, PacedProducer)> {
+    let cluster = Cluster::launch(spec(&servers)?, placements).await?;
+    let mut params = ProducerParams::new(
+        servers.upstream.connection_string(),
+        servers.topic.targets(),
+        RATE,
+    );
+    // One send of a few messages per partition and round; a send that fails while a server
+    // restarts or drops connections is counted and skipped.
+    params.tick = Duration::from_millis(50);
+    params.batch = (RATE / 20 / u64::from(servers.topic.partitions)).max(1);
+    params.shape = MessageShape {
+        payload_bytes: 120,
+        label: Some("ha message".to_owned()),
+        header: Some(("kind".to_owned(), "ha-test".to_owned())),
+    };
+    params.tolerate_send_errors = true;
+    let producer = PacedProducer::start(params);
+    servers.wait_copy_started(Duration::from_secs(30)).await?;
+    Ok((servers, cluster, producer))
+}
+
+/// The common end of a scenario: stop the producer, wait for the copy to catch up, require
+/// `verify` to report an exact copy, then mark the cluster passed and stop everything.
+pub(crate) async fn finish_with_exact_copy(
+    producer: PacedProducer,
+    servers: Servers,
+    mut cluster: Cluster,
+) -> TestResult {
+    let report = producer.stop().await?;
+    let caught_up = servers.wait_caught_up(Duration::from_secs(60)).await?;
+    println!(
+        "produced {} messages ({} failed sends); caught up {:.2} s after the producer stopped",
+        report.produced,
+        report.failed_sends,
+        caught_up.as_secs_f64()
+    );
+    assert!(
+        cluster.verify(Duration::from_secs(30)).await?,
+        "verify: not exact"
+    );
+    cluster.passed();
+    drop(cluster);
+    servers.shutdown().await;
+    Ok(())
+}
