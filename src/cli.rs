@@ -85,6 +85,10 @@ pub(crate) enum Command {
     /// Run the Iggy-compatible test server (speaks the Iggy 0.8 TCP protocol) for local experiments.
     #[command(after_help = "Example:\n  iggy-replicator dev-server --port 8090 --data-in-memory")]
     DevServer(replicator_testkit::dev_server::DevServerArgs),
+    /// Print every metric family `/metrics` exports, one `<family> <type>` per line (for the
+    /// deploy checks: dashboards and alerts must query only these).
+    #[command(hide = true)]
+    MetricNames,
 }
 
 /// Runs one subcommand to completion.
@@ -115,5 +119,14 @@ pub(crate) async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::DevServer(args) => replicator_testkit::dev_server::run(args)
             .await
             .map_err(|e| Failure::runtime(format!("dev server failed: {e}"), "is the port free?")),
+        Command::MetricNames => {
+            let families = crate::metrics::families().map_err(|e| {
+                Failure::runtime(format!("cannot render the metrics: {e}"), "this is a bug")
+            })?;
+            for (family, kind) in families {
+                println!("{family} {kind}");
+            }
+            Ok(())
+        }
     }
 }

@@ -264,6 +264,20 @@ impl Metrics {
     }
 }
 
+/// `(family, type)` of every family `/metrics` exports, in registration order, read from the
+/// `# TYPE` lines of a render before any data: the same registry and encoder as a scrape, so the
+/// list cannot drift from what is served. Names are OpenMetrics family names (a counter's
+/// samples add `_total`, a histogram's `_bucket`, `_sum` and `_count`).
+pub(crate) fn families() -> Result<Vec<(String, String)>, std::fmt::Error> {
+    let text = Metrics::new().render(None, &[])?;
+    Ok(text
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|declaration| declaration.split_once(' '))
+        .map(|(family, kind)| (family.to_owned(), kind.to_owned()))
+        .collect())
+}
+
 fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -352,6 +366,25 @@ mod tests {
             text.contains("iggy_replicator_raft_leader -1"),
             "no leader is -1:\n{text}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn families_lists_every_registered_family_with_its_type() -> Result<(), std::fmt::Error> {
+        let families = families()?;
+        assert_eq!(families.len(), 16, "{families:?}");
+        for expected in [
+            ("iggy_replicator_messages_copied", "counter"),
+            ("iggy_replicator_lag_messages", "gauge"),
+            ("iggy_replicator_send_latency_seconds", "histogram"),
+        ] {
+            assert!(
+                families
+                    .iter()
+                    .any(|(f, k)| (f.as_str(), k.as_str()) == expected),
+                "{expected:?} missing from {families:?}"
+            );
+        }
         Ok(())
     }
 

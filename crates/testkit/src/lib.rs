@@ -17,7 +17,8 @@
 //! # Layout
 //! * `wire`: command/status codes, the bounds-checked payload reader, record encoders.
 //! * `connection`: one task per client; reads whole frames, applies faults, writes one answer.
-//! * `handlers`: one function per command, in the real server's decode → auth → resolve order.
+//! * `handlers`: one function per command, in the real server's decode → auth → resolve order,
+//!   one file per command group (system, streams, topics, partitions, messages, offsets, groups).
 //! * `state` / `log` / `group`: streams, topics, partitions (contiguous message bytes + offset
 //!   index per partition, behind one mutex each), consumer-group assignment.
 //! * `faults`, `server`: fault switches, lifecycle (start, shutdown, restart), retention.

@@ -1,0 +1,209 @@
+//! Consumer-group commands: create, list, delete, join and leave, and completing a member's
+//! pending revocations once the group has committed what it polled.
+
+use super::{
+    auth, decode, find_topic, persist_meta, resolve_topic, topic_mut, topic_ref, topic_request,
+    Reply, Session, Shared,
+};
+use crate::group;
+use crate::state::{lock, read, write, Group, Meta, Partition};
+use crate::wire::{status, DecodeError, Ident, Put, Reader};
+use std::sync::Arc;
+
+fn group_record(out: &mut Vec<u8>, id: usize, g: &Group) {
+    out.put_u32(id as u32);
+    out.put_u32(g.partitions.len() as u32);
+    out.put_u32(g.members.len() as u32);
+    out.put_name(&g.name);
+}
+
+fn group_request<'a>(r: &mut Reader<'a>) -> Result<(Ident<'a>, Ident<'a>, Ident<'a>), DecodeError> {
+    Ok((r.ident()?, r.ident()?, r.ident()?))
+}
+
+pub(super) fn get_consumer_group(
+    shared: &Shared,
+    session: &Session,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Reply {
+    let (s, t, g) = decode(payload, group_request)?;
+    auth(session)?;
+    let meta = read(&shared.state.meta);
+    let Some((_, topic)) = find_topic(&meta, s, t) else {
+        return Ok(());
+    };
+    let Some((gid, group)) = topic
+        .find_group(g)
+        .and_then(|gid| topic.groups.get(gid).map(|g| (gid, g)))
+    else {
+        return Ok(());
+    };
+    group_record(out, gid, group);
+    for (_, m) in group.members.iter() {
+        out.put_u32(m.id as u32);
+        out.put_u32(m.partitions.len() as u32);
+        for p in &m.partitions {
+            out.put_u32(*p);
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn get_consumer_groups(
+    shared: &Shared,
+    session: &Session,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Reply {
+    let (s, t) = decode(payload, topic_request)?;
+    auth(session)?;
+    let meta = read(&shared.state.meta);
+    let Some((_, topic)) = find_topic(&meta, s, t) else {
+        return Ok(());
+    };
+    for (gid, g) in topic.groups.iter() {
+        group_record(out, gid, g);
+    }
+    Ok(())
+}
+
+pub(super) fn create_consumer_group(
+    shared: &Shared,
+    session: &Session,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Reply {
+    let (s, t, name) = decode(payload, |r| Ok((r.ident()?, r.ident()?, r.name()?)))?;
+    auth(session)?;
+    let mut meta = write(&shared.state.meta);
+    let (sid, tid) = resolve_topic(&meta, s, t)?;
+    let topic = topic_mut(&mut meta, sid, tid)?;
+    if topic.groups.iter().any(|(_, g)| g.name == name) {
+        return Err(status::CONSUMER_GROUP_NAME_ALREADY_EXISTS);
+    }
+    let group = Group {
+        name: name.to_owned(),
+        partitions: (0..topic.partitions.len() as u32).collect(),
+        members: Default::default(),
+    };
+    let gid = topic.groups.insert(group);
+    if let Some(g) = topic.groups.get(gid) {
+        group_record(out, gid, g);
+    }
+    drop(meta);
+    persist_meta(shared);
+    Ok(())
+}
+
+/// Resolves stream, topic and group, or 1009 / 2010 / 5000.
+fn resolve_group(
+    meta: &Meta,
+    s: Ident<'_>,
+    t: Ident<'_>,
+    g: Ident<'_>,
+) -> Result<(usize, usize, usize), u32> {
+    let (sid, tid) = resolve_topic(meta, s, t)?;
+    let gid = topic_ref(meta, sid, tid)?
+        .find_group(g)
+        .ok_or(status::CONSUMER_GROUP_ID_NOT_FOUND)?;
+    Ok((sid, tid, gid))
+}
+
+pub(super) fn delete_consumer_group(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
+    let (s, t, g) = decode(payload, group_request)?;
+    auth(session)?;
+    let mut meta = write(&shared.state.meta);
+    let (sid, tid, gid) = resolve_group(&meta, s, t, g)?;
+    let topic = topic_mut(&mut meta, sid, tid)?;
+    topic.groups.remove(gid);
+    for (pid, p) in topic.partitions.iter().enumerate() {
+        let mut log = lock(&p.log);
+        let had = log.group_offsets.remove(&(gid as u32)).is_some();
+        log.group_last_polled.remove(&(gid as u32));
+        if had {
+            if let Some(store) = &shared.store {
+                store.offsets_changed(sid, tid, pid, &log);
+            }
+        }
+    }
+    drop(meta);
+    for info in lock(&shared.state.clients).values_mut() {
+        info.groups
+            .retain(|x| *x != (sid as u32, tid as u32, gid as u32));
+    }
+    persist_meta(shared);
+    Ok(())
+}
+
+pub(super) fn join_consumer_group(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
+    let (s, t, g) = decode(payload, group_request)?;
+    auth(session)?;
+    let live = shared.state.live_client_ids();
+    let mut meta = write(&shared.state.meta);
+    let (sid, tid, gid) = resolve_group(&meta, s, t, g)?;
+    let topic = topic_mut(&mut meta, sid, tid)?;
+    let partitions = topic.partitions.clone();
+    if let Some(group) = topic.groups.get_mut(gid) {
+        group::join(group, session.client_id, &live, &|p| {
+            can_complete(&partitions, gid as u32, p)
+        });
+    }
+    drop(meta);
+    let key = (sid as u32, tid as u32, gid as u32);
+    if let Some(info) = lock(&shared.state.clients).get_mut(&session.client_id) {
+        if !info.groups.contains(&key) {
+            info.groups.push(key);
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn leave_consumer_group(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
+    let (s, t, g) = decode(payload, group_request)?;
+    auth(session)?;
+    let mut meta = write(&shared.state.meta);
+    let (sid, tid, gid) = resolve_group(&meta, s, t, g)?;
+    let topic = topic_mut(&mut meta, sid, tid)?;
+    let left = topic
+        .groups
+        .get_mut(gid)
+        .and_then(|group| group::leave(group, session.client_id))
+        .ok_or(status::CONSUMER_GROUP_MEMBER_NOT_FOUND)?;
+    for p in left {
+        if let Some(part) = topic.partitions.get(p as usize) {
+            lock(&part.log).group_last_polled.remove(&(gid as u32));
+        }
+    }
+    drop(meta);
+    let key = (sid as u32, tid as u32, gid as u32);
+    if let Some(info) = lock(&shared.state.clients).get_mut(&session.client_id) {
+        info.groups.retain(|x| *x != key);
+    }
+    Ok(())
+}
+
+/// After a group commit: moves partitions whose revocation can now complete.
+pub(super) fn complete_group_revocations(shared: &Shared, sid: usize, tid: usize, gid: usize) {
+    let mut meta = write(&shared.state.meta);
+    let Ok(topic) = topic_mut(&mut meta, sid, tid) else {
+        return;
+    };
+    let partitions = topic.partitions.clone();
+    if let Some(g) = topic.groups.get_mut(gid) {
+        group::complete_revocations(g, &|p| can_complete(&partitions, gid as u32, p));
+    }
+}
+
+/// A revocation can complete when the group never polled the partition or committed at least
+/// the last polled offset.
+fn can_complete(partitions: &[Arc<Partition>], gid: u32, partition: u32) -> bool {
+    let Some(p) = partitions.get(partition as usize) else {
+        return true;
+    };
+    let log = lock(&p.log);
+    match log.group_last_polled.get(&gid) {
+        None => true,
+        Some(polled) => log.group_offsets.get(&gid).is_some_and(|c| c >= polled),
+    }
+}

@@ -1,0 +1,307 @@
+//! SEND_MESSAGES (batch validation, partitioning, append) and POLL_MESSAGES (strategies,
+//! auto-commit, group bookkeeping).
+
+use super::groups::complete_group_revocations;
+use super::offsets::resolve_consumer;
+use super::{
+    auth, decode, now_micros, random_uuid, resolve_topic, topic_ref, Reply, Session, Shared,
+};
+use crate::state::{lock, read};
+use crate::wire::{
+    le_u32, le_u64, send_ident, send_partitioning, status, Partitioning, Put, Strategy, INDEX_SIZE,
+    MAX_PAYLOAD_SIZE, MAX_USER_HEADERS_SIZE, MESSAGE_HEADER_SIZE,
+};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use twox_hash::XxHash32;
+
+/// Validates the messages area of a SEND_MESSAGES batch like `IggyMessagesBatchMut::validate`.
+fn validate_batch(indexes: &[u8], messages: &[u8], count: u32) -> Reply {
+    if count == 0 {
+        return Err(status::INVALID_MESSAGES_COUNT);
+    }
+    // `indexes` is exactly `count` entries (the caller cut it so), which is what the server's
+    // InvalidIndexesByteSize / InvalidIndexesCount checks establish.
+    debug_assert_eq!(indexes.len(), count as usize * INDEX_SIZE);
+    let count = count as usize;
+    let mut prev_position = 0u32;
+    let mut prev_offset = 0u64;
+    let mut total = 0usize;
+    for i in 0..count {
+        let entry = &indexes[i * INDEX_SIZE..(i + 1) * INDEX_SIZE];
+        if le_u32(entry, 0) != 0 {
+            return Err(status::NON_ZERO_OFFSET);
+        }
+        if le_u64(entry, 8) != 0 {
+            return Err(status::NON_ZERO_TIMESTAMP);
+        }
+        // Message boundaries come from the index: start = previous entry's position, end = this
+        // entry's position (the last message ends at the end of the buffer).
+        let start = if i == 0 {
+            0
+        } else {
+            le_u32(indexes, (i - 1) * INDEX_SIZE + 4) as usize
+        };
+        let end = if i + 1 == count {
+            messages.len()
+        } else {
+            le_u32(entry, 4) as usize
+        };
+        if start > messages.len() || end > messages.len() || start > end {
+            return Err(status::MISSING_INDEX);
+        }
+        if end - start < MESSAGE_HEADER_SIZE {
+            return Err(status::MISSING_INDEX);
+        }
+        let msg = &messages[start..end];
+        let payload_len = le_u32(msg, 52) as usize;
+        let headers_len = le_u32(msg, 48) as usize;
+        let size = MESSAGE_HEADER_SIZE
+            .checked_add(payload_len)
+            .and_then(|s| s.checked_add(headers_len))
+            .ok_or(status::MISSING_INDEX)?;
+        if msg.len() < size {
+            return Err(status::MISSING_INDEX);
+        }
+        if payload_len > MAX_PAYLOAD_SIZE {
+            return Err(status::TOO_BIG_MESSAGE_PAYLOAD);
+        }
+        if headers_len > MAX_USER_HEADERS_SIZE {
+            return Err(status::TOO_BIG_USER_HEADERS);
+        }
+        let offset = le_u64(msg, 24);
+        if offset < prev_offset {
+            return Err(status::INVALID_OFFSET);
+        }
+        prev_offset = offset;
+        let position = le_u32(entry, 4);
+        if position < prev_position {
+            return Err(status::CANNOT_READ_INDEX_POSITION);
+        }
+        prev_position = position;
+        total += size;
+    }
+    if total != messages.len() {
+        return Err(status::INVALID_MESSAGES_SIZE);
+    }
+    Ok(())
+}
+
+pub(super) fn send_messages(shared: &Shared, session: &Session, payload: &mut [u8]) -> Reply {
+    auth(session)?;
+    let total = payload.len();
+    if total < 4 {
+        return Err(status::INVALID_COMMAND);
+    }
+    let metadata_len = le_u32(payload, 0) as usize;
+    if metadata_len > total || 4 + metadata_len > total {
+        return Err(status::INVALID_COMMAND);
+    }
+    let (head, rest) = payload.split_at_mut(4 + metadata_len);
+    let metadata = &head[4..];
+    let (stream_id, n1) = send_ident(metadata)?;
+    let (topic_id, n2) = send_ident(metadata.get(n1..).ok_or(status::INVALID_COMMAND)?)?;
+    let (partitioning, n3) =
+        send_partitioning(metadata.get(n1 + n2..).ok_or(status::INVALID_COMMAND)?)?;
+    let at = n1 + n2 + n3;
+    let count_bytes = metadata.get(at..at + 4).ok_or(status::INVALID_COMMAND)?;
+    let count = le_u32(count_bytes, 0);
+    let indexes_size = (count as usize)
+        .checked_mul(INDEX_SIZE)
+        .ok_or(status::INVALID_COMMAND)?;
+    if indexes_size > total || indexes_size > rest.len() {
+        return Err(status::INVALID_COMMAND);
+    }
+    let (indexes, messages) = rest.split_at_mut(indexes_size);
+    validate_batch(indexes, messages, count)?;
+
+    let meta = read(&shared.state.meta);
+    let (sid, tid) = resolve_topic(&meta, stream_id, topic_id)?;
+    let topic = topic_ref(&meta, sid, tid)?;
+    let partitions_count = topic.partitions.len();
+    let partition_id = match partitioning {
+        Partitioning::Balanced => {
+            if partitions_count == 0 {
+                return Err(status::TOPIC_ID_NOT_FOUND);
+            }
+            let current = topic
+                .round_robin
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                    Some((c + 1) % partitions_count)
+                })
+                .unwrap_or(0);
+            current % partitions_count
+        }
+        Partitioning::PartitionId(id) => id as usize,
+        Partitioning::MessagesKey(key) => {
+            if partitions_count == 0 {
+                // The real server divides by zero here and loses the connection task.
+                return Err(status::PARTITION_NOT_FOUND);
+            }
+            XxHash32::oneshot(0, key) as usize % partitions_count
+        }
+    };
+    let partition = Arc::clone(
+        topic
+            .partitions
+            .get(partition_id)
+            .ok_or(status::PARTITION_NOT_FOUND)?,
+    );
+    drop(meta);
+    let mut log = lock(&partition.log);
+    let first_offset = log.next_offset();
+    log.append(
+        messages,
+        count,
+        now_micros(),
+        shared.config.segment_size,
+        &mut random_uuid,
+    );
+    if let Some(store) = &shared.store {
+        store.appended(sid, tid, partition_id, first_offset, messages);
+    }
+    Ok(())
+}
+
+pub(super) fn poll_messages(
+    shared: &Shared,
+    session: &Session,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Reply {
+    let (consumer, s, t, partition, strategy, count, auto_commit) = decode(payload, |r| {
+        Ok((
+            r.consumer()?,
+            r.ident()?,
+            r.ident()?,
+            r.optional_partition()?,
+            r.strategy()?,
+            r.u32()?,
+            r.u8()? != 0,
+        ))
+    })?;
+    auth(session)?;
+    let meta = read(&shared.state.meta);
+    let (sid, tid) = resolve_topic(&meta, s, t)?;
+    let topic = topic_ref(&meta, sid, tid)?;
+    let Some(resolved) = resolve_consumer(topic, consumer, session.client_id, partition, true)?
+    else {
+        out.put_u32(0);
+        out.put_u64(0);
+        out.put_u32(0);
+        return Ok(());
+    };
+    let pid = resolved.partition();
+    let p = Arc::clone(
+        topic
+            .partitions
+            .get(pid as usize)
+            .ok_or(status::PARTITION_NOT_FOUND)?,
+    );
+    drop(meta);
+
+    let mut log = lock(&p.log);
+    let current = log.current_offset();
+    out.put_u32(pid);
+    out.put_u64(current);
+    let count_at = out.len();
+    out.put_u32(0);
+    if count == 0 {
+        return Ok(());
+    }
+    let start = match strategy {
+        Strategy::Offset(o) => (o <= current).then_some(o),
+        Strategy::Timestamp(ts) => log.offset_at_timestamp(ts),
+        Strategy::First => Some(log.first_offset()),
+        Strategy::Last => {
+            let n = u64::from(count).min(current + 1);
+            Some(current + 1 - n)
+        }
+        Strategy::Next => Some(
+            resolved
+                .stored_offset(&log)
+                .map_or_else(|| log.first_offset(), |o| o + 1),
+        ),
+    };
+    let Some(start) = start.filter(|s| *s <= current) else {
+        return Ok(());
+    };
+    let messages_at = out.len();
+    let read = log.read(start, count, out);
+    out[count_at..count_at + 4].copy_from_slice(&read.to_le_bytes());
+    if read == 0 {
+        return Ok(());
+    }
+    // Offset of the last returned message, for auto-commit and group bookkeeping.
+    let mut pos = messages_at;
+    let mut last = 0;
+    for _ in 0..read {
+        last = le_u64(out, pos + 24);
+        pos +=
+            MESSAGE_HEADER_SIZE + le_u32(out, pos + 52) as usize + le_u32(out, pos + 48) as usize;
+    }
+    if let Some(group) = resolved.group() {
+        log.group_last_polled.insert(group, last);
+    }
+    if !auto_commit {
+        return Ok(());
+    }
+    resolved.store_offset(&mut log, last);
+    if let Some(store) = &shared.store {
+        store.offsets_changed(sid, tid, pid as usize, &log);
+    }
+    drop(log);
+    if let Some(group) = resolved.group() {
+        complete_group_revocations(shared, sid, tid, group as usize);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use assert2::check;
+
+    fn message(payload: &[u8]) -> Vec<u8> {
+        let mut m = vec![0u8; MESSAGE_HEADER_SIZE];
+        m[52..56].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        m.extend_from_slice(payload);
+        m
+    }
+
+    fn index(positions: &[u32]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for p in positions {
+            out.extend_from_slice(&0u32.to_le_bytes());
+            out.extend_from_slice(&p.to_le_bytes());
+            out.extend_from_slice(&0u64.to_le_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn valid_batch_passes() {
+        let mut msgs = message(b"a");
+        msgs.extend(message(b"bc"));
+        check!(validate_batch(&index(&[65, 131]), &msgs, 2) == Ok(()));
+    }
+
+    #[test]
+    fn batch_checks_follow_the_server() {
+        let msgs = message(b"a");
+        check!(validate_batch(&[], &[], 0) == Err(status::INVALID_MESSAGES_COUNT));
+        let mut bad = index(&[65]);
+        bad[0] = 1;
+        check!(validate_batch(&bad, &msgs, 1) == Err(status::NON_ZERO_OFFSET));
+        let mut bad = index(&[65]);
+        bad[8] = 1;
+        check!(validate_batch(&bad, &msgs, 1) == Err(status::NON_ZERO_TIMESTAMP));
+        check!(validate_batch(&index(&[65]), &msgs[..60], 1) == Err(status::MISSING_INDEX));
+        let mut longer = msgs.clone();
+        longer.push(0);
+        check!(validate_batch(&index(&[66]), &longer, 1) == Err(status::INVALID_MESSAGES_SIZE));
+        let mut two = message(b"a");
+        two.extend(message(b"b"));
+        check!(validate_batch(&index(&[70, 130]), &two, 2) == Err(status::MISSING_INDEX));
+    }
+}

@@ -1,0 +1,253 @@
+//! Topic commands, and the topic and partition records that topic and stream answers carry.
+
+use super::{
+    auth, decode, find_topic, now_micros, persist_meta, resolve_stream, resolve_topic, topic_ref,
+    topic_request, Reply, Session, Shared, MAX_PARTITIONS_PER_REQUEST,
+};
+use crate::state::{lock, read, write, Partition, Topic};
+use crate::wire::{status, DecodeError, Put, Reader};
+use std::sync::atomic::AtomicUsize;
+
+/// `(size in bytes, messages count)` of a partition, as stream and topic records carry them.
+fn partition_stats(p: &Partition) -> (u64, u64) {
+    let log = lock(&p.log);
+    (log.size_bytes(), log.messages_count())
+}
+
+/// Adds up `(size, messages)` pairs.
+pub(super) fn sum_stats(stats: impl IntoIterator<Item = (u64, u64)>) -> (u64, u64) {
+    stats
+        .into_iter()
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
+pub(super) fn topic_stats(t: &Topic) -> (u64, u64) {
+    sum_stats(t.partitions.iter().map(|p| partition_stats(p)))
+}
+
+pub(super) fn topic_record(out: &mut Vec<u8>, id: usize, t: &Topic, stats: (u64, u64)) {
+    out.put_u32(id as u32);
+    out.put_u64(t.created_at);
+    out.put_u32(t.partitions.len() as u32);
+    out.put_u64(t.message_expiry);
+    out.put_u8(t.compression);
+    out.put_u64(t.max_topic_size);
+    out.put_u8(t.replication_factor);
+    out.put_u64(stats.0);
+    out.put_u64(stats.1);
+    out.put_name(&t.name);
+}
+
+fn partition_records(out: &mut Vec<u8>, t: &Topic, fresh: bool) {
+    for (id, p) in t.partitions.iter().enumerate() {
+        out.put_u32(id as u32);
+        out.put_u64(p.created_at);
+        if fresh {
+            // CREATE_TOPIC answers with zeroed partition stats, segments_count included.
+            out.put_u32(0);
+            out.put_u64(0);
+            out.put_u64(0);
+            out.put_u64(0);
+        } else {
+            let log = lock(&p.log);
+            out.put_u32(log.segments().len() as u32);
+            out.put_u64(log.current_offset());
+            out.put_u64(log.size_bytes());
+            out.put_u64(log.messages_count());
+        }
+    }
+}
+
+pub(super) fn get_topics(
+    shared: &Shared,
+    session: &Session,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Reply {
+    let id = decode(payload, |r| r.ident())?;
+    auth(session)?;
+    let meta = read(&shared.state.meta);
+    let Some(s) = meta.find_stream(id).and_then(|sid| meta.streams.get(sid)) else {
+        return Ok(());
+    };
+    for (tid, t) in s.topics.iter() {
+        topic_record(out, tid, t, topic_stats(t));
+    }
+    Ok(())
+}
+
+pub(super) fn get_topic(
+    shared: &Shared,
+    session: &Session,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Reply {
+    let (s, t) = decode(payload, topic_request)?;
+    auth(session)?;
+    let meta = read(&shared.state.meta);
+    let Some((tid, topic)) = find_topic(&meta, s, t) else {
+        return Ok(());
+    };
+    topic_record(out, tid, topic, topic_stats(topic));
+    partition_records(out, topic, false);
+    Ok(())
+}
+
+/// Decoded CREATE_TOPIC / UPDATE_TOPIC settings.
+struct TopicSettings<'a> {
+    /// Compression code (1 none, 2 gzip).
+    compression: u8,
+    /// Expiry in µs (0 = server default, `u64::MAX` = never).
+    message_expiry: u64,
+    /// Size limit in bytes (0 = server default, `u64::MAX` = unlimited).
+    max_topic_size: u64,
+    /// Replication factor (0 = unset, stored as 1).
+    replication_factor: u8,
+    /// Topic name.
+    name: &'a str,
+}
+
+fn topic_settings<'a>(r: &mut Reader<'a>) -> Result<TopicSettings<'a>, DecodeError> {
+    Ok(TopicSettings {
+        compression: r.u8()?,
+        message_expiry: r.u64()?,
+        max_topic_size: r.u64()?,
+        replication_factor: r.u8()?,
+        name: r.name()?,
+    })
+}
+
+pub(super) fn create_topic(
+    shared: &Shared,
+    session: &Session,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Reply {
+    let (stream_id, partitions_count, settings) = decode(payload, |r| {
+        let stream_id = r.ident()?;
+        let partitions_count = r.u32()?;
+        Ok((stream_id, partitions_count, topic_settings(r)?))
+    })?;
+    auth(session)?;
+    if partitions_count > MAX_PARTITIONS_PER_REQUEST {
+        return Err(status::TOO_MANY_PARTITIONS);
+    }
+    if !(1..=2).contains(&settings.compression) {
+        return Err(status::INVALID_COMMAND);
+    }
+    // ServerDefault (0) resolves to the default config: expiry "none", size "unlimited".
+    let message_expiry = match settings.message_expiry {
+        0 => u64::MAX,
+        v => v,
+    };
+    let max_topic_size = match settings.max_topic_size {
+        0 => u64::MAX,
+        v => v,
+    };
+    let mut meta = write(&shared.state.meta);
+    let sid = resolve_stream(&meta, stream_id)?;
+    if max_topic_size < shared.config.segment_size {
+        return Err(status::INVALID_TOPIC_SIZE);
+    }
+    let stream = meta
+        .streams
+        .get_mut(sid)
+        .ok_or(status::STREAM_ID_NOT_FOUND)?;
+    if stream.topics.iter().any(|(_, t)| t.name == settings.name) {
+        return Err(status::TOPIC_NAME_ALREADY_EXISTS);
+    }
+    let now = now_micros();
+    let topic = Topic {
+        name: settings.name.to_owned(),
+        created_at: now,
+        message_expiry,
+        compression: settings.compression,
+        max_topic_size,
+        replication_factor: settings.replication_factor.max(1),
+        partitions: (0..partitions_count).map(|_| Partition::new(now)).collect(),
+        groups: Default::default(),
+        round_robin: AtomicUsize::new(0),
+    };
+    let tid = stream.topics.insert(topic);
+    let topic = topic_ref(&meta, sid, tid)?;
+    topic_record(out, tid, topic, (0, 0));
+    partition_records(out, topic, true);
+    drop(meta);
+    persist_meta(shared);
+    Ok(())
+}
+
+pub(super) fn update_topic(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
+    let (s, t, settings) = decode(payload, |r| {
+        Ok((r.ident()?, r.ident()?, topic_settings(r)?))
+    })?;
+    auth(session)?;
+    if !(1..=2).contains(&settings.compression) {
+        return Err(status::INVALID_COMMAND);
+    }
+    let mut meta = write(&shared.state.meta);
+    let (sid, tid) = resolve_topic(&meta, s, t)?;
+    let stream = meta
+        .streams
+        .get_mut(sid)
+        .ok_or(status::STREAM_ID_NOT_FOUND)?;
+    if stream
+        .topics
+        .iter()
+        .any(|(id, t)| id != tid && t.name == settings.name)
+    {
+        return Err(status::TOPIC_NAME_ALREADY_EXISTS);
+    }
+    let topic = stream
+        .topics
+        .get_mut(tid)
+        .ok_or(status::TOPIC_ID_NOT_FOUND)?;
+    topic.name = settings.name.to_owned();
+    topic.compression = settings.compression;
+    topic.message_expiry = settings.message_expiry;
+    topic.max_topic_size = settings.max_topic_size;
+    topic.replication_factor = settings.replication_factor.max(1);
+    drop(meta);
+    persist_meta(shared);
+    Ok(())
+}
+
+pub(super) fn delete_topic(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
+    let (s, t) = decode(payload, topic_request)?;
+    auth(session)?;
+    let mut meta = write(&shared.state.meta);
+    let (sid, tid) = resolve_topic(&meta, s, t)?;
+    if let Some(stream) = meta.streams.get_mut(sid) {
+        stream.topics.remove(tid);
+    }
+    drop(meta);
+    for info in lock(&shared.state.clients).values_mut() {
+        info.groups
+            .retain(|(s, t, _)| !(*s as usize == sid && *t as usize == tid));
+    }
+    if let Some(store) = &shared.store {
+        store.topic_deleted(sid, tid);
+    }
+    persist_meta(shared);
+    Ok(())
+}
+
+pub(super) fn purge_topic(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
+    let (s, t) = decode(payload, topic_request)?;
+    auth(session)?;
+    let meta = read(&shared.state.meta);
+    let (sid, tid) = resolve_topic(&meta, s, t)?;
+    let topic = topic_ref(&meta, sid, tid)?;
+    purge_partitions(shared, sid, tid, topic);
+    Ok(())
+}
+
+pub(super) fn purge_partitions(shared: &Shared, sid: usize, tid: usize, t: &Topic) {
+    for (pid, p) in t.partitions.iter().enumerate() {
+        let mut log = lock(&p.log);
+        log.purge();
+        if let Some(store) = &shared.store {
+            store.partition_rewritten(sid, tid, pid, &log);
+        }
+    }
+}

@@ -1,0 +1,385 @@
+//! `deploy/kubernetes/`: the kustomize base (StatefulSet, Services, budget, Secret, generated
+//! ConfigMap) fits together, and `entrypoint.sh` renders a loadable config for each pod.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_norway::Value;
+
+use crate::configs::{check_member, load, referenced_vars};
+use crate::yaml::{at, first_document, seq, str_of, strings, yaml_documents};
+use crate::{
+    assert_no_problems, deploy, StartCommand, TestResult, API_PORT, DATA_DIR, MIN_GRACE, RAFT_PORT,
+};
+
+/// The kustomize base: every resource the kustomization lists, by kind.
+struct KubeBase {
+    kustomization: Value,
+    resources: Vec<Value>,
+}
+
+impl KubeBase {
+    fn load() -> Result<Self, String> {
+        let dir = deploy().join("kubernetes");
+        let kustomization = first_document(&dir.join("kustomization.yaml"))?;
+        let mut resources = Vec::new();
+        for file in seq(at(&kustomization, &["resources"])) {
+            let file = file
+                .as_str()
+                .ok_or("kustomization.yaml: non-string resource")?;
+            resources.extend(yaml_documents(&dir.join(file))?);
+        }
+        Ok(Self {
+            kustomization,
+            resources,
+        })
+    }
+
+    fn of_kind(&self, kind: &str) -> Vec<&Value> {
+        self.resources
+            .iter()
+            .filter(|r| str_of(r, &["kind"]) == Some(kind))
+            .collect()
+    }
+
+    fn one(&self, kind: &str) -> Result<&Value, String> {
+        match self.of_kind(kind).as_slice() {
+            [one] => Ok(one),
+            found => Err(format!(
+                "expected one {kind} in the kustomize base, found {}",
+                found.len()
+            )),
+        }
+    }
+}
+
+/// The replicator container of the StatefulSet's pod template (there must be exactly one).
+fn container(set: &Value) -> Result<&Value, String> {
+    match seq(at(set, &["spec", "template", "spec", "containers"])) {
+        [container] => Ok(container),
+        found => Err(format!(
+            "expected one container in the StatefulSet, found {}",
+            found.len()
+        )),
+    }
+}
+
+fn probe_path<'a>(container: &'a Value, probe: &str) -> Option<&'a str> {
+    str_of(container, &[probe, "httpGet", "path"])
+}
+
+fn named_port(container: &Value, name: &str) -> Option<u64> {
+    seq(at(container, &["ports"]))
+        .iter()
+        .find(|port| str_of(port, &["name"]) == Some(name))
+        .and_then(|port| at(port, &["containerPort"]).as_u64())
+}
+
+#[test]
+fn kubernetes_base_has_statefulset_services_and_budget() -> TestResult {
+    let base = KubeBase::load()?;
+    let mut problems = Vec::new();
+    let set = base.one("StatefulSet")?;
+    let spec = at(set, &["spec"]);
+    if at(spec, &["replicas"]).as_u64() != Some(3) {
+        problems.push("StatefulSet replicas must be 3".to_owned());
+    }
+    if str_of(spec, &["podManagementPolicy"]) != Some("Parallel") {
+        problems.push("podManagementPolicy must be Parallel".to_owned());
+    }
+    let pod = at(spec, &["template", "spec"]);
+    let grace = at(pod, &["terminationGracePeriodSeconds"]).as_u64();
+    if grace.is_none_or(|g| Duration::from_secs(g) < MIN_GRACE) {
+        problems.push(format!(
+            "terminationGracePeriodSeconds {grace:?} under {MIN_GRACE:?}"
+        ));
+    }
+    let selector = at(spec, &["selector", "matchLabels"]);
+    if selector.as_mapping().is_none_or(|m| m.is_empty()) {
+        problems.push("StatefulSet selector is empty".to_owned());
+    }
+    for (key, value) in selector.as_mapping().into_iter().flatten() {
+        if at(spec, &["template", "metadata", "labels"]).get(key) != Some(value) {
+            problems.push(format!("pod template lacks selector label {key:?}"));
+        }
+    }
+    let container = container(set)?;
+    if probe_path(container, "readinessProbe") != Some("/ready") {
+        problems.push("readinessProbe must GET /ready".to_owned());
+    }
+    if probe_path(container, "livenessProbe") != Some("/health") {
+        problems.push("livenessProbe must GET /health".to_owned());
+    }
+    if named_port(container, "raft") != Some(RAFT_PORT.into())
+        || named_port(container, "http") != Some(API_PORT.into())
+    {
+        problems.push("container ports must be raft 7100 and http 7180".to_owned());
+    }
+
+    // The data dir is a PVC from the claim template.
+    let claims: Vec<&str> = seq(at(spec, &["volumeClaimTemplates"]))
+        .iter()
+        .filter_map(|claim| str_of(claim, &["metadata", "name"]))
+        .collect();
+    let data_mount = seq(at(container, &["volumeMounts"]))
+        .iter()
+        .find(|mount| str_of(mount, &["mountPath"]) == Some(DATA_DIR))
+        .and_then(|mount| str_of(mount, &["name"]));
+    if !data_mount.is_some_and(|name| claims.contains(&name)) {
+        problems.push(format!(
+            "{DATA_DIR} is not mounted from a volumeClaimTemplate"
+        ));
+    }
+
+    // Headless Service named by serviceName; a client Service on the admin API.
+    let service_name = str_of(spec, &["serviceName"]).unwrap_or_default();
+    let services = base.of_kind("Service");
+    let headless = services
+        .iter()
+        .find(|s| str_of(s, &["metadata", "name"]) == Some(service_name));
+    match headless {
+        Some(service) => {
+            if str_of(service, &["spec", "clusterIP"]) != Some("None") {
+                problems.push(format!("Service {service_name} must be headless"));
+            }
+            if at(service, &["spec", "publishNotReadyAddresses"]).as_bool() != Some(true) {
+                problems.push(format!(
+                    "Service {service_name} must publish not-ready pods"
+                ));
+            }
+        }
+        None => problems.push(format!("no Service {service_name:?} (serviceName)")),
+    }
+    let client = services.iter().any(|s| {
+        str_of(s, &["spec", "clusterIP"]) != Some("None")
+            && seq(at(s, &["spec", "ports"]))
+                .iter()
+                .any(|p| at(p, &["port"]).as_u64() == Some(API_PORT.into()))
+    });
+    if !client {
+        problems.push("no client Service for the admin API".to_owned());
+    }
+    for service in &services {
+        if at(service, &["spec", "selector"]) != selector {
+            problems.push("a Service does not select the replicator pods".to_owned());
+        }
+    }
+
+    let budget = base.one("PodDisruptionBudget")?;
+    if at(budget, &["spec", "maxUnavailable"]).as_u64() != Some(1) {
+        problems.push("PodDisruptionBudget maxUnavailable must be 1".to_owned());
+    }
+    if at(budget, &["spec", "selector", "matchLabels"]) != selector {
+        problems.push("PodDisruptionBudget does not select the replicator pods".to_owned());
+    }
+
+    // Every secretKeyRef names a key of a Secret in the base.
+    for variable in seq(at(container, &["env"])) {
+        let Some(reference) = at(variable, &["valueFrom", "secretKeyRef"]).as_mapping() else {
+            continue;
+        };
+        let secret = reference.get("name").and_then(Value::as_str);
+        let key = reference
+            .get("key")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let defined = base.of_kind("Secret").iter().any(|s| {
+            str_of(s, &["metadata", "name"]) == secret
+                && (at(s, &["stringData"]).get(key).is_some()
+                    || at(s, &["data"]).get(key).is_some())
+        });
+        if !defined {
+            problems.push(format!("secretKeyRef {secret:?}/{key} is not in the base"));
+        }
+    }
+
+    // The config ConfigMap is generated from files that exist and is mounted.
+    let generators = seq(at(&base.kustomization, &["configMapGenerator"]));
+    let generated: Vec<&str> = generators
+        .iter()
+        .filter_map(|g| str_of(g, &["name"]))
+        .collect();
+    for file in generators.iter().flat_map(|g| strings(at(g, &["files"]))) {
+        if !deploy().join("kubernetes").join(file).is_file() {
+            problems.push(format!("configMapGenerator file {file} is missing"));
+        }
+    }
+    let mounted = seq(at(pod, &["volumes"]))
+        .iter()
+        .filter_map(|v| str_of(v, &["configMap", "name"]))
+        .any(|name| generated.contains(&name));
+    if !mounted {
+        problems.push("the generated ConfigMap is not mounted".to_owned());
+    }
+    if base.of_kind("PodDisruptionBudget").is_empty() {
+        problems.push("no PodDisruptionBudget".to_owned());
+    }
+    assert_no_problems(&problems);
+    Ok(())
+}
+
+/// What one run of the Kubernetes entrypoint did.
+struct EntrypointRun {
+    /// The script exited 0.
+    ok: bool,
+    /// The arguments the replicator was started with, if it was started.
+    args: Option<String>,
+    /// The rendered config, if one was written.
+    rendered: Option<String>,
+}
+
+/// Runs `deploy/kubernetes/entrypoint.sh` as the container would, with `getent` and
+/// `iggy-replicator` replaced by stand-ins.
+fn run_entrypoint(dir: &Path, pod_name: &str) -> TestResult<EntrypointRun> {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    let args_file = dir.join("args");
+    let stand_ins = [
+        ("getent", "#!/bin/sh\nexit 0\n".to_owned()),
+        (
+            "iggy-replicator",
+            format!("#!/bin/sh\necho \"$@\" > '{}'\n", args_file.display()),
+        ),
+    ];
+    for (name, script) in stand_ins {
+        let path = bin.join(name);
+        std::fs::write(&path, script)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let config = dir.join("replicator.toml");
+    let status = Command::new("sh")
+        .arg(deploy().join("kubernetes/entrypoint.sh"))
+        .env_clear()
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env("POD_NAME", pod_name)
+        .env("POD_NAMESPACE", "replication")
+        .env(
+            "REPLICATOR_CONFIG_TEMPLATE",
+            deploy().join("kubernetes/replicator.toml"),
+        )
+        .env("REPLICATOR_CONFIG", &config)
+        .status()?;
+    Ok(EntrypointRun {
+        ok: status.success(),
+        args: std::fs::read_to_string(&args_file).ok(),
+        rendered: std::fs::read_to_string(&config).ok(),
+    })
+}
+
+#[test]
+fn kubernetes_entrypoint_renders_a_loadable_config_for_each_pod() -> TestResult {
+    let base = KubeBase::load()?;
+    let set = base.one("StatefulSet")?;
+    let service_name = str_of(set, &["spec", "serviceName"]).unwrap_or_default();
+    let container = container(set)?;
+    let secret = base.one("Secret")?;
+    let mut problems = Vec::new();
+
+    // The container's environment, as Kubernetes would fill it for pod `pod_name`.
+    let container_env = |pod_name: &str| -> BTreeMap<String, String> {
+        let mut env = BTreeMap::new();
+        for variable in seq(at(container, &["env"])) {
+            let name = str_of(variable, &["name"]).unwrap_or_default().to_owned();
+            let value = if let Some(value) = str_of(variable, &["value"]) {
+                Some(value.to_owned())
+            } else if let Some(field) = str_of(variable, &["valueFrom", "fieldRef", "fieldPath"]) {
+                match field {
+                    "metadata.name" => Some(pod_name.to_owned()),
+                    "metadata.namespace" => Some("replication".to_owned()),
+                    _ => None,
+                }
+            } else {
+                str_of(variable, &["valueFrom", "secretKeyRef", "key"])
+                    .and_then(|key| str_of(secret, &["stringData", key]))
+                    .map(str::to_owned)
+            };
+            env.extend(value.map(|value| (name, value)));
+        }
+        env
+    };
+
+    // The template path the pod passes to the entrypoint is where the ConfigMap is mounted.
+    let template_path = container_env("x")
+        .get("REPLICATOR_CONFIG_TEMPLATE")
+        .cloned()
+        .unwrap_or_default();
+    let template_mounted = seq(at(container, &["volumeMounts"])).iter().any(|mount| {
+        str_of(mount, &["mountPath"])
+            .is_some_and(|dir| template_path == format!("{dir}/replicator.toml"))
+    });
+    if !template_mounted {
+        problems.push(format!(
+            "template {template_path:?} is not in a mounted volume"
+        ));
+    }
+    let command = strings(at(container, &["command"]));
+    if command
+        .last()
+        .is_none_or(|script| !script.ends_with("/entrypoint.sh"))
+    {
+        problems.push(format!(
+            "container command {command:?} does not run entrypoint.sh"
+        ));
+    }
+
+    for ordinal in 0..3u64 {
+        let pod_name = format!("iggy-replicator-{ordinal}");
+        let dir = tempfile::tempdir()?;
+        let EntrypointRun { ok, args, rendered } = run_entrypoint(dir.path(), &pod_name)?;
+        let config_path = dir.path().join("replicator.toml");
+        let expected_args = format!("run --config {} --log-format json", config_path.display());
+        if !ok || args.as_deref().map(str::trim) != Some(expected_args.as_str()) {
+            problems.push(format!(
+                "{pod_name}: entrypoint ok={ok}, started with {args:?}"
+            ));
+        }
+        let Some(rendered) = rendered else {
+            problems.push(format!("{pod_name}: no config rendered"));
+            continue;
+        };
+        let env = container_env(&pod_name);
+        let origin = format!("kubernetes/replicator.toml for {pod_name}");
+        for variable in referenced_vars(&rendered) {
+            if !env.contains_key(&variable) {
+                problems.push(format!("{origin}: container env lacks {variable}"));
+            }
+        }
+        match load(&rendered, &origin, &env) {
+            Ok(config) => {
+                problems.extend(check_member(&config, &origin, ordinal + 1));
+                let expected = format!("{pod_name}.{service_name}.replication.svc:{RAFT_PORT}");
+                if config.node.raft_addr != expected {
+                    problems.push(format!(
+                        "{origin}: raft_addr {} != {expected}",
+                        config.node.raft_addr
+                    ));
+                }
+            }
+            Err(error) => problems.push(error),
+        }
+    }
+
+    // A pod name without an ordinal stops the entrypoint before the replicator starts.
+    let dir = tempfile::tempdir()?;
+    let EntrypointRun { ok, args, .. } = run_entrypoint(dir.path(), "replicator")?;
+    if ok || args.is_some() {
+        problems.push("entrypoint accepted a pod name without an ordinal".to_owned());
+    }
+    assert_no_problems(&problems);
+    Ok(())
+}
+
+/// The arguments the entrypoint starts the replicator with, for the first pod.
+pub(crate) fn start_commands() -> TestResult<Vec<StartCommand>> {
+    let dir = tempfile::tempdir()?;
+    let args = run_entrypoint(dir.path(), "iggy-replicator-0")?
+        .args
+        .ok_or("the kubernetes entrypoint did not start the replicator")?;
+    Ok(vec![(
+        "kubernetes entrypoint".to_owned(),
+        args.split_whitespace().map(str::to_owned).collect(),
+    )])
+}
