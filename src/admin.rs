@@ -19,7 +19,7 @@ use replicator_config::Config;
 use replicator_control::tls::{serve_tls, ServerTls};
 use replicator_control::{ClusterStatus, Control, MemberStatus};
 use replicator_model::{Epoch, NodeId, UnitCounters, WorkUnit};
-use replicator_pipeline::UnitStats;
+use replicator_pipeline::{Liveness, UnitStats};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -35,6 +35,8 @@ pub(crate) struct NodeParts {
     control: OnceLock<Control>,
     /// The pipeline's statistics, once the pipeline started.
     stats: OnceLock<StatsReader>,
+    /// Heartbeats of the pipeline's coordinator, once the pipeline started.
+    liveness: OnceLock<Arc<Liveness>>,
     /// Set when the node begins to stop (drain, then control plane).
     stopping: AtomicBool,
     /// When the current stage began (a start stuck in one stage shows how long it has been).
@@ -47,6 +49,7 @@ impl NodeParts {
         Self {
             control: OnceLock::new(),
             stats: OnceLock::new(),
+            liveness: OnceLock::new(),
             stopping: AtomicBool::new(false),
             stage_since: Mutex::new(Instant::now()),
         }
@@ -60,8 +63,9 @@ impl NodeParts {
         self.next_stage();
     }
 
-    /// Publishes the started pipeline's statistics.
-    pub(crate) fn publish_pipeline(&self, stats: StatsReader) {
+    /// Publishes the started pipeline's statistics and heartbeats.
+    pub(crate) fn publish_pipeline(&self, stats: StatsReader, liveness: Arc<Liveness>) {
+        let _ = self.liveness.set(liveness);
         if self.stats.set(stats).is_err() {
             warn!("pipeline published twice; keeping the first");
         }
@@ -202,14 +206,38 @@ pub(crate) async fn serve(
     }
 }
 
-/// `GET /health` (liveness): 200 whenever the process can answer, whatever it waits for; the
-/// handler touches no actor and no lock held across an await, so an answer means the runtime
-/// is not wedged. The body says where the node stands: `ok`, or `starting: control plane`,
-/// `starting: pipeline`, `stopping`, each with how long it has lasted. A node that waits for
-/// its peers is alive: restarting it would not make them come.
-async fn health(State(state): State<AdminState>) -> String {
-    format!("{}\n", state.parts.describe())
+/// `GET /health` (liveness): 200 whenever the process can answer and the pipeline's
+/// coordinator handles its mailbox, whatever the node waits for; 503 once a heartbeat to the
+/// coordinator has waited [`WEDGED_AFTER`]. The handler itself touches no actor and no lock
+/// held across an await. The body says where the node stands: `ok`, or `starting: control
+/// plane`, `starting: pipeline`, `stopping`, each with how long it has lasted. A node that
+/// waits for its peers is alive: restarting it would not make them come.
+async fn health(State(state): State<AdminState>) -> Response {
+    let wedged = state
+        .parts
+        .liveness
+        .get()
+        .and_then(|l| l.wedged_for(Instant::now(), WEDGED_AFTER));
+    match wedged {
+        Some(waited) => {
+            warn!(waited = ?waited, "pipeline coordinator does not handle its mailbox; reporting unhealthy");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "unhealthy: the pipeline's coordinator has not handled a heartbeat for {}s\n",
+                    waited.as_secs()
+                ),
+            )
+                .into_response()
+        }
+        None => format!("{}\n", state.parts.describe()).into_response(),
+    }
 }
+
+/// How long the coordinator may leave a heartbeat unanswered before `/health` fails. Its
+/// handlers never wait, so seconds of silence already mean something is wedged; the margin
+/// keeps a briefly starved runtime on a loaded machine from being restarted.
+const WEDGED_AFTER: Duration = Duration::from_secs(30);
 
 /// `GET /ready`: a running member of a cluster that has a leader, with its assignments known;
 /// 503 with the reason otherwise (also while starting or stopping).
@@ -655,40 +683,22 @@ secret = "{SECRET}"
         assert!(status.members.iter().any(|m| m.id == 1 && m.voter));
 
         // Some traffic, so that the data-path families have samples.
-        let producer = iggy::prelude::IggyClient::from_connection_string(&us.connection_string())?;
-        {
-            use iggy::prelude::{Client, MessageClient, StreamClient, TopicClient};
-            producer.connect().await?;
-            producer.create_stream("metrics").await?;
-            let stream = iggy::prelude::Identifier::named("metrics")?;
-            producer
-                .create_topic(
-                    &stream,
-                    "events",
-                    1,
-                    iggy::prelude::CompressionAlgorithm::None,
-                    None,
-                    iggy::prelude::IggyExpiry::NeverExpire,
-                    iggy::prelude::MaxTopicSize::ServerDefault,
-                )
-                .await?;
-            let mut messages = (1..=10u128)
-                .map(|id| {
-                    iggy::prelude::IggyMessage::builder()
-                        .id(id)
-                        .payload(bytes::Bytes::from_static(b"hello"))
-                        .build()
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            producer
-                .send_messages(
-                    &stream,
-                    &iggy::prelude::Identifier::named("events")?,
-                    &iggy::prelude::Partitioning::partition_id(0),
-                    &mut messages,
-                )
-                .await?;
-        }
+        let producer = replicator_harness::connect(&us.connection_string()).await?;
+        replicator_harness::ensure_topic(&producer, "metrics", "events", 1).await?;
+        let bulk = replicator_harness::Bulk {
+            stream: "metrics".to_owned(),
+            topic: "events".to_owned(),
+            partitions: vec![0],
+            range: 0..10,
+            batch: 10,
+        };
+        replicator_harness::produce_bulk(&producer, &bulk, |_, seq| {
+            iggy::prelude::IggyMessage::builder()
+                .id(u128::from(seq) + 1)
+                .payload(bytes::Bytes::from_static(b"hello"))
+                .build()
+        })
+        .await?;
         let sample = |scrape: &prometheus_parse::Scrape, name: &str| -> Option<f64> {
             scrape
                 .samples

@@ -212,7 +212,7 @@ impl RunningNode {
                 ));
             }
         };
-        parts.publish_pipeline(Arc::new(pipeline.stats_reader()));
+        parts.publish_pipeline(Arc::new(pipeline.stats_reader()), pipeline.liveness());
         info!(node = config.node.id, "node started");
         Ok(Some(Self {
             id: config.node.id,

@@ -15,6 +15,7 @@ use crate::control::ControlPlane;
 use crate::coordinator::{Coordinator, CoordinatorArgs, CoordinatorMsg};
 use crate::discovery::{self, DiscoveryParams};
 use crate::error::{Error, Result};
+use crate::liveness::{Liveness, HEARTBEAT_INTERVAL};
 use crate::mapping::Selector;
 use crate::params::PipelineParams;
 use crate::stats::{MeterRegistry, UnitStats};
@@ -24,7 +25,7 @@ use crate::unit::UnitTuning;
 pub struct Pipeline {
     coordinator: ActorRef<CoordinatorMsg>,
     coordinator_task: JoinHandle<()>,
-    /// One discovery loop per flow.
+    /// One discovery loop per flow, and the coordinator's watchdog (see [`Liveness`]).
     discovery: Vec<JoinHandle<()>>,
     /// Stops the discovery loops (the units stop through the coordinator, which decides what to
     /// release).
@@ -37,6 +38,27 @@ pub struct Pipeline {
     shutdown_timeout: Duration,
     /// Meters of every unit started, shared with the coordinator (which registers them).
     meters: MeterRegistry,
+    /// Heartbeats of the coordinator's mailbox.
+    liveness: Arc<Liveness>,
+}
+
+/// Sends the coordinator a heartbeat every [`HEARTBEAT_INTERVAL`] until `cancel`.
+async fn watchdog(
+    coordinator: ActorRef<CoordinatorMsg>,
+    liveness: Arc<Liveness>,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        liveness.sent(Instant::now());
+        if coordinator.cast(CoordinatorMsg::Heartbeat).is_err() {
+            return;
+        }
+    }
 }
 
 impl Pipeline {
@@ -69,6 +91,7 @@ impl Pipeline {
             observer: params.observer.clone(),
         };
         let meters = MeterRegistry::default();
+        let liveness = Arc::new(Liveness::new());
         let (alive, tasks_gone) = mpsc::channel(1);
         let name = format!("coordinator/n{}", params.node_id);
         let (coordinator, coordinator_task) = Coordinator::<C>::spawn(
@@ -82,6 +105,7 @@ impl Pipeline {
                 tuning,
                 meters: meters.clone(),
                 alive,
+                liveness: liveness.clone(),
             },
         )
         .await
@@ -110,6 +134,11 @@ impl Pipeline {
                 cancel: cancel.clone(),
             })));
         }
+        discovery.push(tokio::spawn(watchdog(
+            coordinator.clone(),
+            liveness.clone(),
+            cancel.clone(),
+        )));
         tracing::info!(flows = flows.len(), "pipeline started");
         Ok(Self {
             coordinator,
@@ -120,7 +149,14 @@ impl Pipeline {
             clusters: clusters.into_values().collect(),
             shutdown_timeout: params.shutdown_timeout,
             meters,
+            liveness,
         })
+    }
+
+    /// Whether the coordinator still handles its mailbox (for a liveness probe).
+    #[must_use]
+    pub fn liveness(&self) -> Arc<Liveness> {
+        self.liveness.clone()
     }
 
     /// Statistics of every unit this instance has worked on since it started, in unit order.

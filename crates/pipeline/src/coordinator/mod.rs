@@ -37,6 +37,7 @@ use self::release::{released, ReleaseSlot, ReleaseState, RetryPlan};
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
+use crate::liveness::Liveness;
 use crate::mapping::downstream_stream;
 use crate::params::FlowParams;
 use crate::reader::{self, ReaderArgs};
@@ -97,6 +98,8 @@ pub(crate) enum CoordinatorMsg {
         role: Role,
         end: TaskEnd,
     },
+    /// From the pipeline's watchdog: proves the mailbox is being handled. No reply.
+    Heartbeat,
 }
 
 /// Everything the coordinator needs to start pairs.
@@ -112,6 +115,8 @@ pub(crate) struct CoordinatorArgs<C> {
     pub(crate) meters: MeterRegistry,
     /// Cloned into every task the coordinator spawns (see [`Alive`]).
     pub(crate) alive: Alive,
+    /// Marked on every heartbeat handled (see [`crate::liveness`]).
+    pub(crate) liveness: Arc<Liveness>,
 }
 
 /// What runs for a unit this node works on.
@@ -283,6 +288,7 @@ fn dispatch<C: ControlPlane>(
     msg: CoordinatorMsg,
 ) {
     match msg {
+        CoordinatorMsg::Heartbeat => state.args.liveness.answered(),
         CoordinatorMsg::Assignments(list) => {
             state.desired = list.into_iter().map(|a| (a.unit.clone(), a)).collect();
             let desired = &state.desired;
