@@ -16,7 +16,7 @@ mod secret;
 pub use error::{Error, Problem, Result};
 pub use load::{load_file, parse_str};
 pub use schema::{
-    ApiTlsConfig, ClusterConfig, Config, FlowConfig, IggyClusterConfig, InitialOffsetSetting, NodeConfig,
-    PipelineConfig, TlsFilesConfig, DEFAULT_CONNECTIONS,
+    ApiTlsConfig, ClusterConfig, Config, FlowConfig, IggyClusterConfig, InitialOffsetSetting,
+    NodeConfig, PipelineConfig, TlsFilesConfig, DEFAULT_CONNECTIONS,
 };
 pub use secret::{ClusterUrl, Secret};
