@@ -84,17 +84,17 @@ pub struct ClusterConfig {
     #[serde(default)]
     pub initial_members: BTreeMap<String, String>,
     /// How long a member may go without renewing its lease before its partitions move.
-    /// Default: the control plane's (1.5 s). Example: `"1500ms"`.
+    /// Default: the control plane's (`ControlTiming::default()`, listed in the README). Example: `"1500ms"`.
     #[serde(default, with = "humantime_serde")]
     pub lease_expiry: Option<Duration>,
-    /// How often a member renews its lease. Default: the control plane's (300 ms). Example: `"300ms"`.
+    /// How often a member renews its lease. Default: the control plane's. Example: `"300ms"`.
     #[serde(default, with = "humantime_serde")]
     pub lease_renew_interval: Option<Duration>,
-    /// Raft heartbeat interval. Default: the control plane's (100 ms). Example: `"100ms"`.
+    /// Raft heartbeat interval. Default: the control plane's. Example: `"100ms"`.
     #[serde(default, with = "humantime_serde")]
     pub heartbeat_interval: Option<Duration>,
     /// Raft election timeout (lower bound; the upper bound is twice this).
-    /// Default: the control plane's (400 ms). Example: `"400ms"`.
+    /// Default: the control plane's. Example: `"400ms"`.
     #[serde(default, with = "humantime_serde")]
     pub election_timeout: Option<Duration>,
     /// Mutual TLS between members (`[cluster.tls]`). Default: none: Raft RPCs are plain HTTP
