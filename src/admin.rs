@@ -150,8 +150,10 @@ pub(crate) struct AdminState {
     node: NodeId,
     /// The node's control plane and pipeline, as far as they are up.
     parts: Arc<NodeParts>,
-    /// Bearer tokens that authorise mutating calls (the cluster secret and the admin token).
-    tokens: Arc<Vec<String>>,
+    /// The bearer token that authorises mutating calls (`cluster.admin_token`; none: they are
+    /// refused). Never the cluster secret: that one signs Raft RPCs and must not be usable to
+    /// drive the admin API too.
+    admin_token: Option<Arc<str>>,
     /// Prometheus families, fed at every scrape.
     metrics: Arc<Metrics>,
 }
@@ -159,14 +161,14 @@ pub(crate) struct AdminState {
 impl AdminState {
     /// State for a node built from `config`, reading its parts from `parts`.
     pub(crate) fn new(parts: Arc<NodeParts>, metrics: Arc<Metrics>, config: &Config) -> Self {
-        let mut tokens = vec![config.cluster.secret.expose().to_owned()];
-        if let Some(token) = &config.cluster.admin_token {
-            tokens.push(token.expose().to_owned());
-        }
         Self {
             node: config.node.id,
             parts,
-            tokens: Arc::new(tokens),
+            admin_token: config
+                .cluster
+                .admin_token
+                .as_ref()
+                .map(|t| Arc::from(t.expose())),
             metrics,
         }
     }
@@ -443,19 +445,29 @@ pub(crate) struct AddMember {
     pub(crate) api_addr: String,
 }
 
-/// Checks `Authorization: Bearer <token>` against the configured tokens; logs refusals and
-/// returns the 401 answer to send.
+/// Checks `Authorization: Bearer <token>` against `cluster.admin_token` (in constant time);
+/// logs refusals and returns the 401 answer to send.
 fn authorise(state: &AdminState, headers: &HeaderMap, action: &str) -> Result<(), Box<Response>> {
+    use subtle::ConstantTimeEq;
     let presented = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    let accepted = presented.is_some_and(|token| {
-        state
-            .tokens
-            .iter()
-            .any(|expected| constant_time_eq(expected.as_bytes(), token.as_bytes()))
-    });
+    let Some(expected) = &state.admin_token else {
+        warn!(
+            action,
+            "admin call refused: no cluster.admin_token is configured"
+        );
+        return Err(Box::new(
+            (
+                StatusCode::UNAUTHORIZED,
+                "mutating admin calls are disabled: set cluster.admin_token\n",
+            )
+                .into_response(),
+        ));
+    };
+    let accepted =
+        presented.is_some_and(|token| bool::from(expected.as_bytes().ct_eq(token.as_bytes())));
     if accepted {
         Ok(())
     } else {
@@ -468,14 +480,6 @@ fn authorise(state: &AdminState, headers: &HeaderMap, action: &str) -> Result<()
             (StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n").into_response(),
         ))
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = u8::from(a.len() != b.len());
-    for (i, x) in a.iter().enumerate() {
-        diff |= x ^ b.get(i).copied().unwrap_or(!*x);
-    }
-    diff == 0
 }
 
 /// `POST /cluster/members`: adds a node (learner, then voter).
@@ -541,6 +545,7 @@ mod tests {
     type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
     const SECRET: &str = "admin-test-secret-0123456789";
+    const ADMIN_TOKEN: &str = "admin-test-token-0123456789";
 
     async fn single_node(
         us: &TestServer,
@@ -558,6 +563,7 @@ raft_addr = "{raft}"
 api_addr = "{api}"
 [cluster]
 secret = "{SECRET}"
+admin_token = "{ADMIN_TOKEN}"
 [clusters.us]
 url = "{us}"
 [clusters.eu]
@@ -605,6 +611,7 @@ raft_addr = "127.0.0.1:1"
 api_addr = "127.0.0.1:2"
 [cluster]
 secret = "{SECRET}"
+admin_token = "{ADMIN_TOKEN}"
 "#,
             data = dir.path().display().to_string(),
         );
@@ -639,7 +646,7 @@ secret = "{SECRET}"
         // Mutations are still authorised first, then refused until the control plane runs.
         let add = client
             .delete(format!("{base}/cluster/members/3"))
-            .bearer_auth(SECRET)
+            .bearer_auth(ADMIN_TOKEN)
             .send()
             .await?;
         assert_eq!(add.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -769,6 +776,13 @@ secret = "{SECRET}"
             .send()
             .await?;
         assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+        // The cluster secret signs Raft RPCs; it is no admin token.
+        let secret = client
+            .delete(format!("{base}/cluster/members/9"))
+            .bearer_auth(SECRET)
+            .send()
+            .await?;
+        assert_eq!(secret.status(), StatusCode::UNAUTHORIZED);
 
         node.shutdown().await;
         us.shutdown().await;

@@ -163,6 +163,7 @@ impl Demo {
                 api_bind: api.local_addr().map_err(io_failure)?,
                 advertised_api_addr: None,
                 secret: &secret,
+                admin_token: None,
                 initial_members: &raft_addrs,
             }
             .toml(&replication);

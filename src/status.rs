@@ -80,7 +80,7 @@ impl ApiClient {
 /// Bearer token of mutating calls.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct TokenArgs {
-    /// The cluster secret or the admin token.
+    /// The admin token (`cluster.admin_token`; the cluster secret is not accepted).
     #[arg(long, env = "REPLICATOR_TOKEN", hide_env_values = true)]
     pub(crate) token: String,
 }
@@ -221,7 +221,7 @@ async fn mutation_result(response: reqwest::Response, action: &str) -> Result<()
     } else if code == reqwest::StatusCode::UNAUTHORIZED {
         Err(Failure::runtime(
             format!("{action} refused: {}", body.trim()),
-            "pass the cluster secret or admin token with --token or REPLICATOR_TOKEN",
+            "pass cluster.admin_token with --token or REPLICATOR_TOKEN",
         ))
     } else {
         Err(Failure::runtime(

@@ -241,6 +241,34 @@ poll_interval = "10ms"
     }
 
     #[test]
+    fn admin_token_equal_to_the_secret_and_unreadable_tls_files_are_problems() {
+        let text = VALID.replace(
+            "[cluster]\n",
+            "[cluster]\nadmin_token = \"${SECRET}\"\ntls = { cert_file = \"/nonexistent/n.crt\", key_file = \"/nonexistent/n.key\", ca_file = \"/nonexistent/ca.crt\" }\n",
+        );
+        assert!(
+            text.contains("admin_token"),
+            "VALID has a [cluster] section"
+        );
+        let keys = problem_keys(
+            parse_str(
+                &text,
+                "t",
+                env(&[("SECRET", "0123456789abcdef"), ("PASS", "p")]),
+            )
+            .expect_err("invalid"),
+        );
+        for expected in [
+            "cluster.admin_token",
+            "cluster.tls.cert_file",
+            "cluster.tls.key_file",
+            "cluster.tls.ca_file",
+        ] {
+            assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
+        }
+    }
+
+    #[test]
     fn escaped_dollar_is_kept_literally() {
         assert_eq!(expand("a$${b}c$d", &env(&[])).as_deref(), Ok("a${b}c$d"));
         assert!(expand("${UNCLOSED", &env(&[])).is_err());

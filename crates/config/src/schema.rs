@@ -73,10 +73,11 @@ pub struct ApiTlsConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// Shared secret carried by every Raft RPC; also accepted as the admin API bearer token.
-    /// Required, at least 16 characters. Example: `"${REPLICATOR_SECRET}"`.
+    /// Shared secret that signs every Raft RPC (it never travels). Required, at least 16
+    /// characters. Example: `"${REPLICATOR_SECRET}"`.
     pub secret: Secret,
-    /// Separate bearer token for mutating admin API calls. Default: none (the secret is used).
+    /// Bearer token of mutating admin API calls (`cluster add/remove`); must differ from the
+    /// secret. Default: none: mutating calls are refused.
     #[serde(default)]
     pub admin_token: Option<Secret>,
     /// Members that bootstrap the cluster, node id → Raft `host:port`. Default: this node alone.
@@ -373,6 +374,12 @@ impl ClusterConfig {
                 problems.push(Problem::new(
                     "cluster.admin_token",
                     "must be at least 16 characters",
+                ));
+            }
+            if token.expose() == self.secret.expose() {
+                problems.push(Problem::new(
+                    "cluster.admin_token",
+                    "must differ from cluster.secret (the secret signs Raft RPCs only)",
                 ));
             }
         }

@@ -148,8 +148,10 @@ pub struct VerifyRun {
 pub struct Cluster {
     /// Temp dir with every node's config, data dir and log.
     dir: tempfile::TempDir,
-    /// Cluster secret (also the admin bearer token).
+    /// Cluster secret (signs Raft RPCs).
     secret: String,
+    /// Bearer token of mutating admin calls (`cluster add/remove`).
+    admin_token: String,
     /// What the nodes replicate.
     spec: ClusterSpec,
     /// Raft addresses of the bootstrap members.
@@ -182,9 +184,11 @@ impl Cluster {
             .prefix("iggy-replicator-ha-")
             .tempdir()?;
         let secret = format!("ha-test-secret-{:016x}", rand::random::<u64>());
+        let admin_token = format!("ha-admin-token-{:016x}", rand::random::<u64>());
         let mut cluster = Self {
             dir,
             secret,
+            admin_token,
             spec,
             initial: placements
                 .iter()
@@ -245,6 +249,7 @@ impl Cluster {
             advertised_api_addr: (placement.api_addr != placement.api_bind)
                 .then_some(placement.api_addr),
             secret: &self.secret,
+            admin_token: Some(&self.admin_token),
             initial_members: &self.initial,
         }
         .toml(&self.spec.replication_toml)
@@ -511,7 +516,7 @@ impl Cluster {
                         .args(args)
                         .arg("--api")
                         .arg(leader.api_addr.to_string())
-                        .env("REPLICATOR_TOKEN", &self.secret)
+                        .env("REPLICATOR_TOKEN", &self.admin_token)
                         .output()
                         .await?;
                     if output.status.success() {

@@ -22,6 +22,8 @@ pub struct NodeConfig<'a> {
     pub advertised_api_addr: Option<SocketAddr>,
     /// `cluster.secret`, e.g. a random `test-secret-…`.
     pub secret: &'a str,
+    /// `cluster.admin_token`, the bearer token of mutating admin calls (none: refused).
+    pub admin_token: Option<&'a str>,
     /// `cluster.initial_members`: the bootstrap members' Raft addresses by node id.
     pub initial_members: &'a BTreeMap<NodeId, SocketAddr>,
 }
@@ -33,6 +35,10 @@ impl NodeConfig<'_> {
         let advertised = self
             .advertised_api_addr
             .map(|addr| format!("advertised_api_addr = \"{addr}\"\n"))
+            .unwrap_or_default();
+        let admin_token = self
+            .admin_token
+            .map(|token| format!("admin_token = \"{token}\"\n"))
             .unwrap_or_default();
         let members = self
             .initial_members
@@ -49,7 +55,7 @@ api_addr = "{api_bind}"
 {advertised}
 [cluster]
 secret = "{secret}"
-initial_members = {{ {members} }}
+{admin_token}initial_members = {{ {members} }}
 
 {replication}"#,
             id = self.id,
