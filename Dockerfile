@@ -26,7 +26,7 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin iggy-replicator \
+    cargo build --release --locked --no-default-features --bin iggy-replicator \
  && install -D -m 0755 target/release/iggy-replicator /out/iggy-replicator
 
 FROM debian:${DEBIAN_RELEASE}-slim AS runtime

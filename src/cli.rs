@@ -30,6 +30,7 @@ pub(crate) enum Command {
     #[command(
         after_help = "Examples:\n  iggy-replicator demo\n  iggy-replicator demo --messages 500000 --rate 50000\n  iggy-replicator demo --source-url iggy://iggy:iggy@127.0.0.1:8090 --target-url iggy://iggy:iggy@127.0.0.1:8091"
     )]
+    #[cfg(feature = "dev-tools")]
     Demo(crate::demo::DemoArgs),
     /// Check a config file and exit: 0 when valid, 2 with every problem listed otherwise.
     #[command(
@@ -84,6 +85,7 @@ pub(crate) enum Command {
     Cluster(crate::status::ClusterCommand),
     /// Run the Iggy-compatible test server (speaks the Iggy 0.8 TCP protocol) for local experiments.
     #[command(after_help = "Example:\n  iggy-replicator dev-server --port 8090 --data-in-memory")]
+    #[cfg(feature = "dev-tools")]
     DevServer(replicator_testkit::dev_server::DevServerArgs),
     /// Print every metric family `/metrics` exports, one `<family> <type>` per line (for the
     /// deploy checks: dashboards and alerts must query only these).
@@ -105,6 +107,7 @@ pub(crate) async fn dispatch(command: Command) -> Result<(), Failure> {
             );
             Ok(())
         }
+        #[cfg(feature = "dev-tools")]
         Command::Demo(args) => crate::demo::run(args).await,
         Command::Run { config } => crate::run::run(&config).await,
         Command::Verify { config, flow, wait } => {
@@ -116,6 +119,7 @@ pub(crate) async fn dispatch(command: Command) -> Result<(), Failure> {
             interval,
         } => crate::status::status(api, watch, interval).await,
         Command::Cluster(command) => crate::status::cluster(command).await,
+        #[cfg(feature = "dev-tools")]
         Command::DevServer(args) => replicator_testkit::dev_server::run(args)
             .await
             .map_err(|e| Failure::runtime(format!("dev server failed: {e}"), "is the port free?")),

@@ -4,6 +4,7 @@
 
 mod admin;
 mod cli;
+#[cfg(feature = "dev-tools")]
 mod demo;
 mod exit;
 mod logging;
@@ -21,6 +22,7 @@ fn main() -> std::process::ExitCode {
     // The demo prints its own story; library logs would only interleave with its progress
     // bars, and the errors peers log about the node it kills on purpose are expected.
     let default_level = match cli.command {
+        #[cfg(feature = "dev-tools")]
         cli::Command::Demo(_) => "warn,openraft=off,iggy=off",
         _ => logging::DEFAULT_FILTER,
     };

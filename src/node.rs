@@ -92,6 +92,7 @@ impl AdminServer {
     }
 
     /// Stops serving at once.
+    #[cfg(any(test, feature = "dev-tools"))]
     async fn crash(self) {
         self.task.abort();
         let _ = self.task.await;
@@ -106,7 +107,8 @@ pub(crate) struct RunningNode {
     pub(crate) control: Control,
     /// Its pipeline (the admin API reads its statistics through a shared reader).
     pub(crate) pipeline: Pipeline,
-    /// Where its admin API listens.
+    /// Where its admin API listens (the demo and tests dial it).
+    #[cfg(any(test, feature = "dev-tools"))]
     pub(crate) api_addr: SocketAddr,
     /// What the admin API reads; told when the node stops.
     parts: Arc<NodeParts>,
@@ -118,6 +120,7 @@ impl RunningNode {
     /// Starts admin API, control plane and pipeline and waits until all run; binds the
     /// configured addresses unless `listeners` are given. For in-process nodes (demo, tests),
     /// which are never asked to stop while they start.
+    #[cfg(any(test, feature = "dev-tools"))]
     pub(crate) async fn start(
         config: &Config,
         listeners: Option<NodeListeners>,
@@ -218,6 +221,7 @@ impl RunningNode {
             id: config.node.id,
             control,
             pipeline,
+            #[cfg(any(test, feature = "dev-tools"))]
             api_addr,
             parts,
             admin,
@@ -248,7 +252,8 @@ impl RunningNode {
         }
     }
 
-    /// Stops everything at once without draining, as `kill -9` would.
+    /// Stops everything at once without draining, as `kill -9` would (the demo's fault).
+    #[cfg(any(test, feature = "dev-tools"))]
     pub(crate) async fn crash(self) {
         self.admin.crash().await;
         self.pipeline.crash().await;
