@@ -639,13 +639,16 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
     // Every node, leading or not, keeps timing the renewals it sees applied, so that once it
     // leads it can carry on from them (see `LeaderView::carry_on`).
     let mut observed = LeaderView::new(0);
+    // The leader this node last knew, for one log line per change (openraft's own election
+    // lines are below the default level).
+    let mut known_leader: Option<(Option<NodeId>, u64)> = None;
     loop {
         tokio::select! {
             () = node.cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
         observed.observe(&node.shared.read().state.members, std::time::Instant::now());
-        let (leading, term, applied_in_term) = {
+        let (leading, term, applied_in_term, leader) = {
             let metrics = node.raft.metrics();
             let m = metrics.borrow();
             (
@@ -653,8 +656,18 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                 m.current_term,
                 m.last_applied
                     .is_some_and(|l| l.leader_id.get_term() == m.current_term),
+                m.current_leader,
             )
         };
+        if known_leader.is_none_or(|(l, _)| l != leader) {
+            match leader {
+                Some(leader) => {
+                    tracing::info!(node = %node.id, leader = %leader, term, "raft leader known")
+                }
+                None => tracing::info!(node = %node.id, term, "no raft leader known"),
+            }
+            known_leader = Some((leader, term));
+        }
         if !leading {
             if view.take().is_some() {
                 tracing::info!(node = %node.id, term, "assignment loop stops: not the leader");
