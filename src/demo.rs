@@ -164,6 +164,7 @@ impl Demo {
                 advertised_api_addr: None,
                 secret: &secret,
                 admin_token: None,
+                tls: None,
                 initial_members: &raft_addrs,
             }
             .toml(&replication);

@@ -239,6 +239,7 @@ provenance = {provenance}
         units,
         log_level: "warn",
         owned_within: Duration::from_secs(300),
+        tls: false,
     }
 }
 

@@ -19,8 +19,9 @@ pub(crate) fn topic() -> Topic {
 }
 
 /// The nodes' replication: the topic's stream from "up" to "down", product defaults otherwise
-/// (the control plane's timing included: see [`Cluster::timing`]).
-fn spec(servers: &Servers) -> TestResult<ClusterSpec> {
+/// (the control plane's timing included: see [`Cluster::timing`]); with `tls`, mutual TLS
+/// between the nodes and HTTPS admin APIs.
+fn spec(servers: &Servers, tls: bool) -> TestResult<ClusterSpec> {
     Ok(ClusterSpec {
         binary: ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?,
         replication_toml: FlowConfig {
@@ -35,17 +36,26 @@ fn spec(servers: &Servers) -> TestResult<ClusterSpec> {
         units: servers.topic.partitions as usize,
         log_level: "info",
         owned_within: Duration::from_secs(60),
+        tls,
     })
 }
 
 /// In-process servers, `n` loopback nodes owning every partition, the producer running and
 /// the copy under way on every partition.
 pub(crate) async fn start(n: u64) -> TestResult<(Servers, Cluster, PacedProducer)> {
+    start_loopback(n, false).await
+}
+
+/// Like [`start`], with TLS between the nodes and on their admin APIs when `tls`.
+pub(crate) async fn start_loopback(
+    n: u64,
+    tls: bool,
+) -> TestResult<(Servers, Cluster, PacedProducer)> {
     let servers = Servers::start(topic()).await?;
     let placements = (1..=n)
         .map(|id| Ok((id, Placement::loopback()?)))
         .collect::<TestResult<BTreeMap<_, _>>>()?;
-    start_placed(servers, placements).await
+    start_with(servers, placements, tls).await
 }
 
 /// Like [`start`] with the given servers and node placements.
@@ -53,7 +63,15 @@ pub(crate) async fn start_placed(
     servers: Servers,
     placements: BTreeMap<NodeId, Placement>,
 ) -> TestResult<(Servers, Cluster, PacedProducer)> {
-    let cluster = Cluster::launch(spec(&servers)?, placements).await?;
+    start_with(servers, placements, false).await
+}
+
+async fn start_with(
+    servers: Servers,
+    placements: BTreeMap<NodeId, Placement>,
+    tls: bool,
+) -> TestResult<(Servers, Cluster, PacedProducer)> {
+    let cluster = Cluster::launch(spec(&servers, tls)?, placements).await?;
     let mut params = ProducerParams::new(
         servers.upstream.connection_string(),
         servers.topic.targets(),

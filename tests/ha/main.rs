@@ -9,4 +9,5 @@ mod fixture;
 mod partition;
 mod restart;
 mod scale;
+mod tls;
 mod zombie;

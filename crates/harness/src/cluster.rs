@@ -13,7 +13,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use replicator_control::ControlTiming;
 
-use crate::{tick, Deadline, Error, NodeConfig, NodeId, ReplicatorBinary, Result, Status};
+use crate::{
+    tick, Deadline, Error, NodeConfig, NodeId, NodeTls, ReplicatorBinary, Result, Status, TestCa,
+};
 
 /// What the nodes of a [`Cluster`] replicate and how they run.
 #[derive(Debug, Clone)]
@@ -29,6 +31,9 @@ pub struct ClusterSpec {
     pub log_level: &'static str,
     /// How long a start may take until every unit is owned.
     pub owned_within: Duration,
+    /// Mutual TLS between the nodes and HTTPS on their admin APIs, with certificates made
+    /// for the test (the harness's own admin calls and commands then use the test CA).
+    pub tls: bool,
 }
 
 /// Where a node listens and how its process is launched.
@@ -158,8 +163,10 @@ pub struct Cluster {
     initial: BTreeMap<NodeId, SocketAddr>,
     /// The nodes by id.
     nodes: BTreeMap<NodeId, Node>,
-    /// Admin API client.
+    /// Admin API client (trusting the test CA when the cluster runs TLS).
     http: reqwest::Client,
+    /// The test CA, when the cluster runs TLS.
+    ca: Option<TestCa>,
     /// Set by [`Cluster::passed`]; otherwise drop prints the logs.
     passed: bool,
 }
@@ -185,6 +192,15 @@ impl Cluster {
             .tempdir()?;
         let secret = format!("ha-test-secret-{:016x}", rand::random::<u64>());
         let admin_token = format!("ha-admin-token-{:016x}", rand::random::<u64>());
+        let ca = if spec.tls {
+            Some(TestCa::new(dir.path())?)
+        } else {
+            None
+        };
+        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(2));
+        if let Some(ca) = &ca {
+            http = http.tls_certs_only([reqwest::Certificate::from_pem(ca.ca_pem().as_bytes())?]);
+        }
         let mut cluster = Self {
             dir,
             secret,
@@ -195,9 +211,8 @@ impl Cluster {
                 .map(|(id, p)| (*id, p.raft_addr))
                 .collect(),
             nodes: BTreeMap::new(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(2))
-                .build()?,
+            http: http.build()?,
+            ca,
             passed: false,
         };
         let all: Vec<NodeId> = placements.keys().copied().collect();
@@ -223,7 +238,21 @@ impl Cluster {
         let node_dir = self.dir.path().join(format!("node-{id}"));
         std::fs::create_dir_all(&node_dir)?;
         let config = node_dir.join("replicator.toml");
-        std::fs::write(&config, self.config_text(id, &placement, &node_dir))?;
+        let tls = match &self.ca {
+            Some(ca) => {
+                let ips = [
+                    placement.raft_addr.ip(),
+                    placement.api_addr.ip(),
+                    placement.api_bind.ip(),
+                ];
+                Some(ca.node(&format!("node-{id}"), &ips)?)
+            }
+            None => None,
+        };
+        std::fs::write(
+            &config,
+            self.config_text(id, &placement, &node_dir, tls.as_ref()),
+        )?;
         let mut node = Node {
             id,
             raft_addr: placement.raft_addr,
@@ -240,7 +269,13 @@ impl Cluster {
         self.node(id)
     }
 
-    fn config_text(&self, id: NodeId, placement: &Placement, node_dir: &Path) -> String {
+    fn config_text(
+        &self,
+        id: NodeId,
+        placement: &Placement,
+        node_dir: &Path,
+        tls: Option<&NodeTls>,
+    ) -> String {
         NodeConfig {
             id,
             data_dir: &node_dir.join("data"),
@@ -250,9 +285,28 @@ impl Cluster {
                 .then_some(placement.api_addr),
             secret: &self.secret,
             admin_token: Some(&self.admin_token),
+            tls,
             initial_members: &self.initial,
         }
         .toml(&self.spec.replication_toml)
+    }
+
+    /// `https` when the cluster runs TLS, else `http`.
+    fn scheme(&self) -> &'static str {
+        if self.ca.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// `--ca-file <test CA>` for the binary's admin API commands, when the cluster runs TLS.
+    #[must_use]
+    pub fn ca_args(&self) -> Vec<std::ffi::OsString> {
+        self.ca
+            .iter()
+            .flat_map(|ca| ["--ca-file".into(), ca.ca_file().as_os_str().to_owned()])
+            .collect()
     }
 
     /// A node by id.
@@ -385,7 +439,7 @@ impl Cluster {
         let node = self.node(id)?;
         let response = self
             .http
-            .get(format!("http://{}{path}", node.api_addr))
+            .get(format!("{}://{}{path}", self.scheme(), node.api_addr))
             .send()
             .await?;
         if response.status().is_success() {
@@ -495,6 +549,7 @@ impl Cluster {
             .one_shot()
             .args(["cluster", "status", "--api"])
             .arg(node.api_addr.to_string())
+            .args(self.ca_args())
             .output()
             .await?;
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
@@ -516,6 +571,7 @@ impl Cluster {
                         .args(args)
                         .arg("--api")
                         .arg(leader.api_addr.to_string())
+                        .args(self.ca_args())
                         .env("REPLICATOR_TOKEN", &self.admin_token)
                         .output()
                         .await?;

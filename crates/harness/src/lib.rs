@@ -37,6 +37,7 @@ mod node_config;
 mod producer;
 mod servers;
 mod status;
+mod tls;
 mod topic;
 mod wait;
 
@@ -52,6 +53,7 @@ pub use replicator_control::ControlTiming;
 pub use replicator_model::NodeId;
 pub use servers::{DevServer, Servers};
 pub use status::{MemberView, Status, UnitView};
+pub use tls::{NodeTls, TestCa};
 pub use topic::{
     connect, delete_stream, ensure_topic, partition_counts, partition_messages, stream_messages,
     Target, Topic, Watch,

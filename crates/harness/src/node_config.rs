@@ -24,6 +24,8 @@ pub struct NodeConfig<'a> {
     pub secret: &'a str,
     /// `cluster.admin_token`, the bearer token of mutating admin calls (none: refused).
     pub admin_token: Option<&'a str>,
+    /// `[cluster.tls]` and `[node.api_tls]` (the same certificate), when the cluster runs TLS.
+    pub tls: Option<&'a crate::NodeTls>,
     /// `cluster.initial_members`: the bootstrap members' Raft addresses by node id.
     pub initial_members: &'a BTreeMap<NodeId, SocketAddr>,
 }
@@ -40,6 +42,22 @@ impl NodeConfig<'_> {
             .admin_token
             .map(|token| format!("admin_token = \"{token}\"\n"))
             .unwrap_or_default();
+        let (api_tls, tls) = match self.tls {
+            Some(t) => (
+                format!(
+                    "api_tls = {{ cert_file = {cert:?}, key_file = {key:?} }}\n",
+                    cert = t.cert_file.display().to_string(),
+                    key = t.key_file.display().to_string(),
+                ),
+                format!(
+                    "tls = {{ cert_file = {cert:?}, key_file = {key:?}, ca_file = {ca:?} }}\n",
+                    cert = t.cert_file.display().to_string(),
+                    key = t.key_file.display().to_string(),
+                    ca = t.ca_file.display().to_string(),
+                ),
+            ),
+            None => (String::new(), String::new()),
+        };
         let members = self
             .initial_members
             .iter()
@@ -52,10 +70,10 @@ id = {id}
 data_dir = {data_dir:?}
 raft_addr = "{raft_addr}"
 api_addr = "{api_bind}"
-{advertised}
+{advertised}{api_tls}
 [cluster]
 secret = "{secret}"
-{admin_token}initial_members = {{ {members} }}
+{admin_token}{tls}initial_members = {{ {members} }}
 
 {replication}"#,
             id = self.id,
