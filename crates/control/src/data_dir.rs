@@ -65,7 +65,7 @@ pub(crate) fn open(dir: &Path) -> Result<sled::Db> {
                 "database missing from an initialised data dir",
             ));
         }
-    } else if entries.is_empty() {
+    } else if entries.iter().all(|e| is_filesystem_furniture(e)) {
         write_atomically(dir, FORMAT_FILE, FORMAT_CONTENT.as_bytes())?;
     } else {
         return Err(dir_err(
@@ -79,6 +79,13 @@ pub(crate) fn open(dir: &Path) -> Result<sled::Db> {
         .flush_every_ms(Some(1000))
         .open()
         .map_err(|e| dir_err(&sled_path, format!("cannot open database: {e}")))
+}
+
+/// What a freshly formatted volume holds before anybody wrote to it: ext4's `lost+found` (a
+/// data dir at the root of a Kubernetes volume or a mounted disk starts with it), which does
+/// not make the dir "not empty".
+fn is_filesystem_furniture(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n == "lost+found") && path.is_dir()
 }
 
 /// Writes `name` in `dir` via a temporary file, fsync, rename and a directory fsync.
@@ -104,6 +111,17 @@ pub(crate) fn tree(db: &sled::Db, dir: &Path, name: &str) -> Result<sled::Tree> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fresh_volume_with_lost_and_found_is_initialised() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        fs::create_dir(tmp.path().join("lost+found")).expect("mkdir");
+        assert!(open(tmp.path()).is_ok());
+        // Anything else still refuses the dir.
+        let other = tempfile::tempdir().expect("tempdir");
+        fs::write(other.path().join("notes.txt"), b"x").expect("write");
+        assert!(open(other.path()).is_err());
+    }
 
     #[test]
     fn fresh_dir_is_initialised_and_reopens() {
