@@ -124,6 +124,16 @@ impl UnitMeters {
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Records that every upstream message up to `last_offset` is handled, also when the
+    /// newest ones were skipped (loop prevention) rather than written: lag counts from here, so
+    /// a partition whose new messages all came from the target does not look behind.
+    pub(crate) fn handled_through(&self, last_offset: Offset) {
+        let current = self.last_written.load(Ordering::Relaxed);
+        if current == NONE || current < last_offset {
+            self.last_written.store(last_offset, Ordering::Relaxed);
+        }
+    }
+
     /// Records where the writer resumed (the last offset already downstream).
     pub(crate) fn resumed_after(&self, last: Option<Offset>) {
         self.last_written
@@ -319,6 +329,22 @@ mod tests {
     use assert2::check;
 
     use super::*;
+
+    #[test]
+    fn skipped_messages_count_as_handled_for_lag() {
+        let m = UnitMeters::new("f", Observer::default());
+        let u = WorkUnit::new("f", "s", "t", 0);
+        let now = Instant::now();
+        m.upstream_end(10);
+        m.written(4, 5, 50);
+        check!(m.snapshot(&u, now).lag == Some(5));
+        // Offsets 5..=9 came from the target (loop prevention): nothing written, nothing behind.
+        m.handled_through(9);
+        check!(m.snapshot(&u, now).lag == Some(0));
+        // Never moves back.
+        m.handled_through(3);
+        check!(m.snapshot(&u, now).last_written == Some(9));
+    }
 
     #[test]
     fn snapshot_reports_lag_and_rings_stay_bounded() {

@@ -381,6 +381,7 @@ impl<C: ControlPlane> Writer<C> {
             self.commits.gap();
         }
         self.commits.covered(Some(last_offset));
+        shared.meters.handled_through(last_offset);
         Ok(Sent::Done)
     }
 
