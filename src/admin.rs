@@ -17,14 +17,14 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use replicator_config::Config;
 use replicator_control::tls::{serve_tls, ServerTls};
-use replicator_control::{ClusterStatus, Control, MemberStatus};
+use replicator_control::{ClusterStatus, Control, ControlMetrics, MemberStatus};
 use replicator_model::{Epoch, NodeId, UnitCounters, WorkUnit};
 use replicator_pipeline::{Liveness, UnitStats};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Snapshot};
 
 /// Reads the pipeline's per-unit statistics (shared meters; never waits for an actor).
 pub(crate) type StatsReader = Arc<dyn Fn() -> Vec<UnitStats> + Send + Sync>;
@@ -244,28 +244,27 @@ const WEDGED_AFTER: Duration = Duration::from_secs(30);
 /// `GET /ready`: a running member of a cluster that has a leader, with its assignments known;
 /// 503 with the reason otherwise (also while starting or stopping).
 async fn ready(State(state): State<AdminState>) -> Response {
-    let stage = state.parts.stage();
-    let control = match (stage, state.parts.control.get()) {
-        (Stage::Running, Some(control)) => control,
-        _ => {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready: {}\n", state.parts.describe()),
-            )
-                .into_response()
-        }
-    };
-    let metrics = control.metrics();
-    match (metrics.leader, metrics.last_applied) {
-        (Some(leader), Some(_)) => {
-            (StatusCode::OK, format!("ready (leader {leader})\n")).into_response()
-        }
-        (None, _) => (StatusCode::SERVICE_UNAVAILABLE, "not ready: no leader\n").into_response(),
-        (Some(_), None) => (
+    let control = state.parts.control.get().map(Control::metrics);
+    match readiness(&state.parts, control.as_ref()) {
+        Ok(leader) => (StatusCode::OK, format!("ready (leader {leader})\n")).into_response(),
+        Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: state not applied yet\n",
+            format!("not ready: {reason}\n"),
         )
             .into_response(),
+    }
+}
+
+/// Whether the node is ready (`GET /ready` and the `ready` metric), given its control plane's
+/// metrics: the leader it knows, or why not.
+fn readiness(parts: &NodeParts, control: Option<&ControlMetrics>) -> Result<NodeId, String> {
+    let (Stage::Running, Some(metrics)) = (parts.stage(), control) else {
+        return Err(parts.describe());
+    };
+    match (metrics.leader, metrics.last_applied) {
+        (Some(leader), Some(_)) => Ok(leader),
+        (None, _) => Err("no leader".to_owned()),
+        (Some(_), None) => Err("state not applied yet".to_owned()),
     }
 }
 
@@ -417,11 +416,28 @@ async fn status(State(state): State<AdminState>) -> Response {
 }
 
 /// `GET /metrics`: Prometheus text format, from the first moment: the data-path families
-/// always, the control plane's once it started, the units' once the pipeline started.
+/// always, the control plane's once it started, the units' once the pipeline started. Every
+/// value is read here, from local state (never from another node).
 async fn metrics(State(state): State<AdminState>) -> Response {
-    let local = state.parts.local_stats();
-    let control = state.parts.control.get().map(Control::metrics);
-    match state.metrics.render(control.as_ref(), &local) {
+    let units = state.parts.local_stats();
+    let control_plane = state.parts.control.get();
+    let owned = control_plane
+        .map(|c| {
+            c.assignments()
+                .borrow()
+                .iter()
+                .map(|a| a.unit.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    let control = control_plane.map(Control::metrics);
+    let snapshot = Snapshot {
+        ready: readiness(&state.parts, control.as_ref()).is_ok(),
+        control,
+        owned,
+        units,
+    };
+    match state.metrics.render(snapshot) {
         Ok(text) => (
             [(
                 axum::http::header::CONTENT_TYPE,
@@ -642,7 +658,8 @@ admin_token = "{ADMIN_TOKEN}"
         let metrics = get("/metrics").await?;
         assert_eq!(metrics.status(), StatusCode::OK);
         let text = metrics.text().await?;
-        assert!(text.contains("iggy_replicator_raft_leader -1"), "{text}");
+        assert!(text.contains("\niggy_replicator_ready 0\n"), "{text}");
+        assert!(!text.contains("\niggy_replicator_raft_leader"), "{text}");
         // Mutations are still authorised first, then refused until the control plane runs.
         let add = client
             .delete(format!("{base}/cluster/members/3"))
@@ -752,11 +769,15 @@ admin_token = "{ADMIN_TOKEN}"
                 "{expected} missing from:\n{text}"
             );
         }
-        assert_eq!(
-            sample(&scrape, "iggy_replicator_raft_leader"),
-            Some(1.0),
-            "{text}"
-        );
+        for (name, value) in [
+            ("iggy_replicator_raft_leader", 1.0),
+            ("iggy_replicator_raft_leader_info", 1.0),
+            ("iggy_replicator_ready", 1.0),
+            ("iggy_replicator_units_unowned", 0.0),
+            ("iggy_replicator_lag_messages", 0.0),
+        ] {
+            assert_eq!(sample(&scrape, name), Some(value), "{name} in:\n{text}");
+        }
         let _ = iggy::prelude::Client::shutdown(&producer).await;
 
         let body = AddMember {

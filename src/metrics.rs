@@ -1,31 +1,48 @@
-//! Prometheus metrics of one node, rendered at every scrape from the control plane's
-//! counters and the pipeline's per-unit meters.
+//! Prometheus metrics of one node.
 //!
-//! The control plane's families keep their initial values (leader -1, the rest 0) until it
-//! has started: a node answers scrapes from the moment its admin API listens.
+//! Two kinds of families:
 //!
-//! Counters are fed by deltas between scrapes, so they only ever grow; a unit whose meters
-//! restarted (it moved away and came back) counts from its new baseline. Label sets are
-//! bounded by the units this node runs (at most the cluster's partitions).
+//! * the data-path histograms and the error counter, fed by the pipeline's observer as things
+//!   happen ([`DataPath`]);
+//! * everything else, read at scrape time by a prometheus-client [`Collector`] ([`Scrape`])
+//!   from a [`Snapshot`] of the control plane's and the pipeline's own counters. Nothing is
+//!   copied or remembered between scrapes: a counter is the source's total since this process
+//!   started (the pipeline keeps a unit's meters when the unit moves away, so they never go
+//!   back), a gauge is the source's value now.
+//!
+//! Every family is declared at every scrape, with or without samples, so the list
+//! `metric-names` prints cannot depend on what the node knows yet. Until the control plane has
+//! started, its families have no samples; `units_unowned` has samples only on the Raft leader
+//! (the node that assigns units); `raft_leader_info` only while a leader is known; `lag_messages`
+//! only for the units this node owns. Label sets are bounded by the units this node has run (at
+//! most the cluster's partitions).
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::collections::{BTreeMap, BTreeSet};
 
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::TypedMetric;
 use prometheus_client::registry::Registry;
 use replicator_control::ControlMetrics;
 use replicator_model::WorkUnit;
 use replicator_pipeline::UnitStats;
 
+/// The prefix of every family.
+const PREFIX: &str = "iggy_replicator";
+
+/// Labels of per-flow series.
+type FlowLabels = Vec<(&'static str, String)>;
+
 /// Labels of per-unit series.
-type UnitLabels = Vec<(&'static str, String)>;
+type UnitLabels = [(&'static str, String); 4];
 
 fn unit_labels(unit: &WorkUnit) -> UnitLabels {
-    vec![
+    [
         ("flow", unit.flow.clone()),
         ("stream", unit.stream.clone()),
         ("topic", unit.topic.clone()),
@@ -33,13 +50,12 @@ fn unit_labels(unit: &WorkUnit) -> UnitLabels {
     ]
 }
 
-/// Labels of per-flow series.
-type FlowLabels = Vec<(&'static str, String)>;
+fn flow_labels(flow: &str) -> FlowLabels {
+    vec![("flow", flow.to_owned())]
+}
 
-/// The node's metric families and what the previous scrape saw.
+/// The node's metric families.
 pub(crate) struct Metrics {
-    /// Registry and last-seen values; one scrape at a time.
-    inner: Mutex<Inner>,
     /// The families the pipeline feeds as things happen.
     data_path: DataPath,
 }
@@ -66,10 +82,30 @@ impl DataPath {
             errors: Family::default(),
         }
     }
-}
 
-fn flow_labels(flow: &str) -> FlowLabels {
-    vec![("flow", flow.to_owned())]
+    /// Registers the families in `registry` (handles: they share their series with `self`).
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "replication_latency_seconds",
+            "Downstream acknowledgement time minus upstream append time of each batch's newest message",
+            self.replication_latency.clone(),
+        );
+        registry.register(
+            "poll_latency_seconds",
+            "Duration of upstream polls",
+            self.poll_latency.clone(),
+        );
+        registry.register(
+            "send_latency_seconds",
+            "Duration of downstream sends",
+            self.send_latency.clone(),
+        );
+        registry.register(
+            "errors",
+            "Failed calls to Iggy (polls, sends, metadata reads) that are retried, by kind",
+            self.errors.clone(),
+        );
+    }
 }
 
 impl replicator_pipeline::PipelineObserver for DataPath {
@@ -98,178 +134,54 @@ impl replicator_pipeline::PipelineObserver for DataPath {
     }
 }
 
-struct Inner {
-    registry: Registry,
-    messages: Family<UnitLabels, Counter>,
-    bytes: Family<UnitLabels, Counter>,
-    gaps: Family<UnitLabels, Counter>,
-    lag: Family<UnitLabels, Gauge>,
-    restarts: Family<Vec<(&'static str, String)>, Counter>,
-    units_owned: Gauge,
-    term: Gauge,
-    leader: Gauge,
-    commit_index: Gauge,
-    applied_index: Gauge,
-    lease_renewals: Counter,
-    fenced_commits: Counter,
-    /// (series, unit) → the meter value at the previous scrape.
-    seen: HashMap<(&'static str, WorkUnit), u64>,
-    /// Control counters at the previous scrape.
-    seen_control: (u64, u64),
-    /// Units with a lag series, to drop the series of units that left this node.
-    lag_units: BTreeSet<WorkUnit>,
+/// What one scrape reads from the node, taken right before it is encoded.
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    /// The control plane's metrics; `None` while it starts.
+    pub(crate) control: Option<ControlMetrics>,
+    /// The units the control plane's applied state grants this node (lag is exported for
+    /// these only: the meters of a unit that moved away keep its last lag).
+    pub(crate) owned: BTreeSet<WorkUnit>,
+    /// The pipeline's per-unit statistics; empty while it starts.
+    pub(crate) units: Vec<UnitStats>,
+    /// Whether `GET /ready` answers 200.
+    pub(crate) ready: bool,
 }
 
 impl Metrics {
-    /// Registers every family under the `iggy_replicator_` prefix.
+    /// The families, with no data yet.
     pub(crate) fn new() -> Self {
-        let mut registry = Registry::with_prefix("iggy_replicator");
-        let messages = Family::<UnitLabels, Counter>::default();
-        let bytes = Family::<UnitLabels, Counter>::default();
-        let gaps = Family::<UnitLabels, Counter>::default();
-        let lag = Family::<UnitLabels, Gauge>::default();
-        let restarts = Family::<Vec<(&'static str, String)>, Counter>::default();
-        let units_owned = Gauge::default();
-        let term = Gauge::default();
-        let leader = Gauge::default();
-        // No leader known until the control plane says otherwise.
-        leader.set(-1);
-        let commit_index = Gauge::default();
-        let applied_index = Gauge::default();
-        let lease_renewals = Counter::default();
-        let fenced_commits = Counter::default();
-        let data_path = DataPath::new();
-        registry.register(
-            "replication_latency_seconds",
-            "Downstream acknowledgement time minus upstream append time of each batch's newest message",
-            data_path.replication_latency.clone(),
-        );
-        registry.register(
-            "poll_latency_seconds",
-            "Duration of upstream polls",
-            data_path.poll_latency.clone(),
-        );
-        registry.register(
-            "send_latency_seconds",
-            "Duration of downstream sends",
-            data_path.send_latency.clone(),
-        );
-        registry.register(
-            "errors",
-            "Failed Iggy or control-plane calls that were retried, by kind",
-            data_path.errors.clone(),
-        );
-        registry.register(
-            "messages_copied",
-            "Messages written downstream by this node",
-            messages.clone(),
-        );
-        registry.register(
-            "bytes_copied",
-            "Message bytes (header, payload, user headers) written downstream by this node",
-            bytes.clone(),
-        );
-        registry.register(
-            "gap_events",
-            "Times upstream retention removed messages before they were copied",
-            gaps.clone(),
-        );
-        registry.register(
-            "lag_messages",
-            "Upstream messages not yet copied, per unit this node runs",
-            lag.clone(),
-        );
-        registry.register(
-            "actor_restarts",
-            "Restarts of reader/writer pairs after failures",
-            restarts.clone(),
-        );
-        registry.register(
-            "units_owned",
-            "Work units this node owns",
-            units_owned.clone(),
-        );
-        registry.register("raft_term", "Current Raft term", term.clone());
-        registry.register(
-            "raft_leader",
-            "Node id of the known Raft leader (-1 when none)",
-            leader.clone(),
-        );
-        registry.register(
-            "raft_commit_index",
-            "Index of the last Raft log entry on this node",
-            commit_index.clone(),
-        );
-        registry.register(
-            "raft_applied_index",
-            "Index of the last Raft log entry applied on this node",
-            applied_index.clone(),
-        );
-        registry.register(
-            "lease_renewals",
-            "Ownership lease renewals committed for this node",
-            lease_renewals.clone(),
-        );
-        registry.register(
-            "fenced_commits",
-            "Offset commits rejected because their epoch was stale",
-            fenced_commits.clone(),
-        );
         Self {
-            inner: Mutex::new(Inner {
-                registry,
-                messages,
-                bytes,
-                gaps,
-                lag,
-                restarts,
-                units_owned,
-                term,
-                leader,
-                commit_index,
-                applied_index,
-                lease_renewals,
-                fenced_commits,
-                seen: HashMap::new(),
-                seen_control: (0, 0),
-                lag_units: BTreeSet::new(),
-            }),
-            data_path,
+            data_path: DataPath::new(),
         }
     }
 
-    /// The observer to put into `PipelineParams`, feeding this registry.
+    /// The observer to put into `PipelineParams`, feeding this node's data-path families.
     pub(crate) fn observer(&self) -> replicator_pipeline::Observer {
         replicator_pipeline::Observer(std::sync::Arc::new(self.data_path.clone()))
     }
 
-    /// Updates every family from the given snapshots (`control` is `None` while the control
-    /// plane starts) and renders the text format.
-    pub(crate) fn render(
-        &self,
-        control: Option<&ControlMetrics>,
-        units: &[UnitStats],
-    ) -> Result<String, std::fmt::Error> {
-        let mut inner = self
-            .inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(control) = control {
-            inner.update_control(control);
-        }
-        inner.update_units(units);
+    /// Renders every family in the OpenMetrics text format: the data-path families as they
+    /// are, the rest from `snapshot`.
+    pub(crate) fn render(&self, snapshot: Snapshot) -> Result<String, std::fmt::Error> {
+        // A registry per scrape: registering is a few pushes, and the collector owns the
+        // snapshot it encodes instead of sharing a slot with concurrent scrapes.
+        let mut registry = Registry::with_prefix(PREFIX);
+        self.data_path.register(&mut registry);
+        registry.register_collector(Box::new(Scrape(snapshot)));
         let mut text = String::new();
-        encode(&mut text, &inner.registry)?;
+        encode(&mut text, &registry)?;
         Ok(text)
     }
 }
 
-/// `(family, type)` of every family `/metrics` exports, in registration order, read from the
-/// `# TYPE` lines of a render before any data: the same registry and encoder as a scrape, so the
-/// list cannot drift from what is served. Names are OpenMetrics family names (a counter's
-/// samples add `_total`, a histogram's `_bucket`, `_sum` and `_count`).
+/// `(family, type)` of every family `/metrics` exports, in the order a scrape lists them, read
+/// from the `# TYPE` lines of a render before any data: the same registry, collector and
+/// encoder as a scrape, so the list cannot drift from what is served. Names are OpenMetrics
+/// family names (a counter's samples add `_total`, a histogram's `_bucket`, `_sum` and
+/// `_count`).
 pub(crate) fn families() -> Result<Vec<(String, String)>, std::fmt::Error> {
-    let text = Metrics::new().render(None, &[])?;
+    let text = Metrics::new().render(Snapshot::default())?;
     Ok(text
         .lines()
         .filter_map(|line| line.strip_prefix("# TYPE "))
@@ -278,93 +190,359 @@ pub(crate) fn families() -> Result<Vec<(String, String)>, std::fmt::Error> {
         .collect())
 }
 
-fn to_i64(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
+/// Encodes the scrape-time families from one snapshot.
+#[derive(Debug)]
+struct Scrape(Snapshot);
+
+fn gauge(value: u64) -> ConstGauge<i64> {
+    ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX))
 }
 
-impl Inner {
-    fn update_control(&mut self, control: &ControlMetrics) {
-        self.units_owned
-            .set(i64::try_from(control.units_owned).unwrap_or(i64::MAX));
-        self.term.set(to_i64(control.term));
-        self.leader.set(control.leader.map_or(-1, to_i64));
-        self.commit_index
-            .set(control.last_log_index.map_or(0, to_i64));
-        self.applied_index
-            .set(control.last_applied.map_or(0, to_i64));
-        let (renewals, fenced) = self.seen_control;
-        self.lease_renewals
-            .inc_by(delta(renewals, control.lease_renewals));
-        self.fenced_commits
-            .inc_by(delta(fenced, control.fenced_commits));
-        self.seen_control = (control.lease_renewals, control.fenced_commits);
-    }
+fn flag(on: bool) -> ConstGauge<i64> {
+    ConstGauge::new(i64::from(on))
+}
 
-    fn update_units(&mut self, units: &[UnitStats]) {
-        let mut present = BTreeSet::new();
-        for stats in units {
-            let labels = unit_labels(&stats.unit);
-            let mut grown = |series: &'static str, value: u64| {
-                let previous = self.seen.insert((series, stats.unit.clone()), value);
-                delta(previous.unwrap_or(0), value)
-            };
-            let (messages, bytes, gaps, restarts) = (
-                grown("messages", stats.messages),
-                grown("bytes", stats.bytes),
-                grown("gaps", stats.gaps),
-                grown("restarts", stats.restarts),
-            );
-            self.messages.get_or_create(&labels).inc_by(messages);
-            self.bytes.get_or_create(&labels).inc_by(bytes);
-            self.gaps.get_or_create(&labels).inc_by(gaps);
-            self.restarts
-                .get_or_create(&vec![
-                    ("flow", stats.unit.flow.clone()),
-                    ("role", "reader_writer".to_owned()),
-                ])
-                .inc_by(restarts);
-            if let Some(lag) = stats.lag {
-                self.lag.get_or_create(&labels).set(to_i64(lag));
-                present.insert(stats.unit.clone());
-            }
-        }
-        for gone in self.lag_units.difference(&present) {
-            self.lag.remove(&unit_labels(gone));
-        }
-        self.lag_units = present;
+/// Declares an unlabelled family and encodes its one sample, if any.
+fn scalar<M: EncodeMetric + TypedMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    sample: Option<M>,
+) -> Result<(), std::fmt::Error> {
+    let family = encoder.encode_descriptor(name, help, None, M::TYPE)?;
+    match sample {
+        Some(metric) => metric.encode(family),
+        None => Ok(()),
     }
 }
 
-/// How much a meter grew since the previous scrape; a meter that restarted from zero
-/// contributes its whole new value.
-fn delta(previous: u64, current: u64) -> u64 {
-    if current >= previous {
-        current - previous
-    } else {
-        current
+/// Declares a labelled family and encodes one sample per label set (possibly none).
+fn labelled<L: EncodeLabelSet, M: EncodeMetric + TypedMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (L, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, M::TYPE)?;
+    for (labels, metric) in samples {
+        metric.encode(family.encode_family(&labels)?)?;
     }
+    Ok(())
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Snapshot {
+            control,
+            owned,
+            units,
+            ready,
+        } = &self.0;
+        let e = &mut encoder;
+        labelled(
+            e,
+            "build_info",
+            "Always 1; the version of this binary is in the label",
+            [([("version", env!("CARGO_PKG_VERSION"))], flag(true))],
+        )?;
+        scalar(
+            e,
+            "ready",
+            "1 when GET /ready answers 200 (a Raft leader is known and the state applied), else 0",
+            Some(flag(*ready)),
+        )?;
+        encode_units(e, units, owned)?;
+        encode_control(e, control.as_ref())
+    }
+}
+
+/// The per-unit and per-flow families, from the pipeline's meters.
+fn encode_units(
+    e: &mut DescriptorEncoder,
+    units: &[UnitStats],
+    owned: &BTreeSet<WorkUnit>,
+) -> Result<(), std::fmt::Error> {
+    let per_unit = |value: fn(&UnitStats) -> u64| {
+        units
+            .iter()
+            .map(move |s| (unit_labels(&s.unit), ConstCounter::new(value(s))))
+    };
+    labelled(
+        e,
+        "messages_copied",
+        "Messages written downstream by this node",
+        per_unit(|s| s.messages),
+    )?;
+    labelled(
+        e,
+        "bytes_copied",
+        "Message bytes (header, payload, user headers) written downstream by this node",
+        per_unit(|s| s.bytes),
+    )?;
+    labelled(
+        e,
+        "messages_skipped_loop",
+        "Messages not copied because they originated in the target cluster (loop prevention)",
+        per_unit(|s| s.skipped_loop),
+    )?;
+    labelled(
+        e,
+        "gap_events",
+        "Times upstream retention removed messages before they were copied",
+        per_unit(|s| s.gaps),
+    )?;
+    labelled(
+        e,
+        "lag_messages",
+        "Upstream messages not yet copied, per unit this node owns (as its reader last saw the upstream end)",
+        units
+            .iter()
+            .filter(|s| owned.contains(&s.unit))
+            .filter_map(|s| Some((unit_labels(&s.unit), gauge(s.lag?)))),
+    )?;
+    let mut restarts: BTreeMap<&str, u64> = BTreeMap::new();
+    for s in units {
+        *restarts.entry(s.unit.flow.as_str()).or_default() += s.restarts;
+    }
+    labelled(
+        e,
+        "actor_restarts",
+        "Restarts of reader/writer pairs after failures",
+        restarts
+            .into_iter()
+            .map(|(flow, n)| ([("flow", flow)], ConstCounter::new(n))),
+    )
+}
+
+/// The control plane's families; no samples while it starts.
+fn encode_control(
+    e: &mut DescriptorEncoder,
+    control: Option<&ControlMetrics>,
+) -> Result<(), std::fmt::Error> {
+    let c = control;
+    scalar(
+        e,
+        "units_owned",
+        "Work units this node owns",
+        c.map(|c| gauge(c.units_owned as u64)),
+    )?;
+    scalar(
+        e,
+        "units_unowned",
+        "Work units discovery reports that no member owns (not retired); only the Raft leader reports it",
+        c.filter(|c| c.is_leader)
+            .map(|c| gauge(c.units_unowned as u64)),
+    )?;
+    scalar(
+        e,
+        "raft_term",
+        "Current Raft term",
+        c.map(|c| gauge(c.term)),
+    )?;
+    scalar(
+        e,
+        "raft_leader",
+        "1 when this node is the Raft leader, else 0",
+        c.map(|c| flag(c.is_leader)),
+    )?;
+    labelled(
+        e,
+        "raft_leader_info",
+        "Always 1; the Raft leader this node knows is in the label (no sample while it knows none)",
+        c.and_then(|c| c.leader)
+            .map(|leader| ([("leader", leader.to_string())], flag(true))),
+    )?;
+    scalar(
+        e,
+        "raft_commit_index",
+        "Raft commit index as this node knows it (entries up to it are durable on a quorum)",
+        c.and_then(|c| c.commit_index).map(gauge),
+    )?;
+    scalar(
+        e,
+        "raft_applied_index",
+        "Index of the last Raft log entry applied on this node",
+        c.and_then(|c| c.last_applied).map(gauge),
+    )?;
+    scalar(
+        e,
+        "lease_renewals",
+        "Ownership lease renewals committed for this node",
+        c.map(|c| ConstCounter::new(c.lease_renewals)),
+    )?;
+    scalar(
+        e,
+        "fenced_commits",
+        "Offset commits rejected because their epoch was stale",
+        c.map(|c| ConstCounter::new(c.fenced_commits)),
+    )
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use replicator_model::Epoch;
+
     use super::*;
 
+    fn control(node: u64, leader: Option<u64>) -> ControlMetrics {
+        ControlMetrics {
+            node,
+            term: 4,
+            leader,
+            is_leader: leader == Some(node),
+            last_log_index: Some(12),
+            last_applied: Some(10),
+            commit_index: Some(11),
+            snapshot_index: None,
+            purged_index: None,
+            lease_renewals: 7,
+            fenced_commits: 2,
+            commit_batches: 3,
+            units_owned: 1,
+            units_unowned: 5,
+        }
+    }
+
+    fn stats(partition: u32, lag: Option<u64>) -> UnitStats {
+        UnitStats {
+            unit: WorkUnit::new("us-to-eu", "orders", "created", partition),
+            epoch: Epoch(1),
+            last_written: Some(9),
+            upstream_end: Some(10),
+            lag,
+            messages: 10,
+            bytes: 1000,
+            messages_per_second: 0.0,
+            skipped_loop: 3,
+            restarts: 1,
+            gaps: 0,
+            recent_gaps: Vec::new(),
+            latency_samples: vec![Duration::from_millis(1)],
+        }
+    }
+
+    /// The sample lines of a render (no comments, no EOF).
+    fn samples(text: &str) -> Vec<&str> {
+        text.lines().filter(|l| !l.starts_with('#')).collect()
+    }
+
     #[test]
-    fn render_before_the_control_plane_started_has_every_family() -> Result<(), std::fmt::Error> {
-        let metrics = Metrics::new();
-        let text = metrics.render(None, &[])?;
+    fn render_before_the_control_plane_started_declares_every_family() -> Result<(), std::fmt::Error>
+    {
+        let text = Metrics::new().render(Snapshot::default())?;
         for family in [
             "iggy_replicator_raft_term",
             "iggy_replicator_raft_leader",
+            "iggy_replicator_raft_leader_info",
             "iggy_replicator_units_owned",
-            "iggy_replicator_lease_renewals_total",
-            "iggy_replicator_fenced_commits_total",
+            "iggy_replicator_lease_renewals",
+            "iggy_replicator_fenced_commits",
         ] {
-            assert!(text.contains(family), "{family} missing from:\n{text}");
+            assert!(
+                text.contains(&format!("# TYPE {family} ")),
+                "{family} not declared in:\n{text}"
+            );
         }
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(
+            samples(&text),
+            [
+                format!("iggy_replicator_build_info{{version=\"{version}\"}} 1").as_str(),
+                "iggy_replicator_ready 0",
+            ],
+            "only build_info and ready have samples before anything started:\n{text}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn leader_is_a_flag_and_its_id_an_info_label() -> Result<(), std::fmt::Error> {
+        let metrics = Metrics::new();
+        let leader = metrics.render(Snapshot {
+            control: Some(control(2, Some(2))),
+            ready: true,
+            ..Snapshot::default()
+        })?;
+        let leader = samples(&leader);
+        for expected in [
+            "iggy_replicator_raft_leader 1",
+            "iggy_replicator_raft_leader_info{leader=\"2\"} 1",
+            "iggy_replicator_raft_commit_index 11",
+            "iggy_replicator_raft_applied_index 10",
+            "iggy_replicator_units_unowned 5",
+            "iggy_replicator_lease_renewals_total 7",
+            "iggy_replicator_fenced_commits_total 2",
+            "iggy_replicator_ready 1",
+        ] {
+            assert!(leader.contains(&expected), "{expected} in {leader:?}");
+        }
+        let follower = metrics.render(Snapshot {
+            control: Some(control(1, Some(2))),
+            ..Snapshot::default()
+        })?;
+        let follower = samples(&follower);
+        assert!(follower.contains(&"iggy_replicator_raft_leader 0"));
+        assert!(follower.contains(&"iggy_replicator_raft_leader_info{leader=\"2\"} 1"));
         assert!(
-            text.contains("iggy_replicator_raft_leader -1"),
-            "no leader is -1:\n{text}"
+            !follower.iter().any(|l| l.contains("units_unowned")),
+            "only the leader reports unowned units: {follower:?}"
+        );
+        let leaderless = metrics.render(Snapshot {
+            control: Some(control(1, None)),
+            ..Snapshot::default()
+        })?;
+        assert!(
+            !samples(&leaderless)
+                .iter()
+                .any(|l| l.contains("raft_leader_info")),
+            "{leaderless}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn unit_counters_are_the_meters_totals_and_lag_only_for_owned_units(
+    ) -> Result<(), std::fmt::Error> {
+        let metrics = Metrics::new();
+        let owned_unit = stats(0, Some(4));
+        let moved_away = stats(1, Some(99));
+        let snapshot = || Snapshot {
+            control: Some(control(1, Some(1))),
+            owned: BTreeSet::from([owned_unit.unit.clone()]),
+            units: vec![owned_unit.clone(), moved_away.clone()],
+            ready: true,
+        };
+        // Two scrapes of the same meters show the same totals (nothing is added per scrape).
+        let _ = metrics.render(snapshot())?;
+        let text = metrics.render(snapshot())?;
+        let lines = samples(&text);
+        let labels = |p: u32| {
+            format!("{{flow=\"us-to-eu\",stream=\"orders\",topic=\"created\",partition=\"{p}\"}}")
+        };
+        for p in [0, 1] {
+            for expected in [
+                format!("iggy_replicator_messages_copied_total{} 10", labels(p)),
+                format!("iggy_replicator_bytes_copied_total{} 1000", labels(p)),
+                format!("iggy_replicator_messages_skipped_loop_total{} 3", labels(p)),
+                format!("iggy_replicator_gap_events_total{} 0", labels(p)),
+            ] {
+                assert!(lines.contains(&expected.as_str()), "{expected}:\n{text}");
+            }
+        }
+        let lag: Vec<&&str> = lines
+            .iter()
+            .filter(|l| l.starts_with("iggy_replicator_lag_messages"))
+            .collect();
+        assert_eq!(
+            lag,
+            [&format!("iggy_replicator_lag_messages{} 4", labels(0)).as_str()],
+            "{text}"
+        );
+        assert!(
+            lines.contains(&"iggy_replicator_actor_restarts_total{flow=\"us-to-eu\"} 2"),
+            "restarts summed per flow, no constant label:\n{text}"
         );
         Ok(())
     }
@@ -372,26 +550,42 @@ mod tests {
     #[test]
     fn families_lists_every_registered_family_with_its_type() -> Result<(), std::fmt::Error> {
         let families = families()?;
-        assert_eq!(families.len(), 16, "{families:?}");
-        for expected in [
-            ("iggy_replicator_messages_copied", "counter"),
-            ("iggy_replicator_lag_messages", "gauge"),
-            ("iggy_replicator_send_latency_seconds", "histogram"),
-        ] {
-            assert!(
-                families
-                    .iter()
-                    .any(|(f, k)| (f.as_str(), k.as_str()) == expected),
-                "{expected:?} missing from {families:?}"
-            );
-        }
+        let names: Vec<(&str, &str)> = families
+            .iter()
+            .map(|(f, k)| (f.strip_prefix("iggy_replicator_").unwrap_or(f), k.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("replication_latency_seconds", "histogram"),
+                ("poll_latency_seconds", "histogram"),
+                ("send_latency_seconds", "histogram"),
+                ("errors", "counter"),
+                ("build_info", "gauge"),
+                ("ready", "gauge"),
+                ("messages_copied", "counter"),
+                ("bytes_copied", "counter"),
+                ("messages_skipped_loop", "counter"),
+                ("gap_events", "counter"),
+                ("lag_messages", "gauge"),
+                ("actor_restarts", "counter"),
+                ("units_owned", "gauge"),
+                ("units_unowned", "gauge"),
+                ("raft_term", "gauge"),
+                ("raft_leader", "gauge"),
+                ("raft_leader_info", "gauge"),
+                ("raft_commit_index", "gauge"),
+                ("raft_applied_index", "gauge"),
+                ("lease_renewals", "counter"),
+                ("fenced_commits", "counter"),
+            ]
+        );
+        assert!(
+            families
+                .iter()
+                .all(|(f, _)| f.starts_with("iggy_replicator_")),
+            "{families:?}"
+        );
         Ok(())
-    }
-
-    #[test]
-    fn delta_counts_growth_and_restarts_from_new_baseline() {
-        assert_eq!(delta(10, 15), 5);
-        assert_eq!(delta(10, 10), 0);
-        assert_eq!(delta(10, 3), 3);
     }
 }

@@ -177,10 +177,12 @@ target = "eu"
     assert_eq!(status["node"], 1, "{status}");
     assert!(status["leader"].is_null(), "{status}");
     assert!(status["units"].is_array(), "{status}");
-    // Metrics answer too: no leader is -1.
+    // Metrics answer too: not the leader, no leader known, not ready.
     let metrics = get_ok(&client, &format!("{base}/metrics")).await?;
     assert!(
-        metrics.contains("iggy_replicator_raft_leader -1"),
+        metrics.contains("\niggy_replicator_raft_leader 0\n")
+            && metrics.contains("\niggy_replicator_ready 0\n")
+            && !metrics.contains("\niggy_replicator_raft_leader_info{"),
         "{metrics}"
     );
 

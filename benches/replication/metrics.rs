@@ -78,25 +78,28 @@ pub(crate) struct RaftView {
     pub(crate) term: u64,
 }
 
-/// Reads `node`'s Raft leader and term gauges.
+/// Reads `node`'s Raft term gauge and the leader id of its `raft_leader_info` series.
 pub(crate) async fn raft_view(cluster: &Cluster, node: NodeId) -> TestResult<RaftView> {
     let text = cluster.metrics_of(node).await?;
-    let gauge = |name: &str| {
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(name)?
-                    .strip_prefix(' ')?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .ok_or_else(|| format!("node {node}: no {name} in /metrics"))
-    };
-    let leader = gauge("iggy_replicator_raft_leader")?;
-    let term = gauge("iggy_replicator_raft_term")?;
+    let term = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("iggy_replicator_raft_term ")?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .ok_or_else(|| format!("node {node}: no iggy_replicator_raft_term in /metrics"))?;
+    // `iggy_replicator_raft_leader_info{leader="2"} 1`; no such sample while no leader is known.
+    let leader = text.lines().find_map(|l| {
+        l.strip_prefix("iggy_replicator_raft_leader_info{leader=\"")?
+            .split_once('"')?
+            .0
+            .parse::<NodeId>()
+            .ok()
+    });
     Ok(RaftView {
-        // -1 (or anything negative) means no leader known.
-        leader: (leader >= 0.0).then_some(leader as NodeId),
+        leader,
         term: term as u64,
     })
 }

@@ -15,9 +15,9 @@ use crate::{assert_no_problems, deploy, read, TestResult, BINARY};
 
 /// One metric family the binary exports.
 #[derive(Debug)]
-struct Family {
+pub(crate) struct Family {
     /// The OpenMetrics family name, e.g. `iggy_replicator_messages_copied`.
-    name: String,
+    pub(crate) name: String,
     /// `counter`, `gauge` or `histogram`.
     kind: String,
 }
@@ -44,7 +44,7 @@ impl Family {
 }
 
 /// The families `iggy-replicator metric-names` prints, one `<family> <type>` a line.
-fn exported_families() -> TestResult<Vec<Family>> {
+pub(crate) fn exported_families() -> TestResult<Vec<Family>> {
     let output = Command::new(BINARY).arg("metric-names").output()?;
     let stdout = String::from_utf8(output.stdout)?;
     if !output.status.success() {
@@ -74,7 +74,10 @@ fn exported_families() -> TestResult<Vec<Family>> {
 }
 
 /// The exported family a series name belongs to, if any.
-fn family_of<'a>(families: &'a [Family], series: &str) -> Result<Option<&'a str>, String> {
+pub(crate) fn family_of<'a>(
+    families: &'a [Family],
+    series: &str,
+) -> Result<Option<&'a str>, String> {
     for family in families {
         if family.series()?.iter().any(|s| s == series) {
             return Ok(Some(&family.name));
@@ -111,7 +114,7 @@ impl ExprVisitor for Selectors {
 
 /// The metric names a dashboard query selects. Grafana's interval variables are replaced by a
 /// duration first; any other variable must be inside a label value, or the query fails to parse.
-fn metric_names(expression: &str) -> Result<Vec<String>, String> {
+pub(crate) fn metric_names(expression: &str) -> Result<Vec<String>, String> {
     let promql = ["$__rate_interval", "$__interval", "$__range"]
         .iter()
         .fold(expression.to_owned(), |text, variable| {
