@@ -1,5 +1,8 @@
 //! `deploy/kubernetes/`: the kustomize base (StatefulSet, Services, budget, Secret, generated
 //! ConfigMap) fits together, and `entrypoint.sh` renders a loadable config for each pod.
+//!
+//! The checks on the cluster's resources, the container environment and the entrypoint run
+//! are shared with the Helm chart's renderings (`helm`).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -39,39 +42,59 @@ impl KubeBase {
     }
 
     fn of_kind(&self, kind: &str) -> Vec<&Value> {
-        self.resources
-            .iter()
-            .filter(|r| str_of(r, &["kind"]) == Some(kind))
-            .collect()
+        of_kind(&self.resources, kind)
     }
 
     fn one(&self, kind: &str) -> Result<&Value, String> {
-        match self.of_kind(kind).as_slice() {
-            [one] => Ok(one),
-            found => Err(format!(
-                "expected one {kind} in the kustomize base, found {}",
-                found.len()
-            )),
-        }
+        one(&self.resources, kind)
     }
 }
 
-/// The replicator container of the StatefulSet's pod template (there must be exactly one).
-fn container(set: &Value) -> Result<&Value, String> {
-    match seq(at(set, &["spec", "template", "spec", "containers"])) {
+/// The resources of one kind.
+pub(crate) fn of_kind<'a>(resources: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    resources
+        .iter()
+        .filter(|r| str_of(r, &["kind"]) == Some(kind))
+        .collect()
+}
+
+/// The one resource of a kind that must occur once.
+pub(crate) fn one<'a>(resources: &'a [Value], kind: &str) -> Result<&'a Value, String> {
+    match of_kind(resources, kind).as_slice() {
+        [one] => Ok(one),
+        found => Err(format!("expected one {kind}, found {}", found.len())),
+    }
+}
+
+/// The name of the container that runs the replicator.
+pub(crate) const REPLICATOR_CONTAINER: &str = "replicator";
+
+/// The containers of the StatefulSet's pod template.
+pub(crate) fn containers(set: &Value) -> &[Value] {
+    seq(at(set, &["spec", "template", "spec", "containers"]))
+}
+
+/// The replicator container of the StatefulSet's pod template (there must be exactly one;
+/// other containers, like the Helm chart's `join`, may run beside it).
+pub(crate) fn container(set: &Value) -> Result<&Value, String> {
+    let found: Vec<&Value> = containers(set)
+        .iter()
+        .filter(|c| str_of(c, &["name"]) == Some(REPLICATOR_CONTAINER))
+        .collect();
+    match found.as_slice() {
         [container] => Ok(container),
         found => Err(format!(
-            "expected one container in the StatefulSet, found {}",
+            "expected one container named {REPLICATOR_CONTAINER} in the StatefulSet, found {}",
             found.len()
         )),
     }
 }
 
-fn probe_path<'a>(container: &'a Value, probe: &str) -> Option<&'a str> {
+pub(crate) fn probe_path<'a>(container: &'a Value, probe: &str) -> Option<&'a str> {
     str_of(container, &[probe, "httpGet", "path"])
 }
 
-fn named_port(container: &Value, name: &str) -> Option<u64> {
+pub(crate) fn named_port(container: &Value, name: &str) -> Option<u64> {
     seq(at(container, &["ports"]))
         .iter()
         .find(|port| str_of(port, &["name"]) == Some(name))
@@ -81,11 +104,45 @@ fn named_port(container: &Value, name: &str) -> Option<u64> {
 #[test]
 fn kubernetes_base_has_statefulset_services_and_budget() -> TestResult {
     let base = KubeBase::load()?;
-    let mut problems = Vec::new();
+    let mut problems = check_cluster_resources(&base.resources, 3)?;
     let set = base.one("StatefulSet")?;
+    let pod = at(set, &["spec", "template", "spec"]);
+
+    // The config ConfigMap is generated from files that exist and is mounted.
+    let generators = seq(at(&base.kustomization, &["configMapGenerator"]));
+    let generated: Vec<&str> = generators
+        .iter()
+        .filter_map(|g| str_of(g, &["name"]))
+        .collect();
+    for file in generators.iter().flat_map(|g| strings(at(g, &["files"]))) {
+        if !deploy().join("kubernetes").join(file).is_file() {
+            problems.push(format!("configMapGenerator file {file} is missing"));
+        }
+    }
+    let mounted = seq(at(pod, &["volumes"]))
+        .iter()
+        .filter_map(|v| str_of(v, &["configMap", "name"]))
+        .any(|name| generated.contains(&name));
+    if !mounted {
+        problems.push("the generated ConfigMap is not mounted".to_owned());
+    }
+    assert_no_problems(&problems);
+    Ok(())
+}
+
+/// Checks the resources of a replicator cluster (the kustomize base, or a rendering of the
+/// Helm chart): one StatefulSet of `replicas` parallel members with the probes, ports, stop
+/// grace and Raft volume every target uses, its headless and client Services, the
+/// PodDisruptionBudget, and a Secret key behind every `secretKeyRef` of every container.
+pub(crate) fn check_cluster_resources(
+    resources: &[Value],
+    replicas: u64,
+) -> Result<Vec<String>, String> {
+    let mut problems = Vec::new();
+    let set = one(resources, "StatefulSet")?;
     let spec = at(set, &["spec"]);
-    if at(spec, &["replicas"]).as_u64() != Some(3) {
-        problems.push("StatefulSet replicas must be 3".to_owned());
+    if at(spec, &["replicas"]).as_u64() != Some(replicas) {
+        problems.push(format!("StatefulSet replicas must be {replicas}"));
     }
     if str_of(spec, &["podManagementPolicy"]) != Some("Parallel") {
         problems.push("podManagementPolicy must be Parallel".to_owned());
@@ -136,7 +193,7 @@ fn kubernetes_base_has_statefulset_services_and_budget() -> TestResult {
 
     // Headless Service named by serviceName; a client Service on the admin API.
     let service_name = str_of(spec, &["serviceName"]).unwrap_or_default();
-    let services = base.of_kind("Service");
+    let services = of_kind(resources, "Service");
     let headless = services
         .iter()
         .find(|s| str_of(s, &["metadata", "name"]) == Some(service_name));
@@ -168,7 +225,7 @@ fn kubernetes_base_has_statefulset_services_and_budget() -> TestResult {
         }
     }
 
-    let budget = base.one("PodDisruptionBudget")?;
+    let budget = one(resources, "PodDisruptionBudget")?;
     if at(budget, &["spec", "maxUnavailable"]).as_u64() != Some(1) {
         problems.push("PodDisruptionBudget maxUnavailable must be 1".to_owned());
     }
@@ -176,8 +233,11 @@ fn kubernetes_base_has_statefulset_services_and_budget() -> TestResult {
         problems.push("PodDisruptionBudget does not select the replicator pods".to_owned());
     }
 
-    // Every secretKeyRef names a key of a Secret in the base.
-    for variable in seq(at(container, &["env"])) {
+    // Every secretKeyRef names a key of a Secret among the resources.
+    let variables = containers(set)
+        .iter()
+        .flat_map(|container| seq(at(container, &["env"])));
+    for variable in variables {
         let Some(reference) = at(variable, &["valueFrom", "secretKeyRef"]).as_mapping() else {
             continue;
         };
@@ -186,54 +246,48 @@ fn kubernetes_base_has_statefulset_services_and_budget() -> TestResult {
             .get("key")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        let defined = base.of_kind("Secret").iter().any(|s| {
+        let defined = of_kind(resources, "Secret").iter().any(|s| {
             str_of(s, &["metadata", "name"]) == secret
                 && (at(s, &["stringData"]).get(key).is_some()
                     || at(s, &["data"]).get(key).is_some())
         });
         if !defined {
-            problems.push(format!("secretKeyRef {secret:?}/{key} is not in the base"));
+            problems.push(format!("secretKeyRef {secret:?}/{key} is not defined"));
         }
     }
-
-    // The config ConfigMap is generated from files that exist and is mounted.
-    let generators = seq(at(&base.kustomization, &["configMapGenerator"]));
-    let generated: Vec<&str> = generators
-        .iter()
-        .filter_map(|g| str_of(g, &["name"]))
-        .collect();
-    for file in generators.iter().flat_map(|g| strings(at(g, &["files"]))) {
-        if !deploy().join("kubernetes").join(file).is_file() {
-            problems.push(format!("configMapGenerator file {file} is missing"));
-        }
-    }
-    let mounted = seq(at(pod, &["volumes"]))
-        .iter()
-        .filter_map(|v| str_of(v, &["configMap", "name"]))
-        .any(|name| generated.contains(&name));
-    if !mounted {
-        problems.push("the generated ConfigMap is not mounted".to_owned());
-    }
-    if base.of_kind("PodDisruptionBudget").is_empty() {
-        problems.push("no PodDisruptionBudget".to_owned());
-    }
-    assert_no_problems(&problems);
-    Ok(())
+    Ok(problems)
 }
 
 /// What one run of the Kubernetes entrypoint did.
-struct EntrypointRun {
+pub(crate) struct EntrypointRun {
     /// The script exited 0.
-    ok: bool,
+    pub(crate) ok: bool,
     /// The arguments the replicator was started with, if it was started.
-    args: Option<String>,
+    pub(crate) args: Option<String>,
     /// The rendered config, if one was written.
-    rendered: Option<String>,
+    pub(crate) rendered: Option<String>,
 }
 
 /// Runs `deploy/kubernetes/entrypoint.sh` as the container would, with `getent` and
 /// `iggy-replicator` replaced by stand-ins.
 fn run_entrypoint(dir: &Path, pod_name: &str) -> TestResult<EntrypointRun> {
+    run_entrypoint_script(
+        dir,
+        &deploy().join("kubernetes/entrypoint.sh"),
+        &deploy().join("kubernetes/replicator.toml"),
+        pod_name,
+    )
+}
+
+/// Runs the entrypoint `script` on the config `template` as the container of pod `pod_name`
+/// would (the config is written to `dir/replicator.toml`), with `getent` and
+/// `iggy-replicator` replaced by stand-ins.
+pub(crate) fn run_entrypoint_script(
+    dir: &Path,
+    script: &Path,
+    template: &Path,
+    pod_name: &str,
+) -> TestResult<EntrypointRun> {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin)?;
     let args_file = dir.join("args");
@@ -251,15 +305,12 @@ fn run_entrypoint(dir: &Path, pod_name: &str) -> TestResult<EntrypointRun> {
     }
     let config = dir.join("replicator.toml");
     let status = Command::new("sh")
-        .arg(deploy().join("kubernetes/entrypoint.sh"))
+        .arg(script)
         .env_clear()
         .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
         .env("POD_NAME", pod_name)
         .env("POD_NAMESPACE", "replication")
-        .env(
-            "REPLICATOR_CONFIG_TEMPLATE",
-            deploy().join("kubernetes/replicator.toml"),
-        )
+        .env("REPLICATOR_CONFIG_TEMPLATE", template)
         .env("REPLICATOR_CONFIG", &config)
         .status()?;
     Ok(EntrypointRun {
@@ -269,40 +320,48 @@ fn run_entrypoint(dir: &Path, pod_name: &str) -> TestResult<EntrypointRun> {
     })
 }
 
-#[test]
-fn kubernetes_entrypoint_renders_a_loadable_config_for_each_pod() -> TestResult {
-    let base = KubeBase::load()?;
-    let set = base.one("StatefulSet")?;
-    let service_name = str_of(set, &["spec", "serviceName"]).unwrap_or_default();
-    let container = container(set)?;
-    let secret = base.one("Secret")?;
+/// The environment of `container` as Kubernetes fills it for pod `pod_name` in `namespace`:
+/// literal values, the downward API's pod name and namespace, and `secretKeyRef`s resolved
+/// from the `stringData` of `secrets`.
+pub(crate) fn container_env(
+    container: &Value,
+    secrets: &[&Value],
+    pod_name: &str,
+    namespace: &str,
+) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for variable in seq(at(container, &["env"])) {
+        let name = str_of(variable, &["name"]).unwrap_or_default().to_owned();
+        let value = if let Some(value) = str_of(variable, &["value"]) {
+            Some(value.to_owned())
+        } else if let Some(field) = str_of(variable, &["valueFrom", "fieldRef", "fieldPath"]) {
+            match field {
+                "metadata.name" => Some(pod_name.to_owned()),
+                "metadata.namespace" => Some(namespace.to_owned()),
+                _ => None,
+            }
+        } else {
+            let reference = at(variable, &["valueFrom", "secretKeyRef"]);
+            let (secret, key) = (str_of(reference, &["name"]), str_of(reference, &["key"]));
+            secrets
+                .iter()
+                .find(|s| str_of(s, &["metadata", "name"]) == secret)
+                .and_then(|s| str_of(s, &["stringData", key.unwrap_or_default()]))
+                .map(str::to_owned)
+        };
+        env.extend(value.map(|value| (name, value)));
+    }
+    env
+}
+
+/// Checks that the replicator container runs `entrypoint.sh` and that the config template
+/// path it passes (`REPLICATOR_CONFIG_TEMPLATE` in `env`) is in a mounted volume.
+pub(crate) fn check_entrypoint_wiring(
+    container: &Value,
+    env: &BTreeMap<String, String>,
+) -> Vec<String> {
     let mut problems = Vec::new();
-
-    // The container's environment, as Kubernetes would fill it for pod `pod_name`.
-    let container_env = |pod_name: &str| -> BTreeMap<String, String> {
-        let mut env = BTreeMap::new();
-        for variable in seq(at(container, &["env"])) {
-            let name = str_of(variable, &["name"]).unwrap_or_default().to_owned();
-            let value = if let Some(value) = str_of(variable, &["value"]) {
-                Some(value.to_owned())
-            } else if let Some(field) = str_of(variable, &["valueFrom", "fieldRef", "fieldPath"]) {
-                match field {
-                    "metadata.name" => Some(pod_name.to_owned()),
-                    "metadata.namespace" => Some("replication".to_owned()),
-                    _ => None,
-                }
-            } else {
-                str_of(variable, &["valueFrom", "secretKeyRef", "key"])
-                    .and_then(|key| str_of(secret, &["stringData", key]))
-                    .map(str::to_owned)
-            };
-            env.extend(value.map(|value| (name, value)));
-        }
-        env
-    };
-
-    // The template path the pod passes to the entrypoint is where the ConfigMap is mounted.
-    let template_path = container_env("x")
+    let template_path = env
         .get("REPLICATOR_CONFIG_TEMPLATE")
         .cloned()
         .unwrap_or_default();
@@ -324,6 +383,19 @@ fn kubernetes_entrypoint_renders_a_loadable_config_for_each_pod() -> TestResult 
             "container command {command:?} does not run entrypoint.sh"
         ));
     }
+    problems
+}
+
+#[test]
+fn kubernetes_entrypoint_renders_a_loadable_config_for_each_pod() -> TestResult {
+    let base = KubeBase::load()?;
+    let set = base.one("StatefulSet")?;
+    let service_name = str_of(set, &["spec", "serviceName"]).unwrap_or_default();
+    let container = container(set)?;
+    let secrets = base.of_kind("Secret");
+    let container_env =
+        |pod_name: &str| container_env(container, &secrets, pod_name, "replication");
+    let mut problems = check_entrypoint_wiring(container, &container_env("x"));
 
     for ordinal in 0..3u64 {
         let pod_name = format!("iggy-replicator-{ordinal}");

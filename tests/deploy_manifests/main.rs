@@ -13,10 +13,12 @@
 //! This file keeps the conventions every target shares and the check that every way the
 //! manifests start the binary passes arguments it accepts.
 
+mod alerts;
 mod compose;
 mod configs;
 mod docker;
 mod grafana;
+mod helm;
 mod kubernetes;
 mod systemd;
 mod yaml;
