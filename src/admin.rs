@@ -19,7 +19,7 @@ use replicator_config::Config;
 use replicator_control::tls::{serve_tls, ServerTls};
 use replicator_control::{ClusterStatus, Control, ControlMetrics, MemberStatus};
 use replicator_model::{Epoch, NodeId, UnitCounters, WorkUnit};
-use replicator_pipeline::{Liveness, UnitStats};
+use replicator_pipeline::{ConnectionState, Liveness, UnitStats};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -28,6 +28,8 @@ use crate::metrics::{Metrics, Snapshot};
 
 /// Reads the pipeline's per-unit statistics (shared meters; never waits for an actor).
 pub(crate) type StatsReader = Arc<dyn Fn() -> Vec<UnitStats> + Send + Sync>;
+/// Reads the pipeline's connection state to every Iggy cluster.
+pub(crate) type ConnectionsReader = Arc<dyn Fn() -> Vec<ConnectionState> + Send + Sync>;
 
 /// The parts of a node the admin API reads, published by the node as they come up.
 pub(crate) struct NodeParts {
@@ -37,6 +39,8 @@ pub(crate) struct NodeParts {
     stats: OnceLock<StatsReader>,
     /// Heartbeats of the pipeline's coordinator, once the pipeline started.
     liveness: OnceLock<Arc<Liveness>>,
+    /// The pipeline's connections to each Iggy cluster, once the pipeline started.
+    connections: OnceLock<ConnectionsReader>,
     /// Set when the node begins to stop (drain, then control plane).
     stopping: AtomicBool,
     /// When the current stage began (a start stuck in one stage shows how long it has been).
@@ -50,6 +54,7 @@ impl NodeParts {
             control: OnceLock::new(),
             stats: OnceLock::new(),
             liveness: OnceLock::new(),
+            connections: OnceLock::new(),
             stopping: AtomicBool::new(false),
             stage_since: Mutex::new(Instant::now()),
         }
@@ -64,8 +69,14 @@ impl NodeParts {
     }
 
     /// Publishes the started pipeline's statistics and heartbeats.
-    pub(crate) fn publish_pipeline(&self, stats: StatsReader, liveness: Arc<Liveness>) {
+    pub(crate) fn publish_pipeline(
+        &self,
+        stats: StatsReader,
+        liveness: Arc<Liveness>,
+        connections: ConnectionsReader,
+    ) {
         let _ = self.liveness.set(liveness);
+        let _ = self.connections.set(connections);
         if self.stats.set(stats).is_err() {
             warn!("pipeline published twice; keeping the first");
         }
@@ -436,6 +447,12 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         control,
         owned,
         units,
+        connections: state
+            .parts
+            .connections
+            .get()
+            .map(|read| read())
+            .unwrap_or_default(),
     };
     match state.metrics.render(snapshot) {
         Ok(text) => (

@@ -146,6 +146,8 @@ pub(crate) struct Snapshot {
     pub(crate) units: Vec<UnitStats>,
     /// Whether `GET /ready` answers 200.
     pub(crate) ready: bool,
+    /// The connections to each Iggy cluster; empty while the pipeline starts.
+    pub(crate) connections: Vec<replicator_pipeline::ConnectionState>,
 }
 
 impl Metrics {
@@ -237,6 +239,7 @@ impl Collector for Scrape {
             owned,
             units,
             ready,
+            connections,
         } = &self.0;
         let e = &mut encoder;
         labelled(
@@ -250,6 +253,25 @@ impl Collector for Scrape {
             "ready",
             "1 when GET /ready answers 200 (a Raft leader is known and the state applied), else 0",
             Some(flag(*ready)),
+        )?;
+        labelled(
+            e,
+            "cluster_connections_open",
+            "Connections to the Iggy cluster open now (0: the cluster is unreachable or not used yet)",
+            connections
+                .iter()
+                .map(|c| ([("cluster", c.cluster.as_str())], gauge(c.open as u64))),
+        )?;
+        labelled(
+            e,
+            "cluster_connections_configured",
+            "Connections configured to the Iggy cluster (clusters.<alias>.connections)",
+            connections.iter().map(|c| {
+                (
+                    [("cluster", c.cluster.as_str())],
+                    gauge(c.configured as u64),
+                )
+            }),
         )?;
         encode_units(e, units, owned)?;
         encode_control(e, control.as_ref())
@@ -513,6 +535,11 @@ mod tests {
             owned: BTreeSet::from([owned_unit.unit.clone()]),
             units: vec![owned_unit.clone(), moved_away.clone()],
             ready: true,
+            connections: vec![replicator_pipeline::ConnectionState {
+                cluster: "us".into(),
+                open: 3,
+                configured: 4,
+            }],
         };
         // Two scrapes of the same meters show the same totals (nothing is added per scrape).
         let _ = metrics.render(snapshot())?;
@@ -521,6 +548,12 @@ mod tests {
         let labels = |p: u32| {
             format!("{{flow=\"us-to-eu\",stream=\"orders\",topic=\"created\",partition=\"{p}\"}}")
         };
+        for expected in [
+            "iggy_replicator_cluster_connections_open{cluster=\"us\"} 3",
+            "iggy_replicator_cluster_connections_configured{cluster=\"us\"} 4",
+        ] {
+            assert!(lines.contains(&expected), "{expected} in {lines:?}");
+        }
         for p in [0, 1] {
             for expected in [
                 format!("iggy_replicator_messages_copied_total{} 10", labels(p)),
@@ -563,6 +596,8 @@ mod tests {
                 ("errors", "counter"),
                 ("build_info", "gauge"),
                 ("ready", "gauge"),
+                ("cluster_connections_open", "gauge"),
+                ("cluster_connections_configured", "gauge"),
                 ("messages_copied", "counter"),
                 ("bytes_copied", "counter"),
                 ("messages_skipped_loop", "counter"),

@@ -215,7 +215,11 @@ impl RunningNode {
                 ));
             }
         };
-        parts.publish_pipeline(Arc::new(pipeline.stats_reader()), pipeline.liveness());
+        parts.publish_pipeline(
+            Arc::new(pipeline.stats_reader()),
+            pipeline.liveness(),
+            Arc::new(pipeline.connections_reader()),
+        );
         info!(node = config.node.id, "node started");
         Ok(Some(Self {
             id: config.node.id,

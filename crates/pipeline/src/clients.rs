@@ -41,6 +41,17 @@ struct Slot {
 }
 
 /// The connections of this instance to one cluster.
+/// The connections of this instance to one Iggy cluster (`clusters.<alias>`), for metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionState {
+    /// The cluster alias.
+    pub cluster: String,
+    /// Connections open now.
+    pub open: usize,
+    /// Connections configured (`clusters.<alias>.connections`); they open on first use.
+    pub configured: usize,
+}
+
 pub(crate) struct Cluster {
     /// Alias, for errors and logs.
     alias: String,
@@ -48,6 +59,8 @@ pub(crate) struct Cluster {
     config: Arc<TcpClientConfig>,
     /// Connection slots; callers pick one by a stable hash (e.g. the partition id).
     slots: Vec<Slot>,
+    /// Slots holding an open connection now (for the connection-state metric).
+    open: std::sync::atomic::AtomicUsize,
     /// Bound of every call.
     timeout: Duration,
     /// Per-topic activity watchers of the readers reading from this cluster (kept here because
@@ -81,6 +94,7 @@ impl Cluster {
             alias: alias.to_owned(),
             config: Arc::new(config),
             slots: (0..connections.max(1)).map(|_| Slot::default()).collect(),
+            open: std::sync::atomic::AtomicUsize::new(0),
             timeout,
             activity: ActivityRegistry::default(),
         })
@@ -92,6 +106,15 @@ impl Cluster {
     }
 
     /// The per-topic activity watchers of the readers reading from this cluster.
+    /// How many of its connections are open now, of how many configured.
+    pub(crate) fn connection_state(&self) -> ConnectionState {
+        ConnectionState {
+            cluster: self.alias.clone(),
+            open: self.open.load(std::sync::atomic::Ordering::Relaxed),
+            configured: self.slots.len(),
+        }
+    }
+
     pub(crate) fn activity(&self) -> &ActivityRegistry {
         &self.activity
     }
@@ -127,6 +150,7 @@ impl Cluster {
             slot,
         };
         guard.0 = Some(conn.clone());
+        self.open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(cluster = %self.alias, slot, "connected");
         Ok(conn)
     }
@@ -141,6 +165,7 @@ impl Cluster {
         {
             guard.0 = None;
             drop(guard);
+            self.open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             shutdown(&conn.client).await;
         }
     }
@@ -152,6 +177,7 @@ impl Cluster {
         for slot in &self.slots {
             let conn = slot.current.lock().await.0.take();
             if let Some(conn) = conn {
+                self.open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 shutdown(&conn.client).await;
             }
         }

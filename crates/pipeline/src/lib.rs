@@ -44,6 +44,7 @@ pub mod verify;
 mod writer;
 
 pub use backoff::{next_backoff, with_jitter};
+pub use clients::ConnectionState;
 pub use control::{ControlError, ControlPlane};
 pub use error::{Error, Result};
 pub use liveness::Liveness;

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::clients::Cluster;
+use crate::clients::{Cluster, ConnectionState};
 use crate::control::ControlPlane;
 use crate::coordinator::{Coordinator, CoordinatorArgs, CoordinatorMsg};
 use crate::discovery::{self, DiscoveryParams};
@@ -151,6 +151,14 @@ impl Pipeline {
             meters,
             liveness,
         })
+    }
+
+    /// A reader of the connection state to every cluster, like [`Pipeline::stats_reader`].
+    pub fn connections_reader(
+        &self,
+    ) -> impl Fn() -> Vec<ConnectionState> + Clone + Send + Sync + 'static {
+        let clusters = self.clusters.clone();
+        move || clusters.iter().map(|c| c.connection_state()).collect()
     }
 
     /// Whether the coordinator still handles its mailbox (for a liveness probe).
