@@ -436,6 +436,16 @@ impl Control {
     #[must_use]
     pub fn metrics(&self) -> ControlMetrics {
         let m = self.inner.raft.metrics().borrow().clone();
+        // One read guard for both counts, dropped before anything else: a second `read()`
+        // while the first guard lives (temporaries of a struct literal live to its end) can
+        // deadlock behind a writer that queued in between (std's RwLock prefers writers).
+        let (units_owned, units_unowned) = {
+            let data = self.inner.shared.read();
+            (
+                data.state.assignments_of(self.inner.id).len(),
+                data.state.unowned_units(),
+            )
+        };
         let c = &self.inner.counters;
         ControlMetrics {
             node: self.inner.id,
@@ -450,14 +460,8 @@ impl Control {
             lease_renewals: c.lease_renewals.load(Ordering::Relaxed),
             fenced_commits: c.fenced_commits.load(Ordering::Relaxed),
             commit_batches: c.commit_batches.load(Ordering::Relaxed),
-            units_owned: self
-                .inner
-                .shared
-                .read()
-                .state
-                .assignments_of(self.inner.id)
-                .len(),
-            units_unowned: self.inner.shared.read().state.unowned_units(),
+            units_owned,
+            units_unowned,
         }
     }
 
