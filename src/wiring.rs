@@ -167,35 +167,18 @@ impl ControlPlane for RaftControl {
 mod tests {
     use std::time::Duration;
 
+    use replicator_config::testing::MinimalConfig;
+
     use super::*;
 
     #[test]
     fn cluster_connections_and_idle_poll_interval_reach_the_pipeline() {
-        let text = r#"
-[node]
-id = 1
-data_dir = "/tmp/r1"
-raft_addr = "127.0.0.1:7101"
-api_addr = "127.0.0.1:7181"
-
-[cluster]
-secret = "0123456789abcdef"
-
-[clusters.us]
-url = "iggy://iggy:iggy@127.0.0.1:8090"
-connections = 7
-
-[clusters.eu]
-url = "iggy://iggy:iggy@127.0.0.1:8091"
-
-[[flows]]
-name = "us-to-eu"
-source = "us"
-target = "eu"
-idle_poll_interval = "250ms"
-"#;
-        let config = replicator_config::parse_str(text, "test", |_| None).expect("valid config");
-        let params = pipeline_params(&config);
+        let config = MinimalConfig {
+            us_extra: "connections = 7".to_owned(),
+            flow_extra: "idle_poll_interval = \"250ms\"".to_owned(),
+            ..MinimalConfig::default()
+        };
+        let params = pipeline_params(&config.parse().expect("valid config"));
         assert_eq!(params.clusters["us"].connections, 7);
         assert_eq!(
             params.clusters["eu"].connections,
@@ -209,29 +192,11 @@ idle_poll_interval = "250ms"
 
     #[test]
     fn max_in_flight_batches_reaches_the_pipeline_under_the_same_name() {
-        let text = r#"
-[node]
-id = 1
-data_dir = "/tmp/r1"
-raft_addr = "127.0.0.1:7101"
-api_addr = "127.0.0.1:7181"
-
-[cluster]
-secret = "0123456789abcdef"
-
-[clusters.us]
-url = "iggy://iggy:iggy@127.0.0.1:8090"
-
-[clusters.eu]
-url = "iggy://iggy:iggy@127.0.0.1:8091"
-
-[[flows]]
-name = "us-to-eu"
-source = "us"
-target = "eu"
-max_in_flight_batches = 5
-"#;
-        let config = replicator_config::parse_str(text, "test", |_| None).expect("valid config");
-        assert_eq!(pipeline_params(&config).flows[0].max_in_flight_batches, 5);
+        let config = MinimalConfig {
+            flow_extra: "max_in_flight_batches = 5".to_owned(),
+            ..MinimalConfig::default()
+        };
+        let params = pipeline_params(&config.parse().expect("valid config"));
+        assert_eq!(params.flows[0].max_in_flight_batches, 5);
     }
 }

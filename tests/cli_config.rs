@@ -3,30 +3,19 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use replicator_config::testing::MinimalConfig;
+
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
-const VALID: &str = r#"
-[node]
-id = 1
-data_dir = "DATA"
-raft_addr = "127.0.0.1:1"
-api_addr = "127.0.0.1:1"
-
-[cluster]
-secret = "0123456789abcdef-test"
-
-[clusters.us]
-url = "iggy://iggy:iggy@127.0.0.1:1"
-
-[clusters.eu]
-url = "iggy://iggy:iggy@127.0.0.1:2"
-
-[[flows]]
-name = "us-to-eu"
-source = "us"
-target = "eu"
-include = ["orders/*"]
-"#;
+/// A valid config file whose data dir is `DATA` (see [`run_with`]).
+fn valid() -> String {
+    MinimalConfig {
+        data_dir: "DATA".to_owned(),
+        include: vec!["orders/*".to_owned()],
+        ..MinimalConfig::default()
+    }
+    .to_string()
+}
 
 fn replicator(args: &[&str], config: &Path) -> std::io::Result<Output> {
     Command::new(env!("CARGO_BIN_EXE_iggy-replicator"))
@@ -66,48 +55,42 @@ fn assert_rejected(text: &str, key: &str) -> TestResult {
     Ok(())
 }
 
+/// [`assert_rejected`] on the valid file with `from` replaced by `to`.
+fn assert_edit_rejected(from: &str, to: &str, key: &str) -> TestResult {
+    assert_rejected(&valid().replace(from, to), key)
+}
+
 #[test]
 fn valid_config_passes_check() -> TestResult {
-    let (code, stderr) = run_with("check-config", VALID)?;
+    let (code, stderr) = run_with("check-config", &valid())?;
     assert_eq!(code, 0, "{stderr}");
     Ok(())
 }
 
 #[test]
 fn unknown_key_exits_2_naming_it() -> TestResult {
-    assert_rejected(&VALID.replace("include =", "includes ="), "includes")
+    assert_edit_rejected("include =", "includes =", "includes")
 }
 
 #[test]
 fn missing_cluster_alias_exits_2_naming_it() -> TestResult {
-    assert_rejected(
-        &VALID.replace("target = \"eu\"", "target = \"asia\""),
-        "flows[0].target",
-    )
+    assert_edit_rejected("target = \"eu\"", "target = \"asia\"", "flows[0].target")
 }
 
 #[test]
 fn bad_url_exits_2_naming_it() -> TestResult {
-    assert_rejected(
-        &VALID.replace(
-            "iggy://iggy:iggy@127.0.0.1:2",
-            "iggy://nopassword@127.0.0.1",
-        ),
-        "clusters.eu.url",
-    )
+    let url = "iggy://iggy:iggy@127.0.0.1:8091";
+    assert_edit_rejected(url, "iggy://nopassword@127.0.0.1", "clusters.eu.url")
 }
 
 #[test]
 fn bad_glob_exits_2_naming_it() -> TestResult {
-    assert_rejected(
-        &VALID.replace("orders/*", "orders/[x"),
-        "flows[0].include[0]",
-    )
+    assert_edit_rejected("orders/*", "orders/[x", "flows[0].include[0]")
 }
 
 #[test]
 fn unset_environment_variable_exits_2_naming_key_and_variable() -> TestResult {
-    let text = VALID.replace("0123456789abcdef-test", "${IGGY_REPLICATOR_TEST_UNSET_VAR}");
+    let text = valid().replace("0123456789abcdef", "${IGGY_REPLICATOR_TEST_UNSET_VAR}");
     assert_rejected(&text, "cluster.secret")?;
     assert_rejected(&text, "IGGY_REPLICATOR_TEST_UNSET_VAR")
 }
@@ -121,15 +104,15 @@ fn missing_file_exits_2() -> TestResult {
 
 #[test]
 fn credentials_never_reach_the_error_output() -> TestResult {
-    let text = VALID
+    let text = valid()
         .replace(
-            "iggy://iggy:iggy@127.0.0.1:1",
-            "iggy://admin:SuperSecretPw@127.0.0.1:1",
+            "iggy://iggy:iggy@127.0.0.1:8090",
+            "iggy://admin:SuperSecretPw@127.0.0.1:8090",
         )
         .replace("target = \"eu\"", "target = \"asia\"");
     let (code, stderr) = run_with("run", &text)?;
     assert_eq!(code, 2);
     assert!(!stderr.contains("SuperSecretPw"), "{stderr}");
-    assert!(!stderr.contains("0123456789abcdef-test"), "{stderr}");
+    assert!(!stderr.contains("0123456789abcdef"), "{stderr}");
     Ok(())
 }

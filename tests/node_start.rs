@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use replicator_config::testing::MinimalConfig;
 
 type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -25,10 +26,35 @@ fn free_addr() -> TestResult<SocketAddr> {
 struct NodeProcess {
     child: Option<Child>,
     log: PathBuf,
+    /// Where its admin API listens.
+    api: SocketAddr,
 }
 
 impl NodeProcess {
-    fn spawn(config: &Path, log: PathBuf) -> TestResult<Self> {
+    /// Starts node 1 with its files in `dir`: Raft and the admin API on free addresses, `peers`
+    /// as the other initial members (nodes 2, 3, …), and Iggy clusters `us` and `eu` at
+    /// `iggy.0` and `iggy.1`.
+    fn start(dir: &Path, peers: &[SocketAddr], iggy: (SocketAddr, SocketAddr)) -> TestResult<Self> {
+        let (raft, api) = (free_addr()?, free_addr()?);
+        let config = MinimalConfig {
+            data_dir: dir.join("data").display().to_string(),
+            raft_addr: raft.to_string(),
+            api_addr: api.to_string(),
+            secret: "node-start-test-secret-0123456789".to_owned(),
+            initial_members: (1..)
+                .zip(std::iter::once(&raft).chain(peers))
+                .map(|(id, addr)| (id, addr.to_string()))
+                .collect(),
+            us_url: format!("iggy://iggy:iggy@{}", iggy.0),
+            eu_url: format!("iggy://iggy:iggy@{}", iggy.1),
+            ..MinimalConfig::default()
+        };
+        let path = dir.join("replicator.toml");
+        std::fs::write(&path, config.to_string())?;
+        Self::spawn(&path, dir.join("node.log"), api)
+    }
+
+    fn spawn(config: &Path, log: PathBuf, api: SocketAddr) -> TestResult<Self> {
         let file = std::fs::File::create(&log)?;
         let child = Command::new(env!("CARGO_BIN_EXE_iggy-replicator"))
             .args(["--log-level", "info", "run", "--config"])
@@ -41,12 +67,19 @@ impl NodeProcess {
         Ok(Self {
             child: Some(child),
             log,
+            api,
         })
     }
 
     fn pid(&self) -> TestResult<Pid> {
         let child = self.child.as_ref().ok_or("the node is not running")?;
         Ok(Pid::from_raw(i32::try_from(child.id())?))
+    }
+
+    /// Sends SIGTERM and waits until the process exited, at most [`DEADLINE`].
+    async fn terminate(&mut self) -> TestResult<ExitStatus> {
+        kill(self.pid()?, Signal::SIGTERM)?;
+        self.wait_exit(DEADLINE).await
     }
 
     /// Polls until the process exited, at most `within`.
@@ -81,6 +114,13 @@ impl Drop for NodeProcess {
             );
         }
     }
+}
+
+/// An HTTP client with a per-request timeout.
+fn http_client() -> TestResult<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()?)
 }
 
 /// Polls `GET base + path` until it answers at all (any status), at most [`DEADLINE`].
@@ -121,44 +161,12 @@ async fn get_ok(client: &reqwest::Client, url: &str) -> TestResult<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_without_quorum_or_iggy_serves_admin_api_and_exits_on_sigterm() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let (raft, api) = (free_addr()?, free_addr()?);
     // Nothing listens on these: the peers never run, the Iggy clusters never answer.
     let (peer2, peer3) = (free_addr()?, free_addr()?);
     let (us, eu) = (free_addr()?, free_addr()?);
-    let config = dir.path().join("replicator.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[node]
-id = 1
-data_dir = {data:?}
-raft_addr = "{raft}"
-api_addr = "{api}"
-
-[cluster]
-secret = "node-start-test-secret-0123456789"
-initial_members = {{ 1 = "{raft}", 2 = "{peer2}", 3 = "{peer3}" }}
-
-[clusters.us]
-url = "iggy://iggy:iggy@{us}"
-
-[clusters.eu]
-url = "iggy://iggy:iggy@{eu}"
-
-[[flows]]
-name = "us-to-eu"
-source = "us"
-target = "eu"
-"#,
-            data = dir.path().join("data").display().to_string(),
-        ),
-    )?;
-    let mut node = NodeProcess::spawn(&config, dir.path().join("node.log"))?;
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()?;
-    let base = format!("http://{api}");
+    let mut node = NodeProcess::start(dir.path(), &[peer2, peer3], (us, eu))?;
+    let client = http_client()?;
+    let base = format!("http://{}", node.api);
 
     // Alive, whatever it waits for.
     let (status, body) = get_when_listening(&client, &format!("{base}/health")).await?;
@@ -186,8 +194,7 @@ target = "eu"
         "{metrics}"
     );
 
-    kill(node.pid()?, Signal::SIGTERM)?;
-    let exit = node.wait_exit(DEADLINE).await?;
+    let exit = node.terminate().await?;
     assert_eq!(exit.code(), Some(0), "exit after SIGTERM: {exit:?}");
     Ok(())
 }
@@ -195,46 +202,14 @@ target = "eu"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_stopped_as_soon_as_its_admin_api_answers_exits_cleanly() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let (raft, api, peer2) = (free_addr()?, free_addr()?, free_addr()?);
-    let us = free_addr()?;
-    let config = dir.path().join("replicator.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[node]
-id = 1
-data_dir = {data:?}
-raft_addr = "{raft}"
-api_addr = "{api}"
-
-[cluster]
-secret = "node-start-test-secret-0123456789"
-initial_members = {{ 1 = "{raft}", 2 = "{peer2}" }}
-
-[clusters.us]
-url = "iggy://iggy:iggy@{us}"
-
-[clusters.eu]
-url = "iggy://iggy:iggy@{us}"
-
-[[flows]]
-name = "us-to-eu"
-source = "us"
-target = "eu"
-"#,
-            data = dir.path().join("data").display().to_string(),
-        ),
-    )?;
-    let mut node = NodeProcess::spawn(&config, dir.path().join("node.log"))?;
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()?;
+    let (peer2, us) = (free_addr()?, free_addr()?);
+    let mut node = NodeProcess::start(dir.path(), &[peer2], (us, us))?;
+    let client = http_client()?;
     // The first answer may come while the control plane or the pipeline still starts.
-    let (status, body) = get_when_listening(&client, &format!("http://{api}/health")).await?;
+    let url = format!("http://{}/health", node.api);
+    let (status, body) = get_when_listening(&client, &url).await?;
     assert_eq!(status, reqwest::StatusCode::OK, "/health: {body}");
-    kill(node.pid()?, Signal::SIGTERM)?;
-    let exit = node.wait_exit(DEADLINE).await?;
+    let exit = node.terminate().await?;
     assert_eq!(exit.code(), Some(0), "exit after SIGTERM: {exit:?}");
     Ok(())
 }

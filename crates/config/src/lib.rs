@@ -12,6 +12,8 @@ mod error;
 mod load;
 mod schema;
 mod secret;
+#[doc(hidden)]
+pub mod testing;
 
 pub use error::{Error, Problem, Result};
 pub use load::{load_file, parse_str};

@@ -122,33 +122,24 @@ mod tests {
 
     use super::*;
 
-    const VALID: &str = r#"
-[node]
-id = 1
-data_dir = "/tmp/r1"
-raft_addr = "127.0.0.1:7101"
-api_addr = "127.0.0.1:7181"
-
-[cluster]
-secret = "${SECRET}"
-initial_members = { 1 = "127.0.0.1:7101", 2 = "127.0.0.1:7102", 3 = "127.0.0.1:7103" }
-
-[clusters.us]
-url = "iggy://iggy:${PASS}@127.0.0.1:8090"
-
-[clusters.eu]
-url = "iggy+tcp://iggy:iggy@127.0.0.1:8091?nodelay=true"
-connections = 2
-
-[[flows]]
-name = "us-to-eu"
-source = "us"
-target = "eu"
-include = ["orders/*"]
-naming = "prefix"
-initial_offset = 42
-poll_interval = "10ms"
-"#;
+    /// A valid file with substitutions (`SECRET`, `PASS`) and a non-default value in every
+    /// section.
+    fn valid() -> String {
+        crate::testing::MinimalConfig {
+            secret: "${SECRET}".to_owned(),
+            initial_members: (1..=3)
+                .map(|id| (id, format!("127.0.0.1:710{id}")))
+                .collect(),
+            us_url: "iggy://iggy:${PASS}@127.0.0.1:8090".to_owned(),
+            eu_url: "iggy+tcp://iggy:iggy@127.0.0.1:8091?nodelay=true".to_owned(),
+            eu_extra: "connections = 2".to_owned(),
+            include: vec!["orders/*".to_owned()],
+            flow_extra: "naming = \"prefix\"\ninitial_offset = 42\npoll_interval = \"10ms\""
+                .to_owned(),
+            ..Default::default()
+        }
+        .to_string()
+    }
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let map: HashMap<String, String> = pairs
@@ -156,6 +147,11 @@ poll_interval = "10ms"
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         move |name| map.get(name).cloned()
+    }
+
+    /// Parses `text` with `SECRET` set to `secret` and `PASS` to `pw`.
+    fn parse_with_secret(text: &str, secret: &str) -> Result<crate::Config> {
+        parse_str(text, "t", env(&[("SECRET", secret), ("PASS", "pw")]))
     }
 
     fn problem_keys(error: Error) -> Vec<String> {
@@ -167,12 +163,7 @@ poll_interval = "10ms"
 
     #[test]
     fn valid_file_parses_with_defaults_and_substitution() {
-        let config = parse_str(
-            VALID,
-            "t",
-            env(&[("SECRET", "0123456789abcdef"), ("PASS", "pw")]),
-        )
-        .expect("valid");
+        let config = parse_with_secret(&valid(), "0123456789abcdef").expect("valid");
         assert_eq!(config.cluster.secret.expose(), "0123456789abcdef");
         assert_eq!(
             config.clusters["us"].url.expose(),
@@ -195,27 +186,22 @@ poll_interval = "10ms"
 
     #[test]
     fn unknown_key_is_rejected_naming_it() {
-        let text = VALID.replace("naming = \"prefix\"", "namingg = \"prefix\"");
-        let error = parse_str(
-            &text,
-            "t",
-            env(&[("SECRET", "0123456789abcdef"), ("PASS", "p")]),
-        )
-        .expect_err("unknown key");
+        let text = valid().replace("naming = \"prefix\"", "namingg = \"prefix\"");
+        let error = parse_with_secret(&text, "0123456789abcdef").expect_err("unknown key");
         assert!(matches!(error, Error::Syntax { .. }));
         assert!(error.to_string().contains("namingg"), "{error}");
     }
 
     #[test]
     fn missing_env_var_names_key_and_variable() {
-        let error = parse_str(VALID, "t", env(&[("PASS", "p")])).expect_err("missing var");
+        let error = parse_str(&valid(), "t", env(&[("PASS", "p")])).expect_err("missing var");
         assert!(error.to_string().contains("cluster.secret"), "{error}");
         assert!(error.to_string().contains("SECRET"), "{error}");
     }
 
     #[test]
     fn every_problem_is_reported_with_its_key() {
-        let text = VALID
+        let text = valid()
             .replace("source = \"us\"", "source = \"asia\"")
             .replace("[\"orders/*\"]", "[\"orders/[\"]")
             .replace("iggy://iggy:${PASS}@127.0.0.1:8090", "http://nope")
@@ -242,22 +228,15 @@ poll_interval = "10ms"
 
     #[test]
     fn admin_token_equal_to_the_secret_and_unreadable_tls_files_are_problems() {
-        let text = VALID.replace(
+        let text = valid().replace(
             "[cluster]\n",
             "[cluster]\nadmin_token = \"${SECRET}\"\ntls = { cert_file = \"/nonexistent/n.crt\", key_file = \"/nonexistent/n.key\", ca_file = \"/nonexistent/ca.crt\" }\n",
         );
         assert!(
             text.contains("admin_token"),
-            "VALID has a [cluster] section"
+            "valid() has a [cluster] section"
         );
-        let keys = problem_keys(
-            parse_str(
-                &text,
-                "t",
-                env(&[("SECRET", "0123456789abcdef"), ("PASS", "p")]),
-            )
-            .expect_err("invalid"),
-        );
+        let keys = problem_keys(parse_with_secret(&text, "0123456789abcdef").expect_err("invalid"));
         for expected in [
             "cluster.admin_token",
             "cluster.tls.cert_file",
@@ -276,12 +255,7 @@ poll_interval = "10ms"
 
     #[test]
     fn env_value_cannot_inject_toml() {
-        let config = parse_str(
-            VALID,
-            "t",
-            env(&[("SECRET", "0123456789abcdef\"\n[evil]"), ("PASS", "p")]),
-        )
-        .expect("valid");
+        let config = parse_with_secret(&valid(), "0123456789abcdef\"\n[evil]").expect("valid");
         assert!(config.cluster.secret.expose().ends_with("[evil]"));
     }
 }

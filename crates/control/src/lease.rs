@@ -139,6 +139,34 @@ mod tests {
         }
     }
 
+    /// Active members by id, each with its last renewal index.
+    fn members(renewals: &[(NodeId, u64)]) -> BTreeMap<NodeId, MemberRecord> {
+        renewals
+            .iter()
+            .map(|(id, renewal)| (*id, member(*renewal)))
+            .collect()
+    }
+
+    /// The view of a node in `term` that saw the members' `renewals` at `at`.
+    fn viewed(term: u64, renewals: &[(NodeId, u64)], at: Instant) -> LeaderView {
+        let mut view = LeaderView::new(term);
+        view.observe(&members(renewals), at);
+        view
+    }
+
+    /// The view of a leader elected in `term` at `at`, carrying on from `observed` and then
+    /// seeing the members' `renewals`.
+    fn carried_on(
+        term: u64,
+        observed: &LeaderView,
+        at: Instant,
+        renewals: &[(NodeId, u64)],
+    ) -> LeaderView {
+        let mut view = LeaderView::carry_on(term, observed, at);
+        view.observe(&members(renewals), at);
+        view
+    }
+
     const EXPIRY: Duration = Duration::from_secs(2);
 
     #[test]
@@ -155,8 +183,7 @@ mod tests {
     #[test]
     fn new_leader_gives_everyone_a_full_period() {
         let t0 = Instant::now();
-        let mut view = LeaderView::new(3);
-        view.observe(&BTreeMap::from([(1, member(10)), (2, member(11))]), t0);
+        let view = viewed(3, &[(1, 10), (2, 11)], t0);
         check!(view.live(t0 + EXPIRY - Duration::from_millis(1), EXPIRY) == BTreeSet::from([1, 2]));
         // `<` not `<=`: at exactly `expiry` the lease is over.
         check!(view.live(t0 + EXPIRY, EXPIRY).is_empty());
@@ -165,10 +192,9 @@ mod tests {
     #[test]
     fn only_a_new_renewal_index_refreshes_a_member() {
         let t0 = Instant::now();
-        let mut view = LeaderView::new(1);
-        view.observe(&BTreeMap::from([(1, member(10)), (2, member(11))]), t0);
+        let mut view = viewed(1, &[(1, 10), (2, 11)], t0);
         let t1 = t0 + Duration::from_millis(1500);
-        view.observe(&BTreeMap::from([(1, member(20)), (2, member(11))]), t1);
+        view.observe(&members(&[(1, 20), (2, 11)]), t1);
         let t2 = t0 + EXPIRY + Duration::from_millis(1);
         check!(view.live(t2, EXPIRY) == BTreeSet::from([1]));
         check!(view.is_live(2, t2, EXPIRY) == Some(false));
@@ -178,16 +204,11 @@ mod tests {
     #[test]
     fn a_new_leader_carries_on_from_what_it_saw_as_a_follower() {
         let t0 = Instant::now();
-        let mut observed = LeaderView::new(0);
-        observed.observe(&BTreeMap::from([(1, member(10)), (2, member(11))]), t0);
+        let observed = viewed(0, &[(1, 10), (2, 11)], t0);
         // Elected 600 ms later: member 1 (the old leader) renewed nothing since, member 2 did,
         // and member 3 is new to this node.
         let t1 = t0 + Duration::from_millis(600);
-        let mut view = LeaderView::carry_on(4, &observed, t1);
-        view.observe(
-            &BTreeMap::from([(1, member(10)), (2, member(12)), (3, member(1))]),
-            t1,
-        );
+        let view = carried_on(4, &observed, t1, &[(1, 10), (2, 12), (3, 1)]);
         check!(view.term == 4);
         // Member 1 expires one period after it was seen, not one period after the election.
         check!(view.is_live(1, t0 + EXPIRY - Duration::from_millis(1), EXPIRY) == Some(true));
@@ -201,9 +222,8 @@ mod tests {
     #[test]
     fn removed_members_are_forgotten() {
         let t0 = Instant::now();
-        let mut view = LeaderView::new(1);
-        view.observe(&BTreeMap::from([(1, member(1)), (2, member(2))]), t0);
-        view.observe(&BTreeMap::from([(1, member(1))]), t0);
+        let mut view = viewed(1, &[(1, 1), (2, 2)], t0);
+        view.observe(&members(&[(1, 1)]), t0);
         check!(view.is_live(2, t0, EXPIRY) == None);
     }
 
@@ -213,18 +233,16 @@ mod tests {
     #[test]
     fn after_a_slow_election_expired_members_get_a_grace_to_renew() {
         let t0 = Instant::now();
-        let mut observed = LeaderView::new(0);
-        observed.observe(&BTreeMap::from([(1, member(10)), (2, member(11))]), t0);
+        let observed = viewed(0, &[(1, 10), (2, 11)], t0);
         // Elected 3 s after anybody last renewed: both look expired.
         let elected = t0 + Duration::from_secs(3);
-        let mut view = LeaderView::carry_on(5, &observed, elected);
-        view.observe(&BTreeMap::from([(1, member(10)), (2, member(11))]), elected);
+        let mut view = carried_on(5, &observed, elected, &[(1, 10), (2, 11)]);
         let l = view.liveness(elected, LEASE, GRACE);
         check!(l.live.is_empty());
         check!(l.grace == BTreeSet::from([1, 2]));
         // Member 2 renews within the grace: live. Member 1 does not: revocable once it ends.
         let renewed = elected + Duration::from_millis(300);
-        view.observe(&BTreeMap::from([(1, member(10)), (2, member(20))]), renewed);
+        view.observe(&members(&[(1, 10), (2, 20)]), renewed);
         let l = view.liveness(renewed, LEASE, GRACE);
         check!(l.live == BTreeSet::from([2]));
         check!(l.grace == BTreeSet::from([1]));
@@ -237,8 +255,7 @@ mod tests {
     #[test]
     fn a_follower_record_and_a_quick_election_give_no_grace_that_matters() {
         let t0 = Instant::now();
-        let mut observed = LeaderView::new(0);
-        observed.observe(&BTreeMap::from([(1, member(10))]), t0);
+        let observed = viewed(0, &[(1, 10)], t0);
         // A follower's own record never grants grace.
         check!(observed.liveness(t0, LEASE, GRACE).grace.is_empty());
         // Elected 500 ms after the dead member's last renewal: it is still live by its lease,

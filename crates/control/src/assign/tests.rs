@@ -27,37 +27,52 @@ fn plan_with(
     )
 }
 
+/// `node` joins (without addresses).
+fn register(node: NodeId) -> ControlCommand {
+    ControlCommand::RegisterMember {
+        node,
+        raft_addr: String::new(),
+        api_addr: String::new(),
+    }
+}
+
+/// Flow `f` has units 0..`units`.
+fn report(units: u32) -> ControlCommand {
+    ControlCommand::ReportUnits {
+        flow: "f".into(),
+        units: (0..units).map(unit).collect(),
+    }
+}
+
 fn state(members: &[NodeId], units: u32) -> ControlState {
     let mut s = ControlState::default();
     for m in members {
-        s.apply(
-            1,
-            &ControlCommand::RegisterMember {
-                node: *m,
-                raft_addr: String::new(),
-                api_addr: String::new(),
-            },
-        );
+        s.apply(1, &register(*m));
     }
-    s.apply(
-        2,
-        &ControlCommand::ReportUnits {
-            flow: "f".into(),
-            units: (0..units).map(unit).collect(),
-        },
-    );
+    s.apply(2, &report(units));
     s
+}
+
+/// [`state`] converged with every member live; returns it and the last log index used.
+fn converged(members: &[NodeId], units: u32) -> (ControlState, u64) {
+    let mut s = state(members, units);
+    let mut index = 10;
+    converge(&mut s, &members.iter().copied().collect(), &mut index);
+    (s, index)
+}
+
+/// Every member's last renewal as the leader has seen it.
+fn renewals_seen(s: &ControlState) -> BTreeMap<NodeId, u64> {
+    s.members
+        .iter()
+        .map(|(id, m)| (*id, m.last_renewal_index))
+        .collect()
 }
 
 /// Applies plans (and the owners' releases) until nothing changes; returns the rounds taken.
 fn converge(s: &mut ControlState, live: &BTreeSet<NodeId>, index: &mut u64) -> usize {
     for round in 0..10 {
-        let seen: BTreeMap<NodeId, u64> = s
-            .members
-            .iter()
-            .map(|(id, m)| (*id, m.last_renewal_index))
-            .collect();
-        let cmds = plan_with(s, live, &seen);
+        let cmds = plan_with(s, live, &renewals_seen(s));
         // Owners hand back what was requested (the pipeline's part).
         let releases: Vec<ControlCommand> = s
             .units
@@ -90,23 +105,22 @@ fn loads(s: &ControlState, members: &BTreeSet<NodeId>) -> Vec<usize> {
     members.iter().map(|m| s.assignments_of(*m).len()).collect()
 }
 
+/// Whether the loads differ by at most one unit.
+fn within_one(loads: &[usize]) -> bool {
+    loads.iter().max().copied().unwrap_or(0) - loads.iter().min().copied().unwrap_or(0) <= 1
+}
+
 #[test]
 fn unowned_units_are_spread_within_one() {
     for (n_members, n_units) in [(1, 5), (3, 10), (3, 2), (4, 17), (5, 5)] {
         let members: Vec<NodeId> = (1..=n_members).collect();
-        let live: BTreeSet<NodeId> = members.iter().copied().collect();
-        let mut s = state(&members, n_units);
-        let mut index = 10;
-        converge(&mut s, &live, &mut index);
-        let l = loads(&s, &live);
+        let (s, _) = converged(&members, n_units);
+        let l = loads(&s, &members.iter().copied().collect());
         check!(
             l.iter().sum::<usize>() == n_units as usize,
             "members {n_members} units {n_units}"
         );
-        check!(
-            l.iter().max().unwrap_or(&0) - l.iter().min().unwrap_or(&0) <= 1,
-            "loads {l:?}"
-        );
+        check!(within_one(&l), "loads {l:?}");
     }
 }
 
@@ -123,26 +137,13 @@ fn first_round_grants_everything_in_one_batch() {
 
 #[test]
 fn a_join_moves_only_the_minimum_and_only_by_release() {
-    let mut s = state(&[1, 2], 10);
-    let mut index = 10;
-    converge(&mut s, &BTreeSet::from([1, 2]), &mut index);
+    let (mut s, mut index) = converged(&[1, 2], 10);
     let before = owners(&s);
-    s.apply(
-        index + 1,
-        &ControlCommand::RegisterMember {
-            node: 3,
-            raft_addr: String::new(),
-            api_addr: String::new(),
-        },
-    );
+    s.apply(index + 1, &register(3));
     index += 1;
     let live = BTreeSet::from([1, 2, 3]);
     // The first round only asks for units back: a live owner is never bypassed.
-    let seen: BTreeMap<NodeId, u64> = s
-        .members
-        .iter()
-        .map(|(id, m)| (*id, m.last_renewal_index))
-        .collect();
+    let seen = renewals_seen(&s);
     let first = plan_with(&s, &live, &seen);
     check!(first
         .iter()
@@ -152,15 +153,12 @@ fn a_join_moves_only_the_minimum_and_only_by_release() {
     let after = owners(&s);
     let moved = before.iter().filter(|(u, o)| after[*u] != **o).count();
     check!(moved == 3);
-    let l = loads(&s, &live);
-    check!(l.iter().max().unwrap_or(&0) - l.iter().min().unwrap_or(&0) <= 1);
+    check!(within_one(&loads(&s, &live)));
 }
 
 #[test]
 fn units_of_an_expired_member_are_revoked_with_its_seen_renewal_and_regranted() {
-    let mut s = state(&[1, 2, 3], 9);
-    let mut index = 10;
-    converge(&mut s, &BTreeSet::from([1, 2, 3]), &mut index);
+    let (mut s, mut index) = converged(&[1, 2, 3], 9);
     let live = BTreeSet::from([1, 2]);
     let seen = BTreeMap::from([(1, 1), (2, 1), (3, 1)]);
     let cmds = plan_with(&s, &live, &seen);
@@ -185,23 +183,16 @@ fn units_of_an_expired_member_are_revoked_with_its_seen_renewal_and_regranted() 
     converge(&mut s, &live, &mut index);
     check!(s.assignments_of(3).is_empty());
     check!(loads(&s, &live).iter().sum::<usize>() == 9);
-    let l = loads(&s, &live);
-    check!(l.iter().max().unwrap_or(&0) - l.iter().min().unwrap_or(&0) <= 1);
+    check!(within_one(&loads(&s, &live)));
 }
 
 #[test]
 fn a_leaving_member_is_drained_by_request_not_revoke() {
-    let mut s = state(&[1, 2], 4);
-    let mut index = 10;
-    converge(&mut s, &BTreeSet::from([1, 2]), &mut index);
+    let (mut s, _) = converged(&[1, 2], 4);
     s.apply(50, &ControlCommand::LeaveMember { node: 2 });
-    index = 50;
+    let mut index = 50;
     let live = BTreeSet::from([1, 2]);
-    let seen: BTreeMap<NodeId, u64> = s
-        .members
-        .iter()
-        .map(|(id, m)| (*id, m.last_renewal_index))
-        .collect();
+    let seen = renewals_seen(&s);
     let cmds = plan_with(&s, &live, &seen);
     check!(cmds.len() == 2);
     check!(cmds
@@ -216,37 +207,17 @@ fn a_leaving_member_is_drained_by_request_not_revoke() {
 fn no_live_member_means_no_grants_and_a_stable_cluster_means_no_commands() {
     let s = state(&[1, 2], 4);
     check!(plan_with(&s, &BTreeSet::new(), &BTreeMap::new()).is_empty());
-    let mut s = state(&[1, 2], 4);
-    let mut index = 10;
+    let (s, _) = converged(&[1, 2], 4);
     let live = BTreeSet::from([1, 2]);
-    converge(&mut s, &live, &mut index);
-    let seen: BTreeMap<NodeId, u64> = s
-        .members
-        .iter()
-        .map(|(id, m)| (*id, m.last_renewal_index))
-        .collect();
-    check!(plan_with(&s, &live, &seen).is_empty());
+    check!(plan_with(&s, &live, &renewals_seen(&s)).is_empty());
 }
 
 #[test]
 fn release_requests_are_not_repeated_while_pending() {
-    let mut s = state(&[1], 4);
-    let mut index = 10;
-    converge(&mut s, &BTreeSet::from([1]), &mut index);
-    s.apply(
-        30,
-        &ControlCommand::RegisterMember {
-            node: 2,
-            raft_addr: String::new(),
-            api_addr: String::new(),
-        },
-    );
+    let (mut s, _) = converged(&[1], 4);
+    s.apply(30, &register(2));
     let live = BTreeSet::from([1, 2]);
-    let seen: BTreeMap<NodeId, u64> = s
-        .members
-        .iter()
-        .map(|(id, m)| (*id, m.last_renewal_index))
-        .collect();
+    let seen = renewals_seen(&s);
     let first = plan_with(&s, &live, &seen);
     check!(first.len() == 2);
     s.apply(31, &ControlCommand::Batch(first));
@@ -258,16 +229,8 @@ fn release_requests_are_not_repeated_while_pending() {
 fn members_in_the_grace_after_an_election_keep_their_units_but_get_no_more() {
     // A slow election: the new leader (1) has seen nobody renew for a whole lease. Member 2
     // is in grace (not known alive yet), member 3 is known dead.
-    let mut s = state(&[1, 2, 3], 6);
-    let mut index = 10;
-    converge(&mut s, &BTreeSet::from([1, 2, 3]), &mut index);
-    s.apply(
-        100,
-        &ControlCommand::ReportUnits {
-            flow: "f".into(),
-            units: (0..7).map(unit).collect(),
-        },
-    );
+    let (mut s, _) = converged(&[1, 2, 3], 6);
+    s.apply(100, &report(7));
     let cmds = plan(
         &s,
         &Liveness {
@@ -303,23 +266,11 @@ fn members_in_the_grace_after_an_election_keep_their_units_but_get_no_more() {
 
 #[test]
 fn a_retired_unit_stays_with_a_live_owner_and_is_revoked_from_a_dead_one() {
-    let mut s = state(&[1, 2], 4);
-    let mut index = 10;
+    let (mut s, _) = converged(&[1, 2], 4);
     let live = BTreeSet::from([1, 2]);
-    converge(&mut s, &live, &mut index);
     // Units 2 and 3 are no longer reported.
-    s.apply(
-        100,
-        &ControlCommand::ReportUnits {
-            flow: "f".into(),
-            units: (0..2).map(unit).collect(),
-        },
-    );
-    let seen: BTreeMap<NodeId, u64> = s
-        .members
-        .iter()
-        .map(|(id, m)| (*id, m.last_renewal_index))
-        .collect();
+    s.apply(100, &report(2));
+    let seen = renewals_seen(&s);
     // Both owners alive: the retired units wait for their owners' releases, nothing moves.
     check!(plan_with(&s, &live, &seen).is_empty());
     // The owner of unit 3 dies: its retired unit is revoked, and never granted again.
@@ -346,6 +297,5 @@ fn a_round_holds_at_most_the_cap_and_the_rest_follows() {
     check!(second.len() == 500);
     s.apply(11, &ControlCommand::Batch(second));
     check!(s.units.values().all(|r| r.owner.is_some()));
-    let l = loads(&s, &live);
-    check!(l.iter().max().copied().unwrap_or(0) - l.iter().min().copied().unwrap_or(0) <= 1);
+    check!(within_one(&loads(&s, &live)));
 }

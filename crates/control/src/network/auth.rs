@@ -230,13 +230,15 @@ mod tests {
 
     const T: u64 = 1_800_000_000_000;
 
+    /// The stamp of a request sent at `millis` with `nonce`.
+    fn at(millis: u64, nonce: u64) -> Stamp {
+        Stamp { millis, nonce }
+    }
+
     #[test]
     fn a_signed_request_verifies_and_the_secret_is_not_in_it() {
         let s = signer("hunter2-hunter2");
-        let stamp = Stamp {
-            millis: T,
-            nonce: 42,
-        };
+        let stamp = at(T, 42);
         let header = s.sign("/raft/append", b"body", stamp);
         check!(!header.contains("hunter2"));
         check!(s.verify("/raft/append", b"body", Some(header.as_bytes())) == Ok(stamp));
@@ -245,10 +247,7 @@ mod tests {
     #[test]
     fn another_secret_path_body_or_stamp_is_refused() {
         let s = signer("secret-one");
-        let stamp = Stamp {
-            millis: T,
-            nonce: 7,
-        };
+        let stamp = at(T, 7);
         let header = s.sign("/raft/vote", b"body", stamp);
         let h = Some(header.as_bytes());
         check!(
@@ -281,10 +280,7 @@ mod tests {
     fn a_captured_request_cannot_be_replayed_nor_forged_with_another_secret() {
         let ours = signer("cluster-secret-1");
         let guard = ReplayGuard::new();
-        let stamp = Stamp {
-            millis: T,
-            nonce: 99,
-        };
+        let stamp = at(T, 99);
         let header = ours.sign("/control/write", b"cmd", stamp);
         let h = Some(header.as_bytes());
         check!(authenticate(&ours, &guard, "/control/write", b"cmd", h, T + 5) == Ok(()));
@@ -292,14 +288,7 @@ mod tests {
             authenticate(&ours, &guard, "/control/write", b"cmd", h, T + 10)
                 == Err(AuthError::Replayed)
         );
-        let theirs = signer("cluster-secret-2").sign(
-            "/control/write",
-            b"cmd",
-            Stamp {
-                nonce: 100,
-                ..stamp
-            },
-        );
+        let theirs = signer("cluster-secret-2").sign("/control/write", b"cmd", at(T, 100));
         check!(
             authenticate(
                 &ours,
@@ -315,32 +304,13 @@ mod tests {
     #[test]
     fn a_stamp_is_accepted_once_and_only_within_the_window() {
         let guard = ReplayGuard::with_limits(Duration::from_secs(300), 1000);
-        let stamp = Stamp {
-            millis: T,
-            nonce: 1,
-        };
+        let stamp = at(T, 1);
         check!(guard.admit(stamp, T + 1_000) == Ok(()));
         check!(guard.admit(stamp, T + 2_000) == Err(AuthError::Replayed));
-        check!(guard.admit(Stamp { nonce: 2, ..stamp }, T + 2_000) == Ok(()));
+        check!(guard.admit(at(T, 2), T + 2_000) == Ok(()));
         // Too old or too far ahead of this node's clock.
-        check!(
-            guard.admit(
-                Stamp {
-                    millis: T - 300_001,
-                    nonce: 3
-                },
-                T
-            ) == Err(AuthError::Stale { skew_ms: 300_001 })
-        );
-        check!(
-            guard.admit(
-                Stamp {
-                    millis: T + 300_001,
-                    nonce: 3
-                },
-                T
-            ) == Err(AuthError::Stale { skew_ms: 300_001 })
-        );
+        check!(guard.admit(at(T - 300_001, 3), T) == Err(AuthError::Stale { skew_ms: 300_001 }));
+        check!(guard.admit(at(T + 300_001, 3), T) == Err(AuthError::Stale { skew_ms: 300_001 }));
         // Once the window has passed, the stamp is forgotten, and refused as stale anyway.
         check!(guard.admit(stamp, T + 300_001) == Err(AuthError::Stale { skew_ms: 300_001 }));
     }
@@ -349,19 +319,11 @@ mod tests {
     fn the_record_is_bounded_and_forgets_the_oldest_first() {
         let guard = ReplayGuard::with_limits(Duration::from_secs(300), 3);
         for nonce in 0..5 {
-            check!(guard.admit(Stamp { millis: T, nonce }, T) == Ok(()));
+            check!(guard.admit(at(T, nonce), T) == Ok(()));
         }
         let seen = guard.seen.lock().map(|s| s.order.len()).unwrap_or(0);
         check!(seen == 3);
         // The most recent are still refused as replays.
-        check!(
-            guard.admit(
-                Stamp {
-                    millis: T,
-                    nonce: 4
-                },
-                T
-            ) == Err(AuthError::Replayed)
-        );
+        check!(guard.admit(at(T, 4), T) == Err(AuthError::Replayed));
     }
 }

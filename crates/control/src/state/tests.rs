@@ -18,25 +18,38 @@ fn register(state: &mut ControlState, index: u64, node: NodeId) {
     );
 }
 
+/// Grants unit `p` to `node`.
+fn grant(p: u32, node: NodeId) -> ControlCommand {
+    ControlCommand::Grant {
+        unit: unit(p),
+        node,
+    }
+}
+
+/// `node` hands unit 0 back under `epoch`.
+fn release(epoch: u64, node: NodeId) -> ControlCommand {
+    ControlCommand::Release {
+        unit: unit(0),
+        epoch: Epoch(epoch),
+        node,
+    }
+}
+
+/// Flow `f` has exactly `units`.
+fn report(units: Vec<WorkUnit>) -> ControlCommand {
+    ControlCommand::ReportUnits {
+        flow: "f".into(),
+        units,
+    }
+}
+
 /// Two members, units 0..3 reported, unit 0 granted to node 1 at index 10.
 fn setup() -> ControlState {
     let mut s = ControlState::default();
     register(&mut s, 1, 1);
     register(&mut s, 2, 2);
-    s.apply(
-        3,
-        &ControlCommand::ReportUnits {
-            flow: "f".into(),
-            units: vec![unit(0), unit(1), unit(2)],
-        },
-    );
-    let r = s.apply(
-        10,
-        &ControlCommand::Grant {
-            unit: unit(0),
-            node: 1,
-        },
-    );
+    s.apply(3, &report(vec![unit(0), unit(1), unit(2)]));
+    let r = s.apply(10, &grant(0, 1));
     check!(r == ControlResponse::Granted { epoch: Epoch(10) });
     s
 }
@@ -71,33 +84,9 @@ fn commit_as(s: &mut ControlState, index: u64, node: NodeId, c: OffsetCommit) ->
 #[test]
 fn grant_sets_epoch_to_log_index_and_refuses_owned_units() {
     let mut s = setup();
-    check!(
-        s.apply(
-            11,
-            &ControlCommand::Grant {
-                unit: unit(0),
-                node: 2
-            }
-        ) == ControlResponse::Ignored(Rejection::AlreadyOwned)
-    );
-    check!(
-        s.apply(
-            12,
-            &ControlCommand::Grant {
-                unit: unit(9),
-                node: 2
-            }
-        ) == ControlResponse::Ignored(Rejection::UnknownUnit)
-    );
-    check!(
-        s.apply(
-            13,
-            &ControlCommand::Grant {
-                unit: unit(1),
-                node: 7
-            }
-        ) == ControlResponse::Ignored(Rejection::UnknownMember)
-    );
+    check!(s.apply(11, &grant(0, 2)) == ControlResponse::Ignored(Rejection::AlreadyOwned));
+    check!(s.apply(12, &grant(9, 2)) == ControlResponse::Ignored(Rejection::UnknownUnit));
+    check!(s.apply(13, &grant(1, 7)) == ControlResponse::Ignored(Rejection::UnknownMember));
     check!(
         s.assignments_of(1)
             == vec![Assignment {
@@ -142,14 +131,7 @@ fn stale_epoch_or_wrong_node_is_fenced_and_changes_nothing() {
     check!(s.units[&unit(0)].progress.confirmed == Some(50));
     check!(s.units[&unit(0)].progress.counters.messages == 2);
     // Released: nobody may commit, the fence reports no current epoch.
-    s.apply(
-        14,
-        &ControlCommand::Release {
-            unit: unit(0),
-            epoch: Epoch(10),
-            node: 1,
-        },
-    );
+    s.apply(14, &release(10, 1));
     check!(commit_as(&mut s, 15, 1, commit(10, 60, 7)) == CommitOutcome::Fenced { current: None });
 }
 
@@ -157,21 +139,8 @@ fn stale_epoch_or_wrong_node_is_fenced_and_changes_nothing() {
 fn grant_and_commit_race_resolves_by_log_order() {
     // Old owner's commit ordered after the regrant: fenced. Ordered before: committed.
     let mut s = setup();
-    s.apply(
-        11,
-        &ControlCommand::Release {
-            unit: unit(0),
-            epoch: Epoch(10),
-            node: 1,
-        },
-    );
-    s.apply(
-        12,
-        &ControlCommand::Grant {
-            unit: unit(0),
-            node: 2,
-        },
-    );
+    s.apply(11, &release(10, 1));
+    s.apply(12, &grant(0, 2));
     check!(
         commit_as(&mut s, 13, 1, commit(10, 99, 7))
             == CommitOutcome::Fenced {
@@ -182,21 +151,8 @@ fn grant_and_commit_race_resolves_by_log_order() {
 
     let mut s = setup();
     check!(commit_as(&mut s, 11, 1, commit(10, 99, 7)) == CommitOutcome::Committed);
-    s.apply(
-        12,
-        &ControlCommand::Release {
-            unit: unit(0),
-            epoch: Epoch(10),
-            node: 1,
-        },
-    );
-    s.apply(
-        13,
-        &ControlCommand::Grant {
-            unit: unit(0),
-            node: 2,
-        },
-    );
+    s.apply(12, &release(10, 1));
+    s.apply(13, &grant(0, 2));
     check!(s.units[&unit(0)].progress.confirmed == Some(99));
     check!(s.units[&unit(0)].epoch == Epoch(13));
 }
@@ -264,26 +220,8 @@ fn release_and_request_need_the_current_epoch() {
         ) == ControlResponse::Done
     );
     check!(s.assignments_of(1)[0].release_requested);
-    check!(
-        s.apply(
-            13,
-            &ControlCommand::Release {
-                unit: unit(0),
-                epoch: Epoch(10),
-                node: 2
-            }
-        ) == ControlResponse::Ignored(Rejection::StaleEpoch)
-    );
-    check!(
-        s.apply(
-            14,
-            &ControlCommand::Release {
-                unit: unit(0),
-                epoch: Epoch(10),
-                node: 1
-            }
-        ) == ControlResponse::Done
-    );
+    check!(s.apply(13, &release(10, 2)) == ControlResponse::Ignored(Rejection::StaleEpoch));
+    check!(s.apply(14, &release(10, 1)) == ControlResponse::Done);
     check!(s.assignments_of(1).is_empty());
     // The epoch survives the release so that the next grant is strictly larger.
     check!(s.units[&unit(0)].epoch == Epoch(10));
@@ -293,13 +231,7 @@ fn release_and_request_need_the_current_epoch() {
 fn units_no_longer_reported_are_retired_with_progress_kept() {
     let mut s = setup();
     commit_as(&mut s, 11, 1, commit(10, 50, 7));
-    s.apply(
-        12,
-        &ControlCommand::ReportUnits {
-            flow: "f".into(),
-            units: vec![unit(1)],
-        },
-    );
+    s.apply(12, &report(vec![unit(1)]));
     let rec = &s.units[&unit(0)];
     check!(rec.retired);
     // The owner keeps a retired unit until it hands it back: it is asked to, its final commit
@@ -316,44 +248,13 @@ fn units_no_longer_reported_are_retired_with_progress_kept() {
     );
     check!(s.holds(1, &unit(0), Epoch(10)));
     check!(commit_as(&mut s, 13, 1, commit(10, 60, 7)) == CommitOutcome::Committed);
-    check!(
-        s.apply(
-            13,
-            &ControlCommand::Grant {
-                unit: unit(0),
-                node: 2
-            }
-        ) == ControlResponse::Ignored(Rejection::Retired)
-    );
-    check!(
-        s.apply(
-            13,
-            &ControlCommand::Release {
-                unit: unit(0),
-                epoch: Epoch(10),
-                node: 1
-            }
-        ) == ControlResponse::Done
-    );
+    check!(s.apply(13, &grant(0, 2)) == ControlResponse::Ignored(Rejection::Retired));
+    check!(s.apply(13, &release(10, 1)) == ControlResponse::Done);
     check!(s.units[&unit(0)].owner == None);
     check!(s.assignments_of(1).is_empty());
-    check!(
-        s.apply(
-            13,
-            &ControlCommand::Grant {
-                unit: unit(0),
-                node: 1
-            }
-        ) == ControlResponse::Ignored(Rejection::Retired)
-    );
+    check!(s.apply(13, &grant(0, 1)) == ControlResponse::Ignored(Rejection::Retired));
     // Reported again: active again, progress still there.
-    s.apply(
-        14,
-        &ControlCommand::ReportUnits {
-            flow: "f".into(),
-            units: vec![unit(0)],
-        },
-    );
+    s.apply(14, &report(vec![unit(0)]));
     check!(!s.units[&unit(0)].retired);
     check!(s.units[&unit(0)].progress.confirmed == Some(60));
     // Another flow's units are untouched by a report of "f"; a foreign unit is refused.
@@ -365,38 +266,16 @@ fn units_no_longer_reported_are_retired_with_progress_kept() {
             units: vec![other.clone()],
         },
     );
-    s.apply(
-        16,
-        &ControlCommand::ReportUnits {
-            flow: "f".into(),
-            units: vec![unit(0)],
-        },
-    );
+    s.apply(16, &report(vec![unit(0)]));
     check!(!s.units[&other].retired);
-    check!(
-        s.apply(
-            17,
-            &ControlCommand::ReportUnits {
-                flow: "f".into(),
-                units: vec![other]
-            }
-        ) == ControlResponse::Ignored(Rejection::InvalidFlow)
-    );
+    check!(s.apply(17, &report(vec![other])) == ControlResponse::Ignored(Rejection::InvalidFlow));
 }
 
 #[test]
 fn leaving_members_get_nothing_and_removal_needs_no_units() {
     let mut s = setup();
     s.apply(11, &ControlCommand::LeaveMember { node: 2 });
-    check!(
-        s.apply(
-            12,
-            &ControlCommand::Grant {
-                unit: unit(1),
-                node: 2
-            }
-        ) == ControlResponse::Ignored(Rejection::MemberLeaving)
-    );
+    check!(s.apply(12, &grant(1, 2)) == ControlResponse::Ignored(Rejection::MemberLeaving));
     check!(
         s.apply(13, &ControlCommand::RemoveMember { node: 1 })
             == ControlResponse::Ignored(Rejection::StillOwnsUnits)
@@ -411,14 +290,8 @@ fn batches_apply_in_order_and_do_not_nest() {
     let r = s.apply(
         20,
         &ControlCommand::Batch(vec![
-            ControlCommand::Grant {
-                unit: unit(1),
-                node: 2,
-            },
-            ControlCommand::Grant {
-                unit: unit(1),
-                node: 1,
-            },
+            grant(1, 2),
+            grant(1, 1),
             ControlCommand::Batch(vec![]),
         ]),
     );
@@ -435,10 +308,7 @@ fn batches_apply_in_order_and_do_not_nest() {
 fn apply_is_deterministic() {
     let cmds = [
         ControlCommand::RenewLease { node: 1 },
-        ControlCommand::Grant {
-            unit: unit(2),
-            node: 2,
-        },
+        grant(2, 2),
         ControlCommand::CommitOffsets {
             node: 1,
             commits: vec![commit(10, 5, 1)],
@@ -456,13 +326,7 @@ fn unowned_units_count_only_reported_units_without_an_owner() {
     let mut s = setup();
     // setup: units 0..3 reported, unit 0 owned by node 1.
     check!(s.unowned_units() == 2);
-    s.apply(
-        20,
-        &ControlCommand::ReportUnits {
-            flow: "f".into(),
-            units: vec![unit(0), unit(1)],
-        },
-    );
+    s.apply(20, &report(vec![unit(0), unit(1)]));
     // Unit 2 is retired: not counted; unit 0 (owned) neither.
     check!(s.unowned_units() == 1);
 }

@@ -1,31 +1,14 @@
 use std::time::Duration;
 
 use replicator_control::{ClusterSecret, Control};
-use replicator_model::{CommitOutcome, OffsetCommit, UnitCounters};
+use replicator_model::CommitOutcome;
 
 use crate::util::*;
 
-fn commit_of(a: &replicator_model::Assignment, offset: u64) -> OffsetCommit {
-    OffsetCommit {
-        unit: a.unit.clone(),
-        epoch: a.epoch,
-        offset,
-        topic_created_at: 1,
-        counters: UnitCounters::default(),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn isolated_former_leader_cannot_commit_and_stops_before_its_units_move() -> TestResult {
-    let cluster = TestCluster::start(3, fast_timing()).await?;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
-    cluster
-        .node(leader)
-        .report_units("f", units("f", 3))
-        .await?;
-    let mut rx = cluster.node(leader).assignments();
-    rx.wait_for(|a| a.len() == 1).await?;
-    let mine = rx.borrow().clone();
+    let (cluster, leader) = TestCluster::start_with_units(3, 3).await?;
+    let mine = cluster.wait_assigned(leader, |a| a.len() == 1).await?;
     wait_until("leader holds a lease", Duration::from_secs(5), || {
         cluster.node(leader).lease_valid_until().is_some()
     })
@@ -34,7 +17,7 @@ async fn isolated_former_leader_cannot_commit_and_stops_before_its_units_move() 
     cluster.node(leader).set_isolated(true);
     let attempt = cluster
         .node(leader)
-        .commit(vec![commit_of(&mine[0], 777)])
+        .commit(vec![commit(&mine[0], 777)])
         .await;
     assert!(
         attempt.is_err(),
@@ -48,54 +31,40 @@ async fn isolated_former_leader_cannot_commit_and_stops_before_its_units_move() 
     // check already says stop.
     let others: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
     let new_leader = others[0];
-    wait_until_async(
-        "unit moved away from the isolated node",
-        Duration::from_secs(10),
-        || async {
-            let owners = cluster.owners(new_leader).await.unwrap_or_default();
-            owners
-                .get(&mine[0].unit)
-                .copied()
-                .flatten()
-                .is_some_and(|o| o != leader)
-        },
-    )
-    .await?;
+    cluster
+        .wait_owners(
+            "unit moved away from the isolated node",
+            new_leader,
+            |owners| {
+                owners
+                    .get(&mine[0].unit)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|o| o != leader)
+            },
+        )
+        .await?;
     assert!(
         cluster.node(leader).lease_valid_until().is_none(),
         "the isolated owner's lease must be over before its unit is granted elsewhere"
     );
-    assert2::check!(
-        cluster
-            .node(new_leader)
-            .progress(&mine[0].unit)
-            .and_then(|p| p.confirmed)
-            == None
-    );
+    assert2::check!(cluster.confirmed(new_leader, &mine[0].unit) == None);
 
     // Reconnected, it follows the new leader and never resurrects its offset.
     cluster.node(leader).set_isolated(false);
     let unit = mine[0].unit.clone();
-    wait_until("reconnected node follows", Duration::from_secs(10), || {
-        cluster
-            .node(leader)
-            .metrics()
-            .leader
-            .is_some_and(|l| l != leader || cluster.node(l).metrics().is_leader)
-    })
-    .await?;
+    cluster
+        .wait_metrics("reconnected node follows", leader, |m| {
+            m.leader
+                .is_some_and(|l| l != leader || cluster.node(l).metrics().is_leader)
+        })
+        .await?;
     let stale = cluster
         .node(leader)
-        .commit(vec![commit_of(&mine[0], 778)])
+        .commit(vec![commit(&mine[0], 778)])
         .await?;
     assert!(matches!(stale[0], CommitOutcome::Fenced { .. }));
-    assert2::check!(
-        cluster
-            .node(new_leader)
-            .progress(&unit)
-            .and_then(|p| p.confirmed)
-            == None
-    );
+    assert2::check!(cluster.confirmed(new_leader, &unit) == None);
     cluster.shutdown().await;
     Ok(())
 }
@@ -109,58 +78,35 @@ async fn restarted_follower_catches_up_through_a_snapshot() -> TestResult {
     };
     let mut cluster = TestCluster::start(3, timing).await?;
     let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
-    cluster
-        .node(leader)
-        .report_units("f", units("f", 3))
-        .await?;
-    let mut rx = cluster.node(leader).assignments();
-    rx.wait_for(|a| a.len() == 1).await?;
-    let mine = rx.borrow().clone();
-    let follower = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    cluster.report_units(leader, 3).await?;
+    let mine = cluster.wait_assigned(leader, |a| a.len() == 1).await?;
+    let follower = follower_of(leader);
     cluster.crash(follower).await;
     let crashed_at_index = cluster.node(leader).metrics().last_log_index.unwrap_or(0);
     for offset in 0..60 {
         cluster
             .node(leader)
-            .commit(vec![commit_of(&mine[0], offset)])
+            .commit(vec![commit(&mine[0], offset)])
             .await?;
     }
-    wait_until(
-        "leader purged past the follower",
-        Duration::from_secs(10),
-        || {
-            cluster
-                .node(leader)
-                .metrics()
-                .purged_index
-                .is_some_and(|p| p > crashed_at_index)
-        },
-    )
-    .await?;
+    cluster
+        .wait_metrics("leader purged past the follower", leader, |m| {
+            m.purged_index.is_some_and(|p| p > crashed_at_index)
+        })
+        .await?;
     cluster.restart(follower).await?;
     let unit = mine[0].unit.clone();
     wait_until("follower caught up", Duration::from_secs(10), || {
-        cluster
-            .node(follower)
-            .progress(&unit)
-            .and_then(|p| p.confirmed)
-            == Some(59)
+        cluster.confirmed(follower, &unit) == Some(59)
     })
     .await?;
     // openraft publishes the installed snapshot in its metrics a moment after the state
     // machine has it, so wait for the metric rather than read it once.
-    wait_until(
-        "follower reports the installed snapshot",
-        Duration::from_secs(10),
-        || {
-            cluster
-                .node(follower)
-                .metrics()
-                .snapshot_index
-                .is_some_and(|s| s > crashed_at_index)
-        },
-    )
-    .await?;
+    cluster
+        .wait_metrics("follower reports the installed snapshot", follower, |m| {
+            m.snapshot_index.is_some_and(|s| s > crashed_at_index)
+        })
+        .await?;
     cluster.shutdown().await;
     Ok(())
 }
@@ -170,7 +116,7 @@ async fn wrong_secret_is_rejected_and_such_a_node_never_joins() -> TestResult {
     init_tracing();
     // Node 3 carries the wrong secret: 1 and 2 form the cluster, 3 never learns a leader.
     let mut cluster = TestCluster::start(2, fast_timing()).await?;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let listener = bind_any()?;
     let addr = listener.local_addr()?;
     let mut params = cluster.params(1, Some(listener));
     params.node_id = 3;
@@ -219,8 +165,7 @@ async fn wrong_secret_is_rejected_and_such_a_node_never_joins() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_data_dir_is_reported_with_its_path() -> TestResult {
-    let mut cluster = TestCluster::start(1, fast_timing()).await?;
-    cluster.wait_leader(Duration::from_secs(10)).await?;
+    let (mut cluster, _) = TestCluster::start_led(1).await?;
     cluster.crash(1).await;
     let dir = cluster.data_dir(1);
 
@@ -239,8 +184,7 @@ async fn corrupt_data_dir_is_reported_with_its_path() -> TestResult {
             .insert("current", &b"\xff\xff garbage"[..])?;
         db.flush()?;
     }
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let err = Control::start(cluster.params(1, Some(listener)))
+    let err = Control::start(cluster.params(1, Some(bind_any()?)))
         .await
         .err()
         .ok_or("corrupt snapshot accepted")?;
@@ -252,8 +196,7 @@ async fn corrupt_data_dir_is_reported_with_its_path() -> TestResult {
 
     // A corrupt format marker.
     std::fs::write(dir.join("FORMAT"), b"something else")?;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let err = Control::start(cluster.params(1, Some(listener)))
+    let err = Control::start(cluster.params(1, Some(bind_any()?)))
         .await
         .err()
         .ok_or("corrupt marker accepted")?;
@@ -263,8 +206,7 @@ async fn corrupt_data_dir_is_reported_with_its_path() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_leader_never_leads_its_old_term_again() -> TestResult {
-    let mut cluster = TestCluster::start(3, fast_timing()).await?;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
+    let (mut cluster, leader) = TestCluster::start_led(3).await?;
     let old_term = cluster.node(leader).metrics().term;
     cluster.crash(leader).await;
     // Back at once, before the others can elect anybody: openraft alone would restore it as
@@ -290,16 +232,9 @@ async fn a_restarted_leader_never_leads_its_old_term_again() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_without_quorum_gives_up_promptly() -> TestResult {
-    let mut cluster = TestCluster::start(3, fast_timing()).await?;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
-    cluster
-        .node(leader)
-        .report_units("f", units("f", 3))
-        .await?;
-    let survivor = if leader == 1 { 2 } else { 1 };
-    let mut rx = cluster.node(survivor).assignments();
-    rx.wait_for(|a| !a.is_empty()).await?;
-    let mine = rx.borrow().clone();
+    let (mut cluster, leader) = TestCluster::start_with_units(3, 3).await?;
+    let survivor = follower_of(leader);
+    let mine = cluster.wait_assigned(survivor, |a| !a.is_empty()).await?;
     for id in [1, 2, 3].into_iter().filter(|id| *id != survivor) {
         cluster.crash(id).await;
     }

@@ -16,48 +16,43 @@ fn balanced(owners: &BTreeMap<WorkUnit, Option<NodeId>>, members: &[NodeId], tot
         && counts.iter().max().unwrap_or(&0) - counts.iter().min().unwrap_or(&0) <= 1
 }
 
+/// Waits until the owners `via` reports spread `total` units evenly over `members`.
+async fn wait_balanced(
+    cluster: &TestCluster,
+    what: &str,
+    via: NodeId,
+    members: &[NodeId],
+    total: usize,
+) -> TestResult {
+    cluster
+        .wait_owners(what, via, |owners| balanced(owners, members, total))
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assignment_is_complete_after_lease_expiry_and_sticky_on_rejoin() -> TestResult {
-    let mut cluster = TestCluster::start(3, fast_timing()).await?;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
-    cluster
-        .node(leader)
-        .report_units("f", units("f", 10))
-        .await?;
-    wait_until_async(
-        "10 units over 3 members",
-        Duration::from_secs(10),
-        || async {
-            balanced(
-                &cluster.owners(leader).await.unwrap_or_default(),
-                &[1, 2, 3],
-                10,
-            )
-        },
-    )
-    .await?;
-    let follower = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    let (mut cluster, leader) = TestCluster::start_with_units(3, 10).await?;
+    wait_balanced(&cluster, "10 units over 3 members", leader, &[1, 2, 3], 10).await?;
+    let follower = follower_of(leader);
     let rest: Vec<NodeId> = (1..=3).filter(|id| *id != follower).collect();
     cluster.crash(follower).await;
-    wait_until_async(
+    wait_balanced(
+        &cluster,
         "all units on the 2 live members",
-        Duration::from_secs(10),
-        || async { balanced(&cluster.owners(leader).await.unwrap_or_default(), &rest, 10) },
+        leader,
+        &rest,
+        10,
     )
     .await?;
     let before = cluster.owners(leader).await?;
 
     cluster.restart(follower).await?;
-    wait_until_async(
+    wait_balanced(
+        &cluster,
         "rebalanced over 3 members",
-        Duration::from_secs(10),
-        || async {
-            balanced(
-                &cluster.owners(leader).await.unwrap_or_default(),
-                &[1, 2, 3],
-                10,
-            )
-        },
+        leader,
+        &[1, 2, 3],
+        10,
     )
     .await?;
     let after = cluster.owners(leader).await?;
@@ -72,24 +67,12 @@ async fn assignment_is_complete_after_lease_expiry_and_sticky_on_rejoin() -> Tes
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_join_as_voters_and_leave_with_their_units_drained() -> TestResult {
-    let mut cluster = TestCluster::start(3, fast_timing()).await?;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
-    cluster
-        .node(leader)
-        .report_units("f", units("f", 8))
-        .await?;
-    wait_until_async("8 units over 3", Duration::from_secs(10), || async {
-        balanced(
-            &cluster.owners(leader).await.unwrap_or_default(),
-            &[1, 2, 3],
-            8,
-        )
-    })
-    .await?;
+    let (mut cluster, leader) = TestCluster::start_with_units(3, 8).await?;
+    wait_balanced(&cluster, "8 units over 3", leader, &[1, 2, 3], 8).await?;
 
     // Join: node 4 starts knowing the cluster, then is added from a follower.
     cluster.start_extra(4).await?;
-    let follower = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    let follower = follower_of(leader);
     let addr = cluster.addrs[&4].to_string();
     cluster
         .node(follower)
@@ -121,23 +104,13 @@ async fn members_join_as_voters_and_leave_with_their_units_drained() -> TestResu
     cluster.node(leader).remove_member(4).await?;
     let status = cluster.node(leader).status().await?;
     assert!(status.members.iter().all(|m| m.id != 4), "{status:?}");
-    wait_until_async("8 units back over 3", Duration::from_secs(10), || async {
-        balanced(
-            &cluster.owners(leader).await.unwrap_or_default(),
-            &[1, 2, 3],
-            8,
-        )
-    })
-    .await?;
+    wait_balanced(&cluster, "8 units back over 3", leader, &[1, 2, 3], 8).await?;
 
     // Leave: a member hands everything back and gets nothing new.
-    let leaver = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    let leaver = follower_of(leader);
     let stay: Vec<NodeId> = (1..=3).filter(|id| *id != leaver).collect();
     cluster.node(leaver).leave().await?;
-    wait_until_async("leaver's units moved", Duration::from_secs(10), || async {
-        balanced(&cluster.owners(leader).await.unwrap_or_default(), &stay, 8)
-    })
-    .await?;
+    wait_balanced(&cluster, "leaver's units moved", leader, &stay, 8).await?;
     assert!(cluster.node(leaver).assignments().borrow().is_empty());
     cluster.shutdown().await;
     Ok(())

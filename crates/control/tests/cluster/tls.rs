@@ -103,19 +103,12 @@ async fn three_nodes_run_over_mutual_tls_and_refuse_peers_without_a_valid_certif
         .collect::<Result<_, BoxError>>()?;
     let cluster = TestCluster::start_with_tls(3, fast_timing(), tls).await?;
     let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
+    cluster.report_units(leader, 3).await?;
     cluster
-        .node(leader)
-        .report_units("f", units("f", 3))
-        .await?;
-    wait_until_async(
-        "3 units assigned over tls",
-        Duration::from_secs(10),
-        || async {
-            let owners = cluster.owners(leader).await.unwrap_or_default();
+        .wait_owners("3 units assigned over tls", leader, |owners| {
             owners.len() == 3 && owners.values().all(Option::is_some)
-        },
-    )
-    .await?;
+        })
+        .await?;
 
     let url = format!("https://{}/control/ping", cluster.addrs[&1]);
     // Plain HTTP to the TLS listener gets no answer.

@@ -6,8 +6,10 @@ use std::path::PathBuf;
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
-use replicator_control::{ClusterSecret, Control, ControlParams, ControlTiming, TlsFiles};
-use replicator_model::{Assignment, NodeId, WorkUnit};
+use replicator_control::{
+    ClusterSecret, Control, ControlMetrics, ControlParams, ControlTiming, TlsFiles,
+};
+use replicator_model::{Assignment, NodeId, OffsetCommit, UnitCounters, WorkUnit};
 use tokio::task::JoinHandle;
 
 pub(crate) type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -58,7 +60,8 @@ pub(crate) struct TestCluster {
     pub(crate) tls: BTreeMap<NodeId, TlsFiles>,
 }
 
-fn bind_any() -> std::io::Result<TcpListener> {
+/// A loopback listener on a port the OS picked.
+pub(crate) fn bind_any() -> std::io::Result<TcpListener> {
     TcpListener::bind("127.0.0.1:0")
 }
 
@@ -68,6 +71,26 @@ impl TestCluster {
         timing: ControlTiming,
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         Self::start_with_tls(n, timing, BTreeMap::new()).await
+    }
+
+    /// [`Self::start`] with [`fast_timing`], once every node agrees on a leader (at most 10 s);
+    /// returns the cluster and its leader.
+    pub(crate) async fn start_led(
+        n: u64,
+    ) -> Result<(Self, NodeId), Box<dyn std::error::Error + Send + Sync>> {
+        let cluster = Self::start(n, fast_timing()).await?;
+        let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
+        Ok((cluster, leader))
+    }
+
+    /// [`Self::start_led`] with `units` units of flow `f` reported through the leader.
+    pub(crate) async fn start_with_units(
+        n: u64,
+        units: u32,
+    ) -> Result<(Self, NodeId), Box<dyn std::error::Error + Send + Sync>> {
+        let (cluster, leader) = Self::start_led(n).await?;
+        cluster.report_units(leader, units).await?;
+        Ok((cluster, leader))
     }
 
     /// [`Self::start`] with TLS files per node.
@@ -192,20 +215,9 @@ impl TestCluster {
         &self,
         within: Duration,
     ) -> Result<NodeId, Box<dyn std::error::Error + Send + Sync>> {
-        let mut found = None;
-        wait_until("a leader all running nodes agree on", within, || {
-            let leaders: std::collections::BTreeSet<Option<NodeId>> =
-                self.nodes.values().map(|n| n.metrics().leader).collect();
-            found = match leaders.into_iter().collect::<Vec<_>>().as_slice() {
-                [Some(l)] if self.nodes.contains_key(l) && self.nodes[l].metrics().is_leader => {
-                    Some(*l)
-                }
-                _ => None,
-            };
-            found.is_some()
-        })
-        .await?;
-        found.ok_or_else(|| "no leader".into())
+        let running: Vec<NodeId> = self.nodes.keys().copied().collect();
+        self.agreed_leader("a leader all running nodes agree on", &running, within)
+            .await
     }
 
     /// Waits until the nodes `among` agree on one leader, one of them (the others may be cut
@@ -215,8 +227,18 @@ impl TestCluster {
         among: &[NodeId],
         within: Duration,
     ) -> Result<NodeId, Box<dyn std::error::Error + Send + Sync>> {
+        self.agreed_leader("a leader the given nodes agree on", among, within)
+            .await
+    }
+
+    async fn agreed_leader(
+        &self,
+        what: &str,
+        among: &[NodeId],
+        within: Duration,
+    ) -> Result<NodeId, Box<dyn std::error::Error + Send + Sync>> {
         let mut found = None;
-        wait_until("a leader the given nodes agree on", within, || {
+        wait_until(what, within, || {
             let leaders: std::collections::BTreeSet<Option<NodeId>> = among
                 .iter()
                 .map(|id| self.nodes[id].metrics().leader)
@@ -229,6 +251,56 @@ impl TestCluster {
         })
         .await?;
         found.ok_or_else(|| "no leader".into())
+    }
+
+    /// Reports `n` units of flow `f` ([`units`]) through node `via`.
+    pub(crate) async fn report_units(&self, via: NodeId, n: u32) -> TestResult {
+        self.node(via).report_units("f", units("f", n)).await?;
+        Ok(())
+    }
+
+    /// Waits until node `id` holds assignments for which `enough` holds, and returns them.
+    pub(crate) async fn wait_assigned(
+        &self,
+        id: NodeId,
+        enough: impl FnMut(&Vec<Assignment>) -> bool,
+    ) -> Result<Vec<Assignment>, Box<dyn std::error::Error + Send + Sync>> {
+        let mut rx = self.node(id).assignments();
+        rx.wait_for(enough).await?;
+        let mine = rx.borrow().clone();
+        Ok(mine)
+    }
+
+    /// The offset node `id` has applied as confirmed for `unit`.
+    pub(crate) fn confirmed(&self, id: NodeId, unit: &WorkUnit) -> Option<u64> {
+        self.node(id).progress(unit).and_then(|p| p.confirmed)
+    }
+
+    /// Waits until node `id`'s metrics satisfy `cond`, at most 10 s.
+    pub(crate) async fn wait_metrics(
+        &self,
+        what: &str,
+        id: NodeId,
+        cond: impl Fn(&ControlMetrics) -> bool,
+    ) -> TestResult {
+        wait_until(what, Duration::from_secs(10), || {
+            cond(&self.node(id).metrics())
+        })
+        .await
+    }
+
+    /// Waits until the unit owners node `via` reports (see [`Self::owners`]) satisfy `cond`, at
+    /// most 10 s.
+    pub(crate) async fn wait_owners(
+        &self,
+        what: &str,
+        via: NodeId,
+        cond: impl Fn(&BTreeMap<WorkUnit, Option<NodeId>>) -> bool,
+    ) -> TestResult {
+        wait_until_async(what, Duration::from_secs(10), || async {
+            cond(&self.owners(via).await.unwrap_or_default())
+        })
+        .await
     }
 
     /// Status as the leader reports it, with unit owners.
@@ -273,16 +345,7 @@ pub(crate) async fn wait_until<F: FnMut() -> bool>(
     within: Duration,
     mut cond: F,
 ) -> TestResult {
-    let deadline = Instant::now() + within;
-    loop {
-        if cond() {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(format!("timed out after {within:?} waiting for {what}").into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_async(what, within, || std::future::ready(cond())).await
 }
 
 /// Polls an async condition every 20 ms until it holds or `within` passed.
@@ -307,6 +370,15 @@ where
     }
 }
 
+/// The lowest node id that is not `leader`: a follower.
+pub(crate) fn follower_of(leader: NodeId) -> NodeId {
+    if leader == 1 {
+        2
+    } else {
+        1
+    }
+}
+
 /// Unit counts per owner; `None` counts unowned units.
 pub(crate) fn load(owners: &BTreeMap<WorkUnit, Option<NodeId>>) -> BTreeMap<Option<NodeId>, usize> {
     let mut out = BTreeMap::new();
@@ -320,4 +392,15 @@ pub(crate) fn units(flow: &str, n: u32) -> Vec<WorkUnit> {
     (0..n)
         .map(|p| WorkUnit::new(flow, "orders", "created", p))
         .collect()
+}
+
+/// A commit of `offset` for `a`'s unit under `a`'s epoch (topic created at 1, no counters).
+pub(crate) fn commit(a: &Assignment, offset: u64) -> OffsetCommit {
+    OffsetCommit {
+        unit: a.unit.clone(),
+        epoch: a.epoch,
+        offset,
+        topic_created_at: 1,
+        counters: UnitCounters::default(),
+    }
 }

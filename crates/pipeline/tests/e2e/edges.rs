@@ -1,6 +1,5 @@
 //! Retention gaps, flows in both directions, and an unavailable upstream.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use replicator_model::WorkUnit;
@@ -11,34 +10,22 @@ use replicator_pipeline::{
 use replicator_testkit::{TestServer, TestServerConfig};
 
 use crate::harness::{
-    assert_exact, client, count, create_topic, flow, node_id, produce, wait_until, Env, TestResult,
+    assert_exact, client, count, create_topic, flow, node_id, produce, wait_confirmed, wait_until,
+    Env, TestResult,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_gap_is_recorded_and_copying_continues() -> TestResult {
-    let env = Env::start().await?;
-    let up = client(&env.us).await?;
-    create_topic(&up, "ret", "t", 1).await?;
-    produce(&up, "ret", "t", 1, 0..100, 100).await?;
-    let f = flow("ret", &["ret/*"]);
-    let control = InMemoryControl::new();
+    let (env, up, f) = Env::seeded("ret", "t", 1, 0..100, 100).await?;
     let unit = WorkUnit::new("ret", "ret", "t", 0);
-    let first = Pipeline::start(env.params(f.clone()), control.clone()).await?;
-    wait_until("copied", Duration::from_secs(30), || async {
-        control.progress(&unit).and_then(|p| p.confirmed) == Some(99)
-    })
-    .await?;
+    let (control, first) = env.run_until_confirmed(&f, &unit, 99).await?;
     first.shutdown().await;
     produce(&up, "ret", "t", 1, 100..200, 100).await?;
     let dropped = env.us.retention().drop_before("ret", "t", 0, 150)?;
     assert!(dropped == 150);
     let second = Pipeline::start(env.params(f.clone()), control.clone()).await?;
-    wait_until(
-        "continued after the gap",
-        Duration::from_secs(30),
-        || async { count(&env.eu, "ret", "t", 0) == 150 },
-    )
-    .await?;
+    // Continued after the gap.
+    env.wait_downstream("ret", "t", 0, 150).await?;
     let stats = second.stats().await?;
     let s = stats.iter().find(|s| s.unit == unit).ok_or("no stats")?;
     assert!(s.gaps == 1);
@@ -118,42 +105,26 @@ async fn unavailable_upstream_does_not_stop_other_flows() -> TestResult {
     let good = flow("good", &["a/*"]);
     let mut bad: FlowParams = flow("bad", &["b/*"]);
     bad.source = "ap".into();
-    let mut clusters = BTreeMap::new();
-    clusters.insert(
-        "us".to_owned(),
-        ClusterParams::new(env.us.connection_string()),
-    );
-    clusters.insert(
-        "eu".to_owned(),
-        ClusterParams::new(env.eu.connection_string()),
-    );
+    let mut clusters = env.clusters();
     clusters.insert("ap".to_owned(), ClusterParams::new(ap.connection_string()));
     let mut params = PipelineParams::new(node_id(), clusters, vec![good.clone(), bad.clone()]);
     params.discovery_interval = Duration::from_millis(200);
     params.operation_timeout = Duration::from_secs(2);
     let control = InMemoryControl::new();
     let pipeline = Pipeline::start(params, control.clone()).await?;
-    wait_until("bad flow copied once", Duration::from_secs(30), || async {
-        count(&env.eu, "b", "t", 0) == 10
-    })
-    .await?;
+    // Bad flow copied once.
+    env.wait_downstream("b", "t", 0, 10).await?;
     let faults = ap.faults();
     faults.refuse_connections(true);
     faults.drop_connections();
     produce(&us, "a", "t", 1, 0..500, 100).await?;
-    wait_until(
-        "good flow copies while ap is down",
-        Duration::from_secs(30),
-        || async { count(&env.eu, "a", "t", 0) == 500 },
-    )
-    .await?;
+    // Good flow copies while ap is down.
+    env.wait_downstream("a", "t", 0, 500).await?;
     let bad_unit = WorkUnit::new("bad", "b", "t", 0);
     faults.clear();
     produce(&ap_client, "b", "t", 1, 10..20, 10).await?;
-    wait_until("bad flow resumes", Duration::from_secs(30), || async {
-        control.progress(&bad_unit).and_then(|p| p.confirmed) == Some(19)
-    })
-    .await?;
+    // The bad flow resumes.
+    wait_confirmed(&control, &bad_unit, 19, Duration::from_secs(30)).await?;
     assert_exact(&env.verify(&good, Duration::from_secs(10)).await?);
     assert!(count(&env.eu, "b", "t", 0) == 20);
     pipeline.shutdown().await;

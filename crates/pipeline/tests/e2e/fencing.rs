@@ -3,26 +3,15 @@
 use std::time::Duration;
 
 use replicator_model::WorkUnit;
-use replicator_pipeline::{ControlPlane, InMemoryControl, InMemoryLease, Pipeline};
+use replicator_pipeline::InMemoryLease;
 
-use crate::harness::{
-    assert_exact, client, count, create_topic, flow, produce, wait_until, Env, TestResult,
-};
+use crate::harness::{assert_exact, count, produce, wait_confirmed, wait_until, Env, TestResult};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_unit_and_lost_lease_stop_writes_until_ownership_returns() -> TestResult {
-    let env = Env::start().await?;
-    let up = client(&env.us).await?;
-    create_topic(&up, "fence", "t", 1).await?;
-    produce(&up, "fence", "t", 1, 0..100, 100).await?;
-    let f = flow("fence", &["fence/*"]);
-    let control = InMemoryControl::new();
+    let (env, up, f) = Env::seeded("fence", "t", 1, 0..100, 100).await?;
     let unit = WorkUnit::new("fence", "fence", "t", 0);
-    let pipeline = Pipeline::start(env.params(f.clone()), control.clone()).await?;
-    wait_until("copied", Duration::from_secs(30), || async {
-        control.progress(&unit).and_then(|p| p.confirmed) == Some(99)
-    })
-    .await?;
+    let (control, pipeline) = env.run_until_confirmed(&f, &unit, 99).await?;
 
     // Revoked: the writer's epoch check refuses every send from now on.
     control.revoke(&unit);
@@ -49,10 +38,8 @@ async fn revoked_unit_and_lost_lease_stop_writes_until_ownership_returns() -> Te
     assert!(count(&env.eu, "fence", "t", 0) == 100);
 
     control.set_lease(InMemoryLease::Held);
-    wait_until("resumed", Duration::from_secs(30), || async {
-        control.progress(&unit).and_then(|p| p.confirmed) == Some(199)
-    })
-    .await?;
+    // Resumed.
+    wait_confirmed(&control, &unit, 199, Duration::from_secs(30)).await?;
     assert_exact(&env.verify(&f, Duration::from_secs(10)).await?);
     pipeline.shutdown().await;
     Ok(())
@@ -60,14 +47,9 @@ async fn revoked_unit_and_lost_lease_stop_writes_until_ownership_returns() -> Te
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requested_release_drains_commits_and_hands_the_unit_back() -> TestResult {
-    let env = Env::start().await?;
-    let up = client(&env.us).await?;
-    create_topic(&up, "rel", "t", 1).await?;
-    produce(&up, "rel", "t", 1, 0..1000, 100).await?;
-    let f = flow("rel", &["rel/*"]);
-    let control = InMemoryControl::new();
+    let (env, up, f) = Env::seeded("rel", "t", 1, 0..1000, 100).await?;
     let unit = WorkUnit::new("rel", "rel", "t", 0);
-    let pipeline = Pipeline::start(env.params(f.clone()), control.clone()).await?;
+    let (control, pipeline) = env.run(&f).await?;
     wait_until("assigned", Duration::from_secs(10), || async {
         control.epoch(&unit).is_some()
     })
@@ -81,10 +63,7 @@ async fn requested_release_drains_commits_and_hands_the_unit_back() -> TestResul
     .await?;
     produce(&up, "rel", "t", 1, 1000..1100, 100).await?;
     assert_exact(&env.verify(&f, Duration::from_secs(30)).await?);
-    wait_until("confirmed", Duration::from_secs(10), || async {
-        control.progress(&unit).and_then(|p| p.confirmed) == Some(1099)
-    })
-    .await?;
+    wait_confirmed(&control, &unit, 1099, Duration::from_secs(10)).await?;
     pipeline.shutdown().await;
     Ok(())
 }

@@ -1,19 +1,27 @@
-//! The pipeline's fixtures on top of `replicator-harness`: two servers, params and verify for
-//! one flow, recognisable test messages. Topics, producing and waiting come from the harness.
+//! The pipeline's fixtures on top of `replicator-harness`: two servers, a seeded upstream topic,
+//! params and verify for one flow, confirmed offsets of the in-memory control plane, control
+//! planes that hold commits or releases, recognisable test messages. Topics, producing and
+//! waiting come from the harness.
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::ops::Range;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use iggy::prelude::{HeaderKey, HeaderValue, IggyClient, IggyMessage};
 use replicator_harness::{connect, produce_bulk, Bulk};
+use replicator_model::{Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit};
 use replicator_pipeline::verify::{verify, VerifyParams, VerifyReport};
-use replicator_pipeline::{BackoffParams, ClusterParams, FlowParams, PipelineParams};
+use replicator_pipeline::{
+    BackoffParams, ClusterParams, ControlError, ControlPlane, FlowParams, InMemoryControl,
+    Pipeline, PipelineParams,
+};
 use replicator_testkit::{TestServer, TestServerConfig};
+use tokio::sync::watch;
 
 /// `create_topic(client, stream, topic, partitions)`: creates the stream and topic if missing.
 pub(crate) use replicator_harness::ensure_topic as create_topic;
@@ -58,18 +66,73 @@ impl Env {
         })
     }
 
+    /// Starts both servers and seeds upstream: `stream/topic` with `partitions` partitions,
+    /// messages `seeded` in each ([`produce`], `batch` per send). Returns them with a client of
+    /// upstream and the flow named `stream` over `stream/*`.
+    pub(crate) async fn seeded(
+        stream: &str,
+        topic: &str,
+        partitions: u32,
+        seeded: Range<u64>,
+        batch: u64,
+    ) -> TestResult<(Self, IggyClient, FlowParams)> {
+        let env = Self::start().await?;
+        let up = client(&env.us).await?;
+        create_topic(&up, stream, topic, partitions).await?;
+        produce(&up, stream, topic, partitions, seeded, batch).await?;
+        Ok((env, up, flow(stream, &[&format!("{stream}/*")])))
+    }
+
+    /// The pipeline's clusters: `us` and `eu` by alias.
+    pub(crate) fn clusters(&self) -> BTreeMap<String, ClusterParams> {
+        [("us", &self.us), ("eu", &self.eu)]
+            .into_iter()
+            .map(|(alias, server)| {
+                let params = ClusterParams::new(server.connection_string());
+                (alias.to_owned(), params)
+            })
+            .collect()
+    }
+
+    /// Starts a pipeline for `flow` (with [`Env::params`]) on a fresh in-memory control plane.
+    pub(crate) async fn run(&self, flow: &FlowParams) -> TestResult<(InMemoryControl, Pipeline)> {
+        let control = InMemoryControl::new();
+        let pipeline = Pipeline::start(self.params(flow.clone()), control.clone()).await?;
+        Ok((control, pipeline))
+    }
+
+    /// [`Env::run`], then waits until the control plane confirmed `offset` for `unit` (at most
+    /// 30 s).
+    pub(crate) async fn run_until_confirmed(
+        &self,
+        flow: &FlowParams,
+        unit: &WorkUnit,
+        offset: u64,
+    ) -> TestResult<(InMemoryControl, Pipeline)> {
+        let (control, pipeline) = self.run(flow).await?;
+        wait_confirmed(&control, unit, offset, Duration::from_secs(30)).await?;
+        Ok((control, pipeline))
+    }
+
+    /// Waits until downstream partition `stream/topic/partition` holds `messages` messages (at
+    /// most 30 s).
+    pub(crate) async fn wait_downstream(
+        &self,
+        stream: &str,
+        topic: &str,
+        partition: u32,
+        messages: u64,
+    ) -> TestResult {
+        let what = format!("{messages} messages in {stream}/{topic}/{partition} downstream");
+        wait_until(&what, Duration::from_secs(30), || async {
+            count(&self.eu, stream, topic, partition) == messages
+        })
+        .await
+    }
+
     /// Params for one flow `us → eu` selecting `include`, tuned for fast tests.
     pub(crate) fn params(&self, flow: FlowParams) -> PipelineParams {
-        let mut clusters = BTreeMap::new();
-        clusters.insert(
-            "us".to_owned(),
-            ClusterParams::new(self.us.connection_string()),
-        );
-        clusters.insert(
-            "eu".to_owned(),
-            ClusterParams::new(self.eu.connection_string()),
-        );
-        let mut p = PipelineParams::new(node_id(), clusters, vec![flow]);
+        let mut p = PipelineParams::new(node_id(), self.clusters(), vec![flow]);
         p.discovery_interval = Duration::from_millis(200);
         p.backoff = BackoffParams {
             initial: Duration::from_millis(50),
@@ -169,4 +232,97 @@ where
 pub(crate) fn assert_exact(report: &VerifyReport) {
     let bad: Vec<_> = report.partitions.iter().filter(|p| !p.is_exact()).collect();
     assert!(bad.is_empty(), "copy not exact: {bad:#?}");
+}
+
+/// The offset `control` confirmed for `unit`, if any.
+pub(crate) fn confirmed(control: &InMemoryControl, unit: &WorkUnit) -> Option<u64> {
+    control.progress(unit).and_then(|p| p.confirmed)
+}
+
+/// Messages confirmed over every unit `control` knows: each confirmed offset + 1.
+pub(crate) fn confirmed_total(control: &InMemoryControl) -> u64 {
+    control
+        .known_units()
+        .iter()
+        .filter_map(|u| confirmed(control, u).map(|o| o + 1))
+        .sum()
+}
+
+/// Waits until `control` confirmed `offset` for `unit`, at most `within`.
+pub(crate) async fn wait_confirmed(
+    control: &InMemoryControl,
+    unit: &WorkUnit,
+    offset: u64,
+    within: Duration,
+) -> TestResult {
+    wait_until(&format!("{unit} confirmed at {offset}"), within, || async {
+        confirmed(control, unit) == Some(offset)
+    })
+    .await
+}
+
+/// What a scenario's control plane does before a commit or a release reaches
+/// [`InMemoryControl`]; by default nothing.
+pub(crate) trait Intercept: Clone + Send + Sync + 'static {
+    /// Called as the pipeline commits; the commit goes through once this is done.
+    fn before_commit(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
+    /// Called as the pipeline hands a unit back; the release goes through once this is done.
+    fn before_release(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// The in-memory control plane with its commits and releases held by `hooks`.
+#[derive(Clone)]
+pub(crate) struct Intercepted<I> {
+    /// Everything else: assignments, leases, progress, unit reports.
+    pub(crate) inner: InMemoryControl,
+    /// The scenario's change.
+    pub(crate) hooks: I,
+}
+
+impl<I: Intercept> ControlPlane for Intercepted<I> {
+    fn assignments(&self) -> watch::Receiver<Vec<Assignment>> {
+        self.inner.assignments()
+    }
+    fn lease_valid_until(&self) -> Option<Instant> {
+        self.inner.lease_valid_until()
+    }
+    fn lease_valid_for(&self, unit: &WorkUnit, epoch: Epoch) -> Option<Instant> {
+        self.inner.lease_valid_for(unit, epoch)
+    }
+    fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
+        self.inner.progress(unit)
+    }
+    fn commit(
+        &self,
+        commits: Vec<OffsetCommit>,
+    ) -> impl Future<Output = Result<Vec<CommitOutcome>, ControlError>> + Send {
+        let (hold, inner) = (self.hooks.before_commit(), self.inner.clone());
+        async move {
+            hold.await;
+            inner.commit(commits).await
+        }
+    }
+    fn report_units(
+        &self,
+        flow: &str,
+        units: Vec<WorkUnit>,
+    ) -> impl Future<Output = Result<(), ControlError>> + Send {
+        self.inner.report_units(flow, units)
+    }
+    fn release(
+        &self,
+        unit: WorkUnit,
+        epoch: Epoch,
+    ) -> impl Future<Output = Result<(), ControlError>> + Send {
+        let (hold, inner) = (self.hooks.before_release(), self.inner.clone());
+        async move {
+            hold.await;
+            inner.release(unit, epoch).await
+        }
+    }
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use iggy::prelude::{Identifier, IggyClient, MessageClient, Partitioning};
-use replicator_pipeline::{InMemoryControl, Pipeline, PipelineParams};
+use replicator_pipeline::{FlowParams, InMemoryControl, Pipeline, PipelineParams};
 use replicator_testkit::TestServer;
 
 use crate::harness::{
@@ -21,7 +21,7 @@ const PARTITIONS: u32 = 50;
 
 /// Params for `flow` with discovery out of the way: its first round (at start) sets everything
 /// up, and later rounds would add GET_TOPIC requests to the ones counted here.
-fn quiet_params(env: &Env, flow: replicator_pipeline::FlowParams) -> PipelineParams {
+fn quiet_params(env: &Env, flow: FlowParams) -> PipelineParams {
     let mut p = env.params(flow);
     p.discovery_interval = Duration::from_secs(600);
     p
@@ -55,6 +55,27 @@ fn copied(env: &Env, stream: &str) -> u64 {
         .sum()
 }
 
+/// Starts the flow over `stream/*` (with `idle_poll_interval`, the default when `None`) on a
+/// [`half_empty_topic`] with [`quiet_params`] and waits until the even partitions' messages are
+/// copied. Returns the env, a client of upstream, the flow and the pipeline.
+async fn start_watched(
+    stream: &str,
+    idle_poll_interval: Option<Duration>,
+) -> TestResult<(Env, IggyClient, FlowParams, Pipeline)> {
+    let env = Env::start().await?;
+    let up = half_empty_topic(&env, stream).await?;
+    let mut f = flow(stream, &[&format!("{stream}/*")]);
+    if let Some(interval) = idle_poll_interval {
+        f.idle_poll_interval = interval;
+    }
+    let pipeline = Pipeline::start(quiet_params(&env, f.clone()), InMemoryControl::new()).await?;
+    wait_until("first messages copied", Duration::from_secs(30), || async {
+        copied(&env, stream) == u64::from(PARTITIONS / 2)
+    })
+    .await?;
+    Ok((env, up, f, pipeline))
+}
+
 /// Waits until upstream saw `rounds` GET_TOPIC requests in a row without a single POLL_MESSAGES
 /// in between: every reader then waits for the watcher (a reader still in its short pauses
 /// polls at least once per `idle_poll_interval`, the watcher's period).
@@ -79,16 +100,9 @@ async fn wait_until_readers_watch(server: &TestServer, rounds: u64) -> TestResul
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_partitions_stop_polling_and_one_metadata_request_per_round_replaces_them(
 ) -> TestResult {
-    let env = Env::start().await?;
-    let _up = half_empty_topic(&env, "quiet").await?;
     // Default idle interval (100 ms): per-partition polling would make 10 polls per partition
     // and second, about 1,000 over the window below.
-    let f = flow("quiet", &["quiet/*"]);
-    let pipeline = Pipeline::start(quiet_params(&env, f.clone()), InMemoryControl::new()).await?;
-    wait_until("first messages copied", Duration::from_secs(30), || async {
-        copied(&env, "quiet") == u64::from(PARTITIONS / 2)
-    })
-    .await?;
+    let (env, _up, _, pipeline) = start_watched("quiet", None).await?;
     wait_until_readers_watch(&env.us, 3).await?;
     let faults = env.us.faults();
     let (polls, rounds) = (faults.requests(POLL_MESSAGES), faults.requests(GET_TOPIC));
@@ -110,36 +124,18 @@ async fn idle_partitions_stop_polling_and_one_metadata_request_per_round_replace
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watched_idle_partitions_copy_a_new_message_after_the_watcher_wakes_their_reader(
 ) -> TestResult {
-    let env = Env::start().await?;
-    let up = half_empty_topic(&env, "wake").await?;
     // A 1 s idle interval puts the readers' safety-net polls 50–100 s away: within the
     // deadlines below, only the watcher can have woken them.
-    let mut f = flow("wake", &["wake/*"]);
-    f.idle_poll_interval = Duration::from_secs(1);
-    let pipeline = Pipeline::start(quiet_params(&env, f.clone()), InMemoryControl::new()).await?;
+    let (env, up, f, pipeline) = start_watched("wake", Some(Duration::from_secs(1))).await?;
     let half = u64::from(PARTITIONS / 2);
-    wait_until("first messages copied", Duration::from_secs(30), || async {
-        copied(&env, "wake") == half
-    })
-    .await?;
     wait_until_readers_watch(&env.us, 2).await?;
     // An empty partition gets its first message (offset 0, `current_offset` unchanged at 0).
     produce_one(&up, "wake", 7, 0).await?;
-    wait_until(
-        "first message of partition 7",
-        Duration::from_secs(30),
-        || async { count(&env.eu, "wake", "t", 7) == 1 },
-    )
-    .await?;
+    env.wait_downstream("wake", "t", 7, 1).await?;
     // The reader goes back to the watcher; a partition that already held offset 0 grows.
     wait_until_readers_watch(&env.us, 2).await?;
     produce_one(&up, "wake", 8, 1).await?;
-    wait_until(
-        "second message of partition 8",
-        Duration::from_secs(30),
-        || async { count(&env.eu, "wake", "t", 8) == 2 },
-    )
-    .await?;
+    env.wait_downstream("wake", "t", 8, 2).await?;
     assert!(copied(&env, "wake") == half + 2);
     pipeline.shutdown().await;
     let report = env.verify(&f, Duration::from_secs(10)).await?;
@@ -150,15 +146,7 @@ async fn watched_idle_partitions_copy_a_new_message_after_the_watcher_wakes_thei
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_topic_metadata_falls_back_to_polling_each_partition_until_it_recovers(
 ) -> TestResult {
-    let env = Env::start().await?;
-    let up = half_empty_topic(&env, "fallback").await?;
-    let mut f = flow("fallback", &["fallback/*"]);
-    f.idle_poll_interval = Duration::from_secs(1);
-    let pipeline = Pipeline::start(quiet_params(&env, f.clone()), InMemoryControl::new()).await?;
-    wait_until("first messages copied", Duration::from_secs(30), || async {
-        copied(&env, "fallback") == u64::from(PARTITIONS / 2)
-    })
-    .await?;
+    let (env, up, f, pipeline) = start_watched("fallback", Some(Duration::from_secs(1))).await?;
     wait_until_readers_watch(&env.us, 2).await?;
     // GET_TOPIC now fails (status 5, FeatureUnavailable): the readers poll on their own again,
     // every idle interval, although their safety net is 50–100 s away.
@@ -172,12 +160,8 @@ async fn failing_topic_metadata_falls_back_to_polling_each_partition_until_it_re
     )
     .await?;
     produce_one(&up, "fallback", 9, 0).await?;
-    wait_until(
-        "message copied without metadata",
-        Duration::from_secs(30),
-        || async { count(&env.eu, "fallback", "t", 9) == 1 },
-    )
-    .await?;
+    // Copied without metadata.
+    env.wait_downstream("fallback", "t", 9, 1).await?;
     // Metadata is back: the readers wait for the watcher again.
     faults.clear();
     wait_until_readers_watch(&env.us, 2).await?;

@@ -4,18 +4,19 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use replicator_model::{Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit};
-use replicator_pipeline::{ControlError, ControlPlane, InMemoryControl, Pipeline};
+use replicator_model::WorkUnit;
+use replicator_pipeline::{InMemoryControl, Pipeline};
 use tokio::sync::watch;
 
-use crate::harness::{client, create_topic, flow, produce, wait_until, Env, TestResult};
+use crate::harness::{
+    confirmed, produce, wait_confirmed, wait_until, Env, Intercept, Intercepted, TestResult,
+};
 
-/// The in-memory control plane whose releases wait while the gate is closed.
+/// Releases that wait while the gate is closed.
 #[derive(Clone)]
 struct GatedReleases {
-    inner: InMemoryControl,
     /// `true` lets releases through.
     gate: Arc<watch::Sender<bool>>,
     /// Releases asked for so far.
@@ -23,11 +24,14 @@ struct GatedReleases {
 }
 
 impl GatedReleases {
-    fn new(inner: InMemoryControl) -> Self {
-        Self {
+    /// The in-memory control plane `inner` behind a closed gate.
+    fn around(inner: InMemoryControl) -> Intercepted<Self> {
+        Intercepted {
             inner,
-            gate: Arc::new(watch::channel(false).0),
-            asked: Arc::new(AtomicU64::new(0)),
+            hooks: Self {
+                gate: Arc::new(watch::channel(false).0),
+                asked: Arc::new(AtomicU64::new(0)),
+            },
         }
     }
 
@@ -36,42 +40,12 @@ impl GatedReleases {
     }
 }
 
-impl ControlPlane for GatedReleases {
-    fn assignments(&self) -> watch::Receiver<Vec<Assignment>> {
-        self.inner.assignments()
-    }
-    fn lease_valid_until(&self) -> Option<Instant> {
-        self.inner.lease_valid_until()
-    }
-    fn lease_valid_for(&self, unit: &WorkUnit, epoch: Epoch) -> Option<Instant> {
-        self.inner.lease_valid_for(unit, epoch)
-    }
-    fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
-        self.inner.progress(unit)
-    }
-    fn commit(
-        &self,
-        commits: Vec<OffsetCommit>,
-    ) -> impl Future<Output = Result<Vec<CommitOutcome>, ControlError>> + Send {
-        self.inner.commit(commits)
-    }
-    fn report_units(
-        &self,
-        flow: &str,
-        units: Vec<WorkUnit>,
-    ) -> impl Future<Output = Result<(), ControlError>> + Send {
-        self.inner.report_units(flow, units)
-    }
-    fn release(
-        &self,
-        unit: WorkUnit,
-        epoch: Epoch,
-    ) -> impl Future<Output = Result<(), ControlError>> + Send {
+impl Intercept for GatedReleases {
+    fn before_release(&self) -> impl Future<Output = ()> + Send {
         self.asked.fetch_add(1, Ordering::SeqCst);
-        let (inner, mut gate) = (self.inner.clone(), self.gate.subscribe());
+        let mut gate = self.gate.subscribe();
         async move {
             let _ = gate.wait_for(|open| *open).await;
-            inner.release(unit, epoch).await
         }
     }
 }
@@ -79,23 +53,18 @@ impl ControlPlane for GatedReleases {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hanging_release_holds_neither_stats_nor_other_units_and_drain_waits_for_it() -> TestResult
 {
-    let env = Env::start().await?;
-    let up = client(&env.us).await?;
-    create_topic(&up, "gated", "t", 2).await?;
-    produce(&up, "gated", "t", 2, 0..100, 100).await?;
-    let f = flow("gated", &["gated/*"]);
+    let (env, up, f) = Env::seeded("gated", "t", 2, 0..100, 100).await?;
     let control = InMemoryControl::new();
-    let gated = GatedReleases::new(control.clone());
+    let gated = GatedReleases::around(control.clone());
     let (u0, u1) = (
         WorkUnit::new("gated", "gated", "t", 0),
         WorkUnit::new("gated", "gated", "t", 1),
     );
     let pipeline = Pipeline::start(env.params(f.clone()), gated.clone()).await?;
-    let confirmed = |u: &WorkUnit| control.progress(u).and_then(|p| p.confirmed);
     wait_until(
         "both partitions copied",
         Duration::from_secs(30),
-        || async { confirmed(&u0) == Some(99) && confirmed(&u1) == Some(99) },
+        || async { confirmed(&control, &u0) == Some(99) && confirmed(&control, &u1) == Some(99) },
     )
     .await?;
 
@@ -103,7 +72,7 @@ async fn hanging_release_holds_neither_stats_nor_other_units_and_drain_waits_for
     let first = control.epoch(&u0).ok_or("unit 0 not assigned")?;
     control.request_release(&u0);
     wait_until("release asked", Duration::from_secs(10), || async {
-        gated.asked() >= 1
+        gated.hooks.asked() >= 1
     })
     .await?;
 
@@ -124,41 +93,35 @@ async fn hanging_release_holds_neither_stats_nor_other_units_and_drain_waits_for
     )
     .await?;
     produce(&up, "gated", "t", 2, 100..200, 100).await?;
-    wait_until("unit 1 copies on", Duration::from_secs(30), || async {
-        confirmed(&u1) == Some(199)
-    })
-    .await?;
+    wait_confirmed(&control, &u1, 199, Duration::from_secs(30)).await?;
     assert!(
         control.epoch(&u0) == Some(first),
         "released through a closed gate"
     );
 
     // Opened: unit 0 is handed back, then granted again by discovery and copied on.
-    gated.gate.send_replace(true);
+    gated.hooks.gate.send_replace(true);
     wait_until("unit 0 granted again", Duration::from_secs(10), || async {
         control.epoch(&u0).is_some_and(|e| e > first)
     })
     .await?;
-    wait_until("unit 0 copies on", Duration::from_secs(30), || async {
-        confirmed(&u0) == Some(199)
-    })
-    .await?;
+    wait_confirmed(&control, &u0, 199, Duration::from_secs(30)).await?;
 
     // A drain answers only once every release was attempted.
-    gated.gate.send_replace(false);
-    let asked = gated.asked();
+    gated.hooks.gate.send_replace(false);
+    let asked = gated.hooks.asked();
     let shutdown = tokio::spawn(pipeline.shutdown());
     wait_until(
         "both units' releases asked",
         Duration::from_secs(15),
-        || async { gated.asked() >= asked + 2 },
+        || async { gated.hooks.asked() >= asked + 2 },
     )
     .await?;
     assert!(
         !shutdown.is_finished(),
         "drained before its releases finished"
     );
-    gated.gate.send_replace(true);
+    gated.hooks.gate.send_replace(true);
     shutdown.await?;
     assert!(
         control.assigned().is_empty(),

@@ -5,25 +5,19 @@ use std::time::Duration;
 
 use iggy::prelude::{Identifier, PartitionClient, TopicClient};
 use replicator_model::{InitialOffset, Naming, WorkUnit};
-use replicator_pipeline::{ControlPlane, InMemoryControl, Pipeline};
+use replicator_pipeline::{InMemoryControl, Pipeline};
 
 use crate::harness::{
-    assert_exact, client, count, create_topic, flow, produce, wait_until, Env, TestResult,
+    assert_exact, client, confirmed, count, create_topic, flow, produce, wait_confirmed,
+    wait_until, Env, TestResult,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_topics_and_added_partitions_upstream_are_replicated() -> TestResult {
-    let env = Env::start().await?;
-    let up = client(&env.us).await?;
-    create_topic(&up, "grow", "first", 1).await?;
-    produce(&up, "grow", "first", 1, 0..300, 100).await?;
-    let mut f = flow("grow", &["grow/*"]);
+    let (env, up, mut f) = Env::seeded("grow", "first", 1, 0..300, 100).await?;
     f.naming = Naming::Prefix;
     let pipeline = Pipeline::start(env.params(f.clone()), InMemoryControl::new()).await?;
-    wait_until("first topic copied", Duration::from_secs(30), || async {
-        count(&env.eu, "us.grow", "first", 0) == 300
-    })
-    .await?;
+    env.wait_downstream("us.grow", "first", 0, 300).await?;
     create_topic(&up, "grow", "second", 2).await?;
     produce(&up, "grow", "second", 2, 0..200, 100).await?;
     up.create_partitions(&Identifier::named("grow")?, &Identifier::named("first")?, 2)
@@ -50,18 +44,9 @@ async fn new_topics_and_added_partitions_upstream_are_replicated() -> TestResult
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_topic_stops_its_units_and_recreated_topic_starts_over() -> TestResult {
-    let env = Env::start().await?;
-    let up = client(&env.us).await?;
-    create_topic(&up, "life", "cycle", 1).await?;
-    produce(&up, "life", "cycle", 1, 0..100, 100).await?;
-    let f = flow("life", &["life/*"]);
-    let control = InMemoryControl::new();
-    let pipeline = Pipeline::start(env.params(f.clone()), control.clone()).await?;
+    let (env, up, f) = Env::seeded("life", "cycle", 1, 0..100, 100).await?;
     let unit = WorkUnit::new("life", "life", "cycle", 0);
-    wait_until("copied and confirmed", Duration::from_secs(30), || async {
-        control.progress(&unit).and_then(|p| p.confirmed) == Some(99)
-    })
-    .await?;
+    let (control, pipeline) = env.run_until_confirmed(&f, &unit, 99).await?;
     up.delete_topic(&Identifier::named("life")?, &Identifier::named("cycle")?)
         .await?;
     wait_until("unit retired", Duration::from_secs(30), || async {
@@ -69,23 +54,17 @@ async fn deleted_topic_stops_its_units_and_recreated_topic_starts_over() -> Test
     })
     .await?;
     // The offset is kept after the topic is gone.
-    assert!(control.progress(&unit).and_then(|p| p.confirmed) == Some(99));
+    assert!(confirmed(&control, &unit) == Some(99));
     create_topic(&up, "life", "cycle", 1).await?;
     produce(&up, "life", "cycle", 1, 0..10, 10).await?;
-    wait_until(
-        "new incarnation copied",
-        Duration::from_secs(30),
-        || async { count(&env.eu, "life", "cycle", 0) == 110 },
-    )
-    .await?;
+    // The new incarnation is copied too.
+    env.wait_downstream("life", "cycle", 0, 110).await?;
     // The new topic started from `earliest`, not after the old offset 99.
     let report = env.verify(&f, Duration::from_secs(30)).await?;
     assert_exact(&report);
     assert!(report.partitions[0].upstream == 10);
-    wait_until("new history confirmed", Duration::from_secs(10), || async {
-        control.progress(&unit).and_then(|p| p.confirmed) == Some(9)
-    })
-    .await?;
+    // The new history is confirmed.
+    wait_confirmed(&control, &unit, 9, Duration::from_secs(10)).await?;
     pipeline.shutdown().await;
     Ok(())
 }
@@ -106,10 +85,8 @@ async fn units_without_progress_start_at_the_initial_offset() -> TestResult {
     params.flows.push(at);
     let control = InMemoryControl::new();
     let pipeline = Pipeline::start(params, control.clone()).await?;
-    wait_until("fixed copied from 30", Duration::from_secs(30), || async {
-        count(&env.eu, "fixed", "t", 0) == 20
-    })
-    .await?;
+    // The `at` flow copies from offset 30 on.
+    env.wait_downstream("fixed", "t", 0, 20).await?;
     let late = WorkUnit::new("latest", "late", "t", 0);
     wait_until("latest unit running", Duration::from_secs(30), || async {
         let stats = pipeline.stats().await.unwrap_or_default();
@@ -119,12 +96,8 @@ async fn units_without_progress_start_at_the_initial_offset() -> TestResult {
     })
     .await?;
     produce(&up, "late", "t", 1, 50..60, 10).await?;
-    wait_until(
-        "latest copied only new",
-        Duration::from_secs(30),
-        || async { control.progress(&late).and_then(|p| p.confirmed) == Some(59) },
-    )
-    .await?;
+    // Latest copied only the new messages.
+    wait_confirmed(&control, &late, 59, Duration::from_secs(30)).await?;
     assert!(count(&env.eu, "late", "t", 0) == 10);
     pipeline.shutdown().await;
     Ok(())
