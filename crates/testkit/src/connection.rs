@@ -5,7 +5,7 @@
 //! SEND_MESSAGES, whose payload it leaves in the socket).
 
 use crate::faults::FaultState;
-use crate::handlers::{handle, Session, Shared};
+use crate::handlers::{handle, send_destination, Session, Shared};
 use crate::wire::{command, status, MAX_CONTROL_FRAME_PAYLOAD};
 use bytes::{Buf, BytesMut};
 use std::io;
@@ -83,9 +83,22 @@ async fn run(
                     return Ok(());
                 }
                 faults.count_request(code);
+                let payload = &mut buf[..payload_len];
                 let reply = match faults.take_failure(code) {
                     Some(injected) => Err(injected),
-                    None => handle(shared, session, code, &mut buf[..payload_len], &mut out),
+                    None if code == command::SEND_MESSAGES && faults.holds_sends() => {
+                        let destination = send_destination(shared, payload);
+                        let ticket = faults.hold_send(session.client_id, destination.as_ref());
+                        if let Some(ticket) = &ticket {
+                            if !ticket.wait(cancel).await {
+                                // Closed while held: the request never reached the server.
+                                return Ok(());
+                            }
+                        }
+                        // Dropping the ticket after the append lets the next held request in.
+                        handle(shared, session, code, payload, &mut out)
+                    }
+                    None => handle(shared, session, code, payload, &mut out),
                 };
                 buf.advance(payload_len);
                 reply

@@ -1,10 +1,11 @@
 //! Runtime-switchable fault injection, scoped to one server instance.
 
 use crate::state::lock;
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +45,76 @@ pub(crate) struct FaultState {
     /// Requests read so far, by command code (a stat hook, not a fault: tests use it to show
     /// how many requests of a kind a client makes).
     requests: Mutex<BTreeMap<u32, u64>>,
+    /// Active [`SendHold`]s, oldest first.
+    send_holds: Mutex<Vec<Arc<HoldState>>>,
+    /// `send_holds.len()`, read without the lock on every SEND_MESSAGES.
+    send_holds_active: AtomicUsize,
+}
+
+/// A hold on the SEND_MESSAGES requests of one session, from [`Faults::hold_sends_to`]: a
+/// writer frozen in the middle of a send, whose request is still on its way to the server.
+///
+/// The first session whose SEND_MESSAGES to the hold's partition is read while the hold is
+/// active becomes the held session; from then on each of its SEND_MESSAGES waits, before the
+/// server looks at it, until the hold is released. Other sessions are not held, whatever they
+/// write to. Releasing the hold (by [`SendHold::release`] or by dropping it) lets the held
+/// requests in, in the order they arrived, and each is then handled like any request read at
+/// that moment: checked against the permissions of that moment, then appended. That is what a
+/// real server does with a request delayed on the network: it judges a request when it reads
+/// it, and once judged the append is already queued ahead of any later read of the partition
+/// (see `iggy-fencing` in the shared docs).
+#[derive(Debug)]
+#[must_use = "dropping the hold releases it"]
+pub struct SendHold {
+    /// The hold's queue, shared with the held requests.
+    state: Arc<HoldState>,
+    /// Where the hold is registered, to unregister it on release.
+    faults: Arc<FaultState>,
+}
+
+/// The destination a hold captures its session on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SendDestination {
+    /// Stream name.
+    pub(crate) stream: String,
+    /// Topic name.
+    pub(crate) topic: String,
+    /// Partition id.
+    pub(crate) partition: u32,
+}
+
+/// The queue of one hold.
+#[derive(Debug)]
+pub(crate) struct HoldState {
+    /// The partition whose first sender is held.
+    destination: SendDestination,
+    /// Released flag, held session and tickets.
+    queue: Mutex<HoldQueue>,
+    /// Bumped on every change of `queue`, so waiters re-check it.
+    changed: watch::Sender<()>,
+}
+
+/// Tickets of held requests; the smallest pending ticket appends first once released.
+#[derive(Debug, Default)]
+struct HoldQueue {
+    /// Whether held requests may proceed.
+    released: bool,
+    /// Client id of the held session, once one sent to the destination.
+    session: Option<u32>,
+    /// The next ticket handed out.
+    next_ticket: u64,
+    /// Tickets of requests that are held or appending.
+    pending: BTreeSet<u64>,
+}
+
+/// One held request's place in its hold's queue; dropping it (after the append, or when the
+/// connection goes away while held) lets the next request proceed.
+#[derive(Debug)]
+pub(crate) struct SendTicket {
+    /// The hold.
+    state: Arc<HoldState>,
+    /// This request's ticket.
+    ticket: u64,
 }
 
 impl Faults {
@@ -97,12 +168,122 @@ impl Faults {
             .unwrap_or(0)
     }
 
-    /// Turns every fault off.
+    /// Holds the SEND_MESSAGES requests of the next session that sends to `partition` of
+    /// `stream`/`topic` (names), before the server reads them, until the returned
+    /// [`SendHold`] is released or dropped. Tests use it to freeze a writer in the middle of a
+    /// send, whichever user it writes as.
+    pub fn hold_sends_to(&self, stream: &str, topic: &str, partition: u32) -> SendHold {
+        let state = Arc::new(HoldState {
+            destination: SendDestination {
+                stream: stream.to_owned(),
+                topic: topic.to_owned(),
+                partition,
+            },
+            queue: Mutex::new(HoldQueue::default()),
+            changed: watch::Sender::new(()),
+        });
+        let mut holds = lock(&self.inner.send_holds);
+        holds.push(Arc::clone(&state));
+        self.inner
+            .send_holds_active
+            .store(holds.len(), Ordering::SeqCst);
+        SendHold {
+            state,
+            faults: Arc::clone(&self.inner),
+        }
+    }
+
+    /// Turns every fault off, releasing every [`SendHold`].
     pub fn clear(&self) {
         self.refuse_connections(false);
         self.end_stall();
         self.set_latency(None);
         lock(&self.inner.rules).clear();
+        let holds = std::mem::take(&mut *lock(&self.inner.send_holds));
+        self.inner.send_holds_active.store(0, Ordering::SeqCst);
+        for hold in holds {
+            hold.release();
+        }
+    }
+}
+
+impl SendHold {
+    /// Requests currently held (arrived, not yet let in).
+    pub fn held(&self) -> usize {
+        lock(&self.state.queue).pending.len()
+    }
+
+    /// Waits until at least `count` requests are held.
+    pub async fn until_held(&self, count: usize) {
+        let mut changed = self.state.changed.subscribe();
+        while self.held() < count {
+            // The sender lives as long as `self.state`, so this never fails.
+            let _ = changed.changed().await;
+        }
+    }
+
+    /// Lets the held requests in, in the order they arrived, and stops holding new ones.
+    pub fn release(self) {
+        drop(self);
+    }
+
+    /// [`SendHold::release`], then waits until every held request was handled (answered, or
+    /// dropped with its connection).
+    pub async fn release_and_wait(self) {
+        let state = Arc::clone(&self.state);
+        let mut changed = state.changed.subscribe();
+        drop(self);
+        while !lock(&state.queue).pending.is_empty() {
+            // The sender lives as long as `state`, so this never fails.
+            let _ = changed.changed().await;
+        }
+    }
+}
+
+impl Drop for SendHold {
+    fn drop(&mut self) {
+        let mut holds = lock(&self.faults.send_holds);
+        holds.retain(|h| !Arc::ptr_eq(h, &self.state));
+        self.faults
+            .send_holds_active
+            .store(holds.len(), Ordering::SeqCst);
+        drop(holds);
+        self.state.release();
+    }
+}
+
+impl HoldState {
+    fn release(&self) {
+        lock(&self.queue).released = true;
+        self.changed.send_replace(());
+    }
+}
+
+impl SendTicket {
+    /// Waits until the hold is released and every request held before this one has appended.
+    /// Returns false when `cancel` fired first (the connection is closing).
+    pub(crate) async fn wait(&self, cancel: &CancellationToken) -> bool {
+        let mut changed = self.state.changed.subscribe();
+        loop {
+            {
+                let queue = lock(&self.state.queue);
+                if queue.released && queue.pending.first() == Some(&self.ticket) {
+                    return true;
+                }
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return false,
+                // The sender lives as long as `self.state`, so this never fails.
+                _ = changed.changed() => {}
+            }
+        }
+    }
+}
+
+impl Drop for SendTicket {
+    fn drop(&mut self) {
+        lock(&self.state.queue).pending.remove(&self.ticket);
+        self.state.changed.send_replace(());
     }
 }
 
@@ -153,6 +334,36 @@ impl FaultState {
         *lock(&self.requests).entry(command).or_insert(0) += 1;
     }
 
+    /// Whether any [`SendHold`] is active (checked on every SEND_MESSAGES before anything else
+    /// about holds, so sends pay one atomic load when none is).
+    pub(crate) fn holds_sends(&self) -> bool {
+        self.send_holds_active.load(Ordering::SeqCst) > 0
+    }
+
+    /// A place in the queue of the oldest active hold that holds session `client` (or, when
+    /// a hold has no session yet and this send goes to its destination, captures it), if any.
+    pub(crate) fn hold_send(
+        &self,
+        client: u32,
+        destination: Option<&SendDestination>,
+    ) -> Option<SendTicket> {
+        let state = lock(&self.send_holds).iter().find_map(|h| {
+            let mut queue = lock(&h.queue);
+            match queue.session {
+                Some(held) if held == client => {}
+                None if destination == Some(&h.destination) => queue.session = Some(client),
+                _ => return None,
+            }
+            let ticket = queue.next_ticket;
+            queue.next_ticket += 1;
+            queue.pending.insert(ticket);
+            Some((Arc::clone(h), ticket))
+        });
+        let (state, ticket) = state?;
+        state.changed.send_replace(());
+        Some(SendTicket { state, ticket })
+    }
+
     /// The injected error status for this request, consuming one use of the matching rule.
     pub(crate) fn take_failure(&self, command: u32) -> Option<u32> {
         let mut rules = lock(&self.rules);
@@ -193,6 +404,87 @@ mod tests {
         check!(f.requests(100) == 2);
         check!(f.requests(300) == 1);
         check!(f.requests(101) == 0);
+    }
+
+    fn to(partition: u32) -> SendDestination {
+        SendDestination {
+            stream: "s".into(),
+            topic: "t".into(),
+            partition,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hold_captures_the_first_sender_and_lets_its_sends_in_order_after_release() {
+        let f = Faults::default();
+        check!(!f.inner.holds_sends());
+        let hold = f.hold_sends_to("s", "t", 1);
+        check!(f.inner.holds_sends());
+        check!(
+            f.inner.hold_send(7, Some(&to(0))).is_none(),
+            "other partition"
+        );
+        let first = f
+            .inner
+            .hold_send(7, Some(&to(1)))
+            .expect("captures client 7");
+        check!(
+            f.inner.hold_send(8, Some(&to(1))).is_none(),
+            "other session"
+        );
+        let second = f.inner.hold_send(7, None).expect("every send of client 7");
+        hold.until_held(2).await;
+        check!(hold.held() == 2);
+        let cancel = CancellationToken::new();
+        let waiting = tokio::time::timeout(Duration::from_millis(20), second.wait(&cancel)).await;
+        check!(waiting.is_err(), "held until released");
+        hold.release();
+        check!(!f.inner.holds_sends(), "new sends pass");
+        let second_turn =
+            tokio::time::timeout(Duration::from_millis(20), second.wait(&cancel)).await;
+        check!(second_turn.is_err(), "the second waits for the first");
+        check!(first.wait(&cancel).await);
+        drop(first);
+        check!(second.wait(&cancel).await);
+        drop(second);
+    }
+
+    #[tokio::test]
+    async fn release_and_wait_returns_once_every_held_request_was_handled() {
+        let f = Faults::default();
+        let hold = f.hold_sends_to("s", "t", 0);
+        let held = f.inner.hold_send(3, Some(&to(0))).expect("held");
+        let appended = Arc::new(AtomicBool::new(false));
+        let handler = Arc::clone(&appended);
+        tokio::spawn(async move {
+            check!(held.wait(&CancellationToken::new()).await);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            handler.store(true, Ordering::SeqCst);
+            drop(held);
+        });
+        hold.release_and_wait().await;
+        check!(
+            appended.load(Ordering::SeqCst),
+            "returned before the request was handled"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dropped_ticket_does_not_block_the_queue() {
+        let f = Faults::default();
+        let hold = f.hold_sends_to("s", "t", 0);
+        let gone = f.inner.hold_send(1, Some(&to(0))).expect("held");
+        let next = f.inner.hold_send(1, Some(&to(0))).expect("held");
+        drop(gone);
+        f.clear();
+        check!(hold.held() == 1);
+        check!(next.wait(&CancellationToken::new()).await);
+        let cancelled = CancellationToken::new();
+        cancelled.cancel();
+        let blocked = f.hold_sends_to("s", "t", 0);
+        let held = f.inner.hold_send(2, Some(&to(0))).expect("held");
+        check!(!held.wait(&cancelled).await, "cancellation ends the wait");
+        drop(blocked);
     }
 
     #[test]

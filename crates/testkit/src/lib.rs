@@ -17,11 +17,15 @@
 //! # Layout
 //! * `wire`: command/status codes, the bounds-checked payload reader, record encoders.
 //! * `connection`: one task per client; reads whole frames, applies faults, writes one answer.
-//! * `handlers`: one function per command, in the real server's decode → auth → resolve order,
-//!   one file per command group (system, streams, topics, partitions, messages, offsets, groups).
+//! * `handlers`: one function per command, in the real server's decode → auth → resolve →
+//!   permission order, one file per command group (system, users, streams, topics, partitions,
+//!   messages, offsets, groups).
 //! * `state` / `log` / `group`: streams, topics, partitions (contiguous message bytes + offset
 //!   index per partition, behind one mutex each), consumer-group assignment.
-//! * `faults`, `server`: fault switches, lifecycle (start, shutdown, restart), retention.
+//! * `users`: user accounts, permissions and the server's permission rules, checked on every
+//!   request.
+//! * `faults`, `server`: fault switches (including holding one user's sends between their
+//!   permission check and their append), lifecycle (start, shutdown, restart), retention.
 //! * `persist`: optional data directory (metadata + per-partition append-only logs).
 //! * [`dev_server`]: the standalone `dev-server` command.
 
@@ -38,9 +42,10 @@ mod log;
 mod persist;
 mod server;
 mod state;
+mod users;
 mod wire;
 
 pub use config::{TestServerConfig, DEFAULT_SEGMENT_SIZE};
 pub use error::{Error, Result};
-pub use faults::Faults;
+pub use faults::{Faults, SendHold};
 pub use server::{PartitionInfo, Retention, TestServer};

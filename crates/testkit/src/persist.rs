@@ -2,9 +2,11 @@
 //! process restart.
 //!
 //! Layout under the data directory:
-//! * `metadata.json`: streams, topics (settings, partition creation times) and consumer groups.
+//! * `metadata.json`: streams, topics (settings, partition creation times), consumer groups and
+//!   users (with their permissions; passwords as given, where the real server keeps hashes).
 //!   Rewritten atomically after every metadata change: written to `metadata.json.tmp`, fsynced,
-//!   renamed over the old file, then the directory is fsynced.
+//!   renamed over the old file, then the directory is fsynced. A directory with a root user
+//!   keeps it at the next start whatever the configured credentials, like the server's state.
 //! * `partitions/<stream>-<topic>-<partition>/messages.log`: the partition's stored messages,
 //!   exactly the stamped bytes POLL serves, appended as batches arrive. Appends are not fsynced
 //!   (like the real server's default `enforce_fsync = false`): a killed process loses nothing
@@ -19,6 +21,7 @@
 use crate::error::{Error, Result};
 use crate::log::PartitionLog;
 use crate::state::{lock, read, Group, Meta, Partition, Slab, State, Stream, Topic};
+use crate::users::{Permissions, User, UserStatus};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -43,6 +46,27 @@ pub(crate) struct Store {
 struct MetaFile {
     /// Every stream.
     streams: Vec<StreamFile>,
+    /// Every user; absent in directories written before users existed (root is then created
+    /// from the configuration).
+    #[serde(default)]
+    users: Vec<UserFile>,
+}
+
+/// A persisted user.
+#[derive(Serialize, Deserialize)]
+struct UserFile {
+    /// Slab id.
+    id: u32,
+    /// Username.
+    username: String,
+    /// Password as given at creation or by CHANGE_PASSWORD.
+    password: String,
+    /// Login allowed or not.
+    status: UserStatus,
+    /// Creation time, µs.
+    created_at: u64,
+    /// Stored permissions.
+    permissions: Option<Permissions>,
 }
 
 /// A persisted stream.
@@ -205,6 +229,19 @@ impl Store {
             );
         }
         meta.streams.rebuild_free_list();
+        for u in file.users {
+            meta.users.restore(
+                u.id,
+                User {
+                    username: u.username,
+                    password: u.password,
+                    status: u.status,
+                    created_at: u.created_at,
+                    permissions: u.permissions,
+                },
+            );
+        }
+        meta.users.finish_restore();
         Ok(meta)
     }
 
@@ -290,6 +327,18 @@ impl Store {
                                     .collect(),
                             })
                             .collect(),
+                    })
+                    .collect(),
+                users: meta
+                    .users
+                    .iter()
+                    .map(|(id, u)| UserFile {
+                        id,
+                        username: u.username.clone(),
+                        password: u.password.clone(),
+                        status: u.status,
+                        created_at: u.created_at,
+                        permissions: u.permissions.clone(),
                     })
                     .collect(),
             }

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::faults::{FaultState, Faults};
 use crate::handlers::{now_micros, Shared};
 use crate::persist::Store;
-use crate::state::{lock, read, State};
+use crate::state::{lock, read, write, State};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,6 +96,11 @@ impl TestServer {
             }
             None => (None, State::default()),
         };
+        write(&state.meta).users.ensure_root(
+            &config.root_username,
+            &config.root_password,
+            now_micros(),
+        );
         let listener = TcpListener::bind(config.bind)
             .await
             .map_err(|source| Error::Bind {
@@ -182,12 +187,14 @@ impl TestServer {
     }
 
     /// Stops serving (closing every connection), then serves again on the same port with the
-    /// same data. Connected clients see their connection drop and reconnect.
+    /// same data. Connected clients see their connection drop and reconnect. Like a server
+    /// restart, it re-derives every user's permission index from the stored permissions.
     #[tracing::instrument(skip_all, fields(addr = %self.addr), err)]
     pub async fn restart(&mut self) -> Result<()> {
         if let Some(r) = self.running.take() {
             r.stop().await;
         }
+        write(&self.shared.state.meta).users.rebuild_index();
         let deadline = tokio::time::Instant::now() + REBIND_BUDGET;
         let listener = loop {
             match TcpListener::bind(self.addr).await {

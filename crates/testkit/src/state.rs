@@ -1,8 +1,9 @@
 //! The server's data: streams → topics → partitions (each partition a [`PartitionLog`] behind its
-//! own mutex), consumer groups, and the registry of connected clients. Owned by the server handle,
-//! so it survives `TestServer::restart`.
+//! own mutex), consumer groups, users, and the registry of connected clients. Owned by the server
+//! handle, so it survives `TestServer::restart`.
 
 use crate::log::PartitionLog;
+use crate::users::Users;
 use crate::wire::Ident;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -145,12 +146,16 @@ impl<T> Slab<T> {
     }
 }
 
-/// All streams. Guarded by one `RwLock`; message traffic only takes the read lock to find its
-/// partition and then locks that partition alone.
+/// All streams and users. Guarded by one `RwLock`, like the server's single metadata snapshot,
+/// so a request resolves its stream and topic and checks its permission on the same state;
+/// message traffic only takes the read lock to find its partition and then locks that partition
+/// alone.
 #[derive(Debug, Default)]
 pub(crate) struct Meta {
     /// Streams by id.
     pub(crate) streams: Slab<Stream>,
+    /// Users by id, with the permission index every request is checked against.
+    pub(crate) users: Users,
 }
 
 /// A stream.
@@ -322,6 +327,33 @@ impl State {
     pub(crate) fn live_client_ids(&self) -> Vec<u32> {
         lock(&self.clients).keys().copied().collect()
     }
+
+    /// Records which user a connection is logged in as; `CLIENT_NOT_FOUND` when its registry
+    /// entry is gone (the user was deleted while the connection stayed open).
+    pub(crate) fn set_client_user(&self, client_id: u32, user_id: Option<u32>) -> Result<(), u32> {
+        let mut clients = lock(&self.clients);
+        let info = clients
+            .get_mut(&client_id)
+            .ok_or(crate::wire::status::CLIENT_NOT_FOUND)?;
+        info.user_id = user_id;
+        Ok(())
+    }
+
+    /// Drops the memberships in deleted consumer groups (`gone` says which (stream, topic, group)
+    /// no longer exist) from every client's record.
+    pub(crate) fn forget_groups(&self, gone: impl Fn(usize, usize, usize) -> bool) {
+        for info in lock(&self.clients).values_mut() {
+            info.groups
+                .retain(|&(s, t, g)| !gone(s as usize, t as usize, g as usize));
+        }
+    }
+
+    /// What DELETE_USER does to the registry (`delete_clients_for_user`): every client logged in
+    /// as `user_id` disappears from GET_CLIENT(S) and GET_ME, while the connections themselves
+    /// stay open with that user id in their session.
+    pub(crate) fn forget_clients_of_user(&self, user_id: u32) {
+        lock(&self.clients).retain(|_, info| info.user_id != Some(user_id));
+    }
 }
 
 impl Meta {
@@ -335,6 +367,12 @@ impl Meta {
                 .find(|(_, s)| s.name == name)
                 .map(|(k, _)| k),
         }
+    }
+
+    /// A stream by slot id or exact name, with its id.
+    pub(crate) fn stream(&self, id: Ident<'_>) -> Option<(usize, &Stream)> {
+        let sid = self.find_stream(id)?;
+        Some((sid, self.streams.get(sid)?))
     }
 
     /// Finds a stream by exact name.

@@ -12,6 +12,11 @@ pub(crate) mod command {
     pub(crate) const GET_CLIENT: u32 = 21;
     pub(crate) const GET_CLIENTS: u32 = 22;
     pub(crate) const GET_USER: u32 = 31;
+    pub(crate) const GET_USERS: u32 = 32;
+    pub(crate) const CREATE_USER: u32 = 33;
+    pub(crate) const DELETE_USER: u32 = 34;
+    pub(crate) const UPDATE_USER: u32 = 35;
+    pub(crate) const UPDATE_PERMISSIONS: u32 = 36;
     pub(crate) const CHANGE_PASSWORD: u32 = 37;
     pub(crate) const LOGIN_USER: u32 = 38;
     pub(crate) const LOGOUT_USER: u32 = 39;
@@ -55,9 +60,15 @@ pub(crate) mod status {
     pub(crate) const INVALID_IDENTIFIER: u32 = 6;
     pub(crate) const RESOURCE_NOT_FOUND: u32 = 20;
     pub(crate) const UNAUTHENTICATED: u32 = 40;
+    pub(crate) const UNAUTHORIZED: u32 = 41;
     pub(crate) const INVALID_CREDENTIALS: u32 = 42;
     pub(crate) const INVALID_USERNAME: u32 = 43;
     pub(crate) const INVALID_PASSWORD: u32 = 44;
+    pub(crate) const USER_ALREADY_EXISTS: u32 = 46;
+    pub(crate) const USER_INACTIVE: u32 = 47;
+    pub(crate) const CANNOT_DELETE_USER: u32 = 48;
+    pub(crate) const CANNOT_CHANGE_PERMISSIONS: u32 = 49;
+    pub(crate) const CLIENT_NOT_FOUND: u32 = 100;
     pub(crate) const INVALID_CLIENT_ID: u32 = 101;
     pub(crate) const STREAM_ID_NOT_FOUND: u32 = 1009;
     pub(crate) const STREAM_NAME_ALREADY_EXISTS: u32 = 1012;
@@ -171,7 +182,6 @@ impl<'a> Reader<'a> {
     }
 
     /// Bytes consumed so far.
-    #[cfg(test)]
     pub(crate) fn position(&self) -> usize {
         self.pos
     }
@@ -212,7 +222,7 @@ impl<'a> Reader<'a> {
         self.str(len)
     }
 
-    /// A u8-length-prefixed string without the 1..255 rule (LOGIN_USER password).
+    /// A u8-length-prefixed string without the 1..255 rule (passwords).
     pub(crate) fn short_str(&mut self) -> Result<&'a str, DecodeError> {
         let len = usize::from(self.u8()?);
         self.str(len)

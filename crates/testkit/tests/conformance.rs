@@ -4,13 +4,15 @@
 //!
 //! By default each test starts its own in-process `TestServer`. With
 //! `IGGY_CONFORMANCE_URL=iggy://iggy:iggy@127.0.0.1:8090` the same tests run against that
-//! server instead; they then create and delete only their own uniquely named streams, and checks
-//! that need in-process hooks (faults, restart, retention, fresh-server ids) are skipped with a
-//! printed note.
+//! server instead; they then create and delete only their own uniquely named streams and users
+//! (root stays as it was), and checks that need in-process hooks (faults, restart, retention,
+//! fresh-server ids, persistence) are skipped with a printed note. The permission semantics the
+//! user tests pin are those `iggy-fencing.md` relies on.
 
 use assert2::{assert, check};
 use bytes::Bytes;
 use iggy::prelude::*;
+use iggy_common::UserInfoDetails;
 use replicator_testkit::{TestServer, TestServerConfig};
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -23,6 +25,10 @@ type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 /// Serialises tests that assert stream-id reuse on a shared real server.
 static STREAM_IDS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Serialises tests that create users, so the ones that assert user-id reuse see no other test's
+/// users come and go (user ids are server-wide).
+static USERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The server a test talks to.
 struct Target {
@@ -38,14 +44,17 @@ impl Target {
     async fn with_config(config: TestServerConfig) -> Self {
         match remote_url() {
             Some(url) => Target { server: None, url },
-            None => {
-                let server = TestServer::start(config).await.expect("start test server");
-                let url = server.connection_string();
-                Target {
-                    server: Some(server),
-                    url,
-                }
-            }
+            None => Self::start_local(config).await,
+        }
+    }
+
+    /// An in-process server started with `config`, whatever `IGGY_CONFORMANCE_URL` says.
+    async fn start_local(config: TestServerConfig) -> Self {
+        let server = TestServer::start(config).await.expect("start test server");
+        let url = server.connection_string();
+        Target {
+            server: Some(server),
+            url,
         }
     }
 
@@ -90,6 +99,20 @@ impl Target {
         client
     }
 
+    /// A connected client logged in as `username` (auto-login from the connection string).
+    async fn client_as(&self, username: &str, password: &str) -> IggyClient {
+        let url = format!(
+            "iggy://{username}:{password}@{}?reconnection_retries=20&reconnection_interval=100ms",
+            self.address()
+        );
+        let client = IggyClient::from_connection_string(&url).expect("client from url");
+        client
+            .connect()
+            .await
+            .expect("connect and log in as a user");
+        client
+    }
+
     /// A connected client that is not logged in.
     async fn anonymous_client(&self) -> IggyClient {
         let client = IggyClient::builder()
@@ -114,6 +137,37 @@ impl Target {
     }
 }
 
+/// A temporary data directory for in-process servers that persist.
+struct DataDir {
+    /// Removed when dropped.
+    dir: tempfile::TempDir,
+}
+
+impl DataDir {
+    /// A fresh directory, or `None` with a note that `what` is skipped against a real server.
+    fn create(what: &str) -> std::io::Result<Option<Self>> {
+        if remote_url().is_some() {
+            note_skipped(what);
+            return Ok(None);
+        }
+        Ok(Some(DataDir {
+            dir: tempfile::tempdir()?,
+        }))
+    }
+
+    /// Starts an in-process server on the directory and connects a root client to it; after
+    /// [`close`], calling it again is what a process restart does.
+    async fn start(&self) -> (Target, IggyClient) {
+        let t = Target::start_local(TestServerConfig {
+            data_dir: Some(self.dir.path().to_owned()),
+            ..TestServerConfig::default()
+        })
+        .await;
+        let client = t.client().await;
+        (t, client)
+    }
+}
+
 /// `IGGY_CONFORMANCE_URL`, when set to a real server.
 fn remote_url() -> Option<String> {
     std::env::var("IGGY_CONFORMANCE_URL")
@@ -126,7 +180,8 @@ fn note_skipped(what: &str) {
     println!("note: skipping {what}: needs in-process hooks (IGGY_CONFORMANCE_URL set)");
 }
 
-/// A stream name no other test (or earlier run) uses.
+/// A stream or user name no other test (or earlier run) uses; with prefixes of up to 8 bytes it
+/// stays within the server's 50-byte limit on usernames.
 fn unique(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let nanos = std::time::SystemTime::now()
@@ -1202,6 +1257,500 @@ async fn consumer_groups_assign_partitions_to_members() -> TestResult {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Users and permissions
+
+/// The password of every user the tests create.
+const PASSWORD: &str = "secret-pw-1";
+
+/// Permissions with only the global rights `grant` sets.
+fn global(grant: impl FnOnce(&mut GlobalPermissions)) -> Permissions {
+    let mut p = Permissions::default();
+    grant(&mut p.global);
+    p
+}
+
+/// What a replicator's writer needs: global send and poll, nothing else.
+fn writer_rights() -> Permissions {
+    global(|g| {
+        g.send_messages = true;
+        g.poll_messages = true;
+    })
+}
+
+/// Rights on one topic only, set by `grant`.
+fn on_topic(
+    stream_id: u32,
+    topic_id: u32,
+    grant: impl FnOnce(&mut TopicPermissions),
+) -> Permissions {
+    let mut topic = TopicPermissions::default();
+    grant(&mut topic);
+    let stream = StreamPermissions {
+        topics: Some([(topic_id as usize, topic)].into_iter().collect()),
+        ..StreamPermissions::default()
+    };
+    Permissions {
+        global: GlobalPermissions::default(),
+        streams: Some([(stream_id as usize, stream)].into_iter().collect()),
+    }
+}
+
+/// Creates an active user with [`PASSWORD`] and `permissions`.
+async fn create_user(
+    client: &IggyClient,
+    username: &str,
+    permissions: Option<Permissions>,
+) -> Result<UserInfoDetails, IggyError> {
+    client
+        .create_user(username, PASSWORD, UserStatus::Active, permissions)
+        .await
+}
+
+/// Creates a user named after `prefix` with `permissions` through `root`, and a client logged
+/// in as it.
+async fn user_session(
+    t: &Target,
+    root: &IggyClient,
+    prefix: &str,
+    permissions: Option<Permissions>,
+) -> Result<(UserInfoDetails, IggyClient), IggyError> {
+    let user = create_user(root, &unique(prefix), permissions).await?;
+    let client = t.client_as(&user.username, PASSWORD).await;
+    Ok((user, client))
+}
+
+/// Deletes the users a test created (best effort: a shared real server must not keep them).
+async fn delete_users(client: &IggyClient, ids: &[u32]) {
+    for id in ids {
+        let _ = client.delete_user(&num(*id)).await;
+    }
+}
+
+/// Waits until GET_CLIENTS shows (or no longer shows) a session of `user_id`.
+async fn wait_for_session(root: &IggyClient, user_id: u32, present: bool) -> TestResult {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let clients = root.get_clients().await?;
+        if clients.iter().any(|c| c.user_id == Some(user_id)) == present {
+            return Ok(());
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "session of user {user_id} never {}",
+            if present { "appeared" } else { "went away" }
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn users_are_created_found_updated_and_deleted() -> TestResult {
+    let _users = USERS.lock().await;
+    let (t, root) = Target::connected().await;
+    let name_a = unique("crud");
+    let rights = global(|g| {
+        g.read_users = true;
+        g.poll_messages = true;
+    });
+    let a = create_user(&root, &name_a, Some(rights.clone())).await?;
+    check!(a.username == name_a);
+    check!(a.status == UserStatus::Active);
+    check!(a.permissions == Some(rights.clone()));
+    let by_name = root.get_user(&name(&name_a)).await?.expect("user by name");
+    check!(by_name.id == a.id);
+    check!(by_name.permissions == Some(rights));
+    check!(by_name.created_at == a.created_at);
+    let by_id = root.get_user(&num(a.id)).await?.expect("user by id");
+    check!(by_id.username == name_a);
+    check!(root
+        .get_users()
+        .await?
+        .iter()
+        .any(|u| u.id == a.id && u.username == name_a));
+    check!(
+        code(create_user(&root, &name_a, None).await) == 46,
+        "duplicate"
+    );
+    check!(code(create_user(&root, "ab", None).await) == 43);
+    let short = root
+        .create_user(&unique("pw"), "pw", UserStatus::Active, None)
+        .await;
+    check!(code(short) == 44);
+
+    let name_b = unique("crud");
+    let b = create_user(&root, &name_b, None).await?;
+    check!(b.permissions.is_none());
+    check!(
+        root.get_user(&num(b.id)).await?.expect("b").permissions == None,
+        "no permissions round-trip as none"
+    );
+    let renamed = unique("renamed");
+    root.update_user(&num(a.id), Some(&renamed), Some(UserStatus::Inactive))
+        .await?;
+    let updated = root.get_user(&num(a.id)).await?.expect("renamed user");
+    check!(updated.username == renamed);
+    check!(updated.status == UserStatus::Inactive);
+    check!(root.get_user(&name(&name_a)).await?.is_none());
+    check!(code(root.update_user(&num(b.id), Some(&renamed), None).await) == 46);
+    root.update_user(&num(b.id), Some(&name_b), None).await?;
+    root.update_permissions(&num(a.id), None).await?;
+    check!(root
+        .get_user(&num(a.id))
+        .await?
+        .expect("user")
+        .permissions
+        .is_none());
+
+    root.delete_user(&num(a.id)).await?;
+    check!(root.get_user(&num(a.id)).await?.is_none());
+    check!(code(root.delete_user(&num(a.id)).await) == 20);
+    check!(code(root.update_user(&num(a.id), None, None).await) == 20);
+    check!(code(root.update_permissions(&num(a.id), None).await) == 20);
+    check!(
+        code(
+            root.change_password(&num(a.id), PASSWORD, "another-pw")
+                .await
+        ) == 20
+    );
+    check!(root.get_user(&name(&unique("none"))).await?.is_none());
+    delete_users(&root, &[b.id]).await;
+
+    let root_user = root.get_user(&num(0)).await?.expect("root user");
+    let (root_name, _) = credentials(&t.url);
+    check!(root_user.username == root_name);
+    let all = root_user.permissions.expect("root permissions").global;
+    check!(all.manage_users && all.manage_streams && all.send_messages && all.read_servers);
+    check!(
+        code(root.delete_user(&num(0)).await) == 48,
+        "root cannot be deleted"
+    );
+    check!(
+        code(root.update_permissions(&num(0), None).await) == 49,
+        "root's permissions cannot be changed"
+    );
+    root.update_user(&num(0), None, Some(UserStatus::Active))
+        .await?;
+    close(t, root).await
+}
+
+#[tokio::test]
+async fn user_ids_come_from_a_slab_and_freed_ids_are_reused() -> TestResult {
+    let _users = USERS.lock().await;
+    let (t, root) = Target::connected().await;
+    let a = create_user(&root, &unique("ids"), None).await?;
+    let b = create_user(&root, &unique("ids"), None).await?;
+    if !t.is_remote() {
+        check!((a.id, b.id) == (1, 2), "root is 0, users follow");
+    }
+    root.delete_user(&num(a.id)).await?;
+    let c = create_user(&root, &unique("ids"), None).await?;
+    check!(c.id == a.id, "the freed id is reused");
+    let d = create_user(&root, &unique("ids"), None).await?;
+    if !t.is_remote() {
+        check!(d.id == 3, "no freed id left: the next id is the end");
+    }
+    delete_users(&root, &[b.id, c.id, d.id]).await;
+    close(t, root).await
+}
+
+#[tokio::test]
+async fn non_root_users_log_in_and_their_sessions_are_listed() -> TestResult {
+    let _users = USERS.lock().await;
+    let (t, root) = Target::connected().await;
+    let (user, client) = user_session(&t, &root, "login", None).await?;
+    let me = client.get_me().await?;
+    check!(me.user_id == Some(user.id));
+    wait_for_session(&root, user.id, true).await?;
+    check!(root
+        .get_clients()
+        .await?
+        .iter()
+        .any(|c| c.client_id == me.client_id && c.user_id == Some(user.id)));
+    // A user without rights may read itself and the cluster, nothing else.
+    let own = client.get_user(&num(user.id)).await?.expect("own record");
+    check!(own.username == user.username);
+    check!(code(client.get_user(&num(0)).await) == 41);
+    check!(code(client.get_users().await) == 41);
+    check!(code(client.get_streams().await) == 41);
+    check!(code(client.get_stats().await) == 41);
+    check!(code(client.get_clients().await) == 41);
+    check!(code(client.create_stream(&unique("denied")).await) == 41);
+    check!(client.get_cluster_metadata().await.is_ok());
+    client.ping().await?;
+    client.shutdown().await?;
+    wait_for_session(&root, user.id, false).await?;
+
+    // The server turns a login name into an identifier first: a name that is a number logs in
+    // as the user with that id.
+    let by_number = t.anonymous_client().await;
+    let identity = by_number
+        .login_user(&format!("{:03}", user.id), PASSWORD)
+        .await?;
+    check!(identity.user_id == user.id);
+    by_number.shutdown().await?;
+    delete_users(&root, &[user.id]).await;
+    close(t, root).await
+}
+
+#[tokio::test]
+async fn inactive_users_and_wrong_credentials_cannot_log_in() -> TestResult {
+    let _users = USERS.lock().await;
+    let (t, root) = Target::connected().await;
+    let username = unique("inactive");
+    let user = root
+        .create_user(&username, PASSWORD, UserStatus::Inactive, None)
+        .await?;
+    let anonymous = t.anonymous_client().await;
+    check!(code(anonymous.login_user(&username, PASSWORD).await) == 47);
+    check!(
+        code(anonymous.login_user(&username, "wrong-password").await) == 47,
+        "the status is judged before the password"
+    );
+    root.update_user(&num(user.id), None, Some(UserStatus::Active))
+        .await?;
+    check!(code(anonymous.login_user(&username, "wrong-password").await) == 42);
+    check!(code(anonymous.login_user(&unique("nobody"), PASSWORD).await) == 42);
+    let identity = anonymous.login_user(&username, PASSWORD).await?;
+    check!(identity.user_id == user.id);
+    // Deactivating refuses new logins only: the open session goes on.
+    root.update_user(&num(user.id), None, Some(UserStatus::Inactive))
+        .await?;
+    check!(anonymous.get_me().await?.user_id == Some(user.id));
+    let other = t.anonymous_client().await;
+    check!(code(other.login_user(&username, PASSWORD).await) == 47);
+    other.shutdown().await?;
+    anonymous.shutdown().await?;
+    delete_users(&root, &[user.id]).await;
+    close(t, root).await
+}
+
+#[tokio::test]
+async fn a_revoked_send_permission_fences_the_open_session_until_it_is_restored() -> TestResult {
+    let _users = USERS.lock().await;
+    let f = Fixture::start("fence", 1).await;
+    let (root, s, topic) = (&f.client, &f.stream, &f.topic);
+    let (user, writer) = user_session(&f.t, root, "writer", Some(writer_rights())).await?;
+    let session = writer.get_me().await?.client_id;
+    send_to(&writer, s, topic, 0, vec![msg("before")]).await?;
+
+    root.update_permissions(&num(user.id), Some(global(|g| g.poll_messages = true)))
+        .await?;
+    check!(
+        code(send_to(&writer, s, topic, 0, vec![msg("fenced")]).await) == 41,
+        "the next send of the open session is refused"
+    );
+    let polled = poll(&writer, s, topic, Some(0), PollingStrategy::offset(0), 10).await?;
+    check!(
+        payloads(&polled) == vec![Bytes::from("before")],
+        "polls still work, the refused batch is not there"
+    );
+    check!(writer.get_me().await?.client_id == session, "same session");
+
+    root.update_permissions(&num(user.id), Some(writer_rights()))
+        .await?;
+    send_to(&writer, s, topic, 0, vec![msg("after")]).await?;
+    check!(
+        writer.get_me().await?.client_id == session,
+        "still the same session"
+    );
+    let polled = poll(&writer, s, topic, Some(0), PollingStrategy::offset(0), 10).await?;
+    check!(payloads(&polled) == vec![Bytes::from("before"), Bytes::from("after")]);
+    writer.shutdown().await?;
+    delete_users(root, &[user.id]).await;
+    f.finish().await
+}
+
+#[tokio::test]
+async fn a_user_with_only_poll_rights_on_a_topic_cannot_send() -> TestResult {
+    let _users = USERS.lock().await;
+    let f = Fixture::start("pollonly", 1).await;
+    let (root, s, topic) = (&f.client, &f.stream, &f.topic);
+    create_topic(root, s, "other", 1).await?;
+    let details = topic_details(root, s, topic).await?;
+    let stream_id = root.get_stream(&name(s)).await?.expect("stream").id;
+    let rights = on_topic(stream_id, details.id, |t| t.poll_messages = true);
+    let (user, poller) = user_session(&f.t, root, "poller", Some(rights.clone())).await?;
+    check!(
+        user.permissions == Some(rights),
+        "per-topic rights round-trip"
+    );
+    send_to(root, s, topic, 0, vec![msg("a"), msg("b")]).await?;
+
+    check!(code(send_to(&poller, s, topic, 0, vec![msg("x")]).await) == 41);
+    let polled = poll(&poller, s, topic, Some(0), PollingStrategy::offset(0), 10).await?;
+    check!(payloads(&polled) == vec![Bytes::from("a"), Bytes::from("b")]);
+    let consumer = Consumer::new(name("poller"));
+    poller
+        .store_consumer_offset(&consumer, &name(s), &name(topic), Some(0), 1)
+        .await?;
+    check!(
+        poller
+            .get_consumer_offset(&consumer, &name(s), &name(topic), Some(0))
+            .await?
+            .expect("offset")
+            .stored_offset
+            == 1
+    );
+    let elsewhere = poll(&poller, s, "other", Some(0), PollingStrategy::offset(0), 1).await;
+    check!(code(elsewhere) == 41, "the right covers its topic only");
+    check!(
+        code(poller.get_topic(&name(s), &name(topic)).await) == 41,
+        "polling does not imply reading the topic"
+    );
+    check!(code(poller.get_streams().await) == 41);
+    check!(
+        code(
+            poller
+                .create_topic(
+                    &name(s),
+                    "new",
+                    1,
+                    CompressionAlgorithm::None,
+                    None,
+                    IggyExpiry::ServerDefault,
+                    MaxTopicSize::ServerDefault
+                )
+                .await
+        ) == 41
+    );
+    let missing = unique("missing");
+    check!(
+        code(
+            poll(
+                &poller,
+                &missing,
+                topic,
+                Some(0),
+                PollingStrategy::offset(0),
+                1
+            )
+            .await
+        ) == 1009,
+        "a missing stream answers before the right is judged"
+    );
+    poller.shutdown().await?;
+    delete_users(root, &[user.id]).await;
+    f.finish().await
+}
+
+#[tokio::test]
+async fn a_user_with_manage_users_manages_users_but_not_streams() -> TestResult {
+    let _users = USERS.lock().await;
+    let (t, root) = Target::connected().await;
+    let manage_users = global(|g| g.manage_users = true);
+    let (admin, admin_client) = user_session(&t, &root, "admin", Some(manage_users)).await?;
+    let (plain, plain_client) = user_session(&t, &root, "plain", None).await?;
+
+    let created_name = unique("created");
+    let created = create_user(&admin_client, &created_name, None).await?;
+    check!(admin_client.get_user(&num(created.id)).await?.is_some());
+    check!(admin_client
+        .get_users()
+        .await?
+        .iter()
+        .any(|u| u.id == created.id));
+    admin_client
+        .update_permissions(&num(created.id), Some(global(|g| g.read_streams = true)))
+        .await?;
+    check!(
+        code(
+            admin_client
+                .change_password(&num(created.id), "not-current", "new-password")
+                .await
+        ) == 42
+    );
+    admin_client
+        .change_password(&num(created.id), PASSWORD, "new-password")
+        .await?;
+    admin_client.delete_user(&num(created.id)).await?;
+    check!(code(admin_client.create_stream(&unique("admin")).await) == 41);
+
+    check!(
+        code(create_user(&plain_client, "ab", None).await) == 41,
+        "the right is judged before the username"
+    );
+    check!(code(plain_client.delete_user(&num(admin.id)).await) == 41);
+    check!(code(plain_client.update_user(&num(admin.id), None, None).await) == 41);
+    check!(code(plain_client.update_permissions(&num(admin.id), None).await) == 41);
+    admin_client.shutdown().await?;
+    plain_client.shutdown().await?;
+    delete_users(&root, &[admin.id, plain.id]).await;
+    close(t, root).await
+}
+
+#[tokio::test]
+async fn users_change_their_own_password_without_manage_users() -> TestResult {
+    let _users = USERS.lock().await;
+    let (t, root) = Target::connected().await;
+    let (user, client) = user_session(&t, &root, "passwd", None).await?;
+    let username = &user.username;
+    check!(
+        code(
+            client
+                .change_password(&num(user.id), "wrong-pw", "next-password")
+                .await
+        ) == 42
+    );
+    check!(code(client.change_password(&num(user.id), PASSWORD, "ab").await) == 44);
+    check!(
+        code(
+            client
+                .change_password(&num(0), "whatever", "next-password")
+                .await
+        ) == 41
+    );
+    client
+        .change_password(&name(username), PASSWORD, "next-password")
+        .await?;
+    let anonymous = t.anonymous_client().await;
+    check!(code(anonymous.login_user(username, PASSWORD).await) == 42);
+    check!(
+        anonymous
+            .login_user(username, "next-password")
+            .await?
+            .user_id
+            == user.id
+    );
+    check!(
+        client.get_me().await?.user_id == Some(user.id),
+        "the session goes on"
+    );
+    anonymous.shutdown().await?;
+    client.shutdown().await?;
+    delete_users(&root, &[user.id]).await;
+    close(t, root).await
+}
+
+#[tokio::test]
+async fn a_deleted_users_session_vanishes_from_the_client_list_and_loses_its_rights() -> TestResult
+{
+    let _users = USERS.lock().await;
+    let f = Fixture::start("deleted", 1).await;
+    let (root, s, topic) = (&f.client, &f.stream, &f.topic);
+    let (user, doomed) = user_session(&f.t, root, "doomed", Some(writer_rights())).await?;
+    let session = doomed.get_me().await?.client_id;
+    send_to(&doomed, s, topic, 0, vec![msg("a")]).await?;
+    wait_for_session(root, user.id, true).await?;
+    root.delete_user(&num(user.id)).await?;
+    check!(
+        !root
+            .get_clients()
+            .await?
+            .iter()
+            .any(|c| c.client_id == session),
+        "the registry forgets the session at once"
+    );
+    check!(
+        code(doomed.get_me().await) == 100,
+        "the open connection has no client any more"
+    );
+    check!(code(send_to(&doomed, s, topic, 0, vec![msg("b")]).await) == 41);
+    check!(code(poll(&doomed, s, topic, Some(0), PollingStrategy::offset(0), 1).await) == 41);
+    let _ = doomed.shutdown().await;
+    f.finish().await
+}
+
+// ---------------------------------------------------------------------------------------------
 // In-process hooks: faults, restart, retention
 
 #[tokio::test]
@@ -1381,24 +1930,17 @@ async fn a_disconnected_member_leaves_its_group() -> TestResult {
 
 #[tokio::test]
 async fn data_dir_keeps_streams_messages_and_offsets_across_process_restarts() -> TestResult {
-    if remote_url().is_some() {
-        note_skipped("data-dir persistence");
+    let Some(dir) = DataDir::create("data-dir persistence")? else {
         return Ok(());
-    }
-    let dir = tempfile::tempdir()?;
-    let config = TestServerConfig {
-        data_dir: Some(dir.path().to_owned()),
-        ..TestServerConfig::default()
     };
-    let server = TestServer::start(config.clone()).await?;
-    let url = server.connection_string();
-    let client = IggyClient::from_connection_string(&url)?;
-    client.connect().await?;
+    let (t, client) = dir.start().await;
     let gone = client.create_stream("gone").await?;
     let kept = client.create_stream("kept").await?;
     create_topic(&client, "kept", "t", 2).await?;
     let (st, tp) = (name("kept"), name("t"));
-    let from_start = |client| poll(client, "kept", "t", Some(0), PollingStrategy::offset(0), 10);
+    async fn from_start(client: &IggyClient) -> Result<PolledMessages, IggyError> {
+        poll(client, "kept", "t", Some(0), PollingStrategy::offset(0), 10).await
+    }
     send_to(&client, "kept", "t", 0, vec![msg("a"), msg("b"), msg("c")]).await?;
     send_to(&client, "kept", "t", 0, vec![msg("d")]).await?;
     let consumer = Consumer::new(name("c"));
@@ -1407,14 +1949,12 @@ async fn data_dir_keeps_streams_messages_and_offsets_across_process_restarts() -
         .await?;
     client.create_consumer_group(&st, &tp, "g").await?;
     client.delete_stream(&num(gone.id)).await?;
+    let server = t.server.as_ref().expect("an in-process server");
     server.retention().drop_before("kept", "t", 0, 1)?;
     let before = from_start(&client).await?;
-    client.shutdown().await?;
-    server.shutdown().await;
+    close(t, client).await?;
 
-    let server = TestServer::start(config).await?;
-    let client = IggyClient::from_connection_string(&server.connection_string())?;
-    client.connect().await?;
+    let (t, client) = dir.start().await;
     let stream = client.get_stream(&st).await?.expect("stream persisted");
     check!(stream.id == kept.id);
     check!(client.get_stream(&name("gone")).await?.is_none());
@@ -1451,9 +1991,7 @@ async fn data_dir_keeps_streams_messages_and_offsets_across_process_restarts() -
         reused.id == gone.id,
         "freed stream slot still reused after reload"
     );
-    client.shutdown().await?;
-    server.shutdown().await;
-    Ok(())
+    close(t, client).await
 }
 
 #[tokio::test]
@@ -1494,4 +2032,98 @@ async fn size_cleaner_and_delete_segments_keep_the_active_segment_and_stored_off
     check!(info.segments_count == 1);
     check!(code(client.delete_segments(&st, &tp, 7, 1).await) == 3007);
     f.finish().await
+}
+
+#[tokio::test]
+async fn a_held_send_is_judged_when_it_is_let_in() -> TestResult {
+    let _users = USERS.lock().await;
+    let Some(f) = Fixture::start_local(
+        "send hold",
+        TestServerConfig::default(),
+        "hold",
+        2,
+        SERVER_DEFAULTS,
+    )
+    .await
+    else {
+        return Ok(());
+    };
+    let (root, s, topic) = (&f.client, &f.stream, &f.topic);
+    let (user, writer) = user_session(&f.t, root, "held", Some(writer_rights())).await?;
+    let hold = f.server().faults().hold_sends_to(s, topic, 0);
+
+    let held_send = {
+        let (s, topic) = (s.clone(), topic.clone());
+        tokio::spawn(async move {
+            let result = send_to(&writer, &s, &topic, 0, vec![msg("in flight")]).await;
+            (writer, result)
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), hold.until_held(1)).await?;
+    check!(
+        f.server().partition_info(s, topic, 0)?.messages_count == 0,
+        "not yet appended"
+    );
+    send_to(root, s, topic, 0, vec![msg("root")]).await?;
+    send_to(root, s, topic, 1, vec![msg("root")]).await?;
+    check!(hold.held() == 1, "other sessions are not held");
+
+    root.update_permissions(&num(user.id), Some(global(|g| g.poll_messages = true)))
+        .await?;
+    hold.release();
+    let (writer, result) = held_send.await?;
+    check!(
+        code(result) == 41,
+        "the held send is judged when it is let in, after the revocation"
+    );
+    let polled = poll(root, s, topic, Some(0), PollingStrategy::offset(0), 10).await?;
+    check!(payloads(&polled) == vec![Bytes::from("root")]);
+    writer.shutdown().await?;
+    delete_users(root, &[user.id]).await;
+    f.finish().await
+}
+
+#[tokio::test]
+async fn data_dir_keeps_users_and_their_permissions() -> TestResult {
+    let Some(dir) = DataDir::create("data-dir persistence of users")? else {
+        return Ok(());
+    };
+    let (t, root) = dir.start().await;
+    let gone = create_user(&root, "gone-user", None).await?;
+    let rights = on_topic(3, 4, |t| t.send_messages = true);
+    let kept = create_user(&root, "kept-user", Some(rights.clone())).await?;
+    root.change_password(&num(kept.id), PASSWORD, "changed-pw")
+        .await?;
+    root.update_user(&num(kept.id), None, Some(UserStatus::Inactive))
+        .await?;
+    root.delete_user(&num(gone.id)).await?;
+    close(t, root).await?;
+
+    let (t, root) = dir.start().await;
+    let restored = root
+        .get_user(&name("kept-user"))
+        .await?
+        .expect("user persisted");
+    check!(restored.id == kept.id);
+    check!(restored.status == UserStatus::Inactive);
+    check!(restored.permissions == Some(rights));
+    check!(restored.created_at == kept.created_at);
+    check!(root.get_user(&name("gone-user")).await?.is_none());
+    root.update_user(&num(kept.id), None, Some(UserStatus::Active))
+        .await?;
+    let anonymous = t.anonymous_client().await;
+    check!(
+        anonymous
+            .login_user("kept-user", "changed-pw")
+            .await?
+            .user_id
+            == kept.id
+    );
+    let reused = create_user(&root, "new-user", None).await?;
+    check!(
+        reused.id == gone.id,
+        "freed user id still reused after reload"
+    );
+    anonymous.shutdown().await?;
+    close(t, root).await
 }

@@ -2,11 +2,12 @@
 //! pending revocations once the group has committed what it polled.
 
 use super::{
-    auth, decode, find_topic, persist_meta, resolve_topic, topic_mut, topic_ref, topic_request,
-    Reply, Session, Shared,
+    query_topic, resolve_topic, topic_for, topic_mut, topic_ref, topic_request, Reply, Request,
+    Shared,
 };
 use crate::group;
-use crate::state::{lock, read, write, Group, Meta, Partition};
+use crate::state::{lock, write, Group, Meta, Partition};
+use crate::users::Action;
 use crate::wire::{status, DecodeError, Ident, Put, Reader};
 use std::sync::Arc;
 
@@ -17,92 +18,15 @@ fn group_record(out: &mut Vec<u8>, id: usize, g: &Group) {
     out.put_name(&g.name);
 }
 
-fn group_request<'a>(r: &mut Reader<'a>) -> Result<(Ident<'a>, Ident<'a>, Ident<'a>), DecodeError> {
+/// The stream, topic and group identifiers of a group-level request.
+type GroupRequest<'a> = (Ident<'a>, Ident<'a>, Ident<'a>);
+
+fn group_request<'a>(r: &mut Reader<'a>) -> Result<GroupRequest<'a>, DecodeError> {
     Ok((r.ident()?, r.ident()?, r.ident()?))
 }
 
-pub(super) fn get_consumer_group(
-    shared: &Shared,
-    session: &Session,
-    payload: &[u8],
-    out: &mut Vec<u8>,
-) -> Reply {
-    let (s, t, g) = decode(payload, group_request)?;
-    auth(session)?;
-    let meta = read(&shared.state.meta);
-    let Some((_, topic)) = find_topic(&meta, s, t) else {
-        return Ok(());
-    };
-    let Some((gid, group)) = topic
-        .find_group(g)
-        .and_then(|gid| topic.groups.get(gid).map(|g| (gid, g)))
-    else {
-        return Ok(());
-    };
-    group_record(out, gid, group);
-    for (_, m) in group.members.iter() {
-        out.put_u32(m.id as u32);
-        out.put_u32(m.partitions.len() as u32);
-        for p in &m.partitions {
-            out.put_u32(*p);
-        }
-    }
-    Ok(())
-}
-
-pub(super) fn get_consumer_groups(
-    shared: &Shared,
-    session: &Session,
-    payload: &[u8],
-    out: &mut Vec<u8>,
-) -> Reply {
-    let (s, t) = decode(payload, topic_request)?;
-    auth(session)?;
-    let meta = read(&shared.state.meta);
-    let Some((_, topic)) = find_topic(&meta, s, t) else {
-        return Ok(());
-    };
-    for (gid, g) in topic.groups.iter() {
-        group_record(out, gid, g);
-    }
-    Ok(())
-}
-
-pub(super) fn create_consumer_group(
-    shared: &Shared,
-    session: &Session,
-    payload: &[u8],
-    out: &mut Vec<u8>,
-) -> Reply {
-    let (s, t, name) = decode(payload, |r| Ok((r.ident()?, r.ident()?, r.name()?)))?;
-    auth(session)?;
-    let mut meta = write(&shared.state.meta);
-    let (sid, tid) = resolve_topic(&meta, s, t)?;
-    let topic = topic_mut(&mut meta, sid, tid)?;
-    if topic.groups.iter().any(|(_, g)| g.name == name) {
-        return Err(status::CONSUMER_GROUP_NAME_ALREADY_EXISTS);
-    }
-    let group = Group {
-        name: name.to_owned(),
-        partitions: (0..topic.partitions.len() as u32).collect(),
-        members: Default::default(),
-    };
-    let gid = topic.groups.insert(group);
-    if let Some(g) = topic.groups.get(gid) {
-        group_record(out, gid, g);
-    }
-    drop(meta);
-    persist_meta(shared);
-    Ok(())
-}
-
 /// Resolves stream, topic and group, or 1009 / 2010 / 5000.
-fn resolve_group(
-    meta: &Meta,
-    s: Ident<'_>,
-    t: Ident<'_>,
-    g: Ident<'_>,
-) -> Result<(usize, usize, usize), u32> {
+fn resolve_group(meta: &Meta, (s, t, g): GroupRequest<'_>) -> Result<(usize, usize, usize), u32> {
     let (sid, tid) = resolve_topic(meta, s, t)?;
     let gid = topic_ref(meta, sid, tid)?
         .find_group(g)
@@ -110,38 +34,106 @@ fn resolve_group(
     Ok((sid, tid, gid))
 }
 
-pub(super) fn delete_consumer_group(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let (s, t, g) = decode(payload, group_request)?;
-    auth(session)?;
-    let mut meta = write(&shared.state.meta);
-    let (sid, tid, gid) = resolve_group(&meta, s, t, g)?;
-    let topic = topic_mut(&mut meta, sid, tid)?;
-    topic.groups.remove(gid);
-    for (pid, p) in topic.partitions.iter().enumerate() {
-        let mut log = lock(&p.log);
-        let had = log.group_offsets.remove(&(gid as u32)).is_some();
-        log.group_last_polled.remove(&(gid as u32));
-        if had {
-            if let Some(store) = &shared.store {
-                store.offsets_changed(sid, tid, pid, &log);
-            }
-        }
-    }
-    drop(meta);
-    for info in lock(&shared.state.clients).values_mut() {
-        info.groups
-            .retain(|x| *x != (sid as u32, tid as u32, gid as u32));
-    }
-    persist_meta(shared);
-    Ok(())
+/// [`resolve_group`], then 41 unless `user` may read the topic (every consumer-group right is
+/// the topic's read right, judged once the group was found).
+fn group_for(
+    meta: &Meta,
+    user: u32,
+    request: GroupRequest<'_>,
+) -> Result<(usize, usize, usize), u32> {
+    let (sid, tid, gid) = resolve_group(meta, request)?;
+    meta.users
+        .check(user, Action::ReadTopic(sid as u32, tid as u32))?;
+    Ok((sid, tid, gid))
 }
 
-pub(super) fn join_consumer_group(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let (s, t, g) = decode(payload, group_request)?;
-    auth(session)?;
+pub(super) fn get_consumer_group(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    req.query(group_request, |meta, user, request| {
+        // `query_consumer_group`: a missing stream, topic or group answers empty.
+        if resolve_group(meta, request).is_err() {
+            return Ok(());
+        }
+        let (sid, tid, gid) = group_for(meta, user, request)?;
+        let group = topic_ref(meta, sid, tid)?
+            .groups
+            .get(gid)
+            .ok_or(status::CONSUMER_GROUP_ID_NOT_FOUND)?;
+        group_record(out, gid, group);
+        for (_, m) in group.members.iter() {
+            out.put_u32(m.id as u32);
+            out.put_u32(m.partitions.len() as u32);
+            for p in &m.partitions {
+                out.put_u32(*p);
+            }
+        }
+        Ok(())
+    })
+}
+
+pub(super) fn get_consumer_groups(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    req.query(topic_request, |meta, user, (s, t)| {
+        if let Some((_, _, topic)) = query_topic(meta, user, s, t, Action::ReadTopic)? {
+            for (gid, g) in topic.groups.iter() {
+                group_record(out, gid, g);
+            }
+        }
+        Ok(())
+    })
+}
+
+pub(super) fn create_consumer_group(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    req.change(
+        |r| Ok((r.ident()?, r.ident()?, r.name()?)),
+        |meta, user, (s, t, name)| {
+            let (sid, tid) = topic_for(meta, user, s, t, Action::ReadTopic)?;
+            let topic = topic_mut(meta, sid, tid)?;
+            if topic.groups.iter().any(|(_, g)| g.name == name) {
+                return Err(status::CONSUMER_GROUP_NAME_ALREADY_EXISTS);
+            }
+            let group = Group {
+                name: name.to_owned(),
+                partitions: (0..topic.partitions.len() as u32).collect(),
+                members: Default::default(),
+            };
+            let gid = topic.groups.insert(group);
+            if let Some(g) = topic.groups.get(gid) {
+                group_record(out, gid, g);
+            }
+            Ok(())
+        },
+    )
+}
+
+pub(super) fn delete_consumer_group(req: Request<'_>) -> Reply {
+    req.change(group_request, |meta, user, request| {
+        let (sid, tid, gid) = group_for(meta, user, request)?;
+        let topic = topic_mut(meta, sid, tid)?;
+        topic.groups.remove(gid);
+        for (pid, p) in topic.partitions.iter().enumerate() {
+            let mut log = lock(&p.log);
+            let had = log.group_offsets.remove(&(gid as u32)).is_some();
+            log.group_last_polled.remove(&(gid as u32));
+            if had {
+                if let Some(store) = &req.shared.store {
+                    store.offsets_changed(sid, tid, pid, &log);
+                }
+            }
+        }
+        req.shared
+            .state
+            .forget_groups(|s, t, g| (s, t, g) == (sid, tid, gid));
+        Ok(())
+    })
+}
+
+pub(super) fn join_consumer_group(req: Request<'_>) -> Reply {
+    let Request {
+        shared, session, ..
+    } = req;
+    let (request, user) = req.open(group_request)?;
     let live = shared.state.live_client_ids();
     let mut meta = write(&shared.state.meta);
-    let (sid, tid, gid) = resolve_group(&meta, s, t, g)?;
+    let (sid, tid, gid) = group_for(&meta, user, request)?;
     let topic = topic_mut(&mut meta, sid, tid)?;
     let partitions = topic.partitions.clone();
     if let Some(group) = topic.groups.get_mut(gid) {
@@ -159,11 +151,13 @@ pub(super) fn join_consumer_group(shared: &Shared, session: &Session, payload: &
     Ok(())
 }
 
-pub(super) fn leave_consumer_group(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let (s, t, g) = decode(payload, group_request)?;
-    auth(session)?;
+pub(super) fn leave_consumer_group(req: Request<'_>) -> Reply {
+    let Request {
+        shared, session, ..
+    } = req;
+    let (request, user) = req.open(group_request)?;
     let mut meta = write(&shared.state.meta);
-    let (sid, tid, gid) = resolve_group(&meta, s, t, g)?;
+    let (sid, tid, gid) = group_for(&meta, user, request)?;
     let topic = topic_mut(&mut meta, sid, tid)?;
     let left = topic
         .groups

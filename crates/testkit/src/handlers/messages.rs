@@ -1,12 +1,15 @@
-//! SEND_MESSAGES (batch validation, partitioning, append) and POLL_MESSAGES (strategies,
-//! auto-commit, group bookkeeping).
+//! SEND_MESSAGES (batch validation, permission, partitioning, append) and POLL_MESSAGES
+//! (strategies, auto-commit, group bookkeeping).
 
 use super::groups::complete_group_revocations;
 use super::offsets::resolve_consumer;
 use super::{
-    auth, decode, now_micros, random_uuid, resolve_topic, topic_ref, Reply, Session, Shared,
+    auth, now_micros, random_uuid, resolve_topic, topic_for, topic_ref, Reply, Request, Session,
+    Shared,
 };
-use crate::state::{lock, read};
+use crate::faults::SendDestination;
+use crate::state::{lock, read, Partition};
+use crate::users::Action;
 use crate::wire::{
     le_u32, le_u64, send_ident, send_partitioning, status, Partitioning, Put, Strategy, INDEX_SIZE,
     MAX_PAYLOAD_SIZE, MAX_USER_HEADERS_SIZE, MESSAGE_HEADER_SIZE,
@@ -87,8 +90,31 @@ fn validate_batch(indexes: &[u8], messages: &[u8], count: u32) -> Reply {
     Ok(())
 }
 
-pub(super) fn send_messages(shared: &Shared, session: &Session, payload: &mut [u8]) -> Reply {
-    auth(session)?;
+/// A SEND_MESSAGES request that passed every check of the server (auth, framing, batch
+/// validation, stream and topic, the user's right to send, partition): what is left is the
+/// append.
+struct SendPlan<'a> {
+    /// Stream slot id.
+    sid: usize,
+    /// Topic slot id.
+    tid: usize,
+    /// Partition id.
+    partition_id: usize,
+    /// The partition, resolved at check time.
+    partition: Arc<Partition>,
+    /// The batch's messages, stamped in place by the append.
+    messages: &'a mut [u8],
+    /// Messages in the batch.
+    count: u32,
+}
+
+/// Checks a SEND_MESSAGES request in the server's order and returns what to append.
+fn prepare_send<'a>(
+    shared: &Shared,
+    session: &Session,
+    payload: &'a mut [u8],
+) -> Result<SendPlan<'a>, u32> {
+    let user = auth(session)?;
     let total = payload.len();
     if total < 4 {
         return Err(status::INVALID_COMMAND);
@@ -116,7 +142,7 @@ pub(super) fn send_messages(shared: &Shared, session: &Session, payload: &mut [u
     validate_batch(indexes, messages, count)?;
 
     let meta = read(&shared.state.meta);
-    let (sid, tid) = resolve_topic(&meta, stream_id, topic_id)?;
+    let (sid, tid) = topic_for(&meta, user, stream_id, topic_id, Action::Send)?;
     let topic = topic_ref(&meta, sid, tid)?;
     let partitions_count = topic.partitions.len();
     let partition_id = match partitioning {
@@ -147,29 +173,71 @@ pub(super) fn send_messages(shared: &Shared, session: &Session, payload: &mut [u
             .get(partition_id)
             .ok_or(status::PARTITION_NOT_FOUND)?,
     );
-    drop(meta);
-    let mut log = lock(&partition.log);
-    let first_offset = log.next_offset();
-    log.append(
+    Ok(SendPlan {
+        sid,
+        tid,
+        partition_id,
+        partition,
         messages,
         count,
-        now_micros(),
-        shared.config.segment_size,
-        &mut random_uuid,
-    );
-    if let Some(store) = &shared.store {
-        store.appended(sid, tid, partition_id, first_offset, messages);
-    }
-    Ok(())
+    })
 }
 
-pub(super) fn poll_messages(
-    shared: &Shared,
-    session: &Session,
-    payload: &[u8],
-    out: &mut Vec<u8>,
-) -> Reply {
-    let (consumer, s, t, partition, strategy, count, auto_commit) = decode(payload, |r| {
+impl SendPlan<'_> {
+    /// Appends the batch: sequential offsets, one server timestamp, ids for id 0.
+    fn apply(self, shared: &Shared) -> Reply {
+        let mut log = lock(&self.partition.log);
+        let first_offset = log.next_offset();
+        log.append(
+            self.messages,
+            self.count,
+            now_micros(),
+            shared.config.segment_size,
+            &mut random_uuid,
+        );
+        if let Some(store) = &shared.store {
+            store.appended(
+                self.sid,
+                self.tid,
+                self.partition_id,
+                first_offset,
+                self.messages,
+            );
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn send_messages(shared: &Shared, session: &Session, payload: &mut [u8]) -> Reply {
+    prepare_send(shared, session, payload)?.apply(shared)
+}
+
+/// Where a SEND_MESSAGES request goes, when it names an existing stream and topic and an
+/// explicit partition; read without any check, for [`crate::SendHold`].
+pub(crate) fn send_destination(shared: &Shared, payload: &[u8]) -> Option<SendDestination> {
+    let metadata_len = le_u32(payload.get(..4)?, 0) as usize;
+    let metadata = payload.get(4..4usize.checked_add(metadata_len)?)?;
+    let (stream_id, n1) = send_ident(metadata).ok()?;
+    let (topic_id, n2) = send_ident(metadata.get(n1..)?).ok()?;
+    let (partitioning, _) = send_partitioning(metadata.get(n1 + n2..)?).ok()?;
+    let Partitioning::PartitionId(partition) = partitioning else {
+        return None;
+    };
+    let meta = read(&shared.state.meta);
+    let (sid, tid) = resolve_topic(&meta, stream_id, topic_id).ok()?;
+    let stream = meta.streams.get(sid)?;
+    Some(SendDestination {
+        stream: stream.name.clone(),
+        topic: topic_ref(&meta, sid, tid).ok()?.name.clone(),
+        partition,
+    })
+}
+
+pub(super) fn poll_messages(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    let Request {
+        shared, session, ..
+    } = req;
+    let ((consumer, s, t, partition, strategy, count, auto_commit), user) = req.open(|r| {
         Ok((
             r.consumer()?,
             r.ident()?,
@@ -180,9 +248,8 @@ pub(super) fn poll_messages(
             r.u8()? != 0,
         ))
     })?;
-    auth(session)?;
     let meta = read(&shared.state.meta);
-    let (sid, tid) = resolve_topic(&meta, s, t)?;
+    let (sid, tid) = topic_for(&meta, user, s, t, Action::Poll)?;
     let topic = topic_ref(&meta, sid, tid)?;
     let Some(resolved) = resolve_consumer(topic, consumer, session.client_id, partition, true)?
     else {

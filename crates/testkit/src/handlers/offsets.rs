@@ -2,10 +2,11 @@
 //! partition it reads and the key its offset is stored under.
 
 use super::groups::complete_group_revocations;
-use super::{auth, decode, find_topic, resolve_topic, topic_ref, Reply, Session, Shared};
+use super::{query_topic, topic_for, topic_ref, Reply, Request};
 use crate::group;
 use crate::log::PartitionLog;
 use crate::state::{lock, read, Meta, Partition, Topic};
+use crate::users::Action;
 use crate::wire::{status, ConsumerKind, DecodeError, Ident, Put, Reader, WireConsumer};
 use twox_hash::XxHash32;
 
@@ -108,17 +109,11 @@ fn offset_request<'a>(r: &mut Reader<'a>) -> Result<OffsetRequest<'a>, DecodeErr
     ))
 }
 
-pub(super) fn get_consumer_offset(
-    shared: &Shared,
-    session: &Session,
-    payload: &[u8],
-    out: &mut Vec<u8>,
-) -> Reply {
-    let (consumer, s, t, partition) = decode(payload, offset_request)?;
-    auth(session)?;
-    let meta = read(&shared.state.meta);
-    // Every lookup failure is an empty answer (`Ok(None)` on the client).
-    let Some((_, topic)) = find_topic(&meta, s, t) else {
+pub(super) fn get_consumer_offset(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    let ((consumer, s, t, partition), user) = req.open(offset_request)?;
+    let meta = read(&req.shared.state.meta);
+    // Every lookup failure is an empty answer (`Ok(None)` on the client); a missing right is 41.
+    let Some((_, _, topic)) = query_topic(&meta, user, s, t, Action::Poll)? else {
         return Ok(());
     };
     let pid = partition.unwrap_or(0);
@@ -148,15 +143,17 @@ pub(super) fn get_consumer_offset(
 }
 
 /// Where STORE/DELETE_CONSUMER_OFFSET act: stream and topic slot ids, the resolved consumer and
-/// its partition; or 1009 / 2010 / 5000 / NOT_RESOLVED_CONSUMER / PARTITION_NOT_FOUND.
+/// its partition; or 1009 / 2010 / 41 (no right to poll) / 5000 / NOT_RESOLVED_CONSUMER /
+/// PARTITION_NOT_FOUND.
 fn offset_target<'m>(
     meta: &'m Meta,
-    session: &Session,
+    client_id: u32,
+    user: u32,
     (consumer, s, t, partition): OffsetRequest<'_>,
 ) -> Result<(usize, usize, Resolved, &'m Partition), u32> {
-    let (sid, tid) = resolve_topic(meta, s, t)?;
+    let (sid, tid) = topic_for(meta, user, s, t, Action::Poll)?;
     let topic = topic_ref(meta, sid, tid)?;
-    let resolved = resolve_consumer(topic, consumer, session.client_id, partition, false)?
+    let resolved = resolve_consumer(topic, consumer, client_id, partition, false)?
         .ok_or(status::NOT_RESOLVED_CONSUMER)?;
     let p = topic
         .partitions
@@ -165,11 +162,11 @@ fn offset_target<'m>(
     Ok((sid, tid, resolved, p))
 }
 
-pub(super) fn store_consumer_offset(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let (request, offset) = decode(payload, |r| Ok((offset_request(r)?, r.u64()?)))?;
-    auth(session)?;
+pub(super) fn store_consumer_offset(req: Request<'_>) -> Reply {
+    let shared = req.shared;
+    let ((request, offset), user) = req.open(|r| Ok((offset_request(r)?, r.u64()?)))?;
     let meta = read(&shared.state.meta);
-    let (sid, tid, resolved, p) = offset_target(&meta, session, request)?;
+    let (sid, tid, resolved, p) = offset_target(&meta, req.session.client_id, user, request)?;
     let mut log = lock(&p.log);
     if (log.messages_count() == 0 && log.current_offset() == 0) || offset > log.current_offset() {
         return Err(status::INVALID_OFFSET);
@@ -186,11 +183,10 @@ pub(super) fn store_consumer_offset(shared: &Shared, session: &Session, payload:
     Ok(())
 }
 
-pub(super) fn delete_consumer_offset(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let request = decode(payload, offset_request)?;
-    auth(session)?;
-    let meta = read(&shared.state.meta);
-    let (sid, tid, resolved, p) = offset_target(&meta, session, request)?;
+pub(super) fn delete_consumer_offset(req: Request<'_>) -> Reply {
+    let (request, user) = req.open(offset_request)?;
+    let meta = read(&req.shared.state.meta);
+    let (sid, tid, resolved, p) = offset_target(&meta, req.session.client_id, user, request)?;
     let mut log = lock(&p.log);
     let removed = match resolved {
         Resolved::Consumer { key, .. } => log.consumer_offsets.remove(&key),
@@ -199,7 +195,7 @@ pub(super) fn delete_consumer_offset(shared: &Shared, session: &Session, payload
     if removed.is_none() {
         return Err(status::CONSUMER_OFFSET_NOT_FOUND);
     }
-    if let Some(store) = &shared.store {
+    if let Some(store) = &req.shared.store {
         store.offsets_changed(sid, tid, resolved.partition() as usize, &log);
     }
     Ok(())

@@ -2,34 +2,32 @@
 //! consumer groups), deleting sealed segments, and FLUSH_UNSAVED_BUFFER.
 
 use super::{
-    auth, decode, now_micros, persist_meta, resolve_topic, topic_mut, topic_ref, Reply, Session,
-    Shared, MAX_PARTITIONS_PER_REQUEST,
+    now_micros, resolve_topic, topic_for, topic_mut, topic_ref, Reply, Request,
+    MAX_PARTITIONS_PER_REQUEST,
 };
 use crate::group;
-use crate::state::{lock, read, write, Partition, Topic};
+use crate::state::{lock, read, Partition, Topic};
+use crate::users::Action;
 use crate::wire::{status, DecodeError, Ident, Reader};
 
 fn partitions_request<'a>(r: &mut Reader<'a>) -> Result<(Ident<'a>, Ident<'a>, u32), DecodeError> {
     Ok((r.ident()?, r.ident()?, r.u32()?))
 }
 
-pub(super) fn create_partitions(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let (s, t, count) = decode(payload, partitions_request)?;
-    auth(session)?;
-    if !(1..=MAX_PARTITIONS_PER_REQUEST).contains(&count) {
-        return Err(status::TOO_MANY_PARTITIONS);
-    }
-    let mut meta = write(&shared.state.meta);
-    let (sid, tid) = resolve_topic(&meta, s, t)?;
-    let topic = topic_mut(&mut meta, sid, tid)?;
-    let now = now_micros();
-    topic
-        .partitions
-        .extend((0..count).map(|_| Partition::new(now)));
-    rebalance_topic_groups(topic);
-    drop(meta);
-    persist_meta(shared);
-    Ok(())
+pub(super) fn create_partitions(req: Request<'_>) -> Reply {
+    req.change(partitions_request, |meta, user, (s, t, count)| {
+        if !(1..=MAX_PARTITIONS_PER_REQUEST).contains(&count) {
+            return Err(status::TOO_MANY_PARTITIONS);
+        }
+        let (sid, tid) = topic_for(meta, user, s, t, Action::ManageTopic)?;
+        let topic = topic_mut(meta, sid, tid)?;
+        let now = now_micros();
+        topic
+            .partitions
+            .extend((0..count).map(|_| Partition::new(now)));
+        rebalance_topic_groups(topic);
+        Ok(())
+    })
 }
 
 /// After the partition count changed: deals every group's partitions afresh (no pending
@@ -47,41 +45,40 @@ fn rebalance_topic_groups(topic: &mut Topic) {
     }
 }
 
-pub(super) fn delete_partitions(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let (s, t, count) = decode(payload, partitions_request)?;
-    auth(session)?;
-    if count == 0 {
-        return Err(status::TOO_MANY_PARTITIONS);
-    }
-    let mut meta = write(&shared.state.meta);
-    let (sid, tid) = resolve_topic(&meta, s, t)?;
-    let topic = topic_mut(&mut meta, sid, tid)?;
-    if count as usize > topic.partitions.len() {
-        return Err(status::INVALID_PARTITIONS_COUNT);
-    }
-    let keep = topic.partitions.len() - count as usize;
-    topic.partitions.truncate(keep);
-    rebalance_topic_groups(topic);
-    drop(meta);
-    if let Some(store) = &shared.store {
-        store.partitions_truncated(sid, tid, keep);
-    }
-    persist_meta(shared);
-    Ok(())
+pub(super) fn delete_partitions(req: Request<'_>) -> Reply {
+    req.change(partitions_request, |meta, user, (s, t, count)| {
+        if count == 0 {
+            return Err(status::TOO_MANY_PARTITIONS);
+        }
+        let (sid, tid) = topic_for(meta, user, s, t, Action::ManageTopic)?;
+        let topic = topic_mut(meta, sid, tid)?;
+        if count as usize > topic.partitions.len() {
+            return Err(status::INVALID_PARTITIONS_COUNT);
+        }
+        let keep = topic.partitions.len() - count as usize;
+        topic.partitions.truncate(keep);
+        rebalance_topic_groups(topic);
+        // Partition data first, metadata after: see `delete_stream`.
+        if let Some(store) = &req.shared.store {
+            store.partitions_truncated(sid, tid, keep);
+        }
+        Ok(())
+    })
 }
 
-pub(super) fn delete_segments(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let (s, t, partition, count) = decode(payload, |r| {
-        Ok((r.ident()?, r.ident()?, r.u32()?, r.u32()?))
-    })?;
-    auth(session)?;
-    let meta = read(&shared.state.meta);
+pub(super) fn delete_segments(req: Request<'_>) -> Reply {
+    let ((s, t, partition, count), user) =
+        req.open(|r| Ok((r.ident()?, r.ident()?, r.u32()?, r.u32()?)))?;
+    let meta = read(&req.shared.state.meta);
     let (sid, tid) = resolve_topic(&meta, s, t)?;
     let topic = topic_ref(&meta, sid, tid)?;
     let p = topic
         .partitions
         .get(partition as usize)
         .ok_or(status::PARTITION_NOT_FOUND)?;
+    // `resolve_for_delete_segments` judges the right after the partition was found.
+    meta.users
+        .check(user, Action::ManageTopic(sid as u32, tid as u32))?;
     let mut log = lock(&p.log);
     // Oldest sealed segments first; never the active one, never one above the lowest stored
     // consumer offset (the server's barrier).
@@ -94,19 +91,19 @@ pub(super) fn delete_segments(shared: &Shared, session: &Session, payload: &[u8]
         freed += bytes;
     }
     if freed > 0 {
-        if let Some(store) = &shared.store {
+        if let Some(store) = &req.shared.store {
             store.partition_rewritten(sid, tid, partition as usize, &log);
         }
     }
     Ok(())
 }
 
-pub(super) fn flush_unsaved_buffer(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let (s, t, partition, _fsync) =
-        decode(payload, |r| Ok((r.ident()?, r.ident()?, r.u32()?, r.u8()?)))?;
-    auth(session)?;
-    let meta = read(&shared.state.meta);
-    let (sid, tid) = resolve_topic(&meta, s, t)?;
+pub(super) fn flush_unsaved_buffer(req: Request<'_>) -> Reply {
+    let ((s, t, partition, _fsync), user) =
+        req.open(|r| Ok((r.ident()?, r.ident()?, r.u32()?, r.u8()?)))?;
+    let meta = read(&req.shared.state.meta);
+    // Flushing needs the right to send; the partition is looked up after the check.
+    let (sid, tid) = topic_for(&meta, user, s, t, Action::Send)?;
     let topic = topic_ref(&meta, sid, tid)?;
     if topic.partitions.get(partition as usize).is_none() {
         return Err(status::PARTITION_NOT_FOUND);

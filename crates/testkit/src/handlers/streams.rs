@@ -1,8 +1,9 @@
 //! Stream commands, and the stream record GET_STREAM(S) and CREATE_STREAM answer with.
 
 use super::topics::{purge_partitions, sum_stats, topic_record, topic_stats};
-use super::{auth, decode, now_micros, persist_meta, resolve_stream, Reply, Session, Shared};
-use crate::state::{lock, read, write, Stream, Topic};
+use super::{no_fields, now_micros, query_stream, stream_for, Reply, Request};
+use crate::state::{Stream, Topic};
+use crate::users::Action;
 use crate::wire::{status, Put};
 
 fn stream_stats(s: &Stream) -> (u64, u64) {
@@ -18,114 +19,107 @@ fn stream_record(out: &mut Vec<u8>, id: usize, s: &Stream, stats: (u64, u64)) {
     out.put_name(&s.name);
 }
 
-pub(super) fn get_streams(shared: &Shared, session: &Session, out: &mut Vec<u8>) -> Reply {
-    auth(session)?;
-    let meta = read(&shared.state.meta);
-    for (id, s) in meta.streams.iter() {
-        stream_record(out, id, s, stream_stats(s));
-    }
-    Ok(())
-}
-
-pub(super) fn get_stream(
-    shared: &Shared,
-    session: &Session,
-    payload: &[u8],
-    out: &mut Vec<u8>,
-) -> Reply {
-    let id = decode(payload, |r| r.ident())?;
-    auth(session)?;
-    let meta = read(&shared.state.meta);
-    let Some(sid) = meta.find_stream(id) else {
-        return Ok(());
-    };
-    let Some(s) = meta.streams.get(sid) else {
-        return Ok(());
-    };
-    let topic_stats: Vec<(usize, &Topic, (u64, u64))> = s
-        .topics
-        .iter()
-        .map(|(tid, t)| (tid, t, topic_stats(t)))
-        .collect();
-    let total = sum_stats(topic_stats.iter().map(|(_, _, stats)| *stats));
-    stream_record(out, sid, s, total);
-    for (tid, t, stats) in topic_stats {
-        topic_record(out, tid, t, stats);
-    }
-    Ok(())
-}
-
-pub(super) fn create_stream(
-    shared: &Shared,
-    session: &Session,
-    payload: &[u8],
-    out: &mut Vec<u8>,
-) -> Reply {
-    let name = decode(payload, |r| r.name())?;
-    auth(session)?;
-    let mut meta = write(&shared.state.meta);
-    if meta.stream_by_name(name).is_some() {
-        return Err(status::STREAM_NAME_ALREADY_EXISTS);
-    }
-    let stream = Stream {
-        name: name.to_owned(),
-        created_at: now_micros(),
-        topics: Default::default(),
-    };
-    let id = meta.streams.insert(stream);
-    if let Some(s) = meta.streams.get(id) {
-        stream_record(out, id, s, (0, 0));
-    }
-    drop(meta);
-    persist_meta(shared);
-    Ok(())
-}
-
-pub(super) fn update_stream(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let (id, name) = decode(payload, |r| Ok((r.ident()?, r.name()?)))?;
-    auth(session)?;
-    let mut meta = write(&shared.state.meta);
-    let sid = resolve_stream(&meta, id)?;
-    if let Some((other, _)) = meta.stream_by_name(name) {
-        if other == sid {
-            return Ok(());
+pub(super) fn get_streams(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    req.query(no_fields, |meta, user, ()| {
+        meta.users.check(user, Action::ReadStreams)?;
+        for (id, s) in meta.streams.iter() {
+            stream_record(out, id, s, stream_stats(s));
         }
-        return Err(status::STREAM_NAME_ALREADY_EXISTS);
-    }
-    if let Some(s) = meta.streams.get_mut(sid) {
-        s.name = name.to_owned();
-    }
-    drop(meta);
-    persist_meta(shared);
-    Ok(())
+        Ok(())
+    })
 }
 
-pub(super) fn delete_stream(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let id = decode(payload, |r| r.ident())?;
-    auth(session)?;
-    let mut meta = write(&shared.state.meta);
-    let sid = resolve_stream(&meta, id)?;
-    meta.streams.remove(sid);
-    drop(meta);
-    for info in lock(&shared.state.clients).values_mut() {
-        info.groups.retain(|(s, _, _)| *s as usize != sid);
-    }
-    if let Some(store) = &shared.store {
-        store.stream_deleted(sid);
-    }
-    persist_meta(shared);
-    Ok(())
+pub(super) fn get_stream(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    req.query(
+        |r| r.ident(),
+        |meta, user, id| {
+            let Some((sid, s)) = query_stream(meta, user, id, Action::ReadStream)? else {
+                return Ok(());
+            };
+            let topic_stats: Vec<(usize, &Topic, (u64, u64))> = s
+                .topics
+                .iter()
+                .map(|(tid, t)| (tid, t, topic_stats(t)))
+                .collect();
+            let total = sum_stats(topic_stats.iter().map(|(_, _, stats)| *stats));
+            stream_record(out, sid, s, total);
+            for (tid, t, stats) in topic_stats {
+                topic_record(out, tid, t, stats);
+            }
+            Ok(())
+        },
+    )
 }
 
-pub(super) fn purge_stream(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let id = decode(payload, |r| r.ident())?;
-    auth(session)?;
-    let meta = read(&shared.state.meta);
-    let sid = resolve_stream(&meta, id)?;
-    if let Some(s) = meta.streams.get(sid) {
-        for (tid, t) in s.topics.iter() {
-            purge_partitions(shared, sid, tid, t);
-        }
-    }
-    Ok(())
+pub(super) fn create_stream(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    req.change(
+        |r| r.name(),
+        |meta, user, name| {
+            meta.users.check(user, Action::CreateStream)?;
+            if meta.stream_by_name(name).is_some() {
+                return Err(status::STREAM_NAME_ALREADY_EXISTS);
+            }
+            let stream = Stream {
+                name: name.to_owned(),
+                created_at: now_micros(),
+                topics: Default::default(),
+            };
+            let id = meta.streams.insert(stream);
+            if let Some(s) = meta.streams.get(id) {
+                stream_record(out, id, s, (0, 0));
+            }
+            Ok(())
+        },
+    )
+}
+
+pub(super) fn update_stream(req: Request<'_>) -> Reply {
+    req.change(
+        |r| Ok((r.ident()?, r.name()?)),
+        |meta, user, (id, name)| {
+            let sid = stream_for(meta, user, id, Action::ManageStream)?;
+            match meta.stream_by_name(name) {
+                Some((other, _)) if other == sid => return Ok(()),
+                Some(_) => return Err(status::STREAM_NAME_ALREADY_EXISTS),
+                None => {}
+            }
+            if let Some(s) = meta.streams.get_mut(sid) {
+                s.name = name.to_owned();
+            }
+            Ok(())
+        },
+    )
+}
+
+pub(super) fn delete_stream(req: Request<'_>) -> Reply {
+    req.change(
+        |r| r.ident(),
+        |meta, user, id| {
+            let sid = stream_for(meta, user, id, Action::ManageStream)?;
+            meta.streams.remove(sid);
+            meta.users.stream_deleted(sid as u32);
+            req.shared.state.forget_groups(|s, _, _| s == sid);
+            // The partition data goes before the metadata is rewritten, so a crash in between
+            // never leaves a reused stream id pointing at the old stream's messages.
+            if let Some(store) = &req.shared.store {
+                store.stream_deleted(sid);
+            }
+            Ok(())
+        },
+    )
+}
+
+pub(super) fn purge_stream(req: Request<'_>) -> Reply {
+    req.query(
+        |r| r.ident(),
+        |meta, user, id| {
+            let sid = stream_for(meta, user, id, Action::ManageStream)?;
+            if let Some(s) = meta.streams.get(sid) {
+                for (tid, t) in s.topics.iter() {
+                    purge_partitions(req.shared, sid, tid, t);
+                }
+            }
+            Ok(())
+        },
+    )
 }

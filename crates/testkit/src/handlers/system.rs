@@ -1,29 +1,10 @@
 //! Commands that concern the server and the connection rather than its data: login and logout,
 //! the client registry, stats and cluster metadata.
 
-use super::{auth, decode, now_micros, Reply, Session, Shared};
+use super::{auth, decode, no_fields, now_micros, Reply, Request, Session, Shared};
 use crate::state::{lock, read, ClientInfo};
-use crate::wire::{status, Put};
-
-/// Username length bounds of LOGIN_USER.
-const USERNAME_LEN: std::ops::RangeInclusive<usize> = 3..=50;
-/// Password length bounds of LOGIN_USER.
-const PASSWORD_LEN: std::ops::RangeInclusive<usize> = 3..=100;
-
-/// Mirrors the session's user into the client registry (GET_CLIENTS reports it).
-fn set_client_user(shared: &Shared, session: &Session) {
-    if let Some(info) = lock(&shared.state.clients).get_mut(&session.client_id) {
-        info.user_id = session.user_id;
-    }
-}
-
-/// Logs the session in as root (user 0) and answers with that user id, as both login commands do.
-fn log_in_as_root(shared: &Shared, session: &mut Session, out: &mut Vec<u8>) -> Reply {
-    session.user_id = Some(0);
-    set_client_user(shared, session);
-    out.put_u32(0);
-    Ok(())
-}
+use crate::users::{Action, UserStatus, PASSWORD_LEN, ROOT_USER_ID, USERNAME_LEN};
+use crate::wire::{status, DecodeError, Ident, Put, Reader};
 
 pub(super) fn login_user(
     shared: &Shared,
@@ -44,10 +25,12 @@ pub(super) fn login_user(
     if !PASSWORD_LEN.contains(&password.len()) {
         return Err(status::INVALID_PASSWORD);
     }
-    if username != shared.config.root_username || password != shared.config.root_password {
-        return Err(status::INVALID_CREDENTIALS);
-    }
-    log_in_as_root(shared, session, out)
+    // The server turns the username into an `Identifier` first, and a name that parses as a u32
+    // becomes a numeric id: "7" logs in as user 7, whatever its name.
+    let id = username
+        .parse::<u32>()
+        .map_or(Ident::Name(username), Ident::Numeric);
+    log_in(shared, session, id, Some(password), out)
 }
 
 pub(super) fn login_with_personal_access_token(
@@ -58,50 +41,91 @@ pub(super) fn login_with_personal_access_token(
 ) -> Reply {
     let token = decode(payload, |r| r.name())?;
     match &shared.config.personal_access_token {
-        Some(t) if t == token => log_in_as_root(shared, session, out),
+        // The configured token belongs to root; a token login skips the password only.
+        Some(t) if t == token => log_in(shared, session, Ident::Numeric(ROOT_USER_ID), None, out),
         _ => Err(status::RESOURCE_NOT_FOUND),
     }
 }
 
-pub(super) fn logout_user(shared: &Shared, session: &mut Session) -> Reply {
-    auth(session)?;
-    session.user_id = None;
-    set_client_user(shared, session);
+/// `login_user_with_credentials`: unknown user or wrong password 42, inactive user 47 (judged
+/// before the password), then the session switches to the user (logging out a previous one)
+/// and the answer is the user id. A connection whose registry entry was removed by DELETE_USER
+/// gets 100 `ClientNotFound`, like the server, whose session is switched all the same.
+fn log_in(
+    shared: &Shared,
+    session: &mut Session,
+    id: Ident<'_>,
+    password: Option<&str>,
+    out: &mut Vec<u8>,
+) -> Reply {
+    let user_id = {
+        let meta = read(&shared.state.meta);
+        let (user_id, user) = meta
+            .users
+            .existing(id)
+            .map_err(|_| status::INVALID_CREDENTIALS)?;
+        if user.status != UserStatus::Active {
+            return Err(status::USER_INACTIVE);
+        }
+        if password.is_some_and(|p| p != user.password) {
+            return Err(status::INVALID_CREDENTIALS);
+        }
+        user_id
+    };
+    if session.user_id.is_some() {
+        shared.state.set_client_user(session.client_id, None)?;
+    }
+    session.user_id = Some(user_id);
+    shared
+        .state
+        .set_client_user(session.client_id, Some(user_id))?;
+    out.put_u32(user_id);
     Ok(())
 }
 
-pub(super) fn get_me(shared: &Shared, session: &Session, out: &mut Vec<u8>) -> Reply {
+pub(super) fn logout_user(shared: &Shared, session: &mut Session) -> Reply {
     auth(session)?;
-    let clients = lock(&shared.state.clients);
-    match clients.get(&session.client_id) {
-        Some(info) => {
-            client_record(out, session.client_id, info, true);
-            Ok(())
-        }
-        None => Err(status::INVALID_COMMAND),
-    }
+    shared.state.set_client_user(session.client_id, None)?;
+    session.user_id = None;
+    Ok(())
 }
 
-pub(super) fn get_client(
-    shared: &Shared,
-    session: &Session,
-    payload: &[u8],
-    out: &mut Vec<u8>,
-) -> Reply {
-    let id = decode(payload, |r| r.u32())?;
-    auth(session)?;
+pub(super) fn get_me(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    req.open(no_fields)?;
+    let client_id = req.session.client_id;
+    let clients = lock(&req.shared.state.clients);
+    let info = clients.get(&client_id).ok_or(status::CLIENT_NOT_FOUND)?;
+    client_record(out, client_id, info, true);
+    Ok(())
+}
+
+/// [`Request::open`], then 41 unless the user may read server information (GET_STATS,
+/// GET_CLIENT(S)).
+fn open_for_servers<R>(
+    req: Request<'_>,
+    fields: impl FnOnce(&mut Reader<'_>) -> Result<R, DecodeError>,
+) -> Result<R, u32> {
+    let (fields, user) = req.open(fields)?;
+    read(&req.shared.state.meta)
+        .users
+        .check(user, Action::ReadServers)?;
+    Ok(fields)
+}
+
+pub(super) fn get_client(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    let id = open_for_servers(req, |r| r.u32())?;
     if id == 0 {
         return Err(status::INVALID_CLIENT_ID);
     }
-    if let Some(info) = lock(&shared.state.clients).get(&id) {
+    if let Some(info) = lock(&req.shared.state.clients).get(&id) {
         client_record(out, id, info, true);
     }
     Ok(())
 }
 
-pub(super) fn get_clients(shared: &Shared, session: &Session, out: &mut Vec<u8>) -> Reply {
-    auth(session)?;
-    let clients = lock(&shared.state.clients);
+pub(super) fn get_clients(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    open_for_servers(req, no_fields)?;
+    let clients = lock(&req.shared.state.clients);
     let mut ids: Vec<&u32> = clients.keys().collect();
     ids.sort_unstable();
     for id in ids {
@@ -110,8 +134,9 @@ pub(super) fn get_clients(shared: &Shared, session: &Session, out: &mut Vec<u8>)
     Ok(())
 }
 
-pub(super) fn get_cluster_metadata(shared: &Shared, session: &Session, out: &mut Vec<u8>) -> Reply {
-    auth(session)?;
+pub(super) fn get_cluster_metadata(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    req.open(no_fields)?;
+    let shared = req.shared;
     out.put_long_str("single-node");
     out.put_u32(1);
     out.put_long_str("iggy-node");
@@ -143,8 +168,9 @@ fn client_record(out: &mut Vec<u8>, id: u32, info: &ClientInfo, groups: bool) {
     }
 }
 
-pub(super) fn get_stats(shared: &Shared, session: &Session, out: &mut Vec<u8>) -> Reply {
-    auth(session)?;
+pub(super) fn get_stats(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    open_for_servers(req, no_fields)?;
+    let shared = req.shared;
     let meta = read(&shared.state.meta);
     let (mut topics, mut partitions, mut segments, mut messages, mut size, mut groups) =
         (0u32, 0u32, 0u32, 0u64, 0u64, 0u32);

@@ -1,10 +1,11 @@
 //! Topic commands, and the topic and partition records that topic and stream answers carry.
 
 use super::{
-    auth, decode, find_topic, now_micros, persist_meta, resolve_stream, resolve_topic, topic_ref,
-    topic_request, Reply, Session, Shared, MAX_PARTITIONS_PER_REQUEST,
+    now_micros, query_stream, query_topic, stream_for, topic_for, topic_ref, topic_request, Reply,
+    Request, Shared, MAX_PARTITIONS_PER_REQUEST,
 };
-use crate::state::{lock, read, write, Partition, Topic};
+use crate::state::{lock, Partition, Topic};
+use crate::users::Action;
 use crate::wire::{status, DecodeError, Put, Reader};
 use std::sync::atomic::AtomicUsize;
 
@@ -58,39 +59,28 @@ fn partition_records(out: &mut Vec<u8>, t: &Topic, fresh: bool) {
     }
 }
 
-pub(super) fn get_topics(
-    shared: &Shared,
-    session: &Session,
-    payload: &[u8],
-    out: &mut Vec<u8>,
-) -> Reply {
-    let id = decode(payload, |r| r.ident())?;
-    auth(session)?;
-    let meta = read(&shared.state.meta);
-    let Some(s) = meta.find_stream(id).and_then(|sid| meta.streams.get(sid)) else {
-        return Ok(());
-    };
-    for (tid, t) in s.topics.iter() {
-        topic_record(out, tid, t, topic_stats(t));
-    }
-    Ok(())
+pub(super) fn get_topics(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    req.query(
+        |r| r.ident(),
+        |meta, user, id| {
+            if let Some((_, s)) = query_stream(meta, user, id, Action::ReadTopics)? {
+                for (tid, t) in s.topics.iter() {
+                    topic_record(out, tid, t, topic_stats(t));
+                }
+            }
+            Ok(())
+        },
+    )
 }
 
-pub(super) fn get_topic(
-    shared: &Shared,
-    session: &Session,
-    payload: &[u8],
-    out: &mut Vec<u8>,
-) -> Reply {
-    let (s, t) = decode(payload, topic_request)?;
-    auth(session)?;
-    let meta = read(&shared.state.meta);
-    let Some((tid, topic)) = find_topic(&meta, s, t) else {
-        return Ok(());
-    };
-    topic_record(out, tid, topic, topic_stats(topic));
-    partition_records(out, topic, false);
-    Ok(())
+pub(super) fn get_topic(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    req.query(topic_request, |meta, user, (s, t)| {
+        if let Some((_, tid, topic)) = query_topic(meta, user, s, t, Action::ReadTopic)? {
+            topic_record(out, tid, topic, topic_stats(topic));
+            partition_records(out, topic, false);
+        }
+        Ok(())
+    })
 }
 
 /// Decoded CREATE_TOPIC / UPDATE_TOPIC settings.
@@ -117,129 +107,123 @@ fn topic_settings<'a>(r: &mut Reader<'a>) -> Result<TopicSettings<'a>, DecodeErr
     })
 }
 
-pub(super) fn create_topic(
-    shared: &Shared,
-    session: &Session,
-    payload: &[u8],
-    out: &mut Vec<u8>,
-) -> Reply {
-    let (stream_id, partitions_count, settings) = decode(payload, |r| {
-        let stream_id = r.ident()?;
-        let partitions_count = r.u32()?;
-        Ok((stream_id, partitions_count, topic_settings(r)?))
-    })?;
-    auth(session)?;
-    if partitions_count > MAX_PARTITIONS_PER_REQUEST {
-        return Err(status::TOO_MANY_PARTITIONS);
+/// `CompressionAlgorithm::from_code`: 1 none, 2 gzip, anything else 3.
+fn check_compression(code: u8) -> Reply {
+    if (1..=2).contains(&code) {
+        Ok(())
+    } else {
+        Err(status::INVALID_COMMAND)
     }
-    if !(1..=2).contains(&settings.compression) {
-        return Err(status::INVALID_COMMAND);
-    }
-    // ServerDefault (0) resolves to the default config: expiry "none", size "unlimited".
-    let message_expiry = match settings.message_expiry {
-        0 => u64::MAX,
-        v => v,
-    };
-    let max_topic_size = match settings.max_topic_size {
-        0 => u64::MAX,
-        v => v,
-    };
-    let mut meta = write(&shared.state.meta);
-    let sid = resolve_stream(&meta, stream_id)?;
-    if max_topic_size < shared.config.segment_size {
-        return Err(status::INVALID_TOPIC_SIZE);
-    }
-    let stream = meta
-        .streams
-        .get_mut(sid)
-        .ok_or(status::STREAM_ID_NOT_FOUND)?;
-    if stream.topics.iter().any(|(_, t)| t.name == settings.name) {
-        return Err(status::TOPIC_NAME_ALREADY_EXISTS);
-    }
-    let now = now_micros();
-    let topic = Topic {
-        name: settings.name.to_owned(),
-        created_at: now,
-        message_expiry,
-        compression: settings.compression,
-        max_topic_size,
-        replication_factor: settings.replication_factor.max(1),
-        partitions: (0..partitions_count).map(|_| Partition::new(now)).collect(),
-        groups: Default::default(),
-        round_robin: AtomicUsize::new(0),
-    };
-    let tid = stream.topics.insert(topic);
-    let topic = topic_ref(&meta, sid, tid)?;
-    topic_record(out, tid, topic, (0, 0));
-    partition_records(out, topic, true);
-    drop(meta);
-    persist_meta(shared);
-    Ok(())
 }
 
-pub(super) fn update_topic(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let (s, t, settings) = decode(payload, |r| {
-        Ok((r.ident()?, r.ident()?, topic_settings(r)?))
-    })?;
-    auth(session)?;
-    if !(1..=2).contains(&settings.compression) {
-        return Err(status::INVALID_COMMAND);
-    }
-    let mut meta = write(&shared.state.meta);
-    let (sid, tid) = resolve_topic(&meta, s, t)?;
-    let stream = meta
-        .streams
-        .get_mut(sid)
-        .ok_or(status::STREAM_ID_NOT_FOUND)?;
-    if stream
-        .topics
-        .iter()
-        .any(|(id, t)| id != tid && t.name == settings.name)
-    {
-        return Err(status::TOPIC_NAME_ALREADY_EXISTS);
-    }
-    let topic = stream
-        .topics
-        .get_mut(tid)
-        .ok_or(status::TOPIC_ID_NOT_FOUND)?;
-    topic.name = settings.name.to_owned();
-    topic.compression = settings.compression;
-    topic.message_expiry = settings.message_expiry;
-    topic.max_topic_size = settings.max_topic_size;
-    topic.replication_factor = settings.replication_factor.max(1);
-    drop(meta);
-    persist_meta(shared);
-    Ok(())
+pub(super) fn create_topic(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
+    req.change(
+        |r| {
+            let stream_id = r.ident()?;
+            let partitions_count = r.u32()?;
+            Ok((stream_id, partitions_count, topic_settings(r)?))
+        },
+        |meta, user, request| {
+            let (stream_id, partitions_count, settings) = request;
+            if partitions_count > MAX_PARTITIONS_PER_REQUEST {
+                return Err(status::TOO_MANY_PARTITIONS);
+            }
+            check_compression(settings.compression)?;
+            // ServerDefault (0) resolves to the default config: expiry "none", size "unlimited".
+            let message_expiry = match settings.message_expiry {
+                0 => u64::MAX,
+                v => v,
+            };
+            let max_topic_size = match settings.max_topic_size {
+                0 => u64::MAX,
+                v => v,
+            };
+            let sid = stream_for(meta, user, stream_id, Action::CreateTopic)?;
+            if max_topic_size < req.shared.config.segment_size {
+                return Err(status::INVALID_TOPIC_SIZE);
+            }
+            let stream = meta
+                .streams
+                .get_mut(sid)
+                .ok_or(status::STREAM_ID_NOT_FOUND)?;
+            if stream.topics.iter().any(|(_, t)| t.name == settings.name) {
+                return Err(status::TOPIC_NAME_ALREADY_EXISTS);
+            }
+            let now = now_micros();
+            let topic = Topic {
+                name: settings.name.to_owned(),
+                created_at: now,
+                message_expiry,
+                compression: settings.compression,
+                max_topic_size,
+                replication_factor: settings.replication_factor.max(1),
+                partitions: (0..partitions_count).map(|_| Partition::new(now)).collect(),
+                groups: Default::default(),
+                round_robin: AtomicUsize::new(0),
+            };
+            let tid = stream.topics.insert(topic);
+            let topic = topic_ref(meta, sid, tid)?;
+            topic_record(out, tid, topic, (0, 0));
+            partition_records(out, topic, true);
+            Ok(())
+        },
+    )
 }
 
-pub(super) fn delete_topic(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let (s, t) = decode(payload, topic_request)?;
-    auth(session)?;
-    let mut meta = write(&shared.state.meta);
-    let (sid, tid) = resolve_topic(&meta, s, t)?;
-    if let Some(stream) = meta.streams.get_mut(sid) {
-        stream.topics.remove(tid);
-    }
-    drop(meta);
-    for info in lock(&shared.state.clients).values_mut() {
-        info.groups
-            .retain(|(s, t, _)| !(*s as usize == sid && *t as usize == tid));
-    }
-    if let Some(store) = &shared.store {
-        store.topic_deleted(sid, tid);
-    }
-    persist_meta(shared);
-    Ok(())
+pub(super) fn update_topic(req: Request<'_>) -> Reply {
+    req.change(
+        |r| Ok((r.ident()?, r.ident()?, topic_settings(r)?)),
+        |meta, user, (s, t, settings)| {
+            check_compression(settings.compression)?;
+            let (sid, tid) = topic_for(meta, user, s, t, Action::ManageTopic)?;
+            let stream = meta
+                .streams
+                .get_mut(sid)
+                .ok_or(status::STREAM_ID_NOT_FOUND)?;
+            if stream
+                .topics
+                .iter()
+                .any(|(id, t)| id != tid && t.name == settings.name)
+            {
+                return Err(status::TOPIC_NAME_ALREADY_EXISTS);
+            }
+            let topic = stream
+                .topics
+                .get_mut(tid)
+                .ok_or(status::TOPIC_ID_NOT_FOUND)?;
+            topic.name = settings.name.to_owned();
+            topic.compression = settings.compression;
+            topic.message_expiry = settings.message_expiry;
+            topic.max_topic_size = settings.max_topic_size;
+            topic.replication_factor = settings.replication_factor.max(1);
+            Ok(())
+        },
+    )
 }
 
-pub(super) fn purge_topic(shared: &Shared, session: &Session, payload: &[u8]) -> Reply {
-    let (s, t) = decode(payload, topic_request)?;
-    auth(session)?;
-    let meta = read(&shared.state.meta);
-    let (sid, tid) = resolve_topic(&meta, s, t)?;
-    let topic = topic_ref(&meta, sid, tid)?;
-    purge_partitions(shared, sid, tid, topic);
-    Ok(())
+pub(super) fn delete_topic(req: Request<'_>) -> Reply {
+    req.change(topic_request, |meta, user, (s, t)| {
+        let (sid, tid) = topic_for(meta, user, s, t, Action::ManageTopic)?;
+        if let Some(stream) = meta.streams.get_mut(sid) {
+            stream.topics.remove(tid);
+        }
+        req.shared
+            .state
+            .forget_groups(|s, t, _| s == sid && t == tid);
+        // Partition data first, metadata after: see `delete_stream`.
+        if let Some(store) = &req.shared.store {
+            store.topic_deleted(sid, tid);
+        }
+        Ok(())
+    })
+}
+
+pub(super) fn purge_topic(req: Request<'_>) -> Reply {
+    req.query(topic_request, |meta, user, (s, t)| {
+        let (sid, tid) = topic_for(meta, user, s, t, Action::ManageTopic)?;
+        purge_partitions(req.shared, sid, tid, topic_ref(meta, sid, tid)?);
+        Ok(())
+    })
 }
 
 pub(super) fn purge_partitions(shared: &Shared, sid: usize, tid: usize, t: &Topic) {
