@@ -10,6 +10,7 @@
 
 mod error;
 mod load;
+mod overlap;
 mod schema;
 mod secret;
 #[doc(hidden)]
@@ -18,7 +19,7 @@ pub mod testing;
 pub use error::{Error, Problem, Result};
 pub use load::{load_file, parse_str};
 pub use schema::{
-    ApiTlsConfig, ClusterConfig, Config, FlowConfig, IggyClusterConfig, InitialOffsetSetting,
-    NodeConfig, PipelineConfig, TlsFilesConfig, DEFAULT_CONNECTIONS,
+    ApiTlsConfig, ClusterConfig, Config, FencingMode, FlowConfig, IggyClusterConfig,
+    InitialOffsetSetting, NodeConfig, PipelineConfig, TlsFilesConfig, DEFAULT_CONNECTIONS,
 };
 pub use secret::{ClusterUrl, Secret};

@@ -247,6 +247,104 @@ mod tests {
         }
     }
 
+    /// The minimal config with a second flow `second` (lines of its own) after `us-to-eu`
+    /// over `first` and `extra` lines of the first flow; `clusters` are extra lines of the
+    /// `[clusters.eu]` section (e.g. another cluster section).
+    fn two_flows(first: &[&str], extra: &str, second: &str, clusters: &str) -> String {
+        crate::testing::MinimalConfig {
+            include: first.iter().map(|p| (*p).to_owned()).collect(),
+            eu_extra: clusters.to_owned(),
+            flow_extra: format!("{extra}\n\n[[flows]]\nname = \"second\"\n{second}"),
+            ..Default::default()
+        }
+        .to_string()
+    }
+
+    /// The problems of `text`, as (key, message).
+    fn problems_of(text: &str) -> Vec<(String, String)> {
+        match parse_str(text, "t", env(&[])) {
+            Ok(_) => Vec::new(),
+            Err(Error::Invalid { problems, .. }) => {
+                problems.into_iter().map(|p| (p.key, p.message)).collect()
+            }
+            Err(other) => panic!("expected Invalid, got {other}"),
+        }
+    }
+
+    #[test]
+    fn flows_between_the_same_clusters_with_overlapping_selections_are_rejected() {
+        let text = two_flows(
+            &["orders/*"],
+            "",
+            "source = \"us\"\ntarget = \"eu\"\ninclude = [\"*/*\"]",
+            "",
+        );
+        let problems = problems_of(&text);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        let (key, message) = &problems[0];
+        assert_eq!(key, "flows[1].include");
+        for part in ["\"second\"", "\"us-to-eu\"", "flows[0]", "\"orders/a\""] {
+            assert!(message.contains(part), "{part} in {message}");
+        }
+        // The usual split of a cluster over two flows is fine.
+        let split = two_flows(
+            &["orders/*"],
+            "",
+            "source = \"us\"\ntarget = \"eu\"\ninclude = [\"*/*\"]\nexclude = [\"orders/*\"]",
+            "",
+        );
+        assert_eq!(problems_of(&split), Vec::new());
+        // So is the same selection to another target, or from another source.
+        let elsewhere = "[clusters.ap]\nurl = \"iggy://iggy:iggy@127.0.0.1:8092\"";
+        let fan_out = two_flows(
+            &["orders/*"],
+            "",
+            "source = \"us\"\ntarget = \"ap\"\ninclude = [\"orders/*\"]",
+            elsewhere,
+        );
+        assert_eq!(problems_of(&fan_out), Vec::new());
+        let two_way = two_flows(
+            &["*/*"],
+            "",
+            "source = \"eu\"\ntarget = \"us\"\ninclude = [\"*/*\"]",
+            "",
+        );
+        assert_eq!(problems_of(&two_way), Vec::new());
+    }
+
+    #[test]
+    fn overlapping_flows_are_found_through_naming_and_aliases_of_one_cluster() {
+        // Prefix naming writes `us.<stream>`: identity naming of `us.orders` writes there too.
+        let text = two_flows(
+            &["orders/*"],
+            "naming = \"prefix\"",
+            "source = \"us\"\ntarget = \"eu\"\ninclude = [\"us.orders/*\"]",
+            "",
+        );
+        let problems = problems_of(&text);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].1.contains("\"us.orders/a\""), "{problems:?}");
+        // The same selection under prefix and identity naming writes different topics.
+        let apart = two_flows(
+            &["orders/*"],
+            "naming = \"prefix\"",
+            "source = \"us\"\ntarget = \"eu\"\ninclude = [\"orders/*\"]",
+            "",
+        );
+        assert_eq!(problems_of(&apart), Vec::new());
+        // Another alias of the upstream cluster (same address) is the same cluster.
+        let alias = "[clusters.us2]\nurl = \"iggy://other:secret@127.0.0.1:8090?nodelay=true\"";
+        let text = two_flows(
+            &["orders/*"],
+            "",
+            "source = \"us2\"\ntarget = \"eu\"\ninclude = [\"orders/created\"]",
+            alias,
+        );
+        let problems = problems_of(&text);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].1.contains("\"orders/created\""), "{problems:?}");
+    }
+
     #[test]
     fn escaped_dollar_is_kept_literally() {
         assert_eq!(expand("a$${b}c$d", &env(&[])).as_deref(), Ok("a${b}c$d"));

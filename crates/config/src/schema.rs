@@ -10,6 +10,7 @@ use replicator_model::{InitialOffset, Naming, NodeId};
 use serde::Deserialize;
 
 use crate::error::Problem;
+use crate::overlap::{addresses, overlap, Overlap, Selection};
 use crate::secret::{ClusterUrl, Secret};
 
 /// A whole node config file.
@@ -144,6 +145,30 @@ pub struct IggyClusterConfig {
     /// sends of different partitions overlap). Default: `4`; 1 to 64.
     #[serde(default = "default_connections")]
     pub connections: usize,
+    /// How stale writers are kept from appending to this cluster when it is a flow's target:
+    /// `"users"` (every instance writes as an Iggy user of its own, whose rights the leader
+    /// revokes before it moves a failed instance's partitions; the credential in `url` then
+    /// needs the global `manage_users` permission) or `"off"` (leases only: an instance frozen
+    /// in the middle of a send can append once more after its partitions moved, see README
+    /// "Guarantees"). Default: `"users"`.
+    #[serde(default)]
+    pub fencing: FencingMode,
+    /// Name prefix of the writer users fencing creates: `<prefix>-n<node>-i<incarnation>`.
+    /// Replicator clusters that write to the same Iggy cluster need different prefixes.
+    /// Default: `"iggy-replicator"`; 1 to 24 of `A-Z a-z 0-9 _ -`.
+    #[serde(default = "default_writer_user_prefix")]
+    pub writer_user_prefix: String,
+}
+
+/// `clusters.<alias>.fencing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FencingMode {
+    /// Writer users, revoked before a failed instance's partitions move.
+    #[default]
+    Users,
+    /// Leases only.
+    Off,
 }
 
 /// `[[flows]]`: one direction of replication between two aliases.
@@ -255,6 +280,9 @@ pub const DEFAULT_CONNECTIONS: usize = 4;
 fn default_connections() -> usize {
     DEFAULT_CONNECTIONS
 }
+fn default_writer_user_prefix() -> String {
+    "iggy-replicator".to_owned()
+}
 fn default_batch_size() -> u32 {
     1000
 }
@@ -316,6 +344,18 @@ impl Config {
             if let Err(message) = check_url(cluster.url.expose()) {
                 problems.push(Problem::new(key, message));
             }
+            let prefix = &cluster.writer_user_prefix;
+            if prefix.is_empty()
+                || prefix.len() > 24
+                || !prefix
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                problems.push(Problem::new(
+                    format!("clusters.{alias}.writer_user_prefix"),
+                    format!("must be 1 to 24 of A-Z a-z 0-9 _ -, got {prefix:?}"),
+                ));
+            }
             if !(1..=64).contains(&cluster.connections) {
                 problems.push(Problem::new(
                     format!("clusters.{alias}.connections"),
@@ -333,7 +373,68 @@ impl Config {
                 ));
             }
         }
+        self.check_overlapping_flows(&mut problems);
         problems
+    }
+
+    /// Two flows between the same clusters that can write the same downstream topic corrupt
+    /// each other's resume (provenance names the source cluster and the upstream topic, not
+    /// the flow): each such pair is a problem of the later flow's `include`, naming both. An
+    /// overlap is decided on the downstream names the flows' globs and naming can produce
+    /// (see `overlap`); when that cannot be decided, the flows count as overlapping.
+    fn check_overlapping_flows(&self, problems: &mut Vec<Problem>) {
+        // Clusters count as the same when their aliases are equal or their addresses meet.
+        let same_cluster = |a: &str, b: &str| {
+            a == b
+                || match (self.clusters.get(a), self.clusters.get(b)) {
+                    (Some(a), Some(b)) => {
+                        let a = addresses(a.url.expose());
+                        addresses(b.url.expose())
+                            .iter()
+                            .any(|address| a.contains(address))
+                    }
+                    _ => false,
+                }
+        };
+        let prefixes: Vec<String> = self
+            .flows
+            .iter()
+            .map(|f| match f.naming {
+                Naming::Identity => String::new(),
+                Naming::Prefix => format!("{}.", f.source),
+            })
+            .collect();
+        for (i, a) in self.flows.iter().enumerate() {
+            for (j, b) in self.flows.iter().enumerate().skip(i + 1) {
+                if !same_cluster(&a.source, &b.source) || !same_cluster(&a.target, &b.target) {
+                    continue;
+                }
+                let selection = |index: usize| Selection {
+                    prefix: &prefixes[index],
+                    include: &self.flows[index].include,
+                    exclude: &self.flows[index].exclude,
+                };
+                let what = match overlap(&selection(i), &selection(j)) {
+                    Overlap::Disjoint | Overlap::Invalid => continue,
+                    Overlap::Shared(name) => {
+                        format!("can write the same downstream topics, e.g. {name:?}")
+                    }
+                    Overlap::Undecided => "may write the same downstream topics (their \
+                                           selections could not be proven disjoint)"
+                        .to_owned(),
+                };
+                problems.push(Problem::new(
+                    format!("flows[{j}].include"),
+                    format!(
+                        "flow {:?} (flows[{j}]) and flow {:?} (flows[{i}]) both copy from {:?} \
+                         to {:?} and {what}: each would take the other's copies for its own \
+                         when it resumes (provenance does not name the flow); make their \
+                         selections disjoint with `exclude`, or merge them into one flow",
+                        b.name, a.name, b.source, b.target
+                    ),
+                ));
+            }
+        }
     }
 
     /// The initial members with parsed ids; when none are configured, this node alone.

@@ -11,9 +11,11 @@
 
 mod flow;
 mod unit;
+mod writer;
 
 pub use flow::{InitialOffset, Naming};
 pub use unit::{
     Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, UnitCounters, UnitProgress,
     WorkUnit,
 };
+pub use writer::{writer_username, WriterLogin};
