@@ -26,7 +26,9 @@
 
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use criterion::{
+    criterion_group, criterion_main, BatchSize, Bencher, BenchmarkId, Criterion, Throughput,
+};
 use replicator_control::bench_support::{CommitEntry, StateMachine};
 use replicator_model::{Assignment, OffsetCommit, UnitCounters, WorkUnit};
 
@@ -42,11 +44,6 @@ fn units_of(n: u32) -> Vec<WorkUnit> {
     (0..n)
         .map(|i| WorkUnit::new("us-to-eu", "orders", format!("topic-{:03}", i / 16), i % 16))
         .collect()
-}
-
-/// The default state's units: 1024 (64 topics of 16 partitions).
-fn units() -> Vec<WorkUnit> {
-    units_of(UNITS)
 }
 
 /// One commit per assignment, as a writer sends it after a 1000-message batch.
@@ -71,11 +68,33 @@ fn commits(assignments: &[Assignment], n: usize) -> Vec<OffsetCommit> {
         .collect()
 }
 
-/// A state machine on a fresh temp dir (the guard keeps the dir alive).
+/// A state machine with the default [`UNITS`] (64 topics of 16 partitions) on a fresh temp
+/// dir (the guard keeps the dir alive).
 fn state_machine() -> (tempfile::TempDir, StateMachine) {
+    state_machine_of(UNITS)
+}
+
+/// A state machine holding `n` units on a fresh temp dir (the guard keeps the dir alive).
+fn state_machine_of(n: u32) -> (tempfile::TempDir, StateMachine) {
     let dir = tempfile::tempdir().expect("a temp dir can be created");
-    let sm = StateMachine::open(dir.path(), MEMBERS, &units()).expect("a fresh data dir opens");
+    let sm = StateMachine::open(dir.path(), MEMBERS, &units_of(n)).expect("a fresh data dir opens");
     (dir, sm)
+}
+
+/// Applies `entry` once outside the measurement and requires every commit of it accepted
+/// (benching the fenced path by mistake would measure something else).
+fn apply_accepted(sm: &mut StateMachine, entry: &CommitEntry, commits: usize) {
+    let committed = sm.apply(vec![entry.clone()]).expect("apply succeeds");
+    assert!(committed == commits, "every commit is accepted");
+}
+
+/// Measures applying `entry`, a fresh copy per iteration (the copy is not measured).
+fn bench_apply(b: &mut Bencher<'_>, sm: &mut StateMachine, entry: &CommitEntry) {
+    b.iter_batched(
+        || vec![entry.clone()],
+        |entries| sm.apply(entries).expect("apply succeeds"),
+        BatchSize::SmallInput,
+    );
 }
 
 fn apply_commit_entry(c: &mut Criterion) {
@@ -85,16 +104,10 @@ fn apply_commit_entry(c: &mut Criterion) {
     let mut group = c.benchmark_group("apply_commit_entry");
     for n in SIZES {
         let entry = CommitEntry::new(sm.last_applied() + 1, commits(&assignments, n));
-        // Benching the fenced path by mistake would measure something else.
-        let committed = sm.apply(vec![entry.clone()]).expect("apply succeeds");
-        assert!(committed == n, "every commit is accepted");
+        apply_accepted(&mut sm, &entry, n);
         group.throughput(Throughput::Elements(n as u64));
         group.bench_with_input(BenchmarkId::from_parameter(n), &entry, |b, entry| {
-            b.iter_batched(
-                || vec![entry.clone()],
-                |entries| sm.apply(entries).expect("apply succeeds"),
-                BatchSize::SmallInput,
-            );
+            bench_apply(b, &mut sm, entry);
         });
     }
     group.finish();
@@ -103,18 +116,12 @@ fn apply_commit_entry(c: &mut Criterion) {
 fn apply_16_commits_by_units(c: &mut Criterion) {
     let mut group = c.benchmark_group("apply_16_commits_by_units");
     for n in [UNITS, UNITS * 10] {
-        let dir = tempfile::tempdir().expect("a temp dir can be created");
-        let mut sm =
-            StateMachine::open(dir.path(), MEMBERS, &units_of(n)).expect("a fresh data dir opens");
+        let (_dir, mut sm) = state_machine_of(n);
         let entry = CommitEntry::new(sm.last_applied() + 1, commits(&sm.assignments(), 16));
-        assert!(sm.apply(vec![entry.clone()]).expect("apply succeeds") == 16);
+        apply_accepted(&mut sm, &entry, 16);
         group.throughput(Throughput::Elements(16));
         group.bench_with_input(BenchmarkId::from_parameter(n), &entry, |b, entry| {
-            b.iter_batched(
-                || vec![entry.clone()],
-                |entries| sm.apply(entries).expect("apply succeeds"),
-                BatchSize::SmallInput,
-            );
+            bench_apply(b, &mut sm, entry);
         });
     }
     group.finish();
@@ -131,13 +138,7 @@ fn commit_256(c: &mut Criterion) {
         .collect();
     let mut group = c.benchmark_group("commit_256");
     group.throughput(Throughput::Elements(256));
-    group.bench_function("one_entry", |b| {
-        b.iter_batched(
-            || vec![one_entry.clone()],
-            |entries| sm.apply(entries).expect("apply succeeds"),
-            BatchSize::SmallInput,
-        );
-    });
+    group.bench_function("one_entry", |b| bench_apply(b, &mut sm, &one_entry));
     group.bench_function("entry_per_commit", |b| {
         b.iter_batched(
             || per_commit.clone(),

@@ -148,6 +148,21 @@ impl LogStore {
         self.db.flush_async().await.map_err(any)?;
         Ok(())
     }
+
+    /// Removes the entries whose keys are in `keys` in one batch, then flushes (truncate and
+    /// purge).
+    async fn remove_logs(&self, keys: impl RangeBounds<[u8; 8]>) -> StorageResult<()> {
+        let mut batch = sled::Batch::default();
+        for item in self.logs.range(keys) {
+            let (k, _) = item.map_err(|e| StorageIOError::write_logs(any(e)))?;
+            batch.remove(k);
+        }
+        self.logs
+            .apply_batch(batch)
+            .map_err(|e| StorageIOError::write_logs(any(e)))?;
+        self.flush().await.map_err(StorageIOError::write_logs)?;
+        Ok(())
+    }
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -282,16 +297,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
-        let mut batch = sled::Batch::default();
-        for item in self.logs.range(key(log_id.index)..) {
-            let (k, _) = item.map_err(|e| StorageIOError::write_logs(any(e)))?;
-            batch.remove(k);
-        }
-        self.logs
-            .apply_batch(batch)
-            .map_err(|e| StorageIOError::write_logs(any(e)))?;
-        self.flush().await.map_err(StorageIOError::write_logs)?;
-        Ok(())
+        self.remove_logs(key(log_id.index)..).await
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
@@ -299,16 +305,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.write_meta(KEY_PURGED, &log_id)
             .map_err(StorageIOError::write_logs)?;
         self.flush().await.map_err(StorageIOError::write_logs)?;
-        let mut batch = sled::Batch::default();
-        for item in self.logs.range(..=key(log_id.index)) {
-            let (k, _) = item.map_err(|e| StorageIOError::write_logs(any(e)))?;
-            batch.remove(k);
-        }
-        self.logs
-            .apply_batch(batch)
-            .map_err(|e| StorageIOError::write_logs(any(e)))?;
-        self.flush().await.map_err(StorageIOError::write_logs)?;
-        Ok(())
+        self.remove_logs(..=key(log_id.index)).await
     }
 }
 
