@@ -15,6 +15,11 @@
 //!
 //! A retired unit (no longer reported by discovery) stays with its owner, which was asked to
 //! hand it back; it is revoked like any other when the owner's lease expired, and never granted.
+//!
+//! With fencing on (`Liveness::fencing`), only members holding a writer identity get units,
+//! and the units of a member whose identity's rights were not revoked are never revoked here:
+//! the leader commits `FenceMember`, then revokes the identity's rights on the target
+//! clusters, then commits `FenceAcknowledged`, which takes them all (see [`fence_work`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -38,6 +43,68 @@ pub(crate) struct Liveness {
     /// The `last_renewal_index` the leader last observed per member (the guard of every
     /// `Revoke`).
     pub(crate) renewal_seen: BTreeMap<NodeId, u64>,
+    /// Whether grants need a writer identity and failed members are fenced on the targets.
+    pub(crate) fencing: bool,
+    /// With fencing: members not seen renewing for `fence_after` and not in grace. They get
+    /// nothing, and the ones holding a writer identity and units are fenced.
+    pub(crate) unresponsive: BTreeSet<NodeId>,
+}
+
+/// What the leader must do on the target clusters before the next grants (fencing only).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct FenceWork {
+    /// Identities (node, incarnation) to fence: commit `FenceMember` (unless committed
+    /// already), revoke on the targets, commit `FenceAcknowledged`.
+    pub(crate) fence: Vec<(NodeId, u64)>,
+    /// Members to give a writer identity: (node, the new incarnation).
+    pub(crate) provision: Vec<(NodeId, u64)>,
+    /// Stale identities whose users are to be deleted, then forgotten.
+    pub(crate) retire: Vec<(NodeId, u64)>,
+}
+
+/// The work on the targets that fencing needs now (empty with fencing off):
+/// * a member that stopped renewing (unresponsive, or its lease expired) and owns units while
+///   its identity has rights: fence it, so its units can move; and carry on every fence whose
+///   revoke was not acknowledged yet;
+/// * a live, active, responsive member without an identity, or whose identity was revoked:
+///   provision the next incarnation (one above every incarnation it ever had);
+/// * every stale identity: delete its users once no session of theirs is left.
+pub(crate) fn fence_work(state: &ControlState, lease: &Liveness) -> FenceWork {
+    let mut work = FenceWork::default();
+    if !lease.fencing {
+        return work;
+    }
+    let owners: BTreeSet<NodeId> = state.units.values().filter_map(|r| r.owner).collect();
+    for (node, identity) in &state.identities {
+        let failed = lease.unresponsive.contains(node) || !lease.live.contains(node);
+        let decide =
+            !identity.fenced && failed && !lease.grace.contains(node) && owners.contains(node);
+        // A fence decided by an earlier leader, whose revoke was not acknowledged yet, is
+        // carried on.
+        if decide || (identity.fenced && !identity.revoked) {
+            work.fence.push((*node, identity.incarnation));
+        }
+    }
+    for (node, member) in &state.members {
+        if state.has_unrevoked_identity(*node)
+            || member.state != MemberState::Active
+            || !lease.live.contains(node)
+            || lease.unresponsive.contains(node)
+        {
+            continue;
+        }
+        let highest = state
+            .stale_identities
+            .iter()
+            .filter(|(n, _)| n == node)
+            .map(|(_, i)| *i)
+            .chain(state.identities.get(node).map(|i| i.incarnation))
+            .max()
+            .unwrap_or(0);
+        work.provision.push((*node, highest + 1));
+    }
+    work.retire = state.stale_identities.iter().copied().collect();
+    work
 }
 
 /// Computes one assignment round (at most [`MAX_COMMANDS_PER_ROUND`] commands).
@@ -53,7 +120,12 @@ fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
     let eligible: BTreeSet<NodeId> = state
         .members
         .iter()
-        .filter(|(id, m)| m.state == MemberState::Active && live.contains(id))
+        .filter(|(id, m)| {
+            m.state == MemberState::Active
+                && live.contains(id)
+                && !lease.unresponsive.contains(id)
+                && (!lease.fencing || state.has_writer_identity(**id))
+        })
         .map(|(id, _)| *id)
         .collect();
     let mut load: BTreeMap<NodeId, Vec<&WorkUnit>> =
@@ -72,6 +144,13 @@ fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
             continue;
         };
         let member = state.members.get(&owner);
+        let failed = !live.contains(&owner) || lease.unresponsive.contains(&owner);
+        if lease.fencing
+            && state.has_unrevoked_identity(owner)
+            && (failed || !state.has_writer_identity(owner))
+        {
+            continue; // fenced first, then taken by `FenceAcknowledged` (see `fence_work`)
+        }
         if member.is_none() || !live.contains(&owner) {
             if member.is_some() && lease.grace.contains(&owner) {
                 continue;

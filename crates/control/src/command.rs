@@ -91,6 +91,42 @@ pub(crate) enum ControlCommand {
     /// Several commands applied in order at the same log index (one assignment round).
     /// Batches do not nest.
     Batch(Vec<ControlCommand>),
+    /// Leader only, with fencing on: `node`'s writer user of `incarnation` now exists with
+    /// writing rights on every fenced target cluster; the node writes as it from now on.
+    /// Applies only over no identity or a fenced one, and only to a higher incarnation.
+    SetWriterIdentity {
+        /// The member.
+        node: NodeId,
+        /// The new incarnation (one above the previous one).
+        incarnation: u64,
+        /// The user's password on the targets.
+        password: String,
+    },
+    /// Leader only, with fencing on: the leader decided to fence `node`'s identity
+    /// `incarnation`; it revokes the user's rights on the targets only after this entry is
+    /// committed (so a leader cut off from the majority revokes nobody). The node stops
+    /// writing as that identity; its units stay with it until `FenceAcknowledged`.
+    FenceMember {
+        /// The member fenced.
+        node: NodeId,
+        /// The identity to revoke.
+        incarnation: u64,
+    },
+    /// Leader only: the user of a stale identity is gone from every target cluster.
+    ForgetIdentity {
+        /// The member the identity belonged to.
+        node: NodeId,
+        /// The stale incarnation.
+        incarnation: u64,
+    },
+    /// Leader only, after `FenceMember`: every fenced target cluster acknowledged the revoke of
+    /// the identity's rights. Takes all the member's units at once.
+    FenceAcknowledged {
+        /// The member fenced.
+        node: NodeId,
+        /// The identity whose rights are gone.
+        incarnation: u64,
+    },
 }
 
 impl ControlCommand {
@@ -104,7 +140,11 @@ impl ControlCommand {
             | ControlCommand::Grant { .. }
             | ControlCommand::RequestRelease { .. }
             | ControlCommand::Release { .. }
-            | ControlCommand::Revoke { .. } => true,
+            | ControlCommand::Revoke { .. }
+            | ControlCommand::FenceAcknowledged { .. } => true,
+            ControlCommand::SetWriterIdentity { .. }
+            | ControlCommand::FenceMember { .. }
+            | ControlCommand::ForgetIdentity { .. } => false,
             ControlCommand::RegisterMember { .. }
             | ControlCommand::LeaveMember { .. }
             | ControlCommand::RenewLease { .. }
@@ -138,6 +178,12 @@ pub(crate) enum Rejection {
     NestedBatch,
     /// The flow's name is empty or a unit names another flow.
     InvalidFlow,
+    /// A writer identity at or below the member's current incarnation.
+    StaleIncarnation,
+    /// A new writer identity over one that was never fenced.
+    IdentityInUse,
+    /// No such stale writer identity.
+    UnknownIdentity,
 }
 
 /// The result of applying one log entry.
@@ -283,6 +329,35 @@ mod tests {
                 ControlCommand::Batch(vec![ControlCommand::RenewLease { node: 1 }]),
                 "0a010201",
             ),
+            (
+                ControlCommand::SetWriterIdentity {
+                    node: 2,
+                    incarnation: 3,
+                    password: "pw".into(),
+                },
+                "0b0203027077",
+            ),
+            (
+                ControlCommand::FenceMember {
+                    node: 4,
+                    incarnation: 5,
+                },
+                "0c0405",
+            ),
+            (
+                ControlCommand::ForgetIdentity {
+                    node: 6,
+                    incarnation: 7,
+                },
+                "0d0607",
+            ),
+            (
+                ControlCommand::FenceAcknowledged {
+                    node: 8,
+                    incarnation: 9,
+                },
+                "0e0809",
+            ),
         ]
     }
 
@@ -316,9 +391,13 @@ mod tests {
             ControlCommand::CommitOffsets { .. } => 8,
             ControlCommand::RemoveMember { .. } => 9,
             ControlCommand::Batch(_) => 10,
+            ControlCommand::SetWriterIdentity { .. } => 11,
+            ControlCommand::FenceMember { .. } => 12,
+            ControlCommand::ForgetIdentity { .. } => 13,
+            ControlCommand::FenceAcknowledged { .. } => 14,
         };
         let indexes: Vec<usize> = golden().iter().map(|(c, _)| count(c)).collect();
-        assert2::check!(indexes == (0..=10).collect::<Vec<_>>());
+        assert2::check!(indexes == (0..=14).collect::<Vec<_>>());
     }
 
     #[test]

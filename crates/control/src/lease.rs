@@ -23,6 +23,8 @@ pub(crate) struct LeaderView {
     seen: BTreeMap<NodeId, (u64, Instant)>,
     /// When this node started leading `term` (`None` for the record a follower keeps).
     leading_since: Option<Instant>,
+    /// The leader of the term before (gets no grace: a leader's renewals did not need one).
+    previous_leader: Option<NodeId>,
 }
 
 impl LeaderView {
@@ -31,6 +33,7 @@ impl LeaderView {
             term,
             seen: BTreeMap::new(),
             leading_since: None,
+            previous_leader: None,
         }
     }
 
@@ -44,11 +47,20 @@ impl LeaderView {
     /// member the record does not know starts at the first `observe` (a full fresh period).
     /// This is what lets a new leader reassign a dead leader's units one `expiry` after that
     /// leader's last renewal instead of one `expiry` after the election.
-    pub(crate) fn carry_on(term: u64, observed: &LeaderView, now: Instant) -> Self {
+    /// `previous_leader`, the leader this node followed before the election, gets no grace:
+    /// it wrote its renewals itself, so a lapse of them is not the election's doing, and with
+    /// fencing on its units move as soon as it is fenced instead of after the grace.
+    pub(crate) fn carry_on(
+        term: u64,
+        observed: &LeaderView,
+        now: Instant,
+        previous_leader: Option<NodeId>,
+    ) -> Self {
         Self {
             term,
             seen: observed.seen.clone(),
             leading_since: Some(now),
+            previous_leader,
         }
     }
 
@@ -85,17 +97,40 @@ impl LeaderView {
     /// revoking them all at once would hand every unit to whichever member renews first and
     /// then ask for most of them back. Grace only delays a revoke (the owner's own lease
     /// ends on its own clock whatever the leader does), so it never weakens "never two owners".
-    pub(crate) fn liveness(&self, now: Instant, expiry: Duration, grace: Duration) -> Liveness {
+    ///
+    /// With `fence_after` (fencing on), members seen renewing longer ago than that are
+    /// `unresponsive` unless in grace: the grace covers them too, since a member with a live
+    /// lease could not renew either while there was no leader.
+    pub(crate) fn liveness(
+        &self,
+        now: Instant,
+        expiry: Duration,
+        grace: Duration,
+        fence_after: Option<Duration>,
+    ) -> Liveness {
         let live = self.live(now, expiry);
         let in_grace = self
             .leading_since
             .is_some_and(|since| now.saturating_duration_since(since) < grace);
-        let grace = if in_grace {
+        let lapsed = |limit: Duration| -> BTreeSet<NodeId> {
             self.seen
-                .keys()
-                .filter(|id| !live.contains(id))
+                .iter()
+                .filter(|(_, (_, at))| now.saturating_duration_since(*at) >= limit)
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        // Members that missed their renewals: lease expired, or (fencing) `fence_after` passed.
+        let late = lapsed(fence_after.map_or(expiry, |f| f.min(expiry)));
+        let grace: BTreeSet<NodeId> = if in_grace {
+            late.iter()
+                .filter(|id| Some(**id) != self.previous_leader)
                 .copied()
                 .collect()
+        } else {
+            BTreeSet::new()
+        };
+        let unresponsive = if fence_after.is_some() {
+            late.difference(&grace).copied().collect()
         } else {
             BTreeSet::new()
         };
@@ -103,6 +138,8 @@ impl LeaderView {
             live,
             grace,
             renewal_seen: self.renewal_seen(),
+            fencing: fence_after.is_some(),
+            unresponsive,
         }
     }
 
@@ -162,7 +199,7 @@ mod tests {
         at: Instant,
         renewals: &[(NodeId, u64)],
     ) -> LeaderView {
-        let mut view = LeaderView::carry_on(term, observed, at);
+        let mut view = LeaderView::carry_on(term, observed, at, None);
         view.observe(&members(renewals), at);
         view
     }
@@ -237,16 +274,16 @@ mod tests {
         // Elected 3 s after anybody last renewed: both look expired.
         let elected = t0 + Duration::from_secs(3);
         let mut view = carried_on(5, &observed, elected, &[(1, 10), (2, 11)]);
-        let l = view.liveness(elected, LEASE, GRACE);
+        let l = view.liveness(elected, LEASE, GRACE, None);
         check!(l.live.is_empty());
         check!(l.grace == BTreeSet::from([1, 2]));
         // Member 2 renews within the grace: live. Member 1 does not: revocable once it ends.
         let renewed = elected + Duration::from_millis(300);
         view.observe(&members(&[(1, 10), (2, 20)]), renewed);
-        let l = view.liveness(renewed, LEASE, GRACE);
+        let l = view.liveness(renewed, LEASE, GRACE, None);
         check!(l.live == BTreeSet::from([2]));
         check!(l.grace == BTreeSet::from([1]));
-        let l = view.liveness(elected + GRACE, LEASE, GRACE);
+        let l = view.liveness(elected + GRACE, LEASE, GRACE, None);
         check!(l.live == BTreeSet::from([2]));
         check!(l.grace.is_empty());
         check!(l.renewal_seen == BTreeMap::from([(1, 10), (2, 20)]));
@@ -257,11 +294,86 @@ mod tests {
         let t0 = Instant::now();
         let observed = viewed(0, &[(1, 10)], t0);
         // A follower's own record never grants grace.
-        check!(observed.liveness(t0, LEASE, GRACE).grace.is_empty());
+        check!(observed.liveness(t0, LEASE, GRACE, None).grace.is_empty());
         // Elected 500 ms after the dead member's last renewal: it is still live by its lease,
         // and once that ends (t0 + expiry, after the grace) it is revocable at once.
-        let view = LeaderView::carry_on(2, &observed, t0 + Duration::from_millis(500));
-        check!(view.liveness(t0 + LEASE, LEASE, GRACE).live.is_empty());
-        check!(view.liveness(t0 + LEASE, LEASE, GRACE).grace.is_empty());
+        let view = LeaderView::carry_on(2, &observed, t0 + Duration::from_millis(500), None);
+        check!(view
+            .liveness(t0 + LEASE, LEASE, GRACE, None)
+            .live
+            .is_empty());
+        check!(view
+            .liveness(t0 + LEASE, LEASE, GRACE, None)
+            .grace
+            .is_empty());
+    }
+}
+
+#[cfg(test)]
+mod fencing_tests {
+    use assert2::check;
+
+    use super::*;
+    use crate::state::MemberState;
+
+    const LEASE: Duration = Duration::from_millis(1500);
+    const GRACE: Duration = Duration::from_millis(600);
+    const FENCE_AFTER: Duration = Duration::from_millis(600);
+
+    fn members(renewals: &[(NodeId, u64)]) -> BTreeMap<NodeId, MemberRecord> {
+        renewals
+            .iter()
+            .map(|(id, renewal)| {
+                let m = MemberRecord {
+                    raft_addr: String::new(),
+                    api_addr: String::new(),
+                    state: MemberState::Active,
+                    last_renewal_index: *renewal,
+                    last_revoke_index: 0,
+                };
+                (*id, m)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_member_that_misses_renewals_is_unresponsive_long_before_its_lease_ends() {
+        let t0 = Instant::now();
+        let mut view = LeaderView::new(1);
+        view.observe(&members(&[(1, 10), (2, 11)]), t0);
+        let t1 = t0 + Duration::from_millis(400);
+        view.observe(&members(&[(1, 10), (2, 12)]), t1);
+        let at = t0 + FENCE_AFTER;
+        let l = view.liveness(at, LEASE, GRACE, Some(FENCE_AFTER));
+        check!(l.fencing);
+        check!(
+            l.live == BTreeSet::from([1, 2]),
+            "both leases are still alive"
+        );
+        check!(l.unresponsive == BTreeSet::from([1]));
+        // Without fencing nobody is unresponsive.
+        check!(view
+            .liveness(at, LEASE, GRACE, None)
+            .unresponsive
+            .is_empty());
+    }
+
+    #[test]
+    fn after_an_election_only_the_previous_leader_goes_without_grace() {
+        let t0 = Instant::now();
+        let mut observed = LeaderView::new(0);
+        observed.observe(&members(&[(1, 10), (2, 11), (3, 12)]), t0);
+        // Member 1 led and died; member 3 won the election 700 ms later. Member 2 has not
+        // renewed through the new leader yet.
+        let elected = t0 + Duration::from_millis(700);
+        let mut view = LeaderView::carry_on(5, &observed, elected, Some(1));
+        view.observe(&members(&[(1, 10), (2, 11), (3, 13)]), elected);
+        let l = view.liveness(elected, LEASE, GRACE, Some(FENCE_AFTER));
+        check!(l.unresponsive == BTreeSet::from([1]));
+        check!(l.grace == BTreeSet::from([2]));
+        // After the grace, member 2 is unresponsive too unless it renewed; member 3 did.
+        view.observe(&members(&[(1, 10), (2, 11), (3, 14)]), elected + GRACE / 2);
+        let l = view.liveness(elected + GRACE, LEASE, GRACE, Some(FENCE_AFTER));
+        check!(l.unresponsive == BTreeSet::from([1, 2]));
     }
 }

@@ -13,6 +13,7 @@
 //! - `node`: the running node's tasks: lease renewer, commit batcher, assignment loop,
 //!   bootstrap.
 //! - `api`: the public [`Control`] handle and the [`ClusterStatus`] it reports.
+//! - `fence`: fencing failed members at the target clusters (the leader's side).
 //! - `tls`: mutual TLS between members ([`TlsFiles`]), reloaded when the files change.
 //!
 //! # Never two owners
@@ -26,6 +27,7 @@ mod assign;
 mod command;
 mod data_dir;
 mod error;
+mod fence;
 mod lease;
 mod log_store;
 mod network;
@@ -41,6 +43,7 @@ use serde::{Deserialize, Serialize};
 
 pub use api::{ClusterStatus, Control, ControlMetrics, MemberStatus, UnitStatus};
 pub use error::{Error, Result};
+pub use fence::{FenceFuture, Fencing, WriterFence};
 pub use params::{ClusterSecret, ControlParams, ControlTiming};
 pub use state::MemberState;
 pub use tls::TlsFiles;

@@ -94,6 +94,10 @@ pub(crate) struct NodeInner {
     pub(crate) draining: AtomicBool,
     /// Metrics counters.
     pub(crate) counters: Counters,
+    /// How this cluster fences failed members on the target clusters (`None`: leases only).
+    pub(crate) fence: Option<crate::fence::Fencing>,
+    /// The leader's fencing operations in progress.
+    pub(crate) fencing: crate::fence::FenceTracker,
     /// The commit index the log store last saved, plus one (0: none), for metrics.
     pub(crate) committed: Arc<AtomicU64>,
     /// Stops every task.
@@ -107,6 +111,26 @@ enum Routed<'a> {
 }
 
 impl NodeInner {
+    /// Whether this node leads `term` now.
+    pub(crate) fn leads(&self, term: u64) -> bool {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        m.state == ServerState::Leader
+            && m.current_leader == Some(self.id)
+            && m.current_term == term
+    }
+
+    /// How long a member may miss its renewals before the leader fences it (with fencing on).
+    fn fence_after(&self) -> Option<Duration> {
+        self.fence.as_ref().map(|f| {
+            if f.every_target_fenced {
+                self.timing.fence_after
+            } else {
+                self.timing.lease_expiry
+            }
+        })
+    }
+
     /// The leader this node knows of and its Raft address.
     pub(crate) fn leader(&self) -> (Option<NodeId>, Option<String>) {
         let metrics = self.raft.metrics();
@@ -346,6 +370,11 @@ impl NodeInner {
             view: view.as_ref(),
             now: std::time::Instant::now(),
             lease_expiry: self.timing.lease_expiry,
+            fencing: if view.is_some() {
+                (self.fencing.pending_fences(), self.fencing.last_error())
+            } else {
+                (0, None)
+            },
         })
     }
 
@@ -642,10 +671,14 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
     // The leader this node last knew, for one log line per change (openraft's own election
     // lines are below the default level).
     let mut known_leader: Option<(Option<NodeId>, u64)> = None;
+    // The last leader other than this node, which a new view spares no grace.
+    let mut previous_leader: Option<NodeId> = None;
     loop {
         tokio::select! {
             () = node.cancel.cancelled() => return,
             _ = tick.tick() => {}
+            // A fence or a new identity was committed: its grants need not wait for the tick.
+            () = node.fencing.done.notified() => {}
         }
         observed.observe(&node.shared.read().state.members, std::time::Instant::now());
         let (leading, term, applied_in_term, leader) = {
@@ -668,6 +701,9 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             }
             known_leader = Some((leader, term));
         }
+        if let Some(l) = leader.filter(|l| *l != node.id) {
+            previous_leader = Some(l);
+        }
         if !leading {
             if view.take().is_some() {
                 tracing::info!(node = %node.id, term, "assignment loop stops: not the leader");
@@ -686,20 +722,31 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             _ => {
                 tracing::Span::current().record("term", term);
                 tracing::info!(node = %node.id, term, "assignment loop starts as leader");
-                LeaderView::carry_on(term, &observed, std::time::Instant::now())
+                LeaderView::carry_on(term, &observed, std::time::Instant::now(), previous_leader)
             }
         };
         let mut current = current;
-        let cmds = {
+        let (cmds, fence_work) = {
             let data = node.shared.read();
             // Read the clock only once the state is locked: a renewal applied while this task
             // waited for the lock must not be stamped earlier than it was seen, or the leader
             // could count its lease out before the owner does.
             let now = std::time::Instant::now();
             current.observe(&data.state.members, now);
-            let lease = current.liveness(now, timing.lease_expiry, timing.election_grace());
-            assign::plan(&data.state, &lease)
+            let lease = current.liveness(
+                now,
+                timing.lease_expiry,
+                timing.election_grace(),
+                node.fence_after(),
+            );
+            (
+                assign::plan(&data.state, &lease),
+                assign::fence_work(&data.state, &lease),
+            )
         };
+        if let Some(fencing) = &node.fence {
+            crate::fence::start(&node, fencing, term, fence_work);
+        }
         *node
             .leader_view
             .lock()

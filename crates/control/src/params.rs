@@ -89,6 +89,10 @@ pub struct ControlTiming {
     pub logs_to_keep_after_snapshot: u64,
     /// How long `remove_member` waits for the member's units to be released. Default 30 s.
     pub drain_timeout: Duration,
+    /// With fencing on every target: how long the leader waits for a member's renewal before
+    /// it fences the member and moves its units (instead of waiting out `lease_expiry`).
+    /// Default 600 ms: two renewal periods, so one late renewal does not fence a live member.
+    pub fence_after: Duration,
 }
 
 impl Default for ControlTiming {
@@ -110,6 +114,7 @@ impl Default for ControlTiming {
             snapshot_logs_since_last: 2000,
             logs_to_keep_after_snapshot: 500,
             drain_timeout: Duration::from_secs(30),
+            fence_after: Duration::from_millis(600),
         }
     }
 }
@@ -153,6 +158,9 @@ pub struct ControlParams {
     pub timing: ControlTiming,
     /// Mutual TLS between members (`[cluster.tls]`); `None` serves and dials plain HTTP.
     pub tls: Option<crate::TlsFiles>,
+    /// Fencing of failed members at the target clusters (`clusters.<alias>.fencing`); `None`:
+    /// leases only.
+    pub fencing: Option<crate::Fencing>,
 }
 
 #[cfg(test)]

@@ -2,10 +2,10 @@
 //! and confirmed progress. No clock, no RNG, no IO: the result depends only on the state, the
 //! command and its log index.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, NodeId, OffsetCommit, UnitProgress, WorkUnit,
+    Assignment, CommitOutcome, Epoch, NodeId, OffsetCommit, UnitProgress, WorkUnit, WriterLogin,
 };
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +50,30 @@ pub(crate) struct UnitRecord {
     pub(crate) progress: UnitProgress,
 }
 
+/// A member's current writer identity on the fenced target clusters (see [`WriterLogin`]).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct IdentityRecord {
+    /// The incarnation; the next one the leader provisions is one higher.
+    pub(crate) incarnation: u64,
+    /// The user's password (random, chosen by the leader that provisioned it).
+    pub(crate) password: String,
+    /// The leader decided to fence it (`FenceMember`): the node no longer writes as it.
+    pub(crate) fenced: bool,
+    /// Every fenced target acknowledged that its rights are gone (`FenceAcknowledged`): its
+    /// units were taken, and the node may get a new identity.
+    pub(crate) revoked: bool,
+}
+
+impl std::fmt::Debug for IdentityRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdentityRecord")
+            .field("incarnation", &self.incarnation)
+            .field("fenced", &self.fenced)
+            .field("revoked", &self.revoked)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The whole replicated application state.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub(crate) struct ControlState {
@@ -57,6 +81,11 @@ pub(crate) struct ControlState {
     pub(crate) members: BTreeMap<NodeId, MemberRecord>,
     /// Units ever reported, by unit.
     pub(crate) units: BTreeMap<WorkUnit, UnitRecord>,
+    /// Each member's current writer identity (only with fencing on).
+    pub(crate) identities: BTreeMap<NodeId, IdentityRecord>,
+    /// Replaced or removed identities whose users may still exist on a target: the leader
+    /// deletes each once no session of it is left, then forgets it.
+    pub(crate) stale_identities: BTreeSet<(NodeId, u64)>,
 }
 
 impl ControlState {
@@ -187,10 +216,114 @@ impl ControlState {
                     return Ignored(Rejection::StillOwnsUnits);
                 }
                 self.members.remove(node);
+                if let Some(identity) = self.identities.remove(node) {
+                    self.stale_identities.insert((*node, identity.incarnation));
+                }
                 Done
+            }
+            ControlCommand::SetWriterIdentity {
+                node,
+                incarnation,
+                password,
+            } => self.set_identity(*node, *incarnation, password),
+            ControlCommand::FenceMember { node, incarnation } => {
+                match self.identities.get_mut(node) {
+                    Some(identity) if identity.incarnation == *incarnation => {
+                        identity.fenced = true;
+                        Done
+                    }
+                    _ => Ignored(Rejection::StaleIncarnation),
+                }
+            }
+            ControlCommand::FenceAcknowledged { node, incarnation } => {
+                self.fence_acknowledged(index, *node, *incarnation)
+            }
+            ControlCommand::ForgetIdentity { node, incarnation } => {
+                if self.stale_identities.remove(&(*node, *incarnation)) {
+                    Done
+                } else {
+                    Ignored(Rejection::UnknownIdentity)
+                }
             }
             ControlCommand::Batch(_) => Ignored(Rejection::NestedBatch),
         }
+    }
+
+    /// Gives `node` a new writer identity. Only over a revoked one (or none): an identity whose
+    /// rights were never revoked must not be replaced, or its user would keep writing rights
+    /// nobody tracks as current.
+    fn set_identity(&mut self, node: NodeId, incarnation: u64, password: &str) -> ControlResponse {
+        if !self.members.contains_key(&node) {
+            return ControlResponse::Ignored(Rejection::UnknownMember);
+        }
+        if let Some(current) = self.identities.get(&node) {
+            if current.incarnation >= incarnation {
+                return ControlResponse::Ignored(Rejection::StaleIncarnation);
+            }
+            if !current.revoked {
+                return ControlResponse::Ignored(Rejection::IdentityInUse);
+            }
+            self.stale_identities.insert((node, current.incarnation));
+        }
+        self.identities.insert(
+            node,
+            IdentityRecord {
+                incarnation,
+                password: password.to_owned(),
+                fenced: false,
+                revoked: false,
+            },
+        );
+        ControlResponse::Done
+    }
+
+    /// Records that `node`'s identity `incarnation`, fenced before, lost its rights on every
+    /// fenced target, and takes all its units: whatever the node still has in flight is refused
+    /// by the targets, so its units can go to others at once. Unconditional (unlike `Revoke`):
+    /// the revoke on the targets already happened, a renewal of the node cannot undo it.
+    fn fence_acknowledged(
+        &mut self,
+        index: u64,
+        node: NodeId,
+        incarnation: u64,
+    ) -> ControlResponse {
+        match self.identities.get_mut(&node) {
+            Some(identity) if identity.incarnation == incarnation && identity.fenced => {
+                identity.revoked = true;
+            }
+            _ => return ControlResponse::Ignored(Rejection::StaleIncarnation),
+        }
+        if let Some(member) = self.members.get_mut(&node) {
+            member.last_revoke_index = index;
+        }
+        for rec in self.units.values_mut().filter(|r| r.owner == Some(node)) {
+            rec.owner = None;
+            rec.release_requested = false;
+        }
+        ControlResponse::Done
+    }
+
+    /// `node`'s writer identity, while it may write (provisioned and not fenced).
+    pub(crate) fn writer_login(&self, node: NodeId) -> Option<WriterLogin> {
+        self.identities
+            .get(&node)
+            .filter(|i| !i.fenced)
+            .map(|i| WriterLogin {
+                node,
+                incarnation: i.incarnation,
+                password: i.password.clone(),
+            })
+    }
+
+    /// Whether `node` holds a writer identity it may write with.
+    pub(crate) fn has_writer_identity(&self, node: NodeId) -> bool {
+        self.identities.get(&node).is_some_and(|i| !i.fenced)
+    }
+
+    /// Whether `node` holds a writer identity whose rights were not revoked on the targets
+    /// (usable, or fenced and its revoke not yet acknowledged).
+    pub(crate) fn has_unrevoked_identity(&self, node: NodeId) -> bool {
+        self.identities.get(&node).is_some_and(|i| !i.revoked)
     }
 
     fn report_units(&mut self, flow: &str, units: &[WorkUnit]) -> ControlResponse {

@@ -6,6 +6,7 @@
 //! committed id, and log purging never passes the snapshot), so a restarted node comes back
 //! with exactly the state it had applied.
 
+use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -15,7 +16,7 @@ use openraft::{
     AnyError, Entry, EntryPayload, LogId, OptionalSend, StorageError, StorageIOError,
     StoredMembership,
 };
-use replicator_model::{Assignment, NodeId};
+use replicator_model::{Assignment, NodeId, WriterLogin};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -42,6 +43,40 @@ pub(crate) struct SmData {
     pub(crate) state: ControlState,
 }
 
+impl SmData {
+    /// Decodes snapshot data, also as written before writer identities existed (a snapshot of
+    /// an older version: members and units only, no identities).
+    fn decode(bytes: &[u8]) -> Result<SmData> {
+        let current = decode::<SmData>("snapshot data", bytes);
+        if current.is_ok() {
+            return current;
+        }
+        #[derive(Deserialize)]
+        struct StateBeforeIdentities {
+            members: BTreeMap<NodeId, crate::state::MemberRecord>,
+            units: BTreeMap<replicator_model::WorkUnit, crate::state::UnitRecord>,
+        }
+        #[derive(Deserialize)]
+        struct DataBeforeIdentities {
+            last_applied: Option<LogId<NodeId>>,
+            last_membership: StoredMembership<NodeId, MemberNode>,
+            state: StateBeforeIdentities,
+        }
+        match decode::<DataBeforeIdentities>("snapshot data", bytes) {
+            Ok(old) => Ok(SmData {
+                last_applied: old.last_applied,
+                last_membership: old.last_membership,
+                state: ControlState {
+                    members: old.state.members,
+                    units: old.state.units,
+                    ..ControlState::default()
+                },
+            }),
+            Err(_) => current,
+        }
+    }
+}
+
 /// A snapshot as stored in sled.
 #[derive(Serialize, Deserialize)]
 struct StoredSnapshot {
@@ -59,6 +94,8 @@ pub(crate) struct Shared {
     assignments: watch::Sender<Vec<Assignment>>,
     /// Index of the last applied entry (0 before any).
     applied: watch::Sender<u64>,
+    /// This node's usable writer identity (fencing), re-published when it changes.
+    writer_login: watch::Sender<Option<WriterLogin>>,
 }
 
 impl Shared {
@@ -68,6 +105,7 @@ impl Shared {
             data: RwLock::new(SmData::default()),
             assignments: watch::channel(Vec::new()).0,
             applied: watch::channel(0).0,
+            writer_login: watch::channel(None).0,
         })
     }
 
@@ -90,6 +128,10 @@ impl Shared {
         self.assignments.subscribe()
     }
 
+    pub(crate) fn subscribe_writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
+        self.writer_login.subscribe()
+    }
+
     pub(crate) fn subscribe_applied(&self) -> watch::Receiver<u64> {
         self.applied.subscribe()
     }
@@ -103,13 +145,24 @@ impl Shared {
     /// (computing them walks every unit, so it is skipped after entries that cannot change
     /// them, see `ControlCommand::changes_assignments`).
     fn publish_applied(&self, assignments_may_differ: bool) {
-        let (mine, applied) = {
+        let (mine, applied, login) = {
             let data = self.read();
             (
                 assignments_may_differ.then(|| data.state.assignments_of(self.node)),
                 data.last_applied.map_or(0, |l| l.index),
+                data.state.writer_login(self.node),
             )
         };
+        // Before the assignments: a grant made under a new identity must never reach the
+        // pipeline ahead of the identity it writes with.
+        self.writer_login.send_if_modified(|current| {
+            if *current == login {
+                false
+            } else {
+                *current = login;
+                true
+            }
+        });
         if let Some(mine) = mine {
             self.assignments.send_if_modified(|current| {
                 if *current == mine {
@@ -146,7 +199,7 @@ impl StateMachineStore {
             reason: format!("corrupt snapshot: {e}"),
         };
         if let Some(stored) = sm.read_stored().map_err(|e| corrupt(&e))? {
-            let data: SmData = decode("snapshot data", &stored.data).map_err(|e| corrupt(&e))?;
+            let data = SmData::decode(&stored.data).map_err(|e| corrupt(&e))?;
             *sm.shared.write() = data;
             sm.shared.publish();
         }
@@ -255,7 +308,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> StorageResult<()> {
         let bytes = snapshot.into_inner();
-        let data: SmData = decode("snapshot data", &bytes)
+        let data = SmData::decode(&bytes)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), any(e)))?;
         let stored = StoredSnapshot {
             meta: meta.clone(),
@@ -281,5 +334,48 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             meta: s.meta,
             snapshot: Box::new(Cursor::new(s.data)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{MemberRecord, MemberState};
+
+    #[test]
+    fn a_snapshot_from_before_writer_identities_still_loads() {
+        #[derive(Serialize)]
+        struct OldState {
+            members: BTreeMap<NodeId, MemberRecord>,
+            units: BTreeMap<replicator_model::WorkUnit, crate::state::UnitRecord>,
+        }
+        #[derive(Serialize)]
+        struct OldData {
+            last_applied: Option<LogId<NodeId>>,
+            last_membership: StoredMembership<NodeId, MemberNode>,
+            state: OldState,
+        }
+        let member = MemberRecord {
+            raft_addr: "r".into(),
+            api_addr: "a".into(),
+            state: MemberState::Active,
+            last_renewal_index: 7,
+            last_revoke_index: 0,
+        };
+        let old = OldData {
+            last_applied: None,
+            last_membership: StoredMembership::default(),
+            state: OldState {
+                members: BTreeMap::from([(1, member.clone())]),
+                units: BTreeMap::new(),
+            },
+        };
+        let bytes = encode("snapshot data", &old).expect("encodes");
+        let data = SmData::decode(&bytes).expect("the old shape decodes");
+        assert2::check!(data.state.members.get(&1) == Some(&member));
+        assert2::check!(data.state.identities.is_empty());
+        // And the current shape round-trips.
+        let again = encode("snapshot data", &data).expect("encodes");
+        assert2::check!(SmData::decode(&again).expect("decodes").state == data.state);
     }
 }

@@ -27,6 +27,13 @@ pub struct ClusterStatus {
     pub members: Vec<MemberStatus>,
     /// Every known unit.
     pub units: Vec<UnitStatus>,
+    /// Fences of failed members waiting for the target clusters' acknowledgement (their units
+    /// wait too); reported by the leader only.
+    #[serde(default)]
+    pub fences_pending: usize,
+    /// The latest failure of a fencing operation on the targets (leader only).
+    #[serde(default)]
+    pub fence_error: Option<String>,
 }
 
 /// One member in [`ClusterStatus`].
@@ -46,6 +53,13 @@ pub struct MemberStatus {
     pub lease_alive: Option<bool>,
     /// Units it owns.
     pub units_owned: usize,
+    /// Incarnation of its writer identity on the fenced target clusters (fencing only).
+    #[serde(default)]
+    pub writer_incarnation: Option<u64>,
+    /// Whether that identity was fenced (its rights revoked); a new one follows once the
+    /// member renews again.
+    #[serde(default)]
+    pub fenced: bool,
 }
 
 /// One unit in [`ClusterStatus`].
@@ -97,6 +111,12 @@ pub struct ControlMetrics {
     /// Units discovery reports that nobody owns, in this node's applied state (meaningful
     /// on the leader and on any follower that is up to date).
     pub units_unowned: usize,
+    /// Members this node (as leader) fenced on the target clusters since start.
+    pub fences: u64,
+    /// Failed attempts of fencing operations on the targets since start (each is retried).
+    pub fence_failures: u64,
+    /// Fences waiting for the targets' acknowledgement now.
+    pub fences_pending: usize,
 }
 
 pub(crate) struct StatusInputs<'a> {
@@ -106,6 +126,8 @@ pub(crate) struct StatusInputs<'a> {
     pub(crate) view: Option<&'a LeaderView>,
     pub(crate) now: Instant,
     pub(crate) lease_expiry: Duration,
+    /// Pending fences and the latest fencing failure (leader only).
+    pub(crate) fencing: (usize, Option<String>),
 }
 
 pub(crate) fn build_status(i: StatusInputs<'_>) -> ClusterStatus {
@@ -133,6 +155,8 @@ pub(crate) fn build_status(i: StatusInputs<'_>) -> ClusterStatus {
                     .values()
                     .filter(|u| u.owner == Some(id))
                     .count(),
+                writer_incarnation: i.state.identities.get(&id).map(|w| w.incarnation),
+                fenced: i.state.identities.get(&id).is_some_and(|w| w.fenced),
             }
         })
         .collect();
@@ -157,5 +181,7 @@ pub(crate) fn build_status(i: StatusInputs<'_>) -> ClusterStatus {
         applied_index: i.metrics.last_applied.map(|l| l.index),
         members,
         units,
+        fences_pending: i.fencing.0,
+        fence_error: i.fencing.1,
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use openraft::Raft;
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, NodeId, OffsetCommit, UnitProgress, WorkUnit,
+    Assignment, CommitOutcome, Epoch, NodeId, OffsetCommit, UnitProgress, WorkUnit, WriterLogin,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -64,6 +64,7 @@ impl Control {
             initial_members,
             timing,
             tls,
+            fencing,
         } = params;
         if initial_members.is_empty() {
             return Err(Error::InvalidParams("initial_members is empty".into()));
@@ -125,6 +126,8 @@ impl Control {
             leaving: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             counters: Counters::default(),
+            fence: fencing,
+            fencing: crate::fence::FenceTracker::default(),
             committed,
             cancel: cancel.clone(),
         });
@@ -214,6 +217,14 @@ impl Control {
         self.inner.shared.subscribe_assignments()
     }
 
+    /// This node's writer identity on the fenced target clusters, while it may write with it:
+    /// `None` before the leader provisioned one and from the moment it was fenced (the node
+    /// then drops its writer connections; a new incarnation follows once it is back).
+    #[must_use]
+    pub fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
+        self.inner.shared.subscribe_writer_login()
+    }
+
     /// Until when this node may write downstream; `None` when it holds no valid lease. Check
     /// it before every send (see "Never two owners" in ARCHITECTURE.md).
     #[must_use]
@@ -246,10 +257,19 @@ impl Control {
         if commits.is_empty() {
             return Ok(Vec::new());
         }
+        self.batched(|reply| BatchRequest::Commits { commits, reply })
+            .await
+    }
+
+    /// Queues a request for the commit batcher and waits for its answer.
+    async fn batched<T>(
+        &self,
+        request: impl FnOnce(oneshot::Sender<Result<T>>) -> BatchRequest,
+    ) -> Result<T> {
         let (reply, rx) = oneshot::channel();
         self.runtime
             .commit_tx
-            .send(BatchRequest::Commits { commits, reply })
+            .send(request(reply))
             .await
             .map_err(|_| Error::ShuttingDown)?;
         rx.await.map_err(|_| Error::ShuttingDown)?
@@ -309,13 +329,8 @@ impl Control {
             epoch,
             node: self.inner.id,
         };
-        let (reply, rx) = oneshot::channel();
-        self.runtime
-            .commit_tx
-            .send(BatchRequest::Release { release, reply })
+        self.batched(|reply| BatchRequest::Release { release, reply })
             .await
-            .map_err(|_| Error::ShuttingDown)?;
-        rx.await.map_err(|_| Error::ShuttingDown)?
     }
 
     /// Marks the start of a graceful stop: from now on every write gives up after
@@ -462,6 +477,9 @@ impl Control {
             commit_batches: c.commit_batches.load(Ordering::Relaxed),
             units_owned,
             units_unowned,
+            fences: self.inner.fencing.fences.load(Ordering::Relaxed),
+            fence_failures: self.inner.fencing.failures.load(Ordering::Relaxed),
+            fences_pending: self.inner.fencing.pending_fences(),
         }
     }
 
@@ -476,13 +494,7 @@ impl Control {
     #[tracing::instrument(skip_all, fields(node = %self.inner.id))]
     pub async fn shutdown(self) {
         self.inner.cancel.cancel();
-        let tasks = std::mem::take(
-            &mut *self
-                .runtime
-                .tasks
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+        let tasks = self.take_tasks();
         for (name, task) in tasks {
             if let Err(e) = task.await {
                 tracing::warn!(task = name, error = %e, "control task ended abnormally");
@@ -498,18 +510,23 @@ impl Control {
         tracing::info!("control plane stopped");
     }
 
-    /// Abrupt stop, like `kill -9` in-process: cuts the network, aborts every task and stops
-    /// Raft without draining anything.
-    pub async fn crash(self) {
-        self.inner.fault.set_isolated(true);
-        self.inner.cancel.cancel();
-        let tasks = std::mem::take(
+    /// The node's background tasks, taken out to be awaited or aborted (once, at a stop).
+    fn take_tasks(&self) -> Vec<(&'static str, JoinHandle<()>)> {
+        std::mem::take(
             &mut *self
                 .runtime
                 .tasks
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+        )
+    }
+
+    /// Abrupt stop, like `kill -9` in-process: cuts the network, aborts every task and stops
+    /// Raft without draining anything.
+    pub async fn crash(self) {
+        self.inner.fault.set_isolated(true);
+        self.inner.cancel.cancel();
+        let tasks = self.take_tasks();
         for (_, task) in &tasks {
             task.abort();
         }

@@ -23,6 +23,7 @@ fn plan_with(
             live: live.clone(),
             grace: BTreeSet::new(),
             renewal_seen: seen.clone(),
+            ..Liveness::default()
         },
     )
 }
@@ -237,6 +238,7 @@ fn members_in_the_grace_after_an_election_keep_their_units_but_get_no_more() {
             live: BTreeSet::from([1]),
             grace: BTreeSet::from([2]),
             renewal_seen: BTreeMap::new(),
+            ..Liveness::default()
         },
     );
     let revoked_from = |node: NodeId| {
@@ -298,4 +300,128 @@ fn a_round_holds_at_most_the_cap_and_the_rest_follows() {
     s.apply(11, &ControlCommand::Batch(second));
     check!(s.units.values().all(|r| r.owner.is_some()));
     check!(within_one(&loads(&s, &live)));
+}
+
+fn with_identity(s: &mut ControlState, node: NodeId, incarnation: u64) {
+    let cmd = ControlCommand::SetWriterIdentity {
+        node,
+        incarnation,
+        password: "pw".into(),
+    };
+    s.apply(3, &cmd);
+}
+
+fn fencing(live: &[NodeId], unresponsive: &[NodeId]) -> Liveness {
+    Liveness {
+        live: live.iter().copied().collect(),
+        fencing: true,
+        unresponsive: unresponsive.iter().copied().collect(),
+        ..Liveness::default()
+    }
+}
+
+fn granted_to(cmds: &[ControlCommand]) -> BTreeSet<NodeId> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            ControlCommand::Grant { node, .. } => Some(*node),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn with_fencing_only_members_with_a_writer_identity_get_units() {
+    let mut s = state(&[1, 2, 3], 6);
+    with_identity(&mut s, 1, 1);
+    with_identity(&mut s, 2, 1);
+    let lease = fencing(&[1, 2, 3], &[]);
+    check!(granted_to(&plan(&s, &lease)) == BTreeSet::from([1, 2]));
+    // Member 3 gets an identity provisioned first; 1 and 2 need nothing.
+    let work = fence_work(&s, &lease);
+    check!(work.provision == vec![(3, 1)]);
+    check!(work.fence.is_empty());
+    // Without fencing nobody needs one.
+    let plain = Liveness {
+        live: BTreeSet::from([1, 2, 3]),
+        ..Liveness::default()
+    };
+    check!(granted_to(&plan(&s, &plain)) == BTreeSet::from([1, 2, 3]));
+    check!(fence_work(&s, &plain) == FenceWork::default());
+}
+
+#[test]
+fn with_fencing_a_failed_owner_is_fenced_instead_of_revoked() {
+    let mut s = state(&[1, 2], 4);
+    with_identity(&mut s, 1, 3);
+    with_identity(&mut s, 2, 1);
+    let mut index = 10;
+    converge(&mut s, &BTreeSet::from([1, 2]), &mut index);
+    // Member 1 stopped renewing: its lease is still alive, but it is unresponsive.
+    let lease = fencing(&[1, 2], &[1]);
+    let cmds = plan(&s, &lease);
+    check!(!cmds
+        .iter()
+        .any(|c| matches!(c, ControlCommand::Revoke { .. })));
+    check!(granted_to(&cmds).is_empty());
+    let work = fence_work(&s, &lease);
+    check!(work.fence == vec![(1, 3)]);
+    check!(
+        work.provision.is_empty(),
+        "an unresponsive member gets no new identity"
+    );
+    // Decided: member 1 stops writing, but its units wait for the targets' acknowledgement,
+    // and the fence is carried on (by this or a later leader) until then.
+    s.apply(
+        50,
+        &ControlCommand::FenceMember {
+            node: 1,
+            incarnation: 3,
+        },
+    );
+    check!(granted_to(&plan(&s, &lease)).is_empty());
+    let back = fencing(&[1, 2], &[]);
+    check!(fence_work(&s, &back).fence == vec![(1, 3)]);
+    check!(fence_work(&s, &back).provision.is_empty());
+    check!(!plan(&s, &back)
+        .iter()
+        .any(|c| matches!(c, ControlCommand::RequestRelease { .. })));
+    // Acknowledged: its units are free and go to member 2; member 1, back and responsive,
+    // gets incarnation 4.
+    s.apply(
+        51,
+        &ControlCommand::FenceAcknowledged {
+            node: 1,
+            incarnation: 3,
+        },
+    );
+    check!(granted_to(&plan(&s, &lease)) == BTreeSet::from([2]));
+    check!(fence_work(&s, &back).provision == vec![(1, 4)]);
+    check!(!granted_to(&plan(&s, &back)).contains(&1));
+}
+
+#[test]
+fn with_fencing_a_member_in_grace_or_owning_nothing_is_not_fenced() {
+    let mut s = state(&[1, 2], 0);
+    with_identity(&mut s, 1, 1);
+    with_identity(&mut s, 2, 1);
+    check!(fence_work(&s, &fencing(&[2], &[1])).fence.is_empty());
+    s.apply(4, &report(2));
+    let mut index = 10;
+    converge(&mut s, &BTreeSet::from([1, 2]), &mut index);
+    let mut lease = fencing(&[2], &[]);
+    lease.grace = BTreeSet::from([1]);
+    check!(fence_work(&s, &lease).fence.is_empty());
+    lease.grace.clear();
+    check!(fence_work(&s, &lease).fence == vec![(1, 1)]);
+}
+
+#[test]
+fn the_next_incarnation_is_above_every_stale_one() {
+    let mut s = state(&[1], 0);
+    with_identity(&mut s, 1, 5);
+    s.apply(4, &ControlCommand::RemoveMember { node: 1 });
+    s.apply(5, &register(1));
+    let work = fence_work(&s, &fencing(&[1], &[]));
+    check!(work.provision == vec![(1, 6)]);
+    check!(work.retire == vec![(1, 5)]);
 }

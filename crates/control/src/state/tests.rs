@@ -330,3 +330,92 @@ fn unowned_units_count_only_reported_units_without_an_owner() {
     // Unit 2 is retired: not counted; unit 0 (owned) neither.
     check!(s.unowned_units() == 1);
 }
+
+fn identity(node: NodeId, incarnation: u64) -> ControlCommand {
+    ControlCommand::SetWriterIdentity {
+        node,
+        incarnation,
+        password: format!("pw{incarnation}"),
+    }
+}
+
+fn fence(node: NodeId, incarnation: u64) -> ControlCommand {
+    ControlCommand::FenceMember { node, incarnation }
+}
+
+fn acknowledged(node: NodeId, incarnation: u64) -> ControlCommand {
+    ControlCommand::FenceAcknowledged { node, incarnation }
+}
+
+#[test]
+fn a_writer_identity_is_replaced_only_once_fenced_and_only_upwards() {
+    let mut s = setup();
+    check!(s.writer_login(1).is_none());
+    check!(s.apply(20, &identity(1, 1)) == ControlResponse::Done);
+    let_assert!(Some(login) = s.writer_login(1));
+    check!(login.incarnation == 1);
+    check!(login.password == "pw1");
+    // Never over an identity that still has its rights.
+    check!(s.apply(21, &identity(1, 2)) == ControlResponse::Ignored(Rejection::IdentityInUse));
+    check!(s.apply(22, &identity(9, 1)) == ControlResponse::Ignored(Rejection::UnknownMember));
+    check!(s.apply(23, &fence(1, 1)) == ControlResponse::Done);
+    check!(s.writer_login(1).is_none());
+    check!(s.apply(24, &identity(1, 1)) == ControlResponse::Ignored(Rejection::StaleIncarnation));
+    // Fenced but not yet revoked on the targets: still in use.
+    check!(s.apply(24, &identity(1, 2)) == ControlResponse::Ignored(Rejection::IdentityInUse));
+    check!(s.apply(24, &acknowledged(1, 1)) == ControlResponse::Done);
+    check!(s.apply(25, &identity(1, 2)) == ControlResponse::Done);
+    check!(s.writer_login(1).map(|l| l.incarnation) == Some(2));
+    // The replaced identity waits for its user to be deleted.
+    check!(s.stale_identities == BTreeSet::from([(1, 1)]));
+    let forget = ControlCommand::ForgetIdentity {
+        node: 1,
+        incarnation: 1,
+    };
+    check!(s.apply(26, &forget) == ControlResponse::Done);
+    check!(s.apply(27, &forget) == ControlResponse::Ignored(Rejection::UnknownIdentity));
+    check!(s.stale_identities.is_empty());
+}
+
+#[test]
+fn fencing_a_member_takes_all_its_units_and_refuses_its_next_renewal() {
+    let mut s = setup();
+    s.apply(11, &grant(1, 1));
+    s.apply(12, &grant(2, 2));
+    s.apply(13, &identity(1, 4));
+    // A fence of another incarnation changes nothing; an acknowledgement needs a decision.
+    check!(s.apply(14, &fence(1, 3)) == ControlResponse::Ignored(Rejection::StaleIncarnation));
+    check!(
+        s.apply(14, &acknowledged(1, 4)) == ControlResponse::Ignored(Rejection::StaleIncarnation)
+    );
+    check!(s.assignments_of(1).len() == 2);
+    // The decision alone stops the node's writes but leaves its units where they are.
+    check!(s.apply(15, &fence(1, 4)) == ControlResponse::Done);
+    check!(s.writer_login(1).is_none());
+    check!(s.assignments_of(1).len() == 2);
+    // The member renewed after the leader decided: the fence applies anyway (the targets
+    // already refuse the identity).
+    s.apply(15, &ControlCommand::RenewLease { node: 1 });
+    check!(s.apply(16, &acknowledged(1, 4)) == ControlResponse::Done);
+    check!(s.assignments_of(1).is_empty());
+    check!(s.assignments_of(2).len() == 1);
+    check!(s.unowned_units() == 2);
+    let r = s.apply(17, &ControlCommand::RenewLease { node: 1 });
+    check!(
+        r == ControlResponse::Renewed {
+            revoked_since_previous: true
+        }
+    );
+    // Idempotent.
+    check!(s.apply(18, &fence(1, 4)) == ControlResponse::Done);
+    check!(s.apply(18, &acknowledged(1, 4)) == ControlResponse::Done);
+}
+
+#[test]
+fn a_removed_members_identity_becomes_stale() {
+    let mut s = setup();
+    s.apply(11, &identity(2, 1));
+    check!(s.apply(12, &ControlCommand::RemoveMember { node: 2 }) == ControlResponse::Done);
+    check!(!s.identities.contains_key(&2));
+    check!(s.stale_identities == BTreeSet::from([(2, 1)]));
+}

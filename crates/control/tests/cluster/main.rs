@@ -4,6 +4,7 @@ mod util;
 
 mod basic;
 mod faults;
+mod fencing;
 mod membership;
 mod stress;
 mod tls;

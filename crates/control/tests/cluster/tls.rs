@@ -101,7 +101,7 @@ async fn three_nodes_run_over_mutual_tls_and_refuse_peers_without_a_valid_certif
     let tls: BTreeMap<NodeId, TlsFiles> = (1..=3)
         .map(|id| Ok((id, ca.write_node(certs.path(), id, &ca)?)))
         .collect::<Result<_, BoxError>>()?;
-    let cluster = TestCluster::start_with_tls(3, fast_timing(), tls).await?;
+    let cluster = TestCluster::start_with_tls(3, fast_timing(), tls, None).await?;
     let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
     cluster.report_units(leader, 3).await?;
     cluster
@@ -148,7 +148,7 @@ async fn a_node_with_a_foreign_certificate_is_shut_out_until_its_files_are_repla
     // Node 3 trusts the right CA but presents a certificate of another one.
     let files3 = foreign.write_node(certs.path(), 3, &ca)?;
     tls.insert(3, files3.clone());
-    let cluster = TestCluster::start_with_tls(3, fast_timing(), tls).await?;
+    let cluster = TestCluster::start_with_tls(3, fast_timing(), tls, None).await?;
     let leader = cluster
         .wait_leader_among(&[1, 2], Duration::from_secs(10))
         .await?;

@@ -7,7 +7,7 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use replicator_control::{
-    ClusterSecret, Control, ControlMetrics, ControlParams, ControlTiming, TlsFiles,
+    ClusterSecret, Control, ControlMetrics, ControlParams, ControlTiming, Fencing, TlsFiles,
 };
 use replicator_model::{Assignment, NodeId, OffsetCommit, UnitCounters, WorkUnit};
 use tokio::task::JoinHandle;
@@ -58,6 +58,8 @@ pub(crate) struct TestCluster {
     pub(crate) timing: ControlTiming,
     /// Per node: its TLS files (empty: plain HTTP).
     pub(crate) tls: BTreeMap<NodeId, TlsFiles>,
+    /// Fencing at the targets, the same for every node (`None`: leases only).
+    pub(crate) fencing: Option<Fencing>,
 }
 
 /// A loopback listener on a port the OS picked.
@@ -70,7 +72,16 @@ impl TestCluster {
         n: u64,
         timing: ControlTiming,
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
-        Self::start_with_tls(n, timing, BTreeMap::new()).await
+        Self::start_with_tls(n, timing, BTreeMap::new(), None).await
+    }
+
+    /// [`Self::start`] with fencing at the targets through `fencing`.
+    pub(crate) async fn start_fenced(
+        n: u64,
+        timing: ControlTiming,
+        fencing: Fencing,
+    ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        Self::start_with_tls(n, timing, BTreeMap::new(), Some(fencing)).await
     }
 
     /// [`Self::start`] with [`fast_timing`], once every node agrees on a leader (at most 10 s);
@@ -98,6 +109,7 @@ impl TestCluster {
         n: u64,
         timing: ControlTiming,
         tls: BTreeMap<NodeId, TlsFiles>,
+        fencing: Option<Fencing>,
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         init_tracing();
         let dir = tempfile::tempdir()?;
@@ -118,6 +130,7 @@ impl TestCluster {
             releasers: BTreeMap::new(),
             timing,
             tls,
+            fencing,
         };
         for (id, listener) in listeners {
             cluster.launch(id, Some(listener)).await?;
@@ -140,6 +153,7 @@ impl TestCluster {
             initial_members: self.initial.clone(),
             timing: self.timing.clone(),
             tls: self.tls.get(&id).cloned(),
+            fencing: self.fencing.clone(),
         }
     }
 
