@@ -14,8 +14,73 @@ pub const OFFSET_KEY: &str = "repl-offset";
 /// only when it differs from the source (from the second hop on): without it the source is the
 /// origin, and a first-hop message carries 23 bytes less.
 pub const ORIGIN_KEY: &str = "repl-origin";
-/// Key of the creation time (µs) of the upstream topic incarnation (Uint64).
+/// Key of the upstream partition's history the message was copied from (Uint64): the creation
+/// time (µs) of the upstream topic, plus its reset generation in the high bits once the
+/// partition was reset (purged) under the replicator; see [`Incarnation`].
 pub const CREATED_KEY: &str = "repl-created";
+
+/// Low bits of an incarnation label that hold the topic's creation time (µs since the Unix
+/// epoch; 2^52 µs reach the year 2112).
+const CREATED_BITS: u32 = 52;
+/// Mask of the creation time in a label.
+const CREATED_MASK: u64 = (1 << CREATED_BITS) - 1;
+
+/// One history of an upstream partition, as `repl-created` labels it and offsets are confirmed
+/// under (`topic_created_at` of commits and progress): the creation time of the upstream topic
+/// and how many times the replicator saw the partition reset (purged: offsets restart at 0)
+/// since then.
+///
+/// A deleted and recreated topic gets a new creation time; a purge does not, so the
+/// replicator counts it in `generation`. The label of generation 0 is the creation time itself,
+/// so labels written before generations existed read back unchanged; a reset partition is
+/// labelled `created_at | generation << 52`. Offsets are comparable only within one
+/// incarnation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Incarnation {
+    /// Creation time (µs) of the upstream topic (its low 52 bits).
+    pub created_at: u64,
+    /// Resets of the partition seen since the topic was created.
+    pub generation: u16,
+}
+
+impl Incarnation {
+    /// The most resets one topic's partition can be labelled with (12 bits).
+    pub const MAX_GENERATION: u16 = (1 << (64 - CREATED_BITS)) - 1;
+
+    /// The first history of a topic created at `created_at` (µs).
+    pub fn first(created_at: u64) -> Self {
+        Self {
+            created_at: created_at & CREATED_MASK,
+            generation: 0,
+        }
+    }
+
+    /// The incarnation a label (`repl-created`, a commit's `topic_created_at`) names.
+    pub fn from_label(label: u64) -> Self {
+        Self {
+            created_at: label & CREATED_MASK,
+            generation: (label >> CREATED_BITS) as u16,
+        }
+    }
+
+    /// The label stamped in `repl-created` and committed as `topic_created_at`.
+    pub fn label(self) -> u64 {
+        (self.created_at & CREATED_MASK) | u64::from(self.generation) << CREATED_BITS
+    }
+
+    /// Whether this is a history of the topic created at `created_at` (µs).
+    pub fn is_of(self, created_at: u64) -> bool {
+        self.created_at == created_at & CREATED_MASK
+    }
+
+    /// The history after a reset; `None` past [`Incarnation::MAX_GENERATION`].
+    pub fn next(self) -> Option<Self> {
+        (self.generation < Self::MAX_GENERATION).then_some(Self {
+            created_at: self.created_at,
+            generation: self.generation + 1,
+        })
+    }
+}
 
 /// Iggy's header kind code for UTF-8 strings.
 const KIND_STRING: u8 = 2;
@@ -141,6 +206,15 @@ pub fn find(user_headers: Option<&[u8]>) -> Found<'_> {
         }
     }
     found
+}
+
+/// Whether `copy` (a downstream message) is a copy of `original` (an upstream one): the same
+/// id, origin timestamp, payload and user headers apart from provenance.
+pub fn same_copy(original: &iggy::prelude::IggyMessage, copy: &iggy::prelude::IggyMessage) -> bool {
+    original.header.id == copy.header.id
+        && original.header.origin_timestamp == copy.header.origin_timestamp
+        && original.payload == copy.payload
+        && strip(original.user_headers.as_deref()) == strip(copy.user_headers.as_deref())
 }
 
 /// Whether the headers hold any entry of ours (cheap pre-check before rewriting).
@@ -414,6 +488,65 @@ mod tests {
         let mut big = BytesMut::new();
         put_entry(&mut big, "k", KIND_STRING, &vec![b'x'; 99_939]);
         check!(stamper.stamp_into(&mut arena, Some(&big), 1).is_none());
+    }
+
+    #[test]
+    fn incarnation_labels_keep_creation_times_and_count_resets_in_the_high_bits() {
+        let created = 1_700_000_000_000_000;
+        let first = Incarnation::first(created);
+        // Generation 0 is labelled with the creation time itself (labels of before).
+        check!(first.label() == created);
+        check!(Incarnation::from_label(created) == first);
+        check!(first.is_of(created));
+        let purged = first.next().expect("room for resets");
+        check!(purged.generation == 1);
+        check!(purged.label() != created);
+        check!(Incarnation::from_label(purged.label()) == purged);
+        check!(purged.is_of(created));
+        check!(!purged.is_of(created + 1));
+        // Later histories order after earlier ones.
+        check!(purged > first);
+        let last = Incarnation {
+            created_at: created,
+            generation: Incarnation::MAX_GENERATION,
+        };
+        check!(Incarnation::from_label(last.label()) == last);
+        check!(last.next().is_none());
+    }
+
+    #[test]
+    fn a_copy_matches_its_original_apart_from_provenance() {
+        let message = |id: u128, payload: &'static [u8], origin: u64, headers: Option<Bytes>| {
+            let mut m = IggyMessage::builder()
+                .id(id)
+                .payload(Bytes::from_static(payload))
+                .build()
+                .expect("valid");
+            m.header.origin_timestamp = origin;
+            m.user_headers = headers;
+            m
+        };
+        let user = user_headers(&[("k", "v")]);
+        let original = message(7, b"payload", 42, Some(user.clone()));
+        let stamped = stamp(Some(&user), &stamp_of("us", 3));
+        check!(same_copy(
+            &original,
+            &message(7, b"payload", 42, stamped.clone())
+        ));
+        check!(!same_copy(
+            &original,
+            &message(8, b"payload", 42, stamped.clone())
+        ));
+        check!(!same_copy(
+            &original,
+            &message(7, b"another", 42, stamped.clone())
+        ));
+        check!(!same_copy(&original, &message(7, b"payload", 43, stamped)));
+        let without_user = stamp(None, &stamp_of("us", 3));
+        check!(!same_copy(
+            &original,
+            &message(7, b"payload", 42, without_user)
+        ));
     }
 
     #[test]

@@ -7,6 +7,13 @@
 //! its topic's activity watcher (`activity`), which wakes it when metadata shows a message it
 //! has not read, with a slow safety-net poll in case the metadata is wrong.
 //!
+//! A poll answer whose partition end (`current_offset`) is below what the reader already read
+//! means the partition was reset (purged, or the topic deleted and recreated with fewer
+//! messages): the reader stops polling, its writer drains what was read before, and the pair
+//! ends; the next pair's writer finds out what happened (new creation time, new history) before
+//! it sends anything (`writer::resume`), so that nothing of the new history is skipped or
+//! copied under the old one's label.
+//!
 //! The pair's stop token ends every wait of the reader (for the writer's start signal, for
 //! room in the channel, for its next poll, for a retry) at once; a poll in progress is finished
 //! first. The reader ending closes the channel, which is the writer's signal to drain.
@@ -102,7 +109,7 @@ impl<C: ControlPlane> Reader<C> {
                 return Ok("stopped");
             }
             let woken = match self.poll_once().await {
-                Ok(Some(batch)) => {
+                Ok(Polled::Batch(batch)) => {
                     self.backoff.reset();
                     self.empty_polls = 0;
                     tokio::select! {
@@ -114,7 +121,16 @@ impl<C: ControlPlane> Reader<C> {
                         },
                     }
                 }
-                Ok(None) => {
+                Ok(Polled::Reset { current_offset }) => {
+                    tracing::warn!(
+                        next = self.next.offset,
+                        current_offset,
+                        "upstream partition went back below what was read (purged or \
+                         recreated); the unit restarts to copy its new history"
+                    );
+                    return Ok("upstream partition reset");
+                }
+                Ok(Polled::Empty) => {
                     self.backoff.reset();
                     self.empty_polls = self.empty_polls.saturating_add(1);
                     self.wait_idle().await
@@ -179,8 +195,8 @@ impl<C: ControlPlane> Reader<C> {
         }
     }
 
-    /// Polls once from `next`; a batch when the partition held something from there on.
-    async fn poll_once(&mut self) -> Result<Option<Batch>> {
+    /// Polls once from `next`: a batch when the partition held something from there on.
+    async fn poll_once(&mut self) -> Result<Polled> {
         let from = self.next;
         let shared = &self.shared;
         let (stream, topic, consumer) = self.ids.clone();
@@ -214,8 +230,13 @@ impl<C: ControlPlane> Reader<C> {
         let mut messages = polled.messages;
         messages.retain(|m| m.header.offset >= from.offset);
         let (Some(first), Some(last)) = (messages.first(), messages.last()) else {
+            if went_back(from, polled.current_offset) {
+                return Ok(Polled::Reset {
+                    current_offset: polled.current_offset,
+                });
+            }
             shared.meters.upstream_end(from.offset);
-            return Ok(None);
+            return Ok(Polled::Empty);
         };
         let (first, last) = (first.header.offset, last.header.offset);
         shared
@@ -236,8 +257,31 @@ impl<C: ControlPlane> Reader<C> {
             offset: last.saturating_add(1),
             contiguous: true,
         };
-        Ok(Batch::new(messages, gap))
+        Ok(Batch::new(messages, gap).map_or(Polled::Empty, Polled::Batch))
     }
+}
+
+/// What one poll found.
+enum Polled {
+    /// Messages from the reader's next offset on.
+    Batch(Batch),
+    /// Nothing new.
+    Empty,
+    /// The partition ends below what the reader already read.
+    Reset {
+        /// The partition's last offset in the poll answer.
+        current_offset: u64,
+    },
+}
+
+/// Whether a poll from `from` that found nothing, answered with the partition's last offset
+/// `current_offset`, shows that the partition went back: the reader read up to `from.offset -
+/// 1` before, so the end must be at least there. Only after copied data (`contiguous`): an
+/// initial offset beyond the end just waits for it. A partition reset to exactly the reader's
+/// position cannot be told from one that did not grow (the writer's resume still checks the
+/// partition whenever the unit restarts).
+fn went_back(from: ReadFrom, current_offset: u64) -> bool {
+    from.contiguous && current_offset.saturating_add(1) < from.offset
 }
 
 /// Empty polls in a row after which a partition counts as idle and its polls slow down. A
@@ -305,6 +349,27 @@ mod tests {
     use assert2::check;
 
     use super::*;
+
+    #[test]
+    fn a_partition_end_below_what_was_read_is_a_reset() {
+        let after = |offset| ReadFrom {
+            offset,
+            contiguous: true,
+        };
+        // Read up to 99: an end at 99 is no news, one below it went back.
+        check!(!went_back(after(100), 99));
+        check!(went_back(after(100), 98));
+        check!(went_back(after(100), 0));
+        // Nothing read yet below 0 and 1 (a purge to one message at 0 looks the same).
+        check!(!went_back(after(0), 0));
+        check!(!went_back(after(1), 0));
+        // An initial offset beyond the end waits for it.
+        let initial = ReadFrom {
+            offset: 100,
+            contiguous: false,
+        };
+        check!(!went_back(initial, 5));
+    }
 
     #[test]
     fn idle_pause_doubles_up_to_the_idle_interval() {

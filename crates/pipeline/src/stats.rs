@@ -87,6 +87,11 @@ pub(crate) struct UnitMeters {
     restarts: AtomicU64,
     /// Gap events.
     gaps: AtomicU64,
+    /// Integrity events (see the fields of the same names in [`UnitStats`]).
+    upstream_resets: AtomicU64,
+    downstream_losses: AtomicU64,
+    messages_recopied: AtomicU64,
+    tail_scans_exhausted: AtomicU64,
     /// Epoch of the running pair.
     epoch: AtomicU64,
     /// Recent gap events.
@@ -110,6 +115,10 @@ impl UnitMeters {
             skipped_loop: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
             gaps: AtomicU64::new(0),
+            upstream_resets: AtomicU64::new(0),
+            downstream_losses: AtomicU64::new(0),
+            messages_recopied: AtomicU64::new(0),
+            tail_scans_exhausted: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             gap_events: Mutex::new(VecDeque::new()),
             latencies: Mutex::new(VecDeque::new()),
@@ -170,6 +179,27 @@ impl UnitMeters {
         ring.push_back(gap);
     }
 
+    /// Records that the unit's upstream partition started a new history (topic recreated, or
+    /// partition reset).
+    pub(crate) fn upstream_reset(&self) {
+        self.upstream_resets.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records that the target lost confirmed messages of the unit.
+    pub(crate) fn downstream_loss(&self) {
+        self.downstream_losses.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records `n` confirmed messages the target had lost, written again.
+    pub(crate) fn recopied(&self, n: u64) {
+        self.messages_recopied.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Records a tail scan that reached its bound without finding a message of the unit.
+    pub(crate) fn tail_scan_exhausted(&self) {
+        self.tail_scans_exhausted.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Records how long an upstream poll took.
     pub(crate) fn polled(&self, elapsed: Duration) {
         self.observer.0.polled(&self.flow, elapsed);
@@ -224,6 +254,10 @@ impl UnitMeters {
             restarts: self.restarts.load(Ordering::Relaxed),
             gaps: self.gaps.load(Ordering::Relaxed),
             recent_gaps: lock(&self.gap_events).iter().copied().collect(),
+            upstream_resets: self.upstream_resets.load(Ordering::Relaxed),
+            downstream_losses: self.downstream_losses.load(Ordering::Relaxed),
+            messages_recopied: self.messages_recopied.load(Ordering::Relaxed),
+            tail_scans_exhausted: self.tail_scans_exhausted.load(Ordering::Relaxed),
             latency_samples: lock(&self.latencies).iter().copied().collect(),
         }
     }
@@ -319,6 +353,22 @@ pub struct UnitStats {
     pub gaps: u64,
     /// The most recent gap events (up to 64).
     pub recent_gaps: Vec<Gap>,
+    /// Times the upstream partition started a new history while the unit copied it: the topic
+    /// was deleted and recreated, or the partition was reset (purged); the new history is
+    /// copied from its start under a new provenance label.
+    pub upstream_resets: u64,
+    /// Times a writer found that the target lost messages it had acknowledged and the control
+    /// plane confirmed (the last message of the unit downstream is below the confirmed offset,
+    /// or the downstream partition is empty).
+    pub downstream_losses: u64,
+    /// Messages written again after such a loss (those upstream retention removed meanwhile
+    /// are gap events instead).
+    pub messages_recopied: u64,
+    /// Tail scans that read `tail_scan_window` messages without finding one of the unit (only
+    /// when nothing is confirmed for the topic yet; with a confirmed offset the scan has no
+    /// bound): writes of an earlier owner further back that were never confirmed are copied
+    /// again.
+    pub tail_scans_exhausted: u64,
     /// Recent replication latencies: downstream acknowledgement time minus upstream append
     /// time of the batch's last message (up to 1024 samples).
     pub latency_samples: Vec<Duration>,
@@ -366,6 +416,21 @@ mod tests {
         check!(s.latency_samples.len() == LATENCY_SAMPLES);
         check!(s.recent_gaps.len() == GAP_EVENTS);
         check!(s.gaps == 100);
+        let events = |s: &UnitStats| {
+            (
+                s.upstream_resets,
+                s.downstream_losses,
+                s.messages_recopied,
+                s.tail_scans_exhausted,
+            )
+        };
+        check!(events(&s) == (0, 0, 0, 0));
+        m.upstream_reset();
+        m.downstream_loss();
+        m.recopied(7);
+        m.recopied(3);
+        m.tail_scan_exhausted();
+        check!(events(&m.snapshot(&u, t0)) == (1, 1, 10, 1));
         check!(s.messages_per_second > 0.0);
     }
 

@@ -29,21 +29,24 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::{Consumer, IggyMessage, IggyTimestamp, MessageClient, Partitioning};
+use iggy::prelude::Partitioning;
+use iggy::prelude::{Consumer, Identifier, IggyMessage, IggyTimestamp, MessageClient};
 use iggy::prelude::{PollingStrategy, TopicClient};
-use replicator_model::{Assignment, CommitOutcome, Offset, OffsetCommit};
+use replicator_model::{Assignment, CommitOutcome, Offset, OffsetCommit, UnitProgress};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use self::commit::{CommitRequest, CommitTracker, Settled};
 pub(crate) use self::prepare::{prepare, PrepareParams};
-use self::resume::{PartitionExtent, ResumeFacts, TailEntry, TailPoll, TailScan, TailStep};
+use self::resume::{PartitionExtent, Position, ResumeFacts, ResumePlan, TailCheck, TailEntry};
+use self::resume::{TailHit, TailOutcome, TailPoll, TailScan, TailStep};
 use self::send::{epoch_is_current, send_verdict, SendVeto};
 use crate::backoff::Backoff;
+use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
 use crate::error::{Error, Result};
 use crate::offsets::ReadFrom;
-use crate::provenance;
+use crate::provenance::{self, Incarnation};
 use crate::unit::{named, Batch, UnitShared};
 
 /// How long a writer whose lease is not valid long enough waits before looking again.
@@ -78,6 +81,7 @@ pub(crate) async fn run<C: ControlPlane>(args: WriterArgs<C>) -> Result<&'static
         rx,
         stop,
         topic_created_at: 0,
+        recopy_until: None,
         commit_call: None,
         held: None,
         resync: false,
@@ -100,8 +104,12 @@ struct Writer<C> {
     stop: CancellationToken,
     /// This node's assignments, to tell a unit that moved away from a lease too short.
     assignments: watch::Receiver<Vec<Assignment>>,
-    /// Creation time (µs) of the upstream topic incarnation being copied.
+    /// Label of the upstream history being copied ([`Incarnation::label`]: the topic's creation
+    /// time (µs), plus the partition's resets).
     topic_created_at: u64,
+    /// Messages up to this offset were confirmed before and lost downstream: sending them again
+    /// counts as a re-copy.
+    recopy_until: Option<Offset>,
     commits: CommitTracker,
     /// The call of the commit `commits` has in flight.
     commit_call: Option<CommitCall>,
@@ -152,6 +160,9 @@ impl<C: ControlPlane> Writer<C> {
             }
             let err = match self.resume().await {
                 Ok(from) => break from,
+                Err(_) if self.stop.is_cancelled() => {
+                    return self.drain("stopped before start").await
+                }
                 Err(err) => err,
             };
             let delay = self.retry_delay(err)?;
@@ -185,6 +196,10 @@ impl<C: ControlPlane> Writer<C> {
                 Ok(Sent::Vetoed(SendVeto::LeaseExpiring)) => {
                     tracing::debug!("lease not valid long enough to send; holding the batch");
                     LEASE_RECHECK
+                }
+                // A stop interrupted the tail re-read: no failure to count.
+                Err(_) if self.stop.is_cancelled() => {
+                    return self.drain("stopped while holding a batch").await
                 }
                 Err(err) => self.retry_delay(err)?,
             };
@@ -266,27 +281,29 @@ impl<C: ControlPlane> Writer<C> {
         if !down.partitions.iter().any(|p| p.id == unit.partition) {
             return Err(missing());
         }
-        let tail = if shared.flow.provenance {
-            scan_tail(&shared, created_at).await?
+        let (tail, tail_check) = if shared.flow.provenance {
+            let reference = resume::reference(progress, created_at);
+            let tail = scan_tail(&shared, created_at, reference, &self.stop).await?;
+            let check = match tail {
+                TailOutcome::Hit(hit) => check_tail(&shared, hit).await?,
+                TailOutcome::Absent(_) => TailCheck::Unknown,
+            };
+            (Some(tail), check)
         } else {
-            None
+            (None, TailCheck::Unknown)
         };
         let plan = resume::plan(&ResumeFacts {
             progress,
             created_at,
             tail,
+            tail_check,
             initial: shared.flow.initial_offset,
             extent,
-        });
-        if let Some(forgotten) = plan.forgotten {
-            tracing::warn!(
-                confirmed = forgotten,
-                old_created_at = progress.map_or(0, |p| p.topic_created_at),
-                created_at,
-                "upstream topic was recreated; starting it from the initial offset"
-            );
-        }
-        self.topic_created_at = created_at;
+        })
+        .map_err(|_| Error::ResetsExhausted { unit: unit.clone() })?;
+        report(&shared, &plan, progress, extent, tail_check);
+        self.recopy_until = plan.loss.map(|loss| loss.to);
+        self.topic_created_at = plan.incarnation.label();
         self.commits.resumed(plan.written, plan.confirmed);
         shared.meters.resumed_after(plan.written);
         shared.meters.set_epoch(shared.epoch);
@@ -294,6 +311,7 @@ impl<C: ControlPlane> Writer<C> {
             offset = plan.from.offset,
             confirmed = ?plan.confirmed,
             tail = ?tail,
+            generation = plan.incarnation.generation,
             "unit resumes"
         );
         Ok(plan.from)
@@ -303,8 +321,17 @@ impl<C: ControlPlane> Writer<C> {
     async fn send_held(&mut self) -> Result<Sent> {
         let shared = self.shared.clone();
         if self.resync {
-            let tail = scan_tail(&shared, self.topic_created_at).await?;
-            self.commits.covered(tail);
+            let copying = Incarnation::from_label(self.topic_created_at);
+            let written = self.commits.written().map(|offset| Position {
+                generation: copying.generation,
+                offset,
+            });
+            let tail = scan_tail(&shared, copying.created_at, written, &self.stop).await?;
+            if let TailOutcome::Hit(hit) = tail {
+                if hit.position.generation == copying.generation {
+                    self.commits.covered(Some(hit.position.offset));
+                }
+            }
             self.resync = false;
         }
         let Some(batch) = self.held.as_mut() else {
@@ -326,6 +353,9 @@ impl<C: ControlPlane> Writer<C> {
             source: Box::new(iggy::prelude::IggyError::TooBigUserHeaders),
         })?;
         let (gap, last_offset) = (batch.gap, batch.last_offset);
+        let recopied = self.recopy_until.map_or(0, |until| {
+            batch.messages.partition_point(|m| m.header.offset <= until) as u64
+        });
         if !batch.messages.is_empty() {
             if let Err(veto) = send_check(&shared, &self.assignments) {
                 return Ok(Sent::Vetoed(veto));
@@ -369,6 +399,9 @@ impl<C: ControlPlane> Writer<C> {
                 now_us.saturating_sub(prepared.newest_timestamp),
             ));
             shared.meters.written(last_offset, count, prepared.bytes);
+            if recopied > 0 {
+                shared.meters.recopied(recopied);
+            }
             self.commits.sent(count, prepared.bytes);
             tracing::debug!(offset = last_offset, count, "sent");
         }
@@ -381,6 +414,9 @@ impl<C: ControlPlane> Writer<C> {
             self.commits.gap();
         }
         self.commits.covered(Some(last_offset));
+        if self.recopy_until.is_some_and(|until| last_offset >= until) {
+            self.recopy_until = None;
+        }
         shared.meters.handled_through(last_offset);
         Ok(Sent::Done)
     }
@@ -461,6 +497,66 @@ impl<C: ControlPlane> Writer<C> {
     }
 }
 
+/// Counts and logs what a resume plan found out: a recreated topic, a reset upstream
+/// partition, messages the target lost, a tail scan that reached its bound.
+fn report<C>(
+    shared: &UnitShared<C>,
+    plan: &ResumePlan,
+    progress: Option<UnitProgress>,
+    extent: PartitionExtent,
+    tail_check: TailCheck,
+) {
+    if let Some(forgotten) = plan.forgotten {
+        shared.meters.upstream_reset();
+        tracing::warn!(
+            confirmed = forgotten,
+            old_created_at = progress.map_or(0, |p| p.topic_created_at),
+            created_at = plan.incarnation.created_at,
+            "upstream topic was recreated; starting it from the initial offset"
+        );
+    }
+    if let Some(last) = plan.reset {
+        shared.meters.upstream_reset();
+        tracing::warn!(
+            last_copied = last.offset,
+            generation = plan.incarnation.generation,
+            upstream_current_offset = extent.current_offset,
+            upstream_messages = extent.messages_count,
+            refilled = tail_check == TailCheck::Differs,
+            "upstream partition was reset (purged, or its server lost its newest messages): \
+             copying its new history from offset 0 as a new incarnation"
+        );
+    }
+    if let Some(loss) = plan.loss {
+        shared.meters.downstream_loss();
+        tracing::warn!(
+            from = loss.from,
+            to = loss.to,
+            lost = loss.to - loss.from + 1,
+            "downstream lost confirmed messages (the target acknowledged them before it \
+             persisted them); copying them again"
+        );
+    }
+    if plan.scan_exhausted {
+        shared.meters.tail_scan_exhausted();
+        let window = shared.tuning.tail_scan_window;
+        // A unit that never committed has nothing an earlier owner could have written
+        // unconfirmed, except in its very first moments.
+        if progress.is_some() {
+            tracing::warn!(
+                window,
+                "no message of this flow in the newest downstream messages scanned; writes \
+                 of an earlier owner further back that were not confirmed are copied again"
+            );
+        } else {
+            tracing::info!(
+                window,
+                "no message of this flow in the downstream tail scanned"
+            );
+        }
+    }
+}
+
 /// When a pause of `delay` that starts now ends.
 fn pause_end(delay: Duration) -> tokio::time::Instant {
     tokio::time::Instant::now() + delay
@@ -488,21 +584,41 @@ fn send_check<C: ControlPlane>(
     )
 }
 
-/// The upstream offset of the last message this flow wrote to the downstream partition for
-/// the topic incarnation created at `created_at`: reads the pages [`TailScan`] asks for.
-async fn scan_tail<C>(shared: &UnitShared<C>, created_at: u64) -> Result<Option<Offset>> {
+/// The last message this flow wrote to the downstream partition for the upstream topic created
+/// at `created_at` (any of its histories): reads the pages [`TailScan`] asks for, looking for
+/// `reference` (the confirmed position) without a bound, or within the scan window without
+/// one. Ends with [`Error::Interrupted`] when the pair is stopped between two pages.
+async fn scan_tail<C>(
+    shared: &UnitShared<C>,
+    created_at: u64,
+    reference: Option<Position>,
+    stop: &CancellationToken,
+) -> Result<TailOutcome> {
     let (stream, topic) = shared.downstream_ids()?;
     let partition = shared.unit.partition;
     let consumer = Consumer::new(named("iggy-replicator.tail", &shared.unit)?);
     let source = shared.source.alias();
     let ours = |m: &IggyMessage| {
         let found = provenance::find(m.user_headers.as_deref());
-        (found.source == Some(source) && found.topic_created_at == Some(created_at))
-            .then_some(found.offset)
-            .flatten()
+        if found.source != Some(source) {
+            return None;
+        }
+        let incarnation = Incarnation::from_label(found.topic_created_at?);
+        incarnation.is_of(created_at).then_some(Position {
+            generation: incarnation.generation,
+            offset: found.offset?,
+        })
     };
-    let (mut scan, mut poll) = TailScan::start(shared.tuning.tail_scan_window);
+    let window = shared.tuning.tail_scan_window;
+    let (mut scan, mut poll) = TailScan::start(window, reference);
+    let mut pages = 0u64;
     loop {
+        if stop.is_cancelled() {
+            return Err(Error::Interrupted {
+                unit: shared.unit.clone(),
+                op: "downstream tail scan",
+            });
+        }
         let (strategy, count) = match poll {
             TailPoll::Last { count } => (PollingStrategy::last(), count),
             TailPoll::From { offset, count } => (PollingStrategy::offset(offset), count),
@@ -527,5 +643,82 @@ async fn scan_tail<C>(shared: &UnitShared<C>, created_at: u64) -> Result<Option<
             TailStep::Poll(next) => poll = next,
             TailStep::Done(found) => return Ok(found),
         }
+        pages += 1;
+        if pages.is_multiple_of(100) {
+            tracing::info!(
+                scanned = scan.scanned(),
+                reference = ?reference,
+                "still scanning the downstream tail for the last message of this flow"
+            );
+        }
     }
+}
+
+/// Whether upstream still holds, at the offset of `hit`, the message copied there: a reset
+/// partition refilled past the unit's position holds other messages at the same offsets.
+async fn check_tail<C>(shared: &UnitShared<C>, hit: TailHit) -> Result<TailCheck> {
+    let consumer = Consumer::new(named("iggy-replicator.check", &shared.unit)?);
+    let at = |ids, offset| Message {
+        ids,
+        partition: shared.unit.partition,
+        offset,
+        consumer: consumer.clone(),
+    };
+    let slot = shared.slot();
+    let copied = poll_one(
+        &shared.target,
+        slot,
+        at(shared.downstream_ids()?, hit.downstream),
+    );
+    let copied = copied.await?;
+    let original = poll_one(
+        &shared.source,
+        slot,
+        at(shared.upstream_ids()?, hit.position.offset),
+    );
+    Ok(match (original.await?, copied) {
+        (Some(original), Some(copied)) if provenance::same_copy(&original, &copied) => {
+            TailCheck::Same
+        }
+        (Some(_), Some(_)) => TailCheck::Differs,
+        _ => TailCheck::Unknown,
+    })
+}
+
+/// Where one message is read.
+struct Message {
+    /// Stream and topic.
+    ids: (Identifier, Identifier),
+    partition: u32,
+    offset: Offset,
+    consumer: Consumer,
+}
+
+/// The message at `at`, if the partition holds that offset.
+async fn poll_one(cluster: &Cluster, slot: usize, at: Message) -> Result<Option<IggyMessage>> {
+    let Message {
+        ids: (stream, topic),
+        partition,
+        offset,
+        consumer,
+    } = at;
+    let polled = cluster
+        .call(slot, "poll_messages (tail check)", |c| async move {
+            let strategy = PollingStrategy::offset(offset);
+            c.poll_messages(
+                &stream,
+                &topic,
+                Some(partition),
+                &consumer,
+                &strategy,
+                1,
+                false,
+            )
+            .await
+        })
+        .await?;
+    Ok(polled
+        .messages
+        .into_iter()
+        .find(|m| m.header.offset == offset))
 }

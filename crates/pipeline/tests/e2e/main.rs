@@ -7,5 +7,6 @@ mod edges;
 mod fencing;
 mod harness;
 mod idle;
+mod integrity;
 mod release;
 mod topics;
