@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iggy::prelude::{Client, ClientWrapper, IggyClient, IggyError, TcpClient, TcpClientConfig};
-use iggy_common::{ConnectionString, TcpConnectionStringOptions};
+use iggy_common::{AutoLogin, ConnectionString, Credentials, TcpConnectionStringOptions};
 use tokio::sync::Mutex;
 
 use crate::activity::ActivityRegistry;
@@ -66,6 +66,9 @@ pub(crate) struct Cluster {
     /// Per-topic activity watchers of the readers reading from this cluster (kept here because
     /// every unit of the instance shares the cluster, and so that `close` ends them).
     activity: ActivityRegistry,
+    /// Set by `retire`: no connection is opened any more (a writer identity that was fenced or
+    /// replaced must never log in again).
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl Cluster {
@@ -97,7 +100,36 @@ impl Cluster {
             open: std::sync::atomic::AtomicUsize::new(0),
             timeout,
             activity: ActivityRegistry::default(),
+            retired: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Like [`Cluster::new`], but every connection logs in as `username` instead of with the
+    /// connection string's credential (a writer identity).
+    pub(crate) fn with_login(
+        alias: &str,
+        connection_string: &str,
+        connections: usize,
+        timeout: Duration,
+        username: &str,
+        password: &str,
+    ) -> Result<Self> {
+        let mut cluster = Self::new(alias, connection_string, connections, timeout)?;
+        let mut config = (*cluster.config).clone();
+        config.auto_login = AutoLogin::Enabled(Credentials::UsernamePassword(
+            username.to_owned(),
+            secrecy::SecretString::from(password.to_owned()),
+        ));
+        cluster.config = Arc::new(config);
+        Ok(cluster)
+    }
+
+    /// Closes every connection and refuses to open new ones: calls fail with
+    /// [`Error::WriterRetired`] from now on.
+    pub(crate) async fn retire(&self) {
+        self.retired
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.close().await;
     }
 
     /// The cluster alias.
@@ -123,6 +155,11 @@ impl Cluster {
     async fn get(&self, slot: usize) -> Result<Conn> {
         let slot = slot % self.slots.len();
         let mut guard = self.slots[slot].current.lock().await;
+        if self.retired.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::WriterRetired {
+                cluster: self.alias.clone(),
+            });
+        }
         if let Some(conn) = &guard.0 {
             return Ok(conn.clone());
         }

@@ -6,7 +6,9 @@
 use std::future::Future;
 use std::time::Instant;
 
-use replicator_model::{Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit};
+use replicator_model::{
+    Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit, WriterLogin,
+};
 use tokio::sync::watch;
 
 /// A control-plane failure as the pipeline sees it.
@@ -43,6 +45,13 @@ pub trait ControlPlane: Clone + Send + Sync + 'static {
             .iter()
             .any(|a| a.epoch == epoch && a.unit == *unit);
         owned.then_some(lease)
+    }
+
+    /// This node's writer identity for the fenced target clusters (`None`: none yet, or
+    /// fenced). The default never has one: for control planes without fencing, whose
+    /// pipelines have no fenced targets.
+    fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
+        watch::channel(None).1
     }
 
     /// Confirmed progress of a unit from the local state, `None` if it was never committed.

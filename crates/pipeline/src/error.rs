@@ -52,6 +52,36 @@ pub enum Error {
         /// Partition id.
         partition: u32,
     },
+    /// This node's writer identity on the target was fenced or replaced: the unit's writer
+    /// stops, and a pair started under the new identity re-reads the downstream tail.
+    #[error(
+        "iggy cluster `{cluster}`: this node's writer identity was retired (fenced or replaced)"
+    )]
+    WriterRetired {
+        /// The target cluster alias.
+        cluster: String,
+    },
+    /// A unit's upstream partition was reset (purged) more often than provenance labels can
+    /// count (`provenance::Incarnation::MAX_GENERATION`): its new history cannot be told apart
+    /// from the old ones downstream, so the unit does not copy it.
+    #[error(
+        "upstream partition of {unit} was reset more than {} times; recreate the topic to \
+         copy it again",
+        crate::provenance::Incarnation::MAX_GENERATION
+    )]
+    ResetsExhausted {
+        /// The unit.
+        unit: WorkUnit,
+    },
+    /// A unit task was stopped in the middle of a multi-step operation (the downstream tail
+    /// scan); the unit's next pair starts it again.
+    #[error("{op} of {unit} interrupted by a stop")]
+    Interrupted {
+        /// The unit.
+        unit: WorkUnit,
+        /// What was interrupted.
+        op: &'static str,
+    },
     /// The coordinator actor could not be spawned.
     #[error("actor {name}: {reason}")]
     Actor {
@@ -83,8 +113,12 @@ impl Error {
         match self {
             Error::Iggy { source, .. } => is_connection_error(source) || is_missing(source),
             Error::Timeout { .. } | Error::DownstreamMissing { .. } => true,
-            Error::UpstreamTopicGone { .. } => true,
-            Error::InvalidParams { .. } | Error::Actor { .. } | Error::Message { .. } => false,
+            Error::UpstreamTopicGone { .. } | Error::Interrupted { .. } => true,
+            Error::InvalidParams { .. }
+            | Error::Actor { .. }
+            | Error::Message { .. }
+            | Error::WriterRetired { .. }
+            | Error::ResetsExhausted { .. } => false,
         }
     }
 
@@ -93,11 +127,17 @@ impl Error {
         match self {
             Error::InvalidParams { .. } => "invalid_params",
             Error::Iggy { source, .. } if is_connection_error(source) => "connection",
+            Error::Iggy { source, .. } if matches!(**source, IggyError::Unauthorized) => {
+                "unauthorized"
+            }
             Error::Iggy { .. } => "iggy",
+            Error::WriterRetired { .. } => "writer_retired",
             Error::Timeout { .. } => "timeout",
             Error::UpstreamTopicGone { .. } => "upstream_topic_gone",
             Error::DownstreamMissing { .. } => "downstream_missing",
             Error::Actor { .. } => "actor",
+            Error::ResetsExhausted { .. } => "resets_exhausted",
+            Error::Interrupted { .. } => "interrupted",
             Error::Message { .. } => "message",
         }
     }

@@ -140,14 +140,20 @@ pub struct ClusterParams {
     /// Connections this instance opens to the cluster, e.g. 1. Units are spread over them by
     /// partition; the SDK serialises requests per connection.
     pub connections: usize,
+    /// As a target: writers log in as this node's writer identity, named with this prefix
+    /// (`clusters.<alias>.fencing = "users"`, e.g. `iggy-replicator`), instead of with the
+    /// connection string's credential; `None`: they use the connection string's credential
+    /// (fencing off).
+    pub writer_user_prefix: Option<String>,
 }
 
 impl ClusterParams {
-    /// One connection to the given connection string.
+    /// One connection to the given connection string, fencing off.
     pub fn new(connection_string: impl Into<String>) -> Self {
         Self {
             connection_string: connection_string.into(),
             connections: 1,
+            writer_user_prefix: None,
         }
     }
 }

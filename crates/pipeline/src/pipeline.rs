@@ -30,6 +30,8 @@ pub struct Pipeline {
     /// Stops the discovery loops (the units stop through the coordinator, which decides what to
     /// release).
     cancel: CancellationToken,
+    /// The task following this node's writer identity, and its stop (after the drain).
+    identity: (JoinHandle<()>, CancellationToken),
     /// Yields `None` once every task the coordinator spawned is gone (nothing is ever sent).
     tasks_gone: mpsc::Receiver<()>,
     /// Connections, closed at the end.
@@ -90,6 +92,11 @@ impl Pipeline {
             commit_interval: params.commit_interval,
             observer: params.observer.clone(),
         };
+        let writers = Arc::new(crate::identity::WriterTargets::new(
+            &params.clusters,
+            &clusters,
+            params.operation_timeout,
+        ));
         let meters = MeterRegistry::default();
         let liveness = Arc::new(Liveness::new());
         let (alive, tasks_gone) = mpsc::channel(1);
@@ -102,6 +109,7 @@ impl Pipeline {
                 control: control.clone(),
                 flows: flows.clone(),
                 clusters: clusters.clone(),
+                writers: writers.clone(),
                 tuning,
                 meters: meters.clone(),
                 alive,
@@ -115,6 +123,13 @@ impl Pipeline {
         })?;
         let cancel = CancellationToken::new();
         let mut discovery = Vec::new();
+        // Its own token: the writers' connections must outlive the drain's final sends.
+        let identity_cancel = CancellationToken::new();
+        let identity = tokio::spawn(crate::identity::follow(
+            writers,
+            control.writer_login(),
+            identity_cancel.clone(),
+        ));
         for flow in flows.values() {
             let selector = Selector::new(&flow.include, &flow.exclude)
                 .map_err(|(field, reason)| Error::InvalidParams { field, reason })?;
@@ -145,6 +160,7 @@ impl Pipeline {
             coordinator_task,
             discovery,
             cancel,
+            identity: (identity, identity_cancel),
             tasks_gone,
             clusters: clusters.into_values().collect(),
             shutdown_timeout: params.shutdown_timeout,
@@ -204,6 +220,8 @@ impl Pipeline {
         self.coordinator.stop(Some("shutdown".into()));
         let _ = self.coordinator_task.await;
         let _ = self.tasks_gone.recv().await;
+        self.identity.1.cancel();
+        let _ = self.identity.0.await;
         for cluster in &self.clusters {
             cluster.close().await;
         }
@@ -224,6 +242,8 @@ impl Pipeline {
         for task in self.discovery {
             let _ = task.await;
         }
+        self.identity.1.cancel();
+        let _ = self.identity.0.await;
         for cluster in &self.clusters {
             cluster.close().await;
         }

@@ -118,17 +118,9 @@ pub(super) fn after_pair_gone(
 #[cfg(test)]
 mod tests {
     use assert2::check;
-    use replicator_model::WorkUnit;
 
     use super::*;
-
-    fn a(epoch: u64, release_requested: bool) -> Assignment {
-        Assignment {
-            unit: WorkUnit::new("f", "s", "t", 0),
-            epoch: Epoch(epoch),
-            release_requested,
-        }
-    }
+    use crate::coordinator::tests::assignment as a;
 
     #[test]
     fn unassigned_and_idle_does_nothing() {
@@ -202,36 +194,20 @@ mod tests {
 
     #[test]
     fn pair_that_ended_by_itself_restarts_while_still_owned() {
-        let ended = Ended::ByItself;
-        check!(
-            after_pair_gone(ended, Epoch(3), Some(&a(3, false)), false, SHORT)
-                == (AfterPair::Restart {
-                    reset_backoff: false
-                })
-        );
+        let after_running_for = |ran_for| {
+            after_pair_gone(
+                Ended::ByItself,
+                Epoch(3),
+                Some(&a(3, false)),
+                false,
+                ran_for,
+            )
+        };
+        let restart = |reset_backoff| AfterPair::Restart { reset_backoff };
+        check!(after_running_for(SHORT) == restart(false));
         // Exactly the reset threshold resets (`>=` → `>` would keep growing the backoff).
-        check!(
-            after_pair_gone(
-                ended,
-                Epoch(3),
-                Some(&a(3, false)),
-                false,
-                BACKOFF_RESET_AFTER
-            ) == (AfterPair::Restart {
-                reset_backoff: true
-            })
-        );
-        check!(
-            after_pair_gone(
-                ended,
-                Epoch(3),
-                Some(&a(3, false)),
-                false,
-                BACKOFF_RESET_AFTER - SHORT
-            ) == (AfterPair::Restart {
-                reset_backoff: false
-            })
-        );
+        check!(after_running_for(BACKOFF_RESET_AFTER) == restart(true));
+        check!(after_running_for(BACKOFF_RESET_AFTER - SHORT) == restart(false));
     }
 
     #[test]

@@ -110,6 +110,8 @@ pub(crate) struct CoordinatorArgs<C> {
     pub(crate) flows: BTreeMap<String, Arc<FlowParams>>,
     /// Clusters by alias.
     pub(crate) clusters: BTreeMap<String, Arc<Cluster>>,
+    /// The connections writers send with (per target: the node's writer identity when fenced).
+    pub(crate) writers: Arc<crate::identity::WriterTargets>,
     pub(crate) tuning: UnitTuning,
     /// Where the meters of every started unit are registered (shared with `Pipeline::stats`).
     pub(crate) meters: MeterRegistry,
@@ -225,18 +227,23 @@ impl<C: ControlPlane> Actor for Coordinator<C> {
     ) -> Result<Self::State, ActorProcessingErr> {
         let span = tracing::info_span!("coordinator", node = %args.node_id);
         let mut rx = args.control.assignments();
+        // A unit granted before this node's writer identity arrived waits for it: a swap of
+        // the writers' connections re-sends the assignments, which starts it.
+        let mut writers = args.writers.subscribe();
         let watcher = tokio::spawn(
             async move {
                 loop {
                     let current = rx.borrow_and_update().clone();
+                    writers.borrow_and_update();
                     if myself
                         .send_message(CoordinatorMsg::Assignments(current))
                         .is_err()
                     {
                         return;
                     }
-                    if rx.changed().await.is_err() {
-                        return;
+                    tokio::select! {
+                        changed = rx.changed() => if changed.is_err() { return },
+                        changed = writers.changed() => if changed.is_err() { return },
                     }
                 }
             }
@@ -548,10 +555,11 @@ fn start_pair<C: ControlPlane>(
         }
         return;
     };
-    let (Some(source), Some(target)) = (
-        state.args.clusters.get(&flow.source).cloned(),
-        state.args.clusters.get(&flow.target).cloned(),
-    ) else {
+    let Some(source) = state.args.clusters.get(&flow.source).cloned() else {
+        return;
+    };
+    let Some(target) = state.args.writers.current(&flow.target) else {
+        tracing::debug!(%unit, "no writer identity for the target yet: the unit waits");
         return;
     };
     state.seeds = state.seeds.wrapping_add(1);
@@ -560,16 +568,7 @@ fn start_pair<C: ControlPlane>(
         .args
         .meters
         .get_or_insert(unit, || UnitMeters::new(&unit.flow, observer));
-    let span = tracing::info_span!(
-        parent: None,
-        "unit",
-        node = %state.args.node_id,
-        flow = %unit.flow,
-        stream = %unit.stream,
-        topic = %unit.topic,
-        partition = unit.partition,
-        epoch = %epoch,
-    );
+    let span = unit_span(UnitTask::Pair, state.args.node_id, unit, epoch);
     let shared = Arc::new(UnitShared {
         unit: unit.clone(),
         epoch,
@@ -636,11 +635,53 @@ fn start_pair<C: ControlPlane>(
     tracing::info!(%unit, epoch = %epoch, "unit started");
 }
 
+/// What a span of [`unit_span`] covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UnitTask {
+    /// The unit's reader and writer (span `unit`).
+    Pair,
+    /// Handing the unit back (span `release`).
+    Release,
+}
+
+/// The root span of a task of `unit` under `epoch` on `node`, with the fields every
+/// long-running task carries (node, flow, stream, topic, partition, epoch).
+fn unit_span(task: UnitTask, node: NodeId, unit: &WorkUnit, epoch: Epoch) -> tracing::Span {
+    // A span's name is part of its static metadata, hence one macro call per name.
+    macro_rules! span {
+        ($name:literal) => {
+            tracing::info_span!(
+                parent: None,
+                $name,
+                node = %node,
+                flow = %unit.flow,
+                stream = %unit.stream,
+                topic = %unit.topic,
+                partition = unit.partition,
+                epoch = %epoch,
+            )
+        };
+    }
+    match task {
+        UnitTask::Pair => span!("unit"),
+        UnitTask::Release => span!("release"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use assert2::check;
 
     use super::*;
+
+    /// An assignment of unit `f/s/t/0` under `epoch`, for the decision tests.
+    pub(super) fn assignment(epoch: u64, release_requested: bool) -> Assignment {
+        Assignment {
+            unit: WorkUnit::new("f", "s", "t", 0),
+            epoch: Epoch(epoch),
+            release_requested,
+        }
+    }
 
     #[test]
     fn a_drain_is_answered_once_and_only_when_asked() {

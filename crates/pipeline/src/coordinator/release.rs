@@ -7,7 +7,7 @@ use ractor::ActorRef;
 use replicator_model::{Assignment, Epoch, WorkUnit};
 use tracing::Instrument;
 
-use super::{AbortOnDrop, CoordinatorMsg, CoordinatorState};
+use super::{unit_span, AbortOnDrop, CoordinatorMsg, CoordinatorState, UnitTask};
 use crate::backoff::Backoff;
 use crate::control::{ControlError, ControlPlane};
 
@@ -215,16 +215,7 @@ pub(super) fn spawn_release<C: ControlPlane>(
     let control = state.args.control.clone();
     let me = myself.clone();
     let alive = state.args.alive.clone();
-    let span = tracing::info_span!(
-        parent: None,
-        "release",
-        node = %state.args.node_id,
-        flow = %unit.flow,
-        stream = %unit.stream,
-        topic = %unit.topic,
-        partition = unit.partition,
-        epoch = %epoch,
-    );
+    let span = unit_span(UnitTask::Release, state.args.node_id, unit, epoch);
     let u = unit.clone();
     let task = tokio::spawn(
         async move {
@@ -310,19 +301,24 @@ mod tests {
     use assert2::check;
 
     use super::*;
-
-    fn a(epoch: u64, release_requested: bool) -> Assignment {
-        Assignment {
-            unit: WorkUnit::new("f", "s", "t", 0),
-            epoch: Epoch(epoch),
-            release_requested,
-        }
-    }
+    use crate::coordinator::tests::assignment as a;
 
     fn in_flight(epoch: u64, queued: Option<u64>) -> Option<ReleaseState> {
         Some(ReleaseState::InFlight {
             epoch: Epoch(epoch),
             queued: queued.map(Epoch),
+        })
+    }
+
+    fn released(epoch: u64) -> Option<ReleaseState> {
+        Some(ReleaseState::Released {
+            epoch: Epoch(epoch),
+        })
+    }
+
+    fn failed(epoch: u64) -> Option<ReleaseState> {
+        Some(ReleaseState::Failed {
+            epoch: Epoch(epoch),
         })
     }
 
@@ -345,13 +341,11 @@ mod tests {
 
     #[test]
     fn a_finished_release_is_not_repeated_for_a_stale_view() {
-        let released = Some(ReleaseState::Released { epoch: Epoch(3) });
-        let failed = Some(ReleaseState::Failed { epoch: Epoch(3) });
-        check!(plan_release(released, Epoch(3)) == ReleasePlan::Skip);
+        check!(plan_release(released(3), Epoch(3)) == ReleasePlan::Skip);
         // A failed one waits for its retry timer rather than looping on every reconcile.
-        check!(plan_release(failed, Epoch(3)) == ReleasePlan::Skip);
-        check!(plan_release(released, Epoch(4)) == ReleasePlan::Spawn(Epoch(4)));
-        check!(plan_release(failed, Epoch(4)) == ReleasePlan::Spawn(Epoch(4)));
+        check!(plan_release(failed(3), Epoch(3)) == ReleasePlan::Skip);
+        check!(plan_release(released(3), Epoch(4)) == ReleasePlan::Spawn(Epoch(4)));
+        check!(plan_release(failed(3), Epoch(4)) == ReleasePlan::Spawn(Epoch(4)));
     }
 
     #[test]
@@ -362,17 +356,11 @@ mod tests {
         );
         check!(
             release_finished(in_flight(3, None), Epoch(3), true, false)
-                == (
-                    Some(ReleaseState::Released { epoch: Epoch(3) }),
-                    ReleaseFollowUp::Nothing
-                )
+                == (released(3), ReleaseFollowUp::Nothing)
         );
         check!(
             release_finished(in_flight(3, None), Epoch(3), false, false)
-                == (
-                    Some(ReleaseState::Failed { epoch: Epoch(3) }),
-                    ReleaseFollowUp::RetryLater
-                )
+                == (failed(3), ReleaseFollowUp::RetryLater)
         );
     }
 
@@ -380,10 +368,7 @@ mod tests {
     fn failed_release_during_a_drain_is_not_retried() {
         check!(
             release_finished(in_flight(3, None), Epoch(3), false, true)
-                == (
-                    Some(ReleaseState::Failed { epoch: Epoch(3) }),
-                    ReleaseFollowUp::Nothing
-                )
+                == (failed(3), ReleaseFollowUp::Nothing)
         );
     }
 
@@ -398,7 +383,7 @@ mod tests {
 
     #[test]
     fn retry_releases_again_only_while_the_leader_still_asks() {
-        let failed = Some(ReleaseState::Failed { epoch: Epoch(3) });
+        let failed = failed(3);
         check!(retry_release(failed, Epoch(3), Some(&a(3, true)), false) == RetryPlan::Spawn);
         check!(retry_release(failed, Epoch(3), Some(&a(3, false)), false) == RetryPlan::Forget);
         check!(retry_release(failed, Epoch(3), Some(&a(4, true)), false) == RetryPlan::Forget);

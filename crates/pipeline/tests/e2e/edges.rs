@@ -16,9 +16,7 @@ use crate::harness::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_gap_is_recorded_and_copying_continues() -> TestResult {
-    let (env, up, f) = Env::seeded("ret", "t", 1, 0..100, 100).await?;
-    let unit = WorkUnit::new("ret", "ret", "t", 0);
-    let (control, first) = env.run_until_confirmed(&f, &unit, 99).await?;
+    let (env, up, f, unit, control, first) = Env::copied_unit("ret", "t").await?;
     first.shutdown().await;
     produce(&up, "ret", "t", 1, 100..200, 100).await?;
     let dropped = env.us.retention().drop_before("ret", "t", 0, 150)?;
@@ -122,6 +120,9 @@ async fn unavailable_upstream_does_not_stop_other_flows() -> TestResult {
     env.wait_downstream("a", "t", 0, 500).await?;
     let bad_unit = WorkUnit::new("bad", "b", "t", 0);
     faults.clear();
+    // A fresh producer: the old client may have spent its reconnection attempts while the
+    // server refused connections (this test is about the pipeline's recovery, not the SDK's).
+    let ap_client = client(&ap).await?;
     produce(&ap_client, "b", "t", 1, 10..20, 10).await?;
     // The bad flow resumes.
     wait_confirmed(&control, &bad_unit, 19, Duration::from_secs(30)).await?;

@@ -9,9 +9,7 @@ use crate::harness::{assert_exact, count, produce, wait_confirmed, wait_until, E
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_unit_and_lost_lease_stop_writes_until_ownership_returns() -> TestResult {
-    let (env, up, f) = Env::seeded("fence", "t", 1, 0..100, 100).await?;
-    let unit = WorkUnit::new("fence", "fence", "t", 0);
-    let (control, pipeline) = env.run_until_confirmed(&f, &unit, 99).await?;
+    let (env, up, f, unit, control, pipeline) = Env::copied_unit("fence", "t").await?;
 
     // Revoked: the writer's epoch check refuses every send from now on.
     control.revoke(&unit);

@@ -48,6 +48,17 @@ pub(crate) fn node_id() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// What [`Env::copied_unit`] returns: the servers, a client of upstream, the flow, its one
+/// unit, the control plane and the running pipeline.
+pub(crate) type CopiedUnit = (
+    Env,
+    IggyClient,
+    FlowParams,
+    WorkUnit,
+    InMemoryControl,
+    Pipeline,
+);
+
 /// Two clusters: `us` (upstream) and `eu` (downstream).
 pub(crate) struct Env {
     /// Upstream server.
@@ -101,17 +112,15 @@ impl Env {
         Ok((control, pipeline))
     }
 
-    /// [`Env::run`], then waits until the control plane confirmed `offset` for `unit` (at most
-    /// 30 s).
-    pub(crate) async fn run_until_confirmed(
-        &self,
-        flow: &FlowParams,
-        unit: &WorkUnit,
-        offset: u64,
-    ) -> TestResult<(InMemoryControl, Pipeline)> {
-        let (control, pipeline) = self.run(flow).await?;
-        wait_confirmed(&control, unit, offset, Duration::from_secs(30)).await?;
-        Ok((control, pipeline))
+    /// One partition copied: seeds `stream/topic` with one partition holding messages `0..100`
+    /// ([`Env::seeded`]) and runs its flow ([`Env::run`]) until offset 99 is confirmed (at most
+    /// 30 s). The unit is `stream/topic/0`.
+    pub(crate) async fn copied_unit(stream: &str, topic: &str) -> TestResult<CopiedUnit> {
+        let (env, up, flow) = Self::seeded(stream, topic, 1, 0..100, 100).await?;
+        let unit = WorkUnit::new(stream, stream, topic, 0);
+        let (control, pipeline) = env.run(&flow).await?;
+        wait_confirmed(&control, &unit, 99, Duration::from_secs(30)).await?;
+        Ok((env, up, flow, unit, control, pipeline))
     }
 
     /// Waits until downstream partition `stream/topic/partition` holds `messages` messages (at

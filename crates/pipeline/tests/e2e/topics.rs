@@ -44,9 +44,7 @@ async fn new_topics_and_added_partitions_upstream_are_replicated() -> TestResult
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_topic_stops_its_units_and_recreated_topic_starts_over() -> TestResult {
-    let (env, up, f) = Env::seeded("life", "cycle", 1, 0..100, 100).await?;
-    let unit = WorkUnit::new("life", "life", "cycle", 0);
-    let (control, pipeline) = env.run_until_confirmed(&f, &unit, 99).await?;
+    let (env, up, f, unit, control, pipeline) = Env::copied_unit("life", "cycle").await?;
     up.delete_topic(&Identifier::named("life")?, &Identifier::named("cycle")?)
         .await?;
     wait_until("unit retired", Duration::from_secs(30), || async {

@@ -1,0 +1,230 @@
+//! Which connections a writer sends with: on a target cluster with fencing on, the node's
+//! current writer identity (see `replicator_model::WriterLogin`); otherwise the cluster's
+//! configured credential.
+//!
+//! The control plane publishes the identity; [`follow`] turns every change into a fresh set of
+//! connections and retires the previous set (closed, and never opened again), so that nothing
+//! this node sends after a fence or a rejoin goes out under an identity that is no longer its
+//! current one. A pair resolves its writer's connections when it starts: with no identity yet
+//! (or a fenced one) the unit waits, and the coordinator retries on the next change.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use replicator_model::WriterLogin;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::clients::Cluster;
+use crate::error::Result;
+use crate::params::ClusterParams;
+
+/// One target cluster as writers see it.
+enum Target {
+    /// Fencing off: the cluster's shared connections (configured credential).
+    Shared(Arc<Cluster>),
+    /// Fencing on: connections logged in as the current identity, if there is one.
+    Fenced {
+        params: ClusterParams,
+        prefix: String,
+        current: Option<Arc<Cluster>>,
+    },
+}
+
+/// The writers' connections to every target cluster, swapped whenever this node's writer
+/// identity changes.
+pub(crate) struct WriterTargets {
+    targets: Mutex<BTreeMap<String, Target>>,
+    /// Bumped on every swap, so the coordinator can retry units that waited for an identity.
+    version: watch::Sender<u64>,
+    /// Bound of every call on the writers' connections.
+    timeout: Duration,
+}
+
+impl WriterTargets {
+    /// Targets for `clusters` (alias → params); `shared` holds the clusters' configured
+    /// connections, used as they are for the targets without fencing.
+    pub(crate) fn new(
+        clusters: &BTreeMap<String, ClusterParams>,
+        shared: &BTreeMap<String, Arc<Cluster>>,
+        timeout: Duration,
+    ) -> Self {
+        let targets = clusters
+            .iter()
+            .filter_map(|(alias, params)| {
+                let target = match &params.writer_user_prefix {
+                    Some(prefix) => Target::Fenced {
+                        params: params.clone(),
+                        prefix: prefix.clone(),
+                        current: None,
+                    },
+                    None => Target::Shared(shared.get(alias)?.clone()),
+                };
+                Some((alias.clone(), target))
+            })
+            .collect();
+        Self {
+            targets: Mutex::new(targets),
+            version: watch::channel(0).0,
+            timeout,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Target>> {
+        self.targets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The connections a writer of a flow into `alias` uses now; `None` while this node has no
+    /// usable identity for a fenced target.
+    pub(crate) fn current(&self, alias: &str) -> Option<Arc<Cluster>> {
+        match self.lock().get(alias)? {
+            Target::Shared(cluster) => Some(cluster.clone()),
+            Target::Fenced { current, .. } => current.clone(),
+        }
+    }
+
+    /// Changes whenever the writers' connections were swapped.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// Every connection set in use now (for the connection-state metric and for closing).
+    pub(crate) fn fenced_clusters(&self) -> Vec<Arc<Cluster>> {
+        self.lock()
+            .values()
+            .filter_map(|t| match t {
+                Target::Fenced { current, .. } => current.clone(),
+                Target::Shared(_) => None,
+            })
+            .collect()
+    }
+
+    /// Switches every fenced target to `login` (or to nothing) and returns the retired sets.
+    fn switch(&self, login: Option<&WriterLogin>) -> Result<Vec<Arc<Cluster>>> {
+        let mut retired = Vec::new();
+        {
+            let mut targets = self.lock();
+            for (alias, target) in targets.iter_mut() {
+                let Target::Fenced {
+                    params,
+                    prefix,
+                    current,
+                } = target
+                else {
+                    continue;
+                };
+                let next = match login {
+                    Some(login) => Some(Arc::new(Cluster::with_login(
+                        &format!("{alias} (as {})", login.username(prefix)),
+                        &params.connection_string,
+                        params.connections,
+                        self.timeout,
+                        &login.username(prefix),
+                        &login.password,
+                    )?)),
+                    None => None,
+                };
+                if let Some(old) = std::mem::replace(current, next) {
+                    retired.push(old);
+                }
+            }
+        }
+        self.version.send_modify(|v| *v += 1);
+        Ok(retired)
+    }
+}
+
+/// Follows this node's writer identity until `cancel`: every change swaps the fenced targets'
+/// connections and retires the old ones.
+pub(crate) async fn follow(
+    targets: Arc<WriterTargets>,
+    mut logins: watch::Receiver<Option<WriterLogin>>,
+    cancel: CancellationToken,
+) {
+    let mut applied: Option<Option<WriterLogin>> = None;
+    loop {
+        let login = logins.borrow_and_update().clone();
+        if applied.as_ref() != Some(&login) {
+            match targets.switch(login.as_ref()) {
+                Ok(retired) => {
+                    match &login {
+                        Some(l) => {
+                            tracing::info!(
+                                incarnation = l.incarnation,
+                                "writing as a new writer identity"
+                            )
+                        }
+                        None => {
+                            tracing::info!("no writer identity: writers to fenced targets wait")
+                        }
+                    }
+                    for old in retired {
+                        old.retire().await;
+                    }
+                    applied = Some(login);
+                }
+                Err(e) => tracing::error!(error = %e, "cannot prepare the writer connections"),
+            }
+        }
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            changed = logins.changed() => if changed.is_err() { break },
+        }
+    }
+    for cluster in targets.fenced_clusters() {
+        cluster.retire().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use assert2::check;
+    use iggy::prelude::SystemClient;
+
+    use super::*;
+
+    fn params(prefix: Option<&str>) -> ClusterParams {
+        let mut p = ClusterParams::new("iggy://admin:pw@127.0.0.1:1");
+        p.writer_user_prefix = prefix.map(str::to_owned);
+        p
+    }
+
+    #[tokio::test]
+    async fn fenced_targets_follow_the_identity_and_retire_the_old_connections() {
+        let t = Duration::from_secs(1);
+        let shared: BTreeMap<String, Arc<Cluster>> = ["plain", "fenced"]
+            .into_iter()
+            .map(|a| {
+                let c = Cluster::new(a, "iggy://admin:pw@127.0.0.1:1", 1, t).expect("valid");
+                (a.to_owned(), Arc::new(c))
+            })
+            .collect();
+        let clusters = BTreeMap::from([
+            ("plain".to_owned(), params(None)),
+            ("fenced".to_owned(), params(Some("repl"))),
+        ]);
+        let targets = WriterTargets::new(&clusters, &shared, t);
+        check!(targets.current("plain").is_some());
+        check!(targets.current("fenced").is_none());
+        let login = |incarnation| WriterLogin {
+            node: 1,
+            incarnation,
+            password: "pw".into(),
+        };
+        check!(targets.switch(Some(&login(1))).expect("valid").is_empty());
+        let first = targets.current("fenced").expect("an identity");
+        check!(first.alias().contains("repl-n1-i1"));
+        let retired = targets.switch(None).expect("valid");
+        check!(retired.len() == 1);
+        check!(targets.current("fenced").is_none());
+        retired[0].retire().await;
+        let call = first
+            .call(0, "ping", |c| async move { c.ping().await })
+            .await;
+        check!(matches!(call, Err(crate::Error::WriterRetired { .. })));
+        check!(*targets.subscribe().borrow() == 2);
+    }
+}
