@@ -71,6 +71,7 @@ async fn start_cluster(dir: &std::path::Path) -> BenchResult<Vec<Control>> {
                 initial_members: initial.clone(),
                 timing: ControlTiming::default(),
                 tls: None,
+                fencing: None,
             })
             .await?,
         );

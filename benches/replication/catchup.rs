@@ -4,11 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use iggy::prelude::{
-    Client, Consumer, Identifier, IggyClient, MessageClient, Partitioning, PollingStrategy,
-};
+use iggy::prelude::Client;
 
-use replicator_harness::{connect, delete_stream, ensure_topic, Cluster, TestResult, Watch};
+use replicator_harness::{
+    connect, delete_stream, ensure_topic, raw_copy, Cluster, RawCopy, TestResult, Topic, Watch,
+};
 
 use crate::env::{
     fill, own_cpu_seconds, replication_spec, run_name, total_cpu, Endpoints, FILL_BATCH,
@@ -153,8 +153,16 @@ async fn copy_once(
                 down.shutdown().await?;
                 let cpu_before = own_cpu_seconds();
                 let started = Instant::now();
-                raw_copy(endpoints, settings.connections, stream, &down_stream, per_partition)
-                    .await?;
+                raw_copy(&RawCopy {
+                    source_url: endpoints.upstream_url.clone(),
+                    target_url: endpoints.downstream_url.clone(),
+                    topic: Topic::new(stream, TOPIC, PARTITIONS),
+                    target_stream: down_stream.clone(),
+                    per_partition,
+                    batch: FILL_BATCH as u32,
+                    connections: settings.connections,
+                })
+                .await?;
                 let total = started.elapsed();
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>((
                     total,
@@ -214,87 +222,6 @@ async fn copy_once(
         cpu,
         server_cpu,
     })
-}
-
-/// The baseline: `connections` workers, each with one connection to each side and a share of
-/// the partitions, polling a batch at an explicit offset and sending it, round robin.
-async fn raw_copy(
-    endpoints: &Endpoints,
-    connections: usize,
-    stream: &str,
-    down_stream: &str,
-    per_partition: u64,
-) -> TestResult {
-    let mut workers = Vec::new();
-    for worker in 0..connections as u32 {
-        let partitions: Vec<u32> = (0..PARTITIONS)
-            .filter(|p| p % connections as u32 == worker)
-            .collect();
-        let source = connect(&endpoints.upstream_url).await?;
-        let target = connect(&endpoints.downstream_url).await?;
-        let (stream, down_stream) = (stream.to_owned(), down_stream.to_owned());
-        workers.push(tokio::spawn(async move {
-            raw_worker(
-                &source,
-                &target,
-                (&stream, &down_stream),
-                &partitions,
-                per_partition,
-            )
-            .await?;
-            source.shutdown().await?;
-            target.shutdown().await?;
-            TestResult::Ok(())
-        }));
-    }
-    for worker in workers {
-        worker.await??;
-    }
-    Ok(())
-}
-
-async fn raw_worker(
-    source: &IggyClient,
-    target: &IggyClient,
-    (stream, down_stream): (&str, &str),
-    partitions: &[u32],
-    per_partition: u64,
-) -> TestResult {
-    let (s, t) = (Identifier::named(stream)?, Identifier::named(TOPIC)?);
-    let ds = Identifier::named(down_stream)?;
-    let consumer = Consumer::new(Identifier::named("bench-raw")?);
-    let mut next = vec![0u64; partitions.len()];
-    while next.iter().any(|n| *n < per_partition) {
-        for (i, partition) in partitions.iter().enumerate() {
-            if next[i] >= per_partition {
-                continue;
-            }
-            let mut polled = source
-                .poll_messages(
-                    &s,
-                    &t,
-                    Some(*partition),
-                    &consumer,
-                    &PollingStrategy::offset(next[i]),
-                    FILL_BATCH as u32,
-                    false,
-                )
-                .await?;
-            let Some(last) = polled.messages.last().map(|m| m.header.offset) else {
-                return Err(format!("partition {partition} ended at offset {}", next[i]).into());
-            };
-            target
-                .send_messages(
-                    &ds,
-                    &t,
-                    &Partitioning::partition_id(*partition),
-                    &mut polled.messages,
-                )
-                .await?;
-            next[i] = last + 1;
-        }
-    }
-    Ok(())
 }
 
 /// Prints the table; the server CPU column is `n/a` for external servers (not our processes).

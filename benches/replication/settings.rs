@@ -59,7 +59,7 @@ impl Settings {
         };
         Ok(Self {
             messages: var("BENCH_MESSAGES", 1_000_000)?,
-            rounds: u32::try_from(var("BENCH_ROUNDS", 3)?)?.max(1),
+            rounds: var_u32("BENCH_ROUNDS", 3)?.max(1),
             connections: match var(
                 "BENCH_CONNECTIONS",
                 replicator_config::DEFAULT_CONNECTIONS as u64,
@@ -69,17 +69,17 @@ impl Settings {
             },
             rates,
             latency_seconds: var("BENCH_LATENCY_SECONDS", 10)?.max(1),
-            failovers: u32::try_from(var("BENCH_FAILOVERS", 10)?)?,
+            failovers: var_u32("BENCH_FAILOVERS", 10)?,
             failover_rate: var("BENCH_FAILOVER_RATE", 5_000)?,
             seed: var("BENCH_SEED", 1)?,
-            scale_topics: u32::try_from(var("BENCH_SCALE_TOPICS", 50)?)?.max(1),
-            scale_partitions: u32::try_from(var("BENCH_SCALE_PARTITIONS", 20)?)?.max(1),
+            scale_topics: var_u32("BENCH_SCALE_TOPICS", 50)?.max(1),
+            scale_partitions: var_u32("BENCH_SCALE_PARTITIONS", 20)?.max(1),
             scale_rate: var("BENCH_SCALE_RATE", 2_000)?,
             sample_seconds: var("BENCH_SAMPLE_SECONDS", 10)?.max(1),
             provenance: var("BENCH_PROVENANCE", 1)? != 0,
-            leader_kills: u32::try_from(var("BENCH_LEADER_KILLS", 50)?)?,
-            kill_topics: u32::try_from(var("BENCH_KILL_TOPICS", 10)?)?.max(1),
-            kill_partitions: u32::try_from(var("BENCH_KILL_PARTITIONS", 100)?)?.max(1),
+            leader_kills: var_u32("BENCH_LEADER_KILLS", 50)?,
+            kill_topics: var_u32("BENCH_KILL_TOPICS", 10)?.max(1),
+            kill_partitions: var_u32("BENCH_KILL_PARTITIONS", 100)?.max(1),
         })
     }
 }
@@ -116,6 +116,11 @@ fn var(name: &str, default: u64) -> TestResult<u64> {
         Ok(text) => number(name, &text),
         Err(_) => Ok(default),
     }
+}
+
+/// [`var`] for a `u32` knob (rounds, counts, layouts).
+fn var_u32(name: &str, default: u32) -> TestResult<u32> {
+    Ok(u32::try_from(var(name, u64::from(default))?)?)
 }
 
 fn number(name: &str, text: &str) -> TestResult<u64> {

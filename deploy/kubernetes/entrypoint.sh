@@ -7,16 +7,10 @@ set -eu
 
 template="${REPLICATOR_CONFIG_TEMPLATE:-/etc/iggy-replicator/template/replicator.toml}"
 config="${REPLICATOR_CONFIG:-/run/iggy-replicator/replicator.toml}"
-pod="${POD_NAME:-${HOSTNAME:-}}"
 
-ordinal="${pod##*-}"
-case "$ordinal" in
-  '' | *[!0-9]*)
-    echo "entrypoint: cannot derive the pod ordinal from pod name '$pod'" >&2
-    exit 2
-    ;;
-esac
-node_id=$((ordinal + 1))
+# pod, node_id and fqdn (pod.sh, mounted beside this script).
+script=entrypoint
+. "$(dirname "$0")/pod.sh"
 
 grep -q '@NODE_ID@' "$template" || {
   echo "entrypoint: $template has no @NODE_ID@ placeholder" >&2
@@ -27,7 +21,6 @@ mv "$config.tmp" "$config"
 
 # Bounded wait for the headless Service to publish this pod (publishNotReadyAddresses);
 # the replicator binds and advertises this name.
-fqdn="$pod.${RAFT_SERVICE:-iggy-replicator-raft}.${POD_NAMESPACE:-default}.svc"
 tries=0
 until getent hosts "$fqdn" > /dev/null 2>&1; do
   tries=$((tries + 1))

@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 
 use serde_norway::Value;
 
-use crate::configs::{check_member, load, referenced_vars};
+use crate::configs::{check_member, load};
 use crate::kubernetes::{
     check_cluster_resources, check_entrypoint_wiring, container, container_env, containers,
-    of_kind, one, probe_path, run_entrypoint_script, EntrypointRun,
+    of_kind, one, probe_path, run_entrypoint_script,
 };
 use crate::yaml::{at, first_document, seq, str_of, strings, yaml_documents};
 use crate::{
@@ -44,8 +44,16 @@ const CHART_NAME: &str = "iggy-replicator";
 /// Where the templates mount the TLS Secret; the renderings' configs point here.
 const TLS_DIR: &str = "/etc/iggy-replicator/tls";
 
+/// The values file that sets every optional value, for `rendered/tls-scaled.yaml`.
+const SCALED_VALUES: &str = "ci/tls-scaled-values.yaml";
+
 fn chart() -> PathBuf {
     deploy().join("helm").join(CHART_NAME)
+}
+
+/// The chart's default values (`values.yaml`).
+fn default_values() -> Result<Value, String> {
+    first_document(&chart().join("values.yaml"))
 }
 
 /// One document of a rendering: the template it came from (`# Source:`), its text as rendered
@@ -73,11 +81,7 @@ impl Rendering {
     fn load_all() -> Result<Vec<Rendering>, String> {
         Ok(vec![
             Self::load("default", None, "default")?,
-            Self::load(
-                "tls-scaled",
-                Some("ci/tls-scaled-values.yaml"),
-                "replication",
-            )?,
+            Self::load("tls-scaled", Some(SCALED_VALUES), "replication")?,
         ])
     }
 
@@ -86,7 +90,7 @@ impl Rendering {
         overrides: Option<&str>,
         namespace: &'static str,
     ) -> Result<Rendering, String> {
-        let mut values = first_document(&chart().join("values.yaml"))?;
+        let mut values = default_values()?;
         if let Some(file) = overrides {
             merge(&mut values, &first_document(&chart().join(file))?);
         }
@@ -144,10 +148,63 @@ impl Rendering {
         self.tls() && self.value(&["tls", "api"]).as_bool() == Some(true)
     }
 
+    /// How the pods of the StatefulSet are named.
+    fn pods(&self) -> Result<Pods<'_>, String> {
+        let set = self.one("StatefulSet")?;
+        Ok(Pods {
+            set: str_of(set, &["metadata", "name"]).unwrap_or_default(),
+            service: str_of(set, &["spec", "serviceName"]).unwrap_or_default(),
+            namespace: self.namespace,
+        })
+    }
+
     /// A data entry of the ConfigMap.
     fn config_file(&self, key: &str) -> Result<&str, String> {
         str_of(self.one("ConfigMap")?, &["data", key])
             .ok_or_else(|| format!("{}: ConfigMap has no {key}", self.origin()))
+    }
+
+    /// Writes every data entry of the ConfigMap into `dir/template`, a file per key, as the
+    /// pods mount it (a script sources `pod.sh` from beside it); returns that directory.
+    fn mount_config_map(&self, dir: &Path) -> TestResult<PathBuf> {
+        let mounted = dir.join("template");
+        std::fs::create_dir_all(&mounted)?;
+        let data = at(self.one("ConfigMap")?, &["data"]);
+        for (key, value) in data.as_mapping().into_iter().flatten() {
+            let (Some(key), Some(value)) = (key.as_str(), value.as_str()) else {
+                let origin = self.origin();
+                return Err(format!("{origin}: ConfigMap data {key:?} is not text").into());
+            };
+            std::fs::write(mounted.join(key), value)?;
+        }
+        Ok(mounted)
+    }
+}
+
+/// The names of a rendering's pods, as the StatefulSet and its headless Service give them.
+struct Pods<'a> {
+    /// The StatefulSet's name.
+    set: &'a str,
+    /// Its headless Service (`serviceName`).
+    service: &'a str,
+    /// The release namespace.
+    namespace: &'a str,
+}
+
+impl Pods<'_> {
+    /// The pod with `ordinal`: `<set>-<ordinal>`.
+    fn name(&self, ordinal: u64) -> String {
+        format!("{}-{ordinal}", self.set)
+    }
+
+    /// Its stable DNS name (its Raft and admin API host): `<pod>.<service>.<namespace>.svc`.
+    fn fqdn(&self, ordinal: u64) -> String {
+        format!(
+            "{}.{}.{}.svc",
+            self.name(ordinal),
+            self.service,
+            self.namespace
+        )
     }
 }
 
@@ -356,6 +413,7 @@ fn helm_chart_metadata_matches_the_workspace() -> TestResult {
     for (link, target) in [
         ("files/alerts.yaml", "prometheus/alerts.yaml"),
         ("files/entrypoint.sh", "kubernetes/entrypoint.sh"),
+        ("files/pod.sh", "kubernetes/pod.sh"),
     ] {
         let path = chart().join(link);
         let is_link = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
@@ -377,7 +435,7 @@ fn helm_chart_metadata_matches_the_workspace() -> TestResult {
 
 #[test]
 fn helm_templates_use_only_values_that_values_yaml_defines() -> TestResult {
-    let values = first_document(&chart().join("values.yaml"))?;
+    let values = default_values()?;
     let mut problems = Vec::new();
     let mut used = Vec::new();
     let templates = templates()?;
@@ -410,13 +468,13 @@ fn helm_templates_use_only_values_that_values_yaml_defines() -> TestResult {
         }
     }
     // An override of a key the chart does not have would be ignored silently.
-    let overrides = first_document(&chart().join("ci/tls-scaled-values.yaml"))?;
+    let overrides = first_document(&chart().join(SCALED_VALUES))?;
     let mut override_leaves = Vec::new();
     leaf_paths(&overrides, &mut Vec::new(), &mut override_leaves);
     for leaf in override_leaves {
         if !takes_override(&values, &leaf) {
             problems.push(format!(
-                "ci/tls-scaled-values.yaml: {} is not in values.yaml",
+                "{SCALED_VALUES}: {} is not in values.yaml",
                 leaf.join(".")
             ));
         }
@@ -489,10 +547,10 @@ fn helm_renderings_come_from_the_current_templates() -> TestResult {
         }
 
         // The ConfigMap carries the chart's files and the config of the values.
-        for (key, file) in [("entrypoint.sh", "entrypoint.sh"), ("join.sh", "join.sh")] {
+        for file in ["entrypoint.sh", "pod.sh", "join.sh"] {
             let expected = read(&chart().join("files").join(file))?;
-            if rendering.config_file(key)? != expected {
-                problems.push(format!("{origin}: ConfigMap {key} is not files/{file}"));
+            if rendering.config_file(file)? != expected {
+                problems.push(format!("{origin}: ConfigMap {file} is not files/{file}"));
             }
         }
         let replication = str_of(&rendering.values, &["config", "replication"]).unwrap_or("?");
@@ -754,8 +812,7 @@ fn helm_rendered_configs_load_for_every_member() -> TestResult {
     for rendering in Rendering::load_all()? {
         let origin = rendering.origin();
         let set = rendering.one("StatefulSet")?;
-        let set_name = str_of(set, &["metadata", "name"]).unwrap_or_default();
-        let service = str_of(set, &["spec", "serviceName"]).unwrap_or_default();
+        let pods = rendering.pods()?;
         let namespace = rendering.namespace;
         let replicator = container(set)?;
         let secrets = rendering.of_kind("Secret");
@@ -767,41 +824,23 @@ fn helm_rendered_configs_load_for_every_member() -> TestResult {
 
         let dir = tempfile::tempdir()?;
         let tls_dir = stand_in_tls_dir(dir.path())?;
-        let script = dir.path().join("entrypoint.sh");
-        let template = dir.path().join("replicator.toml.template");
-        std::fs::write(&script, rendering.config_file("entrypoint.sh")?)?;
-        std::fs::write(&template, rendering.config_file("replicator.toml")?)?;
+        let mounted = rendering.mount_config_map(dir.path())?;
+        let script = mounted.join("entrypoint.sh");
+        let template = mounted.join("replicator.toml");
 
         let initial = rendering.initial_members();
         let founders: BTreeMap<u64, String> = (0..initial)
-            .map(|o| {
-                let addr = format!("{set_name}-{o}.{service}.{namespace}.svc:{RAFT_PORT}");
-                (o + 1, addr)
-            })
+            .map(|o| (o + 1, format!("{}:{RAFT_PORT}", pods.fqdn(o))))
             .collect();
         for ordinal in 0..rendering.replicas() {
-            let pod_name = format!("{set_name}-{ordinal}");
+            let pod_name = pods.name(ordinal);
             let at_pod = format!("{origin} for {pod_name}");
             let run_dir = tempfile::tempdir()?;
-            let EntrypointRun { ok, args, rendered } =
-                run_entrypoint_script(run_dir.path(), &script, &template, &pod_name)?;
-            let config_path = run_dir.path().join("replicator.toml");
-            let expected_args = format!("run --config {} --log-format json", config_path.display());
-            if !ok || args.as_deref().map(str::trim) != Some(expected_args.as_str()) {
-                problems.push(format!(
-                    "{at_pod}: entrypoint ok={ok}, started with {args:?}"
-                ));
-            }
-            let Some(rendered) = rendered else {
-                problems.push(format!("{at_pod}: no config rendered"));
+            let env = container_env(replicator, &secrets, &pod_name, namespace);
+            let run = run_entrypoint_script(run_dir.path(), &script, &template, &pod_name)?;
+            let Some(rendered) = run.checked_config(&env, &at_pod, &mut problems) else {
                 continue;
             };
-            let env = container_env(replicator, &secrets, &pod_name, namespace);
-            for variable in referenced_vars(&rendered) {
-                if !env.contains_key(&variable) {
-                    problems.push(format!("{at_pod}: container env lacks {variable}"));
-                }
-            }
             // The certificate files are where the TLS Secret is mounted; the stand-ins there.
             let local = rendered.replace(
                 &format!("\"{TLS_DIR}/"),
@@ -815,7 +854,7 @@ fn helm_rendered_configs_load_for_every_member() -> TestResult {
                 }
             };
             let node_id = ordinal + 1;
-            let fqdn = format!("{pod_name}.{service}.{namespace}.svc");
+            let fqdn = pods.fqdn(ordinal);
             if ordinal < initial {
                 problems.extend(check_member(&config, &at_pod, node_id));
             } else {
@@ -922,8 +961,7 @@ fn run_join(
     let path = bin.join("iggy-replicator");
     std::fs::write(&path, stand_in)?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
-    let script = dir.path().join("join.sh");
-    std::fs::write(&script, rendering.config_file("join.sh")?)?;
+    let script = rendering.mount_config_map(dir.path())?.join("join.sh");
     let stderr_path = dir.path().join("stderr");
 
     let secrets = rendering.of_kind("Secret");
@@ -984,8 +1022,7 @@ fn helm_join_container_adds_only_the_members_beyond_the_founders() -> TestResult
     for rendering in Rendering::load_all()? {
         let origin = rendering.origin();
         let set = rendering.one("StatefulSet")?;
-        let set_name = str_of(set, &["metadata", "name"]).unwrap_or_default();
-        let service = str_of(set, &["spec", "serviceName"]).unwrap_or_default();
+        let pods = rendering.pods()?;
         let Some(join) = containers(set)
             .iter()
             .find(|c| str_of(c, &["name"]) == Some("join"))
@@ -1034,7 +1071,7 @@ fn helm_join_container_adds_only_the_members_beyond_the_founders() -> TestResult
         }
 
         // A founding member adds nothing and idles until SIGTERM.
-        let founder = format!("{set_name}-0");
+        let founder = pods.name(0);
         let run = run_join(&rendering, join, &founder, "nothing to join")?;
         if run.calls.iter().any(|c| c.starts_with("cluster add")) || !run.stopped_cleanly {
             problems.push(format!(
@@ -1046,14 +1083,14 @@ fn helm_join_container_adds_only_the_members_beyond_the_founders() -> TestResult
         // A pod beyond the founders waits for its own API, then is added through the
         // founding members in turn until an add succeeds.
         let ordinal = rendering.initial_members();
-        let pod = format!("{set_name}-{ordinal}");
+        let pod = pods.name(ordinal);
         let run = run_join(&rendering, join, &pod, "is a voter")?;
-        let fqdn = format!("{pod}.{service}.{}.svc", rendering.namespace);
+        let fqdn = pods.fqdn(ordinal);
         let add = |member: u64| {
             format!(
-                "cluster add --api {set_name}-{member}.{service}.{}.svc:{API_PORT} --id {} \
-                 --raft-addr {fqdn}:{RAFT_PORT} --api-addr {fqdn}:{API_PORT}",
-                rendering.namespace,
+                "cluster add --api {}:{API_PORT} --id {} --raft-addr {fqdn}:{RAFT_PORT} \
+                 --api-addr {fqdn}:{API_PORT}",
+                pods.fqdn(member),
                 ordinal + 1
             )
         };
@@ -1192,9 +1229,8 @@ fn helm_prometheus_resources_carry_the_alerts_and_scrape_every_member() -> TestR
 
 #[test]
 fn helm_members_are_kept_apart_by_required_anti_affinity_by_default() -> TestResult {
-    let values = first_document(&chart().join("values.yaml"))?;
     let mut problems = Vec::new();
-    if str_of(&values, &["antiAffinity", "mode"]) != Some("required") {
+    if str_of(&default_values()?, &["antiAffinity", "mode"]) != Some("required") {
         problems.push("values.yaml: antiAffinity.mode must default to required".to_owned());
     }
     for rendering in Rendering::load_all()? {

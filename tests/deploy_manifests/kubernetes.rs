@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -264,8 +264,40 @@ pub(crate) struct EntrypointRun {
     pub(crate) ok: bool,
     /// The arguments the replicator was started with, if it was started.
     pub(crate) args: Option<String>,
+    /// Where the entrypoint was told to write the config (`REPLICATOR_CONFIG`).
+    pub(crate) config: PathBuf,
     /// The rendered config, if one was written.
     pub(crate) rendered: Option<String>,
+}
+
+impl EntrypointRun {
+    /// The rendered config of a run that should have started the replicator, after checking
+    /// it: the entrypoint started `run` on it with JSON logs, and `env` (the container's
+    /// environment) defines every variable it references. Problems name `origin`.
+    pub(crate) fn checked_config(
+        self,
+        env: &BTreeMap<String, String>,
+        origin: &str,
+        problems: &mut Vec<String>,
+    ) -> Option<String> {
+        let expected_args = format!("run --config {} --log-format json", self.config.display());
+        if !self.ok || self.args.as_deref().map(str::trim) != Some(expected_args.as_str()) {
+            problems.push(format!(
+                "{origin}: entrypoint ok={}, started with {:?}",
+                self.ok, self.args
+            ));
+        }
+        let Some(rendered) = self.rendered else {
+            problems.push(format!("{origin}: no config rendered"));
+            return None;
+        };
+        for variable in referenced_vars(&rendered) {
+            if !env.contains_key(&variable) {
+                problems.push(format!("{origin}: container env lacks {variable}"));
+            }
+        }
+        Some(rendered)
+    }
 }
 
 /// Runs `deploy/kubernetes/entrypoint.sh` as the container would, with `getent` and
@@ -317,6 +349,7 @@ pub(crate) fn run_entrypoint_script(
         ok: status.success(),
         args: std::fs::read_to_string(&args_file).ok(),
         rendered: std::fs::read_to_string(&config).ok(),
+        config,
     })
 }
 
@@ -400,25 +433,12 @@ fn kubernetes_entrypoint_renders_a_loadable_config_for_each_pod() -> TestResult 
     for ordinal in 0..3u64 {
         let pod_name = format!("iggy-replicator-{ordinal}");
         let dir = tempfile::tempdir()?;
-        let EntrypointRun { ok, args, rendered } = run_entrypoint(dir.path(), &pod_name)?;
-        let config_path = dir.path().join("replicator.toml");
-        let expected_args = format!("run --config {} --log-format json", config_path.display());
-        if !ok || args.as_deref().map(str::trim) != Some(expected_args.as_str()) {
-            problems.push(format!(
-                "{pod_name}: entrypoint ok={ok}, started with {args:?}"
-            ));
-        }
-        let Some(rendered) = rendered else {
-            problems.push(format!("{pod_name}: no config rendered"));
-            continue;
-        };
         let env = container_env(&pod_name);
         let origin = format!("kubernetes/replicator.toml for {pod_name}");
-        for variable in referenced_vars(&rendered) {
-            if !env.contains_key(&variable) {
-                problems.push(format!("{origin}: container env lacks {variable}"));
-            }
-        }
+        let run = run_entrypoint(dir.path(), &pod_name)?;
+        let Some(rendered) = run.checked_config(&env, &origin, &mut problems) else {
+            continue;
+        };
         match load(&rendered, &origin, &env) {
             Ok(config) => {
                 problems.extend(check_member(&config, &origin, ordinal + 1));

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use replicator_harness::{serial, tick, wait_resumed, Deadline, Stalled, TestResult};
 
-use crate::fixture::{self, finish_with_exact_copy};
+use crate::fixture::{self, assert_nothing_copied, finish_with_exact_copy};
 
 #[test]
 fn whole_cluster_stopped_mid_stream_resumes_from_confirmed_offsets_exactly_once() -> TestResult {
@@ -29,13 +29,12 @@ fn whole_cluster_stopped_mid_stream_resumes_from_confirmed_offsets_exactly_once(
             assert_eq!(*code, Some(0), "node {id} did not drain cleanly");
         }
         // The producer keeps writing while no node runs; nothing is copied meanwhile.
-        let stopped_counts = servers.downstream_counts();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(
-            servers.downstream_counts(),
-            stopped_counts,
-            "the downstream grew while every node was stopped"
-        );
+        let stopped_counts = assert_nothing_copied(
+            &servers,
+            Duration::from_secs(1),
+            "the downstream grew while every node was stopped",
+        )
+        .await;
 
         for id in &all {
             cluster.restart(*id)?;

@@ -13,6 +13,7 @@
 //!   [`delete_stream`], message counts, [`Watch`].
 //! * `producer`: [`PacedProducer`] (a rate, optionally a total, pause and resume) and
 //!   [`produce_bulk`] (a range of messages per partition, as fast as the server takes them).
+//! * `raw_copy`: [`raw_copy`], the benchmarks' baseline: a poll→send loop through the SDK.
 //! * `cluster`: [`Cluster`] of node processes described by a [`ClusterSpec`]; start, kill,
 //!   pause, resume, terminate, restart; `/status`, `/metrics`, `cluster` and `verify` commands.
 //! * `node_config`: [`NodeConfig`] and [`FlowConfig`], a node's config file as an operator
@@ -35,6 +36,7 @@ mod error;
 mod failover;
 mod node_config;
 mod producer;
+mod raw_copy;
 mod servers;
 mod status;
 mod tls;
@@ -49,6 +51,7 @@ pub use node_config::{FlowConfig, NodeConfig};
 pub use producer::{
     produce_bulk, Bulk, MessageShape, PacedProducer, ProducerParams, ProducerReport,
 };
+pub use raw_copy::{raw_copy, RawCopy};
 pub use replicator_control::ControlTiming;
 pub use replicator_model::NodeId;
 pub use servers::{DevServer, Servers};

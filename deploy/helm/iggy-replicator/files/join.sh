@@ -14,18 +14,10 @@ set -eu
 # SIGTERM (to this shell, the container's PID 1) ends it at once, whatever it does.
 trap 'exit 0' TERM INT
 
-pod="${POD_NAME:-${HOSTNAME:-}}"
-ordinal="${pod##*-}"
-case "$ordinal" in
-  '' | *[!0-9]*)
-    echo "join: cannot derive the pod ordinal from pod name '$pod'" >&2
-    exit 2
-    ;;
-esac
-node_id=$((ordinal + 1))
+# pod, ordinal, node_id, domain and fqdn (pod.sh, mounted beside this script).
+script=join
+. "$(dirname "$0")/pod.sh"
 initial="${INITIAL_MEMBERS:-3}"
-service="${RAFT_SERVICE:-iggy-replicator-raft}"
-domain="$service.${POD_NAMESPACE:-default}.svc"
 statefulset="${pod%-*}"
 interval="${JOIN_RETRY_INTERVAL:-5}"
 
@@ -41,14 +33,13 @@ if [ "$ordinal" -lt "$initial" ]; then
   idle
 fi
 
-self="$pod.$domain"
 # The CLI reads REPLICATOR_TOKEN (mutating calls) and REPLICATOR_CA_FILE (an
 # HTTPS admin API) from the environment.
 tries=0
-until iggy-replicator cluster status --api "$self:7180" > /dev/null 2>&1; do
+until iggy-replicator cluster status --api "$fqdn:7180" > /dev/null 2>&1; do
   tries=$((tries + 1))
   if [ $((tries % 30)) -eq 0 ]; then
-    echo "join: waiting for the admin API of $pod at $self:7180" >&2
+    echo "join: waiting for the admin API of $pod at $fqdn:7180" >&2
   fi
   sleep 2
 done
@@ -59,7 +50,7 @@ while :; do
   attempt=$((attempt + 1))
   echo "join: adding node $node_id through $member (attempt $attempt)" >&2
   if iggy-replicator cluster add --api "$member.$domain:7180" --id "$node_id" \
-    --raft-addr "$self:7100" --api-addr "$self:7180"; then
+    --raft-addr "$fqdn:7100" --api-addr "$fqdn:7180"; then
     echo "join: node $node_id is a voter" >&2
     idle
   fi
