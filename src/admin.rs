@@ -307,8 +307,14 @@ pub(crate) struct StatusView {
     pub(crate) term: u64,
     /// Last applied log index.
     pub(crate) applied_index: Option<u64>,
-    /// Members with liveness.
+    /// Members with liveness and writer identity.
     pub(crate) members: Vec<MemberStatus>,
+    /// Writer fences the leader is waiting for (their members' units wait); 0 on followers.
+    #[serde(default)]
+    pub(crate) fences_pending: usize,
+    /// The last error of a fence, provision or removal of a writer user (leader only).
+    #[serde(default)]
+    pub(crate) fence_error: Option<String>,
     /// Every unit with owner, epoch and confirmed offset; runtime figures for units this node runs.
     pub(crate) units: Vec<UnitView>,
 }
@@ -381,6 +387,8 @@ pub(crate) fn status_view(node: NodeId, cluster: ClusterStatus, local: &[UnitSta
         term: cluster.term,
         applied_index: cluster.applied_index,
         members: cluster.members,
+        fences_pending: cluster.fences_pending,
+        fence_error: cluster.fence_error,
         units,
     }
 }
@@ -515,31 +523,49 @@ fn authorise(state: &AdminState, headers: &HeaderMap, action: &str) -> Result<()
     }
 }
 
+/// The control plane for the mutating call `action`: [`authorise`]d first, then 503 until
+/// the control plane started ([`started_control`]).
+fn control_for<'a>(
+    state: &'a AdminState,
+    headers: &HeaderMap,
+    action: &str,
+) -> Result<&'a Control, Box<Response>> {
+    authorise(state, headers, action)?;
+    started_control(state)
+}
+
+/// The answer to a membership change of node `id`: `member <id> <done>`, or 409 with
+/// `cannot <verb> member <id>: <error>`.
+fn membership_answer(
+    id: NodeId,
+    (verb, done): (&str, &str),
+    result: Result<(), replicator_control::Error>,
+) -> Response {
+    match result {
+        Ok(()) => (StatusCode::OK, format!("member {id} {done}\n")).into_response(),
+        Err(e) => (
+            StatusCode::CONFLICT,
+            format!("cannot {verb} member {id}: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
 /// `POST /cluster/members`: adds a node (learner, then voter).
 async fn add_member(
     State(state): State<AdminState>,
     headers: HeaderMap,
     Json(body): Json<AddMember>,
 ) -> Response {
-    if let Err(refused) = authorise(&state, &headers, "add_member") {
-        return *refused;
-    }
-    let control = match started_control(&state) {
+    let control = match control_for(&state, &headers, "add_member") {
         Ok(control) => control,
         Err(answer) => return *answer,
     };
     info!(member = body.id, raft = %body.raft_addr, "adding member");
-    match control
+    let added = control
         .add_member(body.id, body.raft_addr, body.api_addr)
-        .await
-    {
-        Ok(()) => (StatusCode::OK, format!("member {} added\n", body.id)).into_response(),
-        Err(e) => (
-            StatusCode::CONFLICT,
-            format!("cannot add member {}: {e}\n", body.id),
-        )
-            .into_response(),
-    }
+        .await;
+    membership_answer(body.id, ("add", "added"), added)
 }
 
 /// `DELETE /cluster/members/{id}`: drains the node's units, then removes it.
@@ -548,28 +574,21 @@ async fn remove_member(
     headers: HeaderMap,
     Path(id): Path<NodeId>,
 ) -> Response {
-    if let Err(refused) = authorise(&state, &headers, "remove_member") {
-        return *refused;
-    }
-    let control = match started_control(&state) {
+    let control = match control_for(&state, &headers, "remove_member") {
         Ok(control) => control,
         Err(answer) => return *answer,
     };
     info!(member = id, "removing member");
-    match control.remove_member(id).await {
-        Ok(()) => (StatusCode::OK, format!("member {id} removed\n")).into_response(),
-        Err(e) => (
-            StatusCode::CONFLICT,
-            format!("cannot remove member {id}: {e}\n"),
-        )
-            .into_response(),
-    }
+    let removed = control.remove_member(id).await;
+    membership_answer(id, ("remove", "removed"), removed)
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
 
+    use replicator_config::testing::MinimalConfig;
+    use replicator_config::Secret;
     use replicator_testkit::{TestServer, TestServerConfig};
 
     use super::*;
@@ -580,6 +599,17 @@ mod tests {
     const SECRET: &str = "admin-test-secret-0123456789";
     const ADMIN_TOKEN: &str = "admin-test-token-0123456789";
 
+    /// The node config of these tests: [`MinimalConfig`] with [`SECRET`] and [`ADMIN_TOKEN`].
+    fn config(base: MinimalConfig) -> Result<Config, Box<dyn std::error::Error + Send + Sync>> {
+        let mut config = MinimalConfig {
+            secret: SECRET.to_owned(),
+            ..base
+        }
+        .parse()?;
+        config.cluster.admin_token = Some(Secret::new(ADMIN_TOKEN));
+        Ok(config)
+    }
+
     async fn single_node(
         us: &TestServer,
         eu: &TestServer,
@@ -587,32 +617,14 @@ mod tests {
     ) -> Result<RunningNode, Box<dyn std::error::Error + Send + Sync>> {
         let raft = std::net::TcpListener::bind("127.0.0.1:0")?;
         let api = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let text = format!(
-            r#"
-[node]
-id = 1
-data_dir = {data:?}
-raft_addr = "{raft}"
-api_addr = "{api}"
-[cluster]
-secret = "{SECRET}"
-admin_token = "{ADMIN_TOKEN}"
-[clusters.us]
-url = "{us}"
-[clusters.eu]
-url = "{eu}"
-[[flows]]
-name = "us-to-eu"
-source = "us"
-target = "eu"
-"#,
-            data = dir.join("node").display().to_string(),
-            raft = raft.local_addr()?,
-            api = api.local_addr()?,
-            us = us.connection_string(),
-            eu = eu.connection_string(),
-        );
-        let config = replicator_config::parse_str(&text, "test", |_| None)?;
+        let config = config(MinimalConfig {
+            data_dir: dir.join("node").display().to_string(),
+            raft_addr: raft.local_addr()?.to_string(),
+            api_addr: api.local_addr()?.to_string(),
+            us_url: us.connection_string(),
+            eu_url: eu.connection_string(),
+            ..MinimalConfig::default()
+        })?;
         RunningNode::start(&config, Some(NodeListeners { raft, api }))
             .await
             .map_err(|e| format!("{e:?}").into())
@@ -635,20 +647,13 @@ target = "eu"
     #[tokio::test]
     async fn admin_api_answers_while_the_node_starts() -> TestResult {
         let dir = tempfile::tempdir()?;
-        let text = format!(
-            r#"
-[node]
-id = 7
-data_dir = {data:?}
-raft_addr = "127.0.0.1:1"
-api_addr = "127.0.0.1:2"
-[cluster]
-secret = "{SECRET}"
-admin_token = "{ADMIN_TOKEN}"
-"#,
-            data = dir.path().display().to_string(),
-        );
-        let config = replicator_config::parse_str(&text, "test", |_| None)?;
+        let mut config = config(MinimalConfig {
+            data_dir: dir.path().display().to_string(),
+            raft_addr: "127.0.0.1:1".to_owned(),
+            api_addr: "127.0.0.1:2".to_owned(),
+            ..MinimalConfig::default()
+        })?;
+        config.node.id = 7;
         let parts = Arc::new(NodeParts::new());
         let state = AdminState::new(parts.clone(), Arc::new(Metrics::new()), &config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -152,6 +152,7 @@ impl Demo {
             target_alias: "eu",
             target_url: &target,
             include: &format!("{stream}/*"),
+            target_fencing: None,
         }
         .toml();
         let mut configs = Vec::new();

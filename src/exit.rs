@@ -46,6 +46,12 @@ impl Failure {
         }
     }
 
+    /// The same failure with another hint.
+    pub(crate) fn with_hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+
     /// `verify` found differences.
     pub(crate) fn not_exact(message: impl std::fmt::Display) -> Self {
         Self {

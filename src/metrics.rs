@@ -85,21 +85,17 @@ impl DataPath {
 
     /// Registers the families in `registry` (handles: they share their series with `self`).
     fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "replication_latency_seconds",
-            "Downstream acknowledgement time minus upstream append time of each batch's newest message",
-            self.replication_latency.clone(),
-        );
-        registry.register(
-            "poll_latency_seconds",
-            "Duration of upstream polls",
-            self.poll_latency.clone(),
-        );
-        registry.register(
-            "send_latency_seconds",
-            "Duration of downstream sends",
-            self.send_latency.clone(),
-        );
+        for (name, help, histograms) in [
+            (
+                "replication_latency_seconds",
+                "Downstream acknowledgement time minus upstream append time of each batch's newest message",
+                &self.replication_latency,
+            ),
+            ("poll_latency_seconds", "Duration of upstream polls", &self.poll_latency),
+            ("send_latency_seconds", "Duration of downstream sends", &self.send_latency),
+        ] {
+            registry.register(name, help, histograms.clone());
+        }
         registry.register(
             "errors",
             "Failed calls to Iggy (polls, sends, metadata reads) that are retried, by kind",
@@ -278,41 +274,63 @@ impl Collector for Scrape {
     }
 }
 
+/// A per-unit counter family: name, help, and the total it reads from a unit's stats.
+type UnitCounter = (&'static str, &'static str, fn(&UnitStats) -> u64);
+
 /// The per-unit and per-flow families, from the pipeline's meters.
 fn encode_units(
     e: &mut DescriptorEncoder,
     units: &[UnitStats],
     owned: &BTreeSet<WorkUnit>,
 ) -> Result<(), std::fmt::Error> {
-    let per_unit = |value: fn(&UnitStats) -> u64| {
-        units
+    let counters: [UnitCounter; 8] = [
+        (
+            "messages_copied",
+            "Messages written downstream by this node",
+            |s| s.messages,
+        ),
+        (
+            "bytes_copied",
+            "Message bytes (header, payload, user headers) written downstream by this node",
+            |s| s.bytes,
+        ),
+        (
+            "messages_skipped_loop",
+            "Messages not copied because they originated in the target cluster (loop prevention)",
+            |s| s.skipped_loop,
+        ),
+        (
+            "gap_events",
+            "Times upstream retention removed messages before they were copied",
+            |s| s.gaps,
+        ),
+        (
+            "upstream_resets",
+            "Times the upstream partition started a new history (topic recreated or partition purged) while this node copied it",
+            |s| s.upstream_resets,
+        ),
+        (
+            "downstream_losses",
+            "Times a writer found the target had lost messages it had confirmed",
+            |s| s.downstream_losses,
+        ),
+        (
+            "messages_recopied",
+            "Confirmed messages written again after the target lost them",
+            |s| s.messages_recopied,
+        ),
+        (
+            "tail_scans_exhausted",
+            "Tail scans that reached tail_scan_window without finding a message of the unit",
+            |s| s.tail_scans_exhausted,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let samples = units
             .iter()
-            .map(move |s| (unit_labels(&s.unit), ConstCounter::new(value(s))))
-    };
-    labelled(
-        e,
-        "messages_copied",
-        "Messages written downstream by this node",
-        per_unit(|s| s.messages),
-    )?;
-    labelled(
-        e,
-        "bytes_copied",
-        "Message bytes (header, payload, user headers) written downstream by this node",
-        per_unit(|s| s.bytes),
-    )?;
-    labelled(
-        e,
-        "messages_skipped_loop",
-        "Messages not copied because they originated in the target cluster (loop prevention)",
-        per_unit(|s| s.skipped_loop),
-    )?;
-    labelled(
-        e,
-        "gap_events",
-        "Times upstream retention removed messages before they were copied",
-        per_unit(|s| s.gaps),
-    )?;
+            .map(|s| (unit_labels(&s.unit), ConstCounter::new(value(s))));
+        labelled(e, name, help, samples)?;
+    }
     labelled(
         e,
         "lag_messages",
@@ -397,6 +415,25 @@ fn encode_control(
         "fenced_commits",
         "Offset commits rejected because their epoch was stale",
         c.map(|c| ConstCounter::new(c.fenced_commits)),
+    )?;
+    scalar(
+        e,
+        "writer_fences",
+        "Writer identities this node fenced on the target clusters (as Raft leader)",
+        c.map(|c| ConstCounter::new(c.fences)),
+    )?;
+    scalar(
+        e,
+        "writer_fence_failures",
+        "Attempts to fence, provision or remove a writer identity that failed (retried)",
+        c.map(|c| ConstCounter::new(c.fence_failures)),
+    )?;
+    scalar(
+        e,
+        "writer_fences_pending",
+        "Writer identities waiting to be fenced; their units are not granted meanwhile (leader only)",
+        c.filter(|c| c.is_leader)
+            .map(|c| gauge(c.fences_pending as u64)),
     )
 }
 
@@ -424,6 +461,9 @@ mod tests {
             commit_batches: 3,
             units_owned: 1,
             units_unowned: 5,
+            fences: 1,
+            fence_failures: 0,
+            fences_pending: 0,
         }
     }
 
@@ -441,6 +481,10 @@ mod tests {
             restarts: 1,
             gaps: 0,
             recent_gaps: Vec::new(),
+            upstream_resets: 0,
+            downstream_losses: 0,
+            messages_recopied: 0,
+            tail_scans_exhausted: 0,
             latency_samples: vec![Duration::from_millis(1)],
         }
     }
@@ -602,6 +646,10 @@ mod tests {
                 ("bytes_copied", "counter"),
                 ("messages_skipped_loop", "counter"),
                 ("gap_events", "counter"),
+                ("upstream_resets", "counter"),
+                ("downstream_losses", "counter"),
+                ("messages_recopied", "counter"),
+                ("tail_scans_exhausted", "counter"),
                 ("lag_messages", "gauge"),
                 ("actor_restarts", "counter"),
                 ("units_owned", "gauge"),
@@ -613,6 +661,9 @@ mod tests {
                 ("raft_applied_index", "gauge"),
                 ("lease_renewals", "counter"),
                 ("fenced_commits", "counter"),
+                ("writer_fences", "counter"),
+                ("writer_fence_failures", "counter"),
+                ("writer_fences_pending", "gauge"),
             ]
         );
         assert!(

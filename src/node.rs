@@ -14,7 +14,7 @@ use replicator_config::Config;
 use replicator_control::tls::{ServerTls, ServerTlsFiles};
 use replicator_control::Control;
 use replicator_model::NodeId;
-use replicator_pipeline::Pipeline;
+use replicator_pipeline::{Pipeline, TargetFence};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -22,7 +22,10 @@ use tracing::{info, warn};
 use crate::admin::{self, AdminState, NodeParts};
 use crate::exit::Failure;
 use crate::metrics::Metrics;
-use crate::wiring::{control_params, pipeline_params, RaftControl};
+use crate::wiring::{control_params, fencing, pipeline_params, RaftControl};
+
+/// How long the start waits for the fenced targets to confirm the credential may manage users.
+const RIGHTS_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long the admin API may take to finish the requests in flight when it stops, before
 /// its task is aborted (a `/status` forwarded to an unreachable leader must not hold a stop).
@@ -170,49 +173,61 @@ impl RunningNode {
         );
         info!(node = config.node.id, raft = %raft_addr, api = %api_addr, "starting node; admin API serving");
 
-        let params = control_params(config, raft_addr, Some(raft));
-        let control =
-            match start_unless_stopped("control plane", Control::start(params), stop).await {
-                Outcome::Started(control) => control,
-                Outcome::Stopped(started) => {
-                    parts.begin_stop();
-                    if let Some(control) = started {
-                        control.shutdown().await;
-                    }
+        let fence = match TargetFence::new(&pipeline_params(config)) {
+            Ok(fence) => fence.map(Arc::new),
+            Err(e) => {
+                admin.shutdown().await;
+                return Err(Failure::config(format!("clusters: {e}")));
+            }
+        };
+        if let Some(fence) = &fence {
+            // A target that does not answer soon is checked by the leader's first fence
+            // instead (its failures show in status and metrics); a stop request wins.
+            let check = tokio::time::timeout(RIGHTS_CHECK_TIMEOUT, fence.check_rights());
+            let checked = tokio::select! {
+                () = stop.cancelled() => {
                     admin.shutdown().await;
                     return Ok(None);
                 }
-                Outcome::Failed(e) => {
+                checked = check => checked,
+            };
+            match checked {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
                     admin.shutdown().await;
-                    return Err(Failure::runtime(
-                        format!("cannot start the control plane: {e}"),
-                        "check node.data_dir (readable, this node's own) and node.raft_addr (free)",
+                    return Err(Failure::config(e.to_string()).with_hint(
+                        "give the configured user the global manage_users permission, or set fencing = \"off\" for that cluster (README, \"Fencing\")",
                     ));
                 }
-            };
+                Err(_) => warn!(
+                    "fenced target clusters did not answer the credential check in time; going on"
+                ),
+            }
+        }
+        let fencing = fencing(fence, &pipeline_params(config));
+        let params = control_params(config, raft_addr, Some(raft), fencing);
+        let outcome = start_unless_stopped("control plane", Control::start(params), stop).await;
+        let hint = "check node.data_dir (readable, this node's own) and node.raft_addr (free)";
+        let control = match outcome.or_give_up(&parts, hint, Control::shutdown).await {
+            Ok(control) => control,
+            Err(failure) => {
+                admin.shutdown().await;
+                return failure.map_or(Ok(None), Err);
+            }
+        };
         parts.publish_control(control.clone());
 
         let mut params = pipeline_params(config);
         params.observer = metrics.observer();
         let start = Pipeline::start(params, RaftControl(control.clone()));
-        let pipeline = match start_unless_stopped("pipeline", start, stop).await {
-            Outcome::Started(pipeline) => pipeline,
-            Outcome::Stopped(started) => {
-                parts.begin_stop();
-                if let Some(pipeline) = started {
-                    pipeline.shutdown().await;
-                }
+        let outcome = start_unless_stopped("pipeline", start, stop).await;
+        let hint = "check [clusters] and [[flows]]";
+        let pipeline = match outcome.or_give_up(&parts, hint, Pipeline::shutdown).await {
+            Ok(pipeline) => pipeline,
+            Err(failure) => {
                 control.shutdown().await;
                 admin.shutdown().await;
-                return Ok(None);
-            }
-            Outcome::Failed(e) => {
-                control.shutdown().await;
-                admin.shutdown().await;
-                return Err(Failure::runtime(
-                    format!("cannot start the pipeline: {e}"),
-                    "check [clusters] and [[flows]]",
-                ));
+                return failure.map_or(Ok(None), Err);
             }
         };
         parts.publish_pipeline(
@@ -285,11 +300,42 @@ impl DrainedNode {
 enum Outcome<T> {
     /// It runs.
     Started(T),
-    /// Its start failed.
-    Failed(String),
+    /// Its start failed: the part (e.g. `"pipeline"`) and the error.
+    Failed(&'static str, String),
     /// A stop came first; the start was given up (`Some` if it had finished meanwhile and
     /// must be shut down).
     Stopped(Option<T>),
+}
+
+impl<T> Outcome<T> {
+    /// The started part; otherwise the node's start is given up: `Err(None)` after a stop (the
+    /// node reports itself stopping, and a part that started meanwhile is stopped with
+    /// `shutdown`), `Err(Some(failure))` with `hint` after a failure. The caller then shuts down
+    /// the parts started before.
+    async fn or_give_up<S>(
+        self,
+        parts: &NodeParts,
+        hint: &str,
+        shutdown: impl FnOnce(T) -> S,
+    ) -> Result<T, Option<Failure>>
+    where
+        S: Future<Output = ()>,
+    {
+        match self {
+            Outcome::Started(part) => Ok(part),
+            Outcome::Stopped(started) => {
+                parts.begin_stop();
+                if let Some(part) = started {
+                    shutdown(part).await;
+                }
+                Err(None)
+            }
+            Outcome::Failed(part, e) => Err(Some(Failure::runtime(
+                format!("cannot start the {part}: {e}"),
+                hint,
+            ))),
+        }
+    }
 }
 
 /// Runs `start` as a task of its own (so that a start stuck even in blocking code cannot hold
@@ -322,8 +368,8 @@ where
         }
         joined = &mut task => match joined {
             Ok(Ok(started)) => Outcome::Started(started),
-            Ok(Err(e)) => Outcome::Failed(e.to_string()),
-            Err(e) => Outcome::Failed(format!("its start task failed: {e}")),
+            Ok(Err(e)) => Outcome::Failed(part, e.to_string()),
+            Err(e) => Outcome::Failed(part, format!("its start task failed: {e}")),
         },
     }
 }
@@ -345,6 +391,8 @@ async fn resolve(address: &str, key: &str) -> Result<SocketAddr, Failure> {
 
 #[cfg(test)]
 mod tests {
+    use replicator_config::testing::MinimalConfig;
+
     use super::*;
 
     type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -356,20 +404,14 @@ mod tests {
         let api = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let api_addr = api.local_addr()?;
         let data = dir.path().join("node");
-        let text = format!(
-            r#"
-[node]
-id = 1
-data_dir = {data:?}
-raft_addr = "{raft}"
-api_addr = "{api_addr}"
-[cluster]
-secret = "node-test-secret-0123456789"
-"#,
-            data = data.display().to_string(),
-            raft = raft.local_addr()?,
-        );
-        let config = replicator_config::parse_str(&text, "test", |_| None)?;
+        let config = MinimalConfig {
+            data_dir: data.display().to_string(),
+            raft_addr: raft.local_addr()?.to_string(),
+            api_addr: api_addr.to_string(),
+            secret: "node-test-secret-0123456789".to_owned(),
+            ..MinimalConfig::default()
+        }
+        .parse()?;
         let stop = CancellationToken::new();
         stop.cancel();
         let started = RunningNode::start_until(&config, NodeListeners { raft, api }, &stop)

@@ -77,12 +77,32 @@ impl ApiClient {
     }
 }
 
-/// Bearer token of mutating calls.
+/// Where a mutating call goes, and its bearer token.
 #[derive(Debug, Clone, clap::Args)]
-pub(crate) struct TokenArgs {
+pub(crate) struct MutationArgs {
+    #[command(flatten)]
+    pub(crate) api: ApiArgs,
     /// The admin token (`cluster.admin_token`; the cluster secret is not accepted).
     #[arg(long, env = "REPLICATOR_TOKEN", hide_env_values = true)]
     pub(crate) token: String,
+}
+
+impl MutationArgs {
+    /// Sends the request `build` makes for `action` with the bearer token, and prints the
+    /// answer (a refusal or a failure is the error).
+    async fn send(
+        &self,
+        action: &str,
+        build: impl FnOnce(&ApiClient, &str) -> reqwest::RequestBuilder,
+    ) -> Result<(), Failure> {
+        let client = self.api.client()?;
+        let response = build(&client, &self.api.api)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| unreachable(&self.api.api, e))?;
+        mutation_result(response, action).await
+    }
 }
 
 /// `cluster` subcommands.
@@ -94,9 +114,7 @@ pub(crate) enum ClusterCommand {
     )]
     Add {
         #[command(flatten)]
-        api: ApiArgs,
-        #[command(flatten)]
-        token: TokenArgs,
+        call: MutationArgs,
         /// The new node's id (its `[node] id`).
         #[arg(long)]
         id: NodeId,
@@ -113,9 +131,7 @@ pub(crate) enum ClusterCommand {
     )]
     Remove {
         #[command(flatten)]
-        api: ApiArgs,
-        #[command(flatten)]
-        token: TokenArgs,
+        call: MutationArgs,
         /// The node to remove.
         #[arg(long)]
         id: NodeId,
@@ -172,37 +188,31 @@ async fn fetch_status(client: &ApiClient, api: &str) -> Result<StatusView, Failu
 pub(crate) async fn cluster(command: ClusterCommand) -> Result<(), Failure> {
     match command {
         ClusterCommand::Add {
-            api,
-            token,
+            call,
             id,
             raft_addr,
             api_addr,
         } => {
-            let client = api.client()?;
-            let response = client
-                .http
-                .post(client.url(&api.api, "/cluster/members"))
-                .bearer_auth(&token.token)
-                .json(&AddMember {
-                    id,
-                    raft_addr,
-                    api_addr,
-                })
-                .send()
-                .await
-                .map_err(|e| unreachable(&api.api, e))?;
-            mutation_result(response, "add").await
+            let body = AddMember {
+                id,
+                raft_addr,
+                api_addr,
+            };
+            call.send("add", |client, api| {
+                client
+                    .http
+                    .post(client.url(api, "/cluster/members"))
+                    .json(&body)
+            })
+            .await
         }
-        ClusterCommand::Remove { api, token, id } => {
-            let client = api.client()?;
-            let response = client
-                .http
-                .delete(client.url(&api.api, &format!("/cluster/members/{id}")))
-                .bearer_auth(&token.token)
-                .send()
-                .await
-                .map_err(|e| unreachable(&api.api, e))?;
-            mutation_result(response, "remove").await
+        ClusterCommand::Remove { call, id } => {
+            call.send("remove", |client, api| {
+                client
+                    .http
+                    .delete(client.url(api, &format!("/cluster/members/{id}")))
+            })
+            .await
         }
         ClusterCommand::Status { api } => {
             let view = fetch_status(&api.client()?, &api.api).await?;
@@ -284,13 +294,27 @@ fn render_members(view: &StatusView) -> String {
         view.term,
         view.node
     );
+    if view.fences_pending > 0 {
+        out.push_str(&format!(
+            "writer fences pending: {} (their members' partitions wait)\n",
+            view.fences_pending
+        ));
+    }
+    if let Some(error) = &view.fence_error {
+        out.push_str(&format!("last fence error: {error}\n"));
+    }
     out.push_str(&format!(
-        "{:>6}  {:<22} {:<22} {:<7} {:<7} {:>6}\n",
-        "node", "raft", "api", "voter", "lease", "units"
+        "{:>6}  {:<22} {:<22} {:<7} {:<7} {:>6}  {}\n",
+        "node", "raft", "api", "voter", "lease", "units", "writer"
     ));
     for m in &view.members {
+        let writer = match (m.writer_incarnation, m.fenced) {
+            (None, _) => "-".to_owned(),
+            (Some(i), false) => format!("incarnation {i}"),
+            (Some(i), true) => format!("incarnation {i} FENCED"),
+        };
         out.push_str(&format!(
-            "{:>6}  {:<22} {:<22} {:<7} {:<7} {:>6}\n",
+            "{:>6}  {:<22} {:<22} {:<7} {:<7} {:>6}  {writer}\n",
             m.id,
             m.raft_addr,
             m.api_addr,

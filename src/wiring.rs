@@ -8,10 +8,18 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use replicator_config::Config;
-use replicator_control::{ClusterSecret, Control, ControlParams, ControlTiming, TlsFiles};
+use std::sync::Arc;
+
+use replicator_config::FencingMode;
+use replicator_control::{
+    ClusterSecret, Control, ControlParams, ControlTiming, FenceFuture, Fencing, TlsFiles,
+    WriterFence,
+};
 use replicator_model::{Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit};
+use replicator_model::{NodeId, WriterLogin};
 use replicator_pipeline::{
     BackoffParams, ClusterParams, ControlError, ControlPlane, FlowParams, PipelineParams,
+    TargetFence,
 };
 use tokio::sync::watch;
 
@@ -40,6 +48,7 @@ pub(crate) fn control_params(
     config: &Config,
     raft_addr: SocketAddr,
     raft_listener: Option<std::net::TcpListener>,
+    fencing: Option<Fencing>,
 ) -> ControlParams {
     ControlParams {
         node_id: config.node.id,
@@ -55,6 +64,33 @@ pub(crate) fn control_params(
             key_file: t.key_file.clone(),
             ca_file: t.ca_file.clone(),
         }),
+        fencing,
+    }
+}
+
+/// The control plane's fencing over the fenced target clusters of `params` (`None` when no
+/// flow writes to one).
+pub(crate) fn fencing(fence: Option<Arc<TargetFence>>, params: &PipelineParams) -> Option<Fencing> {
+    fence.map(|fence| Fencing {
+        fence: Arc::new(IggyFence(fence)),
+        every_target_fenced: TargetFence::covers_every_target(params),
+    })
+}
+
+/// The pipeline's Iggy-side fencing seen through the control plane's interface.
+struct IggyFence(Arc<TargetFence>);
+
+impl WriterFence for IggyFence {
+    fn provision<'a>(&'a self, login: &'a WriterLogin) -> FenceFuture<'a, ()> {
+        Box::pin(self.0.provision(login))
+    }
+
+    fn revoke(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, ()> {
+        Box::pin(self.0.revoke(node, incarnation))
+    }
+
+    fn remove(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, bool> {
+        Box::pin(self.0.remove(node, incarnation))
     }
 }
 
@@ -66,6 +102,8 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
         .map(|(alias, cluster)| {
             let mut params = ClusterParams::new(cluster.url.expose());
             params.connections = cluster.connections;
+            params.writer_user_prefix =
+                (cluster.fencing == FencingMode::Users).then(|| cluster.writer_user_prefix.clone());
             (alias.clone(), params)
         })
         .collect();
@@ -115,6 +153,10 @@ fn control_error(error: replicator_control::Error) -> ControlError {
 impl ControlPlane for RaftControl {
     fn assignments(&self) -> watch::Receiver<Vec<Assignment>> {
         self.0.assignments()
+    }
+
+    fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
+        self.0.writer_login()
     }
 
     fn lease_valid_until(&self) -> Option<Instant> {

@@ -1,5 +1,6 @@
 //! Chaos: a producer writes continuously into 16 partitions while a seeded fault schedule
-//! kills (-9) and restarts nodes, kills the Raft leader, pauses nodes (SIGSTOP/SIGCONT),
+//! kills (-9) and restarts nodes, kills the Raft leader, pauses nodes (SIGSTOP/SIGCONT) while
+//! they copy, half of the time with one of their sends held undelivered until after the pause,
 //! restarts the upstream and downstream servers and drops their connections. After every
 //! fault the cluster must recover (every partition owned and written again); at the end the
 //! producer stops, the copy catches up and `verify` must report an exact copy.
@@ -32,8 +33,16 @@ enum Fault {
     KillRestart(NodeId),
     /// `kill -9` of the current Raft leader, then a restart.
     KillLeader,
-    /// SIGSTOP for a while, then SIGCONT.
-    Pause(NodeId, Duration),
+    /// SIGSTOP for a while, then SIGCONT; with `mid_send`, one send of the node's writers is
+    /// held undelivered from just before the SIGSTOP until just before the SIGCONT.
+    Pause {
+        /// The node.
+        node: NodeId,
+        /// How long it stays frozen.
+        frozen: Duration,
+        /// Whether it is frozen inside a send.
+        mid_send: bool,
+    },
     /// Restart of the upstream server (same port, same data).
     RestartUpstream,
     /// Restart of the downstream server.
@@ -49,7 +58,16 @@ impl fmt::Display for Fault {
         match self {
             Fault::KillRestart(n) => write!(f, "kill -9 node {n} + restart"),
             Fault::KillLeader => write!(f, "kill -9 leader + restart"),
-            Fault::Pause(n, d) => write!(f, "SIGSTOP node {n} for {:.1} s", d.as_secs_f64()),
+            Fault::Pause {
+                node,
+                frozen,
+                mid_send,
+            } => write!(
+                f,
+                "SIGSTOP node {node} for {:.1} s{}",
+                frozen.as_secs_f64(),
+                if *mid_send { " mid-send" } else { "" }
+            ),
             Fault::RestartUpstream => write!(f, "restart upstream server"),
             Fault::RestartDownstream => write!(f, "restart downstream server"),
             Fault::DropUpstreamConnections => write!(f, "drop upstream connections"),
@@ -72,7 +90,11 @@ fn schedule(seed: u64, count: usize) -> Vec<(Duration, Fault)> {
             let fault = match kind {
                 0 => Fault::KillRestart(node),
                 1 => Fault::KillLeader,
-                2 => Fault::Pause(node, Duration::from_millis(rng.gen_range(500..4500))),
+                2 => Fault::Pause {
+                    node,
+                    frozen: Duration::from_millis(rng.gen_range(500..4500)),
+                    mid_send: rng.gen_bool(0.5),
+                },
                 3 => Fault::RestartUpstream,
                 4 => Fault::RestartDownstream,
                 5 => Fault::DropUpstreamConnections,
@@ -117,6 +139,54 @@ async fn kill_restart(
     );
     cluster.restart(victim)?;
     Ok((!killed.owned.is_empty()).then_some(killed.resumed.all))
+}
+
+/// Freezes `node` for `frozen` while the producer writes; with `mid_send`, one of its writers'
+/// requests is held undelivered until the end of the freeze (it arrives after the partitions
+/// may have moved: the target's fence must refuse it).
+async fn freeze(
+    servers: &Servers,
+    cluster: &mut Cluster,
+    node: NodeId,
+    frozen: Duration,
+    mid_send: bool,
+) -> TestResult {
+    let owned = match cluster.leader_status().await {
+        Some(status) => status.owned_by(&servers.topic, node),
+        None => Default::default(),
+    };
+    let hold = match owned.first() {
+        Some(&partition) if mid_send => {
+            let topic = &servers.topic;
+            let hold =
+                servers
+                    .downstream
+                    .faults()
+                    .hold_sends_to(&topic.stream, &topic.name, partition);
+            // The producer writes to every partition, so the writer sends again soon; if it
+            // does not within the bound, the node is frozen without a held send.
+            let held = tokio::time::timeout(Duration::from_secs(10), hold.until_held(1)).await;
+            println!(
+                "  partition {partition} of node {node}: {}",
+                if held.is_ok() {
+                    "send held"
+                } else {
+                    "no send to hold"
+                }
+            );
+            Some(hold)
+        }
+        _ => None,
+    };
+    cluster.pause(node)?;
+    tokio::time::sleep(frozen).await;
+    if let Some(hold) = hold {
+        tokio::time::timeout(Duration::from_secs(30), hold.release_and_wait())
+            .await
+            .map_err(|_| "the held request was not answered in 30 s")?;
+    }
+    cluster.resume(node)?;
+    Ok(())
 }
 
 /// After a fault: all nodes run, every partition is owned by one of them, each node owns
@@ -166,17 +236,11 @@ fn seeded_fault_schedule_ends_with_an_exact_copy() -> TestResult {
                         .ok_or("no leader to kill")?;
                     failover = kill_restart(&servers, &mut cluster, leader).await?;
                 }
-                Fault::Pause(node, duration) => {
-                    // Freeze the node while it is idle: a process frozen inside a send can
-                    // append that one batch after its partitions moved (README, "Known
-                    // limitation"; zombie.rs).
-                    producer.pause();
-                    servers.wait_caught_up(Duration::from_secs(60)).await?;
-                    cluster.pause(node)?;
-                    producer.resume();
-                    tokio::time::sleep(duration).await;
-                    cluster.resume(node)?;
-                }
+                Fault::Pause {
+                    node,
+                    frozen,
+                    mid_send,
+                } => freeze(&servers, &mut cluster, node, frozen, mid_send).await?,
                 Fault::RestartUpstream => servers.upstream.restart().await?,
                 Fault::RestartDownstream => servers.downstream.restart().await?,
                 Fault::DropUpstreamConnections => servers.upstream.faults().drop_connections(),

@@ -21,7 +21,7 @@ pub(crate) fn topic() -> Topic {
 /// The nodes' replication: the topic's stream from "up" to "down", product defaults otherwise
 /// (the control plane's timing included: see [`Cluster::timing`]); with `tls`, mutual TLS
 /// between the nodes and HTTPS admin APIs.
-fn spec(servers: &Servers, tls: bool) -> TestResult<ClusterSpec> {
+fn spec(servers: &Servers, tls: bool, fencing: Option<&str>) -> TestResult<ClusterSpec> {
     Ok(ClusterSpec {
         binary: ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?,
         replication_toml: FlowConfig {
@@ -31,6 +31,7 @@ fn spec(servers: &Servers, tls: bool) -> TestResult<ClusterSpec> {
             target_alias: "down",
             target_url: &servers.downstream.connection_string(),
             include: &format!("{}/*", servers.topic.stream),
+            target_fencing: fencing,
         }
         .toml(),
         units: servers.topic.partitions as usize,
@@ -55,7 +56,19 @@ pub(crate) async fn start_loopback(
     let placements = (1..=n)
         .map(|id| Ok((id, Placement::loopback()?)))
         .collect::<TestResult<BTreeMap<_, _>>>()?;
-    start_with(servers, placements, tls).await
+    start_with(servers, placements, tls, None).await
+}
+
+/// Like [`start`], with the target cluster's `fencing` set (`"users"`, `"off"`).
+pub(crate) async fn start_fencing(
+    n: u64,
+    fencing: &str,
+) -> TestResult<(Servers, Cluster, PacedProducer)> {
+    let servers = Servers::start(topic()).await?;
+    let placements = (1..=n)
+        .map(|id| Ok((id, Placement::loopback()?)))
+        .collect::<TestResult<BTreeMap<_, _>>>()?;
+    start_with(servers, placements, false, Some(fencing)).await
 }
 
 /// Like [`start`] with the given servers and node placements.
@@ -63,15 +76,16 @@ pub(crate) async fn start_placed(
     servers: Servers,
     placements: BTreeMap<NodeId, Placement>,
 ) -> TestResult<(Servers, Cluster, PacedProducer)> {
-    start_with(servers, placements, false).await
+    start_with(servers, placements, false, None).await
 }
 
 async fn start_with(
     servers: Servers,
     placements: BTreeMap<NodeId, Placement>,
     tls: bool,
+    fencing: Option<&str>,
 ) -> TestResult<(Servers, Cluster, PacedProducer)> {
-    let cluster = Cluster::launch(spec(&servers, tls)?, placements).await?;
+    let cluster = Cluster::launch(spec(&servers, tls, fencing)?, placements).await?;
     let mut params = ProducerParams::new(
         servers.upstream.connection_string(),
         servers.topic.targets(),
@@ -90,6 +104,19 @@ async fn start_with(
     let producer = PacedProducer::start(params);
     servers.wait_copy_started(Duration::from_secs(30)).await?;
     Ok((servers, cluster, producer))
+}
+
+/// Asserts that nothing is copied for `quiet` (failing with `why`); returns the downstream
+/// message counts per partition, which stayed as they were.
+pub(crate) async fn assert_nothing_copied(
+    servers: &Servers,
+    quiet: Duration,
+    why: &str,
+) -> Vec<u64> {
+    let counts = servers.downstream_counts();
+    tokio::time::sleep(quiet).await;
+    assert_eq!(servers.downstream_counts(), counts, "{why}");
+    counts
 }
 
 /// The common end of a scenario: stop the producer, wait for the copy to catch up, require

@@ -5,6 +5,7 @@
 
 mod chaos;
 mod failover;
+mod fence;
 mod fixture;
 mod partition;
 mod restart;

@@ -102,6 +102,8 @@ pub struct FlowConfig<'a> {
     pub target_url: &'a str,
     /// The one `include` pattern, e.g. `"ha/*"`.
     pub include: &'a str,
+    /// The target cluster's `fencing` (`"users"` or `"off"`); `None` keeps the product default.
+    pub target_fencing: Option<&'a str>,
 }
 
 impl FlowConfig<'_> {
@@ -114,7 +116,7 @@ url = "{source_url}"
 
 [clusters.{target_alias}]
 url = "{target_url}"
-
+{fencing}
 [[flows]]
 name = "{name}"
 source = "{source_alias}"
@@ -130,6 +132,10 @@ discovery_interval = "1s"
             source_url = self.source_url,
             target_alias = self.target_alias,
             target_url = self.target_url,
+            fencing = self
+                .target_fencing
+                .map(|f| format!("fencing = \"{f}\"\n"))
+                .unwrap_or_default(),
             include = self.include,
         )
     }
