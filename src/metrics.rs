@@ -276,6 +276,8 @@ impl Collector for Scrape {
 
 /// A per-unit counter family: name, help, and the total it reads from a unit's stats.
 type UnitCounter = (&'static str, &'static str, fn(&UnitStats) -> u64);
+/// A control-plane counter family: name, help, and the total it reads from the metrics.
+type ControlCounter = (&'static str, &'static str, fn(&ControlMetrics) -> u64);
 
 /// The per-unit and per-flow families, from the pipeline's meters.
 fn encode_units(
@@ -404,30 +406,31 @@ fn encode_control(
         "Index of the last Raft log entry applied on this node",
         c.and_then(|c| c.last_applied).map(gauge),
     )?;
-    scalar(
-        e,
-        "lease_renewals",
-        "Ownership lease renewals committed for this node",
-        c.map(|c| ConstCounter::new(c.lease_renewals)),
-    )?;
-    scalar(
-        e,
-        "fenced_commits",
-        "Offset commits rejected because their epoch was stale",
-        c.map(|c| ConstCounter::new(c.fenced_commits)),
-    )?;
-    scalar(
-        e,
-        "writer_fences",
-        "Writer identities this node fenced on the target clusters (as Raft leader)",
-        c.map(|c| ConstCounter::new(c.fences)),
-    )?;
-    scalar(
-        e,
-        "writer_fence_failures",
-        "Attempts to fence, provision or remove a writer identity that failed (retried)",
-        c.map(|c| ConstCounter::new(c.fence_failures)),
-    )?;
+    let counters: [ControlCounter; 4] = [
+        (
+            "lease_renewals",
+            "Ownership lease renewals committed for this node",
+            |c| c.lease_renewals,
+        ),
+        (
+            "fenced_commits",
+            "Offset commits rejected because their epoch was stale",
+            |c| c.fenced_commits,
+        ),
+        (
+            "writer_fences",
+            "Writer identities this node fenced on the target clusters (as Raft leader)",
+            |c| c.fences,
+        ),
+        (
+            "writer_fence_failures",
+            "Attempts to fence, provision or remove a writer identity that failed (retried)",
+            |c| c.fence_failures,
+        ),
+    ];
+    for (name, help, value) in counters {
+        scalar(e, name, help, c.map(|c| ConstCounter::new(value(c))))?;
+    }
     scalar(
         e,
         "writer_fences_pending",

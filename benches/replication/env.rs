@@ -214,6 +214,7 @@ pub(crate) fn replication_spec(
 ) -> ClusterSpec {
     let naming = if prefix { "prefix" } else { "identity" };
     let (connections, provenance) = (settings.connections, settings.provenance);
+    let fencing = &settings.fencing;
     ClusterSpec {
         binary: endpoints.binary.clone(),
         replication_toml: format!(
@@ -224,6 +225,7 @@ connections = {connections}
 [clusters.dst]
 url = "{down}"
 connections = {connections}
+fencing = "{fencing}"
 
 [[flows]]
 name = "bench"

@@ -20,8 +20,8 @@ const TOPIC: &str = "t";
 pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResult {
     let stream = run_name("failover");
     println!(
-        "## Failover: {} × kill -9 of a random instance of three, {} msg/s produced, defaults\n",
-        settings.failovers, settings.failover_rate
+        "## Failover: {} × kill -9 of a random instance of three, {} msg/s produced, target fencing {}, defaults otherwise\n",
+        settings.failovers, settings.failover_rate, settings.fencing
     );
     cleaned_up(endpoints, &stream, measure(endpoints, settings, &stream)).await
 }

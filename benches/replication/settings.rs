@@ -45,6 +45,8 @@ pub(crate) struct Settings {
     pub(crate) kill_topics: u32,
     /// See `kill_topics`.
     pub(crate) kill_partitions: u32,
+    /// `BENCH_FENCING`: the target cluster's `fencing`, `users` (default) or `off`.
+    pub(crate) fencing: String,
 }
 
 impl Settings {
@@ -80,6 +82,11 @@ impl Settings {
             leader_kills: var_u32("BENCH_LEADER_KILLS", 50)?,
             kill_topics: var_u32("BENCH_KILL_TOPICS", 10)?.max(1),
             kill_partitions: var_u32("BENCH_KILL_PARTITIONS", 100)?.max(1),
+            fencing: match std::env::var("BENCH_FENCING") {
+                Err(_) => "users".to_owned(),
+                Ok(f) if f == "users" || f == "off" => f,
+                Ok(f) => return Err(format!("BENCH_FENCING={f:?} must be users or off").into()),
+            },
         })
     }
 }
@@ -90,7 +97,7 @@ impl fmt::Display for Settings {
             f,
             "messages={} rounds={} connections={} rates={:?} latency_seconds={} failovers={} \
              failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} provenance={} \
-             leader_kills={} kill_layout={}x{}",
+             leader_kills={} kill_layout={}x{} fencing={}",
             self.messages,
             self.rounds,
             self.connections,
@@ -106,7 +113,8 @@ impl fmt::Display for Settings {
             self.provenance,
             self.leader_kills,
             self.kill_topics,
-            self.kill_partitions
+            self.kill_partitions,
+            self.fencing
         )
     }
 }

@@ -29,14 +29,7 @@ struct Frozen {
 /// then thaws the follower.
 async fn freeze_mid_send(fencing: &str) -> TestResult<(Servers, Cluster, PacedProducer, Frozen)> {
     let (servers, mut cluster, producer) = fixture::start_fencing(3, fencing).await?;
-    let status = cluster.leader_status().await.ok_or("no leader")?;
-    let leader = status.leader.ok_or("no leader")?;
-    let node: NodeId = cluster
-        .running()
-        .into_iter()
-        .find(|id| *id != leader && !status.owned_by(&servers.topic, *id).is_empty())
-        .ok_or("no follower owns units")?;
-    let owned = status.owned_by(&servers.topic, node);
+    let (node, owned) = fixture::owning_follower(&servers, &cluster).await?;
     let partition = *owned.first().ok_or("no partition")?;
 
     // The producer keeps writing, so the node's writer of `partition` sends again soon; its

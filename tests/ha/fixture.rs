@@ -2,7 +2,7 @@
 //! config (one flow "up" → "down", product defaults), the steady producer, and the common
 //! start and end of a scenario.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use replicator_harness::{
@@ -104,6 +104,21 @@ async fn start_with(
     let producer = PacedProducer::start(params);
     servers.wait_copy_started(Duration::from_secs(30)).await?;
     Ok((servers, cluster, producer))
+}
+
+/// A follower (not the Raft leader) that owns partitions of the topic, and those partitions.
+pub(crate) async fn owning_follower(
+    servers: &Servers,
+    cluster: &Cluster,
+) -> TestResult<(NodeId, BTreeSet<u32>)> {
+    let status = cluster.leader_status().await.ok_or("no leader")?;
+    let leader = status.leader.ok_or("no leader")?;
+    let node = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader && !status.owned_by(&servers.topic, *id).is_empty())
+        .ok_or("no follower owns units")?;
+    Ok((node, status.owned_by(&servers.topic, node)))
 }
 
 /// Asserts that nothing is copied for `quiet` (failing with `why`); returns the downstream

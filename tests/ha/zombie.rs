@@ -25,14 +25,7 @@ fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() ->
         let (servers, mut cluster, producer) = fixture::start(3).await?;
         let lease_expiry = cluster.timing().lease_expiry;
 
-        let status = cluster.leader_status().await.ok_or("no leader")?;
-        let leader = status.leader.ok_or("no leader")?;
-        let zombie: NodeId = cluster
-            .running()
-            .into_iter()
-            .find(|id| *id != leader && !status.owned_by(&servers.topic, *id).is_empty())
-            .ok_or("no follower owns units")?;
-        let owned = status.owned_by(&servers.topic, zombie);
+        let (zombie, owned) = fixture::owning_follower(&servers, &cluster).await?;
         let fenced_before = fenced_commits(&cluster.metrics_of(zombie).await?);
 
         // Freeze the node while it copies (the producer keeps writing): whatever it was doing,

@@ -1,6 +1,5 @@
 //! Copying through restarts, crashes and outages: the result stays exact.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,8 +7,8 @@ use std::time::Duration;
 use replicator_pipeline::{InMemoryControl, Pipeline};
 
 use crate::harness::{
-    assert_exact, client, confirmed_total, count, produce, wait_until, Env, Intercept, Intercepted,
-    TestResult,
+    assert_exact, client, confirmed_total, count, produce, wait_until, Env, Intercepted,
+    StallCommits, TestResult,
 };
 
 /// Sum of messages in the first `partitions` downstream partitions of `{stream}/created`.
@@ -58,22 +57,6 @@ async fn stop_and_restart_mid_stream_copies_exactly_without_duplicates() -> Test
     assert!(report.downstream_total() == 40_000);
     second.shutdown().await;
     Ok(())
-}
-
-/// Commits that hang forever once the flag is set: every write after that point is downstream
-/// but never confirmed.
-#[derive(Clone)]
-struct StallCommits(Arc<AtomicBool>);
-
-impl Intercept for StallCommits {
-    fn before_commit(&self) -> impl Future<Output = ()> + Send {
-        let stall = self.0.load(Ordering::SeqCst);
-        async move {
-            if stall {
-                std::future::pending::<()>().await;
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

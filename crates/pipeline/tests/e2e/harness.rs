@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::ops::Range;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
@@ -281,6 +282,22 @@ pub(crate) trait Intercept: Clone + Send + Sync + 'static {
     /// Called as the pipeline hands a unit back; the release goes through once this is done.
     fn before_release(&self) -> impl Future<Output = ()> + Send {
         async {}
+    }
+}
+
+/// Commits that hang forever once the flag is set: every write after that point is downstream
+/// but never confirmed.
+#[derive(Clone)]
+pub(crate) struct StallCommits(pub(crate) Arc<AtomicBool>);
+
+impl Intercept for StallCommits {
+    fn before_commit(&self) -> impl Future<Output = ()> + Send {
+        let stall = self.0.load(Ordering::SeqCst);
+        async move {
+            if stall {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 }
 

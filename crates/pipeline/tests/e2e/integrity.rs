@@ -2,7 +2,6 @@
 //! recreated between two discovery rounds), a target that lost acknowledged messages, and more
 //! foreign messages downstream than the tail scan window on top of unconfirmed writes.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +15,8 @@ use replicator_pipeline::provenance::{self, Incarnation};
 use replicator_pipeline::{ControlPlane, FlowParams, InMemoryControl, Pipeline, UnitStats};
 
 use crate::harness::{
-    assert_exact, client, count, create_topic, produce, wait_confirmed, wait_until, Env, Intercept,
-    Intercepted, TestResult,
+    assert_exact, client, count, create_topic, produce, wait_confirmed, wait_until, CopiedUnit,
+    Env, Intercepted, StallCommits, TestResult,
 };
 
 /// `count` messages of `stream/topic/0` from `offset` on, as stored by `server`'s client `c`.
@@ -90,16 +89,7 @@ fn polled_flow(env_flow: FlowParams) -> FlowParams {
 
 /// `stream/t` with one partition holding `0..100`, copied by the flow of `stream` until offset 99
 /// is confirmed.
-async fn copied(
-    stream: &str,
-) -> TestResult<(
-    Env,
-    IggyClient,
-    FlowParams,
-    WorkUnit,
-    InMemoryControl,
-    Pipeline,
-)> {
+async fn copied(stream: &str) -> TestResult<CopiedUnit> {
     let (env, up, f) = Env::seeded(stream, "t", 1, 0..100, 100).await?;
     let unit = WorkUnit::new(stream, stream, "t", 0);
     let (control, pipeline) = env.run(&f).await?;
@@ -270,22 +260,6 @@ async fn an_emptied_downstream_partition_with_a_confirmed_offset_is_copied_again
     assert_exact(&env.verify(&f, Duration::from_secs(10)).await?);
     second.shutdown().await;
     Ok(())
-}
-
-/// Commits that hang forever once the flag is set: every write after that point is downstream
-/// but never confirmed.
-#[derive(Clone)]
-struct StallCommits(Arc<AtomicBool>);
-
-impl Intercept for StallCommits {
-    fn before_commit(&self) -> impl Future<Output = ()> + Send {
-        let stall = self.0.load(Ordering::SeqCst);
-        async move {
-            if stall {
-                std::future::pending::<()>().await;
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
