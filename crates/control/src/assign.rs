@@ -68,7 +68,7 @@ pub(crate) struct FenceWork {
 ///   revoke was not acknowledged yet;
 /// * a live, active, responsive member without an identity, or whose identity was revoked:
 ///   provision the next incarnation (one above every incarnation it ever had);
-/// * every stale identity: delete its users once no session of theirs is left.
+/// * every stale identity: make sure its users are revoked, then retire it.
 pub(crate) fn fence_work(state: &ControlState, lease: &Liveness) -> FenceWork {
     let mut work = FenceWork::default();
     if !lease.fencing {
@@ -99,6 +99,7 @@ pub(crate) fn fence_work(state: &ControlState, lease: &Liveness) -> FenceWork {
             .filter(|(n, _)| n == node)
             .map(|(_, i)| *i)
             .chain(state.identities.get(node).map(|i| i.incarnation))
+            .chain(state.retired_incarnations.get(node).copied())
             .max()
             .unwrap_or(0);
         work.provision.push((*node, highest + 1));

@@ -112,7 +112,8 @@ pub(crate) enum ControlCommand {
         /// The identity to revoke.
         incarnation: u64,
     },
-    /// Leader only: the user of a stale identity is gone from every target cluster.
+    /// Leader only: the user of a stale identity is revoked and inactive on every target cluster
+    /// (it stays there: see `WriterFence::retire`); its incarnation is remembered as retired.
     ForgetIdentity {
         /// The member the identity belonged to.
         node: NodeId,

@@ -43,10 +43,12 @@ pub trait WriterFence: Send + Sync + 'static {
     /// open sessions are refused on their next request.
     fn revoke(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, ()>;
 
-    /// Deletes the user of a stale identity on every target where no session of it is left
-    /// (ids are reused: deleting a user with a live session could hand that session a new
-    /// user's rights). `Ok(false)`: a session remains somewhere; try again later.
-    fn remove(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, bool>;
+    /// Makes sure the user of a stale identity has no rights and cannot log in on every target;
+    /// `Ok(true)` once it is so everywhere. The user is never deleted: Iggy reuses user ids, so
+    /// a session of a deleted user could inherit a later user's rights, and whether a user
+    /// still has sessions cannot be known (on a server with several shards `GET_CLIENTS` lists
+    /// only the sessions of the shard that answers). `Ok(false)`: not yet; try again later.
+    fn retire(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, bool>;
 }
 
 /// How the control plane fences (`ControlParams::fencing`).
@@ -245,7 +247,7 @@ async fn attempt(fence: &dyn WriterFence, op: &FenceOp) -> Result<Option<Control
             }))
         }
         FenceOp::Retire { node, incarnation } => Ok(fence
-            .remove(node, incarnation)
+            .retire(node, incarnation)
             .await?
             .then_some(ControlCommand::ForgetIdentity { node, incarnation })),
     }

@@ -83,9 +83,12 @@ pub(crate) struct ControlState {
     pub(crate) units: BTreeMap<WorkUnit, UnitRecord>,
     /// Each member's current writer identity (only with fencing on).
     pub(crate) identities: BTreeMap<NodeId, IdentityRecord>,
-    /// Replaced or removed identities whose users may still exist on a target: the leader
-    /// deletes each once no session of it is left, then forgets it.
+    /// Replaced or removed identities whose users may still have rights on a target: the
+    /// leader makes sure each is revoked, then moves it to `retired_incarnations`.
     pub(crate) stale_identities: BTreeSet<(NodeId, u64)>,
+    /// Per node, the highest incarnation retired: its user stays on the targets (revoked and
+    /// inactive, never deleted), so no new identity may take its name again.
+    pub(crate) retired_incarnations: BTreeMap<NodeId, u64>,
 }
 
 impl ControlState {
@@ -240,6 +243,8 @@ impl ControlState {
             }
             ControlCommand::ForgetIdentity { node, incarnation } => {
                 if self.stale_identities.remove(&(*node, *incarnation)) {
+                    let highest = self.retired_incarnations.entry(*node).or_insert(0);
+                    *highest = (*highest).max(*incarnation);
                     Done
                 } else {
                     Ignored(Rejection::UnknownIdentity)

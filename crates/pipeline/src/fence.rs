@@ -1,4 +1,4 @@
-//! Fencing at the target clusters, the Iggy side: creating, revoking and deleting the writer
+//! Fencing at the target clusters, the Iggy side: creating, revoking and retiring the writer
 //! users of the nodes with the cluster's configured credential (which needs `manage_users`).
 //! The control plane's leader drives it (`replicator_control::WriterFence`, adapted in the
 //! binary); `../shared/docs/iggy-fencing.md` records why a permission change fences an open
@@ -151,8 +151,9 @@ impl TargetFence {
     }
 
     /// Creates `login`'s user on every fenced target with writer rights only. A user of that
-    /// name left by a leader that failed before committing the identity is deleted first
-    /// (nobody ever wrote with it: the identity was never committed).
+    /// name can only be left by a leader that failed before committing the identity (retired
+    /// incarnations are never handed out again), so nobody ever had its password; it is
+    /// deleted first, unless a session of it shows up.
     pub async fn provision(&self, login: &WriterLogin) -> std::result::Result<(), String> {
         for t in &self.targets {
             let name = login.username(&t.prefix);
@@ -206,35 +207,16 @@ impl TargetFence {
         Ok(())
     }
 
-    /// Deletes the user where no session of it is left; `Ok(false)` while one remains.
-    pub async fn remove(
+    /// Retires the user of a stale identity: revoked and inactive (as [`TargetFence::revoke`]),
+    /// never deleted (see `replicator_control::WriterFence::retire`). Always `Ok(true)` once
+    /// every target acknowledged.
+    pub async fn retire(
         &self,
         node: NodeId,
         incarnation: u64,
     ) -> std::result::Result<bool, String> {
-        let mut all_gone = true;
-        for t in &self.targets {
-            let name = writer_username(&t.prefix, node, incarnation);
-            let Some(id) = get_user(t, &name).await? else {
-                continue;
-            };
-            if has_session(t, id).await? {
-                all_gone = false;
-                continue;
-            }
-            // Take the rights first: an id freed by the delete may be reused, and a session
-            // that logged in between the check and the delete must not keep writing rights.
-            call(t, "update_permissions", |c| async move {
-                c.update_permissions(&Identifier::numeric(id)?, Some(Permissions::default()))
-                    .await
-            })
-            .await?;
-            call(t, "delete_user", |c| async move {
-                c.delete_user(&Identifier::numeric(id)?).await
-            })
-            .await?;
-        }
-        Ok(all_gone)
+        self.revoke(node, incarnation).await?;
+        Ok(true)
     }
 
     /// Closes the connections.

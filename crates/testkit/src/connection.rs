@@ -105,6 +105,10 @@ async fn run(
             }
         };
 
+        // The server ends a session that is no longer in its client registry (its user was
+        // deleted, or a heartbeat timeout removed it) after answering: the client has to
+        // connect and log in again.
+        let ends_session = matches!(reply, Err(code) if code == status::CLIENT_NOT_FOUND);
         match reply {
             Ok(()) => {
                 let len = (out.len() - 8) as u32;
@@ -126,6 +130,9 @@ async fn run(
         tokio::select! {
             () = cancel.cancelled() => return Ok(()),
             r = stream.write_all(&out) => r?,
+        }
+        if ends_session {
+            return Ok(());
         }
     }
 }

@@ -424,4 +424,15 @@ fn the_next_incarnation_is_above_every_stale_one() {
     let work = fence_work(&s, &fencing(&[1], &[]));
     check!(work.provision == vec![(1, 6)]);
     check!(work.retire == vec![(1, 5)]);
+    // Retired, its user stays on the targets: the next incarnation is still above it.
+    s.apply(
+        6,
+        &ControlCommand::ForgetIdentity {
+            node: 1,
+            incarnation: 5,
+        },
+    );
+    let work = fence_work(&s, &fencing(&[1], &[]));
+    check!(work.provision == vec![(1, 6)]);
+    check!(work.retire.is_empty());
 }

@@ -16,7 +16,7 @@ use crate::util::*;
 enum Event {
     Provisioned(NodeId, u64),
     Revoked(NodeId, u64),
-    Removed(NodeId, u64),
+    Retired(NodeId, u64),
 }
 
 #[derive(Default)]
@@ -54,9 +54,9 @@ impl WriterFence for RecordingFence {
         })
     }
 
-    fn remove(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, bool> {
+    fn retire(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, bool> {
         Box::pin(async move {
-            self.record(Event::Removed(node, incarnation));
+            self.record(Event::Retired(node, incarnation));
             Ok(true)
         })
     }
@@ -108,7 +108,7 @@ async fn units_go_only_to_members_with_an_identity_and_a_dead_owner_is_fenced_fi
     let member = status.members.iter().find(|m| m.id == victim);
     assert2::check!(member.is_some_and(|m| m.fenced && m.writer_incarnation == Some(1)));
 
-    // Back, it writes only as a new incarnation; the old one is deleted.
+    // Back, it writes only as a new incarnation; the old one is retired.
     cluster.restart(victim).await?;
     wait_until(
         "the member is back as incarnation 2",
@@ -123,8 +123,8 @@ async fn units_go_only_to_members_with_an_identity_and_a_dead_owner_is_fenced_fi
         },
     )
     .await?;
-    wait_until("incarnation 1 removed", Duration::from_secs(10), || {
-        fence.events().contains(&Event::Removed(victim, 1))
+    wait_until("incarnation 1 retired", Duration::from_secs(10), || {
+        fence.events().contains(&Event::Retired(victim, 1))
     })
     .await?;
     let events = fence.events();
