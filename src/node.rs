@@ -196,7 +196,7 @@ impl RunningNode {
                 Ok(Err(e)) => {
                     admin.shutdown().await;
                     return Err(Failure::config(e.to_string()).with_hint(
-                        "give the configured user the global manage_users permission, or set fencing = \"off\" for that cluster (README, \"Fencing\")",
+                        "give the configured user the global manage_users permission, or set fencing = \"off\" for that cluster (README, \"Writer users\")",
                     ));
                 }
                 Err(_) => warn!(

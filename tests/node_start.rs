@@ -35,6 +35,20 @@ impl NodeProcess {
     /// as the other initial members (nodes 2, 3, …), and Iggy clusters `us` and `eu` at
     /// `iggy.0` and `iggy.1`.
     fn start(dir: &Path, peers: &[SocketAddr], iggy: (SocketAddr, SocketAddr)) -> TestResult<Self> {
+        let urls = (
+            format!("iggy://iggy:iggy@{}", iggy.0),
+            format!("iggy://iggy:iggy@{}", iggy.1),
+        );
+        Self::start_with_urls(dir, peers, urls)
+    }
+
+    /// [`NodeProcess::start`] with the connection strings of `us` and `eu` (the flow's
+    /// target) given whole.
+    fn start_with_urls(
+        dir: &Path,
+        peers: &[SocketAddr],
+        (us_url, eu_url): (String, String),
+    ) -> TestResult<Self> {
         let (raft, api) = (free_addr()?, free_addr()?);
         let config = MinimalConfig {
             data_dir: dir.join("data").display().to_string(),
@@ -45,8 +59,8 @@ impl NodeProcess {
                 .zip(std::iter::once(&raft).chain(peers))
                 .map(|(id, addr)| (id, addr.to_string()))
                 .collect(),
-            us_url: format!("iggy://iggy:iggy@{}", iggy.0),
-            eu_url: format!("iggy://iggy:iggy@{}", iggy.1),
+            us_url,
+            eu_url,
             ..MinimalConfig::default()
         };
         let path = dir.join("replicator.toml");
@@ -211,5 +225,53 @@ async fn node_stopped_as_soon_as_its_admin_api_answers_exits_cleanly() -> TestRe
     assert_eq!(status, reqwest::StatusCode::OK, "/health: {body}");
     let exit = node.terminate().await?;
     assert_eq!(exit.code(), Some(0), "exit after SIGTERM: {exit:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_credential_without_manage_users_stops_the_start_with_a_hint() -> TestResult {
+    use iggy::prelude::{
+        Client, GlobalPermissions, IggyClient, Permissions, UserClient, UserStatus,
+    };
+    use replicator_testkit::{TestServer, TestServerConfig};
+
+    let server = TestServer::start(TestServerConfig::default()).await?;
+    let root = IggyClient::from_connection_string(&server.connection_string())?;
+    root.connect().await?;
+    // Enough to create streams and topics and to send, not to manage the writer users.
+    let rights = Permissions {
+        global: GlobalPermissions {
+            manage_streams: true,
+            read_streams: true,
+            manage_topics: true,
+            read_topics: true,
+            poll_messages: true,
+            send_messages: true,
+            ..GlobalPermissions::default()
+        },
+        streams: None,
+    };
+    root.create_user(
+        "no-fencing",
+        "no-fencing-pw",
+        UserStatus::Active,
+        Some(rights),
+    )
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let urls = (
+        server.connection_string(),
+        format!("iggy://no-fencing:no-fencing-pw@{}", server.addr()),
+    );
+    let mut node = NodeProcess::start_with_urls(dir.path(), &[], urls)?;
+    let exit = node.wait_exit(DEADLINE).await?;
+    let log = std::fs::read_to_string(&node.log)?;
+    assert_eq!(exit.code(), Some(2), "exit: {exit:?}\n{log}");
+    assert!(
+        log.contains("manage_users") && log.contains("fencing = \"off\""),
+        "the error names the missing permission and the way out:\n{log}"
+    );
+    root.shutdown().await?;
+    server.shutdown().await;
     Ok(())
 }
