@@ -89,8 +89,8 @@ impl WriterFence for IggyFence {
         Box::pin(self.0.revoke(node, incarnation))
     }
 
-    fn retire(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, bool> {
-        Box::pin(self.0.retire(node, incarnation))
+    fn retire(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, ()> {
+        Box::pin(self.0.revoke(node, incarnation))
     }
 }
 

@@ -43,12 +43,12 @@ pub trait WriterFence: Send + Sync + 'static {
     /// open sessions are refused on their next request.
     fn revoke(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, ()>;
 
-    /// Makes sure the user of a stale identity has no rights and cannot log in on every target;
-    /// `Ok(true)` once it is so everywhere. The user is never deleted: Iggy reuses user ids, so
-    /// a session of a deleted user could inherit a later user's rights, and whether a user
-    /// still has sessions cannot be known (on a server with several shards `GET_CLIENTS` lists
-    /// only the sessions of the shard that answers). `Ok(false)`: not yet; try again later.
-    fn retire(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, bool>;
+    /// Makes sure the user of a stale identity has no rights and cannot log in on every target.
+    /// The user is never deleted: Iggy reuses user ids, so a session of a deleted user could
+    /// inherit a later user's rights, and whether a user still has sessions cannot be known
+    /// (on a server with several shards `GET_CLIENTS` lists only the sessions of the shard
+    /// that answers).
+    fn retire(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, ()>;
 }
 
 /// How the control plane fences (`ControlParams::fencing`).
@@ -142,15 +142,20 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause before retrying a failed attempt; doubles up to `MAX_RETRY`.
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(2);
-/// Pause before asking again whether a stale user's sessions are gone.
-const RETIRE_RECHECK: Duration = Duration::from_secs(5);
 
-/// Runs `op` until its outcome is committed, this node stops leading `term`, or the node stops.
+/// Runs `op` (see [`drive`]) and then lets the next round start it again if still needed.
 async fn run(node: Arc<NodeInner>, fence: Arc<dyn WriterFence>, op: FenceOp, term: u64) {
+    drive(&node, &*fence, &op, term).await;
+    lock(&node.fencing.in_flight).remove(&op);
+}
+
+/// Drives `op` until its outcome is committed, this node stops leading `term`, or the node
+/// stops.
+async fn drive(node: &NodeInner, fence: &dyn WriterFence, op: &FenceOp, term: u64) {
     if let FenceOp::Fence {
         node: member,
         incarnation,
-    } = op
+    } = *op
     {
         // Nothing is revoked on the targets before the decision is in the log: a leader that
         // lost its majority cannot commit it, so it cannot take rights from members that the
@@ -161,30 +166,15 @@ async fn run(node: Arc<NodeInner>, fence: Arc<dyn WriterFence>, op: FenceOp, ter
         };
         match node.write(&decide).await {
             Ok((_, ControlResponse::Done)) => {}
-            Ok((_, other)) => {
-                tracing::info!(outcome = ?other, "fence not decided");
-                lock(&node.fencing.in_flight).remove(&op);
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "fence decision not committed");
-                lock(&node.fencing.in_flight).remove(&op);
-                return;
-            }
+            Ok((_, other)) => return tracing::info!(outcome = ?other, "fence not decided"),
+            Err(e) => return tracing::warn!(error = %e, "fence decision not committed"),
         }
     }
     let mut pause = FIRST_RETRY;
-    loop {
-        if node.cancel.is_cancelled() || !node.leads(term) {
-            break;
-        }
-        let attempt = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(&*fence, &op));
-        let outcome = match attempt.await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(format!("no answer within {ATTEMPT_TIMEOUT:?}")),
-        };
-        match outcome {
-            Ok(Some(cmd)) => {
+    while !node.cancel.is_cancelled() && node.leads(term) {
+        let attempt = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(fence, op));
+        let reason = match attempt.await {
+            Ok(Ok(cmd)) => {
                 match node.write(&cmd).await {
                     Ok(_) => {
                         if matches!(op, FenceOp::Fence { .. }) {
@@ -198,40 +188,28 @@ async fn run(node: Arc<NodeInner>, fence: Arc<dyn WriterFence>, op: FenceOp, ter
                     // The next round asks again if it still needs it.
                     Err(e) => tracing::warn!(error = %e, "outcome not committed"),
                 }
-                break;
+                return;
             }
-            Ok(None) => {
-                tokio::select! {
-                    () = node.cancel.cancelled() => {}
-                    () = tokio::time::sleep(RETIRE_RECHECK) => {}
-                }
-                break;
-            }
-            Err(reason) => {
-                node.fencing.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %reason, retry_in = ?pause, "target clusters did not acknowledge");
-                *lock(&node.fencing.last_error) = Some(format!("{op:?}: {reason}"));
-                tokio::select! {
-                    () = node.cancel.cancelled() => break,
-                    () = tokio::time::sleep(pause) => {}
-                }
-                pause = (pause * 2).min(MAX_RETRY);
-            }
+            Ok(Err(reason)) => reason,
+            Err(_) => format!("no answer within {ATTEMPT_TIMEOUT:?}"),
+        };
+        node.fencing.failures.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(error = %reason, retry_in = ?pause, "target clusters did not acknowledge");
+        *lock(&node.fencing.last_error) = Some(format!("{op:?}: {reason}"));
+        tokio::select! {
+            () = node.cancel.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
         }
+        pause = (pause * 2).min(MAX_RETRY);
     }
-    lock(&node.fencing.in_flight).remove(&op);
 }
 
-/// One attempt at `op` on the targets; the command to commit when it succeeded (`None`: nothing
-/// to commit yet).
-async fn attempt(fence: &dyn WriterFence, op: &FenceOp) -> Result<Option<ControlCommand>, String> {
+/// One attempt at `op` on the targets; the command to commit when it succeeded.
+async fn attempt(fence: &dyn WriterFence, op: &FenceOp) -> Result<ControlCommand, String> {
     match *op {
         FenceOp::Fence { node, incarnation } => {
             fence.revoke(node, incarnation).await?;
-            Ok(Some(ControlCommand::FenceAcknowledged {
-                node,
-                incarnation,
-            }))
+            Ok(ControlCommand::FenceAcknowledged { node, incarnation })
         }
         FenceOp::Provision { node, incarnation } => {
             let login = WriterLogin {
@@ -240,16 +218,16 @@ async fn attempt(fence: &dyn WriterFence, op: &FenceOp) -> Result<Option<Control
                 password: new_password()?,
             };
             fence.provision(&login).await?;
-            Ok(Some(ControlCommand::SetWriterIdentity {
+            Ok(ControlCommand::SetWriterIdentity {
                 node,
                 incarnation,
                 password: login.password,
-            }))
+            })
         }
-        FenceOp::Retire { node, incarnation } => Ok(fence
-            .retire(node, incarnation)
-            .await?
-            .then_some(ControlCommand::ForgetIdentity { node, incarnation })),
+        FenceOp::Retire { node, incarnation } => {
+            fence.retire(node, incarnation).await?;
+            Ok(ControlCommand::ForgetIdentity { node, incarnation })
+        }
     }
 }
 

@@ -186,7 +186,9 @@ impl TargetFence {
     }
 
     /// Takes every right of the user away (its open sessions are refused on their next
-    /// request), then deactivates it (no new login). Idempotent; a missing user is fine.
+    /// request), then deactivates it (no new login). Idempotent; a missing user is fine. It is
+    /// also how a stale identity is retired: its user is never deleted (see
+    /// `replicator_control::WriterFence::retire`).
     pub async fn revoke(&self, node: NodeId, incarnation: u64) -> std::result::Result<(), String> {
         for t in &self.targets {
             let name = writer_username(&t.prefix, node, incarnation);
@@ -205,18 +207,6 @@ impl TargetFence {
             .await?;
         }
         Ok(())
-    }
-
-    /// Retires the user of a stale identity: revoked and inactive (as [`TargetFence::revoke`]),
-    /// never deleted (see `replicator_control::WriterFence::retire`). Always `Ok(true)` once
-    /// every target acknowledged.
-    pub async fn retire(
-        &self,
-        node: NodeId,
-        incarnation: u64,
-    ) -> std::result::Result<bool, String> {
-        self.revoke(node, incarnation).await?;
-        Ok(true)
     }
 
     /// Closes the connections.

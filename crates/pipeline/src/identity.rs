@@ -91,7 +91,7 @@ impl WriterTargets {
         self.version.subscribe()
     }
 
-    /// Every connection set in use now (for the connection-state metric and for closing).
+    /// The fenced targets' connection sets in use now (to retire them when the pipeline stops).
     pub(crate) fn fenced_clusters(&self) -> Vec<Arc<Cluster>> {
         self.lock()
             .values()
@@ -117,14 +117,17 @@ impl WriterTargets {
                     continue;
                 };
                 let next = match login {
-                    Some(login) => Some(Arc::new(Cluster::with_login(
-                        &format!("{alias} (as {})", login.username(prefix)),
-                        &params.connection_string,
-                        params.connections,
-                        self.timeout,
-                        &login.username(prefix),
-                        &login.password,
-                    )?)),
+                    Some(login) => {
+                        let username = login.username(prefix);
+                        Some(Arc::new(Cluster::with_login(
+                            &format!("{alias} (as {username})"),
+                            &params.connection_string,
+                            params.connections,
+                            self.timeout,
+                            &username,
+                            &login.password,
+                        )?))
+                    }
                     None => None,
                 };
                 if let Some(old) = std::mem::replace(current, next) {

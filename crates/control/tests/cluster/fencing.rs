@@ -54,10 +54,10 @@ impl WriterFence for RecordingFence {
         })
     }
 
-    fn retire(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, bool> {
+    fn retire(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, ()> {
         Box::pin(async move {
             self.record(Event::Retired(node, incarnation));
-            Ok(true)
+            Ok(())
         })
     }
 }

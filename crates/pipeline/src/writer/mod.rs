@@ -670,13 +670,14 @@ async fn check_tail<C>(shared: &UnitShared<C>, hit: TailHit) -> Result<TailCheck
         slot,
         at(shared.downstream_ids()?, hit.downstream),
     );
-    let copied = copied.await?;
     let original = poll_one(
         &shared.source,
         slot,
         at(shared.upstream_ids()?, hit.position.offset),
     );
-    Ok(match (original.await?, copied) {
+    // Two clusters: one round trip's wait, not two (this is on every resume's path).
+    let (original, copied) = tokio::try_join!(original, copied)?;
+    Ok(match (original, copied) {
         (Some(original), Some(copied)) if provenance::same_copy(&original, &copied) => {
             TailCheck::Same
         }
