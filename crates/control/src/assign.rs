@@ -13,8 +13,9 @@
 //!    keeps a unit until it hands it back);
 //! 5. unowned units go to the members furthest below their quota (lowest id on ties).
 //!
-//! A retired unit (no longer reported by discovery) stays with its owner, which was asked to
-//! hand it back; it is revoked like any other when the owner's lease expired, and never granted.
+//! A retired unit (no longer reported by discovery) or a unit of a paused flow stays with its
+//! owner, which was asked to hand it back; it is revoked like any other when the owner's lease
+//! expired, and never granted.
 //!
 //! With fencing on (`Liveness::fencing`), only members holding a writer identity get units,
 //! and the units of a member whose identity's rights were not revoked are never revoked here:
@@ -135,11 +136,13 @@ fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
     let mut active_units = 0usize;
 
     for (unit, rec) in &state.units {
-        if !rec.retired {
+        // A paused flow's units are like retired ones: asked back, granted to nobody.
+        let idle = rec.retired || state.is_paused(unit);
+        if !idle {
             active_units += 1;
         }
         let Some(owner) = rec.owner else {
-            if !rec.retired {
+            if !idle {
                 free.push(unit);
             }
             continue;
@@ -167,12 +170,12 @@ fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
                 epoch: rec.epoch,
                 renewal_index,
             });
-            if !rec.retired {
+            if !idle {
                 free.push(unit);
             }
             continue;
         }
-        if rec.retired || rec.release_requested {
+        if idle || rec.release_requested {
             continue; // on its way back; counted by nobody
         }
         match load.get_mut(&owner) {

@@ -128,6 +128,21 @@ pub(crate) enum ControlCommand {
         /// The identity whose rights are gone.
         incarnation: u64,
     },
+    /// An operator paused or resumed a flow cluster-wide (`flow pause|resume`, `flow
+    /// promote`). A paused flow's units are asked back from their owners (who finish the batch
+    /// in flight, commit and release) and granted to nobody until it is resumed; resuming
+    /// grants them again, and each resumes after its confirmed offset and the downstream tail.
+    SetFlowPaused {
+        /// The flow.
+        flow: String,
+        /// Paused (`true`) or running.
+        paused: bool,
+        /// Who asked, for the record (e.g. `admin-api@10.0.0.5:51234`).
+        requested_by: String,
+        /// When the node that took the request received it, Unix milliseconds (carried in the
+        /// entry: `apply` reads no clock).
+        at_unix_ms: u64,
+    },
 }
 
 impl ControlCommand {
@@ -142,7 +157,8 @@ impl ControlCommand {
             | ControlCommand::RequestRelease { .. }
             | ControlCommand::Release { .. }
             | ControlCommand::Revoke { .. }
-            | ControlCommand::FenceAcknowledged { .. } => true,
+            | ControlCommand::FenceAcknowledged { .. }
+            | ControlCommand::SetFlowPaused { .. } => true,
             ControlCommand::SetWriterIdentity { .. }
             | ControlCommand::FenceMember { .. }
             | ControlCommand::ForgetIdentity { .. } => false,
@@ -185,6 +201,8 @@ pub(crate) enum Rejection {
     IdentityInUse,
     /// No such stale writer identity.
     UnknownIdentity,
+    /// The unit's flow is paused: nothing of it is granted.
+    FlowPaused,
 }
 
 /// The result of applying one log entry.
@@ -359,6 +377,15 @@ mod tests {
                 },
                 "0e0809",
             ),
+            (
+                ControlCommand::SetFlowPaused {
+                    flow: "f".into(),
+                    paused: true,
+                    requested_by: "o".into(),
+                    at_unix_ms: 2,
+                },
+                "0f016601016f02",
+            ),
         ]
     }
 
@@ -396,9 +423,10 @@ mod tests {
             ControlCommand::FenceMember { .. } => 12,
             ControlCommand::ForgetIdentity { .. } => 13,
             ControlCommand::FenceAcknowledged { .. } => 14,
+            ControlCommand::SetFlowPaused { .. } => 15,
         };
         let indexes: Vec<usize> = golden().iter().map(|(c, _)| count(c)).collect();
-        assert2::check!(indexes == (0..=14).collect::<Vec<_>>());
+        assert2::check!(indexes == (0..=15).collect::<Vec<_>>());
     }
 
     #[test]

@@ -41,7 +41,7 @@ use std::io::Cursor;
 
 use serde::{Deserialize, Serialize};
 
-pub use api::{ClusterStatus, Control, ControlMetrics, MemberStatus, UnitStatus};
+pub use api::{ClusterStatus, Control, ControlMetrics, MemberStatus, PausedFlow, UnitStatus};
 pub use error::{Error, Result};
 pub use fence::{FenceFuture, Fencing, WriterFence};
 pub use params::{ClusterSecret, ControlParams, ControlTiming};

@@ -89,6 +89,19 @@ pub(crate) struct ControlState {
     /// Per node, the highest incarnation retired: its user stays on the targets (revoked and
     /// inactive, never deleted), so no new identity may take its name again.
     pub(crate) retired_incarnations: BTreeMap<NodeId, u64>,
+    /// Flows an operator paused, by name: their units are asked back and granted to nobody.
+    pub(crate) paused_flows: BTreeMap<String, PauseRecord>,
+}
+
+/// Who paused a flow, and when (see `ControlCommand::SetFlowPaused`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PauseRecord {
+    /// Who asked.
+    pub(crate) requested_by: String,
+    /// When, Unix milliseconds.
+    pub(crate) at_unix_ms: u64,
+    /// Log index of the pause.
+    pub(crate) index: u64,
 }
 
 impl ControlState {
@@ -159,6 +172,9 @@ impl ControlState {
                 };
                 if rec.retired {
                     return Ignored(Rejection::Retired);
+                }
+                if self.paused_flows.contains_key(&unit.flow) {
+                    return Ignored(Rejection::FlowPaused);
                 }
                 if rec.owner.is_some() {
                     return Ignored(Rejection::AlreadyOwned);
@@ -250,8 +266,51 @@ impl ControlState {
                     Ignored(Rejection::UnknownIdentity)
                 }
             }
+            ControlCommand::SetFlowPaused {
+                flow,
+                paused,
+                requested_by,
+                at_unix_ms,
+            } => self.set_flow_paused(index, flow, *paused, requested_by, *at_unix_ms),
             ControlCommand::Batch(_) => Ignored(Rejection::NestedBatch),
         }
+    }
+
+    /// Pauses (every owned unit of the flow is asked back at once, without waiting for an
+    /// assignment round) or resumes `flow`. Pausing a paused flow keeps the first record.
+    fn set_flow_paused(
+        &mut self,
+        index: u64,
+        flow: &str,
+        paused: bool,
+        requested_by: &str,
+        at_unix_ms: u64,
+    ) -> ControlResponse {
+        if flow.is_empty() {
+            return ControlResponse::Ignored(Rejection::InvalidFlow);
+        }
+        if !paused {
+            self.paused_flows.remove(flow);
+            return ControlResponse::Done;
+        }
+        self.paused_flows
+            .entry(flow.to_owned())
+            .or_insert_with(|| PauseRecord {
+                requested_by: requested_by.to_owned(),
+                at_unix_ms,
+                index,
+            });
+        for (_, rec) in self.units.iter_mut().filter(|(u, _)| u.flow == flow) {
+            if rec.owner.is_some() {
+                rec.release_requested = true;
+            }
+        }
+        ControlResponse::Done
+    }
+
+    /// Whether `unit` belongs to a paused flow.
+    pub(crate) fn is_paused(&self, unit: &WorkUnit) -> bool {
+        self.paused_flows.contains_key(&unit.flow)
     }
 
     /// Gives `node` a new writer identity. Only over a revoked one (or none): an identity whose
@@ -384,16 +443,16 @@ impl ControlState {
             .map(|(unit, r)| Assignment {
                 unit: unit.clone(),
                 epoch: r.epoch,
-                release_requested: r.release_requested || r.retired,
+                release_requested: r.release_requested || r.retired || self.is_paused(unit),
             })
             .collect()
     }
 
-    /// Units that are reported (not retired) and have no owner.
+    /// Units that are reported (not retired), not paused and have no owner.
     pub(crate) fn unowned_units(&self) -> usize {
         self.units
-            .values()
-            .filter(|r| !r.retired && r.owner.is_none())
+            .iter()
+            .filter(|(u, r)| !r.retired && r.owner.is_none() && !self.is_paused(u))
             .count()
     }
 

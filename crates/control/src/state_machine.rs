@@ -44,12 +44,20 @@ pub(crate) struct SmData {
 }
 
 impl SmData {
-    /// Decodes snapshot data, also as written before writer identities existed (a snapshot of
-    /// an older version: members and units only, no identities).
+    /// Decodes snapshot data, also as written by older versions: before flows could be paused
+    /// (no `paused_flows`), and before writer identities existed (members and units only).
     fn decode(bytes: &[u8]) -> Result<SmData> {
         let current = decode::<SmData>("snapshot data", bytes);
         if current.is_ok() {
             return current;
+        }
+        #[derive(Deserialize)]
+        struct StateBeforePauses {
+            members: BTreeMap<NodeId, crate::state::MemberRecord>,
+            units: BTreeMap<replicator_model::WorkUnit, crate::state::UnitRecord>,
+            identities: BTreeMap<NodeId, crate::state::IdentityRecord>,
+            stale_identities: std::collections::BTreeSet<(NodeId, u64)>,
+            retired_incarnations: BTreeMap<NodeId, u64>,
         }
         #[derive(Deserialize)]
         struct StateBeforeIdentities {
@@ -57,21 +65,41 @@ impl SmData {
             units: BTreeMap<replicator_model::WorkUnit, crate::state::UnitRecord>,
         }
         #[derive(Deserialize)]
-        struct DataBeforeIdentities {
+        struct OldData<S> {
             last_applied: Option<LogId<NodeId>>,
             last_membership: StoredMembership<NodeId, MemberNode>,
-            state: StateBeforeIdentities,
+            state: S,
         }
-        match decode::<DataBeforeIdentities>("snapshot data", bytes) {
-            Ok(old) => Ok(SmData {
-                last_applied: old.last_applied,
-                last_membership: old.last_membership,
-                state: ControlState {
+        let data = |last_applied, last_membership, state| SmData {
+            last_applied,
+            last_membership,
+            state,
+        };
+        if let Ok(old) = decode::<OldData<StateBeforePauses>>("snapshot data", bytes) {
+            let s = old.state;
+            return Ok(data(
+                old.last_applied,
+                old.last_membership,
+                ControlState {
+                    members: s.members,
+                    units: s.units,
+                    identities: s.identities,
+                    stale_identities: s.stale_identities,
+                    retired_incarnations: s.retired_incarnations,
+                    ..ControlState::default()
+                },
+            ));
+        }
+        match decode::<OldData<StateBeforeIdentities>>("snapshot data", bytes) {
+            Ok(old) => Ok(data(
+                old.last_applied,
+                old.last_membership,
+                ControlState {
                     members: old.state.members,
                     units: old.state.units,
                     ..ControlState::default()
                 },
-            }),
+            )),
             Err(_) => current,
         }
     }
@@ -377,5 +405,39 @@ mod tests {
         // And the current shape round-trips.
         let again = encode("snapshot data", &data).expect("encodes");
         assert2::check!(SmData::decode(&again).expect("decodes").state == data.state);
+    }
+
+    #[test]
+    fn a_snapshot_from_before_paused_flows_still_loads() {
+        #[derive(Serialize)]
+        struct OldState {
+            members: BTreeMap<NodeId, MemberRecord>,
+            units: BTreeMap<replicator_model::WorkUnit, crate::state::UnitRecord>,
+            identities: BTreeMap<NodeId, crate::state::IdentityRecord>,
+            stale_identities: std::collections::BTreeSet<(NodeId, u64)>,
+            retired_incarnations: BTreeMap<NodeId, u64>,
+        }
+        #[derive(Serialize)]
+        struct OldData {
+            last_applied: Option<LogId<NodeId>>,
+            last_membership: StoredMembership<NodeId, MemberNode>,
+            state: OldState,
+        }
+        let old = OldData {
+            last_applied: None,
+            last_membership: StoredMembership::default(),
+            state: OldState {
+                members: BTreeMap::new(),
+                units: BTreeMap::new(),
+                identities: BTreeMap::new(),
+                stale_identities: [(3, 4)].into(),
+                retired_incarnations: BTreeMap::from([(1, 2)]),
+            },
+        };
+        let bytes = encode("snapshot data", &old).expect("encodes");
+        let data = SmData::decode(&bytes).expect("the old shape decodes");
+        assert2::check!(data.state.retired_incarnations.get(&1) == Some(&2));
+        assert2::check!(data.state.stale_identities.contains(&(3, 4)));
+        assert2::check!(data.state.paused_flows.is_empty());
     }
 }

@@ -34,6 +34,20 @@ pub struct ClusterStatus {
     /// The latest failure of a fencing operation on the targets (leader only).
     #[serde(default)]
     pub fence_error: Option<String>,
+    /// Flows an operator paused (`flow pause`, `flow promote`), by name.
+    #[serde(default)]
+    pub paused_flows: Vec<PausedFlow>,
+}
+
+/// A paused flow in [`ClusterStatus`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PausedFlow {
+    /// The flow.
+    pub flow: String,
+    /// Who paused it.
+    pub requested_by: String,
+    /// When, Unix milliseconds.
+    pub at_unix_ms: u64,
 }
 
 /// One member in [`ClusterStatus`].
@@ -183,5 +197,15 @@ pub(crate) fn build_status(i: StatusInputs<'_>) -> ClusterStatus {
         units,
         fences_pending: i.fencing.0,
         fence_error: i.fencing.1,
+        paused_flows: i
+            .state
+            .paused_flows
+            .iter()
+            .map(|(flow, p)| PausedFlow {
+                flow: flow.clone(),
+                requested_by: p.requested_by.clone(),
+                at_unix_ms: p.at_unix_ms,
+            })
+            .collect(),
     }
 }

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use admin::{ClusterStatus, ControlMetrics, MemberStatus, UnitStatus};
+pub use admin::{ClusterStatus, ControlMetrics, MemberStatus, PausedFlow, UnitStatus};
 
 use crate::command::{ControlCommand, ControlResponse, Rejection};
 use crate::error::{Error, Result};
@@ -445,6 +445,58 @@ impl Control {
             }
             (_, other) => Err(Error::Rejected(format!("remove member: {other:?}"))),
         }
+    }
+
+    /// Pauses (`paused`) or resumes `flow` cluster-wide; see `ControlCommand::SetFlowPaused`.
+    /// Returns once the entry is applied. Pausing does not wait for the units to be handed
+    /// back: [`Control::flow_owned_units`] tells when none is owned any more.
+    #[tracing::instrument(skip(self, requested_by), fields(node = %self.inner.id), err)]
+    pub async fn set_flow_paused(
+        &self,
+        flow: &str,
+        paused: bool,
+        requested_by: String,
+    ) -> Result<()> {
+        let at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let cmd = ControlCommand::SetFlowPaused {
+            flow: flow.to_owned(),
+            paused,
+            requested_by,
+            at_unix_ms,
+        };
+        match self.inner.write(&cmd).await? {
+            (_, ControlResponse::Done) => Ok(()),
+            (_, other) => Err(Error::Rejected(format!(
+                "{} flow {flow}: {other:?}",
+                if paused { "pause" } else { "resume" }
+            ))),
+        }
+    }
+
+    /// Whether `flow` is paused, in this node's applied state.
+    #[must_use]
+    pub fn is_flow_paused(&self, flow: &str) -> bool {
+        self.inner
+            .shared
+            .read()
+            .state
+            .paused_flows
+            .contains_key(flow)
+    }
+
+    /// How many units of `flow` have an owner, in this node's applied state.
+    #[must_use]
+    pub fn flow_owned_units(&self, flow: &str) -> usize {
+        self.inner
+            .shared
+            .read()
+            .state
+            .units
+            .iter()
+            .filter(|(u, r)| u.flow == flow && r.owner.is_some())
+            .count()
     }
 
     /// A snapshot of this node's control-plane metrics.

@@ -4,7 +4,7 @@ use assert2::check;
 use replicator_model::{NodeId, WorkUnit};
 
 use super::*;
-use crate::command::ControlCommand;
+use crate::command::{ControlCommand, ControlResponse, Rejection};
 use crate::state::ControlState;
 
 fn unit(p: u32) -> WorkUnit {
@@ -435,4 +435,59 @@ fn the_next_incarnation_is_above_every_stale_one() {
     let work = fence_work(&s, &fencing(&[1], &[]));
     check!(work.provision == vec![(1, 6)]);
     check!(work.retire.is_empty());
+}
+
+fn pause(paused: bool) -> ControlCommand {
+    ControlCommand::SetFlowPaused {
+        flow: "f".into(),
+        paused,
+        requested_by: "test".into(),
+        at_unix_ms: 1,
+    }
+}
+
+#[test]
+fn a_paused_flow_is_handed_back_granted_to_nobody_and_granted_again_on_resume() {
+    let members: BTreeSet<NodeId> = [1, 2].into();
+    let (mut s, mut index) = converged(&[1, 2], 4);
+    index += 1;
+    let paused_at = index;
+    s.apply(index, &pause(true));
+    check!(
+        s.assignments_of(1).iter().all(|a| a.release_requested),
+        "pausing asks every owner back at once"
+    );
+    converge(&mut s, &members, &mut index);
+    check!(owners(&s).values().all(Option::is_none));
+    check!(s.unowned_units() == 0, "paused units are not 'unowned'");
+    let refused = s.apply(
+        index + 1,
+        &ControlCommand::Grant {
+            unit: unit(0),
+            node: 1,
+        },
+    );
+    check!(refused == ControlResponse::Ignored(Rejection::FlowPaused));
+    // Pausing again keeps the first record.
+    s.apply(index + 2, &pause(true));
+    check!(s.paused_flows.get("f").map(|p| p.index) == Some(paused_at));
+    index += 3;
+    s.apply(index, &pause(false));
+    converge(&mut s, &members, &mut index);
+    check!(owners(&s).values().all(Option::is_some));
+    check!(within_one(&loads(&s, &members)));
+}
+
+#[test]
+fn a_dead_owner_of_a_paused_flow_loses_its_units_but_nobody_gets_them() {
+    let (mut s, mut index) = converged(&[1, 2], 4);
+    index += 1;
+    s.apply(index, &pause(true));
+    // Node 2 died before handing its units back: they are revoked, not re-granted.
+    let live: BTreeSet<NodeId> = [1].into();
+    let cmds = plan_with(&s, &live, &renewals_seen(&s));
+    check!(cmds
+        .iter()
+        .all(|c| matches!(c, ControlCommand::Revoke { .. })));
+    check!(!cmds.is_empty());
 }
