@@ -31,6 +31,7 @@ mod coordinator;
 mod discovery;
 mod error;
 mod fence;
+mod groups;
 mod identity;
 mod liveness;
 mod mapping;
@@ -50,11 +51,14 @@ pub use clients::ConnectionState;
 pub use control::{ControlError, ControlPlane};
 pub use error::{Error, Result};
 pub use fence::{FenceSetupError, TargetFence};
+pub use groups::{FlowSyncState, GroupOffset, GroupSkip, GroupSyncReport};
 pub use liveness::Liveness;
 pub use mapping::{downstream_stream, Selector};
 pub use memory::{InMemoryControl, InMemoryLease};
 pub use offsets::Gap;
-pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams};
+pub use params::{
+    BackoffParams, ClusterParams, FlowParams, PipelineParams, DEFAULT_GROUP_SYNC_INTERVAL,
+};
 pub use pipeline::Pipeline;
 pub use stats::{NoObserver, Observer, PipelineObserver, UnitStats};
 

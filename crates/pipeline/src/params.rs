@@ -124,6 +124,14 @@ impl PipelineParams {
             }
             crate::mapping::Selector::new(&flow.include, &flow.exclude)
                 .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
+            crate::groups::group_selector(&flow.consumer_groups)
+                .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
+            if !flow.consumer_groups.is_empty() && flow.consumer_group_sync_interval.is_zero() {
+                return Err(invalid(
+                    format!("flows[{i}].consumer_group_sync_interval"),
+                    "must be above zero",
+                ));
+            }
         }
         if self.tail_scan_window == 0 {
             return Err(invalid("tail_scan_window".into(), "must be at least 1"));
@@ -207,7 +215,15 @@ pub struct FlowParams {
     /// e.g. 2: the capacity of the bounded channel between them; a full channel holds the
     /// reader (backpressure).
     pub max_in_flight_batches: usize,
+    /// Globs on consumer-group names whose upstream offsets are translated to the target
+    /// (`flows[].consumer_groups`), e.g. `["billing", "analytics-*"]`; empty: no sync.
+    pub consumer_groups: Vec<String>,
+    /// Period of the consumer-group sync (`flows[].consumer_group_sync_interval`), e.g. 5 s.
+    pub consumer_group_sync_interval: Duration,
 }
+
+/// Default of [`FlowParams::consumer_group_sync_interval`].
+pub const DEFAULT_GROUP_SYNC_INTERVAL: Duration = Duration::from_secs(5);
 
 impl FlowParams {
     /// A flow with the default batching (1000 messages, 5 ms, 2 batches in flight), provenance on,
@@ -231,6 +247,8 @@ impl FlowParams {
             idle_poll_interval: Duration::from_millis(100),
             provenance: true,
             max_in_flight_batches: 2,
+            consumer_groups: Vec::new(),
+            consumer_group_sync_interval: DEFAULT_GROUP_SYNC_INTERVAL,
         }
     }
 }

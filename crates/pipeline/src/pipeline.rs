@@ -15,6 +15,9 @@ use crate::control::ControlPlane;
 use crate::coordinator::{Coordinator, CoordinatorArgs, CoordinatorMsg};
 use crate::discovery::{self, DiscoveryParams};
 use crate::error::{Error, Result};
+use crate::groups::{
+    FlowSyncState, GroupSync, GroupSyncRegistry, GroupSyncReport, OffsetMaps, SyncFn,
+};
 use crate::liveness::{Liveness, HEARTBEAT_INTERVAL};
 use crate::mapping::Selector;
 use crate::params::PipelineParams;
@@ -42,6 +45,10 @@ pub struct Pipeline {
     meters: MeterRegistry,
     /// Heartbeats of the coordinator's mailbox.
     liveness: Arc<Liveness>,
+    /// Consumer-group sync of each flow that has one, by flow name (for `flow promote`).
+    group_syncs: BTreeMap<String, SyncFn>,
+    /// Every flow's latest consumer-group sync round on this node.
+    group_registry: GroupSyncRegistry,
 }
 
 /// Sends the coordinator a heartbeat every [`HEARTBEAT_INTERVAL`] until `cancel`.
@@ -99,6 +106,7 @@ impl Pipeline {
         ));
         let meters = MeterRegistry::default();
         let liveness = Arc::new(Liveness::new());
+        let offset_maps = OffsetMaps::default();
         let (alive, tasks_gone) = mpsc::channel(1);
         let name = format!("coordinator/n{}", params.node_id);
         let (coordinator, coordinator_task) = Coordinator::<C>::spawn(
@@ -114,6 +122,7 @@ impl Pipeline {
                 meters: meters.clone(),
                 alive,
                 liveness: liveness.clone(),
+                offset_maps: offset_maps.clone(),
             },
         )
         .await
@@ -126,10 +135,47 @@ impl Pipeline {
         // Its own token: the writers' connections must outlive the drain's final sends.
         let identity_cancel = CancellationToken::new();
         let identity = tokio::spawn(crate::identity::follow(
-            writers,
+            writers.clone(),
             control.writer_login(),
             identity_cancel.clone(),
         ));
+        let group_registry = GroupSyncRegistry::default();
+        let mut group_syncs: BTreeMap<String, SyncFn> = BTreeMap::new();
+        let dance = Arc::new(tokio::sync::Mutex::new(()));
+        for flow in flows.values().filter(|f| crate::groups::enabled(f)) {
+            let (Some(source), Ok(groups)) = (
+                clusters.get(&flow.source),
+                crate::groups::group_selector(&flow.consumer_groups),
+            ) else {
+                continue;
+            };
+            let sync = Arc::new(GroupSync {
+                flow: flow.clone(),
+                groups,
+                source: source.clone(),
+                writers: writers.clone(),
+                control: control.clone(),
+                maps: offset_maps.clone(),
+                dance: dance.clone(),
+                registry: group_registry.clone(),
+                found: tokio::sync::Mutex::default(),
+            });
+            let seed = (params.node_id << 32) ^ flow.name.len() as u64;
+            discovery.push(tokio::spawn(crate::groups::run(
+                sync.clone(),
+                seed,
+                cancel.clone(),
+            )));
+            let run_once: SyncFn = Arc::new(move |units| {
+                let sync = sync.clone();
+                Box::pin(async move {
+                    let report = sync.sync(units).await;
+                    sync.registry.record(report.clone());
+                    report
+                })
+            });
+            group_syncs.insert(flow.name.clone(), run_once);
+        }
         for flow in flows.values() {
             let selector = Selector::new(&flow.include, &flow.exclude)
                 .map_err(|(field, reason)| Error::InvalidParams { field, reason })?;
@@ -166,7 +212,30 @@ impl Pipeline {
             shutdown_timeout: params.shutdown_timeout,
             meters,
             liveness,
+            group_syncs,
+            group_registry,
         })
+    }
+
+    /// Runs one consumer-group sync round of `flow` over `units` now, from this node (`flow
+    /// promote` does, once the flow is paused, over all its units); `None` when the flow does
+    /// not sync groups here. The round is recorded like a periodic one.
+    pub async fn sync_groups(
+        &self,
+        flow: &str,
+        units: Vec<replicator_model::WorkUnit>,
+    ) -> Option<GroupSyncReport> {
+        let sync = self.group_syncs.get(flow)?.clone();
+        Some(sync(units).await)
+    }
+
+    /// A reader of every flow's consumer-group sync state on this node, like
+    /// [`Pipeline::stats_reader`].
+    pub fn group_sync_reader(
+        &self,
+    ) -> impl Fn() -> BTreeMap<String, FlowSyncState> + Clone + Send + Sync + 'static {
+        let registry = self.group_registry.clone();
+        move || registry.snapshot()
     }
 
     /// A reader of the connection state to every cluster, like [`Pipeline::stats_reader`].

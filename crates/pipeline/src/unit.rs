@@ -45,6 +45,8 @@ pub(crate) struct UnitShared<C> {
     pub(crate) downstream_stream: String,
     /// Seed for this pair's jitter.
     pub(crate) seed: u64,
+    /// Where the writer records what it sent, for the consumer-group sync.
+    pub(crate) offset_maps: crate::groups::OffsetMaps,
 }
 
 impl<C> UnitShared<C> {

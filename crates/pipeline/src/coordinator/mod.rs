@@ -119,6 +119,8 @@ pub(crate) struct CoordinatorArgs<C> {
     pub(crate) alive: Alive,
     /// Marked on every heartbeat handled (see [`crate::liveness`]).
     pub(crate) liveness: Arc<Liveness>,
+    /// The writers' offset maps (read by the consumer-group sync).
+    pub(crate) offset_maps: crate::groups::OffsetMaps,
 }
 
 /// What runs for a unit this node works on.
@@ -580,6 +582,7 @@ fn start_pair<C: ControlPlane>(
         meters,
         tuning: state.args.tuning.clone(),
         seed: state.seeds,
+        offset_maps: state.args.offset_maps.clone(),
     });
     let (tx, rx) = mpsc::channel(flow.max_in_flight_batches);
     let (start_tx, start_rx) = oneshot::channel();

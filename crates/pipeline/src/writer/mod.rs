@@ -45,6 +45,7 @@ use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
 use crate::error::{Error, Result};
+use crate::groups::translate::OffsetMap;
 use crate::offsets::ReadFrom;
 use crate::provenance::{self, Incarnation};
 use crate::unit::{named, Batch, UnitShared};
@@ -278,9 +279,16 @@ impl<C: ControlPlane> Writer<C> {
             partition: unit.partition,
         };
         let down = down.ok_or_else(missing)?;
-        if !down.partitions.iter().any(|p| p.id == unit.partition) {
-            return Err(missing());
+        let down_partition = down
+            .partitions
+            .iter()
+            .find(|p| p.id == unit.partition)
+            .ok_or_else(missing)?;
+        let down_next = PartitionExtent {
+            messages_count: down_partition.messages_count,
+            current_offset: down_partition.current_offset,
         }
+        .next_offset();
         let (tail, tail_check) = if shared.flow.provenance {
             let reference = resume::reference(progress, created_at);
             let tail = scan_tail(&shared, created_at, reference, &self.stop).await?;
@@ -304,6 +312,14 @@ impl<C: ControlPlane> Writer<C> {
         report(&shared, &plan, progress, extent, tail_check);
         self.recopy_until = plan.loss.map(|loss| loss.to);
         self.topic_created_at = plan.incarnation.label();
+        if crate::groups::enabled(&shared.flow) {
+            let copied_before =
+                plan.written.is_some() || progress.is_some_and(|p| p.confirmed.is_some());
+            shared.offset_maps.resumed(
+                unit,
+                OffsetMap::new(self.topic_created_at, down_next, copied_before),
+            );
+        }
         self.commits.resumed(plan.written, plan.confirmed);
         shared.meters.resumed_after(plan.written);
         shared.meters.set_epoch(shared.epoch);
@@ -364,6 +380,10 @@ impl<C: ControlPlane> Writer<C> {
             let partitioning = Partitioning::partition_id(shared.unit.partition);
             let messages = &mut batch.messages;
             let count = messages.len() as u64;
+            // What the consumer-group sync translates with (only when the flow syncs groups:
+            // the hot path stays allocation-free otherwise).
+            let upstream: Option<Vec<Offset>> = crate::groups::enabled(&shared.flow)
+                .then(|| messages.iter().map(|m| m.header.offset).collect());
             let started = Instant::now();
             // Checked again once the connection is ours, right before the request is written.
             let assignments = self.assignments.clone();
@@ -377,11 +397,18 @@ impl<C: ControlPlane> Writer<C> {
                 .await;
             shared.meters.sent(started.elapsed());
             match sent {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => {
+                    if let Some(upstream) = upstream {
+                        shared.offset_maps.sent(&shared.unit, upstream);
+                    }
+                }
                 Ok(Err(veto)) => return Ok(Sent::Vetoed(veto)),
                 Err(err) => {
                     // The batch may have been appended even though the call failed.
                     self.resync = true;
+                    if upstream.is_some() {
+                        shared.offset_maps.unsure(&shared.unit);
+                    }
                     return Err(match err {
                         Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
                             Error::DownstreamMissing {

@@ -27,7 +27,7 @@ pub(super) struct PartitionExtent {
 
 impl PartitionExtent {
     /// The offset the next appended message gets.
-    fn next_offset(&self) -> Offset {
+    pub(super) fn next_offset(&self) -> Offset {
         if self.messages_count == 0 {
             0
         } else {

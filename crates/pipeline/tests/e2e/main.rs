@@ -5,6 +5,7 @@
 mod copy;
 mod edges;
 mod fencing;
+mod groups;
 mod harness;
 mod idle;
 mod integrity;

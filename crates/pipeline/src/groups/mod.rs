@@ -1,0 +1,752 @@
+//! Consumer-group offset sync: the offsets that selected upstream groups stored, translated
+//! exactly to the downstream partitions (see [`translate`]) and stored for the same groups on
+//! the target, so that a consumer that switches clusters resumes with the message it would have
+//! read next upstream.
+//!
+//! Work is shared like partitions: each node syncs the partitions of the units it owns, every
+//! `flows[].consumer_group_sync_interval` (`run`); `flow promote` syncs a paused flow's every
+//! partition once more from one node (`Pipeline::sync_groups`).
+//!
+//! Iggy stores a group's offset only from a member the partition is assigned to. So the sync
+//! joins the group on the target, stores, and leaves, and only while the group has no other
+//! member there: a group with members is skipped (and reported), its offsets untouched, so live
+//! consumers are never disturbed. One node's sync dances run one at a time (they share the
+//! writers' connections, and membership belongs to a connection). Target offsets only move
+//! forward: a group that consumed further on the target is never rewound by a stale upstream
+//! offset.
+//!
+//! The target calls go through the writers' connections, logged in as this member's writer
+//! identity on fenced targets: a fenced node cannot move a group's offset either.
+
+pub(crate) mod translate;
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use globset::GlobSet;
+use iggy::prelude::{
+    Consumer, ConsumerGroupClient, ConsumerOffsetClient, Identifier, IggyMessage, MessageClient,
+    PollingStrategy, TopicClient,
+};
+use replicator_model::{Offset, WorkUnit};
+use tokio_util::sync::CancellationToken;
+
+use self::translate::{Copied, Lookup, OffsetMap, Search};
+use crate::clients::Cluster;
+use crate::control::ControlPlane;
+use crate::error::{Error, Result};
+use crate::identity::WriterTargets;
+use crate::mapping::downstream_stream;
+use crate::params::FlowParams;
+use crate::provenance::{self, Incarnation};
+
+/// Messages one search probe reads: a few, so that a foreign message at the probed offset
+/// rarely hides ours.
+const PROBE_WINDOW: u32 = 4;
+
+/// Most entries of [`GroupSync::found`] (cleared when full).
+const FOUND_CACHE: usize = 100_000;
+
+/// The writers' [`OffsetMap`]s of this node, by unit (a map outlives its writer until the
+/// unit's next writer resumes: `flow promote` uses the maps of the writers it paused).
+#[derive(Clone, Default)]
+pub(crate) struct OffsetMaps(Arc<Mutex<HashMap<WorkUnit, OffsetMap>>>);
+
+impl OffsetMaps {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<WorkUnit, OffsetMap>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A writer of `unit` resumed: its sends are recorded in `map` from now on.
+    pub(crate) fn resumed(&self, unit: &WorkUnit, map: OffsetMap) {
+        self.lock().insert(unit.clone(), map);
+    }
+
+    /// The writer of `unit` had these upstream offsets acknowledged downstream, in order.
+    pub(crate) fn sent(&self, unit: &WorkUnit, upstream: impl IntoIterator<Item = Offset>) {
+        if let Some(map) = self.lock().get_mut(unit) {
+            map.sent(upstream);
+        }
+    }
+
+    /// A send of `unit` failed in a way that may have appended it.
+    pub(crate) fn unsure(&self, unit: &WorkUnit) {
+        if let Some(map) = self.lock().get_mut(unit) {
+            map.unsure();
+        }
+    }
+
+    fn label(&self, unit: &WorkUnit) -> Option<u64> {
+        self.lock().get(unit).map(OffsetMap::label)
+    }
+
+    fn newest(&self, unit: &WorkUnit) -> Option<(u64, Copied)> {
+        let maps = self.lock();
+        let map = maps.get(unit)?;
+        Some((map.label(), map.newest()?))
+    }
+
+    fn lookup(&self, unit: &WorkUnit, label: u64, up: Offset) -> Lookup {
+        match self.lock().get(unit) {
+            Some(map) if map.label() == label => map.lookup(up),
+            _ => Lookup::Unknown,
+        }
+    }
+}
+
+/// One group's translated offset on one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupOffset {
+    /// Upstream stream.
+    pub stream: String,
+    /// Topic (same name on both sides).
+    pub topic: String,
+    /// Partition id (same on both sides).
+    pub partition: u32,
+    /// Consumer group name (same on both sides).
+    pub group: String,
+    /// The offset the group stored upstream (the last message it processed).
+    pub upstream_offset: Offset,
+    /// The offset stored for the group downstream: the copy of `upstream_offset`, or of the
+    /// last copied message before it (`exact == false`; the consumer re-reads up to it).
+    pub downstream_offset: Offset,
+    /// Whether `downstream_offset` holds the copy of `upstream_offset` itself.
+    pub exact: bool,
+}
+
+/// A group the sync left alone, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSkip {
+    /// Upstream stream.
+    pub stream: String,
+    /// Topic.
+    pub topic: String,
+    /// Consumer group name.
+    pub group: String,
+    /// Why, e.g. "2 active members on the target".
+    pub reason: String,
+}
+
+/// What one sync round of a flow did on this node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupSyncReport {
+    /// The flow.
+    pub flow: String,
+    /// When the round ended, Unix milliseconds.
+    pub at_unix_ms: u64,
+    /// Offsets as the target has them now, per group and partition (also the ones that were
+    /// already there).
+    pub offsets: Vec<GroupOffset>,
+    /// Offsets this round wrote on the target.
+    pub stored: u64,
+    /// Groups left alone.
+    pub skipped: Vec<GroupSkip>,
+    /// Failures (each retried next round), e.g. "orders/created: join: timeout".
+    pub errors: Vec<String>,
+    /// Search probes the translation needed (offsets older than the writers' maps).
+    pub probes: u64,
+}
+
+/// The latest round of every flow on this node, and totals since start (for status and
+/// metrics).
+#[derive(Clone, Default)]
+pub(crate) struct GroupSyncRegistry(Arc<Mutex<BTreeMap<String, FlowSyncState>>>);
+
+/// One flow's sync state on this node.
+#[derive(Debug, Clone, Default)]
+pub struct FlowSyncState {
+    /// The latest round.
+    pub last: GroupSyncReport,
+    /// Rounds since start.
+    pub runs: u64,
+    /// Rounds that had at least one error.
+    pub failed_runs: u64,
+    /// Offsets written on the target since start.
+    pub stored: u64,
+}
+
+impl GroupSyncRegistry {
+    pub(crate) fn record(&self, report: GroupSyncReport) {
+        let mut flows = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let state = flows.entry(report.flow.clone()).or_default();
+        state.runs += 1;
+        state.failed_runs += u64::from(!report.errors.is_empty());
+        state.stored += report.stored;
+        state.last = report;
+    }
+
+    /// Every flow's state, by flow name.
+    pub(crate) fn snapshot(&self) -> BTreeMap<String, FlowSyncState> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Compiles a flow's group globs (`*` matches any run of characters).
+pub(crate) fn group_selector(globs: &[String]) -> std::result::Result<GlobSet, (String, String)> {
+    let mut set = globset::GlobSetBuilder::new();
+    for (i, pattern) in globs.iter().enumerate() {
+        let glob = globset::Glob::new(pattern)
+            .map_err(|e| (format!("consumer_groups[{i}]"), e.kind().to_string()))?;
+        set.add(glob);
+    }
+    set.build()
+        .map_err(|e| ("consumer_groups".to_owned(), e.kind().to_string()))
+}
+
+/// What a sync of one flow needs.
+pub(crate) struct GroupSync<C> {
+    pub(crate) flow: Arc<FlowParams>,
+    pub(crate) groups: GlobSet,
+    pub(crate) source: Arc<Cluster>,
+    pub(crate) writers: Arc<WriterTargets>,
+    pub(crate) control: C,
+    pub(crate) maps: OffsetMaps,
+    /// One sync dance at a time on this node (see the module docs).
+    pub(crate) dance: Arc<tokio::sync::Mutex<()>>,
+    pub(crate) registry: GroupSyncRegistry,
+    /// Exact copies found lately, by (unit, history, upstream offset): a group that stays put
+    /// costs one poll a round, not a search.
+    pub(crate) found: tokio::sync::Mutex<HashMap<(WorkUnit, u64, Offset), Copied>>,
+}
+
+/// A boxed sync of one flow's given units (what `Pipeline::sync_groups` calls).
+pub(crate) type SyncFn = Arc<
+    dyn Fn(Vec<WorkUnit>) -> Pin<Box<dyn Future<Output = GroupSyncReport> + Send>> + Send + Sync,
+>;
+
+/// The periodic sync of one flow: every interval, the partitions this node owns.
+pub(crate) async fn run<C: ControlPlane>(
+    sync: Arc<GroupSync<C>>,
+    seed: u64,
+    cancel: CancellationToken,
+) {
+    use rand::{Rng, SeedableRng};
+    let interval = sync.flow.consumer_group_sync_interval;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    loop {
+        // Jittered over [0.75, 1.25] × interval, so that the nodes' rounds do not line up
+        // (their dances on the same group would collide and skip).
+        let pause = interval.mul_f64(0.75 + 0.5 * rng.gen::<f64>());
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+        let units: Vec<WorkUnit> = sync
+            .control
+            .assignments()
+            .borrow()
+            .iter()
+            .filter(|a| a.unit.flow == sync.flow.name && !a.release_requested)
+            .map(|a| a.unit.clone())
+            .collect();
+        if units.is_empty() {
+            continue;
+        }
+        let report = tokio::select! {
+            () = cancel.cancelled() => return,
+            report = sync.sync(units) => report,
+        };
+        for error in &report.errors {
+            tracing::warn!(flow = %sync.flow.name, error = %error, "consumer-group sync failed; retrying next round");
+        }
+        sync.registry.record(report);
+    }
+}
+
+/// Millis since the Unix epoch.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl<C: ControlPlane> GroupSync<C> {
+    /// Syncs every selected group on `units` (all of this flow), topic by topic.
+    pub(crate) async fn sync(&self, units: Vec<WorkUnit>) -> GroupSyncReport {
+        let mut report = GroupSyncReport {
+            flow: self.flow.name.clone(),
+            ..GroupSyncReport::default()
+        };
+        let mut topics: BTreeMap<(String, String), Vec<WorkUnit>> = BTreeMap::new();
+        for unit in units {
+            topics
+                .entry((unit.stream.clone(), unit.topic.clone()))
+                .or_default()
+                .push(unit);
+        }
+        for ((stream, topic), units) in topics {
+            if let Err(e) = self.sync_topic(&stream, &topic, &units, &mut report).await {
+                report.errors.push(format!("{stream}/{topic}: {e}"));
+            }
+        }
+        report.at_unix_ms = now_ms();
+        report
+    }
+
+    async fn sync_topic(
+        &self,
+        stream: &str,
+        topic: &str,
+        units: &[WorkUnit],
+        report: &mut GroupSyncReport,
+    ) -> Result<()> {
+        let Some(first) = units.first() else {
+            return Ok(());
+        };
+        let slot = first.partition as usize;
+        let (up_s, up_t) = (ident(stream, first)?, ident(topic, first)?);
+        let (s, t) = (up_s.clone(), up_t.clone());
+        let groups = self
+            .source
+            .call(slot, "get_consumer_groups", |c| async move {
+                c.get_consumer_groups(&s, &t).await
+            })
+            .await?;
+        let mut names: Vec<String> = groups
+            .into_iter()
+            .map(|g| g.name)
+            .filter(|name| self.groups.is_match(name))
+            .collect();
+        names.sort();
+        if names.is_empty() {
+            return Ok(());
+        }
+        let target =
+            self.writers
+                .current(&self.flow.target)
+                .ok_or_else(|| Error::WriterRetired {
+                    cluster: self.flow.target.clone(),
+                })?;
+        let down_stream = downstream_stream(self.flow.naming, &self.flow.source, stream);
+        let (down_s, down_t) = (ident(&down_stream, first)?, up_t.clone());
+        let (s, t) = (down_s.clone(), down_t.clone());
+        let details = target
+            .call(
+                slot,
+                "get_topic",
+                |c| async move { c.get_topic(&s, &t).await },
+            )
+            .await?
+            .ok_or_else(|| Error::DownstreamMissing {
+                stream: down_stream.clone(),
+                topic: topic.to_owned(),
+                partition: first.partition,
+            })?;
+        let down_end: BTreeMap<u32, Offset> = details
+            .partitions
+            .iter()
+            .map(|p| {
+                let next = if p.messages_count == 0 && p.current_offset == 0 {
+                    0
+                } else {
+                    p.current_offset + 1
+                };
+                (p.id, next)
+            })
+            .collect();
+        let mut ctx = TopicCtx {
+            target: &target,
+            slot,
+            up: (up_s, up_t),
+            down: (down_s, down_t),
+            verified: HashMap::new(),
+            probes: 0,
+        };
+        for name in names {
+            let group = ident(&name, first)?;
+            let mut wanted: Vec<GroupOffset> = Vec::new();
+            for unit in units {
+                let Some(end) = down_end.get(&unit.partition).copied() else {
+                    continue;
+                };
+                let stored = self.upstream_offset(&ctx, unit, &group).await?;
+                let Some(up) = stored else { continue };
+                let Some(copy) = self.translate(&mut ctx, unit, up, end).await? else {
+                    continue;
+                };
+                wanted.push(GroupOffset {
+                    stream: stream.to_owned(),
+                    topic: topic.to_owned(),
+                    partition: unit.partition,
+                    group: name.clone(),
+                    upstream_offset: up,
+                    downstream_offset: copy.down,
+                    exact: copy.up == up,
+                });
+            }
+            if wanted.is_empty() {
+                continue;
+            }
+            match self.store(&ctx, &name, &group, &wanted).await? {
+                Stored::Done(n) => {
+                    report.stored += n;
+                    report.offsets.extend(wanted);
+                }
+                Stored::Skipped(reason) => report.skipped.push(GroupSkip {
+                    stream: stream.to_owned(),
+                    topic: topic.to_owned(),
+                    group: name.clone(),
+                    reason,
+                }),
+            }
+        }
+        report.probes += ctx.probes;
+        Ok(())
+    }
+
+    /// The offset `group` stored upstream on `unit`'s partition (no membership needed).
+    async fn upstream_offset(
+        &self,
+        ctx: &TopicCtx<'_>,
+        unit: &WorkUnit,
+        group: &Identifier,
+    ) -> Result<Option<Offset>> {
+        let (s, t) = ctx.up.clone();
+        let consumer = Consumer::group(group.clone());
+        let partition = unit.partition;
+        let info = self
+            .source
+            .call(ctx.slot, "get_consumer_offset", |c| async move {
+                c.get_consumer_offset(&consumer, &s, &t, Some(partition))
+                    .await
+            })
+            .await?;
+        Ok(info.map(|i| i.stored_offset))
+    }
+
+    /// The downstream copy of upstream offset `up` of `unit` (or of the last copy before it);
+    /// `None` when nothing at or before it was copied.
+    async fn translate(
+        &self,
+        ctx: &mut TopicCtx<'_>,
+        unit: &WorkUnit,
+        up: Offset,
+        down_end: Offset,
+    ) -> Result<Option<Copied>> {
+        let Some(label) = self.history(unit) else {
+            return Ok(None);
+        };
+        let key = (unit.clone(), label, up);
+        let cached = self.found.lock().await.get(&key).copied();
+        let found = match cached {
+            // A copy found before is where it was, unless the downstream partition was
+            // emptied or recreated since: one poll tells.
+            Some(copy) if self.probe_one(ctx, unit, label, copy.down).await? == Some(copy) => {
+                Some(copy)
+            }
+            _ => match self.lookup_verified(ctx, unit, label, up).await? {
+                Lookup::Found(copy) => Some(copy),
+                Lookup::NotCopied => None,
+                Lookup::Unknown => {
+                    let mut search = Search::new(up, down_end);
+                    while let Some(at) = search.next_probe() {
+                        let probe = self.probe(ctx, unit, label, at).await?;
+                        ctx.probes += 1;
+                        search.observe(at, probe);
+                    }
+                    search.result()
+                }
+            },
+        };
+        if let Some(copy) = found.filter(|c| c.up == up) {
+            let mut cache = self.found.lock().await;
+            if cache.len() >= FOUND_CACHE {
+                cache.clear();
+            }
+            cache.insert(key, copy);
+        }
+        if found.is_some_and(|c| c.up == up) {
+            return Ok(found);
+        }
+        // Not copied: a message that came from the target (loop prevention skipped it) is
+        // found there at the offset it carries. That is how a reverse flow translates a
+        // group back to the cluster it failed over from.
+        if let Some(original) = self.original_in_target(ctx, unit, up).await? {
+            return Ok(Some(Copied { down: original, up }));
+        }
+        Ok(found)
+    }
+
+    /// The upstream history being copied for `unit`: the map's, or the confirmed one.
+    fn history(&self, unit: &WorkUnit) -> Option<u64> {
+        self.maps
+            .label(unit)
+            .or_else(|| self.control.progress(unit).map(|p| p.topic_created_at))
+    }
+
+    /// [`OffsetMaps::lookup`], once the map's newest entry was checked against the downstream
+    /// message (once per partition and round).
+    async fn lookup_verified(
+        &self,
+        ctx: &mut TopicCtx<'_>,
+        unit: &WorkUnit,
+        label: u64,
+        up: Offset,
+    ) -> Result<Lookup> {
+        let trusted = match ctx.verified.get(&unit.partition) {
+            Some(trusted) => *trusted,
+            None => {
+                let trusted = match self.maps.newest(unit) {
+                    Some((map_label, newest)) if map_label == label => {
+                        let probe = self.probe_one(ctx, unit, label, newest.down).await?;
+                        probe == Some(newest)
+                    }
+                    _ => false,
+                };
+                ctx.verified.insert(unit.partition, trusted);
+                trusted
+            }
+        };
+        Ok(if trusted {
+            self.maps.lookup(unit, label, up)
+        } else {
+            Lookup::Unknown
+        })
+    }
+
+    /// Our first message at or after downstream offset `at` within the probe window.
+    async fn probe(
+        &self,
+        ctx: &TopicCtx<'_>,
+        unit: &WorkUnit,
+        label: u64,
+        at: Offset,
+    ) -> Result<Option<Copied>> {
+        let messages = self.poll_down(ctx, unit, at, PROBE_WINDOW).await?;
+        Ok(messages.iter().find_map(|m| self.ours(m, label)))
+    }
+
+    /// Our message exactly at downstream offset `at`, if it is ours.
+    async fn probe_one(
+        &self,
+        ctx: &TopicCtx<'_>,
+        unit: &WorkUnit,
+        label: u64,
+        at: Offset,
+    ) -> Result<Option<Copied>> {
+        let messages = self.poll_down(ctx, unit, at, 1).await?;
+        Ok(messages
+            .first()
+            .filter(|m| m.header.offset == at)
+            .and_then(|m| self.ours(m, label)))
+    }
+
+    /// A downstream message copied by this flow from history `label`, as a [`Copied`].
+    fn ours(&self, m: &IggyMessage, label: u64) -> Option<Copied> {
+        let found = provenance::find(m.user_headers.as_deref());
+        if found.source != Some(self.flow.source.as_str()) {
+            return None;
+        }
+        let history = Incarnation::from_label(found.topic_created_at?);
+        (history == Incarnation::from_label(label)).then_some(Copied {
+            down: m.header.offset,
+            up: found.offset?,
+        })
+    }
+
+    async fn poll_down(
+        &self,
+        ctx: &TopicCtx<'_>,
+        unit: &WorkUnit,
+        at: Offset,
+        count: u32,
+    ) -> Result<Vec<IggyMessage>> {
+        let (s, t) = ctx.down.clone();
+        let consumer = Consumer::new(ident("iggy-replicator.groups", unit)?);
+        let partition = unit.partition;
+        let polled = ctx
+            .target
+            .call(ctx.slot, "poll_messages (group sync)", |c| async move {
+                let strategy = PollingStrategy::offset(at);
+                c.poll_messages(&s, &t, Some(partition), &consumer, &strategy, count, false)
+                    .await
+            })
+            .await?;
+        Ok(polled.messages)
+    }
+
+    /// When the upstream message at `up` was copied from this flow's target (one hop, so its
+    /// `repl-offset` is an offset of the target), that offset.
+    async fn original_in_target(
+        &self,
+        ctx: &TopicCtx<'_>,
+        unit: &WorkUnit,
+        up: Offset,
+    ) -> Result<Option<Offset>> {
+        let (s, t) = ctx.up.clone();
+        let consumer = Consumer::new(ident("iggy-replicator.groups", unit)?);
+        let partition = unit.partition;
+        let polled = self
+            .source
+            .call(ctx.slot, "poll_messages (group sync)", |c| async move {
+                let strategy = PollingStrategy::offset(up);
+                c.poll_messages(&s, &t, Some(partition), &consumer, &strategy, 1, false)
+                    .await
+            })
+            .await?;
+        let target = self.flow.target.as_str();
+        Ok(polled
+            .messages
+            .first()
+            .filter(|m| m.header.offset == up)
+            .and_then(|m| {
+                let found = provenance::find(m.user_headers.as_deref());
+                (found.source == Some(target) && found.origin_cluster() == Some(target))
+                    .then_some(found.offset)
+                    .flatten()
+            }))
+    }
+
+    /// Stores `wanted` for group `name` on the target (see the module docs).
+    async fn store(
+        &self,
+        ctx: &TopicCtx<'_>,
+        name: &str,
+        group: &Identifier,
+        wanted: &[GroupOffset],
+    ) -> Result<Stored> {
+        let (s, t) = ctx.down.clone();
+        let target = ctx.target;
+        let slot = ctx.slot;
+        let _dance = self.dance.lock().await;
+        let (s1, t1, g1) = (s.clone(), t.clone(), group.clone());
+        let existing = target
+            .call(slot, "get_consumer_group", |c| async move {
+                c.get_consumer_group(&s1, &t1, &g1).await
+            })
+            .await?;
+        match existing {
+            Some(g) if g.members_count > 0 => {
+                return Ok(Stored::Skipped(format!(
+                    "{} active member(s) on the target",
+                    g.members_count
+                )))
+            }
+            Some(_) => {}
+            None => {
+                let (s1, t1, n1) = (s.clone(), t.clone(), name.to_owned());
+                let created = target
+                    .call(slot, "create_consumer_group", |c| async move {
+                        c.create_consumer_group(&s1, &t1, &n1).await
+                    })
+                    .await;
+                match created {
+                    Ok(_) => tracing::info!(group = name, "created consumer group on the target"),
+                    // Created meanwhile by someone else: fine.
+                    Err(Error::Iggy { ref source, .. }) if source.as_code() == 5004 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        // Forward only: what the target has already is kept when it is not behind.
+        let mut to_store = Vec::new();
+        for w in wanted {
+            let (s1, t1, consumer) = (s.clone(), t.clone(), Consumer::group(group.clone()));
+            let partition = w.partition;
+            let current = target
+                .call(slot, "get_consumer_offset", |c| async move {
+                    c.get_consumer_offset(&consumer, &s1, &t1, Some(partition))
+                        .await
+                })
+                .await?
+                .map(|i| i.stored_offset);
+            if current.is_none_or(|c| c < w.downstream_offset) {
+                to_store.push((w.partition, w.downstream_offset));
+            }
+        }
+        if to_store.is_empty() {
+            return Ok(Stored::Done(0));
+        }
+        let (s1, t1, g1) = (s.clone(), t.clone(), group.clone());
+        target
+            .call(slot, "join_consumer_group", |c| async move {
+                c.join_consumer_group(&s1, &t1, &g1).await
+            })
+            .await?;
+        let outcome = self
+            .store_as_member(target, slot, (&s, &t), group, &to_store)
+            .await;
+        let (s1, t1, g1) = (s.clone(), t.clone(), group.clone());
+        let left = target
+            .call(slot, "leave_consumer_group", |c| async move {
+                c.leave_consumer_group(&s1, &t1, &g1).await
+            })
+            .await;
+        let stored = outcome?;
+        left?;
+        Ok(stored)
+    }
+
+    async fn store_as_member(
+        &self,
+        target: &Cluster,
+        slot: usize,
+        (s, t): (&Identifier, &Identifier),
+        group: &Identifier,
+        to_store: &[(u32, Offset)],
+    ) -> Result<Stored> {
+        let (s1, t1, g1) = (s.clone(), t.clone(), group.clone());
+        let details = target
+            .call(slot, "get_consumer_group", |c| async move {
+                c.get_consumer_group(&s1, &t1, &g1).await
+            })
+            .await?;
+        let members = details.map_or(0, |g| g.members_count);
+        if members != 1 {
+            // A consumer joined meanwhile (or another node syncs it right now): leave it be.
+            return Ok(Stored::Skipped(format!(
+                "{} members on the target while syncing",
+                members
+            )));
+        }
+        for &(partition, offset) in to_store {
+            let (s1, t1, consumer) = (s.clone(), t.clone(), Consumer::group(group.clone()));
+            target
+                .call(slot, "store_consumer_offset", |c| async move {
+                    c.store_consumer_offset(&consumer, &s1, &t1, Some(partition), offset)
+                        .await
+                })
+                .await?;
+        }
+        Ok(Stored::Done(to_store.len() as u64))
+    }
+}
+
+/// What a sync of one topic keeps between calls.
+struct TopicCtx<'a> {
+    target: &'a Arc<Cluster>,
+    slot: usize,
+    up: (Identifier, Identifier),
+    down: (Identifier, Identifier),
+    /// Per partition: whether the writer's map checked out this round.
+    verified: HashMap<u32, bool>,
+    probes: u64,
+}
+
+/// What storing one group's offsets came to.
+enum Stored {
+    /// This many offsets written.
+    Done(u64),
+    /// Left alone, and why.
+    Skipped(String),
+}
+
+fn ident(name: &str, unit: &WorkUnit) -> Result<Identifier> {
+    crate::unit::named(name, unit)
+}
+
+/// Syncing is pointless without provenance (nothing to translate with).
+pub(crate) fn enabled(flow: &FlowParams) -> bool {
+    flow.provenance && !flow.consumer_groups.is_empty()
+}

@@ -1,0 +1,362 @@
+//! The pure core of consumer-group offset translation: which downstream offset holds the copy
+//! of an upstream offset.
+//!
+//! Every copied message carries its upstream offset (`repl-offset`), so translation is exact:
+//! the downstream offset of the message that carries the group's stored upstream offset. Two
+//! ways to find it, cheapest first:
+//! - [`OffsetMap`]: what a writer sent since it resumed, as runs of consecutive offsets on both
+//!   sides (bounded per partition). Its downstream offsets are *computed* (the downstream
+//!   partition's next offset when the writer resumed, plus what it sent since), so the sync
+//!   checks the newest entry against the downstream message before trusting any entry: a
+//!   foreign message appended in between would have shifted every later one.
+//! - [`Search`]: a binary search over the downstream partition by `repl-offset`, a bounded
+//!   number of small polls, for offsets older than the map (a group far behind, a writer that
+//!   restarted).
+//!
+//! Both answer the copy of the upstream offset, or of the last copied one before it when it was
+//! not copied (not yet, or skipped): never a later message, so a consumer that switches
+//! clusters may re-read, never skip.
+
+use std::collections::VecDeque;
+
+use replicator_model::Offset;
+
+/// Most runs an [`OffsetMap`] keeps per partition (oldest dropped first): about 24 KiB.
+pub(crate) const MAX_RUNS: usize = 1024;
+
+/// Most probes of one [`Search`]: enough for 2^40 downstream messages with room for foreign
+/// messages around the probes.
+pub(crate) const MAX_PROBES: u32 = 64;
+
+/// Consecutive upstream offsets copied to consecutive downstream offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    /// First upstream offset.
+    up: Offset,
+    /// Its downstream offset.
+    down: Offset,
+    /// Messages in the run (at least 1).
+    len: u64,
+}
+
+impl Run {
+    fn last(&self) -> (Offset, Offset) {
+        (self.up + self.len - 1, self.down + self.len - 1)
+    }
+}
+
+/// A copied message: its downstream offset and the upstream offset it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Copied {
+    /// Offset downstream.
+    pub(crate) down: Offset,
+    /// Offset upstream (`repl-offset`).
+    pub(crate) up: Offset,
+}
+
+/// What the map knows of an upstream offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lookup {
+    /// The copy of it, or of the last copied offset before it.
+    Found(Copied),
+    /// Nothing at or before it was ever copied (of this history).
+    NotCopied,
+    /// Older than the map: search the downstream partition.
+    Unknown,
+}
+
+/// A writer's sends since it resumed (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OffsetMap {
+    /// Upstream history (`repl-created` label) the offsets belong to.
+    label: u64,
+    /// Downstream offset the next sent message gets; `None` once unknown (a send that failed
+    /// may have been appended): the map then only answers what it knew before.
+    next_down: Option<Offset>,
+    /// Runs in upstream (and downstream) order.
+    runs: VecDeque<Run>,
+    /// Whether messages before the first run were copied by an earlier writer (then an offset
+    /// before the first run is unknown, not "never copied").
+    copied_before: bool,
+}
+
+impl OffsetMap {
+    /// A map for a writer that resumes copying history `label` with the downstream partition's
+    /// next offset at `next_down`; `copied_before` when the unit copied anything before.
+    pub(crate) fn new(label: u64, next_down: Offset, copied_before: bool) -> Self {
+        Self {
+            label,
+            next_down: Some(next_down),
+            runs: VecDeque::new(),
+            copied_before,
+        }
+    }
+
+    /// The history the map is about.
+    pub(crate) fn label(&self) -> u64 {
+        self.label
+    }
+
+    /// Records messages acknowledged downstream, in send order, by their upstream offsets.
+    pub(crate) fn sent(&mut self, upstream: impl IntoIterator<Item = Offset>) {
+        let Some(mut next) = self.next_down else {
+            return;
+        };
+        for up in upstream {
+            match self.runs.back_mut() {
+                Some(run) if run.last() == (up.wrapping_sub(1), next.wrapping_sub(1)) => {
+                    run.len += 1;
+                }
+                _ => {
+                    if self.runs.len() == MAX_RUNS {
+                        self.runs.pop_front();
+                        self.copied_before = true;
+                    }
+                    self.runs.push_back(Run {
+                        up,
+                        down: next,
+                        len: 1,
+                    });
+                }
+            }
+            next += 1;
+        }
+        self.next_down = Some(next);
+    }
+
+    /// A send failed and may or may not have been appended: later sends cannot be placed.
+    pub(crate) fn unsure(&mut self) {
+        self.next_down = None;
+    }
+
+    /// The newest copy recorded (what the sync checks against the downstream message).
+    pub(crate) fn newest(&self) -> Option<Copied> {
+        self.runs.back().map(|r| {
+            let (up, down) = r.last();
+            Copied { down, up }
+        })
+    }
+
+    /// The copy of `up`, or of the last copied offset before it.
+    pub(crate) fn lookup(&self, up: Offset) -> Lookup {
+        let index = self.runs.partition_point(|r| r.up <= up);
+        if index == 0 {
+            // Before the first run: copied by an earlier writer, or never copied at all.
+            return if self.copied_before {
+                Lookup::Unknown
+            } else {
+                Lookup::NotCopied
+            };
+        }
+        let run = self.runs[index - 1];
+        let (last_up, last_down) = run.last();
+        if up <= last_up {
+            return Lookup::Found(Copied {
+                down: run.down + (up - run.up),
+                up,
+            });
+        }
+        Lookup::Found(Copied {
+            down: last_down,
+            up: last_up,
+        })
+    }
+}
+
+/// What one probe of a [`Search`] saw: the first message of ours at or after the probed
+/// downstream offset, within the probe's small window (`None`: none there).
+pub(crate) type Probe = Option<Copied>;
+
+/// A binary search of the downstream partition for the copy of upstream offset `target` (or of
+/// the last copied offset before it). Probes that find only foreign messages search lower, so
+/// the answer may be earlier than the best one, never later.
+#[derive(Debug, Clone)]
+pub(crate) struct Search {
+    target: Offset,
+    /// Downstream offsets still in question: `[lo, hi)`.
+    lo: Offset,
+    hi: Offset,
+    /// Best copy found so far (at or before `target`).
+    best: Option<Copied>,
+    probes: u32,
+}
+
+impl Search {
+    /// Searches downstream offsets `[0, end)` (`end`: the partition's next offset).
+    pub(crate) fn new(target: Offset, end: Offset) -> Self {
+        Self {
+            target,
+            lo: 0,
+            hi: end,
+            best: None,
+            probes: 0,
+        }
+    }
+
+    /// The downstream offset to probe next; `None` when the search is over.
+    pub(crate) fn next_probe(&self) -> Option<Offset> {
+        let exact = self.best.is_some_and(|b| b.up == self.target);
+        (!exact && self.lo < self.hi && self.probes < MAX_PROBES)
+            .then(|| self.lo + (self.hi - self.lo) / 2)
+    }
+
+    /// Takes the answer of probing `at`.
+    pub(crate) fn observe(&mut self, at: Offset, probe: Probe) {
+        self.probes += 1;
+        match probe {
+            Some(found) if found.up <= self.target => {
+                if self.best.is_none_or(|b| found.down > b.down) {
+                    self.best = Some(found);
+                }
+                self.lo = (found.down + 1).max(at + 1);
+            }
+            _ => self.hi = at,
+        }
+    }
+
+    /// The copy found: of `target` itself, or of the last copied offset before it.
+    pub(crate) fn result(&self) -> Option<Copied> {
+        self.best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use assert2::check;
+
+    use super::*;
+
+    fn copied(down: Offset, up: Offset) -> Lookup {
+        Lookup::Found(Copied { down, up })
+    }
+
+    #[test]
+    fn a_map_places_sends_in_runs_and_answers_exact_or_the_last_before() {
+        // Resumed at downstream offset 100; upstream 10..=14 sent, 15..=16 skipped (loop
+        // prevention), 17..=18 sent.
+        let mut map = OffsetMap::new(7, 100, true);
+        map.sent(10..=14);
+        map.sent([17, 18]);
+        check!(map.lookup(12) == copied(102, 12));
+        check!(
+            map.lookup(16) == copied(104, 14),
+            "skipped: the last copy before"
+        );
+        check!(map.lookup(17) == copied(105, 17));
+        check!(
+            map.lookup(99) == copied(106, 18),
+            "not copied yet: the newest"
+        );
+        check!(
+            map.lookup(9) == Lookup::Unknown,
+            "copied before this writer"
+        );
+        check!(map.newest() == Some(Copied { down: 106, up: 18 }));
+    }
+
+    #[test]
+    fn a_map_without_earlier_copies_knows_nothing_before_its_first_run() {
+        let mut map = OffsetMap::new(7, 0, false);
+        check!(map.lookup(5) == Lookup::NotCopied);
+        map.sent([5, 6]);
+        check!(map.lookup(4) == Lookup::NotCopied);
+        check!(map.lookup(6) == copied(1, 6));
+    }
+
+    #[test]
+    fn an_unsure_send_freezes_the_map() {
+        let mut map = OffsetMap::new(7, 0, false);
+        map.sent([0, 1]);
+        map.unsure();
+        map.sent([2, 3]);
+        check!(map.newest() == Some(Copied { down: 1, up: 1 }));
+        check!(map.lookup(3) == copied(1, 1));
+    }
+
+    #[test]
+    fn a_map_is_bounded_and_forgets_the_oldest_runs() {
+        let mut map = OffsetMap::new(7, 0, false);
+        for i in 0..(MAX_RUNS as u64 + 10) {
+            map.sent([i * 2]); // every other offset: one run each
+        }
+        check!(map.runs.len() == MAX_RUNS);
+        check!(
+            map.lookup(0) == Lookup::Unknown,
+            "forgotten, not 'never copied'"
+        );
+        check!(map.lookup(40) == copied(20, 40));
+    }
+
+    /// Runs a search over `downstream` (upstream offset per downstream offset; `None`: a
+    /// foreign message), probing windows of `window` messages.
+    fn search(
+        downstream: &[Option<Offset>],
+        target: Offset,
+        window: usize,
+    ) -> (Option<Copied>, u32) {
+        let mut s = Search::new(target, downstream.len() as u64);
+        let mut probes = 0;
+        while let Some(at) = s.next_probe() {
+            probes += 1;
+            let found = downstream
+                .iter()
+                .enumerate()
+                .skip(at as usize)
+                .take(window)
+                .find_map(|(d, up)| up.map(|up| Copied { down: d as u64, up }));
+            s.observe(at, found);
+        }
+        (s.result(), probes)
+    }
+
+    #[test]
+    fn search_finds_the_exact_copy_in_logarithmic_probes() {
+        // Upstream 1000.. copied to downstream 0.., with upstream 5000..5099 skipped.
+        let downstream: Vec<Option<Offset>> = (1000..5000).chain(5100..21_000).map(Some).collect();
+        for target in [1000, 1001, 4999, 5100, 12_345, 20_999] {
+            let (found, probes) = search(&downstream, target, 4);
+            let down = downstream.iter().position(|u| *u == Some(target)).unwrap() as u64;
+            check!(found == Some(Copied { down, up: target }));
+            check!(probes <= 16, "{probes} probes for {target}");
+        }
+        let (found, _) = search(&downstream, 5050, 4);
+        check!(
+            found
+                == Some(Copied {
+                    down: 3999,
+                    up: 4999
+                }),
+            "skipped: the last before"
+        );
+        let (found, _) = search(&downstream, 999, 4);
+        check!(found == None, "nothing copied at or before");
+        let (found, _) = search(&downstream, 30_000, 4);
+        check!(found.map(|c| c.up) == Some(20_999));
+    }
+
+    #[test]
+    fn foreign_messages_make_the_search_answer_earlier_never_later() {
+        // Every third downstream message is foreign; long foreign stretches too.
+        let mut downstream = Vec::new();
+        let mut up = 0;
+        for d in 0..3000 {
+            if d % 3 == 0 || (1200..1300).contains(&d) {
+                downstream.push(None);
+            } else {
+                downstream.push(Some(up));
+                up += 1;
+            }
+        }
+        for target in [0, 1, 500, 777, 1500, up - 1] {
+            let (found, _) = search(&downstream, target, 4);
+            let found = found.expect("copies exist at or before");
+            check!(found.up <= target);
+            check!(downstream[found.down as usize] == Some(found.up));
+        }
+        let (found, _) = search(&downstream, 500, 4);
+        check!(
+            found.map(|c| c.up) == Some(500),
+            "short foreign runs do not hide it"
+        );
+    }
+}
