@@ -6,6 +6,7 @@
 //! node publishes each part into [`NodeParts`] as it comes up; handlers answer with what is
 //! known and never wait for an actor.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -17,9 +18,9 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use replicator_config::Config;
 use replicator_control::tls::{serve_tls, ServerTls};
-use replicator_control::{ClusterStatus, Control, ControlMetrics, MemberStatus};
+use replicator_control::{ClusterStatus, Control, ControlMetrics, MemberStatus, PausedFlow};
 use replicator_model::{Epoch, NodeId, UnitCounters, WorkUnit};
-use replicator_pipeline::{ConnectionState, Liveness, UnitStats};
+use replicator_pipeline::{ConnectionState, Cutover, Liveness, UnitStats};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -41,6 +42,8 @@ pub(crate) struct NodeParts {
     liveness: OnceLock<Arc<Liveness>>,
     /// The pipeline's connections to each Iggy cluster, once the pipeline started.
     connections: OnceLock<ConnectionsReader>,
+    /// The pipeline's handle for `flow promote` and the consumer-group sync state.
+    cutover: OnceLock<Cutover>,
     /// Set when the node begins to stop (drain, then control plane).
     stopping: AtomicBool,
     /// When the current stage began (a start stuck in one stage shows how long it has been).
@@ -55,6 +58,7 @@ impl NodeParts {
             stats: OnceLock::new(),
             liveness: OnceLock::new(),
             connections: OnceLock::new(),
+            cutover: OnceLock::new(),
             stopping: AtomicBool::new(false),
             stage_since: Mutex::new(Instant::now()),
         }
@@ -74,8 +78,10 @@ impl NodeParts {
         stats: StatsReader,
         liveness: Arc<Liveness>,
         connections: ConnectionsReader,
+        cutover: Cutover,
     ) {
         let _ = self.liveness.set(liveness);
+        let _ = self.cutover.set(cutover);
         let _ = self.connections.set(connections);
         if self.stats.set(stats).is_err() {
             warn!("pipeline published twice; keeping the first");
@@ -167,6 +173,8 @@ pub(crate) struct AdminState {
     admin_token: Option<Arc<str>>,
     /// Prometheus families, fed at every scrape.
     metrics: Arc<Metrics>,
+    /// Names of the flows in this node's config.
+    pub(crate) flows: Arc<[String]>,
 }
 
 impl AdminState {
@@ -181,7 +189,24 @@ impl AdminState {
                 .as_ref()
                 .map(|t| Arc::from(t.expose())),
             metrics,
+            flows: config.flows.iter().map(|f| f.name.clone()).collect(),
         }
+    }
+
+    /// The control plane for the mutating call `action`: [`authorise`]d first, then 503
+    /// until the control plane started.
+    pub(crate) fn control_for(
+        &self,
+        headers: &HeaderMap,
+        action: &str,
+    ) -> Result<&Control, Box<Response>> {
+        authorise(self, headers, action)?;
+        started_control(self)
+    }
+
+    /// The pipeline's cutover handle, once the pipeline started.
+    pub(crate) fn cutover(&self) -> Option<Cutover> {
+        self.parts.cutover.get().cloned()
     }
 }
 
@@ -194,6 +219,9 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/metrics", get(metrics))
         .route("/cluster/members", post(add_member))
         .route("/cluster/members/{id}", delete(remove_member))
+        .route("/flows/{name}/pause", post(pause_flow))
+        .route("/flows/{name}/resume", post(resume_flow))
+        .route("/flows/{name}/promote", post(crate::flow::promote))
         .with_state(state)
 }
 
@@ -317,6 +345,51 @@ pub(crate) struct StatusView {
     pub(crate) fence_error: Option<String>,
     /// Every unit with owner, epoch and confirmed offset; runtime figures for units this node runs.
     pub(crate) units: Vec<UnitView>,
+    /// Flows an operator paused (`flow pause`, `flow promote`).
+    #[serde(default)]
+    pub(crate) paused_flows: Vec<PausedFlow>,
+    /// This node's consumer-group sync, per flow that syncs groups.
+    #[serde(default)]
+    pub(crate) consumer_groups: Vec<FlowGroupsView>,
+}
+
+/// One flow's consumer-group sync on the answering node, in [`StatusView`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct FlowGroupsView {
+    /// The node.
+    pub(crate) node: NodeId,
+    /// The flow.
+    pub(crate) flow: String,
+    /// Rounds since the node started.
+    pub(crate) runs: u64,
+    /// Rounds with an error.
+    pub(crate) failed_runs: u64,
+    /// Offsets stored on the target since the node started.
+    pub(crate) stored: u64,
+    /// When the latest round ended, Unix milliseconds.
+    pub(crate) last_run_unix_ms: u64,
+    /// The groups' offsets on the target after the latest round.
+    pub(crate) offsets: Vec<crate::flow::GroupView>,
+    /// Groups the latest round left alone.
+    pub(crate) skipped: Vec<crate::flow::GroupSkipView>,
+    /// Errors of the latest round.
+    pub(crate) errors: Vec<String>,
+}
+
+impl FlowGroupsView {
+    fn new(node: NodeId, flow: &str, s: &replicator_pipeline::FlowSyncState) -> Self {
+        Self {
+            node,
+            flow: flow.to_owned(),
+            runs: s.runs,
+            failed_runs: s.failed_runs,
+            stored: s.stored,
+            last_run_unix_ms: s.last.at_unix_ms,
+            offsets: s.last.offsets.iter().map(Into::into).collect(),
+            skipped: s.last.skipped.iter().map(Into::into).collect(),
+            errors: s.last.errors.clone(),
+        }
+    }
 }
 
 /// One unit in [`StatusView`].
@@ -360,7 +433,12 @@ pub(crate) struct LiveView {
 }
 
 /// Builds the status document from the control plane's view and this node's pipeline stats.
-pub(crate) fn status_view(node: NodeId, cluster: ClusterStatus, local: &[UnitStats]) -> StatusView {
+pub(crate) fn status_view(
+    node: NodeId,
+    cluster: ClusterStatus,
+    local: &[UnitStats],
+    groups: &BTreeMap<String, replicator_pipeline::FlowSyncState>,
+) -> StatusView {
     let units = cluster
         .units
         .into_iter()
@@ -390,6 +468,11 @@ pub(crate) fn status_view(node: NodeId, cluster: ClusterStatus, local: &[UnitSta
         fences_pending: cluster.fences_pending,
         fence_error: cluster.fence_error,
         units,
+        paused_flows: cluster.paused_flows,
+        consumer_groups: groups
+            .iter()
+            .map(|(flow, s)| FlowGroupsView::new(node, flow, s))
+            .collect(),
     }
 }
 
@@ -424,7 +507,11 @@ async fn status(State(state): State<AdminState>) -> Response {
     match control.status().await {
         Ok(cluster) => {
             let local = state.parts.local_stats();
-            Json(status_view(control.node_id(), cluster, &local)).into_response()
+            let groups = state
+                .cutover()
+                .map(|c| c.group_sync_state())
+                .unwrap_or_default();
+            Json(status_view(control.node_id(), cluster, &local, &groups)).into_response()
         }
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -461,6 +548,17 @@ async fn metrics(State(state): State<AdminState>) -> Response {
             .get()
             .map(|read| read())
             .unwrap_or_default(),
+        groups: state
+            .cutover()
+            .map(|c| c.group_sync_state())
+            .unwrap_or_default(),
+        paused: control_plane.map_or_else(Vec::new, |c| {
+            state
+                .flows
+                .iter()
+                .map(|f| (f.clone(), c.is_flow_paused(f)))
+                .collect()
+        }),
     };
     match state.metrics.render(snapshot) {
         Ok(text) => (
@@ -523,17 +621,6 @@ fn authorise(state: &AdminState, headers: &HeaderMap, action: &str) -> Result<()
     }
 }
 
-/// The control plane for the mutating call `action`: [`authorise`]d first, then 503 until
-/// the control plane started ([`started_control`]).
-fn control_for<'a>(
-    state: &'a AdminState,
-    headers: &HeaderMap,
-    action: &str,
-) -> Result<&'a Control, Box<Response>> {
-    authorise(state, headers, action)?;
-    started_control(state)
-}
-
 /// The answer to a membership change of node `id`: `member <id> <done>`, or 409 with
 /// `cannot <verb> member <id>: <error>`.
 fn membership_answer(
@@ -551,13 +638,31 @@ fn membership_answer(
     }
 }
 
+/// `POST /flows/{name}/pause`: pauses the flow cluster-wide.
+async fn pause_flow(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    crate::flow::set_paused(&state, &headers, &name, true).await
+}
+
+/// `POST /flows/{name}/resume`: resumes a paused flow.
+async fn resume_flow(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    crate::flow::set_paused(&state, &headers, &name, false).await
+}
+
 /// `POST /cluster/members`: adds a node (learner, then voter).
 async fn add_member(
     State(state): State<AdminState>,
     headers: HeaderMap,
     Json(body): Json<AddMember>,
 ) -> Response {
-    let control = match control_for(&state, &headers, "add_member") {
+    let control = match state.control_for(&headers, "add_member") {
         Ok(control) => control,
         Err(answer) => return *answer,
     };
@@ -574,7 +679,7 @@ async fn remove_member(
     headers: HeaderMap,
     Path(id): Path<NodeId>,
 ) -> Response {
-    let control = match control_for(&state, &headers, "remove_member") {
+    let control = match state.control_for(&headers, "remove_member") {
         Ok(control) => control,
         Err(answer) => return *answer,
     };

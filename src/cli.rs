@@ -83,6 +83,9 @@ pub(crate) enum Command {
     /// Change or show the cluster's membership through a member's admin API.
     #[command(subcommand)]
     Cluster(crate::status::ClusterCommand),
+    /// Pause, resume or promote (cut over) a flow through a member's admin API.
+    #[command(subcommand)]
+    Flow(crate::flow::FlowCommand),
     /// Run the Iggy-compatible test server (speaks the Iggy 0.8 TCP protocol) for local experiments.
     #[command(after_help = "Example:\n  iggy-replicator dev-server --port 8090 --data-in-memory")]
     #[cfg(feature = "dev-tools")]
@@ -119,6 +122,7 @@ pub(crate) async fn dispatch(command: Command) -> Result<(), Failure> {
             interval,
         } => crate::status::status(api, watch, interval).await,
         Command::Cluster(command) => crate::status::cluster(command).await,
+        Command::Flow(command) => crate::flow::run(command).await,
         #[cfg(feature = "dev-tools")]
         Command::DevServer(args) => replicator_testkit::dev_server::run(args)
             .await

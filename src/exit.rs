@@ -5,7 +5,7 @@
 //! | 0 | success (for `verify`: the copy is exact) |
 //! | 1 | runtime failure (cannot connect, cluster unavailable, …) |
 //! | 2 | invalid config file or command line |
-//! | 3 | `verify` found differences between upstream and downstream |
+//! | 3 | `verify` found differences between upstream and downstream; `flow promote` ended with messages not copied |
 
 use std::process::ExitCode;
 
@@ -13,7 +13,7 @@ use std::process::ExitCode;
 pub(crate) const RUNTIME: u8 = 1;
 /// Invalid configuration or usage.
 pub(crate) const CONFIG: u8 = 2;
-/// `verify` found the copy not exact.
+/// `verify` found the copy not exact (or `flow promote` could not complete it).
 pub(crate) const NOT_EXACT: u8 = 3;
 
 /// Why a command failed, with what to tell the operator.

@@ -7,6 +7,7 @@ mod cli;
 #[cfg(feature = "dev-tools")]
 mod demo;
 mod exit;
+mod flow;
 mod logging;
 mod metrics;
 mod node;

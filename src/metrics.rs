@@ -144,6 +144,10 @@ pub(crate) struct Snapshot {
     pub(crate) ready: bool,
     /// The connections to each Iggy cluster; empty while the pipeline starts.
     pub(crate) connections: Vec<replicator_pipeline::ConnectionState>,
+    /// Every flow's consumer-group sync on this node (flows that sync groups only).
+    pub(crate) groups: BTreeMap<String, replicator_pipeline::FlowSyncState>,
+    /// Every configured flow and whether it is paused; empty while the control plane starts.
+    pub(crate) paused: Vec<(String, bool)>,
 }
 
 impl Metrics {
@@ -236,6 +240,8 @@ impl Collector for Scrape {
             units,
             ready,
             connections,
+            groups,
+            paused,
         } = &self.0;
         let e = &mut encoder;
         labelled(
@@ -270,8 +276,76 @@ impl Collector for Scrape {
             }),
         )?;
         encode_units(e, units, owned)?;
+        encode_groups(e, groups)?;
+        labelled(
+            e,
+            "flow_paused",
+            "1 while the flow is paused (flow pause, flow promote), else 0",
+            paused
+                .iter()
+                .map(|(flow, on)| (flow_labels(flow), flag(*on))),
+        )?;
         encode_control(e, control.as_ref())
     }
+}
+
+/// A per-flow consumer-group sync counter family: name, help, and its total.
+type GroupCounter = (
+    &'static str,
+    &'static str,
+    fn(&replicator_pipeline::FlowSyncState) -> u64,
+);
+
+/// The consumer-group sync families (README "Disaster recovery").
+fn encode_groups(
+    e: &mut DescriptorEncoder,
+    groups: &BTreeMap<String, replicator_pipeline::FlowSyncState>,
+) -> Result<(), std::fmt::Error> {
+    let counters: [GroupCounter; 3] = [
+        (
+            "consumer_group_sync_runs",
+            "Consumer-group sync rounds this node ran",
+            |s| s.runs,
+        ),
+        (
+            "consumer_group_sync_failures",
+            "Consumer-group sync rounds with at least one error (each is retried next round)",
+            |s| s.failed_runs,
+        ),
+        (
+            "consumer_group_offsets_synced",
+            "Consumer-group offsets this node stored on the target",
+            |s| s.stored,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let samples = groups
+            .iter()
+            .map(|(flow, s)| (flow_labels(flow), ConstCounter::new(value(s))));
+        labelled(e, name, help, samples)?;
+    }
+    labelled(
+        e,
+        "consumer_groups_skipped",
+        "Groups the latest sync round left alone because they have members on the target",
+        groups
+            .iter()
+            .map(|(flow, s)| (flow_labels(flow), gauge(s.last.skipped.len() as u64))),
+    )?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    labelled(
+        e,
+        "consumer_group_sync_age_seconds",
+        "Seconds since this node's latest consumer-group sync round of the flow ended",
+        groups.iter().map(|(flow, s)| {
+            (
+                flow_labels(flow),
+                gauge(now_ms.saturating_sub(s.last.at_unix_ms) / 1000),
+            )
+        }),
+    )
 }
 
 /// A per-unit counter family: name, help, and the total it reads from a unit's stats.
@@ -587,6 +661,24 @@ mod tests {
                 open: 3,
                 configured: 4,
             }],
+            groups: BTreeMap::from([(
+                "us-to-eu".to_owned(),
+                replicator_pipeline::FlowSyncState {
+                    runs: 5,
+                    failed_runs: 1,
+                    stored: 7,
+                    last: replicator_pipeline::GroupSyncReport {
+                        skipped: vec![replicator_pipeline::GroupSkip {
+                            stream: "orders".into(),
+                            topic: "created".into(),
+                            group: "billing".into(),
+                            reason: "1 active member(s) on the target".into(),
+                        }],
+                        ..Default::default()
+                    },
+                },
+            )]),
+            paused: vec![("us-to-eu".to_owned(), true)],
         };
         // Two scrapes of the same meters show the same totals (nothing is added per scrape).
         let _ = metrics.render(snapshot())?;
@@ -598,6 +690,11 @@ mod tests {
         for expected in [
             "iggy_replicator_cluster_connections_open{cluster=\"us\"} 3",
             "iggy_replicator_cluster_connections_configured{cluster=\"us\"} 4",
+            "iggy_replicator_consumer_group_sync_runs_total{flow=\"us-to-eu\"} 5",
+            "iggy_replicator_consumer_group_sync_failures_total{flow=\"us-to-eu\"} 1",
+            "iggy_replicator_consumer_group_offsets_synced_total{flow=\"us-to-eu\"} 7",
+            "iggy_replicator_consumer_groups_skipped{flow=\"us-to-eu\"} 1",
+            "iggy_replicator_flow_paused{flow=\"us-to-eu\"} 1",
         ] {
             assert!(lines.contains(&expected), "{expected} in {lines:?}");
         }
@@ -655,6 +752,12 @@ mod tests {
                 ("tail_scans_exhausted", "counter"),
                 ("lag_messages", "gauge"),
                 ("actor_restarts", "counter"),
+                ("consumer_group_sync_runs", "counter"),
+                ("consumer_group_sync_failures", "counter"),
+                ("consumer_group_offsets_synced", "counter"),
+                ("consumer_groups_skipped", "gauge"),
+                ("consumer_group_sync_age_seconds", "gauge"),
+                ("flow_paused", "gauge"),
                 ("units_owned", "gauge"),
                 ("units_unowned", "gauge"),
                 ("raft_term", "gauge"),

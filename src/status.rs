@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use replicator_model::NodeId;
 
-use crate::admin::{AddMember, LiveView, StatusView};
+use crate::admin::{AddMember, FlowGroupsView, LiveView, StatusView};
 use crate::exit::Failure;
 
 /// Where the admin API is and how to reach it.
@@ -39,11 +39,16 @@ pub(crate) struct ApiClient {
 impl ApiArgs {
     /// The client these arguments describe; unreadable files are config errors (exit 2).
     pub(crate) fn client(&self) -> Result<ApiClient, Failure> {
+        self.client_with_timeout(Duration::from_secs(60))
+    }
+
+    /// Like [`ApiArgs::client`], with calls bounded by `timeout`.
+    pub(crate) fn client_with_timeout(&self, timeout: Duration) -> Result<ApiClient, Failure> {
         let read = |flag: &str, path: &PathBuf| {
             std::fs::read(path)
                 .map_err(|e| Failure::config(format!("{flag} {}: {e}", path.display())))
         };
-        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(60));
+        let mut builder = reqwest::Client::builder().timeout(timeout);
         if let Some(ca) = &self.ca_file {
             let cert = reqwest::Certificate::from_pem(&read("--ca-file", ca)?)
                 .map_err(|e| Failure::config(format!("--ca-file {}: {e}", ca.display())))?;
@@ -75,6 +80,11 @@ impl ApiClient {
     fn url(&self, api: &str, path: &str) -> String {
         format!("{}{path}", base_url(api, self.scheme))
     }
+
+    /// A POST of `path` on the admin API at `api`.
+    pub(crate) fn post(&self, api: &str, path: &str) -> reqwest::RequestBuilder {
+        self.http.post(self.url(api, path))
+    }
 }
 
 /// Where a mutating call goes, and its bearer token.
@@ -90,12 +100,26 @@ pub(crate) struct MutationArgs {
 impl MutationArgs {
     /// Sends the request `build` makes for `action` with the bearer token, and prints the
     /// answer (a refusal or a failure is the error).
-    async fn send(
+    pub(crate) async fn send(
         &self,
         action: &str,
         build: impl FnOnce(&ApiClient, &str) -> reqwest::RequestBuilder,
     ) -> Result<(), Failure> {
-        let client = self.api.client()?;
+        let body = self
+            .call_json(Duration::from_secs(60), action, build)
+            .await?;
+        print!("{body}");
+        Ok(())
+    }
+
+    /// Like [`MutationArgs::send`], bounded by `timeout`, returning the answer's body.
+    pub(crate) async fn call_json(
+        &self,
+        timeout: Duration,
+        action: &str,
+        build: impl FnOnce(&ApiClient, &str) -> reqwest::RequestBuilder,
+    ) -> Result<String, Failure> {
+        let client = self.api.client_with_timeout(timeout)?;
         let response = build(&client, &self.api.api)
             .bearer_auth(&self.token)
             .send()
@@ -222,12 +246,12 @@ pub(crate) async fn cluster(command: ClusterCommand) -> Result<(), Failure> {
     }
 }
 
-async fn mutation_result(response: reqwest::Response, action: &str) -> Result<(), Failure> {
+/// The body of a successful mutating call; a refusal or a failure is the error.
+async fn mutation_result(response: reqwest::Response, action: &str) -> Result<String, Failure> {
     let code = response.status();
     let body = response.text().await.unwrap_or_default();
     if code.is_success() {
-        print!("{body}");
-        Ok(())
+        Ok(body)
     } else if code == reqwest::StatusCode::UNAUTHORIZED {
         Err(Failure::runtime(
             format!("{action} refused: {}", body.trim()),
@@ -247,7 +271,11 @@ pub(crate) async fn status(api: ApiArgs, watch: bool, interval: Duration) -> Res
     loop {
         let view = fetch_status(&client, &api.api).await?;
         let live = collect_live(&client, &view).await;
-        let table = render_units(&view, &live);
+        let table = format!(
+            "{}{}",
+            render_units(&view, &live.units),
+            render_groups(&live.groups)
+        );
         if watch {
             // Clear the screen and home the cursor, then redraw.
             print!("\x1b[2J\x1b[H{}", render_members(&view));
@@ -264,15 +292,26 @@ pub(crate) async fn status(api: ApiArgs, watch: bool, interval: Duration) -> Res
     }
 }
 
-/// Live figures of every unit, from the members that run them (unreachable members are skipped).
-async fn collect_live(client: &ApiClient, view: &StatusView) -> BTreeMap<String, LiveView> {
-    let mut live = BTreeMap::new();
+/// What every member reports of the work it runs itself.
+#[derive(Default)]
+struct Live {
+    /// Live figures of every unit, by unit.
+    units: BTreeMap<String, LiveView>,
+    /// Consumer-group sync per member and flow.
+    groups: Vec<FlowGroupsView>,
+}
+
+/// Live figures of every unit and every member's consumer-group sync, from the members that
+/// run them (unreachable members are skipped).
+async fn collect_live(client: &ApiClient, view: &StatusView) -> Live {
+    let mut live = Live::default();
     let mut collect = |v: &StatusView| {
         for unit in &v.units {
             if let Some(l) = &unit.live {
-                live.insert(unit.unit.to_string(), l.clone());
+                live.units.insert(unit.unit.to_string(), l.clone());
             }
         }
+        live.groups.extend(v.consumer_groups.iter().cloned());
     };
     collect(view);
     for member in view
@@ -303,6 +342,14 @@ fn render_members(view: &StatusView) -> String {
     if let Some(error) = &view.fence_error {
         out.push_str(&format!("last fence error: {error}\n"));
     }
+    for p in &view.paused_flows {
+        out.push_str(&format!(
+            "flow {} PAUSED ({}, {})\n",
+            p.flow,
+            p.requested_by,
+            ago(p.at_unix_ms)
+        ));
+    }
     out.push_str(&format!(
         "{:>6}  {:<22} {:<22} {:<7} {:<7} {:>6}  {}\n",
         "node", "raft", "api", "voter", "lease", "units", "writer"
@@ -326,6 +373,51 @@ fn render_members(view: &StatusView) -> String {
             },
             m.units_owned
         ));
+    }
+    out
+}
+
+/// How long ago a Unix-milliseconds time was, e.g. `12s ago`.
+fn ago(at_unix_ms: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    format!("{}s ago", now.saturating_sub(at_unix_ms) / 1000)
+}
+
+/// Every member's consumer-group sync: per group and partition the translated offsets, the
+/// groups left alone and the latest errors.
+fn render_groups(groups: &[FlowGroupsView]) -> String {
+    if groups.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "\n{:<10} {:>5} {:<20} {:<30} {:>10} {:>11} {:>6}  {}\n",
+        "flow", "node", "group", "partition", "upstream", "downstream", "exact", "synced"
+    );
+    for g in groups {
+        for o in &g.offsets {
+            out.push_str(&format!(
+                "{:<10} {:>5} {:<20} {:<30} {:>10} {:>11} {:>6}  {}\n",
+                g.flow,
+                g.node,
+                o.group,
+                format!("{}/{}/{}", o.stream, o.topic, o.partition),
+                o.upstream_offset,
+                o.downstream_offset,
+                if o.exact { "yes" } else { "no" },
+                ago(g.last_run_unix_ms)
+            ));
+        }
+        for s in &g.skipped {
+            out.push_str(&format!(
+                "{:<10} {:>5} group {} on {}/{} skipped: {}\n",
+                g.flow, g.node, s.group, s.stream, s.topic, s.reason
+            ));
+        }
+        for e in &g.errors {
+            out.push_str(&format!("{:<10} {:>5} sync error: {e}\n", g.flow, g.node));
+        }
     }
     out
 }

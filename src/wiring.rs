@@ -127,6 +127,8 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
             params.idle_poll_interval = flow.idle_poll_interval;
             params.provenance = flow.provenance;
             params.max_in_flight_batches = flow.max_in_flight_batches;
+            params.consumer_groups = flow.consumer_groups.clone();
+            params.consumer_group_sync_interval = flow.consumer_group_sync_interval;
             params
         })
         .collect();

@@ -180,6 +180,11 @@ mod tests {
         assert_eq!(flow.batch_size, 1000);
         assert_eq!(flow.poll_interval, Duration::from_millis(10));
         assert!(flow.provenance);
+        assert!(flow.consumer_groups.is_empty());
+        assert_eq!(
+            flow.consumer_group_sync_interval,
+            replicator_model::DEFAULT_GROUP_SYNC_INTERVAL
+        );
         assert_eq!(config.pipeline.discovery_interval, Duration::from_secs(5));
         assert_eq!(config.initial_members().len(), 3);
     }
@@ -209,7 +214,7 @@ mod tests {
             .replace("connections = 2", "connections = 0")
             .replace(
                 "poll_interval = \"10ms\"",
-                "poll_interval = \"10ms\"\nidle_poll_interval = \"11s\"",
+                "poll_interval = \"10ms\"\nidle_poll_interval = \"11s\"\nconsumer_groups = [\"ok-*\", \"bad[\"]\nconsumer_group_sync_interval = \"10ms\"",
             );
         let keys =
             problem_keys(parse_str(&text, "t", env(&[("SECRET", "short")])).expect_err("invalid"));
@@ -221,6 +226,8 @@ mod tests {
             "flows[0].initial_offset",
             "clusters.eu.connections",
             "flows[0].idle_poll_interval",
+            "flows[0].consumer_groups[1]",
+            "flows[0].consumer_group_sync_interval",
         ] {
             assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
         }

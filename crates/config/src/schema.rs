@@ -216,6 +216,15 @@ pub struct FlowConfig {
     /// Batches that may wait between a partition's reader and writer. Default: `2`; 1 to 64.
     #[serde(default = "default_in_flight")]
     pub max_in_flight_batches: usize,
+    /// Glob patterns on consumer-group names whose offsets are translated to the target
+    /// (README "Disaster recovery"); needs `provenance`. Default: `[]` (none). Example:
+    /// `["billing", "analytics-*"]`.
+    #[serde(default)]
+    pub consumer_groups: Vec<String>,
+    /// How often the consumer groups' offsets are synced. Default:
+    /// [`replicator_model::DEFAULT_GROUP_SYNC_INTERVAL`] (`"5s"`); 100 ms to 1 h.
+    #[serde(default = "default_group_sync_interval", with = "humantime_serde")]
+    pub consumer_group_sync_interval: Duration,
 }
 
 /// `initial_offset`: a word or a number in TOML.
@@ -297,6 +306,9 @@ fn default_true() -> bool {
 }
 fn default_in_flight() -> usize {
     2
+}
+fn default_group_sync_interval() -> Duration {
+    replicator_model::DEFAULT_GROUP_SYNC_INTERVAL
 }
 fn default_discovery_interval() -> Duration {
     Duration::from_secs(5)
@@ -593,6 +605,28 @@ impl FlowConfig {
             problems.push(Problem::new(
                 format!("{key}.max_in_flight_batches"),
                 "must be between 1 and 64",
+            ));
+        }
+        for (index, pattern) in self.consumer_groups.iter().enumerate() {
+            if let Err(e) = globset::Glob::new(pattern) {
+                problems.push(Problem::new(
+                    format!("{key}.consumer_groups[{index}]"),
+                    format!("invalid pattern {pattern:?}: {}", e.kind()),
+                ));
+            }
+        }
+        if !self.consumer_groups.is_empty() && !self.provenance {
+            problems.push(Problem::new(
+                format!("{key}.consumer_groups"),
+                "needs provenance = true (offsets are translated with the provenance headers)",
+            ));
+        }
+        if !(Duration::from_millis(100)..=Duration::from_secs(3600))
+            .contains(&self.consumer_group_sync_interval)
+        {
+            problems.push(Problem::new(
+                format!("{key}.consumer_group_sync_interval"),
+                "must be between 100ms and 1h",
             ));
         }
     }

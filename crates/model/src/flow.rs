@@ -2,7 +2,13 @@
 
 use serde::{Deserialize, Serialize};
 
+use std::time::Duration;
+
 use crate::Offset;
+
+/// How often a flow syncs its consumer groups' offsets to the target
+/// (`flows[].consumer_group_sync_interval`) unless configured.
+pub const DEFAULT_GROUP_SYNC_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How downstream stream names are derived from upstream ones (topics keep their names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

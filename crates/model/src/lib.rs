@@ -13,7 +13,7 @@ mod flow;
 mod unit;
 mod writer;
 
-pub use flow::{InitialOffset, Naming};
+pub use flow::{InitialOffset, Naming, DEFAULT_GROUP_SYNC_INTERVAL};
 pub use unit::{
     Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, UnitCounters, UnitProgress,
     WorkUnit,

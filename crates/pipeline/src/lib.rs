@@ -28,6 +28,7 @@ mod backoff;
 mod clients;
 mod control;
 mod coordinator;
+mod cutover;
 mod discovery;
 mod error;
 mod fence;
@@ -49,6 +50,7 @@ mod writer;
 pub use backoff::{next_backoff, with_jitter};
 pub use clients::ConnectionState;
 pub use control::{ControlError, ControlPlane};
+pub use cutover::{Cutover, Extent, UnitExtents};
 pub use error::{Error, Result};
 pub use fence::{FenceSetupError, TargetFence};
 pub use groups::{FlowSyncState, GroupOffset, GroupSkip, GroupSyncReport};
@@ -56,9 +58,7 @@ pub use liveness::Liveness;
 pub use mapping::{downstream_stream, Selector};
 pub use memory::{InMemoryControl, InMemoryLease};
 pub use offsets::Gap;
-pub use params::{
-    BackoffParams, ClusterParams, FlowParams, PipelineParams, DEFAULT_GROUP_SYNC_INTERVAL,
-};
+pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams};
 pub use pipeline::Pipeline;
 pub use stats::{NoObserver, Observer, PipelineObserver, UnitStats};
 

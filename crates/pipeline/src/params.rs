@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use replicator_model::{InitialOffset, Naming, NodeId};
+use replicator_model::{InitialOffset, Naming, NodeId, DEFAULT_GROUP_SYNC_INTERVAL};
 
 use crate::error::{Error, Result};
 
@@ -221,9 +221,6 @@ pub struct FlowParams {
     /// Period of the consumer-group sync (`flows[].consumer_group_sync_interval`), e.g. 5 s.
     pub consumer_group_sync_interval: Duration,
 }
-
-/// Default of [`FlowParams::consumer_group_sync_interval`].
-pub const DEFAULT_GROUP_SYNC_INTERVAL: Duration = Duration::from_secs(5);
 
 impl FlowParams {
     /// A flow with the default batching (1000 messages, 5 ms, 2 batches in flight), provenance on,

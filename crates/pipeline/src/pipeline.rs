@@ -13,11 +13,10 @@ use tokio_util::sync::CancellationToken;
 use crate::clients::{Cluster, ConnectionState};
 use crate::control::ControlPlane;
 use crate::coordinator::{Coordinator, CoordinatorArgs, CoordinatorMsg};
+use crate::cutover::Cutover;
 use crate::discovery::{self, DiscoveryParams};
 use crate::error::{Error, Result};
-use crate::groups::{
-    FlowSyncState, GroupSync, GroupSyncRegistry, GroupSyncReport, OffsetMaps, SyncFn,
-};
+use crate::groups::{GroupSync, GroupSyncRegistry, OffsetMaps, SyncFn};
 use crate::liveness::{Liveness, HEARTBEAT_INTERVAL};
 use crate::mapping::Selector;
 use crate::params::PipelineParams;
@@ -45,10 +44,8 @@ pub struct Pipeline {
     meters: MeterRegistry,
     /// Heartbeats of the coordinator's mailbox.
     liveness: Arc<Liveness>,
-    /// Consumer-group sync of each flow that has one, by flow name (for `flow promote`).
-    group_syncs: BTreeMap<String, SyncFn>,
-    /// Every flow's latest consumer-group sync round on this node.
-    group_registry: GroupSyncRegistry,
+    /// What `flow promote` asks of this pipeline.
+    cutover: Cutover,
 }
 
 /// Sends the coordinator a heartbeat every [`HEARTBEAT_INTERVAL`] until `cancel`.
@@ -201,6 +198,7 @@ impl Pipeline {
             cancel.clone(),
         )));
         tracing::info!(flows = flows.len(), "pipeline started");
+        let cutover_clusters = clusters.clone();
         Ok(Self {
             coordinator,
             coordinator_task,
@@ -208,34 +206,25 @@ impl Pipeline {
             cancel,
             identity: (identity, identity_cancel),
             tasks_gone,
-            clusters: clusters.into_values().collect(),
+            clusters: clusters.values().cloned().collect(),
             shutdown_timeout: params.shutdown_timeout,
             meters,
             liveness,
-            group_syncs,
-            group_registry,
+            cutover: Cutover {
+                flows,
+                clusters: cutover_clusters,
+                syncs: group_syncs,
+                registry: group_registry,
+            },
         })
     }
 
-    /// Runs one consumer-group sync round of `flow` over `units` now, from this node (`flow
-    /// promote` does, once the flow is paused, over all its units); `None` when the flow does
-    /// not sync groups here. The round is recorded like a periodic one.
-    pub async fn sync_groups(
-        &self,
-        flow: &str,
-        units: Vec<replicator_model::WorkUnit>,
-    ) -> Option<GroupSyncReport> {
-        let sync = self.group_syncs.get(flow)?.clone();
-        Some(sync(units).await)
-    }
-
-    /// A reader of every flow's consumer-group sync state on this node, like
-    /// [`Pipeline::stats_reader`].
-    pub fn group_sync_reader(
-        &self,
-    ) -> impl Fn() -> BTreeMap<String, FlowSyncState> + Clone + Send + Sync + 'static {
-        let registry = self.group_registry.clone();
-        move || registry.snapshot()
+    /// What `flow promote` asks of this pipeline (partition extents, a consumer-group sync
+    /// round now), and the consumer-group sync state for status and metrics; a cheap handle
+    /// that outlives a borrow of the pipeline.
+    #[must_use]
+    pub fn cutover(&self) -> Cutover {
+        self.cutover.clone()
     }
 
     /// A reader of the connection state to every cluster, like [`Pipeline::stats_reader`].

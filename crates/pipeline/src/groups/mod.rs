@@ -346,14 +346,7 @@ impl<C: ControlPlane> GroupSync<C> {
         let down_end: BTreeMap<u32, Offset> = details
             .partitions
             .iter()
-            .map(|p| {
-                let next = if p.messages_count == 0 && p.current_offset == 0 {
-                    0
-                } else {
-                    p.current_offset + 1
-                };
-                (p.id, next)
-            })
+            .map(|p| (p.id, crate::cutover::Extent::of(p).next_offset))
             .collect();
         let mut ctx = TopicCtx {
             target: &target,

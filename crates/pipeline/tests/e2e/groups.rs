@@ -147,7 +147,9 @@ async fn group_offsets_are_translated_exactly_and_again_after_a_restart() -> Tes
             .is_none(),
         "a group outside the globs is not created downstream"
     );
-    let state = pipeline.group_sync_reader()()
+    let state = pipeline
+        .cutover()
+        .group_sync_state()
         .remove(stream)
         .ok_or("no sync state")?;
     assert2::check!(state.runs > 0);
@@ -163,7 +165,9 @@ async fn group_offsets_are_translated_exactly_and_again_after_a_restart() -> Tes
     let pipeline = Pipeline::start(env.params(flow.clone()), control.clone()).await?;
     check_translated(&up, &down, (stream, topic, "billing"), 0, 150).await?;
     check_translated(&up, &down, (stream, topic, "billing"), 1, 121).await?;
-    let state = pipeline.group_sync_reader()()
+    let state = pipeline
+        .cutover()
+        .group_sync_state()
         .remove(stream)
         .ok_or("no sync state")?;
     assert2::check!(state.stored > 0);
@@ -187,9 +191,10 @@ async fn a_group_with_a_member_on_the_target_is_skipped_and_left_alone() -> Test
     let flow = syncing(stream, &["billing"]);
     let (control, pipeline) = env.run(&flow).await?;
     wait_confirmed(&control, &WorkUnit::new(stream, stream, topic, 0), 49, WAIT).await?;
-    let reader = pipeline.group_sync_reader();
+    let cutover = pipeline.cutover();
     wait_until("billing reported as skipped", WAIT, || async {
-        reader()
+        cutover
+            .group_sync_state()
             .get(stream)
             .is_some_and(|s| s.last.skipped.iter().any(|k| k.group == "billing"))
     })

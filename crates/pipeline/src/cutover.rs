@@ -1,0 +1,151 @@
+//! What `flow promote` asks of the data plane of the node that runs it: how far each partition
+//! of a flow reaches on both clusters, and one consumer-group sync round over all of them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use iggy::prelude::TopicClient;
+use replicator_model::{Offset, WorkUnit};
+
+use crate::clients::Cluster;
+use crate::groups::{FlowSyncState, GroupSyncRegistry, GroupSyncReport, SyncFn};
+use crate::mapping::downstream_stream;
+use crate::params::FlowParams;
+use crate::unit::named;
+
+/// How far one partition reaches on one cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// The offset the next message gets (0: empty).
+    pub next_offset: Offset,
+    /// Messages stored now (below `next_offset` once retention removed old ones).
+    pub messages: u64,
+}
+
+impl Extent {
+    /// A partition's extent as its topic's details report it.
+    pub(crate) fn of(p: &iggy::prelude::Partition) -> Self {
+        // `current_offset` is the last message's offset, and 0 also for an empty partition.
+        let next_offset = if p.messages_count == 0 && p.current_offset == 0 {
+            0
+        } else {
+            p.current_offset + 1
+        };
+        Self {
+            next_offset,
+            messages: p.messages_count,
+        }
+    }
+}
+
+/// A partition's extent upstream and downstream, or why it could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitExtents {
+    /// The unit.
+    pub unit: WorkUnit,
+    /// Upstream, or the error reading it (the source may be gone).
+    pub upstream: Result<Extent, String>,
+    /// Downstream, or the error reading it.
+    pub downstream: Result<Extent, String>,
+}
+
+/// A cheap handle (clone it) on the pipeline for `flow promote` (see the module docs).
+#[derive(Clone)]
+pub struct Cutover {
+    pub(crate) flows: BTreeMap<String, Arc<FlowParams>>,
+    pub(crate) clusters: BTreeMap<String, Arc<Cluster>>,
+    pub(crate) syncs: BTreeMap<String, SyncFn>,
+    pub(crate) registry: GroupSyncRegistry,
+}
+
+impl Cutover {
+    /// Whether this node runs `flow`.
+    #[must_use]
+    pub fn has_flow(&self, flow: &str) -> bool {
+        self.flows.contains_key(flow)
+    }
+
+    /// Whether `flow` syncs consumer groups.
+    #[must_use]
+    pub fn syncs_groups(&self, flow: &str) -> bool {
+        self.syncs.contains_key(flow)
+    }
+
+    /// Every partition of `units` (all of flow `flow`) on both clusters, one metadata request
+    /// per topic and cluster.
+    pub async fn extents(&self, flow: &str, units: &[WorkUnit]) -> Vec<UnitExtents> {
+        let Some(f) = self.flows.get(flow) else {
+            return Vec::new();
+        };
+        let mut topics: BTreeMap<(&str, &str), Vec<&WorkUnit>> = BTreeMap::new();
+        for unit in units {
+            topics
+                .entry((unit.stream.as_str(), unit.topic.as_str()))
+                .or_default()
+                .push(unit);
+        }
+        let mut out = Vec::new();
+        for ((stream, topic), units) in topics {
+            let down_stream = downstream_stream(f.naming, &f.source, stream);
+            let up = self.topic_extents(&f.source, stream, topic, units[0]).await;
+            let down = self
+                .topic_extents(&f.target, &down_stream, topic, units[0])
+                .await;
+            for unit in units {
+                let pick = |side: &Result<BTreeMap<u32, Extent>, String>| match side {
+                    Ok(parts) => parts
+                        .get(&unit.partition)
+                        .copied()
+                        .ok_or_else(|| format!("partition {} missing", unit.partition)),
+                    Err(e) => Err(e.clone()),
+                };
+                out.push(UnitExtents {
+                    unit: unit.clone(),
+                    upstream: pick(&up),
+                    downstream: pick(&down),
+                });
+            }
+        }
+        out
+    }
+
+    async fn topic_extents(
+        &self,
+        alias: &str,
+        stream: &str,
+        topic: &str,
+        unit: &WorkUnit,
+    ) -> Result<BTreeMap<u32, Extent>, String> {
+        let cluster = self
+            .clusters
+            .get(alias)
+            .ok_or_else(|| format!("no cluster {alias}"))?;
+        let s = named(stream, unit).map_err(|e| e.to_string())?;
+        let t = named(topic, unit).map_err(|e| e.to_string())?;
+        let details = cluster
+            .call(unit.partition as usize, "get_topic", |c| async move {
+                c.get_topic(&s, &t).await
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("{stream}/{topic} not found on {alias}"))?;
+        Ok(details
+            .partitions
+            .iter()
+            .map(|p| (p.id, Extent::of(p)))
+            .collect())
+    }
+
+    /// One consumer-group sync round of `flow` over `units`, from this node; `None` when the
+    /// flow does not sync groups. Recorded like a periodic round.
+    pub async fn sync_groups(&self, flow: &str, units: Vec<WorkUnit>) -> Option<GroupSyncReport> {
+        let sync = self.syncs.get(flow)?.clone();
+        Some(sync(units).await)
+    }
+
+    /// Every flow's consumer-group sync state on this node.
+    #[must_use]
+    pub fn group_sync_state(&self) -> BTreeMap<String, FlowSyncState> {
+        self.registry.snapshot()
+    }
+}

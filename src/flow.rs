@@ -1,0 +1,515 @@
+//! `iggy-replicator flow pause|resume|promote` and the admin API calls behind them.
+//!
+//! Pause and resume are one Raft entry each (`SetFlowPaused`): a paused flow's writers finish
+//! the batch in flight, commit and hand their units back, and nobody gets them until it is
+//! resumed. `promote` is the disaster-recovery cutover, run by the node the call reaches:
+//!
+//! 1. wait until every partition of the flow is copied (upstream end = confirmed offset + 1),
+//!    or the deadline passes (the source may be gone: what was copied is what there is);
+//! 2. pause the flow and wait until no unit of it is owned any more (every writer stopped);
+//! 3. one last consumer-group sync over all its partitions, from this node;
+//! 4. answer a per-partition report: upstream end, last upstream offset copied, downstream
+//!    end, messages not copied (the RPO), and every group's translated offsets.
+//!
+//! The CLI prints the report and exits 0 when everything was copied, 3 otherwise.
+
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use replicator_control::Control;
+use replicator_model::WorkUnit;
+use replicator_pipeline::{Cutover, GroupOffset, GroupSkip, UnitExtents};
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::admin::AdminState;
+use crate::exit::Failure;
+use crate::status::MutationArgs;
+
+/// How often promote re-reads the partitions while it waits.
+const PROMOTE_POLL: Duration = Duration::from_millis(200);
+
+/// How long promote waits, past its deadline, for the paused flow's writers to hand their
+/// units back (a dead owner's units move after its lease or fence).
+const PROMOTE_DRAIN: Duration = Duration::from_secs(30);
+
+/// `flow` subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub(crate) enum FlowCommand {
+    /// Pause a flow cluster-wide (persisted: it stays paused across restarts and failovers):
+    /// its writers finish the batch in flight, commit and stop.
+    #[command(
+        after_help = "Example:\n  REPLICATOR_TOKEN=... iggy-replicator flow pause us-to-eu --api 10.0.0.1:7180"
+    )]
+    Pause {
+        /// The flow (`flows[].name`).
+        name: String,
+        #[command(flatten)]
+        call: MutationArgs,
+    },
+    /// Resume a paused flow: every partition continues exactly where it stopped.
+    #[command(
+        after_help = "Example:\n  REPLICATOR_TOKEN=... iggy-replicator flow resume us-to-eu --api 10.0.0.1:7180"
+    )]
+    Resume {
+        /// The flow.
+        name: String,
+        #[command(flatten)]
+        call: MutationArgs,
+    },
+    /// Cut over to the target: wait until everything is copied, pause the flow, sync its
+    /// consumer groups a last time, and print what was copied per partition. Exit 0 when
+    /// everything was copied, 3 when the deadline passed with messages not copied.
+    #[command(
+        after_help = "Examples:\n  REPLICATOR_TOKEN=... iggy-replicator flow promote us-to-eu --api 10.0.0.1:7180\n  REPLICATOR_TOKEN=... iggy-replicator flow promote us-to-eu --timeout 5m --json"
+    )]
+    Promote {
+        /// The flow.
+        name: String,
+        #[command(flatten)]
+        call: MutationArgs,
+        /// How long to wait for the last messages to be copied.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+        timeout: Duration,
+        /// Print the report as JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Body of `POST /flows/{name}/promote`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PromoteRequest {
+    /// How long to wait for the copy to complete, in milliseconds.
+    pub(crate) timeout_ms: u64,
+}
+
+/// The answer of `POST /flows/{name}/promote`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PromoteReport {
+    /// The flow.
+    pub(crate) flow: String,
+    /// Every partition was copied to its end and the final group sync had no error.
+    pub(crate) complete: bool,
+    /// Per partition, in unit order.
+    pub(crate) partitions: Vec<PartitionReport>,
+    /// Consumer groups as translated on the target by the final sync.
+    pub(crate) groups: Vec<GroupView>,
+    /// Groups the final sync left alone (members on the target), and why.
+    pub(crate) groups_skipped: Vec<GroupSkipView>,
+    /// Problems: partitions that could not be read, group sync errors.
+    pub(crate) errors: Vec<String>,
+}
+
+/// One partition in [`PromoteReport`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PartitionReport {
+    pub(crate) stream: String,
+    pub(crate) topic: String,
+    pub(crate) partition: u32,
+    /// Next offset upstream (`None`: the source could not be read).
+    pub(crate) upstream_end: Option<u64>,
+    /// The last upstream offset copied (confirmed).
+    pub(crate) last_copied: Option<u64>,
+    /// Next offset downstream.
+    pub(crate) downstream_end: Option<u64>,
+    /// Messages not copied (`None`: unknown, the source could not be read).
+    pub(crate) not_copied: Option<u64>,
+}
+
+/// One translated group offset (serialisable form of [`GroupOffset`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct GroupView {
+    pub(crate) group: String,
+    pub(crate) stream: String,
+    pub(crate) topic: String,
+    pub(crate) partition: u32,
+    pub(crate) upstream_offset: u64,
+    pub(crate) downstream_offset: u64,
+    pub(crate) exact: bool,
+}
+
+impl From<&GroupOffset> for GroupView {
+    fn from(g: &GroupOffset) -> Self {
+        Self {
+            group: g.group.clone(),
+            stream: g.stream.clone(),
+            topic: g.topic.clone(),
+            partition: g.partition,
+            upstream_offset: g.upstream_offset,
+            downstream_offset: g.downstream_offset,
+            exact: g.exact,
+        }
+    }
+}
+
+/// A group left alone (serialisable form of [`GroupSkip`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct GroupSkipView {
+    pub(crate) group: String,
+    pub(crate) stream: String,
+    pub(crate) topic: String,
+    pub(crate) reason: String,
+}
+
+impl From<&GroupSkip> for GroupSkipView {
+    fn from(s: &GroupSkip) -> Self {
+        Self {
+            group: s.group.clone(),
+            stream: s.stream.clone(),
+            topic: s.topic.clone(),
+            reason: s.reason.clone(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The admin API side.
+
+/// Who made a call, for the record in Raft.
+fn requester(action: &str) -> String {
+    format!("{action} via the admin API")
+}
+
+/// `POST /flows/{name}/pause` and `/resume`.
+pub(crate) async fn set_paused(
+    state: &AdminState,
+    headers: &HeaderMap,
+    name: &str,
+    paused: bool,
+) -> Response {
+    let action = if paused { "pause" } else { "resume" };
+    let control = match state.control_for(headers, action) {
+        Ok(control) => control,
+        Err(answer) => return *answer,
+    };
+    if let Err(answer) = known_flow(state, name) {
+        return *answer;
+    }
+    info!(flow = name, paused, "flow {action} requested");
+    match control
+        .set_flow_paused(name, paused, requester(action))
+        .await
+    {
+        Ok(()) => (
+            StatusCode::OK,
+            format!(
+                "flow {name} {}\n",
+                if paused { "paused" } else { "resumed" }
+            ),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot {action} flow {name}: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// 404 unless this node's config has the flow.
+fn known_flow(state: &AdminState, name: &str) -> Result<(), Box<Response>> {
+    if state.flows.iter().any(|f| f == name) {
+        Ok(())
+    } else {
+        Err(Box::new(
+            (
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no flow {name:?} in this node's config (flows: {})\n",
+                    state.flows.join(", ")
+                ),
+            )
+                .into_response(),
+        ))
+    }
+}
+
+/// `POST /flows/{name}/promote`.
+pub(crate) async fn promote(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Json(body): Json<PromoteRequest>,
+) -> Response {
+    let control = match state.control_for(&headers, "promote") {
+        Ok(control) => control.clone(),
+        Err(answer) => return *answer,
+    };
+    if let Err(answer) = known_flow(&state, &name) {
+        return *answer;
+    }
+    let Some(cutover) = state.cutover() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the pipeline has not started yet; retry when /ready answers 200\n",
+        )
+            .into_response();
+    };
+    let timeout = Duration::from_millis(body.timeout_ms);
+    info!(flow = %name, ?timeout, "promote requested");
+    match run_promote(&control, &cutover, &name, timeout).await {
+        Ok(report) => Json(report).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("promote of flow {name} failed: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// The flow's units as the control plane knows them (retired ones left out).
+async fn flow_units(control: &Control, flow: &str) -> Result<Vec<(WorkUnit, Option<u64>)>, String> {
+    let status = control.status().await.map_err(|e| e.to_string())?;
+    Ok(status
+        .units
+        .into_iter()
+        .filter(|u| u.unit.flow == flow && !u.retired)
+        .map(|u| (u.unit, u.progress.confirmed))
+        .collect())
+}
+
+/// Messages of a partition not copied: `None` when the source could not be read.
+fn not_copied(extents: &UnitExtents, confirmed: Option<u64>) -> Option<u64> {
+    let up = extents.upstream.as_ref().ok()?;
+    Some(match confirmed {
+        Some(c) => up.next_offset.saturating_sub(c + 1),
+        None => up.messages,
+    })
+}
+
+async fn run_promote(
+    control: &Control,
+    cutover: &Cutover,
+    flow: &str,
+    timeout: Duration,
+) -> Result<PromoteReport, String> {
+    let deadline = Instant::now() + timeout;
+    // 1. Wait for the copy to reach the end of every partition.
+    loop {
+        let units = flow_units(control, flow).await?;
+        let ids: Vec<WorkUnit> = units.iter().map(|(u, _)| u.clone()).collect();
+        let extents = cutover.extents(flow, &ids).await;
+        let done = !units.is_empty()
+            && units
+                .iter()
+                .zip(&extents)
+                .all(|((_, confirmed), e)| not_copied(e, *confirmed) == Some(0));
+        if done || Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(PROMOTE_POLL).await;
+    }
+    // 2. Pause, and wait until every writer handed its unit back.
+    control
+        .set_flow_paused(flow, true, requester("promote"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let drained_by = deadline.max(Instant::now()) + PROMOTE_DRAIN;
+    let mut errors = Vec::new();
+    loop {
+        let owned = control.flow_owned_units(flow);
+        if owned == 0 {
+            break;
+        }
+        if Instant::now() >= drained_by {
+            errors.push(format!(
+                "{owned} partition(s) still owned after the pause; their last messages may still be written"
+            ));
+            break;
+        }
+        tokio::time::sleep(PROMOTE_POLL).await;
+    }
+    // 3. Final figures and the last group sync.
+    let units = flow_units(control, flow).await?;
+    let ids: Vec<WorkUnit> = units.iter().map(|(u, _)| u.clone()).collect();
+    let extents = cutover.extents(flow, &ids).await;
+    let groups = cutover.sync_groups(flow, ids.clone()).await;
+    let mut partitions = Vec::new();
+    for ((unit, confirmed), e) in units.iter().zip(&extents) {
+        for (side, result) in [("upstream", &e.upstream), ("downstream", &e.downstream)] {
+            if let Err(error) = result {
+                errors.push(format!("{unit}: {side}: {error}"));
+            }
+        }
+        partitions.push(PartitionReport {
+            stream: unit.stream.clone(),
+            topic: unit.topic.clone(),
+            partition: unit.partition,
+            upstream_end: e.upstream.as_ref().ok().map(|x| x.next_offset),
+            last_copied: *confirmed,
+            downstream_end: e.downstream.as_ref().ok().map(|x| x.next_offset),
+            not_copied: not_copied(e, *confirmed),
+        });
+    }
+    let (group_views, skipped) = match &groups {
+        Some(report) => {
+            errors.extend(report.errors.iter().cloned());
+            (
+                report.offsets.iter().map(GroupView::from).collect(),
+                report.skipped.iter().map(GroupSkipView::from).collect(),
+            )
+        }
+        None => (Vec::new(), Vec::new()),
+    };
+    let complete = !partitions.is_empty()
+        && partitions.iter().all(|p| p.not_copied == Some(0))
+        && errors.is_empty();
+    if !complete {
+        warn!(flow, "promote ends incomplete");
+    }
+    Ok(PromoteReport {
+        flow: flow.to_owned(),
+        complete,
+        partitions,
+        groups: group_views,
+        groups_skipped: skipped,
+        errors,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The CLI side.
+
+/// Runs a `flow` subcommand.
+pub(crate) async fn run(command: FlowCommand) -> Result<(), Failure> {
+    match command {
+        FlowCommand::Pause { name, call } => {
+            call.send("pause", |client, api| {
+                client.post(api, &format!("/flows/{name}/pause"))
+            })
+            .await
+        }
+        FlowCommand::Resume { name, call } => {
+            call.send("resume", |client, api| {
+                client.post(api, &format!("/flows/{name}/resume"))
+            })
+            .await
+        }
+        FlowCommand::Promote {
+            name,
+            call,
+            timeout,
+            json,
+        } => {
+            let body = PromoteRequest {
+                timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            };
+            // The call lasts the timeout, the drain and the final sync.
+            let answer = call
+                .call_json(
+                    timeout + PROMOTE_DRAIN + Duration::from_secs(60),
+                    "promote",
+                    |client, api| {
+                        client
+                            .post(api, &format!("/flows/{name}/promote"))
+                            .json(&body)
+                    },
+                )
+                .await?;
+            let report: PromoteReport = serde_json::from_str(&answer).map_err(|e| {
+                Failure::runtime(
+                    format!("promote answered something unexpected: {e}"),
+                    "is the node the same version as this command?",
+                )
+            })?;
+            if json {
+                println!("{answer}");
+            } else {
+                print!("{}", render(&report));
+            }
+            if report.complete {
+                Ok(())
+            } else {
+                Err(Failure::not_exact(format!(
+                    "flow {name} is paused, but the cutover is incomplete: {}",
+                    incomplete_reason(&report)
+                ))
+                .with_hint(
+                    "the report above says what was not copied; run promote again to wait longer",
+                ))
+            }
+        }
+    }
+}
+
+fn incomplete_reason(report: &PromoteReport) -> String {
+    let missing: u64 = report.partitions.iter().filter_map(|p| p.not_copied).sum();
+    let unknown = report
+        .partitions
+        .iter()
+        .filter(|p| p.not_copied.is_none())
+        .count();
+    let mut parts = Vec::new();
+    if missing > 0 {
+        parts.push(format!("{missing} message(s) not copied"));
+    }
+    if unknown > 0 {
+        parts.push(format!(
+            "{unknown} partition(s) unreadable upstream (messages not copied unknown)"
+        ));
+    }
+    if !report.errors.is_empty() {
+        parts.push(format!("{} error(s)", report.errors.len()));
+    }
+    if parts.is_empty() {
+        parts.push("no partitions".into());
+    }
+    parts.join(", ")
+}
+
+/// The report as tables.
+pub(crate) fn render(report: &PromoteReport) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let show = |v: Option<u64>| v.map_or_else(|| "?".to_owned(), |v| v.to_string());
+    let _ = writeln!(out, "flow {} paused", report.flow);
+    let _ = writeln!(
+        out,
+        "{:<28} {:>14} {:>12} {:>16} {:>11}",
+        "PARTITION", "UPSTREAM END", "LAST COPIED", "DOWNSTREAM END", "NOT COPIED"
+    );
+    for p in &report.partitions {
+        let _ = writeln!(
+            out,
+            "{:<28} {:>14} {:>12} {:>16} {:>11}",
+            format!("{}/{}/{}", p.stream, p.topic, p.partition),
+            show(p.upstream_end),
+            show(p.last_copied),
+            show(p.downstream_end),
+            show(p.not_copied),
+        );
+    }
+    if !report.groups.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{:<20} {:<28} {:>10} {:>12} {:>6}",
+            "GROUP", "PARTITION", "UPSTREAM", "DOWNSTREAM", "EXACT"
+        );
+        for g in &report.groups {
+            let _ = writeln!(
+                out,
+                "{:<20} {:<28} {:>10} {:>12} {:>6}",
+                g.group,
+                format!("{}/{}/{}", g.stream, g.topic, g.partition),
+                g.upstream_offset,
+                g.downstream_offset,
+                if g.exact { "yes" } else { "no" }
+            );
+        }
+    }
+    for s in &report.groups_skipped {
+        let _ = writeln!(
+            out,
+            "group {} on {}/{} not synced: {}",
+            s.group, s.stream, s.topic, s.reason
+        );
+    }
+    for e in &report.errors {
+        let _ = writeln!(out, "problem: {e}");
+    }
+    out
+}
