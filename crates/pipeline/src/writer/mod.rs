@@ -357,8 +357,8 @@ impl<C: ControlPlane> Writer<C> {
             batch,
             &PrepareParams {
                 last_written: self.commits.written(),
-                source: shared.source.alias(),
-                target: shared.target.alias(),
+                source: &shared.flow.source,
+                target: &shared.flow.target,
                 provenance: shared.flow.provenance,
                 topic_created_at: self.topic_created_at,
             },
@@ -624,7 +624,7 @@ async fn scan_tail<C>(
     let (stream, topic) = shared.downstream_ids()?;
     let partition = shared.unit.partition;
     let consumer = Consumer::new(named("iggy-replicator.tail", &shared.unit)?);
-    let source = shared.source.alias();
+    let source = shared.flow.source.as_str();
     let ours = |m: &IggyMessage| {
         let found = provenance::find(m.user_headers.as_deref());
         if found.source != Some(source) {

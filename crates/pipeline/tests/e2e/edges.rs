@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use replicator_model::WorkUnit;
+use iggy::prelude::{GlobalPermissions, Permissions, UserClient, UserStatus};
+use replicator_model::{WorkUnit, WriterLogin};
 use replicator_pipeline::verify::{verify, VerifyParams};
 use replicator_pipeline::{
     ClusterParams, ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams,
@@ -11,8 +12,21 @@ use replicator_testkit::{TestServer, TestServerConfig};
 
 use crate::harness::{
     assert_exact, client, count, create_topic, flow, node_id, produce, wait_confirmed, wait_until,
-    Env, TestResult,
+    Env, FixedLogin, Intercepted, TestResult,
 };
+
+/// What a writer user may do: send, poll and read topics, nothing else.
+fn writer_rights() -> Permissions {
+    Permissions {
+        global: GlobalPermissions {
+            read_topics: true,
+            poll_messages: true,
+            send_messages: true,
+            ..GlobalPermissions::default()
+        },
+        streams: None,
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_gap_is_recorded_and_copying_continues() -> TestResult {
@@ -48,6 +62,19 @@ async fn retention_gap_is_recorded_and_copying_continues() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flows_in_both_directions_with_identity_naming_do_not_loop() -> TestResult {
+    two_way_flows(None).await
+}
+
+/// The same with both targets fenced: the writers write as a writer user, and loop prevention
+/// still recognises the target cluster by its alias (not by the writer connection's name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flows_in_both_directions_do_not_loop_with_fenced_targets() -> TestResult {
+    two_way_flows(Some("repl")).await
+}
+
+/// Two flows between the same stream in both directions, writing as a writer user of
+/// `fenced_prefix` when given; each side ends with both sets once.
+async fn two_way_flows(fenced_prefix: Option<&str>) -> TestResult {
     let env = Env::start().await?;
     let (us, eu) = (client(&env.us).await?, client(&env.eu).await?);
     create_topic(&us, "shared", "t", 1).await?;
@@ -60,7 +87,33 @@ async fn flows_in_both_directions_with_identity_naming_do_not_loop() -> TestResu
     back.target = "us".into();
     let mut params = env.params(there.clone());
     params.flows.push(back.clone());
-    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
+    let pipeline = match fenced_prefix {
+        None => Pipeline::start(params, InMemoryControl::new()).await?,
+        Some(prefix) => {
+            let login = WriterLogin {
+                node: params.node_id,
+                incarnation: 1,
+                password: "writer-password-1".into(),
+            };
+            for c in [&us, &eu] {
+                c.create_user(
+                    &login.username(prefix),
+                    &login.password,
+                    UserStatus::Active,
+                    Some(writer_rights()),
+                )
+                .await?;
+            }
+            for cluster in params.clusters.values_mut() {
+                cluster.writer_user_prefix = Some(prefix.to_owned());
+            }
+            let control = Intercepted {
+                inner: InMemoryControl::new(),
+                hooks: FixedLogin::new(login),
+            };
+            Pipeline::start(params, control).await?
+        }
+    };
     wait_until(
         "both sides hold both sets",
         Duration::from_secs(30),

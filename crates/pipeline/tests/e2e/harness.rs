@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use iggy::prelude::{HeaderKey, HeaderValue, IggyClient, IggyMessage};
 use replicator_harness::{connect, produce_bulk, Bulk};
-use replicator_model::{Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit};
+use replicator_model::{
+    Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit, WriterLogin,
+};
 use replicator_pipeline::verify::{verify, VerifyParams, VerifyReport};
 use replicator_pipeline::{
     BackoffParams, ClusterParams, ControlError, ControlPlane, FlowParams, InMemoryControl,
@@ -283,6 +285,28 @@ pub(crate) trait Intercept: Clone + Send + Sync + 'static {
     fn before_release(&self) -> impl Future<Output = ()> + Send {
         async {}
     }
+
+    /// The node's writer identity on fenced targets (default: none, ever).
+    fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
+        watch::channel(None).1
+    }
+}
+
+/// A writer identity for fenced targets that never changes (the users must exist on the
+/// targets).
+#[derive(Clone)]
+pub(crate) struct FixedLogin(Arc<watch::Sender<Option<WriterLogin>>>);
+
+impl FixedLogin {
+    pub(crate) fn new(login: WriterLogin) -> Self {
+        Self(Arc::new(watch::channel(Some(login)).0))
+    }
+}
+
+impl Intercept for FixedLogin {
+    fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
+        self.0.subscribe()
+    }
 }
 
 /// Commits that hang forever once the flag is set: every write after that point is downstream
@@ -322,6 +346,9 @@ impl<I: Intercept> ControlPlane for Intercepted<I> {
     }
     fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
         self.inner.progress(unit)
+    }
+    fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
+        self.hooks.writer_login()
     }
     fn commit(
         &self,
