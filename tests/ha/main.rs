@@ -4,6 +4,7 @@
 //! scenarios run one at a time (see `replicator_harness::serial`).
 
 mod chaos;
+mod dr;
 mod failover;
 mod fence;
 mod fixture;

@@ -148,6 +148,17 @@ pub struct VerifyRun {
     pub stderr: String,
 }
 
+/// What a one-shot command printed, and its exit code.
+#[derive(Debug, Clone)]
+pub struct CommandRun {
+    /// Exit code (`None`: killed by a signal).
+    pub code: Option<i32>,
+    /// Its standard output.
+    pub stdout: String,
+    /// Its standard error.
+    pub stderr: String,
+}
+
 /// A cluster of replicator node processes sharing a secret, with their configs, data dirs and
 /// logs in one temp dir.
 pub struct Cluster {
@@ -558,32 +569,76 @@ impl Cluster {
     /// Runs `iggy-replicator cluster <args> --api <leader>` until it succeeds (the leader may
     /// change meanwhile).
     async fn cluster_command(&self, args: &[String]) -> Result<()> {
-        let deadline = Deadline::new(Duration::from_secs(60), format!("cluster {args:?}"));
+        let mut command = vec!["cluster".to_owned()];
+        command.extend_from_slice(args);
+        self.admin_command_until_done(&command).await.map(|_| ())
+    }
+
+    /// Runs `iggy-replicator flow <args>` (with the admin token) against the leader until it
+    /// exits 0 (the leader may change meanwhile), and returns its output, e.g.
+    /// `flow(&["pause", "up-to-down"])`.
+    pub async fn flow(&self, args: &[&str]) -> Result<CommandRun> {
+        let mut command = vec!["flow".to_owned()];
+        command.extend(args.iter().map(|a| (*a).to_owned()));
+        self.admin_command_until_done(&command).await
+    }
+
+    /// Runs `iggy-replicator flow <args>` once against the leader's admin API and returns what
+    /// it did, whatever its exit code (for `flow promote`, whose exit 3 is an answer).
+    pub async fn flow_once(&self, args: &[&str]) -> Result<CommandRun> {
+        let deadline = Deadline::new(
+            Duration::from_secs(60),
+            format!("a leader for flow {args:?}"),
+        );
+        loop {
+            if let Some(leader) = self
+                .leader_status()
+                .await
+                .and_then(|s| s.leader)
+                .and_then(|l| self.nodes.get(&l))
+            {
+                let mut command = vec!["flow".to_owned()];
+                command.extend(args.iter().map(|a| (*a).to_owned()));
+                return self.admin_command(&command, leader).await;
+            }
+            deadline.check_seeing(|| "no leader".to_owned())?;
+            tick().await;
+        }
+    }
+
+    /// Runs `iggy-replicator <command> --api <node> --token …` once.
+    async fn admin_command(&self, command: &[String], node: &Node) -> Result<CommandRun> {
+        let output = self
+            .spec
+            .binary
+            .one_shot()
+            .args(command)
+            .arg("--api")
+            .arg(node.api_addr.to_string())
+            .args(self.ca_args())
+            .env("REPLICATOR_TOKEN", &self.admin_token)
+            .output()
+            .await?;
+        Ok(CommandRun {
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        })
+    }
+
+    /// [`Cluster::admin_command`] against the leader until it exits 0.
+    async fn admin_command_until_done(&self, command: &[String]) -> Result<CommandRun> {
+        let deadline = Deadline::new(Duration::from_secs(60), format!("{command:?}"));
         loop {
             let mut last = String::from("no leader");
             if let Some(status) = self.leader_status().await {
                 if let Some(leader) = status.leader.and_then(|l| self.nodes.get(&l)) {
-                    let output = self
-                        .spec
-                        .binary
-                        .one_shot()
-                        .arg("cluster")
-                        .args(args)
-                        .arg("--api")
-                        .arg(leader.api_addr.to_string())
-                        .args(self.ca_args())
-                        .env("REPLICATOR_TOKEN", &self.admin_token)
-                        .output()
-                        .await?;
-                    if output.status.success() {
-                        print!("{}", String::from_utf8_lossy(&output.stdout));
-                        return Ok(());
+                    let run = self.admin_command(command, leader).await?;
+                    if run.code == Some(0) {
+                        print!("{}", run.stdout);
+                        return Ok(run);
                     }
-                    last = format!(
-                        "exit {:?}: {}",
-                        output.status.code(),
-                        String::from_utf8_lossy(&output.stderr).trim()
-                    );
+                    last = format!("exit {:?}: {}", run.code, run.stderr.trim());
                 }
             }
             deadline.check_seeing(|| last)?;

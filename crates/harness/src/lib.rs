@@ -18,6 +18,8 @@
 //!   pause, resume, terminate, restart; `/status`, `/metrics`, `cluster` and `verify` commands.
 //! * `node_config`: [`NodeConfig`] and [`FlowConfig`], a node's config file as an operator
 //!   writes it (also the demo's nodes).
+//! * `groups`: consumer groups as applications use them ([`store_group_offsets`],
+//!   [`group_offset`], [`message_id_at`], [`translated_exactly`]).
 //! * `status`: [`Status`], the fields of a node's `GET /status` that the tests read.
 //! * `failover`: [`Cluster::kill_and_wait_resumed`] and [`wait_resumed`], "kill, then wait
 //!   until the victim's partitions are written again".
@@ -34,6 +36,7 @@ mod binary;
 mod cluster;
 mod error;
 mod failover;
+mod groups;
 mod node_config;
 mod producer;
 mod raw_copy;
@@ -44,9 +47,10 @@ mod topic;
 mod wait;
 
 pub use binary::ReplicatorBinary;
-pub use cluster::{free_addr, Cluster, ClusterSpec, Node, Placement, VerifyRun};
+pub use cluster::{free_addr, Cluster, ClusterSpec, CommandRun, Node, Placement, VerifyRun};
 pub use error::{Error, Result};
 pub use failover::{wait_resumed, DownstreamCounts, Killed, Resumption, Stalled};
+pub use groups::{group_offset, message_id_at, store_group_offsets, translated_exactly};
 pub use node_config::{FlowConfig, NodeConfig};
 pub use producer::{
     produce_bulk, Bulk, MessageShape, PacedProducer, ProducerParams, ProducerReport,
@@ -55,7 +59,7 @@ pub use raw_copy::{raw_copy, RawCopy};
 pub use replicator_control::ControlTiming;
 pub use replicator_model::NodeId;
 pub use servers::{DevServer, Servers};
-pub use status::{MemberView, Status, UnitView};
+pub use status::{MemberView, PausedView, Status, UnitView};
 pub use tls::{NodeTls, TestCa};
 pub use topic::{
     connect, delete_stream, ensure_topic, partition_counts, partition_messages, stream_messages,

@@ -19,6 +19,16 @@ pub struct Status {
     pub members: Vec<MemberView>,
     /// Every unit the control state knows.
     pub units: Vec<UnitView>,
+    /// Flows paused by `flow pause` or `flow promote`.
+    #[serde(default)]
+    pub paused_flows: Vec<PausedView>,
+}
+
+/// A paused flow in [`Status`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct PausedView {
+    /// The flow.
+    pub flow: String,
 }
 
 /// A member in [`Status`].
@@ -96,6 +106,21 @@ impl Status {
         let (min, max) = (owned.iter().min(), owned.iter().max());
         let handing_over = self.units.iter().any(|u| u.release_requested);
         matches!((min, max), (Some(min), Some(max)) if max - min <= 1) && !handing_over
+    }
+
+    /// Whether `flow` is paused.
+    #[must_use]
+    pub fn is_paused(&self, flow: &str) -> bool {
+        self.paused_flows.iter().any(|p| p.flow == flow)
+    }
+
+    /// Units of `flow` with an owner.
+    #[must_use]
+    pub fn owned_units_of(&self, flow: &str) -> usize {
+        self.units
+            .iter()
+            .filter(|u| u.unit.flow == flow && u.owner.is_some())
+            .count()
     }
 
     /// Member ids.

@@ -5,10 +5,8 @@
 
 use std::time::Duration;
 
-use iggy::prelude::{
-    Consumer, ConsumerGroupClient, ConsumerOffsetClient, Identifier, IggyClient, MessageClient,
-    PollingStrategy,
-};
+use iggy::prelude::{ConsumerGroupClient, Identifier, IggyClient};
+use replicator_harness::{group_offset, store_group_offsets, translated_exactly};
 use replicator_model::WorkUnit;
 use replicator_pipeline::{FlowParams, Pipeline};
 
@@ -28,73 +26,8 @@ fn syncing(stream: &str, groups: &[&str]) -> FlowParams {
     f
 }
 
-/// Stores `offsets` (partition, offset) for `group` upstream, as its only member (Iggy stores
-/// a group's offsets only from a member the partition is assigned to).
-async fn consume_upto(
-    c: &IggyClient,
-    stream: &str,
-    topic: &str,
-    group: &str,
-    offsets: &[(u32, u64)],
-) -> TestResult {
-    let (s, t, g) = (id(stream)?, id(topic)?, id(group)?);
-    if c.get_consumer_group(&s, &t, &g).await?.is_none() {
-        c.create_consumer_group(&s, &t, group).await?;
-    }
-    c.join_consumer_group(&s, &t, &g).await?;
-    for &(partition, offset) in offsets {
-        c.store_consumer_offset(&Consumer::group(g.clone()), &s, &t, Some(partition), offset)
-            .await?;
-    }
-    c.leave_consumer_group(&s, &t, &g).await?;
-    Ok(())
-}
-
-/// The offset `group` has stored on `partition` (no membership needed to read it).
-async fn stored(
-    c: &IggyClient,
-    stream: &str,
-    topic: &str,
-    group: &str,
-    partition: u32,
-) -> TestResult<Option<u64>> {
-    let info = c
-        .get_consumer_offset(
-            &Consumer::group(id(group)?),
-            &id(stream)?,
-            &id(topic)?,
-            Some(partition),
-        )
-        .await?;
-    Ok(info.map(|i| i.stored_offset))
-}
-
-/// The id of the message at `offset`.
-async fn id_at(
-    c: &IggyClient,
-    stream: &str,
-    topic: &str,
-    partition: u32,
-    offset: u64,
-) -> TestResult<u128> {
-    let polled = c
-        .poll_messages(
-            &id(stream)?,
-            &id(topic)?,
-            Some(partition),
-            &Consumer::new(id("groups-test")?),
-            &PollingStrategy::offset(offset),
-            1,
-            false,
-        )
-        .await?;
-    let m = polled.messages.first().ok_or("no message there")?;
-    assert2::assert!(m.header.offset == offset);
-    Ok(m.header.id)
-}
-
-/// Waits until `group` has `partition` stored downstream, then checks that the message there
-/// is the one at `upstream` upstream, by id.
+/// Waits until `group` on the target stored, on `partition`, the offset of the copy of the
+/// message at `upstream` upstream (same id).
 async fn check_translated(
     up: &IggyClient,
     down: &IggyClient,
@@ -102,15 +35,11 @@ async fn check_translated(
     partition: u32,
     upstream: u64,
 ) -> TestResult {
-    let want = id_at(up, stream, topic, partition, upstream).await?;
     let what = format!("{group} translated on partition {partition} at upstream {upstream}");
     wait_until(&what, WAIT, || async {
-        match stored(down, stream, topic, group, partition).await {
-            Ok(Some(offset)) => id_at(down, stream, topic, partition, offset)
-                .await
-                .is_ok_and(|got| got == want),
-            _ => false,
-        }
+        translated_exactly((up, down), (stream, topic), group, partition, upstream)
+            .await
+            .unwrap_or(false)
     })
     .await
 }
@@ -123,16 +52,10 @@ async fn group_offsets_are_translated_exactly_and_again_after_a_restart() -> Tes
     let down = client(&env.eu).await?;
     create_topic(&down, stream, topic, 3).await?;
     produce(&down, stream, topic, 3, 1000..1007, 7).await?;
-    consume_upto(
-        &up,
-        stream,
-        topic,
-        "billing",
-        &[(0, 49), (1, 120), (2, 199)],
-    )
-    .await?;
-    consume_upto(&up, stream, topic, "analytics-1", &[(0, 10)]).await?;
-    consume_upto(&up, stream, topic, "other", &[(0, 5)]).await?;
+    let billing = [(0, 49), (1, 120), (2, 199)];
+    store_group_offsets(&up, (stream, topic), "billing", &billing).await?;
+    store_group_offsets(&up, (stream, topic), "analytics-1", &[(0, 10)]).await?;
+    store_group_offsets(&up, (stream, topic), "other", &[(0, 5)]).await?;
 
     let flow = syncing(stream, &["billing", "analytics-*"]);
     let (control, pipeline) = env.run(&flow).await?;
@@ -161,7 +84,7 @@ async fn group_offsets_are_translated_exactly_and_again_after_a_restart() -> Tes
 
     // The group moves on upstream while no replicator runs; a new pipeline has no maps and
     // finds the copies by searching the downstream partitions.
-    consume_upto(&up, stream, topic, "billing", &[(0, 150), (1, 121)]).await?;
+    store_group_offsets(&up, (stream, topic), "billing", &[(0, 150), (1, 121)]).await?;
     let pipeline = Pipeline::start(env.params(flow.clone()), control.clone()).await?;
     check_translated(&up, &down, (stream, topic, "billing"), 0, 150).await?;
     check_translated(&up, &down, (stream, topic, "billing"), 1, 121).await?;
@@ -179,7 +102,7 @@ async fn group_offsets_are_translated_exactly_and_again_after_a_restart() -> Tes
 async fn a_group_with_a_member_on_the_target_is_skipped_and_left_alone() -> TestResult {
     let (stream, topic) = ("cgbusy", "t");
     let (env, up, _) = Env::seeded(stream, topic, 1, 0..50, 50).await?;
-    consume_upto(&up, stream, topic, "billing", &[(0, 20)]).await?;
+    store_group_offsets(&up, (stream, topic), "billing", &[(0, 20)]).await?;
     // A consumer of the group is live on the target already.
     let down = client(&env.eu).await?;
     let live = client(&env.eu).await?;
@@ -199,7 +122,7 @@ async fn a_group_with_a_member_on_the_target_is_skipped_and_left_alone() -> Test
             .is_some_and(|s| s.last.skipped.iter().any(|k| k.group == "billing"))
     })
     .await?;
-    assert2::check!(stored(&down, stream, topic, "billing", 0).await? == None);
+    assert2::check!(group_offset(&down, (stream, topic), "billing", 0).await? == None);
 
     // Once the consumer is gone, the offset follows.
     live.leave_consumer_group(&s, &t, &g).await?;

@@ -1,0 +1,108 @@
+//! Consumer groups as an application uses them, for the disaster-recovery scenarios: a group
+//! that consumed up to some offsets, the offset a group stored, the message at an offset.
+
+use iggy::prelude::{
+    Consumer, ConsumerGroupClient, ConsumerOffsetClient, Identifier, IggyClient, MessageClient,
+    PollingStrategy,
+};
+
+use crate::error::{Error, Result};
+
+/// Stores `offsets` (partition, last processed offset) for `group` on `stream/topic`, creating
+/// the group if needed, as its only member for the moment (Iggy stores a group's offset only
+/// from a member the partition is assigned to), then leaves.
+pub async fn store_group_offsets(
+    client: &IggyClient,
+    (stream, topic): (&str, &str),
+    group: &str,
+    offsets: &[(u32, u64)],
+) -> Result<()> {
+    let (s, t, g) = (
+        Identifier::named(stream)?,
+        Identifier::named(topic)?,
+        Identifier::named(group)?,
+    );
+    if client.get_consumer_group(&s, &t, &g).await?.is_none() {
+        client.create_consumer_group(&s, &t, group).await?;
+    }
+    client.join_consumer_group(&s, &t, &g).await?;
+    let consumer = Consumer::group(g.clone());
+    let mut stored = Ok(());
+    for &(partition, offset) in offsets {
+        stored = client
+            .store_consumer_offset(&consumer, &s, &t, Some(partition), offset)
+            .await;
+        if stored.is_err() {
+            break;
+        }
+    }
+    client.leave_consumer_group(&s, &t, &g).await?;
+    Ok(stored?)
+}
+
+/// The offset `group` stored on `partition` of `stream/topic` (reading needs no membership).
+pub async fn group_offset(
+    client: &IggyClient,
+    (stream, topic): (&str, &str),
+    group: &str,
+    partition: u32,
+) -> Result<Option<u64>> {
+    let info = client
+        .get_consumer_offset(
+            &Consumer::group(Identifier::named(group)?),
+            &Identifier::named(stream)?,
+            &Identifier::named(topic)?,
+            Some(partition),
+        )
+        .await?;
+    Ok(info.map(|i| i.stored_offset))
+}
+
+/// The id of the message at `offset` of `stream/topic/partition`.
+pub async fn message_id_at(
+    client: &IggyClient,
+    (stream, topic): (&str, &str),
+    partition: u32,
+    offset: u64,
+) -> Result<u128> {
+    let polled = client
+        .poll_messages(
+            &Identifier::named(stream)?,
+            &Identifier::named(topic)?,
+            Some(partition),
+            &Consumer::new(Identifier::named("harness-reader")?),
+            &PollingStrategy::offset(offset),
+            1,
+            false,
+        )
+        .await?;
+    polled
+        .messages
+        .first()
+        .filter(|m| m.header.offset == offset)
+        .map(|m| m.header.id)
+        .ok_or_else(|| Error::Command {
+            command: format!("read {stream}/{topic}/{partition} at {offset}"),
+            detail: "no message there".into(),
+        })
+}
+
+/// Whether `group` on the target stored, on `partition`, the offset of the copy of the message
+/// at `upstream_offset` upstream: the message there has the same id.
+pub async fn translated_exactly(
+    (upstream, downstream): (&IggyClient, &IggyClient),
+    (stream, topic): (&str, &str),
+    group: &str,
+    partition: u32,
+    upstream_offset: u64,
+) -> Result<bool> {
+    let want = message_id_at(upstream, (stream, topic), partition, upstream_offset).await?;
+    let Some(offset) = group_offset(downstream, (stream, topic), group, partition).await? else {
+        return Ok(false);
+    };
+    Ok(
+        message_id_at(downstream, (stream, topic), partition, offset)
+            .await
+            .is_ok_and(|got| got == want),
+    )
+}

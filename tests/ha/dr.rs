@@ -1,0 +1,240 @@
+//! Disaster recovery, end to end with three node processes: a consumer group's offsets follow
+//! the copy exactly (also after the owner of a partition is killed), `flow promote` cuts over
+//! (the group continues on the target with the next message), the application produces on the
+//! target, and the reverse flow fails back: the original source ends with every message once,
+//! in order per partition, and the group's offsets translated back. Both flows run from the
+//! start; loop prevention keeps the reverse flow from copying anything that came from the
+//! source.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use iggy::prelude::{
+    Consumer, ConsumerGroupClient, Identifier, IggyClient, IggyMessage, MessageClient,
+    PollingStrategy,
+};
+use replicator_harness::{
+    connect, message_id_at, produce_bulk, serial, store_group_offsets, translated_exactly,
+    wait_until, Bulk, Cluster, ClusterSpec, ReplicatorBinary, Servers, TestResult, Topic,
+};
+
+const STREAM: &str = "dr";
+const TOPIC: &str = "orders";
+const PARTITIONS: u32 = 4;
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Two flows between the same clusters, both syncing the group `billing`: `fwd` (up → down)
+/// and `back` (down → up).
+fn spec(servers: &Servers) -> TestResult<ClusterSpec> {
+    let (up, down) = (
+        servers.upstream.connection_string(),
+        servers.downstream.connection_string(),
+    );
+    let flow = |name: &str, source: &str, target: &str| {
+        format!(
+            "[[flows]]\nname = \"{name}\"\nsource = \"{source}\"\ntarget = \"{target}\"\ninclude = [\"{STREAM}/*\"]\npoll_interval = \"2ms\"\nconsumer_groups = [\"billing\"]\nconsumer_group_sync_interval = \"200ms\"\n\n"
+        )
+    };
+    let toml = format!(
+        "[clusters.up]\nurl = \"{up}\"\n\n[clusters.down]\nurl = \"{down}\"\n\n{}{}[pipeline]\ndiscovery_interval = \"1s\"\n",
+        flow("fwd", "up", "down"),
+        flow("back", "down", "up"),
+    );
+    Ok(ClusterSpec {
+        binary: ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?,
+        replication_toml: toml,
+        units: 2 * PARTITIONS as usize,
+        log_level: "info",
+        owned_within: WAIT,
+        tls: false,
+    })
+}
+
+/// Messages `range` on every partition; ids tell the cluster they were produced on (`origin`)
+/// and their place.
+async fn produce(client: &IggyClient, origin: u128, range: std::ops::Range<u64>) -> TestResult {
+    let bulk = Bulk {
+        stream: STREAM.into(),
+        topic: TOPIC.into(),
+        partitions: (0..PARTITIONS).collect(),
+        range,
+        batch: 100,
+    };
+    produce_bulk(client, &bulk, |partition, seq| {
+        IggyMessage::builder()
+            .id(origin << 64 | u128::from(partition) << 32 | u128::from(seq))
+            .payload(Bytes::from(format!("{origin}-{partition}-{seq}")))
+            .build()
+    })
+    .await?;
+    Ok(())
+}
+
+/// Message ids of a whole partition, in offset order.
+async fn ids(client: &IggyClient, partition: u32) -> TestResult<Vec<u128>> {
+    let mut out = Vec::new();
+    loop {
+        let polled = client
+            .poll_messages(
+                &Identifier::named(STREAM)?,
+                &Identifier::named(TOPIC)?,
+                Some(partition),
+                &Consumer::new(Identifier::named("dr-reader")?),
+                &PollingStrategy::offset(out.len() as u64),
+                1000,
+                false,
+            )
+            .await?;
+        if polled.messages.is_empty() {
+            return Ok(out);
+        }
+        out.extend(polled.messages.iter().map(|m| m.header.id));
+    }
+}
+
+/// Waits until `group` on `target` holds, on every partition, the translation of `offsets`
+/// (partition, upstream offset) of `source`.
+async fn wait_translated(
+    (source, target): (&IggyClient, &IggyClient),
+    offsets: &[(u32, u64)],
+    what: &str,
+) -> TestResult {
+    for &(partition, offset) in offsets {
+        let what = format!("{what}: billing on partition {partition} at {offset}");
+        wait_until(&what, WAIT, || async {
+            translated_exactly(
+                (source, target),
+                (STREAM, TOPIC),
+                "billing",
+                partition,
+                offset,
+            )
+            .await
+            .unwrap_or(false)
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// `flow promote NAME` through the leader; asserts exit 0 and prints the report.
+async fn promote(cluster: &Cluster, flow: &str) -> TestResult {
+    let run = cluster
+        .flow_once(&["promote", flow, "--timeout", "60s"])
+        .await?;
+    println!("{}{}", run.stdout, run.stderr);
+    assert_eq!(run.code, Some(0), "promote {flow}: {}", run.stderr);
+    assert!(run.stdout.contains("billing"), "the report lists the group");
+    let status = cluster.leader_status().await.ok_or("no leader")?;
+    assert!(status.is_paused(flow), "{flow} paused after promote");
+    assert_eq!(status.owned_units_of(flow), 0, "nobody writes {flow}");
+    Ok(())
+}
+
+#[test]
+fn groups_follow_failover_and_promote_then_fail_back_exactly() -> TestResult {
+    serial(|| async {
+        let servers = Servers::start(Topic::new(STREAM, TOPIC, PARTITIONS)).await?;
+        let mut cluster = Cluster::start(spec(&servers)?, 3).await?;
+        let up = connect(&servers.upstream.connection_string()).await?;
+        let down = connect(&servers.downstream.connection_string()).await?;
+
+        // The application consumes part of each partition upstream.
+        produce(&up, 1, 0..400).await?;
+        let consumed = [(0, 99), (1, 199), (2, 399), (3, 0)];
+        store_group_offsets(&up, (STREAM, TOPIC), "billing", &consumed).await?;
+        wait_translated((&up, &down), &consumed, "before any fault").await?;
+
+        // The owner of partition 0 dies; the group moves on upstream, over new messages.
+        let status = cluster.leader_status().await.ok_or("no leader")?;
+        let victim = status
+            .units
+            .iter()
+            .find(|u| u.unit.flow == "fwd" && u.unit.partition == 0)
+            .and_then(|u| u.owner)
+            .ok_or("partition 0 of fwd has no owner")?;
+        cluster.kill(victim)?;
+        produce(&up, 1, 400..500).await?;
+        let consumed = [(0, 450), (1, 420), (2, 400), (3, 480)];
+        store_group_offsets(&up, (STREAM, TOPIC), "billing", &consumed).await?;
+        wait_translated(
+            (&up, &down),
+            &consumed,
+            &format!("after node {victim} was killed"),
+        )
+        .await?;
+        cluster.restart(victim)?;
+
+        // Cut over: the producers upstream have stopped; promote the flow.
+        promote(&cluster, "fwd").await?;
+        // The application continues on the target, each partition at the next message.
+        let (s, t, g) = (
+            Identifier::named(STREAM)?,
+            Identifier::named(TOPIC)?,
+            Identifier::named("billing")?,
+        );
+        down.join_consumer_group(&s, &t, &g).await?;
+        for &(partition, offset) in &consumed {
+            let polled = down
+                .poll_messages(
+                    &s,
+                    &t,
+                    Some(partition),
+                    &Consumer::group(g.clone()),
+                    &PollingStrategy::next(),
+                    1,
+                    false,
+                )
+                .await?;
+            let next = polled.messages.first().map(|m| m.header.id);
+            let want = message_id_at(&up, (STREAM, TOPIC), partition, offset + 1).await?;
+            assert_eq!(
+                next,
+                Some(want),
+                "partition {partition} continues at the next message"
+            );
+        }
+        down.leave_consumer_group(&s, &t, &g).await?;
+
+        // New messages on the promoted side; the group consumes some of them there.
+        let before: Vec<u64> = servers.downstream_counts();
+        produce(&down, 2, 0..50).await?;
+        let consumed_down: Vec<(u32, u64)> = (0..PARTITIONS)
+            .map(|p| (p, before[p as usize] + 9))
+            .collect();
+        store_group_offsets(&down, (STREAM, TOPIC), "billing", &consumed_down).await?;
+
+        // Fail back: the reverse flow copied only what was produced on the promoted side.
+        wait_until("the new messages copied back", WAIT, || async {
+            servers.upstream_counts() == vec![550; PARTITIONS as usize]
+        })
+        .await?;
+        promote(&cluster, "back").await?;
+        wait_translated((&down, &up), &consumed_down, "failed back").await?;
+        for partition in 0..PARTITIONS {
+            let upstream = ids(&up, partition).await?;
+            let expected: Vec<u128> = (0..500u64)
+                .map(|seq| 1 << 64 | u128::from(partition) << 32 | u128::from(seq))
+                .chain(
+                    (0..50u64).map(|seq| 2 << 64 | u128::from(partition) << 32 | u128::from(seq)),
+                )
+                .collect();
+            assert_eq!(
+                upstream, expected,
+                "partition {partition} of the original source"
+            );
+        }
+
+        // Back to normal: the forward flow runs again and copies nothing twice.
+        cluster.flow(&["resume", "fwd"]).await?;
+        assert!(
+            cluster.verify(Duration::from_secs(30)).await?,
+            "verify: not exact"
+        );
+        assert_eq!(servers.downstream_counts(), vec![550; PARTITIONS as usize]);
+        cluster.passed();
+        drop(cluster);
+        servers.shutdown().await;
+        Ok(())
+    })
+}
