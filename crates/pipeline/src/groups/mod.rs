@@ -34,7 +34,7 @@ use iggy::prelude::{
 use replicator_model::{Offset, WorkUnit};
 use tokio_util::sync::CancellationToken;
 
-use self::translate::{Copied, Lookup, OffsetMap, Search};
+use self::translate::{Copied, Lookup, OffsetMap, Search, Step};
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::error::{Error, Result};
@@ -43,9 +43,14 @@ use crate::mapping::downstream_stream;
 use crate::params::FlowParams;
 use crate::provenance::{self, Incarnation};
 
-/// Messages one search probe reads: a few, so that a foreign message at the probed offset
-/// rarely hides ours.
-const PROBE_WINDOW: u32 = 4;
+/// Messages one poll of a search reads.
+const SEARCH_PAGE: u64 = 100;
+
+/// Most polls one search makes (a page each).
+const SEARCH_POLLS: u32 = 200;
+
+/// Most pages read back from the end of a downstream partition for its newest copy.
+const NEWEST_PAGES: u32 = 100;
 
 /// Most entries of [`GroupSync::found`] (cleared when full).
 const FOUND_CACHE: usize = 100_000;
@@ -148,7 +153,7 @@ pub struct GroupSyncReport {
     pub skipped: Vec<GroupSkip>,
     /// Failures (each retried next round), e.g. "orders/created: join: timeout".
     pub errors: Vec<String>,
-    /// Search probes the translation needed (offsets older than the writers' maps).
+    /// Polls the translation's searches made (offsets the writers' maps did not know).
     pub probes: u64,
 }
 
@@ -354,7 +359,9 @@ impl<C: ControlPlane> GroupSync<C> {
             up: (up_s, up_t),
             down: (down_s, down_t),
             verified: HashMap::new(),
+            newest: HashMap::new(),
             probes: 0,
+            search_exhausted: 0,
         };
         for name in names {
             let group = ident(&name, first)?;
@@ -395,6 +402,12 @@ impl<C: ControlPlane> GroupSync<C> {
             }
         }
         report.probes += ctx.probes;
+        if ctx.search_exhausted > 0 {
+            report.errors.push(format!(
+                "{stream}/{topic}: {} offset translation(s) ran out of their search budget ({SEARCH_POLLS} polls of {SEARCH_PAGE}); their groups may re-read messages on the target",
+                ctx.search_exhausted
+            ));
+        }
         Ok(())
     }
 
@@ -441,15 +454,7 @@ impl<C: ControlPlane> GroupSync<C> {
             _ => match self.lookup_verified(ctx, unit, label, up).await? {
                 Lookup::Found(copy) => Some(copy),
                 Lookup::NotCopied => None,
-                Lookup::Unknown => {
-                    let mut search = Search::new(up, down_end);
-                    while let Some(at) = search.next_probe() {
-                        let probe = self.probe(ctx, unit, label, at).await?;
-                        ctx.probes += 1;
-                        search.observe(at, probe);
-                    }
-                    search.result()
-                }
+                Lookup::Unknown => self.search(ctx, unit, label, up, down_end).await?,
             },
         };
         if let Some(copy) = found.filter(|c| c.up == up) {
@@ -508,16 +513,88 @@ impl<C: ControlPlane> GroupSync<C> {
         })
     }
 
-    /// Our first message at or after downstream offset `at` within the probe window.
-    async fn probe(
+    /// Searches the downstream partition (see [`Search`]) for the copy of `up`, within a
+    /// budget of [`SEARCH_POLLS`] polls; past it, the best copy found so far (earlier, never
+    /// later).
+    async fn search(
         &self,
-        ctx: &TopicCtx<'_>,
+        ctx: &mut TopicCtx<'_>,
         unit: &WorkUnit,
         label: u64,
-        at: Offset,
+        up: Offset,
+        down_end: Offset,
     ) -> Result<Option<Copied>> {
-        let messages = self.poll_down(ctx, unit, at, PROBE_WINDOW).await?;
-        Ok(messages.iter().find_map(|m| self.ours(m, label)))
+        let Some(newest) = self.newest_copy(ctx, unit, label, down_end).await? else {
+            return Ok(None);
+        };
+        let mut search = Search::new(up, newest);
+        let mut polls = 0;
+        loop {
+            let (from, until) = match search.next() {
+                Step::Done(found) => return Ok(found),
+                Step::Probe { from, until } => (from, until),
+            };
+            let mut first = None;
+            let mut at = from;
+            while at < until && first.is_none() {
+                if polls == SEARCH_POLLS {
+                    ctx.search_exhausted += 1;
+                    return Ok(search.best());
+                }
+                polls += 1;
+                ctx.probes += 1;
+                let count = u32::try_from((until - at).min(SEARCH_PAGE)).unwrap_or(1);
+                let page = self.poll_down(ctx, unit, at, count).await?;
+                let Some(last) = page.last().map(|m| m.header.offset) else {
+                    break;
+                };
+                first = page
+                    .iter()
+                    .filter(|m| m.header.offset < until)
+                    .find_map(|m| self.ours(m, label));
+                at = last + 1;
+            }
+            search.observe(from, first);
+        }
+    }
+
+    /// The newest copy in the downstream partition (once per partition and round): the
+    /// writer's map's when it checked out, otherwise read back from the end, a page at a time,
+    /// at most [`NEWEST_PAGES`] pages.
+    async fn newest_copy(
+        &self,
+        ctx: &mut TopicCtx<'_>,
+        unit: &WorkUnit,
+        label: u64,
+        down_end: Offset,
+    ) -> Result<Option<Copied>> {
+        if let Some(newest) = ctx.newest.get(&unit.partition) {
+            return Ok(*newest);
+        }
+        let mut found = None;
+        if ctx.verified.get(&unit.partition) == Some(&true) {
+            found = self.maps.newest(unit).map(|(_, newest)| newest);
+        }
+        let mut end = down_end;
+        let mut pages = 0;
+        while found.is_none() && end > 0 && pages < NEWEST_PAGES {
+            pages += 1;
+            ctx.probes += 1;
+            let from = end.saturating_sub(SEARCH_PAGE);
+            let count = u32::try_from(end - from).unwrap_or(1);
+            let page = self.poll_down(ctx, unit, from, count).await?;
+            found = page
+                .iter()
+                .filter(|m| m.header.offset < end)
+                .rev()
+                .find_map(|m| self.ours(m, label));
+            end = from;
+        }
+        if found.is_none() && end > 0 {
+            ctx.search_exhausted += 1;
+        }
+        ctx.newest.insert(unit.partition, found);
+        Ok(found)
     }
 
     /// Our message exactly at downstream offset `at`, if it is ours.
@@ -724,7 +801,12 @@ struct TopicCtx<'a> {
     down: (Identifier, Identifier),
     /// Per partition: whether the writer's map checked out this round.
     verified: HashMap<u32, bool>,
+    /// Per partition: the newest copy downstream, once looked up this round.
+    newest: HashMap<u32, Option<Copied>>,
+    /// Polls of searches.
     probes: u64,
+    /// Searches that ran out of their budget (answered with an earlier copy, or none).
+    search_exhausted: u64,
 }
 
 /// What storing one group's offsets came to.

@@ -9,9 +9,13 @@
 //!   partition's next offset when the writer resumed, plus what it sent since), so the sync
 //!   checks the newest entry against the downstream message before trusting any entry: a
 //!   foreign message appended in between would have shifted every later one.
-//! - [`Search`]: a binary search over the downstream partition by `repl-offset`, a bounded
-//!   number of small polls, for offsets older than the map (a group far behind, a writer that
-//!   restarted).
+//! - [`Search`]: a search of the downstream partition by `repl-offset`, for offsets the map
+//!   does not know (a group far behind, a writer that restarted): from the newest copy, it
+//!   gallops back (1, 2, 4… messages) until it passes the target, then bisects. Foreign
+//!   messages (the target's own, another flow's) may sit anywhere, even as a long prefix (the
+//!   original source, when a reverse flow fails back), so a probe asks for the first copy *at
+//!   or after* an offset and before the nearest copy known to be past the target: that is
+//!   monotonic whatever lies between copies.
 //!
 //! Both answer the copy of the upstream offset, or of the last copied one before it when it was
 //! not copied (not yet, or skipped): never a later message, so a consumer that switches
@@ -23,10 +27,6 @@ use replicator_model::Offset;
 
 /// Most runs an [`OffsetMap`] keeps per partition (oldest dropped first): about 24 KiB.
 pub(crate) const MAX_RUNS: usize = 1024;
-
-/// Most probes of one [`Search`]: enough for 2^40 downstream messages with room for foreign
-/// messages around the probes.
-pub(crate) const MAX_PROBES: u32 = 64;
 
 /// Consecutive upstream offsets copied to consecutive downstream offsets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,60 +163,94 @@ impl OffsetMap {
     }
 }
 
-/// What one probe of a [`Search`] saw: the first message of ours at or after the probed
-/// downstream offset, within the probe's small window (`None`: none there).
-pub(crate) type Probe = Option<Copied>;
+/// What a [`Search`] wants next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The first copy in downstream offsets `[from, until)`, if any.
+    Probe {
+        /// First downstream offset to look at.
+        from: Offset,
+        /// End of the range (exclusive); nothing of interest lies beyond.
+        until: Offset,
+    },
+    /// The copy of the target, or of the last copied offset before it (`None`: none).
+    Done(Option<Copied>),
+}
 
-/// A binary search of the downstream partition for the copy of upstream offset `target` (or of
-/// the last copied offset before it). Probes that find only foreign messages search lower, so
-/// the answer may be earlier than the best one, never later.
+/// The search for the copy of upstream offset `target` (see the module docs).
 #[derive(Debug, Clone)]
 pub(crate) struct Search {
     target: Offset,
-    /// Downstream offsets still in question: `[lo, hi)`.
+    /// Best copy found at or before the target.
+    low: Option<Copied>,
+    /// Downstream offsets still in question: `[lo, hi)`; no copy at or after `hi` is at or
+    /// before the target.
     lo: Offset,
     hi: Offset,
-    /// Best copy found so far (at or before `target`).
-    best: Option<Copied>,
-    probes: u32,
+    /// While galloping back from `hi`: the next step.
+    gallop: Option<u64>,
 }
 
 impl Search {
-    /// Searches downstream offsets `[0, end)` (`end`: the partition's next offset).
-    pub(crate) fn new(target: Offset, end: Offset) -> Self {
+    /// A search that starts from `newest`, the newest copy downstream.
+    pub(crate) fn new(target: Offset, newest: Copied) -> Self {
+        if newest.up <= target {
+            return Self {
+                target,
+                low: Some(newest),
+                lo: 0,
+                hi: 0,
+                gallop: None,
+            };
+        }
         Self {
             target,
+            low: None,
             lo: 0,
-            hi: end,
-            best: None,
-            probes: 0,
+            hi: newest.down,
+            gallop: Some(1),
         }
     }
 
-    /// The downstream offset to probe next; `None` when the search is over.
-    pub(crate) fn next_probe(&self) -> Option<Offset> {
-        let exact = self.best.is_some_and(|b| b.up == self.target);
-        (!exact && self.lo < self.hi && self.probes < MAX_PROBES)
-            .then(|| self.lo + (self.hi - self.lo) / 2)
+    /// What to do next.
+    pub(crate) fn next(&self) -> Step {
+        if self.low.is_some_and(|l| l.up == self.target) || self.lo >= self.hi {
+            return Step::Done(self.low);
+        }
+        let from = match self.gallop {
+            Some(step) if self.hi.saturating_sub(step) > self.lo => self.hi - step,
+            _ => self.lo + (self.hi - self.lo) / 2,
+        };
+        Step::Probe {
+            from,
+            until: self.hi,
+        }
     }
 
-    /// Takes the answer of probing `at`.
-    pub(crate) fn observe(&mut self, at: Offset, probe: Probe) {
-        self.probes += 1;
-        match probe {
-            Some(found) if found.up <= self.target => {
-                if self.best.is_none_or(|b| found.down > b.down) {
-                    self.best = Some(found);
+    /// The best copy found so far (at or before the target).
+    pub(crate) fn best(&self) -> Option<Copied> {
+        self.low
+    }
+
+    /// Takes the answer of [`Step::Probe`] from `from`: the first copy in the range, if any.
+    pub(crate) fn observe(&mut self, from: Offset, first: Option<Copied>) {
+        match first {
+            Some(copy) if copy.up <= self.target => {
+                if self.low.is_none_or(|l| copy.down > l.down) {
+                    self.low = Some(copy);
                 }
-                self.lo = (found.down + 1).max(at + 1);
+                self.lo = copy.down + 1;
+                // Passed the target: bisect what is left.
+                self.gallop = None;
             }
-            _ => self.hi = at,
+            // Every copy from `from` on is past the target (or there is none before `hi`).
+            _ => {
+                self.hi = from;
+                if let Some(step) = self.gallop.as_mut() {
+                    *step = step.saturating_mul(2);
+                }
+            }
         }
-    }
-
-    /// The copy found: of `target` itself, or of the last copied offset before it.
-    pub(crate) fn result(&self) -> Option<Copied> {
-        self.best
     }
 }
 
@@ -288,38 +322,49 @@ mod tests {
     }
 
     /// Runs a search over `downstream` (upstream offset per downstream offset; `None`: a
-    /// foreign message), probing windows of `window` messages.
-    fn search(
-        downstream: &[Option<Offset>],
-        target: Offset,
-        window: usize,
-    ) -> (Option<Copied>, u32) {
-        let mut s = Search::new(target, downstream.len() as u64);
-        let mut probes = 0;
-        while let Some(at) = s.next_probe() {
-            probes += 1;
-            let found = downstream
-                .iter()
-                .enumerate()
-                .skip(at as usize)
-                .take(window)
-                .find_map(|(d, up)| up.map(|up| Copied { down: d as u64, up }));
-            s.observe(at, found);
+    /// foreign message) from its newest copy; returns the answer and the messages read.
+    fn search(downstream: &[Option<Offset>], target: Offset) -> (Option<Copied>, u64) {
+        let newest = downstream
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(d, up)| up.map(|up| Copied { down: d as u64, up }))
+            .expect("a copy");
+        let mut s = Search::new(target, newest);
+        let mut read = 0;
+        loop {
+            match s.next() {
+                Step::Done(found) => return (found, read),
+                Step::Probe { from, until } => {
+                    let first = (from..until).find_map(|d| {
+                        read += 1;
+                        downstream[d as usize].map(|up| Copied { down: d, up })
+                    });
+                    s.observe(from, first);
+                }
+            }
         }
-        (s.result(), probes)
+    }
+
+    /// The position of upstream offset `up` in `downstream`.
+    fn position(downstream: &[Option<Offset>], up: Offset) -> u64 {
+        downstream
+            .iter()
+            .position(|u| *u == Some(up))
+            .expect("copied") as u64
     }
 
     #[test]
-    fn search_finds_the_exact_copy_in_logarithmic_probes() {
+    fn search_finds_the_exact_copy_reading_little() {
         // Upstream 1000.. copied to downstream 0.., with upstream 5000..5099 skipped.
         let downstream: Vec<Option<Offset>> = (1000..5000).chain(5100..21_000).map(Some).collect();
-        for target in [1000, 1001, 4999, 5100, 12_345, 20_999] {
-            let (found, probes) = search(&downstream, target, 4);
-            let down = downstream.iter().position(|u| *u == Some(target)).unwrap() as u64;
+        for target in [1000, 1001, 4999, 5100, 12_345, 20_998] {
+            let (found, read) = search(&downstream, target);
+            let down = position(&downstream, target);
             check!(found == Some(Copied { down, up: target }));
-            check!(probes <= 16, "{probes} probes for {target}");
+            check!(read <= 64, "{read} messages read for {target}");
         }
-        let (found, _) = search(&downstream, 5050, 4);
+        let (found, _) = search(&downstream, 5050);
         check!(
             found
                 == Some(Copied {
@@ -328,15 +373,37 @@ mod tests {
                 }),
             "skipped: the last before"
         );
-        let (found, _) = search(&downstream, 999, 4);
+        let (found, _) = search(&downstream, 999);
         check!(found == None, "nothing copied at or before");
-        let (found, _) = search(&downstream, 30_000, 4);
+        let (found, read) = search(&downstream, 30_000);
         check!(found.map(|c| c.up) == Some(20_999));
+        check!(read == 0, "at or past the newest copy: no probe");
     }
 
     #[test]
-    fn foreign_messages_make_the_search_answer_earlier_never_later() {
-        // Every third downstream message is foreign; long foreign stretches too.
+    fn a_long_foreign_prefix_does_not_hide_the_copies() {
+        // A reverse flow failing back: the original source's own 100 000 messages first,
+        // then the copies of what was produced on the other side.
+        let downstream: Vec<Option<Offset>> = std::iter::repeat(None)
+            .take(100_000)
+            .chain((0..500).map(Some))
+            .collect();
+        for target in [0, 9, 250, 498] {
+            let (found, read) = search(&downstream, target);
+            check!(
+                found
+                    == Some(Copied {
+                        down: position(&downstream, target),
+                        up: target
+                    })
+            );
+            check!(read <= 2_000, "{read} messages read for {target}");
+        }
+    }
+
+    #[test]
+    fn foreign_messages_anywhere_never_make_the_answer_later() {
+        // Every third downstream message is foreign, plus a long foreign stretch.
         let mut downstream = Vec::new();
         let mut up = 0;
         for d in 0..3000 {
@@ -347,16 +414,15 @@ mod tests {
                 up += 1;
             }
         }
-        for target in [0, 1, 500, 777, 1500, up - 1] {
-            let (found, _) = search(&downstream, target, 4);
-            let found = found.expect("copies exist at or before");
-            check!(found.up <= target);
-            check!(downstream[found.down as usize] == Some(found.up));
+        for target in [0, 1, 500, 777, 1500, up - 2] {
+            let (found, _) = search(&downstream, target);
+            check!(
+                found
+                    == Some(Copied {
+                        down: position(&downstream, target),
+                        up: target
+                    })
+            );
         }
-        let (found, _) = search(&downstream, 500, 4);
-        check!(
-            found.map(|c| c.up) == Some(500),
-            "short foreign runs do not hide it"
-        );
     }
 }
