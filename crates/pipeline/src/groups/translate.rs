@@ -384,8 +384,7 @@ mod tests {
     fn a_long_foreign_prefix_does_not_hide_the_copies() {
         // A reverse flow failing back: the original source's own 100 000 messages first,
         // then the copies of what was produced on the other side.
-        let downstream: Vec<Option<Offset>> = std::iter::repeat(None)
-            .take(100_000)
+        let downstream: Vec<Option<Offset>> = std::iter::repeat_n(None, 100_000)
             .chain((0..500).map(Some))
             .collect();
         for target in [0, 9, 250, 498] {
