@@ -1256,6 +1256,98 @@ async fn consumer_groups_assign_partitions_to_members() -> TestResult {
     f.finish().await
 }
 
+/// Stores `offset` for `group` on partition `p` as `client`.
+async fn store_group(
+    client: &IggyClient,
+    (s, t): (&str, &str),
+    group: &str,
+    p: u32,
+    offset: u64,
+) -> Result<(), IggyError> {
+    let consumer = Consumer::group(name(group));
+    client
+        .store_consumer_offset(&consumer, &name(s), &name(t), Some(p), offset)
+        .await
+}
+
+/// What a replicator needs to know to carry a group's position to another cluster: a group's
+/// offset is stored only by a member the partition is assigned to (5006 for a non-member, 3022
+/// for a member without the partition), read by anyone, kept when its members leave, and where
+/// a new member resumes.
+#[tokio::test]
+async fn group_offsets_are_stored_only_by_a_member_assigned_the_partition() -> TestResult {
+    let f = Fixture::start("gstore", 2).await;
+    let (a, s, topic) = (&f.client, &f.stream, &f.topic);
+    let (b, reader) = (f.t.client().await, f.t.client().await);
+    let (st, tp, gid) = (name(s), name(topic), name("g"));
+    for p in 0..2 {
+        send_to(a, s, topic, p, vec![msg("first"), msg("second")]).await?;
+    }
+    a.create_consumer_group(&st, &tp, "g").await?;
+    let consumer = Consumer::group(gid.clone());
+    check!(
+        code(store_group(a, (s, topic), "g", 0, 0).await) == 5006,
+        "not a member"
+    );
+
+    a.join_consumer_group(&st, &tp, &gid).await?;
+    store_group(a, (s, topic), "g", 0, 0).await?;
+    store_group(a, (s, topic), "g", 1, 1).await?;
+    b.join_consumer_group(&st, &tp, &gid).await?;
+    let details = a.get_consumer_group(&st, &tp, &gid).await?.expect("group");
+    check!(details.members_count == 2);
+    let mine = |client_partitions: &[u32], p: u32| client_partitions.contains(&p);
+    let b_id = b.get_me().await?.client_id;
+    let b_partitions = details
+        .members
+        .iter()
+        .find(|m| m.id == b_id)
+        .map(|m| m.partitions.clone())
+        .unwrap_or_default();
+    let foreign = (0..2)
+        .find(|p| !mine(&b_partitions, *p))
+        .expect("b lacks one");
+    check!(
+        code(store_group(&b, (s, topic), "g", foreign, 0).await) == 3022,
+        "a member without the partition"
+    );
+
+    // Reading needs no membership.
+    let read = |p: u32| {
+        let (st, tp, consumer, reader) = (st.clone(), tp.clone(), consumer.clone(), &reader);
+        async move {
+            reader
+                .get_consumer_offset(&consumer, &st, &tp, Some(p))
+                .await
+                .map(|o| o.map(|o| o.stored_offset))
+        }
+    };
+    check!(read(0).await? == Some(0));
+    check!(read(1).await? == Some(1));
+
+    // Offsets outlive the members, and a new member resumes after them.
+    a.leave_consumer_group(&st, &tp, &gid).await?;
+    b.leave_consumer_group(&st, &tp, &gid).await?;
+    check!(read(0).await? == Some(0));
+    reader.join_consumer_group(&st, &tp, &gid).await?;
+    let polled = poll_as(
+        &reader,
+        s,
+        topic,
+        Some(0),
+        &consumer,
+        PollingStrategy::next(),
+        10,
+        false,
+    )
+    .await?;
+    check!(offsets(&polled) == vec![1]);
+    reader.leave_consumer_group(&st, &tp, &gid).await?;
+    b.shutdown().await?;
+    reader.shutdown().await?;
+    f.finish().await
+}
+
 // ---------------------------------------------------------------------------------------------
 // Users and permissions
 
