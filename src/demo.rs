@@ -1,16 +1,19 @@
 //! `iggy-replicator demo`: the whole product in one process. Two Iggy-compatible servers
 //! (or real ones given by URL), a three-node replicator cluster, a producer, live
-//! progress, a node killed halfway, and a final `verify`.
+//! progress, a node killed halfway, the cutover (`flow promote`, the application's consumer
+//! group continuing on the target), and a final `verify`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::{Client, IggyClient};
+use iggy::prelude::{
+    Client, Consumer, ConsumerGroupClient, Identifier, IggyClient, MessageClient, PollingStrategy,
+};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use replicator_harness::{
-    delete_stream, ensure_topic, stream_messages, FlowConfig, MessageShape, NodeConfig,
-    PacedProducer, ProducerParams, Topic,
+    delete_stream, ensure_topic, message_id_at, partition_counts, store_group_offsets,
+    stream_messages, FlowConfig, MessageShape, NodeConfig, PacedProducer, ProducerParams, Topic,
 };
 use replicator_model::{NodeId, WorkUnit};
 use replicator_pipeline::verify::{verify, VerifyParams};
@@ -52,6 +55,10 @@ const TOPICS: [(&str, u32); 3] = [("orders", 6), ("payments", 3), ("clicks", 3)]
 const PRODUCE_BATCH: u64 = 100;
 /// How long the cluster may take to copy everything once the producer is done.
 const CATCH_UP_DEADLINE: Duration = Duration::from_secs(60);
+/// The consumer group of the demo's application, carried over at the cutover.
+const DEMO_GROUP: &str = "order-processors";
+/// The topic the demo's application consumes.
+const DEMO_TOPIC: &str = "orders";
 
 /// Everything the demo started, so that every exit path stops it.
 struct Demo {
@@ -153,6 +160,9 @@ impl Demo {
             target_url: &target,
             include: &format!("{stream}/*"),
             target_fencing: None,
+            flow_extra: &format!(
+                "consumer_groups = [\"{DEMO_GROUP}\"]\nconsumer_group_sync_interval = \"1s\""
+            ),
         }
         .toml();
         let mut configs = Vec::new();
@@ -279,6 +289,8 @@ impl Demo {
             );
         }
 
+        self.cutover(&source, &target, &stream).await?;
+
         // Verify.
         let flow = pipeline_params(&configs[0]).flows.remove(0);
         let mut params = VerifyParams::new(flow.clone(), source.clone(), target.clone());
@@ -299,6 +311,97 @@ impl Demo {
     }
 
     /// An in-process server's URL, or the given external one.
+    /// The disaster-recovery cutover, once everything is copied and the producer stopped: the
+    /// application's consumer group has processed part of every partition upstream; promote
+    /// the flow (wait for the copy, pause, sync the groups a last time) and show the group
+    /// continuing on the target with the next message of every partition.
+    async fn cutover(&self, source: &str, target: &str, stream: &str) -> Result<(), Failure> {
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            Failure::runtime(format!("cutover: {what}: {e}"), "check both servers")
+        };
+        let (up, down) = (connect(source).await?, connect(target).await?);
+        let counts = partition_counts(&up, stream, DEMO_TOPIC)
+            .await
+            .map_err(|e| failed("reading the source", &e))?;
+        // The application processed about two thirds of every partition.
+        let processed: Vec<(u32, u64)> = (0..)
+            .zip(&counts)
+            .filter(|(_, n)| **n > 1)
+            .map(|(p, n)| (p, n * 2 / 3))
+            .collect();
+        store_group_offsets(&up, (stream, DEMO_TOPIC), DEMO_GROUP, &processed)
+            .await
+            .map_err(|e| failed("storing the application's offsets", &e))?;
+        println!(
+            "\ncutover: the application (consumer group {DEMO_GROUP}) has processed {stream}/{DEMO_TOPIC} upstream up to offsets {:?}; the producer has stopped: promoting flow us-to-eu",
+            processed.iter().map(|(_, o)| o).collect::<Vec<_>>()
+        );
+        let node = self
+            .nodes
+            .iter()
+            .flatten()
+            .next()
+            .ok_or_else(|| Failure::runtime("cutover: no node runs", "report a bug"))?;
+        let report = crate::flow::run_promote(
+            &node.control,
+            &node.pipeline.cutover(),
+            "us-to-eu",
+            Duration::from_secs(60),
+        )
+        .await
+        .map_err(|e| failed("promote", &e))?;
+        print!("{}", crate::flow::render(&report));
+        if !report.complete {
+            return Err(Failure::not_exact(
+                "cutover: promote ended with messages not copied",
+            ));
+        }
+        // The application now consumes from the target: each partition continues with the
+        // message that follows what it processed upstream.
+        let (s, t, g) = (
+            Identifier::named(stream).map_err(|e| failed("names", &e))?,
+            Identifier::named(DEMO_TOPIC).map_err(|e| failed("names", &e))?,
+            Identifier::named(DEMO_GROUP).map_err(|e| failed("names", &e))?,
+        );
+        down.join_consumer_group(&s, &t, &g)
+            .await
+            .map_err(|e| failed("joining the group on the target", &e))?;
+        let mut continued = Ok(());
+        for &(partition, offset) in &processed {
+            let polled = down
+                .poll_messages(
+                    &s,
+                    &t,
+                    Some(partition),
+                    &Consumer::group(g.clone()),
+                    &PollingStrategy::next(),
+                    1,
+                    false,
+                )
+                .await
+                .map_err(|e| failed("polling the target", &e))?;
+            let expected = message_id_at(&up, (stream, DEMO_TOPIC), partition, offset + 1)
+                .await
+                .map_err(|e| failed("reading the source", &e))?;
+            match polled.messages.first() {
+                Some(m) if m.header.id == expected => println!(
+                    "  partition {partition}: the group continues on eu at offset {} with the message that follows upstream offset {offset} (same id)",
+                    m.header.offset
+                ),
+                other => {
+                    continued = Err(Failure::not_exact(format!(
+                        "cutover: partition {partition} of {DEMO_TOPIC} continues with {:?}, not with the message after upstream offset {offset}",
+                        other.map(|m| m.header.offset)
+                    )));
+                }
+            }
+        }
+        let _ = down.leave_consumer_group(&s, &t, &g).await;
+        let _ = up.shutdown().await;
+        let _ = down.shutdown().await;
+        continued
+    }
+
     async fn server_url(&mut self, external: Option<&str>) -> Result<String, Failure> {
         if let Some(url) = external {
             return Ok(url.to_owned());

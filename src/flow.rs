@@ -281,7 +281,7 @@ fn not_copied(extents: &UnitExtents, confirmed: Option<u64>) -> Option<u64> {
     })
 }
 
-async fn run_promote(
+pub(crate) async fn run_promote(
     control: &Control,
     cutover: &Cutover,
     flow: &str,
@@ -467,16 +467,24 @@ pub(crate) fn render(report: &PromoteReport) -> String {
     let mut out = String::new();
     let show = |v: Option<u64>| v.map_or_else(|| "?".to_owned(), |v| v.to_string());
     let _ = writeln!(out, "flow {} paused", report.flow);
+    let label = |s: &str, t: &str, p: u32| format!("{s}/{t}/{p}");
+    let w = report
+        .partitions
+        .iter()
+        .map(|p| label(&p.stream, &p.topic, p.partition).len())
+        .max()
+        .unwrap_or(0)
+        .max(9);
     let _ = writeln!(
         out,
-        "{:<28} {:>14} {:>12} {:>16} {:>11}",
+        "{:<w$} {:>14} {:>12} {:>16} {:>11}",
         "PARTITION", "UPSTREAM END", "LAST COPIED", "DOWNSTREAM END", "NOT COPIED"
     );
     for p in &report.partitions {
         let _ = writeln!(
             out,
-            "{:<28} {:>14} {:>12} {:>16} {:>11}",
-            format!("{}/{}/{}", p.stream, p.topic, p.partition),
+            "{:<w$} {:>14} {:>12} {:>16} {:>11}",
+            label(&p.stream, &p.topic, p.partition),
             show(p.upstream_end),
             show(p.last_copied),
             show(p.downstream_end),
@@ -486,15 +494,15 @@ pub(crate) fn render(report: &PromoteReport) -> String {
     if !report.groups.is_empty() {
         let _ = writeln!(
             out,
-            "\n{:<20} {:<28} {:>10} {:>12} {:>6}",
+            "\n{:<20} {:<w$} {:>10} {:>12} {:>6}",
             "GROUP", "PARTITION", "UPSTREAM", "DOWNSTREAM", "EXACT"
         );
         for g in &report.groups {
             let _ = writeln!(
                 out,
-                "{:<20} {:<28} {:>10} {:>12} {:>6}",
+                "{:<20} {:<w$} {:>10} {:>12} {:>6}",
                 g.group,
-                format!("{}/{}/{}", g.stream, g.topic, g.partition),
+                label(&g.stream, &g.topic, g.partition),
                 g.upstream_offset,
                 g.downstream_offset,
                 if g.exact { "yes" } else { "no" }

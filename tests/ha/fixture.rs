@@ -32,6 +32,7 @@ fn spec(servers: &Servers, tls: bool, fencing: Option<&str>) -> TestResult<Clust
             target_url: &servers.downstream.connection_string(),
             include: &format!("{}/*", servers.topic.stream),
             target_fencing: fencing,
+            flow_extra: "",
         }
         .toml(),
         units: servers.topic.partitions as usize,

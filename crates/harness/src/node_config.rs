@@ -104,6 +104,8 @@ pub struct FlowConfig<'a> {
     pub include: &'a str,
     /// The target cluster's `fencing` (`"users"` or `"off"`); `None` keeps the product default.
     pub target_fencing: Option<&'a str>,
+    /// More lines of the `[[flows]]` table, e.g. `consumer_groups = ["billing"]`; may be empty.
+    pub flow_extra: &'a str,
 }
 
 impl FlowConfig<'_> {
@@ -123,7 +125,7 @@ source = "{source_alias}"
 target = "{target_alias}"
 include = ["{include}"]
 poll_interval = "2ms"
-
+{flow_extra}
 [pipeline]
 discovery_interval = "1s"
 "#,
@@ -137,6 +139,11 @@ discovery_interval = "1s"
                 .map(|f| format!("fencing = \"{f}\"\n"))
                 .unwrap_or_default(),
             include = self.include,
+            flow_extra = if self.flow_extra.is_empty() {
+                String::new()
+            } else {
+                format!("{}\n", self.flow_extra.trim_end())
+            },
         )
     }
 }
