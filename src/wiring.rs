@@ -127,6 +127,8 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
             params.idle_poll_interval = flow.idle_poll_interval;
             params.provenance = flow.provenance;
             params.max_in_flight_batches = flow.max_in_flight_batches;
+            params.heartbeat_interval = flow.heartbeat_interval;
+            params.heartbeat_topic = flow.heartbeat_topic.clone();
             params
         })
         .collect();
@@ -230,6 +232,26 @@ mod tests {
             params.flows[0].idle_poll_interval,
             Duration::from_millis(250)
         );
+    }
+
+    #[test]
+    fn heartbeat_keys_reach_the_pipeline_with_their_defaults() {
+        let params = pipeline_params(&MinimalConfig::default().parse().expect("valid config"));
+        assert_eq!(
+            params.flows[0].heartbeat_interval,
+            replicator_model::DEFAULT_HEARTBEAT_INTERVAL
+        );
+        assert_eq!(
+            params.flows[0].heartbeat_topic,
+            replicator_model::DEFAULT_HEARTBEAT_TOPIC
+        );
+        let config = MinimalConfig {
+            flow_extra: "heartbeat_interval = \"0s\"\nheartbeat_topic = \"ops/hb\"".to_owned(),
+            ..MinimalConfig::default()
+        };
+        let params = pipeline_params(&config.parse().expect("valid config"));
+        assert_eq!(params.flows[0].heartbeat_interval, Duration::ZERO);
+        assert_eq!(params.flows[0].heartbeat_topic, "ops/hb");
     }
 
     #[test]

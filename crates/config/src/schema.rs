@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use replicator_model::{InitialOffset, Naming, NodeId};
+use replicator_model::{
+    heartbeat_topic_parts, InitialOffset, Naming, NodeId, DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HEARTBEAT_TOPIC,
+};
 use serde::Deserialize;
 
 use crate::error::Problem;
@@ -216,6 +219,18 @@ pub struct FlowConfig {
     /// Batches that may wait between a partition's reader and writer. Default: `2`; 1 to 64.
     #[serde(default = "default_in_flight")]
     pub max_in_flight_batches: usize,
+    /// How often every instance that owns at least one unit of this flow writes a heartbeat
+    /// record to `heartbeat_topic` on the target, so that consumers there can tell an idle
+    /// flow from a dead one. Default: [`DEFAULT_HEARTBEAT_INTERVAL`] (`"1s"`); `"0s"` turns
+    /// heartbeats off. Example: `"5s"`.
+    #[serde(default = "default_heartbeat_interval", with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// The `stream/topic` on the target that heartbeats go to, created there (1 partition) when
+    /// missing. No flow replicates a heartbeat topic unless an `include` pattern names it
+    /// literally. Default: [`DEFAULT_HEARTBEAT_TOPIC`] (`"replicator/heartbeats"`); no glob
+    /// characters. Example: `"ops/replicator-heartbeats"`.
+    #[serde(default = "default_heartbeat_topic")]
+    pub heartbeat_topic: String,
 }
 
 /// `initial_offset`: a word or a number in TOML.
@@ -297,6 +312,12 @@ fn default_true() -> bool {
 }
 fn default_in_flight() -> usize {
     2
+}
+fn default_heartbeat_interval() -> Duration {
+    DEFAULT_HEARTBEAT_INTERVAL
+}
+fn default_heartbeat_topic() -> String {
+    DEFAULT_HEARTBEAT_TOPIC.to_owned()
 }
 fn default_discovery_interval() -> Duration {
     Duration::from_secs(5)
@@ -593,6 +614,12 @@ impl FlowConfig {
             problems.push(Problem::new(
                 format!("{key}.max_in_flight_batches"),
                 "must be between 1 and 64",
+            ));
+        }
+        if let Err(reason) = heartbeat_topic_parts(&self.heartbeat_topic) {
+            problems.push(Problem::new(
+                format!("{key}.heartbeat_topic"),
+                format!("{reason}, got {:?}", self.heartbeat_topic),
             ));
         }
     }

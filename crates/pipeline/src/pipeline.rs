@@ -132,7 +132,8 @@ impl Pipeline {
         ));
         for flow in flows.values() {
             let selector = Selector::new(&flow.include, &flow.exclude)
-                .map_err(|(field, reason)| Error::InvalidParams { field, reason })?;
+                .map_err(|(field, reason)| Error::InvalidParams { field, reason })?
+                .reserving(params.heartbeat_topics());
             let (Some(source), Some(target)) =
                 (clusters.get(&flow.source), clusters.get(&flow.target))
             else {
