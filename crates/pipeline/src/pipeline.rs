@@ -15,6 +15,7 @@ use crate::control::ControlPlane;
 use crate::coordinator::{Coordinator, CoordinatorArgs, CoordinatorMsg};
 use crate::discovery::{self, DiscoveryParams};
 use crate::error::{Error, Result};
+use crate::heartbeat::{self, HeartbeatMeters, HeartbeatParams, HeartbeatStats};
 use crate::liveness::{Liveness, HEARTBEAT_INTERVAL};
 use crate::mapping::Selector;
 use crate::params::PipelineParams;
@@ -25,10 +26,11 @@ use crate::unit::UnitTuning;
 pub struct Pipeline {
     coordinator: ActorRef<CoordinatorMsg>,
     coordinator_task: JoinHandle<()>,
-    /// One discovery loop per flow, and the coordinator's watchdog (see [`Liveness`]).
+    /// One discovery loop per flow, one heartbeat task per flow with heartbeats on, and the
+    /// coordinator's watchdog (see [`Liveness`]).
     discovery: Vec<JoinHandle<()>>,
-    /// Stops the discovery loops (the units stop through the coordinator, which decides what to
-    /// release).
+    /// Stops the discovery loops and the heartbeat tasks (the units stop through the
+    /// coordinator, which decides what to release).
     cancel: CancellationToken,
     /// The task following this node's writer identity, and its stop (after the drain).
     identity: (JoinHandle<()>, CancellationToken),
@@ -42,6 +44,8 @@ pub struct Pipeline {
     meters: MeterRegistry,
     /// Heartbeats of the coordinator's mailbox.
     liveness: Arc<Liveness>,
+    /// The meters of each flow's heartbeat task, in flow order.
+    heartbeats: Vec<Arc<HeartbeatMeters>>,
 }
 
 /// Sends the coordinator a heartbeat every [`HEARTBEAT_INTERVAL`] until `cancel`.
@@ -98,6 +102,7 @@ impl Pipeline {
             params.operation_timeout,
         ));
         let meters = MeterRegistry::default();
+        let meters_registry = meters.clone();
         let liveness = Arc::new(Liveness::new());
         let (alive, tasks_gone) = mpsc::channel(1);
         let name = format!("coordinator/n{}", params.node_id);
@@ -126,7 +131,7 @@ impl Pipeline {
         // Its own token: the writers' connections must outlive the drain's final sends.
         let identity_cancel = CancellationToken::new();
         let identity = tokio::spawn(crate::identity::follow(
-            writers,
+            writers.clone(),
             control.writer_login(),
             identity_cancel.clone(),
         ));
@@ -150,6 +155,28 @@ impl Pipeline {
                 cancel: cancel.clone(),
             })));
         }
+        let mut heartbeats = Vec::new();
+        for flow in flows.values() {
+            let Some(admin) = clusters.get(&flow.target) else {
+                continue;
+            };
+            if flow.heartbeat_interval.is_zero() {
+                continue;
+            }
+            let meters = Arc::new(HeartbeatMeters::new(&flow.name));
+            heartbeats.push(meters.clone());
+            discovery.push(tokio::spawn(heartbeat::run(HeartbeatParams {
+                flow: flow.clone(),
+                node: params.node_id,
+                control: control.clone(),
+                admin: admin.clone(),
+                writers: writers.clone(),
+                units: meters_registry.clone(),
+                observer: params.observer.clone(),
+                meters,
+                cancel: cancel.clone(),
+            })));
+        }
         discovery.push(tokio::spawn(watchdog(
             coordinator.clone(),
             liveness.clone(),
@@ -167,7 +194,20 @@ impl Pipeline {
             shutdown_timeout: params.shutdown_timeout,
             meters,
             liveness,
+            heartbeats,
         })
+    }
+
+    /// A reader of every flow's heartbeat counts on this node (flows with heartbeats on), like
+    /// [`Pipeline::stats_reader`].
+    pub fn heartbeats_reader(
+        &self,
+    ) -> impl Fn() -> Vec<HeartbeatStats> + Clone + Send + Sync + 'static {
+        let heartbeats = self.heartbeats.clone();
+        move || {
+            let now = Instant::now();
+            heartbeats.iter().map(|h| h.snapshot(now)).collect()
+        }
     }
 
     /// A reader of the connection state to every cluster, like [`Pipeline::stats_reader`].

@@ -6,6 +6,7 @@ mod copy;
 mod edges;
 mod fencing;
 mod harness;
+mod heartbeats;
 mod idle;
 mod integrity;
 mod release;
