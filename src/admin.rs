@@ -19,7 +19,7 @@ use replicator_config::Config;
 use replicator_control::tls::{serve_tls, ServerTls};
 use replicator_control::{ClusterStatus, Control, ControlMetrics, MemberStatus};
 use replicator_model::{Epoch, NodeId, UnitCounters, WorkUnit};
-use replicator_pipeline::{ConnectionState, Liveness, UnitStats};
+use replicator_pipeline::{ConnectionState, HeartbeatStats, Liveness, UnitStats};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -30,6 +30,8 @@ use crate::metrics::{Metrics, Snapshot};
 pub(crate) type StatsReader = Arc<dyn Fn() -> Vec<UnitStats> + Send + Sync>;
 /// Reads the pipeline's connection state to every Iggy cluster.
 pub(crate) type ConnectionsReader = Arc<dyn Fn() -> Vec<ConnectionState> + Send + Sync>;
+/// Reads the pipeline's heartbeat counts of every flow.
+pub(crate) type HeartbeatsReader = Arc<dyn Fn() -> Vec<HeartbeatStats> + Send + Sync>;
 
 /// The parts of a node the admin API reads, published by the node as they come up.
 pub(crate) struct NodeParts {
@@ -41,6 +43,8 @@ pub(crate) struct NodeParts {
     liveness: OnceLock<Arc<Liveness>>,
     /// The pipeline's connections to each Iggy cluster, once the pipeline started.
     connections: OnceLock<ConnectionsReader>,
+    /// The pipeline's heartbeat counts per flow, once the pipeline started.
+    heartbeats: OnceLock<HeartbeatsReader>,
     /// Set when the node begins to stop (drain, then control plane).
     stopping: AtomicBool,
     /// When the current stage began (a start stuck in one stage shows how long it has been).
@@ -55,6 +59,7 @@ impl NodeParts {
             stats: OnceLock::new(),
             liveness: OnceLock::new(),
             connections: OnceLock::new(),
+            heartbeats: OnceLock::new(),
             stopping: AtomicBool::new(false),
             stage_since: Mutex::new(Instant::now()),
         }
@@ -68,15 +73,18 @@ impl NodeParts {
         self.next_stage();
     }
 
-    /// Publishes the started pipeline's statistics and heartbeats.
+    /// Publishes the started pipeline's statistics, its coordinator's heartbeats, its
+    /// connections and its flows' heartbeat counts.
     pub(crate) fn publish_pipeline(
         &self,
         stats: StatsReader,
         liveness: Arc<Liveness>,
         connections: ConnectionsReader,
+        heartbeats: HeartbeatsReader,
     ) {
         let _ = self.liveness.set(liveness);
         let _ = self.connections.set(connections);
+        let _ = self.heartbeats.set(heartbeats);
         if self.stats.set(stats).is_err() {
             warn!("pipeline published twice; keeping the first");
         }
@@ -126,6 +134,11 @@ impl NodeParts {
     /// The pipeline's statistics; empty while it has not started.
     fn local_stats(&self) -> Vec<UnitStats> {
         self.stats.get().map(|read| read()).unwrap_or_default()
+    }
+
+    /// This node's heartbeat counts per flow; empty until the pipeline started.
+    fn heartbeats(&self) -> Vec<HeartbeatStats> {
+        self.heartbeats.get().map(|read| read()).unwrap_or_default()
     }
 }
 
@@ -317,6 +330,38 @@ pub(crate) struct StatusView {
     pub(crate) fence_error: Option<String>,
     /// Every unit with owner, epoch and confirmed offset; runtime figures for units this node runs.
     pub(crate) units: Vec<UnitView>,
+    /// This node's heartbeats per flow (flows with heartbeats on).
+    #[serde(default)]
+    pub(crate) heartbeats: Vec<HeartbeatView>,
+}
+
+/// One flow's heartbeats on the answering node, in [`StatusView`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct HeartbeatView {
+    /// The flow.
+    pub(crate) flow: String,
+    /// Heartbeats the target acknowledged since the process started.
+    pub(crate) sent: u64,
+    /// Heartbeats that failed since the process started.
+    pub(crate) failures: u64,
+    /// Milliseconds since the newest acknowledged heartbeat; absent before the first.
+    pub(crate) last_sent_age_ms: Option<u64>,
+    /// The error of the latest failed heartbeat, if any failed.
+    pub(crate) last_error: Option<String>,
+}
+
+impl From<HeartbeatStats> for HeartbeatView {
+    fn from(h: HeartbeatStats) -> Self {
+        Self {
+            flow: h.flow,
+            sent: h.sent,
+            failures: h.failures,
+            last_sent_age_ms: h
+                .last_sent_age
+                .map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
+            last_error: h.last_error,
+        }
+    }
 }
 
 /// One unit in [`StatusView`].
@@ -390,6 +435,7 @@ pub(crate) fn status_view(node: NodeId, cluster: ClusterStatus, local: &[UnitSta
         fences_pending: cluster.fences_pending,
         fence_error: cluster.fence_error,
         units,
+        heartbeats: Vec::new(),
     }
 }
 
@@ -424,7 +470,14 @@ async fn status(State(state): State<AdminState>) -> Response {
     match control.status().await {
         Ok(cluster) => {
             let local = state.parts.local_stats();
-            Json(status_view(control.node_id(), cluster, &local)).into_response()
+            let mut view = status_view(control.node_id(), cluster, &local);
+            view.heartbeats = state
+                .parts
+                .heartbeats()
+                .into_iter()
+                .map(HeartbeatView::from)
+                .collect();
+            Json(view).into_response()
         }
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -461,6 +514,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
             .get()
             .map(|read| read())
             .unwrap_or_default(),
+        heartbeats: state.parts.heartbeats(),
     };
     match state.metrics.render(snapshot) {
         Ok(text) => (

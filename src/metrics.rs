@@ -144,6 +144,9 @@ pub(crate) struct Snapshot {
     pub(crate) ready: bool,
     /// The connections to each Iggy cluster; empty while the pipeline starts.
     pub(crate) connections: Vec<replicator_pipeline::ConnectionState>,
+    /// This node's heartbeat counts per flow (flows with heartbeats on); empty while the
+    /// pipeline starts.
+    pub(crate) heartbeats: Vec<replicator_pipeline::HeartbeatStats>,
 }
 
 impl Metrics {
@@ -236,6 +239,7 @@ impl Collector for Scrape {
             units,
             ready,
             connections,
+            heartbeats,
         } = &self.0;
         let e = &mut encoder;
         labelled(
@@ -270,8 +274,41 @@ impl Collector for Scrape {
             }),
         )?;
         encode_units(e, units, owned)?;
+        encode_heartbeats(e, heartbeats)?;
         encode_control(e, control.as_ref())
     }
+}
+
+/// The per-flow heartbeat families.
+fn encode_heartbeats(
+    e: &mut DescriptorEncoder,
+    heartbeats: &[replicator_pipeline::HeartbeatStats],
+) -> Result<(), std::fmt::Error> {
+    labelled(
+        e,
+        "heartbeats_sent",
+        "Heartbeat records of the flow this node wrote to the target and the target acknowledged",
+        heartbeats
+            .iter()
+            .map(|h| ([("flow", h.flow.as_str())], ConstCounter::new(h.sent))),
+    )?;
+    labelled(
+        e,
+        "heartbeat_failures",
+        "Heartbeats of the flow that failed (topic creation or send; retried on the next tick)",
+        heartbeats
+            .iter()
+            .map(|h| ([("flow", h.flow.as_str())], ConstCounter::new(h.failures))),
+    )?;
+    labelled(
+        e,
+        "heartbeat_age_seconds",
+        "Seconds since this node's newest acknowledged heartbeat of the flow (no sample before the first)",
+        heartbeats.iter().filter_map(|h| {
+            let age = h.last_sent_age?;
+            Some(([("flow", h.flow.as_str())], ConstGauge::new(age.as_secs_f64())))
+        }),
+    )
 }
 
 /// A per-unit counter family: name, help, and the total it reads from a unit's stats.
@@ -587,6 +624,7 @@ mod tests {
                 open: 3,
                 configured: 4,
             }],
+            heartbeats: Vec::new(),
         };
         // Two scrapes of the same meters show the same totals (nothing is added per scrape).
         let _ = metrics.render(snapshot())?;
@@ -628,6 +666,40 @@ mod tests {
     }
 
     #[test]
+    fn heartbeat_families_are_per_flow_and_the_age_only_after_a_first_heartbeat(
+    ) -> Result<(), std::fmt::Error> {
+        let heartbeat = |flow: &str, age: Option<Duration>| replicator_pipeline::HeartbeatStats {
+            flow: flow.to_owned(),
+            sent: 5,
+            failures: 2,
+            last_sent_age: age,
+            last_error: None,
+        };
+        let text = Metrics::new().render(Snapshot {
+            heartbeats: vec![
+                heartbeat("a", Some(Duration::from_millis(1500))),
+                heartbeat("b", None),
+            ],
+            ..Snapshot::default()
+        })?;
+        let lines = samples(&text);
+        for expected in [
+            "iggy_replicator_heartbeats_sent_total{flow=\"a\"} 5",
+            "iggy_replicator_heartbeat_failures_total{flow=\"b\"} 2",
+            "iggy_replicator_heartbeat_age_seconds{flow=\"a\"} 1.5",
+        ] {
+            assert!(lines.contains(&expected), "{expected} in {lines:?}");
+        }
+        assert!(
+            !lines
+                .iter()
+                .any(|l| l.starts_with("iggy_replicator_heartbeat_age_seconds{flow=\"b\"}")),
+            "no age before the first heartbeat:\n{text}"
+        );
+        Ok(())
+    }
+
+    #[test]
     fn families_lists_every_registered_family_with_its_type() -> Result<(), std::fmt::Error> {
         let families = families()?;
         let names: Vec<(&str, &str)> = families
@@ -655,6 +727,9 @@ mod tests {
                 ("tail_scans_exhausted", "counter"),
                 ("lag_messages", "gauge"),
                 ("actor_restarts", "counter"),
+                ("heartbeats_sent", "counter"),
+                ("heartbeat_failures", "counter"),
+                ("heartbeat_age_seconds", "gauge"),
                 ("units_owned", "gauge"),
                 ("units_unowned", "gauge"),
                 ("raft_term", "gauge"),

@@ -234,6 +234,7 @@ impl RunningNode {
             Arc::new(pipeline.stats_reader()),
             pipeline.liveness(),
             Arc::new(pipeline.connections_reader()),
+            Arc::new(pipeline.heartbeats_reader()),
         );
         info!(node = config.node.id, "node started");
         Ok(Some(Self {
