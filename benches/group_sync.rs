@@ -80,7 +80,7 @@ async fn run() -> BenchResult {
     };
     produce_bulk(&client, &bulk, |p, seq| {
         IggyMessage::builder()
-            .id(u128::from(p) << 64 | u128::from(seq) + 1)
+            .id((u128::from(p) << 64) | (u128::from(seq) + 1))
             .payload(Bytes::from_static(&[0u8; 100]))
             .build()
     })

@@ -20,6 +20,7 @@ use replicator_config::Config;
 use replicator_control::tls::{serve_tls, ServerTls};
 use replicator_control::{ClusterStatus, Control, ControlMetrics, MemberStatus, PausedFlow};
 use replicator_model::{Epoch, NodeId, UnitCounters, WorkUnit};
+use replicator_pipeline::HeartbeatStats;
 use replicator_pipeline::{ConnectionState, Cutover, Liveness, UnitStats};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -31,6 +32,8 @@ use crate::metrics::{Metrics, Snapshot};
 pub(crate) type StatsReader = Arc<dyn Fn() -> Vec<UnitStats> + Send + Sync>;
 /// Reads the pipeline's connection state to every Iggy cluster.
 pub(crate) type ConnectionsReader = Arc<dyn Fn() -> Vec<ConnectionState> + Send + Sync>;
+/// Reads the pipeline's heartbeat counts of every flow.
+pub(crate) type HeartbeatsReader = Arc<dyn Fn() -> Vec<HeartbeatStats> + Send + Sync>;
 
 /// The parts of a node the admin API reads, published by the node as they come up.
 pub(crate) struct NodeParts {
@@ -44,6 +47,8 @@ pub(crate) struct NodeParts {
     connections: OnceLock<ConnectionsReader>,
     /// The pipeline's handle for `flow promote` and the consumer-group sync state.
     cutover: OnceLock<Cutover>,
+    /// The pipeline's heartbeat counts per flow, once the pipeline started.
+    heartbeats: OnceLock<HeartbeatsReader>,
     /// Set when the node begins to stop (drain, then control plane).
     stopping: AtomicBool,
     /// When the current stage began (a start stuck in one stage shows how long it has been).
@@ -59,6 +64,7 @@ impl NodeParts {
             liveness: OnceLock::new(),
             connections: OnceLock::new(),
             cutover: OnceLock::new(),
+            heartbeats: OnceLock::new(),
             stopping: AtomicBool::new(false),
             stage_since: Mutex::new(Instant::now()),
         }
@@ -72,17 +78,20 @@ impl NodeParts {
         self.next_stage();
     }
 
-    /// Publishes the started pipeline's statistics and heartbeats.
+    /// Publishes the started pipeline's statistics, its coordinator's heartbeats, its
+    /// connections and its flows' heartbeat counts.
     pub(crate) fn publish_pipeline(
         &self,
         stats: StatsReader,
         liveness: Arc<Liveness>,
         connections: ConnectionsReader,
         cutover: Cutover,
+        heartbeats: HeartbeatsReader,
     ) {
         let _ = self.liveness.set(liveness);
         let _ = self.cutover.set(cutover);
         let _ = self.connections.set(connections);
+        let _ = self.heartbeats.set(heartbeats);
         if self.stats.set(stats).is_err() {
             warn!("pipeline published twice; keeping the first");
         }
@@ -132,6 +141,11 @@ impl NodeParts {
     /// The pipeline's statistics; empty while it has not started.
     fn local_stats(&self) -> Vec<UnitStats> {
         self.stats.get().map(|read| read()).unwrap_or_default()
+    }
+
+    /// This node's heartbeat counts per flow; empty until the pipeline started.
+    fn heartbeats(&self) -> Vec<HeartbeatStats> {
+        self.heartbeats.get().map(|read| read()).unwrap_or_default()
     }
 }
 
@@ -351,6 +365,9 @@ pub(crate) struct StatusView {
     /// This node's consumer-group sync, per flow that syncs groups.
     #[serde(default)]
     pub(crate) consumer_groups: Vec<FlowGroupsView>,
+    /// This node's heartbeats per flow (flows with heartbeats on).
+    #[serde(default)]
+    pub(crate) heartbeats: Vec<HeartbeatView>,
 }
 
 /// One flow's consumer-group sync on the answering node, in [`StatusView`].
@@ -388,6 +405,35 @@ impl FlowGroupsView {
             offsets: s.last.offsets.iter().map(Into::into).collect(),
             skipped: s.last.skipped.iter().map(Into::into).collect(),
             errors: s.last.errors.clone(),
+        }
+    }
+}
+
+/// One flow's heartbeats on the answering node, in [`StatusView`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct HeartbeatView {
+    /// The flow.
+    pub(crate) flow: String,
+    /// Heartbeats the target acknowledged since the process started.
+    pub(crate) sent: u64,
+    /// Heartbeats that failed since the process started.
+    pub(crate) failures: u64,
+    /// Milliseconds since the newest acknowledged heartbeat; absent before the first.
+    pub(crate) last_sent_age_ms: Option<u64>,
+    /// The error of the latest failed heartbeat, if any failed.
+    pub(crate) last_error: Option<String>,
+}
+
+impl From<HeartbeatStats> for HeartbeatView {
+    fn from(h: HeartbeatStats) -> Self {
+        Self {
+            flow: h.flow,
+            sent: h.sent,
+            failures: h.failures,
+            last_sent_age_ms: h
+                .last_sent_age
+                .map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
+            last_error: h.last_error,
         }
     }
 }
@@ -473,6 +519,7 @@ pub(crate) fn status_view(
             .iter()
             .map(|(flow, s)| FlowGroupsView::new(node, flow, s))
             .collect(),
+        heartbeats: Vec::new(),
     }
 }
 
@@ -511,7 +558,14 @@ async fn status(State(state): State<AdminState>) -> Response {
                 .cutover()
                 .map(|c| c.group_sync_state())
                 .unwrap_or_default();
-            Json(status_view(control.node_id(), cluster, &local, &groups)).into_response()
+            let mut view = status_view(control.node_id(), cluster, &local, &groups);
+            view.heartbeats = state
+                .parts
+                .heartbeats()
+                .into_iter()
+                .map(HeartbeatView::from)
+                .collect();
+            Json(view).into_response()
         }
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -559,6 +613,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
                 .map(|f| (f.clone(), c.is_flow_paused(f)))
                 .collect()
         }),
+        heartbeats: state.parts.heartbeats(),
     };
     match state.metrics.render(snapshot) {
         Ok(text) => (

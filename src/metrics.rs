@@ -148,6 +148,9 @@ pub(crate) struct Snapshot {
     pub(crate) groups: BTreeMap<String, replicator_pipeline::FlowSyncState>,
     /// Every configured flow and whether it is paused; empty while the control plane starts.
     pub(crate) paused: Vec<(String, bool)>,
+    /// This node's heartbeat counts per flow (flows with heartbeats on); empty while the
+    /// pipeline starts.
+    pub(crate) heartbeats: Vec<replicator_pipeline::HeartbeatStats>,
 }
 
 impl Metrics {
@@ -242,6 +245,7 @@ impl Collector for Scrape {
             connections,
             groups,
             paused,
+            heartbeats,
         } = &self.0;
         let e = &mut encoder;
         labelled(
@@ -285,6 +289,7 @@ impl Collector for Scrape {
                 .iter()
                 .map(|(flow, on)| (flow_labels(flow), flag(*on))),
         )?;
+        encode_heartbeats(e, heartbeats)?;
         encode_control(e, control.as_ref())
     }
 }
@@ -344,6 +349,38 @@ fn encode_groups(
                 flow_labels(flow),
                 gauge(now_ms.saturating_sub(s.last.at_unix_ms) / 1000),
             )
+        }),
+    )
+}
+
+/// The per-flow heartbeat families.
+fn encode_heartbeats(
+    e: &mut DescriptorEncoder,
+    heartbeats: &[replicator_pipeline::HeartbeatStats],
+) -> Result<(), std::fmt::Error> {
+    labelled(
+        e,
+        "heartbeats_sent",
+        "Heartbeat records of the flow this node wrote to the target and the target acknowledged",
+        heartbeats
+            .iter()
+            .map(|h| ([("flow", h.flow.as_str())], ConstCounter::new(h.sent))),
+    )?;
+    labelled(
+        e,
+        "heartbeat_failures",
+        "Heartbeats of the flow that failed (topic creation or send; retried on the next tick)",
+        heartbeats
+            .iter()
+            .map(|h| ([("flow", h.flow.as_str())], ConstCounter::new(h.failures))),
+    )?;
+    labelled(
+        e,
+        "heartbeat_age_seconds",
+        "Seconds since this node's newest acknowledged heartbeat of the flow (no sample before the first)",
+        heartbeats.iter().filter_map(|h| {
+            let age = h.last_sent_age?;
+            Some(([("flow", h.flow.as_str())], ConstGauge::new(age.as_secs_f64())))
         }),
     )
 }
@@ -679,6 +716,7 @@ mod tests {
                 },
             )]),
             paused: vec![("us-to-eu".to_owned(), true)],
+            heartbeats: Vec::new(),
         };
         // Two scrapes of the same meters show the same totals (nothing is added per scrape).
         let _ = metrics.render(snapshot())?;
@@ -725,6 +763,40 @@ mod tests {
     }
 
     #[test]
+    fn heartbeat_families_are_per_flow_and_the_age_only_after_a_first_heartbeat(
+    ) -> Result<(), std::fmt::Error> {
+        let heartbeat = |flow: &str, age: Option<Duration>| replicator_pipeline::HeartbeatStats {
+            flow: flow.to_owned(),
+            sent: 5,
+            failures: 2,
+            last_sent_age: age,
+            last_error: None,
+        };
+        let text = Metrics::new().render(Snapshot {
+            heartbeats: vec![
+                heartbeat("a", Some(Duration::from_millis(1500))),
+                heartbeat("b", None),
+            ],
+            ..Snapshot::default()
+        })?;
+        let lines = samples(&text);
+        for expected in [
+            "iggy_replicator_heartbeats_sent_total{flow=\"a\"} 5",
+            "iggy_replicator_heartbeat_failures_total{flow=\"b\"} 2",
+            "iggy_replicator_heartbeat_age_seconds{flow=\"a\"} 1.5",
+        ] {
+            assert!(lines.contains(&expected), "{expected} in {lines:?}");
+        }
+        assert!(
+            !lines
+                .iter()
+                .any(|l| l.starts_with("iggy_replicator_heartbeat_age_seconds{flow=\"b\"}")),
+            "no age before the first heartbeat:\n{text}"
+        );
+        Ok(())
+    }
+
+    #[test]
     fn families_lists_every_registered_family_with_its_type() -> Result<(), std::fmt::Error> {
         let families = families()?;
         let names: Vec<(&str, &str)> = families
@@ -758,6 +830,9 @@ mod tests {
                 ("consumer_groups_skipped", "gauge"),
                 ("consumer_group_sync_age_seconds", "gauge"),
                 ("flow_paused", "gauge"),
+                ("heartbeats_sent", "counter"),
+                ("heartbeat_failures", "counter"),
+                ("heartbeat_age_seconds", "gauge"),
                 ("units_owned", "gauge"),
                 ("units_unowned", "gauge"),
                 ("raft_term", "gauge"),

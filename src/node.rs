@@ -235,6 +235,7 @@ impl RunningNode {
             pipeline.liveness(),
             Arc::new(pipeline.connections_reader()),
             pipeline.cutover(),
+            Arc::new(pipeline.heartbeats_reader()),
         );
         info!(node = config.node.id, "node started");
         Ok(Some(Self {

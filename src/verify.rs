@@ -44,6 +44,7 @@ pub(crate) async fn run(
             connection(&flow.target),
         );
         verify_params.wait = wait;
+        verify_params.heartbeat_topics = params.heartbeat_topics();
         let report = verify(&verify_params).await.map_err(|e| {
             Failure::runtime(
                 format!("flow {}: verification failed: {e}", flow.name),

@@ -129,6 +129,8 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
             params.max_in_flight_batches = flow.max_in_flight_batches;
             params.consumer_groups = flow.consumer_groups.clone();
             params.consumer_group_sync_interval = flow.consumer_group_sync_interval;
+            params.heartbeat_interval = flow.heartbeat_interval;
+            params.heartbeat_topic = flow.heartbeat_topic.clone();
             params
         })
         .collect();
@@ -232,6 +234,26 @@ mod tests {
             params.flows[0].idle_poll_interval,
             Duration::from_millis(250)
         );
+    }
+
+    #[test]
+    fn heartbeat_keys_reach_the_pipeline_with_their_defaults() {
+        let params = pipeline_params(&MinimalConfig::default().parse().expect("valid config"));
+        assert_eq!(
+            params.flows[0].heartbeat_interval,
+            replicator_model::DEFAULT_HEARTBEAT_INTERVAL
+        );
+        assert_eq!(
+            params.flows[0].heartbeat_topic,
+            replicator_model::DEFAULT_HEARTBEAT_TOPIC
+        );
+        let config = MinimalConfig {
+            flow_extra: "heartbeat_interval = \"0s\"\nheartbeat_topic = \"ops/hb\"".to_owned(),
+            ..MinimalConfig::default()
+        };
+        let params = pipeline_params(&config.parse().expect("valid config"));
+        assert_eq!(params.flows[0].heartbeat_interval, Duration::ZERO);
+        assert_eq!(params.flows[0].heartbeat_topic, "ops/hb");
     }
 
     #[test]

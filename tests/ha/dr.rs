@@ -62,7 +62,7 @@ async fn produce(client: &IggyClient, origin: u128, range: std::ops::Range<u64>)
     };
     produce_bulk(client, &bulk, |partition, seq| {
         IggyMessage::builder()
-            .id(origin << 64 | u128::from(partition) << 32 | u128::from(seq))
+            .id((origin << 64) | (u128::from(partition) << 32) | u128::from(seq))
             .payload(Bytes::from(format!("{origin}-{partition}-{seq}")))
             .build()
     })
@@ -214,9 +214,10 @@ fn groups_follow_failover_and_promote_then_fail_back_exactly() -> TestResult {
         for partition in 0..PARTITIONS {
             let upstream = ids(&up, partition).await?;
             let expected: Vec<u128> = (0..500u64)
-                .map(|seq| 1 << 64 | u128::from(partition) << 32 | u128::from(seq))
+                .map(|seq| (1 << 64) | (u128::from(partition) << 32) | u128::from(seq))
                 .chain(
-                    (0..50u64).map(|seq| 2 << 64 | u128::from(partition) << 32 | u128::from(seq)),
+                    (0..50u64)
+                        .map(|seq| (2 << 64) | (u128::from(partition) << 32) | u128::from(seq)),
                 )
                 .collect();
             assert_eq!(

@@ -185,8 +185,49 @@ mod tests {
             flow.consumer_group_sync_interval,
             replicator_model::DEFAULT_GROUP_SYNC_INTERVAL
         );
+        assert_eq!(flow.heartbeat_interval, Duration::from_secs(1));
+        assert_eq!(flow.heartbeat_topic, "replicator/heartbeats");
         assert_eq!(config.pipeline.discovery_interval, Duration::from_secs(5));
         assert_eq!(config.initial_members().len(), 3);
+    }
+
+    #[test]
+    fn heartbeat_keys_take_humantime_zero_and_another_topic() {
+        let text = valid().replace(
+            "poll_interval = \"10ms\"",
+            "poll_interval = \"10ms\"\nheartbeat_interval = \"0s\"\nheartbeat_topic = \"ops/hb\"",
+        );
+        let config = parse_with_secret(&text, "0123456789abcdef").expect("valid");
+        assert_eq!(config.flows[0].heartbeat_interval, Duration::ZERO);
+        assert_eq!(config.flows[0].heartbeat_topic, "ops/hb");
+        let text = valid().replace(
+            "poll_interval = \"10ms\"",
+            "poll_interval = \"10ms\"\nheartbeat_interval = \"250ms\"",
+        );
+        let config = parse_with_secret(&text, "0123456789abcdef").expect("valid");
+        assert_eq!(
+            config.flows[0].heartbeat_interval,
+            Duration::from_millis(250)
+        );
+    }
+
+    #[test]
+    fn heartbeat_topic_that_is_not_a_literal_stream_slash_topic_is_a_problem() {
+        for bad in ["heartbeats", "/hb", "ops/", "ops/*", "ops/hb/x", "o?s/hb"] {
+            let text = valid().replace(
+                "poll_interval = \"10ms\"",
+                &format!("poll_interval = \"10ms\"\nheartbeat_topic = {bad:?}"),
+            );
+            let keys =
+                problem_keys(parse_with_secret(&text, "0123456789abcdef").expect_err("invalid"));
+            assert_eq!(keys, ["flows[0].heartbeat_topic"], "{bad:?}");
+        }
+        let text = valid().replace(
+            "poll_interval = \"10ms\"",
+            "poll_interval = \"10ms\"\nheartbeat_interval = \"soon\"",
+        );
+        let error = parse_with_secret(&text, "0123456789abcdef").expect_err("invalid");
+        assert!(error.to_string().contains("heartbeat_interval"), "{error}");
     }
 
     #[test]

@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use replicator_model::{InitialOffset, Naming, NodeId};
+use replicator_model::{
+    heartbeat_topic_parts, InitialOffset, Naming, NodeId, DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HEARTBEAT_TOPIC,
+};
 use serde::Deserialize;
 
 use crate::error::Problem;
@@ -225,6 +228,18 @@ pub struct FlowConfig {
     /// [`replicator_model::DEFAULT_GROUP_SYNC_INTERVAL`] (`"5s"`); 100 ms to 1 h.
     #[serde(default = "default_group_sync_interval", with = "humantime_serde")]
     pub consumer_group_sync_interval: Duration,
+    /// How often every instance that owns at least one unit of this flow writes a heartbeat
+    /// record to `heartbeat_topic` on the target, so that consumers there can tell an idle
+    /// flow from a dead one. Default: [`DEFAULT_HEARTBEAT_INTERVAL`] (`"1s"`); `"0s"` turns
+    /// heartbeats off. Example: `"5s"`.
+    #[serde(default = "default_heartbeat_interval", with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// The `stream/topic` on the target that heartbeats go to, created there (1 partition) when
+    /// missing. No flow replicates a heartbeat topic unless an `include` pattern names it
+    /// literally. Default: [`DEFAULT_HEARTBEAT_TOPIC`] (`"replicator/heartbeats"`); no glob
+    /// characters. Example: `"ops/replicator-heartbeats"`.
+    #[serde(default = "default_heartbeat_topic")]
+    pub heartbeat_topic: String,
 }
 
 /// `initial_offset`: a word or a number in TOML.
@@ -309,6 +324,12 @@ fn default_in_flight() -> usize {
 }
 fn default_group_sync_interval() -> Duration {
     replicator_model::DEFAULT_GROUP_SYNC_INTERVAL
+}
+fn default_heartbeat_interval() -> Duration {
+    DEFAULT_HEARTBEAT_INTERVAL
+}
+fn default_heartbeat_topic() -> String {
+    DEFAULT_HEARTBEAT_TOPIC.to_owned()
 }
 fn default_discovery_interval() -> Duration {
     Duration::from_secs(5)
@@ -627,6 +648,12 @@ impl FlowConfig {
             problems.push(Problem::new(
                 format!("{key}.consumer_group_sync_interval"),
                 "must be between 100ms and 1h",
+            ));
+        }
+        if let Err(reason) = heartbeat_topic_parts(&self.heartbeat_topic) {
+            problems.push(Problem::new(
+                format!("{key}.heartbeat_topic"),
+                format!("{reason}, got {:?}", self.heartbeat_topic),
             ));
         }
     }

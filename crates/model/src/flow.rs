@@ -32,3 +32,47 @@ pub enum InitialOffset {
     /// A fixed upstream offset (clamped to the oldest retained one).
     At(Offset),
 }
+
+/// Default of `flows[].heartbeat_interval`: how often each owner of a flow's units writes a
+/// heartbeat record to the flow's target (zero turns heartbeats off).
+pub const DEFAULT_HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Default of `flows[].heartbeat_topic`: the `stream/topic` on the target that heartbeats go to.
+pub const DEFAULT_HEARTBEAT_TOPIC: &str = "replicator/heartbeats";
+
+/// Characters with a meaning in a glob; a heartbeat topic must not contain any, so that an
+/// include pattern equal to it names it literally.
+const GLOB_CHARS: &[char] = &['*', '?', '[', ']', '{', '}', '\\'];
+
+/// Splits a heartbeat topic `stream/topic` into its stream and topic, or says why it is not
+/// one: exactly one `/`, both parts non-empty, no glob characters.
+pub fn heartbeat_topic_parts(value: &str) -> Result<(&str, &str), &'static str> {
+    let Some((stream, topic)) = value.split_once('/') else {
+        return Err("must have the form \"stream/topic\"");
+    };
+    if stream.is_empty() || topic.is_empty() || topic.contains('/') {
+        return Err("must have the form \"stream/topic\" with both parts non-empty");
+    }
+    if value.contains(GLOB_CHARS) {
+        return Err("must not contain glob characters (* ? [ ] { } \\)");
+    }
+    Ok((stream, topic))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeat_topic_parts_accepts_only_literal_stream_slash_topic() {
+        assert_eq!(
+            heartbeat_topic_parts(DEFAULT_HEARTBEAT_TOPIC),
+            Ok(("replicator", "heartbeats"))
+        );
+        for bad in [
+            "", "a", "/b", "a/", "a/b/c", "a/*", "a?/b", "a/{b}", "a/[b]",
+        ] {
+            assert!(heartbeat_topic_parts(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -13,7 +13,11 @@ mod flow;
 mod unit;
 mod writer;
 
-pub use flow::{InitialOffset, Naming, DEFAULT_GROUP_SYNC_INTERVAL};
+pub use flow::DEFAULT_GROUP_SYNC_INTERVAL;
+pub use flow::{
+    heartbeat_topic_parts, InitialOffset, Naming, DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HEARTBEAT_TOPIC,
+};
 pub use unit::{
     Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, UnitCounters, UnitProgress,
     WorkUnit,

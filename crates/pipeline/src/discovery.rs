@@ -221,15 +221,16 @@ async fn mirror<C>(p: &DiscoveryParams<C>, stream: &str, topic: &Topic) -> Resul
 }
 
 /// Treats "already exists" (another instance created it first) as success.
-fn ignore_exists(result: Result<()>, exists: IggyError) -> Result<()> {
+pub(crate) fn ignore_exists(result: Result<()>, exists: IggyError) -> Result<()> {
     match result {
         Err(Error::Iggy { ref source, .. }) if source.as_code() == exists.as_code() => Ok(()),
         other => other,
     }
 }
 
-/// A named identifier for discovery (names come from the server, so they are valid).
-fn named(name: &str) -> Result<Identifier> {
+/// A named identifier for discovery (names come from the server, so they are valid) and
+/// heartbeats (validated names).
+pub(crate) fn named(name: &str) -> Result<Identifier> {
     Identifier::named(name).map_err(|source| Error::Iggy {
         cluster: String::new(),
         op: format!("name `{name}`"),

@@ -14,7 +14,10 @@
 //! - `writer` resumes after the highest of the confirmed offset and the last offset found in the
 //!   downstream tail, checks its lease and epoch before every send, stamps provenance and
 //!   commits offsets (its pure cores: `writer::resume`, `prepare`, `send`, `commit`).
-//! - `discovery` selects topics by glob, creates or grows them downstream, reports units.
+//! - `discovery` selects topics by glob (never another flow's heartbeat topic unless named
+//!   literally), creates or grows them downstream, reports units.
+//! - `heartbeat` writes a [`HeartbeatRecord`] per flow and interval to the target while this
+//!   node owns a unit of the flow, through the writers' connections.
 //! - [`ControlPlane`] is the narrow interface to the control plane; [`InMemoryControl`]
 //!   implements it for a single node without Raft.
 //! - [`verify`] compares a flow's source and target partitions message by message.
@@ -33,6 +36,7 @@ mod discovery;
 mod error;
 mod fence;
 mod groups;
+mod heartbeat;
 mod identity;
 mod liveness;
 mod mapping;
@@ -54,6 +58,7 @@ pub use cutover::{Cutover, Extent, UnitExtents};
 pub use error::{Error, Result};
 pub use fence::{FenceSetupError, TargetFence};
 pub use groups::{FlowSyncState, GroupOffset, GroupSkip, GroupSyncReport};
+pub use heartbeat::{HeartbeatRecord, HeartbeatStats, HEARTBEAT_HEADER};
 pub use liveness::Liveness;
 pub use mapping::{downstream_stream, Selector};
 pub use memory::{InMemoryControl, InMemoryLease};

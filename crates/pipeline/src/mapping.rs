@@ -10,6 +10,11 @@ pub struct Selector {
     include: GlobSet,
     /// Compiled exclude globs; a topic matching one of them is skipped.
     exclude: GlobSet,
+    /// Heartbeat topics (`stream/topic`) skipped although a glob matches them, because no
+    /// include names them literally (see [`Selector::reserving`]).
+    reserved: Vec<String>,
+    /// The include patterns as written, to tell a literal mention of a reserved topic.
+    include_literals: Vec<String>,
 }
 
 impl Selector {
@@ -20,13 +25,39 @@ impl Selector {
         Ok(Self {
             include: build("include", include)?,
             exclude: build("exclude", exclude)?,
+            reserved: Vec::new(),
+            include_literals: include.to_vec(),
         })
+    }
+
+    /// Leaves out the heartbeat topics `topics` (`stream/topic`, of every flow in the config)
+    /// even where an include glob matches them, except those an include pattern names
+    /// literally. Without this a flow with `*/*` would copy the heartbeats its reverse flow
+    /// writes into its source, and the reverse flow would copy them back: a loop.
+    #[must_use]
+    pub fn reserving<I, S>(mut self, topics: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        for topic in topics {
+            let topic = topic.into();
+            // A heartbeat topic has no glob characters (validated), so a pattern equal to it
+            // names it literally.
+            let named = self.include_literals.contains(&topic);
+            if !named && !self.reserved.contains(&topic) {
+                self.reserved.push(topic);
+            }
+        }
+        self
     }
 
     /// Whether `stream/topic` is selected.
     pub fn matches(&self, stream: &str, topic: &str) -> bool {
         let path = format!("{stream}/{topic}");
-        self.include.is_match(&path) && !self.exclude.is_match(&path)
+        self.include.is_match(&path)
+            && !self.exclude.is_match(&path)
+            && !self.reserved.contains(&path)
     }
 }
 
@@ -88,6 +119,49 @@ mod tests {
     fn bad_glob_names_its_field() {
         let err = Selector::new(&globs(&["ok/*", "bad/[x"]), &[]).expect_err("invalid");
         assert!(err.0 == "include[1]");
+    }
+
+    #[test]
+    fn heartbeat_topics_matched_by_a_glob_are_skipped() {
+        let s = Selector::new(&globs(&["*/*"]), &[])
+            .expect("valid")
+            .reserving(["replicator/heartbeats", "ops/hb"]);
+        check!(!s.matches("replicator", "heartbeats"));
+        check!(!s.matches("ops", "hb"));
+        check!(s.matches("replicator", "other"));
+        check!(s.matches("orders", "heartbeats"));
+        let s = Selector::new(&globs(&["replicator/*"]), &[])
+            .expect("valid")
+            .reserving(["replicator/heartbeats"]);
+        check!(!s.matches("replicator", "heartbeats"));
+        check!(s.matches("replicator", "audit"));
+    }
+
+    #[test]
+    fn heartbeat_topic_named_literally_by_an_include_is_selected() {
+        let s = Selector::new(&globs(&["orders/*", "replicator/heartbeats"]), &[])
+            .expect("valid")
+            .reserving(["replicator/heartbeats", "ops/hb"]);
+        check!(s.matches("replicator", "heartbeats"));
+        check!(s.matches("orders", "x"));
+        check!(!s.matches("ops", "hb"));
+        // Exclude still wins over a literal include.
+        let s = Selector::new(
+            &globs(&["replicator/heartbeats"]),
+            &globs(&["replicator/*"]),
+        )
+        .expect("valid")
+        .reserving(["replicator/heartbeats"]);
+        check!(!s.matches("replicator", "heartbeats"));
+    }
+
+    #[test]
+    fn a_near_literal_glob_does_not_name_a_heartbeat_topic() {
+        let s = Selector::new(&globs(&["replicator/heartbeat?", "replicator/heart*"]), &[])
+            .expect("valid")
+            .reserving(["replicator/heartbeats"]);
+        check!(!s.matches("replicator", "heartbeats"));
+        check!(s.matches("replicator", "heartbeatz"));
     }
 
     #[test]

@@ -71,6 +71,15 @@ impl PipelineParams {
         }
     }
 
+    /// The heartbeat topics of every flow, as `stream/topic`: discovery and verify of any flow
+    /// leave them out unless an include names one literally (see `Selector::reserving`).
+    pub fn heartbeat_topics(&self) -> Vec<String> {
+        self.flows
+            .iter()
+            .map(|f| f.heartbeat_topic.clone())
+            .collect()
+    }
+
     /// Checks cross-references and bounds; returns the first problem with its field path.
     pub fn validate(&self) -> Result<()> {
         let invalid = |field: String, reason: &str| Error::InvalidParams {
@@ -132,6 +141,8 @@ impl PipelineParams {
                     "must be above zero",
                 ));
             }
+            replicator_model::heartbeat_topic_parts(&flow.heartbeat_topic)
+                .map_err(|reason| invalid(format!("flows[{i}].heartbeat_topic"), reason))?;
         }
         if self.tail_scan_window == 0 {
             return Err(invalid("tail_scan_window".into(), "must be at least 1"));
@@ -220,11 +231,20 @@ pub struct FlowParams {
     pub consumer_groups: Vec<String>,
     /// Period of the consumer-group sync (`flows[].consumer_group_sync_interval`), e.g. 5 s.
     pub consumer_group_sync_interval: Duration,
+    /// How often each node that owns at least one unit of the flow writes a heartbeat record
+    /// to `heartbeat_topic` on the target (`flows[].heartbeat_interval`), e.g. 1 s (the
+    /// default, [`replicator_model::DEFAULT_HEARTBEAT_INTERVAL`]); zero: no heartbeats.
+    pub heartbeat_interval: Duration,
+    /// The `stream/topic` on the target heartbeats go to (`flows[].heartbeat_topic`), e.g.
+    /// `replicator/heartbeats` (the default, [`replicator_model::DEFAULT_HEARTBEAT_TOPIC`]);
+    /// no glob characters. Discovery of any flow skips it unless an include names it
+    /// literally.
+    pub heartbeat_topic: String,
 }
 
 impl FlowParams {
     /// A flow with the default batching (1000 messages, 5 ms, 2 batches in flight), provenance on,
-    /// identity naming and `earliest` start.
+    /// identity naming, `earliest` start and the default heartbeats.
     pub fn new(
         name: impl Into<String>,
         source: impl Into<String>,
@@ -246,7 +266,15 @@ impl FlowParams {
             max_in_flight_batches: 2,
             consumer_groups: Vec::new(),
             consumer_group_sync_interval: DEFAULT_GROUP_SYNC_INTERVAL,
+            heartbeat_interval: replicator_model::DEFAULT_HEARTBEAT_INTERVAL,
+            heartbeat_topic: replicator_model::DEFAULT_HEARTBEAT_TOPIC.to_owned(),
         }
+    }
+
+    /// The heartbeat topic as (stream, topic); `None` when it is not a valid `stream/topic`
+    /// (`PipelineParams::validate` refuses that).
+    pub fn heartbeat_address(&self) -> Option<(&str, &str)> {
+        replicator_model::heartbeat_topic_parts(&self.heartbeat_topic).ok()
     }
 }
 

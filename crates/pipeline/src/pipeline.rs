@@ -17,6 +17,7 @@ use crate::cutover::Cutover;
 use crate::discovery::{self, DiscoveryParams};
 use crate::error::{Error, Result};
 use crate::groups::{GroupSync, GroupSyncRegistry, OffsetMaps, SyncFn};
+use crate::heartbeat::{self, HeartbeatMeters, HeartbeatParams, HeartbeatStats};
 use crate::liveness::{Liveness, HEARTBEAT_INTERVAL};
 use crate::mapping::Selector;
 use crate::params::PipelineParams;
@@ -27,10 +28,11 @@ use crate::unit::UnitTuning;
 pub struct Pipeline {
     coordinator: ActorRef<CoordinatorMsg>,
     coordinator_task: JoinHandle<()>,
-    /// One discovery loop per flow, and the coordinator's watchdog (see [`Liveness`]).
+    /// One discovery loop per flow, one heartbeat task per flow with heartbeats on, and the
+    /// coordinator's watchdog (see [`Liveness`]).
     discovery: Vec<JoinHandle<()>>,
-    /// Stops the discovery loops (the units stop through the coordinator, which decides what to
-    /// release).
+    /// Stops the discovery loops and the heartbeat tasks (the units stop through the
+    /// coordinator, which decides what to release).
     cancel: CancellationToken,
     /// The task following this node's writer identity, and its stop (after the drain).
     identity: (JoinHandle<()>, CancellationToken),
@@ -46,6 +48,8 @@ pub struct Pipeline {
     liveness: Arc<Liveness>,
     /// What `flow promote` asks of this pipeline.
     cutover: Cutover,
+    /// The meters of each flow's heartbeat task, in flow order.
+    heartbeats: Vec<Arc<HeartbeatMeters>>,
 }
 
 /// Sends the coordinator a heartbeat every [`HEARTBEAT_INTERVAL`] until `cancel`.
@@ -102,6 +106,7 @@ impl Pipeline {
             params.operation_timeout,
         ));
         let meters = MeterRegistry::default();
+        let meters_registry = meters.clone();
         let liveness = Arc::new(Liveness::new());
         let offset_maps = OffsetMaps::default();
         let (alive, tasks_gone) = mpsc::channel(1);
@@ -175,7 +180,8 @@ impl Pipeline {
         }
         for flow in flows.values() {
             let selector = Selector::new(&flow.include, &flow.exclude)
-                .map_err(|(field, reason)| Error::InvalidParams { field, reason })?;
+                .map_err(|(field, reason)| Error::InvalidParams { field, reason })?
+                .reserving(params.heartbeat_topics());
             let (Some(source), Some(target)) =
                 (clusters.get(&flow.source), clusters.get(&flow.target))
             else {
@@ -189,6 +195,28 @@ impl Pipeline {
                 control: control.clone(),
                 coordinator: coordinator.clone(),
                 interval: params.discovery_interval,
+                cancel: cancel.clone(),
+            })));
+        }
+        let mut heartbeats = Vec::new();
+        for flow in flows.values() {
+            let Some(admin) = clusters.get(&flow.target) else {
+                continue;
+            };
+            if flow.heartbeat_interval.is_zero() {
+                continue;
+            }
+            let meters = Arc::new(HeartbeatMeters::new(&flow.name));
+            heartbeats.push(meters.clone());
+            discovery.push(tokio::spawn(heartbeat::run(HeartbeatParams {
+                flow: flow.clone(),
+                node: params.node_id,
+                control: control.clone(),
+                admin: admin.clone(),
+                writers: writers.clone(),
+                units: meters_registry.clone(),
+                observer: params.observer.clone(),
+                meters,
                 cancel: cancel.clone(),
             })));
         }
@@ -210,6 +238,7 @@ impl Pipeline {
             shutdown_timeout: params.shutdown_timeout,
             meters,
             liveness,
+            heartbeats,
             cutover: Cutover {
                 flows,
                 clusters: cutover_clusters,
@@ -225,6 +254,18 @@ impl Pipeline {
     #[must_use]
     pub fn cutover(&self) -> Cutover {
         self.cutover.clone()
+    }
+
+    /// A reader of every flow's heartbeat counts on this node (flows with heartbeats on), like
+    /// [`Pipeline::stats_reader`].
+    pub fn heartbeats_reader(
+        &self,
+    ) -> impl Fn() -> Vec<HeartbeatStats> + Clone + Send + Sync + 'static {
+        let heartbeats = self.heartbeats.clone();
+        move || {
+            let now = Instant::now();
+            heartbeats.iter().map(|h| h.snapshot(now)).collect()
+        }
     }
 
     /// A reader of the connection state to every cluster, like [`Pipeline::stats_reader`].

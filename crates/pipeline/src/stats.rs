@@ -294,6 +294,15 @@ impl MeterRegistry {
             .clone()
     }
 
+    /// Messages of `flow` written downstream by this node since it started (all its units).
+    pub(crate) fn flow_messages(&self, flow: &str) -> u64 {
+        self.read()
+            .iter()
+            .filter(|(unit, _)| unit.flow == flow)
+            .map(|(_, meters)| meters.messages.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// The meters of `unit`, if it was ever started.
     pub(crate) fn get(&self, unit: &WorkUnit) -> Option<Arc<UnitMeters>> {
         self.read().get(unit).cloned()

@@ -36,12 +36,16 @@ pub struct VerifyParams {
     pub wait: Duration,
     /// Timeout of each Iggy call, e.g. 10 s.
     pub operation_timeout: Duration,
+    /// The heartbeat topics of every flow of the config (`PipelineParams::heartbeat_topics`),
+    /// left out like discovery leaves them out; default: the flow's own.
+    pub heartbeat_topics: Vec<String>,
 }
 
 impl VerifyParams {
     /// Verify `flow` between two clusters, checking once, polling 1000 messages at a time.
     pub fn new(flow: FlowParams, source_connection: String, target_connection: String) -> Self {
         Self {
+            heartbeat_topics: vec![flow.heartbeat_topic.clone()],
             flow,
             source_connection,
             target_connection,
@@ -119,7 +123,8 @@ impl VerifyReport {
 /// last report.
 pub async fn verify(params: &VerifyParams) -> Result<VerifyReport> {
     let selector = Selector::new(&params.flow.include, &params.flow.exclude)
-        .map_err(|(field, reason)| Error::InvalidParams { field, reason })?;
+        .map_err(|(field, reason)| Error::InvalidParams { field, reason })?
+        .reserving(params.heartbeat_topics.iter().cloned());
     let source = Arc::new(Cluster::new(
         &params.flow.source,
         &params.source_connection,

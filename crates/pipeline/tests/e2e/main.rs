@@ -7,6 +7,7 @@ mod edges;
 mod fencing;
 mod groups;
 mod harness;
+mod heartbeats;
 mod idle;
 mod integrity;
 mod release;
