@@ -36,6 +36,10 @@ use crate::identity::WriterTargets;
 use crate::params::FlowParams;
 use crate::stats::{MeterRegistry, Observer};
 
+/// How long a heartbeat topic the replicator creates keeps its records: heartbeats tell about
+/// now, and one a second per node and flow would otherwise pile up forever.
+pub(crate) const HEARTBEAT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
 /// The user header every heartbeat carries; its value is the flow name.
 pub const HEARTBEAT_HEADER: &str = "repl-heartbeat";
 
@@ -341,7 +345,7 @@ async fn ensure_topic(admin: &Cluster, stream: &str, topic: &str) -> Result<()> 
                 1,
                 CompressionAlgorithm::None,
                 None,
-                IggyExpiry::ServerDefault,
+                IggyExpiry::ExpireDuration(HEARTBEAT_RETENTION.into()),
                 MaxTopicSize::ServerDefault,
             )
             .await
