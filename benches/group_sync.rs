@@ -41,13 +41,13 @@ fn main() -> BenchResult {
     rt.block_on(run())
 }
 
-/// Offsets of group `g` in round `round`: spread over the partition, different per group,
-/// partition and round.
+/// Offsets of group `g` in round `round`: spread over the first half of the partition,
+/// different per group and partition, 300 further in every round (groups only move forward).
 fn offsets(g: usize, round: u64) -> Vec<(u32, u64)> {
     (0..PARTITIONS)
         .map(|p| {
-            let spread = (g as u64 * 7919 + u64::from(p) * 104_729 + round * 1_299_709) % MESSAGES;
-            (p, spread)
+            let base = (g as u64 * 7919 + u64::from(p) * 104_729) % (MESSAGES / 2);
+            (p, base + round * 300)
         })
         .collect()
 }

@@ -360,6 +360,7 @@ impl<C: ControlPlane> GroupSync<C> {
             down: (down_s, down_t),
             verified: HashMap::new(),
             newest: HashMap::new(),
+            known: HashMap::new(),
             probes: 0,
             search_exhausted: 0,
         };
@@ -527,7 +528,22 @@ impl<C: ControlPlane> GroupSync<C> {
         let Some(newest) = self.newest_copy(ctx, unit, label, down_end).await? else {
             return Ok(None);
         };
-        let mut search = Search::new(up, newest);
+        // Copies earlier searches of this round saw on the partition narrow this one down.
+        let known = ctx.known.entry(unit.partition).or_default();
+        if let Some(&down) = known.get(&up) {
+            return Ok(Some(Copied { down, up }));
+        }
+        let low = known
+            .range(..up)
+            .next_back()
+            .map(|(&up, &down)| Copied { down, up });
+        let high = known
+            .range(up + 1..)
+            .next()
+            .map(|(&up, &down)| Copied { down, up })
+            .filter(|h| h.down < newest.down)
+            .unwrap_or(newest);
+        let mut search = Search::between(up, low, high);
         let mut polls = 0;
         loop {
             let (from, until) = match search.next() {
@@ -548,10 +564,19 @@ impl<C: ControlPlane> GroupSync<C> {
                 let Some(last) = page.last().map(|m| m.header.offset) else {
                     break;
                 };
-                first = page
+                let copies: Vec<Copied> = page
                     .iter()
                     .filter(|m| m.header.offset < until)
-                    .find_map(|m| self.ours(m, label));
+                    .filter_map(|m| self.ours(m, label))
+                    .collect();
+                if let Some(exact) = copies.iter().find(|c| c.up == up) {
+                    return Ok(Some(*exact));
+                }
+                let known = ctx.known.entry(unit.partition).or_default();
+                for c in [copies.first(), copies.last()].into_iter().flatten() {
+                    known.insert(c.up, c.down);
+                }
+                first = copies.first().copied();
                 at = last + 1;
             }
             search.observe(from, first);
@@ -803,6 +828,8 @@ struct TopicCtx<'a> {
     verified: HashMap<u32, bool>,
     /// Per partition: the newest copy downstream, once looked up this round.
     newest: HashMap<u32, Option<Copied>>,
+    /// Per partition: copies the searches of this round saw, upstream offset → downstream.
+    known: HashMap<u32, BTreeMap<Offset, Offset>>,
     /// Polls of searches.
     probes: u64,
     /// Searches that ran out of their budget (answered with an earlier copy, or none).

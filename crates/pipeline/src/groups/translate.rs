@@ -194,21 +194,28 @@ pub(crate) struct Search {
 impl Search {
     /// A search that starts from `newest`, the newest copy downstream.
     pub(crate) fn new(target: Offset, newest: Copied) -> Self {
-        if newest.up <= target {
+        Self::between(target, None, newest)
+    }
+
+    /// A search between two copies known already: `low` at or before the target (none known:
+    /// gallop back from `high`) and `high`, a copy past it (or the newest copy).
+    pub(crate) fn between(target: Offset, low: Option<Copied>, high: Copied) -> Self {
+        if high.up <= target {
             return Self {
                 target,
-                low: Some(newest),
+                low: Some(high),
                 lo: 0,
                 hi: 0,
                 gallop: None,
             };
         }
+        let low = low.filter(|l| l.up <= target && l.down < high.down);
         Self {
             target,
-            low: None,
-            lo: 0,
-            hi: newest.down,
-            gallop: Some(1),
+            low,
+            lo: low.map_or(0, |l| l.down + 1),
+            hi: high.down,
+            gallop: low.is_none().then_some(1),
         }
     }
 
@@ -378,6 +385,26 @@ mod tests {
         let (found, read) = search(&downstream, 30_000);
         check!(found.map(|c| c.up) == Some(20_999));
         check!(read == 0, "at or past the newest copy: no probe");
+    }
+
+    #[test]
+    fn a_search_between_known_copies_reads_only_between_them() {
+        let downstream: Vec<Option<Offset>> = (0..10_000).map(Some).collect();
+        let copy = |d: u64| Copied { down: d, up: d };
+        let mut s = Search::between(5000, Some(copy(4990)), copy(5010));
+        let mut reads = Vec::new();
+        while let Step::Probe { from, until } = s.next() {
+            check!((4991..5010).contains(&from) && until <= 5010);
+            reads.push(from);
+            s.observe(
+                from,
+                downstream[from as usize].map(|up| Copied { down: from, up }),
+            );
+        }
+        check!(s.next() == Step::Done(Some(copy(5000))));
+        check!(reads.len() <= 6);
+        // A known copy at the target ends it at once; one past the newest is the newest.
+        check!(Search::between(7, None, copy(7)).next() == Step::Done(Some(copy(7))));
     }
 
     #[test]
