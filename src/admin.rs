@@ -218,6 +218,16 @@ impl AdminState {
         started_control(self)
     }
 
+    /// The upstream end each unit's reader on this node last saw (for `flow promote` when the
+    /// source cannot be read).
+    pub(crate) fn last_seen_upstream_ends(&self) -> BTreeMap<WorkUnit, u64> {
+        self.parts
+            .local_stats()
+            .into_iter()
+            .filter_map(|s| Some((s.unit, s.upstream_end?)))
+            .collect()
+    }
+
     /// The pipeline's cutover handle, once the pipeline started.
     pub(crate) fn cutover(&self) -> Option<Cutover> {
         self.parts.cutover.get().cloned()

@@ -347,6 +347,7 @@ impl Demo {
             &node.pipeline.cutover(),
             "us-to-eu",
             Duration::from_secs(60),
+            &BTreeMap::new(),
         )
         .await
         .map_err(|e| failed("promote", &e))?;

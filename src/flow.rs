@@ -13,6 +13,7 @@
 //!
 //! The CLI prints the report and exits 0 when everything was copied, 3 otherwise.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
@@ -110,8 +111,13 @@ pub(crate) struct PartitionReport {
     pub(crate) stream: String,
     pub(crate) topic: String,
     pub(crate) partition: u32,
-    /// Next offset upstream (`None`: the source could not be read).
+    /// Next offset upstream (`None`: the source could not be read and this node never saw
+    /// the partition's end).
     pub(crate) upstream_end: Option<u64>,
+    /// `upstream_end` is the end this node's reader last saw, not read now (the source could
+    /// not be read): messages appended upstream after that are unknown.
+    #[serde(default)]
+    pub(crate) upstream_end_last_seen: bool,
     /// The last upstream offset copied (confirmed).
     pub(crate) last_copied: Option<u64>,
     /// Next offset downstream.
@@ -251,7 +257,8 @@ pub(crate) async fn promote(
     };
     let timeout = Duration::from_millis(body.timeout_ms);
     info!(flow = %name, ?timeout, "promote requested");
-    match run_promote(&control, &cutover, &name, timeout).await {
+    let last_seen = state.last_seen_upstream_ends();
+    match run_promote(&control, &cutover, &name, timeout, &last_seen).await {
         Ok(report) => Json(report).into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -281,11 +288,19 @@ fn not_copied(extents: &UnitExtents, confirmed: Option<u64>) -> Option<u64> {
     })
 }
 
+/// Messages not copied below the upstream end `end` this node's reader last saw.
+fn not_copied_below(end: u64, confirmed: Option<u64>) -> u64 {
+    end.saturating_sub(confirmed.map_or(0, |c| c + 1))
+}
+
+/// The cutover (see the module docs); `last_seen` holds the upstream ends this node's readers
+/// last saw, per unit (the estimate of what is missing when the source cannot be read).
 pub(crate) async fn run_promote(
     control: &Control,
     cutover: &Cutover,
     flow: &str,
     timeout: Duration,
+    last_seen: &BTreeMap<WorkUnit, u64>,
 ) -> Result<PromoteReport, String> {
     let deadline = Instant::now() + timeout;
     // 1. Wait for the copy to reach the end of every partition.
@@ -335,14 +350,25 @@ pub(crate) async fn run_promote(
                 errors.push(format!("{unit}: {side}: {error}"));
             }
         }
+        let seen = last_seen.get(unit).copied();
+        let (upstream_end, upstream_end_last_seen, missing) = match &e.upstream {
+            Ok(x) => (Some(x.next_offset), false, not_copied(e, *confirmed)),
+            // The source is gone: what this node's reader last saw is a lower bound.
+            Err(_) => (
+                seen,
+                seen.is_some(),
+                seen.map(|end| not_copied_below(end, *confirmed)),
+            ),
+        };
         partitions.push(PartitionReport {
             stream: unit.stream.clone(),
             topic: unit.topic.clone(),
             partition: unit.partition,
-            upstream_end: e.upstream.as_ref().ok().map(|x| x.next_offset),
+            upstream_end,
+            upstream_end_last_seen,
             last_copied: *confirmed,
             downstream_end: e.downstream.as_ref().ok().map(|x| x.next_offset),
-            not_copied: not_copied(e, *confirmed),
+            not_copied: missing,
         });
     }
     let (group_views, skipped) = match &groups {
@@ -356,7 +382,9 @@ pub(crate) async fn run_promote(
         None => (Vec::new(), Vec::new()),
     };
     let complete = !partitions.is_empty()
-        && partitions.iter().all(|p| p.not_copied == Some(0))
+        && partitions
+            .iter()
+            .all(|p| p.not_copied == Some(0) && !p.upstream_end_last_seen)
         && errors.is_empty();
     if !complete {
         warn!(flow, "promote ends incomplete");
@@ -429,7 +457,7 @@ pub(crate) async fn run(command: FlowCommand) -> Result<(), Failure> {
                     incomplete_reason(&report)
                 ))
                 .with_hint(
-                    "the report above says what was not copied; run promote again to wait longer",
+                    "the report above says what was not copied; run promote again to wait longer, or accept it (the flow stays paused)",
                 ))
             }
         }
@@ -480,15 +508,28 @@ pub(crate) fn render(report: &PromoteReport) -> String {
         "{:<w$} {:>14} {:>12} {:>16} {:>11}",
         "PARTITION", "UPSTREAM END", "LAST COPIED", "DOWNSTREAM END", "NOT COPIED"
     );
+    let seen = |v: Option<u64>, last_seen: bool| {
+        if last_seen {
+            format!("≥{}", show(v))
+        } else {
+            show(v)
+        }
+    };
     for p in &report.partitions {
         let _ = writeln!(
             out,
             "{:<w$} {:>14} {:>12} {:>16} {:>11}",
             label(&p.stream, &p.topic, p.partition),
-            show(p.upstream_end),
+            seen(p.upstream_end, p.upstream_end_last_seen),
             show(p.last_copied),
             show(p.downstream_end),
-            show(p.not_copied),
+            seen(p.not_copied, p.upstream_end_last_seen),
+        );
+    }
+    if report.partitions.iter().any(|p| p.upstream_end_last_seen) {
+        let _ = writeln!(
+            out,
+            "≥: the source could not be read; the end this node last saw (anything appended later is unknown)"
         );
     }
     if !report.groups.is_empty() {

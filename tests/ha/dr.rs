@@ -14,8 +14,9 @@ use iggy::prelude::{
     PollingStrategy,
 };
 use replicator_harness::{
-    connect, message_id_at, produce_bulk, serial, store_group_offsets, translated_exactly,
-    wait_until, Bulk, Cluster, ClusterSpec, ReplicatorBinary, Servers, TestResult, Topic,
+    connect, group_offset, message_id_at, produce_bulk, serial, store_group_offsets,
+    translated_exactly, wait_until, Bulk, Cluster, ClusterSpec, ReplicatorBinary, Servers,
+    TestResult, Topic,
 };
 
 const STREAM: &str = "dr";
@@ -233,6 +234,57 @@ fn groups_follow_failover_and_promote_then_fail_back_exactly() -> TestResult {
             "verify: not exact"
         );
         assert_eq!(servers.downstream_counts(), vec![550; PARTITIONS as usize]);
+        cluster.passed();
+        drop(cluster);
+        servers.shutdown().await;
+        Ok(())
+    })
+}
+
+/// The source is lost: `flow promote` cannot know what was not copied, gives up at its
+/// deadline with exit 3, and still pauses the flow; the groups keep the offsets of the last
+/// sync round.
+#[test]
+fn promote_without_the_source_pauses_and_says_what_it_cannot_know() -> TestResult {
+    serial(|| async {
+        let servers = Servers::start(Topic::new(STREAM, TOPIC, PARTITIONS)).await?;
+        let cluster = Cluster::start(spec(&servers)?, 3).await?;
+        let up = connect(&servers.upstream.connection_string()).await?;
+        let down = connect(&servers.downstream.connection_string()).await?;
+        produce(&up, 1, 0..200).await?;
+        let consumed: Vec<(u32, u64)> = (0..PARTITIONS).map(|p| (p, 150)).collect();
+        store_group_offsets(&up, (STREAM, TOPIC), "billing", &consumed).await?;
+        wait_translated((&up, &down), &consumed, "before the loss").await?;
+
+        let faults = servers.upstream.faults();
+        faults.refuse_connections(true);
+        faults.drop_connections();
+        let run = cluster
+            .flow_once(&["promote", "fwd", "--timeout", "3s"])
+            .await?;
+        println!("{}{}", run.stdout, run.stderr);
+        assert_eq!(run.code, Some(3), "promote gives up: {}", run.stderr);
+        assert!(run.stdout.contains("flow fwd paused"));
+        assert!(
+            run.stderr.contains("cutover is incomplete"),
+            "{}",
+            run.stderr
+        );
+        let status = cluster.leader_status().await.ok_or("no leader")?;
+        assert!(status.is_paused("fwd"));
+        assert_eq!(status.owned_units_of("fwd"), 0);
+        for &(partition, offset) in &consumed {
+            let stored = group_offset(&down, (STREAM, TOPIC), "billing", partition).await?;
+            let want = message_id_at(&down, (STREAM, TOPIC), partition, stored.ok_or("none")?);
+            let got = message_id_at(&down, (STREAM, TOPIC), partition, offset).await?;
+            assert_eq!(
+                want.await?,
+                got,
+                "partition {partition} keeps its last translation"
+            );
+        }
+        faults.refuse_connections(false);
+        let mut cluster = cluster;
         cluster.passed();
         drop(cluster);
         servers.shutdown().await;

@@ -193,6 +193,7 @@ pub(crate) struct Search {
 
 impl Search {
     /// A search that starts from `newest`, the newest copy downstream.
+    #[cfg(test)]
     pub(crate) fn new(target: Offset, newest: Copied) -> Self {
         Self::between(target, None, newest)
     }
