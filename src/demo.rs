@@ -7,13 +7,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::{
-    Client, Consumer, ConsumerGroupClient, Identifier, IggyClient, MessageClient, PollingStrategy,
-};
+use iggy::prelude::{Client, IggyClient};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use replicator_harness::{
-    delete_stream, ensure_topic, message_id_at, partition_counts, store_group_offsets,
-    stream_messages, FlowConfig, MessageShape, NodeConfig, PacedProducer, ProducerParams, Topic,
+    delete_stream, ensure_topic, group_next_message, message_id_at, partition_counts,
+    store_group_offsets, stream_messages, FlowConfig, MessageShape, NodeConfig, PacedProducer,
+    ProducerParams, Topic,
 };
 use replicator_model::{NodeId, WorkUnit};
 use replicator_pipeline::verify::{verify, VerifyParams};
@@ -359,32 +358,15 @@ impl Demo {
         }
         // The application now consumes from the target: each partition continues with the
         // message that follows what it processed upstream.
-        let (s, t, g) = (
-            Identifier::named(stream).map_err(|e| failed("names", &e))?,
-            Identifier::named(DEMO_TOPIC).map_err(|e| failed("names", &e))?,
-            Identifier::named(DEMO_GROUP).map_err(|e| failed("names", &e))?,
-        );
-        down.join_consumer_group(&s, &t, &g)
-            .await
-            .map_err(|e| failed("joining the group on the target", &e))?;
         let mut continued = Ok(());
         for &(partition, offset) in &processed {
-            let polled = down
-                .poll_messages(
-                    &s,
-                    &t,
-                    Some(partition),
-                    &Consumer::group(g.clone()),
-                    &PollingStrategy::next(),
-                    1,
-                    false,
-                )
+            let next = group_next_message(&down, (stream, DEMO_TOPIC), DEMO_GROUP, partition)
                 .await
-                .map_err(|e| failed("polling the target", &e))?;
+                .map_err(|e| failed("reading the group on the target", &e))?;
             let expected = message_id_at(&up, (stream, DEMO_TOPIC), partition, offset + 1)
                 .await
                 .map_err(|e| failed("reading the source", &e))?;
-            match polled.messages.first() {
+            match next {
                 Some(m) if m.header.id == expected => println!(
                     "  partition {partition}: the group continues on eu at offset {} with the message that follows upstream offset {offset} (same id)",
                     m.header.offset
@@ -397,7 +379,6 @@ impl Demo {
                 }
             }
         }
-        let _ = down.leave_consumer_group(&s, &t, &g).await;
         let _ = up.shutdown().await;
         let _ = down.shutdown().await;
         continued

@@ -221,6 +221,22 @@ fn scalar<M: EncodeMetric + TypedMetric>(
     }
 }
 
+/// Declares one counter family per `(name, help, total)` of `table`, with one sample per item
+/// (its labels, and the total read from it).
+fn counter_families<'a, T: 'a, L: EncodeLabelSet>(
+    e: &mut DescriptorEncoder,
+    table: &[CounterOf<T>],
+    items: impl Iterator<Item = (L, &'a T)> + Clone,
+) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in table {
+        let samples = items
+            .clone()
+            .map(|(labels, item)| (labels, ConstCounter::new(value(item))));
+        labelled(e, name, help, samples)?;
+    }
+    Ok(())
+}
+
 /// Declares a labelled family and encodes one sample per label set (possibly none).
 fn labelled<L: EncodeLabelSet, M: EncodeMetric + TypedMetric>(
     encoder: &mut DescriptorEncoder,
@@ -294,19 +310,12 @@ impl Collector for Scrape {
     }
 }
 
-/// A per-flow consumer-group sync counter family: name, help, and its total.
-type GroupCounter = (
-    &'static str,
-    &'static str,
-    fn(&replicator_pipeline::FlowSyncState) -> u64,
-);
-
 /// The consumer-group sync families (README "Disaster recovery").
 fn encode_groups(
     e: &mut DescriptorEncoder,
     groups: &BTreeMap<String, replicator_pipeline::FlowSyncState>,
 ) -> Result<(), std::fmt::Error> {
-    let counters: [GroupCounter; 3] = [
+    let counters: [CounterOf<replicator_pipeline::FlowSyncState>; 3] = [
         (
             "consumer_group_sync_runs",
             "Consumer-group sync rounds this node ran",
@@ -323,12 +332,11 @@ fn encode_groups(
             |s| s.stored,
         ),
     ];
-    for (name, help, value) in counters {
-        let samples = groups
-            .iter()
-            .map(|(flow, s)| (flow_labels(flow), ConstCounter::new(value(s))));
-        labelled(e, name, help, samples)?;
-    }
+    counter_families(
+        e,
+        &counters,
+        groups.iter().map(|(flow, s)| (flow_labels(flow), s)),
+    )?;
     labelled(
         e,
         "consumer_groups_skipped",
@@ -385,10 +393,9 @@ fn encode_heartbeats(
     )
 }
 
-/// A per-unit counter family: name, help, and the total it reads from a unit's stats.
-type UnitCounter = (&'static str, &'static str, fn(&UnitStats) -> u64);
-/// A control-plane counter family: name, help, and the total it reads from the metrics.
-type ControlCounter = (&'static str, &'static str, fn(&ControlMetrics) -> u64);
+/// A counter family: name, help, and the total it reads from a `T` (a unit's stats, the control
+/// plane's metrics, a flow's group sync).
+type CounterOf<T> = (&'static str, &'static str, fn(&T) -> u64);
 
 /// The per-unit and per-flow families, from the pipeline's meters.
 fn encode_units(
@@ -396,7 +403,7 @@ fn encode_units(
     units: &[UnitStats],
     owned: &BTreeSet<WorkUnit>,
 ) -> Result<(), std::fmt::Error> {
-    let counters: [UnitCounter; 8] = [
+    let counters: [CounterOf<UnitStats>; 8] = [
         (
             "messages_copied",
             "Messages written downstream by this node",
@@ -438,12 +445,11 @@ fn encode_units(
             |s| s.tail_scans_exhausted,
         ),
     ];
-    for (name, help, value) in counters {
-        let samples = units
-            .iter()
-            .map(|s| (unit_labels(&s.unit), ConstCounter::new(value(s))));
-        labelled(e, name, help, samples)?;
-    }
+    counter_families(
+        e,
+        &counters,
+        units.iter().map(|s| (unit_labels(&s.unit), s)),
+    )?;
     labelled(
         e,
         "lag_messages",
@@ -517,7 +523,7 @@ fn encode_control(
         "Index of the last Raft log entry applied on this node",
         c.and_then(|c| c.last_applied).map(gauge),
     )?;
-    let counters: [ControlCounter; 4] = [
+    let counters: [CounterOf<ControlMetrics>; 4] = [
         (
             "lease_renewals",
             "Ownership lease renewals committed for this node",

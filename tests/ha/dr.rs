@@ -10,13 +10,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use iggy::prelude::{
-    Consumer, ConsumerGroupClient, Identifier, IggyClient, IggyMessage, MessageClient,
-    PollingStrategy,
+    Consumer, Identifier, IggyClient, IggyMessage, MessageClient, PollingStrategy,
 };
 use replicator_harness::{
-    connect, group_offset, message_id_at, produce_bulk, serial, store_group_offsets,
-    translated_exactly, wait_until, Bulk, Cluster, ClusterSpec, ReplicatorBinary, Servers,
-    TestResult, Topic,
+    connect, group_next_message, group_offset, message_id_at, produce_bulk, serial,
+    store_group_offsets, translated_exactly, wait_until, Bulk, Cluster, ClusterSpec,
+    ReplicatorBinary, Servers, TestResult, Topic,
 };
 
 const STREAM: &str = "dr";
@@ -169,33 +168,15 @@ fn groups_follow_failover_and_promote_then_fail_back_exactly() -> TestResult {
         // Cut over: the producers upstream have stopped; promote the flow.
         promote(&cluster, "fwd").await?;
         // The application continues on the target, each partition at the next message.
-        let (s, t, g) = (
-            Identifier::named(STREAM)?,
-            Identifier::named(TOPIC)?,
-            Identifier::named("billing")?,
-        );
-        down.join_consumer_group(&s, &t, &g).await?;
         for &(partition, offset) in &consumed {
-            let polled = down
-                .poll_messages(
-                    &s,
-                    &t,
-                    Some(partition),
-                    &Consumer::group(g.clone()),
-                    &PollingStrategy::next(),
-                    1,
-                    false,
-                )
-                .await?;
-            let next = polled.messages.first().map(|m| m.header.id);
+            let next = group_next_message(&down, (STREAM, TOPIC), "billing", partition).await?;
             let want = message_id_at(&up, (STREAM, TOPIC), partition, offset + 1).await?;
             assert_eq!(
-                next,
+                next.map(|m| m.header.id),
                 Some(want),
                 "partition {partition} continues at the next message"
             );
         }
-        down.leave_consumer_group(&s, &t, &g).await?;
 
         // New messages on the promoted side; the group consumes some of them there.
         let before: Vec<u64> = servers.downstream_counts();

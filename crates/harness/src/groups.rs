@@ -106,3 +106,32 @@ pub async fn translated_exactly(
             .is_ok_and(|got| got == want),
     )
 }
+
+/// The message `group` reads next on `partition` of `stream/topic` (joins, polls with
+/// `next()` without committing, leaves), as an application that starts on this cluster would.
+pub async fn group_next_message(
+    client: &IggyClient,
+    (stream, topic): (&str, &str),
+    group: &str,
+    partition: u32,
+) -> Result<Option<iggy::prelude::IggyMessage>> {
+    let (s, t, g) = (
+        Identifier::named(stream)?,
+        Identifier::named(topic)?,
+        Identifier::named(group)?,
+    );
+    client.join_consumer_group(&s, &t, &g).await?;
+    let polled = client
+        .poll_messages(
+            &s,
+            &t,
+            Some(partition),
+            &Consumer::group(g.clone()),
+            &PollingStrategy::next(),
+            1,
+            false,
+        )
+        .await;
+    client.leave_consumer_group(&s, &t, &g).await?;
+    Ok(polled?.messages.into_iter().next())
+}

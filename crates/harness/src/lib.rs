@@ -50,7 +50,9 @@ pub use binary::ReplicatorBinary;
 pub use cluster::{free_addr, Cluster, ClusterSpec, CommandRun, Node, Placement, VerifyRun};
 pub use error::{Error, Result};
 pub use failover::{wait_resumed, DownstreamCounts, Killed, Resumption, Stalled};
-pub use groups::{group_offset, message_id_at, store_group_offsets, translated_exactly};
+pub use groups::{
+    group_next_message, group_offset, message_id_at, store_group_offsets, translated_exactly,
+};
 pub use node_config::{FlowConfig, NodeConfig};
 pub use producer::{
     produce_bulk, Bulk, MessageShape, PacedProducer, ProducerParams, ProducerReport,

@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iggy::prelude::{Identifier, IggyError, PartitionClient, StreamClient, Topic, TopicClient};
+use iggy::prelude::{
+    CompressionAlgorithm, Identifier, IggyError, IggyExpiry, MaxTopicSize, PartitionClient,
+    StreamClient, Topic, TopicClient,
+};
 use ractor::ActorRef;
 use replicator_model::WorkUnit;
 use tokio_util::sync::CancellationToken;
@@ -176,48 +179,65 @@ async fn mirror<C>(p: &DiscoveryParams<C>, stream: &str, topic: &Topic) -> Resul
             Ok(())
         }
         None => {
-            let name = down_stream.clone();
-            let created = p
-                .target
-                .call(0, "create_stream", |c| async move {
-                    c.create_stream(&name).await
-                })
-                .await;
-            ignore_exists(
-                created.map(|_| ()),
-                IggyError::StreamNameAlreadyExists(String::new()),
-            )?;
-            let topic_name = topic.name.clone();
-            let (partitions, compression, expiry, max_size) = (
-                topic.partitions_count,
-                topic.compression_algorithm,
-                topic.message_expiry,
-                topic.max_topic_size,
-            );
-            let s = sid.clone();
-            let created = p
-                .target
-                .call(0, "create_topic", |c| async move {
-                    c.create_topic(
-                        &s,
-                        &topic_name,
-                        partitions,
-                        compression,
-                        None,
-                        expiry,
-                        max_size,
-                    )
-                    .await
-                })
-                .await;
-            ignore_exists(
-                created.map(|_| ()),
-                IggyError::TopicNameAlreadyExists(String::new(), Identifier::default()),
-            )?;
-            tracing::info!(stream = %down_stream, topic = %topic.name, partitions, "topic created downstream");
+            let shape = TopicShape {
+                partitions: topic.partitions_count,
+                compression: topic.compression_algorithm,
+                expiry: topic.message_expiry,
+                max_size: topic.max_topic_size,
+            };
+            create_stream_and_topic(&p.target, &down_stream, &topic.name, shape).await?;
+            tracing::info!(stream = %down_stream, topic = %topic.name, partitions = shape.partitions, "topic created downstream");
             Ok(())
         }
     }
+}
+
+/// What a topic is created with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TopicShape {
+    pub(crate) partitions: u32,
+    pub(crate) compression: CompressionAlgorithm,
+    pub(crate) expiry: IggyExpiry,
+    pub(crate) max_size: MaxTopicSize,
+}
+
+/// Creates `stream` (if missing) and `stream/topic` with `shape` on `target`; "already
+/// exists" (another instance was first) counts as done.
+pub(crate) async fn create_stream_and_topic(
+    target: &Cluster,
+    stream: &str,
+    topic: &str,
+    shape: TopicShape,
+) -> Result<()> {
+    let name = stream.to_owned();
+    let created = target
+        .call(0, "create_stream", |c| async move {
+            c.create_stream(&name).await
+        })
+        .await;
+    ignore_exists(
+        created.map(|_| ()),
+        IggyError::StreamNameAlreadyExists(String::new()),
+    )?;
+    let (sid, name) = (named(stream)?, topic.to_owned());
+    let created = target
+        .call(0, "create_topic", |c| async move {
+            c.create_topic(
+                &sid,
+                &name,
+                shape.partitions,
+                shape.compression,
+                None,
+                shape.expiry,
+                shape.max_size,
+            )
+            .await
+        })
+        .await;
+    ignore_exists(
+        created.map(|_| ()),
+        IggyError::TopicNameAlreadyExists(String::new(), Identifier::default()),
+    )
 }
 
 /// Treats "already exists" (another instance created it first) as success.

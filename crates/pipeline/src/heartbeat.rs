@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use iggy::prelude::{
     CompressionAlgorithm, HeaderKey, HeaderValue, IggyError, IggyExpiry, IggyMessage,
-    IggyTimestamp, MaxTopicSize, MessageClient, Partitioning, StreamClient, TopicClient,
+    IggyTimestamp, MaxTopicSize, MessageClient, Partitioning, TopicClient,
 };
 use replicator_model::{Assignment, NodeId};
 use serde::{Deserialize, Serialize};
@@ -30,7 +30,7 @@ use tracing::Instrument;
 
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
-use crate::discovery::{ignore_exists, named};
+use crate::discovery::{create_stream_and_topic, named, TopicShape};
 use crate::error::{Error, Result};
 use crate::identity::WriterTargets;
 use crate::params::FlowParams;
@@ -326,35 +326,13 @@ async fn ensure_topic(admin: &Cluster, stream: &str, topic: &str) -> Result<()> 
     if existing.is_some() {
         return Ok(());
     }
-    let name = stream.to_owned();
-    let created = admin
-        .call(0, "create_stream", |c| async move {
-            c.create_stream(&name).await
-        })
-        .await;
-    ignore_exists(
-        created.map(|_| ()),
-        IggyError::StreamNameAlreadyExists(String::new()),
-    )?;
-    let name = topic.to_owned();
-    let created = admin
-        .call(0, "create_topic", |c| async move {
-            c.create_topic(
-                &sid,
-                &name,
-                1,
-                CompressionAlgorithm::None,
-                None,
-                IggyExpiry::ExpireDuration(HEARTBEAT_RETENTION.into()),
-                MaxTopicSize::ServerDefault,
-            )
-            .await
-        })
-        .await;
-    ignore_exists(
-        created.map(|_| ()),
-        IggyError::TopicNameAlreadyExists(String::new(), iggy::prelude::Identifier::default()),
-    )?;
+    let shape = TopicShape {
+        partitions: 1,
+        compression: CompressionAlgorithm::None,
+        expiry: IggyExpiry::ExpireDuration(HEARTBEAT_RETENTION.into()),
+        max_size: MaxTopicSize::ServerDefault,
+    };
+    create_stream_and_topic(admin, stream, topic, shape).await?;
     tracing::info!(stream, topic, "heartbeat topic created on the target");
     Ok(())
 }
