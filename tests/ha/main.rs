@@ -9,6 +9,7 @@ mod failover;
 mod fence;
 mod fixture;
 mod partition;
+mod pause;
 mod restart;
 mod scale;
 mod tls;
