@@ -997,6 +997,41 @@ mod tests {
             .await?;
         assert_eq!(secret.status(), StatusCode::UNAUTHORIZED);
 
+        // Flow pause and resume: bearer-protected, known flows only, recorded in the status.
+        let pause = |flow: &str, token: Option<&str>| {
+            let request = client.post(format!("{base}/flows/{flow}/pause"));
+            match token {
+                Some(token) => request.bearer_auth(token),
+                None => request,
+            }
+            .send()
+        };
+        assert_eq!(
+            pause("us-to-eu", None).await?.status(),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            pause("nope", Some(ADMIN_TOKEN)).await?.status(),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            pause("us-to-eu", Some(ADMIN_TOKEN)).await?.status(),
+            StatusCode::OK
+        );
+        let status: StatusView = client
+            .get(format!("{base}/status"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        assert!(status.paused_flows.iter().any(|p| p.flow == "us-to-eu"));
+        let resumed = client
+            .post(format!("{base}/flows/us-to-eu/resume"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await?;
+        assert_eq!(resumed.status(), StatusCode::OK);
+
         node.shutdown().await;
         us.shutdown().await;
         eu.shutdown().await;
