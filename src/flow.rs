@@ -33,6 +33,10 @@ use crate::status::MutationArgs;
 /// How often promote re-reads the partitions while it waits.
 const PROMOTE_POLL: Duration = Duration::from_millis(200);
 
+/// How long promote waits before syncing again groups its last sync found with members on the
+/// target.
+const PROMOTE_GROUP_RETRY: Duration = Duration::from_secs(1);
+
 /// How long promote waits, past its deadline, for the paused flow's writers to hand their
 /// units back (a dead owner's units move after its lease or fence).
 const PROMOTE_DRAIN: Duration = Duration::from_secs(30);
@@ -342,7 +346,13 @@ pub(crate) async fn run_promote(
     let units = flow_units(control, flow).await?;
     let ids: Vec<WorkUnit> = units.iter().map(|(u, _)| u.clone()).collect();
     let extents = cutover.extents(flow, &ids).await;
-    let groups = cutover.sync_groups(flow, ids.clone()).await;
+    let mut groups = cutover.sync_groups(flow, ids.clone()).await;
+    if groups.as_ref().is_some_and(|g| !g.skipped.is_empty()) {
+        // Another member's periodic round, begun before the pause applied there, may have
+        // been a member of a group for a moment: look once more before reporting it.
+        tokio::time::sleep(PROMOTE_GROUP_RETRY).await;
+        groups = cutover.sync_groups(flow, ids.clone()).await;
+    }
     let mut partitions = Vec::new();
     for ((unit, confirmed), e) in units.iter().zip(&extents) {
         for (side, result) in [("upstream", &e.upstream), ("downstream", &e.downstream)] {
