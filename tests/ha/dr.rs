@@ -13,8 +13,8 @@ use iggy::prelude::{
     Consumer, Identifier, IggyClient, IggyMessage, MessageClient, PollingStrategy,
 };
 use replicator_harness::{
-    connect, group_next_message, group_offset, message_id_at, produce_bulk, serial,
-    store_group_offsets, translated_exactly, wait_until, Bulk, Cluster, ClusterSpec,
+    connect, group_next_message, group_offset, message_id_at, partition_counts, produce_bulk,
+    serial, store_group_offsets, translated_exactly, wait_until, Bulk, Cluster, ClusterSpec,
     ReplicatorBinary, Servers, TestResult, Topic,
 };
 
@@ -144,6 +144,15 @@ fn groups_follow_failover_and_promote_then_fail_back_exactly() -> TestResult {
         let consumed = [(0, 99), (1, 199), (2, 399), (3, 0)];
         store_group_offsets(&up, (STREAM, TOPIC), "billing", &consumed).await?;
         wait_translated((&up, &down), &consumed, "before any fault").await?;
+        // Both flows' owners write heartbeats to their targets, as their fenced writer users.
+        for (client, side) in [(&down, "down"), (&up, "up")] {
+            wait_until(&format!("heartbeats on {side}"), WAIT, || async {
+                partition_counts(client, "replicator", "heartbeats")
+                    .await
+                    .is_ok_and(|counts| counts.iter().sum::<u64>() > 0)
+            })
+            .await?;
+        }
 
         // The owner of partition 0 dies; the group moves on upstream, over new messages.
         let status = cluster.leader_status().await.ok_or("no leader")?;
