@@ -129,6 +129,8 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
             params.max_in_flight_batches = flow.max_in_flight_batches;
             params.consumer_groups = flow.consumer_groups.clone();
             params.consumer_group_sync_interval = flow.consumer_group_sync_interval;
+            params.max_messages_per_second = flow.max_messages_per_second;
+            params.max_bytes_per_second = flow.max_bytes_per_second;
             params.heartbeat_interval = flow.heartbeat_interval;
             params.heartbeat_topic = flow.heartbeat_topic.clone();
             params

@@ -181,6 +181,7 @@ mod tests {
         assert_eq!(flow.poll_interval, Duration::from_millis(10));
         assert!(flow.provenance);
         assert!(flow.consumer_groups.is_empty());
+        assert_eq!(flow.max_messages_per_second, None, "unlimited by default");
         assert_eq!(
             flow.consumer_group_sync_interval,
             replicator_model::DEFAULT_GROUP_SYNC_INTERVAL
@@ -255,7 +256,7 @@ mod tests {
             .replace("connections = 2", "connections = 0")
             .replace(
                 "poll_interval = \"10ms\"",
-                "poll_interval = \"10ms\"\nidle_poll_interval = \"11s\"\nconsumer_groups = [\"ok-*\", \"bad[\"]\nconsumer_group_sync_interval = \"10ms\"",
+                "poll_interval = \"10ms\"\nidle_poll_interval = \"11s\"\nconsumer_groups = [\"ok-*\", \"bad[\"]\nconsumer_group_sync_interval = \"10ms\"\nmax_bytes_per_second = 0",
             );
         let keys =
             problem_keys(parse_str(&text, "t", env(&[("SECRET", "short")])).expect_err("invalid"));
@@ -269,6 +270,7 @@ mod tests {
             "flows[0].idle_poll_interval",
             "flows[0].consumer_groups[1]",
             "flows[0].consumer_group_sync_interval",
+            "flows[0].max_bytes_per_second",
         ] {
             assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
         }

@@ -228,6 +228,15 @@ pub struct FlowConfig {
     /// [`replicator_model::DEFAULT_GROUP_SYNC_INTERVAL`] (`"5s"`); 100 ms to 1 h.
     #[serde(default = "default_group_sync_interval", with = "humantime_serde")]
     pub consumer_group_sync_interval: Duration,
+    /// Messages per second the whole replicator cluster may copy for this flow, split among the
+    /// instances by their share of the flow's partitions (README "Runtime control"). Default:
+    /// unlimited. Example: `50000`.
+    #[serde(default)]
+    pub max_messages_per_second: Option<u64>,
+    /// Message bytes per second (header, payload, user headers) the whole cluster may copy for
+    /// this flow, split the same way. Default: unlimited. Example: `10485760` (10 MiB/s).
+    #[serde(default)]
+    pub max_bytes_per_second: Option<u64>,
     /// How often every instance that owns at least one unit of this flow writes a heartbeat
     /// record to `heartbeat_topic` on the target, so that consumers there can tell an idle
     /// flow from a dead one. Default: [`DEFAULT_HEARTBEAT_INTERVAL`] (`"1s"`); `"0s"` turns
@@ -633,6 +642,17 @@ impl FlowConfig {
                 problems.push(Problem::new(
                     format!("{key}.consumer_groups[{index}]"),
                     format!("invalid pattern {pattern:?}: {}", e.kind()),
+                ));
+            }
+        }
+        for (field, limit) in [
+            ("max_messages_per_second", self.max_messages_per_second),
+            ("max_bytes_per_second", self.max_bytes_per_second),
+        ] {
+            if limit == Some(0) {
+                problems.push(Problem::new(
+                    format!("{key}.{field}"),
+                    "must be at least 1 (leave it out for no limit; `flow pause` stops a flow)",
                 ));
             }
         }

@@ -40,6 +40,8 @@ pub(crate) struct DiscoveryParams<C> {
     pub(crate) interval: Duration,
     /// Ends the loop.
     pub(crate) cancel: CancellationToken,
+    /// Set to the flow's unit count after every round (the throttle's share of it).
+    pub(crate) units_seen: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// One upstream topic as discovery sees it.
@@ -61,6 +63,8 @@ pub(crate) async fn run<C: ControlPlane>(p: DiscoveryParams<C>) {
         loop {
             match discover_once(&p, &mut seen).await {
                 Ok(units) => {
+                    p.units_seen
+                        .store(units.len(), std::sync::atomic::Ordering::Relaxed);
                     if let Err(err) = p.control.report_units(&p.flow.name, units).await {
                         tracing::warn!(error = %err, "reporting units failed");
                     }

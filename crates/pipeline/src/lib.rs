@@ -47,6 +47,7 @@ mod pipeline;
 pub mod provenance;
 mod reader;
 mod stats;
+mod throttle;
 mod unit;
 pub mod verify;
 mod writer;

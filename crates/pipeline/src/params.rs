@@ -135,6 +135,14 @@ impl PipelineParams {
                 .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
             crate::groups::group_selector(&flow.consumer_groups)
                 .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
+            for (field, limit) in [
+                ("max_messages_per_second", flow.max_messages_per_second),
+                ("max_bytes_per_second", flow.max_bytes_per_second),
+            ] {
+                if limit == Some(0) {
+                    return Err(invalid(format!("flows[{i}].{field}"), "must be at least 1"));
+                }
+            }
             if !flow.consumer_groups.is_empty() && flow.consumer_group_sync_interval.is_zero() {
                 return Err(invalid(
                     format!("flows[{i}].consumer_group_sync_interval"),
@@ -231,6 +239,13 @@ pub struct FlowParams {
     pub consumer_groups: Vec<String>,
     /// Period of the consumer-group sync (`flows[].consumer_group_sync_interval`), e.g. 5 s.
     pub consumer_group_sync_interval: Duration,
+    /// Messages per second the whole replicator cluster may copy for this flow
+    /// (`flows[].max_messages_per_second`), split among instances by their share of the
+    /// flow's partitions, e.g. `Some(50_000)`; `None`: unlimited.
+    pub max_messages_per_second: Option<u64>,
+    /// Message bytes (header, payload, headers) per second the whole cluster may copy for this
+    /// flow (`flows[].max_bytes_per_second`), split the same way; `None`: unlimited.
+    pub max_bytes_per_second: Option<u64>,
     /// How often each node that owns at least one unit of the flow writes a heartbeat record
     /// to `heartbeat_topic` on the target (`flows[].heartbeat_interval`), e.g. 1 s (the
     /// default, [`replicator_model::DEFAULT_HEARTBEAT_INTERVAL`]); zero: no heartbeats.
@@ -266,6 +281,8 @@ impl FlowParams {
             max_in_flight_batches: 2,
             consumer_groups: Vec::new(),
             consumer_group_sync_interval: DEFAULT_GROUP_SYNC_INTERVAL,
+            max_messages_per_second: None,
+            max_bytes_per_second: None,
             heartbeat_interval: replicator_model::DEFAULT_HEARTBEAT_INTERVAL,
             heartbeat_topic: replicator_model::DEFAULT_HEARTBEAT_TOPIC.to_owned(),
         }

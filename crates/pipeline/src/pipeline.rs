@@ -22,6 +22,7 @@ use crate::liveness::{Liveness, HEARTBEAT_INTERVAL};
 use crate::mapping::Selector;
 use crate::params::PipelineParams;
 use crate::stats::{MeterRegistry, UnitStats};
+use crate::throttle::FlowThrottle;
 use crate::unit::UnitTuning;
 
 /// A running pipeline instance.
@@ -109,6 +110,24 @@ impl Pipeline {
         let meters_registry = meters.clone();
         let liveness = Arc::new(Liveness::new());
         let offset_maps = OffsetMaps::default();
+        // Each flow's unit count as discovery last saw it, and its throttle (if limited).
+        let units_seen: BTreeMap<String, Arc<std::sync::atomic::AtomicUsize>> = flows
+            .keys()
+            .map(|name| (name.clone(), Arc::default()))
+            .collect();
+        let throttles: BTreeMap<String, Arc<FlowThrottle>> = flows
+            .values()
+            .filter_map(|f| {
+                let throttle = FlowThrottle::new(
+                    &f.name,
+                    f.max_messages_per_second,
+                    f.max_bytes_per_second,
+                    control.assignments(),
+                    units_seen.get(&f.name).cloned().unwrap_or_default(),
+                )?;
+                Some((f.name.clone(), throttle))
+            })
+            .collect();
         let (alive, tasks_gone) = mpsc::channel(1);
         let name = format!("coordinator/n{}", params.node_id);
         let (coordinator, coordinator_task) = Coordinator::<C>::spawn(
@@ -125,6 +144,7 @@ impl Pipeline {
                 alive,
                 liveness: liveness.clone(),
                 offset_maps: offset_maps.clone(),
+                throttles,
             },
         )
         .await
@@ -196,6 +216,7 @@ impl Pipeline {
                 coordinator: coordinator.clone(),
                 interval: params.discovery_interval,
                 cancel: cancel.clone(),
+                units_seen: units_seen.get(&flow.name).cloned().unwrap_or_default(),
             })));
         }
         let mut heartbeats = Vec::new();

@@ -47,6 +47,8 @@ pub(crate) struct UnitShared<C> {
     pub(crate) seed: u64,
     /// Where the writer records what it sent, for the consumer-group sync.
     pub(crate) offset_maps: crate::groups::OffsetMaps,
+    /// The flow's throttle on this instance (`None`: unlimited).
+    pub(crate) throttle: Option<Arc<crate::throttle::FlowThrottle>>,
 }
 
 impl<C> UnitShared<C> {

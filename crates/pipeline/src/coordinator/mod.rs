@@ -121,6 +121,8 @@ pub(crate) struct CoordinatorArgs<C> {
     pub(crate) liveness: Arc<Liveness>,
     /// The writers' offset maps (read by the consumer-group sync).
     pub(crate) offset_maps: crate::groups::OffsetMaps,
+    /// Throttles of the flows that have limits, by flow name.
+    pub(crate) throttles: BTreeMap<String, Arc<crate::throttle::FlowThrottle>>,
 }
 
 /// What runs for a unit this node works on.
@@ -583,6 +585,7 @@ fn start_pair<C: ControlPlane>(
         tuning: state.args.tuning.clone(),
         seed: state.seeds,
         offset_maps: state.args.offset_maps.clone(),
+        throttle: state.args.throttles.get(&unit.flow).cloned(),
     });
     let (tx, rx) = mpsc::channel(flow.max_in_flight_batches);
     let (start_tx, start_rx) = oneshot::channel();

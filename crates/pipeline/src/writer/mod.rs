@@ -373,6 +373,19 @@ impl<C: ControlPlane> Writer<C> {
             batch.messages.partition_point(|m| m.header.offset <= until) as u64
         });
         if !batch.messages.is_empty() {
+            if let Some(throttle) = &shared.throttle {
+                // The flow's budget first: a stop ends the wait (the batch stays unsent).
+                let n = batch.messages.len() as u64;
+                tokio::select! {
+                    () = throttle.admit(n, prepared.bytes) => {}
+                    () = self.stop.cancelled() => {
+                        return Err(Error::Interrupted {
+                            unit: shared.unit.clone(),
+                            op: "throttle",
+                        })
+                    }
+                }
+            }
             if let Err(veto) = send_check(&shared, &self.assignments) {
                 return Ok(Sent::Vetoed(veto));
             }

@@ -11,4 +11,5 @@ mod heartbeats;
 mod idle;
 mod integrity;
 mod release;
+mod throttle;
 mod topics;

@@ -1,0 +1,97 @@
+//! How closely a throttled catch-up holds its limit: a backlog far larger than the limit allows
+//! in the window, copied by one pipeline under `max_messages_per_second`; the rate is measured
+//! over `BENCH_THROTTLE_SECONDS` (30) after a warm-up that spends the one-second burst.
+//!
+//! Run: `cargo bench --bench throttle` (prints results; it does not gate). Goal: within ±5 %.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use iggy::prelude::IggyMessage;
+use replicator_harness::{connect, ensure_topic, produce_bulk, Bulk};
+use replicator_model::WorkUnit;
+use replicator_pipeline::{
+    ClusterParams, ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams,
+};
+use replicator_testkit::{TestServer, TestServerConfig};
+
+type BenchResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const PARTITIONS: u32 = 4;
+const LIMIT: u64 = 5_000;
+
+fn main() -> BenchResult {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(run())
+}
+
+/// Messages confirmed so far over every partition.
+fn copied(control: &InMemoryControl, units: &[WorkUnit]) -> u64 {
+    units
+        .iter()
+        .filter_map(|u| control.progress(u).and_then(|p| p.confirmed))
+        .map(|c| c + 1)
+        .sum()
+}
+
+async fn run() -> BenchResult {
+    let seconds: u64 = std::env::var("BENCH_THROTTLE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    let per_partition = LIMIT * (seconds + 10) / u64::from(PARTITIONS);
+    let up = TestServer::start(TestServerConfig::default()).await?;
+    let down = TestServer::start(TestServerConfig::default()).await?;
+    let client = connect(&up.connection_string()).await?;
+    ensure_topic(&client, "throttle", "t", PARTITIONS).await?;
+    let bulk = Bulk {
+        stream: "throttle".into(),
+        topic: "t".into(),
+        partitions: (0..PARTITIONS).collect(),
+        range: 0..per_partition,
+        batch: 1000,
+    };
+    produce_bulk(&client, &bulk, |p, seq| {
+        IggyMessage::builder()
+            .id((u128::from(p) << 64) | (u128::from(seq) + 1))
+            .payload(Bytes::from_static(&[0u8; 100]))
+            .build()
+    })
+    .await?;
+    let clusters: BTreeMap<String, ClusterParams> = [
+        ("us".to_owned(), ClusterParams::new(up.connection_string())),
+        (
+            "eu".to_owned(),
+            ClusterParams::new(down.connection_string()),
+        ),
+    ]
+    .into();
+    let mut flow = FlowParams::new("throttle", "us", "eu", vec!["throttle/*".into()]);
+    flow.max_messages_per_second = Some(LIMIT);
+    let control = InMemoryControl::new();
+    let units: Vec<WorkUnit> = (0..PARTITIONS)
+        .map(|p| WorkUnit::new("throttle", "throttle", "t", p))
+        .collect();
+    let pipeline = Pipeline::start(
+        PipelineParams::new(1, clusters, vec![flow]),
+        control.clone(),
+    )
+    .await?;
+    // Warm-up: the burst (one second of the limit) and the start.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (from, started) = (copied(&control, &units), Instant::now());
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let (to, elapsed) = (copied(&control, &units), started.elapsed());
+    let rate = (to - from) as f64 / elapsed.as_secs_f64();
+    let deviation = (rate / LIMIT as f64 - 1.0) * 100.0;
+    println!(
+        "limit {LIMIT} msg/s over {PARTITIONS} partitions; measured over {:.1} s: {rate:.0} msg/s ({deviation:+.1} %); backlog left {}",
+        elapsed.as_secs_f64(),
+        u64::from(PARTITIONS) * per_partition - to
+    );
+    pipeline.shutdown().await;
+    Ok(())
+}
