@@ -180,7 +180,7 @@ impl Pipeline {
                 maps: offset_maps.clone(),
                 dance: dance.clone(),
                 registry: group_registry.clone(),
-                found: tokio::sync::Mutex::default(),
+                found: std::sync::Mutex::default(),
             });
             let seed = (params.node_id << 32) ^ flow.name.len() as u64;
             discovery.push(tokio::spawn(crate::groups::run(

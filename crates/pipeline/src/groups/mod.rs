@@ -222,7 +222,7 @@ pub(crate) struct GroupSync<C> {
     pub(crate) registry: GroupSyncRegistry,
     /// Exact copies found lately, by (unit, history, upstream offset): a group that stays put
     /// costs one poll a round, not a search.
-    pub(crate) found: tokio::sync::Mutex<HashMap<(WorkUnit, u64, Offset), Copied>>,
+    pub(crate) found: Mutex<HashMap<(WorkUnit, u64, Offset), Copied>>,
 }
 
 /// A boxed sync of one flow's given units (what `Pipeline::sync_groups` calls).
@@ -310,17 +310,14 @@ impl<C: ControlPlane> GroupSync<C> {
             return Ok(());
         };
         let slot = first.partition as usize;
-        let (up_s, up_t) = (ident(stream, first)?, ident(topic, first)?);
-        let (s, t) = (up_s.clone(), up_t.clone());
-        let groups = self
-            .source
-            .call(slot, "get_consumer_groups", |c| async move {
-                c.get_consumer_groups(&s, &t).await
-            })
-            .await?;
+        let up = TopicOn {
+            cluster: &self.source,
+            slot,
+            ids: (ident(stream, first)?, ident(topic, first)?),
+        };
+        let groups = up.group_names().await?;
         let mut names: Vec<String> = groups
             .into_iter()
-            .map(|g| g.name)
             .filter(|name| self.groups.is_match(name))
             .collect();
         names.sort();
@@ -334,14 +331,13 @@ impl<C: ControlPlane> GroupSync<C> {
                     cluster: self.flow.target.clone(),
                 })?;
         let down_stream = downstream_stream(self.flow.naming, &self.flow.source, stream);
-        let (down_s, down_t) = (ident(&down_stream, first)?, up_t.clone());
-        let (s, t) = (down_s.clone(), down_t.clone());
-        let details = target
-            .call(
-                slot,
-                "get_topic",
-                |c| async move { c.get_topic(&s, &t).await },
-            )
+        let down = TopicOn {
+            cluster: &target,
+            slot,
+            ids: (ident(&down_stream, first)?, up.ids.1.clone()),
+        };
+        let details = down
+            .details()
             .await?
             .ok_or_else(|| Error::DownstreamMissing {
                 stream: down_stream.clone(),
@@ -354,10 +350,8 @@ impl<C: ControlPlane> GroupSync<C> {
             .map(|p| (p.id, crate::cutover::Extent::of(p).next_offset))
             .collect();
         let mut ctx = TopicCtx {
-            target: &target,
-            slot,
-            up: (up_s, up_t),
-            down: (down_s, down_t),
+            up,
+            down,
             verified: HashMap::new(),
             newest: HashMap::new(),
             known: HashMap::new(),
@@ -371,8 +365,9 @@ impl<C: ControlPlane> GroupSync<C> {
                 let Some(end) = down_end.get(&unit.partition).copied() else {
                     continue;
                 };
-                let stored = self.upstream_offset(&ctx, unit, &group).await?;
-                let Some(up) = stored else { continue };
+                let Some(up) = ctx.up.group_offset(&group, unit.partition).await? else {
+                    continue;
+                };
                 let Some(copy) = self.translate(&mut ctx, unit, up, end).await? else {
                     continue;
                 };
@@ -412,26 +407,6 @@ impl<C: ControlPlane> GroupSync<C> {
         Ok(())
     }
 
-    /// The offset `group` stored upstream on `unit`'s partition (no membership needed).
-    async fn upstream_offset(
-        &self,
-        ctx: &TopicCtx<'_>,
-        unit: &WorkUnit,
-        group: &Identifier,
-    ) -> Result<Option<Offset>> {
-        let (s, t) = ctx.up.clone();
-        let consumer = Consumer::group(group.clone());
-        let partition = unit.partition;
-        let info = self
-            .source
-            .call(ctx.slot, "get_consumer_offset", |c| async move {
-                c.get_consumer_offset(&consumer, &s, &t, Some(partition))
-                    .await
-            })
-            .await?;
-        Ok(info.map(|i| i.stored_offset))
-    }
-
     /// The downstream copy of upstream offset `up` of `unit` (or of the last copy before it);
     /// `None` when nothing at or before it was copied.
     async fn translate(
@@ -445,7 +420,7 @@ impl<C: ControlPlane> GroupSync<C> {
             return Ok(None);
         };
         let key = (unit.clone(), label, up);
-        let cached = self.found.lock().await.get(&key).copied();
+        let cached = self.found_cache().get(&key).copied();
         let found = match cached {
             // A copy found before is where it was, unless the downstream partition was
             // emptied or recreated since: one poll tells.
@@ -459,7 +434,7 @@ impl<C: ControlPlane> GroupSync<C> {
             },
         };
         if let Some(copy) = found.filter(|c| c.up == up) {
-            let mut cache = self.found.lock().await;
+            let mut cache = self.found_cache();
             if cache.len() >= FOUND_CACHE {
                 cache.clear();
             }
@@ -560,7 +535,7 @@ impl<C: ControlPlane> GroupSync<C> {
                 polls += 1;
                 ctx.probes += 1;
                 let count = u32::try_from((until - at).min(SEARCH_PAGE)).unwrap_or(1);
-                let page = self.poll_down(ctx, unit, at, count).await?;
+                let page = ctx.down.poll(unit, at, count).await?;
                 let Some(last) = page.last().map(|m| m.header.offset) else {
                     break;
                 };
@@ -607,7 +582,7 @@ impl<C: ControlPlane> GroupSync<C> {
             ctx.probes += 1;
             let from = end.saturating_sub(SEARCH_PAGE);
             let count = u32::try_from(end - from).unwrap_or(1);
-            let page = self.poll_down(ctx, unit, from, count).await?;
+            let page = ctx.down.poll(unit, from, count).await?;
             found = page
                 .iter()
                 .filter(|m| m.header.offset < end)
@@ -630,7 +605,7 @@ impl<C: ControlPlane> GroupSync<C> {
         label: u64,
         at: Offset,
     ) -> Result<Option<Copied>> {
-        let messages = self.poll_down(ctx, unit, at, 1).await?;
+        let messages = ctx.down.poll(unit, at, 1).await?;
         Ok(messages
             .first()
             .filter(|m| m.header.offset == at)
@@ -650,27 +625,6 @@ impl<C: ControlPlane> GroupSync<C> {
         })
     }
 
-    async fn poll_down(
-        &self,
-        ctx: &TopicCtx<'_>,
-        unit: &WorkUnit,
-        at: Offset,
-        count: u32,
-    ) -> Result<Vec<IggyMessage>> {
-        let (s, t) = ctx.down.clone();
-        let consumer = Consumer::new(ident("iggy-replicator.groups", unit)?);
-        let partition = unit.partition;
-        let polled = ctx
-            .target
-            .call(ctx.slot, "poll_messages (group sync)", |c| async move {
-                let strategy = PollingStrategy::offset(at);
-                c.poll_messages(&s, &t, Some(partition), &consumer, &strategy, count, false)
-                    .await
-            })
-            .await?;
-        Ok(polled.messages)
-    }
-
     /// When the upstream message at `up` was copied from this flow's target (one hop, so its
     /// `repl-offset` is an offset of the target), that offset.
     async fn original_in_target(
@@ -679,20 +633,9 @@ impl<C: ControlPlane> GroupSync<C> {
         unit: &WorkUnit,
         up: Offset,
     ) -> Result<Option<Offset>> {
-        let (s, t) = ctx.up.clone();
-        let consumer = Consumer::new(ident("iggy-replicator.groups", unit)?);
-        let partition = unit.partition;
-        let polled = self
-            .source
-            .call(ctx.slot, "poll_messages (group sync)", |c| async move {
-                let strategy = PollingStrategy::offset(up);
-                c.poll_messages(&s, &t, Some(partition), &consumer, &strategy, 1, false)
-                    .await
-            })
-            .await?;
+        let polled = ctx.up.poll(unit, up, 1).await?;
         let target = self.flow.target.as_str();
         Ok(polled
-            .messages
             .first()
             .filter(|m| m.header.offset == up)
             .and_then(|m| {
@@ -711,17 +654,9 @@ impl<C: ControlPlane> GroupSync<C> {
         group: &Identifier,
         wanted: &[GroupOffset],
     ) -> Result<Stored> {
-        let (s, t) = ctx.down.clone();
-        let target = ctx.target;
-        let slot = ctx.slot;
+        let down = &ctx.down;
         let _dance = self.dance.lock().await;
-        let (s1, t1, g1) = (s.clone(), t.clone(), group.clone());
-        let existing = target
-            .call(slot, "get_consumer_group", |c| async move {
-                c.get_consumer_group(&s1, &t1, &g1).await
-            })
-            .await?;
-        match existing {
+        match down.group(group).await? {
             Some(g) if g.members_count > 0 => {
                 return Ok(Stored::Skipped(format!(
                     "{} active member(s) on the target",
@@ -729,33 +664,17 @@ impl<C: ControlPlane> GroupSync<C> {
                 )))
             }
             Some(_) => {}
-            None => {
-                let (s1, t1, n1) = (s.clone(), t.clone(), name.to_owned());
-                let created = target
-                    .call(slot, "create_consumer_group", |c| async move {
-                        c.create_consumer_group(&s1, &t1, &n1).await
-                    })
-                    .await;
-                match created {
-                    Ok(_) => tracing::info!(group = name, "created consumer group on the target"),
-                    // Created meanwhile by someone else: fine.
-                    Err(Error::Iggy { ref source, .. }) if source.as_code() == 5004 => {}
-                    Err(e) => return Err(e),
-                }
-            }
+            None => match down.create_group(name).await {
+                Ok(()) => tracing::info!(group = name, "created consumer group on the target"),
+                // Created meanwhile by someone else: fine.
+                Err(Error::Iggy { ref source, .. }) if source.as_code() == 5004 => {}
+                Err(e) => return Err(e),
+            },
         }
         // Forward only: what the target has already is kept when it is not behind.
         let mut to_store = Vec::new();
         for w in wanted {
-            let (s1, t1, consumer) = (s.clone(), t.clone(), Consumer::group(group.clone()));
-            let partition = w.partition;
-            let current = target
-                .call(slot, "get_consumer_offset", |c| async move {
-                    c.get_consumer_offset(&consumer, &s1, &t1, Some(partition))
-                        .await
-                })
-                .await?
-                .map(|i| i.stored_offset);
+            let current = down.group_offset(group, w.partition).await?;
             if current.is_none_or(|c| c < w.downstream_offset) {
                 to_store.push((w.partition, w.downstream_offset));
             }
@@ -763,67 +682,156 @@ impl<C: ControlPlane> GroupSync<C> {
         if to_store.is_empty() {
             return Ok(Stored::Done(0));
         }
-        let (s1, t1, g1) = (s.clone(), t.clone(), group.clone());
-        target
-            .call(slot, "join_consumer_group", |c| async move {
-                c.join_consumer_group(&s1, &t1, &g1).await
-            })
-            .await?;
-        let outcome = self
-            .store_as_member(target, slot, (&s, &t), group, &to_store)
-            .await;
-        let (s1, t1, g1) = (s.clone(), t.clone(), group.clone());
-        let left = target
-            .call(slot, "leave_consumer_group", |c| async move {
-                c.leave_consumer_group(&s1, &t1, &g1).await
-            })
-            .await;
+        down.join(group).await?;
+        let outcome = Self::store_as_member(down, group, &to_store).await;
+        let left = down.leave(group).await;
         let stored = outcome?;
         left?;
         Ok(stored)
     }
 
     async fn store_as_member(
-        &self,
-        target: &Cluster,
-        slot: usize,
-        (s, t): (&Identifier, &Identifier),
+        down: &TopicOn<'_>,
         group: &Identifier,
         to_store: &[(u32, Offset)],
     ) -> Result<Stored> {
-        let (s1, t1, g1) = (s.clone(), t.clone(), group.clone());
-        let details = target
-            .call(slot, "get_consumer_group", |c| async move {
-                c.get_consumer_group(&s1, &t1, &g1).await
-            })
-            .await?;
-        let members = details.map_or(0, |g| g.members_count);
+        let members = down.group(group).await?.map_or(0, |g| g.members_count);
         if members != 1 {
             // A consumer joined meanwhile (or another node syncs it right now): leave it be.
             return Ok(Stored::Skipped(format!(
-                "{} members on the target while syncing",
-                members
+                "{members} members on the target while syncing"
             )));
         }
         for &(partition, offset) in to_store {
-            let (s1, t1, consumer) = (s.clone(), t.clone(), Consumer::group(group.clone()));
-            target
-                .call(slot, "store_consumer_offset", |c| async move {
-                    c.store_consumer_offset(&consumer, &s1, &t1, Some(partition), offset)
-                        .await
-                })
-                .await?;
+            down.store_offset(group, partition, offset).await?;
         }
         Ok(Stored::Done(to_store.len() as u64))
+    }
+
+    fn found_cache(&self) -> std::sync::MutexGuard<'_, HashMap<(WorkUnit, u64, Offset), Copied>> {
+        self.found
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One topic on one cluster, through one connection slot (group membership belongs to a
+/// connection, so a sync dance keeps to one slot): the Iggy calls the sync makes.
+struct TopicOn<'a> {
+    cluster: &'a Cluster,
+    slot: usize,
+    /// Stream and topic.
+    ids: (Identifier, Identifier),
+}
+
+impl TopicOn<'_> {
+    async fn details(&self) -> Result<Option<iggy::prelude::TopicDetails>> {
+        let (s, t) = self.ids.clone();
+        self.cluster
+            .call(self.slot, "get_topic", |c| async move {
+                c.get_topic(&s, &t).await
+            })
+            .await
+    }
+
+    /// Names of the topic's consumer groups.
+    async fn group_names(&self) -> Result<Vec<String>> {
+        let (s, t) = self.ids.clone();
+        let groups = self
+            .cluster
+            .call(self.slot, "get_consumer_groups", |c| async move {
+                c.get_consumer_groups(&s, &t).await
+            })
+            .await?;
+        Ok(groups.into_iter().map(|g| g.name).collect())
+    }
+
+    async fn group(
+        &self,
+        group: &Identifier,
+    ) -> Result<Option<iggy::prelude::ConsumerGroupDetails>> {
+        let ((s, t), g) = (self.ids.clone(), group.clone());
+        self.cluster
+            .call(self.slot, "get_consumer_group", |c| async move {
+                c.get_consumer_group(&s, &t, &g).await
+            })
+            .await
+    }
+
+    async fn create_group(&self, name: &str) -> Result<()> {
+        let ((s, t), name) = (self.ids.clone(), name.to_owned());
+        self.cluster
+            .call(self.slot, "create_consumer_group", |c| async move {
+                c.create_consumer_group(&s, &t, &name).await.map(|_| ())
+            })
+            .await
+    }
+
+    async fn join(&self, group: &Identifier) -> Result<()> {
+        let ((s, t), g) = (self.ids.clone(), group.clone());
+        self.cluster
+            .call(self.slot, "join_consumer_group", |c| async move {
+                c.join_consumer_group(&s, &t, &g).await
+            })
+            .await
+    }
+
+    async fn leave(&self, group: &Identifier) -> Result<()> {
+        let ((s, t), g) = (self.ids.clone(), group.clone());
+        self.cluster
+            .call(self.slot, "leave_consumer_group", |c| async move {
+                c.leave_consumer_group(&s, &t, &g).await
+            })
+            .await
+    }
+
+    /// The offset `group` stored on `partition` (reading needs no membership).
+    async fn group_offset(&self, group: &Identifier, partition: u32) -> Result<Option<Offset>> {
+        let ((s, t), consumer) = (self.ids.clone(), Consumer::group(group.clone()));
+        let info = self
+            .cluster
+            .call(self.slot, "get_consumer_offset", |c| async move {
+                c.get_consumer_offset(&consumer, &s, &t, Some(partition))
+                    .await
+            })
+            .await?;
+        Ok(info.map(|i| i.stored_offset))
+    }
+
+    /// Stores `offset` for `group` on `partition` (as a member the partition is assigned to).
+    async fn store_offset(&self, group: &Identifier, partition: u32, offset: Offset) -> Result<()> {
+        let ((s, t), consumer) = (self.ids.clone(), Consumer::group(group.clone()));
+        self.cluster
+            .call(self.slot, "store_consumer_offset", |c| async move {
+                c.store_consumer_offset(&consumer, &s, &t, Some(partition), offset)
+                    .await
+            })
+            .await
+    }
+
+    /// Up to `count` messages of `unit`'s partition from offset `at`.
+    async fn poll(&self, unit: &WorkUnit, at: Offset, count: u32) -> Result<Vec<IggyMessage>> {
+        let (s, t) = self.ids.clone();
+        let consumer = Consumer::new(ident("iggy-replicator.groups", unit)?);
+        let partition = unit.partition;
+        let polled = self
+            .cluster
+            .call(self.slot, "poll_messages (group sync)", |c| async move {
+                let strategy = PollingStrategy::offset(at);
+                c.poll_messages(&s, &t, Some(partition), &consumer, &strategy, count, false)
+                    .await
+            })
+            .await?;
+        Ok(polled.messages)
     }
 }
 
 /// What a sync of one topic keeps between calls.
 struct TopicCtx<'a> {
-    target: &'a Arc<Cluster>,
-    slot: usize,
-    up: (Identifier, Identifier),
-    down: (Identifier, Identifier),
+    /// The upstream topic.
+    up: TopicOn<'a>,
+    /// The downstream topic, through the writers' connections.
+    down: TopicOn<'a>,
     /// Per partition: whether the writer's map checked out this round.
     verified: HashMap<u32, bool>,
     /// Per partition: the newest copy downstream, once looked up this round.
