@@ -14,19 +14,16 @@
 //!
 //! Run: `cargo bench --bench group_sync` (prints results; it does not gate).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use iggy::prelude::IggyMessage;
-use replicator_harness::{connect, ensure_topic, produce_bulk, store_group_offsets, Bulk};
+use replicator_harness::{connect, store_group_offsets, Topic};
 use replicator_model::WorkUnit;
-use replicator_pipeline::{
-    ClusterParams, ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams,
-};
-use replicator_testkit::{TestServer, TestServerConfig};
+use replicator_pipeline::{ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams};
 
-type BenchResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+#[path = "common/mod.rs"]
+mod common;
+
+use common::BenchResult;
 
 const PARTITIONS: u32 = 100;
 const GROUPS: usize = 100;
@@ -67,34 +64,10 @@ async fn store_all(url: &str, round: u64) -> BenchResult {
 }
 
 async fn run() -> BenchResult {
-    let up = TestServer::start(TestServerConfig::default()).await?;
-    let down = TestServer::start(TestServerConfig::default()).await?;
-    let client = connect(&up.connection_string()).await?;
-    ensure_topic(&client, STREAM, TOPIC, PARTITIONS).await?;
-    let bulk = Bulk {
-        stream: STREAM.into(),
-        topic: TOPIC.into(),
-        partitions: (0..PARTITIONS).collect(),
-        range: 0..MESSAGES,
-        batch: 1000,
-    };
-    produce_bulk(&client, &bulk, |p, seq| {
-        IggyMessage::builder()
-            .id((u128::from(p) << 64) | (u128::from(seq) + 1))
-            .payload(Bytes::from_static(&[0u8; 100]))
-            .build()
-    })
-    .await?;
-    store_all(&up.connection_string(), 0).await?;
-
-    let clusters: BTreeMap<String, ClusterParams> = [
-        ("us".to_owned(), ClusterParams::new(up.connection_string())),
-        (
-            "eu".to_owned(),
-            ClusterParams::new(down.connection_string()),
-        ),
-    ]
-    .into();
+    let (servers, clusters) =
+        common::backlog(Topic::new(STREAM, TOPIC, PARTITIONS), MESSAGES).await?;
+    let up_url = servers.upstream.connection_string();
+    store_all(&up_url, 0).await?;
     let mut flow = FlowParams::new("bench", "us", "eu", vec![format!("{STREAM}/*")]);
     flow.consumer_groups = vec!["g-*".into()];
     // The periodic rounds stay out of the way: every round here is run by hand.
@@ -146,10 +119,10 @@ async fn run() -> BenchResult {
     };
     round("first", &pipeline).await?;
     round("unchanged", &pipeline).await?;
-    store_all(&up.connection_string(), 1).await?;
+    store_all(&up_url, 1).await?;
     round("moved", &pipeline).await?;
     pipeline.shutdown().await;
-    store_all(&up.connection_string(), 2).await?;
+    store_all(&up_url, 2).await?;
     let pipeline = Pipeline::start(params, control.clone()).await?;
     round("moved, no maps", &pipeline).await?;
     round("unchanged", &pipeline).await?;

@@ -4,19 +4,16 @@
 //!
 //! Run: `cargo bench --bench throttle` (prints results; it does not gate). Goal: within ±5 %.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use iggy::prelude::IggyMessage;
-use replicator_harness::{connect, ensure_topic, produce_bulk, Bulk};
+use replicator_harness::Topic;
 use replicator_model::WorkUnit;
-use replicator_pipeline::{
-    ClusterParams, ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams,
-};
-use replicator_testkit::{TestServer, TestServerConfig};
+use replicator_pipeline::{ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams};
 
-type BenchResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+#[path = "common/mod.rs"]
+mod common;
+
+use common::BenchResult;
 
 const PARTITIONS: u32 = 4;
 const LIMIT: u64 = 5_000;
@@ -43,32 +40,8 @@ async fn run() -> BenchResult {
         .and_then(|s| s.parse().ok())
         .unwrap_or(30);
     let per_partition = LIMIT * (seconds + 10) / u64::from(PARTITIONS);
-    let up = TestServer::start(TestServerConfig::default()).await?;
-    let down = TestServer::start(TestServerConfig::default()).await?;
-    let client = connect(&up.connection_string()).await?;
-    ensure_topic(&client, "throttle", "t", PARTITIONS).await?;
-    let bulk = Bulk {
-        stream: "throttle".into(),
-        topic: "t".into(),
-        partitions: (0..PARTITIONS).collect(),
-        range: 0..per_partition,
-        batch: 1000,
-    };
-    produce_bulk(&client, &bulk, |p, seq| {
-        IggyMessage::builder()
-            .id((u128::from(p) << 64) | (u128::from(seq) + 1))
-            .payload(Bytes::from_static(&[0u8; 100]))
-            .build()
-    })
-    .await?;
-    let clusters: BTreeMap<String, ClusterParams> = [
-        ("us".to_owned(), ClusterParams::new(up.connection_string())),
-        (
-            "eu".to_owned(),
-            ClusterParams::new(down.connection_string()),
-        ),
-    ]
-    .into();
+    let (_servers, clusters) =
+        common::backlog(Topic::new("throttle", "t", PARTITIONS), per_partition).await?;
     let mut flow = FlowParams::new("throttle", "us", "eu", vec!["throttle/*".into()]);
     flow.max_messages_per_second = Some(LIMIT);
     let control = InMemoryControl::new();
