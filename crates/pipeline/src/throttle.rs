@@ -24,6 +24,14 @@ pub(crate) fn instance_share(limit: u64, owned: usize, total: usize) -> u64 {
     u64::try_from(share).unwrap_or(u64::MAX).max(1)
 }
 
+/// Units of `flow` in `assignments` that are not on their way back.
+fn owned_units(assignments: &[Assignment], flow: &str) -> usize {
+    assignments
+        .iter()
+        .filter(|a| a.unit.flow == flow && !a.release_requested)
+        .count()
+}
+
 /// One limit (messages or bytes per second) of one flow on this instance.
 struct Limit {
     /// The cluster-wide limit.
@@ -77,8 +85,9 @@ pub(crate) struct FlowThrottle {
     flow: String,
     messages: Option<Limit>,
     bytes: Option<Limit>,
-    /// This instance's assignments (its share of the flow).
-    assignments: watch::Receiver<Vec<Assignment>>,
+    /// This instance's assignments, and how many units of the flow they held when last
+    /// counted (recounted only when they changed: a wait costs no walk over the units).
+    assignments: Mutex<(watch::Receiver<Vec<Assignment>>, usize)>,
     /// The flow's partitions, as this instance's discovery last counted them.
     total: Arc<AtomicUsize>,
 }
@@ -95,23 +104,32 @@ impl FlowThrottle {
         if max_messages_per_second.is_none() && max_bytes_per_second.is_none() {
             return None;
         }
+        let owned = owned_units(&assignments.borrow(), flow);
         Some(Arc::new(Self {
             flow: flow.to_owned(),
             messages: max_messages_per_second.map(Limit::new),
             bytes: max_bytes_per_second.map(Limit::new),
-            assignments,
+            assignments: Mutex::new((assignments, owned)),
             total,
         }))
     }
 
+    /// Units of the flow this instance owns now.
+    fn owned(&self) -> usize {
+        let mut guard = self
+            .assignments
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (assignments, owned) = &mut *guard;
+        if assignments.has_changed().unwrap_or(false) {
+            *owned = owned_units(&assignments.borrow_and_update(), &self.flow);
+        }
+        *owned
+    }
+
     /// This instance's share of `limit` now.
     fn share(&self, limit: &Limit) -> u64 {
-        let owned = self
-            .assignments
-            .borrow()
-            .iter()
-            .filter(|a| a.unit.flow == self.flow && !a.release_requested)
-            .count();
+        let owned = self.owned();
         let total = self.total.load(Ordering::Relaxed).max(owned);
         instance_share(limit.cluster, owned, total)
     }
@@ -144,6 +162,28 @@ mod tests {
             "nothing counted yet: all of it"
         );
         check!(instance_share(u64::MAX, 1, 2) == u64::MAX / 2);
+    }
+
+    #[test]
+    fn the_share_follows_the_assignment() {
+        use replicator_model::{Epoch, WorkUnit};
+        let assigned = |n: u32| -> Vec<Assignment> {
+            (0..n)
+                .map(|p| Assignment {
+                    unit: WorkUnit::new("f", "s", "t", p),
+                    epoch: Epoch(1),
+                    release_requested: false,
+                })
+                .collect()
+        };
+        let (tx, rx) = watch::channel(assigned(1));
+        let total = Arc::new(AtomicUsize::new(4));
+        let throttle = FlowThrottle::new("f", Some(1000), None, rx, total).expect("limited");
+        let limit = throttle.messages.as_ref().expect("a message limit");
+        check!(throttle.share(limit) == 250);
+        tx.send_replace(assigned(4));
+        check!(throttle.share(limit) == 1000);
+        check!(FlowThrottle::new("f", None, None, tx.subscribe(), Arc::default()).is_none());
     }
 
     #[tokio::test]
