@@ -55,51 +55,61 @@ const NEWEST_PAGES: u32 = 100;
 /// Most entries of [`GroupSync::found`] (cleared when full).
 const FOUND_CACHE: usize = 100_000;
 
+/// One writer's [`OffsetMap`], shared with the sync (the writer locks only its own).
+pub(crate) type SharedOffsetMap = Arc<Mutex<OffsetMap>>;
+
+/// Locks a writer's map.
+pub(crate) fn lock_map(map: &SharedOffsetMap) -> std::sync::MutexGuard<'_, OffsetMap> {
+    map.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The writers' [`OffsetMap`]s of this node, by unit (a map outlives its writer until the
 /// unit's next writer resumes: `flow promote` uses the maps of the writers it paused).
 #[derive(Clone, Default)]
-pub(crate) struct OffsetMaps(Arc<Mutex<HashMap<WorkUnit, OffsetMap>>>);
+pub(crate) struct OffsetMaps(Arc<Mutex<HashMap<WorkUnit, SharedOffsetMap>>>);
 
 impl OffsetMaps {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<WorkUnit, OffsetMap>> {
+    /// A writer of `unit` resumed: it records its sends in the returned map from now on.
+    pub(crate) fn resumed(&self, unit: &WorkUnit, map: OffsetMap) -> SharedOffsetMap {
+        let map = Arc::new(Mutex::new(map));
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(unit.clone(), map.clone());
+        map
     }
 
-    /// A writer of `unit` resumed: its sends are recorded in `map` from now on.
-    pub(crate) fn resumed(&self, unit: &WorkUnit, map: OffsetMap) {
-        self.lock().insert(unit.clone(), map);
-    }
-
-    /// The writer of `unit` had these upstream offsets acknowledged downstream, in order.
-    pub(crate) fn sent(&self, unit: &WorkUnit, upstream: impl IntoIterator<Item = Offset>) {
-        if let Some(map) = self.lock().get_mut(unit) {
-            map.sent(upstream);
-        }
-    }
-
-    /// A send of `unit` failed in a way that may have appended it.
-    pub(crate) fn unsure(&self, unit: &WorkUnit) {
-        if let Some(map) = self.lock().get_mut(unit) {
-            map.unsure();
-        }
+    /// The map of `unit`'s latest writer.
+    fn get(&self, unit: &WorkUnit) -> Option<SharedOffsetMap> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(unit)
+            .cloned()
     }
 
     fn label(&self, unit: &WorkUnit) -> Option<u64> {
-        self.lock().get(unit).map(OffsetMap::label)
+        Some(lock_map(&self.get(unit)?).label())
     }
 
     fn newest(&self, unit: &WorkUnit) -> Option<(u64, Copied)> {
-        let maps = self.lock();
-        let map = maps.get(unit)?;
+        let map = self.get(unit)?;
+        let map = lock_map(&map);
         Some((map.label(), map.newest()?))
     }
 
     fn lookup(&self, unit: &WorkUnit, label: u64, up: Offset) -> Lookup {
-        match self.lock().get(unit) {
-            Some(map) if map.label() == label => map.lookup(up),
-            _ => Lookup::Unknown,
+        match self.get(unit) {
+            Some(map) => {
+                let map = lock_map(&map);
+                if map.label() == label {
+                    map.lookup(up)
+                } else {
+                    Lookup::Unknown
+                }
+            }
+            None => Lookup::Unknown,
         }
     }
 }

@@ -46,6 +46,7 @@ use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
 use crate::error::{Error, Result};
 use crate::groups::translate::OffsetMap;
+use crate::groups::{lock_map, SharedOffsetMap};
 use crate::offsets::ReadFrom;
 use crate::provenance::{self, Incarnation};
 use crate::unit::{named, Batch, UnitShared};
@@ -86,6 +87,7 @@ pub(crate) async fn run<C: ControlPlane>(args: WriterArgs<C>) -> Result<&'static
         commit_call: None,
         held: None,
         resync: false,
+        offset_map: None,
     };
     let ended = writer.run(start).await;
     if let Ok(reason) = &ended {
@@ -120,6 +122,8 @@ struct Writer<C> {
     resync: bool,
     /// Backoff of transient failures (resume and send).
     backoff: Backoff,
+    /// Where this writer records what it sent, when its flow syncs consumer groups.
+    offset_map: Option<SharedOffsetMap>,
 }
 
 /// What the writer waits for.
@@ -315,10 +319,10 @@ impl<C: ControlPlane> Writer<C> {
         if crate::groups::enabled(&shared.flow) {
             let copied_before =
                 plan.written.is_some() || progress.is_some_and(|p| p.confirmed.is_some());
-            shared.offset_maps.resumed(
+            self.offset_map = Some(shared.offset_maps.resumed(
                 unit,
                 OffsetMap::new(self.topic_created_at, down_next, copied_before),
-            );
+            ));
         }
         self.commits.resumed(plan.written, plan.confirmed);
         shared.meters.resumed_after(plan.written);
@@ -393,10 +397,6 @@ impl<C: ControlPlane> Writer<C> {
             let partitioning = Partitioning::partition_id(shared.unit.partition);
             let messages = &mut batch.messages;
             let count = messages.len() as u64;
-            // What the consumer-group sync translates with (only when the flow syncs groups:
-            // the hot path stays allocation-free otherwise).
-            let upstream: Option<Vec<Offset>> = crate::groups::enabled(&shared.flow)
-                .then(|| messages.iter().map(|m| m.header.offset).collect());
             let started = Instant::now();
             // Checked again once the connection is ours, right before the request is written.
             let assignments = self.assignments.clone();
@@ -411,16 +411,18 @@ impl<C: ControlPlane> Writer<C> {
             shared.meters.sent(started.elapsed());
             match sent {
                 Ok(Ok(())) => {
-                    if let Some(upstream) = upstream {
-                        shared.offset_maps.sent(&shared.unit, upstream);
+                    // What the consumer-group sync translates with (the SDK leaves the
+                    // messages' upstream offsets as they were).
+                    if let Some(map) = &self.offset_map {
+                        lock_map(map).sent(batch.messages.iter().map(|m| m.header.offset));
                     }
                 }
                 Ok(Err(veto)) => return Ok(Sent::Vetoed(veto)),
                 Err(err) => {
                     // The batch may have been appended even though the call failed.
                     self.resync = true;
-                    if upstream.is_some() {
-                        shared.offset_maps.unsure(&shared.unit);
+                    if let Some(map) = &self.offset_map {
+                        lock_map(map).unsure();
                     }
                     return Err(match err {
                         Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {

@@ -77,6 +77,10 @@ async fn group_offsets_are_translated_exactly_and_again_after_a_restart() -> Tes
         .ok_or("no sync state")?;
     assert2::check!(state.runs > 0);
     assert2::check!(state.last.skipped.is_empty());
+    assert2::check!(
+        state.last.probes == 0,
+        "the writers' maps translate without searching the target"
+    );
     for unit in (0..3).map(|p| WorkUnit::new(stream, stream, topic, p)) {
         wait_confirmed(&control, &unit, 199, WAIT).await?;
     }
