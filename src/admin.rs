@@ -18,7 +18,9 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use replicator_config::Config;
 use replicator_control::tls::{serve_tls, ServerTls};
-use replicator_control::{ClusterStatus, Control, ControlMetrics, MemberStatus, PausedFlow};
+use replicator_control::{
+    ClusterStatus, Control, ControlMetrics, MemberStatus, PausedFlow, PendingReset,
+};
 use replicator_model::{Epoch, NodeId, UnitCounters, WorkUnit};
 use replicator_pipeline::HeartbeatStats;
 use replicator_pipeline::{ConnectionState, Cutover, Liveness, UnitStats};
@@ -246,6 +248,7 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/flows/{name}/pause", post(pause_flow))
         .route("/flows/{name}/resume", post(resume_flow))
         .route("/flows/{name}/promote", post(crate::flow::promote))
+        .route("/flows/{name}/reset", post(crate::reset::reset))
         .with_state(state)
 }
 
@@ -465,6 +468,9 @@ pub(crate) struct UnitView {
     pub(crate) release_requested: bool,
     /// Discovery no longer sees the upstream partition.
     pub(crate) retired: bool,
+    /// An operator's offset reset its next owner has not taken up yet (`flow reset`).
+    #[serde(default)]
+    pub(crate) pending_reset: Option<PendingReset>,
     /// Runtime figures from the owner (present when the answering node owns the unit).
     pub(crate) live: Option<LiveView>,
 }
@@ -510,6 +516,7 @@ pub(crate) fn status_view(
                 counters: unit.progress.counters,
                 release_requested: unit.release_requested,
                 retired: unit.retired,
+                pending_reset: unit.pending_reset,
                 unit: unit.unit,
                 live,
             }

@@ -1,4 +1,5 @@
-//! `iggy-replicator flow pause|resume|promote` and the admin API calls behind them.
+//! `iggy-replicator flow pause|resume|promote` and the admin API calls behind them (`flow
+//! reset` is in `reset.rs`).
 //!
 //! Pause and resume are one Raft entry each (`SetFlowPaused`): a paused flow's writers finish
 //! the batch in flight, commit and hand their units back, and nobody gets them until it is
@@ -37,9 +38,9 @@ const PROMOTE_POLL: Duration = Duration::from_millis(200);
 /// target.
 const PROMOTE_GROUP_RETRY: Duration = Duration::from_secs(1);
 
-/// How long promote waits, past its deadline, for the paused flow's writers to hand their
-/// units back (a dead owner's units move after its lease or fence).
-const PROMOTE_DRAIN: Duration = Duration::from_secs(30);
+/// How long promote (past its deadline) and reset wait for a paused flow's writers to hand
+/// their units back (a dead owner's units move after its lease or fence).
+pub(crate) const HAND_BACK_WAIT: Duration = Duration::from_secs(30);
 
 /// `flow` subcommands.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -83,6 +84,13 @@ pub(crate) enum FlowCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Move where partitions of a paused flow resume: skip a backlog (`--to latest`), start
+    /// at an offset, or copy a range again (`--allow-duplicates`). Recorded in the control
+    /// plane with who and when; applies when the flow is resumed.
+    #[command(
+        after_help = "Examples:\n  REPLICATOR_TOKEN=... iggy-replicator flow pause us-to-eu --api 10.0.0.1:7180\n  REPLICATOR_TOKEN=... iggy-replicator flow reset us-to-eu --stream orders --topic created --to latest --api 10.0.0.1:7180\n  REPLICATOR_TOKEN=... iggy-replicator flow reset us-to-eu --stream orders --topic created --partition 0 --to 1200 --allow-duplicates --api 10.0.0.1:7180\n  REPLICATOR_TOKEN=... iggy-replicator flow resume us-to-eu --api 10.0.0.1:7180"
+    )]
+    Reset(crate::reset::ResetArgs),
 }
 
 /// Body of `POST /flows/{name}/promote`.
@@ -180,7 +188,7 @@ impl From<&GroupSkip> for GroupSkipView {
 // The admin API side.
 
 /// Who made a call, for the record in Raft.
-fn requester(action: &str) -> String {
+pub(crate) fn requester(action: &str) -> String {
     format!("{action} via the admin API")
 }
 
@@ -221,7 +229,7 @@ pub(crate) async fn set_paused(
 }
 
 /// 404 unless this node's config has the flow.
-fn known_flow(state: &AdminState, name: &str) -> Result<(), Box<Response>> {
+pub(crate) fn known_flow(state: &AdminState, name: &str) -> Result<(), Box<Response>> {
     if state.flows.iter().any(|f| f == name) {
         Ok(())
     } else {
@@ -273,7 +281,10 @@ pub(crate) async fn promote(
 }
 
 /// The flow's units as the control plane knows them (retired ones left out).
-async fn flow_units(control: &Control, flow: &str) -> Result<Vec<(WorkUnit, Option<u64>)>, String> {
+pub(crate) async fn flow_units(
+    control: &Control,
+    flow: &str,
+) -> Result<Vec<(WorkUnit, Option<u64>)>, String> {
     let status = control.status().await.map_err(|e| e.to_string())?;
     Ok(status
         .units
@@ -327,7 +338,7 @@ pub(crate) async fn run_promote(
         .set_flow_paused(flow, true, requester("promote"))
         .await
         .map_err(|e| e.to_string())?;
-    let drained_by = deadline.max(Instant::now()) + PROMOTE_DRAIN;
+    let drained_by = deadline.max(Instant::now()) + HAND_BACK_WAIT;
     let mut errors = Vec::new();
     loop {
         let owned = control.flow_owned_units(flow);
@@ -427,6 +438,7 @@ pub(crate) async fn run(command: FlowCommand) -> Result<(), Failure> {
             })
             .await
         }
+        FlowCommand::Reset(args) => crate::reset::run(args).await,
         FlowCommand::Promote {
             name,
             call,
@@ -437,23 +449,14 @@ pub(crate) async fn run(command: FlowCommand) -> Result<(), Failure> {
                 timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             };
             // The call lasts the timeout, the drain and the final sync.
-            let answer = call
-                .call_json(
-                    timeout + PROMOTE_DRAIN + Duration::from_secs(60),
+            let (report, answer): (PromoteReport, _) = call
+                .post_for(
+                    timeout + HAND_BACK_WAIT + Duration::from_secs(60),
                     "promote",
-                    |client, api| {
-                        client
-                            .post(api, &format!("/flows/{name}/promote"))
-                            .json(&body)
-                    },
+                    &format!("/flows/{name}/promote"),
+                    &body,
                 )
                 .await?;
-            let report: PromoteReport = serde_json::from_str(&answer).map_err(|e| {
-                Failure::runtime(
-                    format!("promote answered something unexpected: {e}"),
-                    "is the node the same version as this command?",
-                )
-            })?;
             if json {
                 println!("{answer}");
             } else {

@@ -112,6 +112,29 @@ impl MutationArgs {
         Ok(())
     }
 
+    /// POSTs `body` as JSON to `path` for `action`, bounded by `timeout`, and decodes the
+    /// answer as a `T` (also returned as the raw text, for `--json`).
+    pub(crate) async fn post_for<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        timeout: Duration,
+        action: &str,
+        path: &str,
+        body: &B,
+    ) -> Result<(T, String), Failure> {
+        let answer = self
+            .call_json(timeout, action, |client, api| {
+                client.post(api, path).json(body)
+            })
+            .await?;
+        let decoded = serde_json::from_str(&answer).map_err(|e| {
+            Failure::runtime(
+                format!("{action} answered something unexpected: {e}"),
+                "is the node the same version as this command?",
+            )
+        })?;
+        Ok((decoded, answer))
+    }
+
     /// Like [`MutationArgs::send`], bounded by `timeout`, returning the answer's body.
     pub(crate) async fn call_json(
         &self,
@@ -252,6 +275,11 @@ async fn mutation_result(response: reqwest::Response, action: &str) -> Result<St
     let body = response.text().await.unwrap_or_default();
     if code.is_success() {
         Ok(body)
+    } else if code == reqwest::StatusCode::CONFLICT || code == reqwest::StatusCode::NOT_FOUND {
+        Err(Failure::runtime(
+            format!("{action} refused: {}", body.trim()),
+            "the answer above says why",
+        ))
     } else if code == reqwest::StatusCode::UNAUTHORIZED {
         Err(Failure::runtime(
             format!("{action} refused: {}", body.trim()),
@@ -349,6 +377,22 @@ fn render_members(view: &StatusView) -> String {
             p.requested_by,
             ago(p.at_unix_ms)
         ));
+    }
+    for u in &view.units {
+        if let Some(r) = &u.pending_reset {
+            out.push_str(&format!(
+                "{} RESET to offset {}{} ({}, {}): applies when its next owner starts\n",
+                u.unit,
+                r.reset.next,
+                if r.reset.allow_duplicates {
+                    ", duplicates allowed"
+                } else {
+                    ""
+                },
+                r.requested_by,
+                ago(r.at_unix_ms)
+            ));
+        }
     }
     out.push_str(&format!(
         "{:>6}  {:<22} {:<22} {:<7} {:<7} {:>6}  {}\n",

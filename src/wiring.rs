@@ -15,7 +15,9 @@ use replicator_control::{
     ClusterSecret, Control, ControlParams, ControlTiming, FenceFuture, Fencing, TlsFiles,
     WriterFence,
 };
-use replicator_model::{Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit};
+use replicator_model::{
+    Assignment, CommitOutcome, Epoch, OffsetCommit, OffsetReset, UnitProgress, WorkUnit,
+};
 use replicator_model::{NodeId, WriterLogin};
 use replicator_pipeline::{
     BackoffParams, ClusterParams, ControlError, ControlPlane, FlowParams, PipelineParams,
@@ -176,6 +178,10 @@ impl ControlPlane for RaftControl {
 
     fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
         self.0.progress(unit)
+    }
+
+    fn pending_reset(&self, unit: &WorkUnit) -> Option<OffsetReset> {
+        self.0.pending_reset(unit)
     }
 
     fn commit(

@@ -9,13 +9,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use iggy::prelude::{
-    Consumer, Identifier, IggyClient, IggyMessage, MessageClient, PollingStrategy,
-};
+use iggy::prelude::{IggyClient, IggyMessage};
 use replicator_harness::{
-    connect, group_next_message, group_offset, message_id_at, partition_counts, produce_bulk,
-    serial, store_group_offsets, translated_exactly, wait_until, Bulk, Cluster, ClusterSpec,
-    ReplicatorBinary, Servers, TestResult, Topic,
+    connect, group_next_message, group_offset, message_id_at, partition_counts, partition_ids,
+    produce_bulk, serial, store_group_offsets, translated_exactly, wait_until, Bulk, Cluster,
+    ClusterSpec, ReplicatorBinary, Servers, TestResult, Topic,
 };
 
 const STREAM: &str = "dr";
@@ -68,28 +66,6 @@ async fn produce(client: &IggyClient, origin: u128, range: std::ops::Range<u64>)
     })
     .await?;
     Ok(())
-}
-
-/// Message ids of a whole partition, in offset order.
-async fn ids(client: &IggyClient, partition: u32) -> TestResult<Vec<u128>> {
-    let mut out = Vec::new();
-    loop {
-        let polled = client
-            .poll_messages(
-                &Identifier::named(STREAM)?,
-                &Identifier::named(TOPIC)?,
-                Some(partition),
-                &Consumer::new(Identifier::named("dr-reader")?),
-                &PollingStrategy::offset(out.len() as u64),
-                1000,
-                false,
-            )
-            .await?;
-        if polled.messages.is_empty() {
-            return Ok(out);
-        }
-        out.extend(polled.messages.iter().map(|m| m.header.id));
-    }
 }
 
 /// Waits until `group` on `target` holds, on every partition, the translation of `offsets`
@@ -203,7 +179,7 @@ fn groups_follow_failover_and_promote_then_fail_back_exactly() -> TestResult {
         promote(&cluster, "back").await?;
         wait_translated((&down, &up), &consumed_down, "failed back").await?;
         for partition in 0..PARTITIONS {
-            let upstream = ids(&up, partition).await?;
+            let upstream = partition_ids(&up, (STREAM, TOPIC), partition).await?;
             let expected: Vec<u128> = (0..500u64)
                 .map(|seq| (1 << 64) | (u128::from(partition) << 32) | u128::from(seq))
                 .chain(

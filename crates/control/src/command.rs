@@ -4,7 +4,7 @@
 //! ever appended at the end, never reordered or removed, and `tests::golden_bytes` pins the
 //! encoding of every variant so that an accidental change fails the build's tests.
 
-use replicator_model::{CommitOutcome, Epoch, NodeId, OffsetCommit, WorkUnit};
+use replicator_model::{CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, WorkUnit};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -143,6 +143,23 @@ pub(crate) enum ControlCommand {
         /// entry: `apply` reads no clock).
         at_unix_ms: u64,
     },
+    /// An operator moved where units of a paused flow resume (`flow reset`). All or nothing:
+    /// refused unless the flow is paused, every unit is known, current and owned by nobody
+    /// (an owner's final commit would undo it), and, without `allow_duplicates`, every new
+    /// start is past the unit's confirmed offset.
+    ResetOffsets {
+        /// The flow; every unit must belong to it.
+        flow: String,
+        /// Each unit and the first upstream offset its next owner copies.
+        resets: Vec<(WorkUnit, Offset)>,
+        /// Allow starts at or below confirmed offsets (messages the target holds are copied
+        /// again).
+        allow_duplicates: bool,
+        /// Who asked, for the record.
+        requested_by: String,
+        /// When, Unix milliseconds.
+        at_unix_ms: u64,
+    },
 }
 
 impl ControlCommand {
@@ -159,6 +176,8 @@ impl ControlCommand {
             | ControlCommand::Revoke { .. }
             | ControlCommand::FenceAcknowledged { .. }
             | ControlCommand::SetFlowPaused { .. } => true,
+            // Only units without an owner are reset.
+            ControlCommand::ResetOffsets { .. } => false,
             ControlCommand::SetWriterIdentity { .. }
             | ControlCommand::FenceMember { .. }
             | ControlCommand::ForgetIdentity { .. } => false,
@@ -203,6 +222,12 @@ pub(crate) enum Rejection {
     UnknownIdentity,
     /// The unit's flow is paused: nothing of it is granted.
     FlowPaused,
+    /// An offset reset of a flow that is not paused.
+    FlowRunning,
+    /// An offset reset of a unit that still has an owner.
+    StillOwned,
+    /// An offset reset at or below a confirmed offset without `allow_duplicates`.
+    WouldDuplicate,
 }
 
 /// The result of applying one log entry.
@@ -386,6 +411,16 @@ mod tests {
                 },
                 "0f016601016f02",
             ),
+            (
+                ControlCommand::ResetOffsets {
+                    flow: "f".into(),
+                    resets: vec![(unit(), 3)],
+                    allow_duplicates: true,
+                    requested_by: "o".into(),
+                    at_unix_ms: 4,
+                },
+                "10016601016601730174010301016f04",
+            ),
         ]
     }
 
@@ -424,9 +459,10 @@ mod tests {
             ControlCommand::ForgetIdentity { .. } => 13,
             ControlCommand::FenceAcknowledged { .. } => 14,
             ControlCommand::SetFlowPaused { .. } => 15,
+            ControlCommand::ResetOffsets { .. } => 16,
         };
         let indexes: Vec<usize> = golden().iter().map(|(c, _)| count(c)).collect();
-        assert2::check!(indexes == (0..=15).collect::<Vec<_>>());
+        assert2::check!(indexes == (0..=16).collect::<Vec<_>>());
     }
 
     #[test]

@@ -41,7 +41,10 @@ use std::io::Cursor;
 
 use serde::{Deserialize, Serialize};
 
-pub use api::{ClusterStatus, Control, ControlMetrics, MemberStatus, PausedFlow, UnitStatus};
+pub use api::{
+    ClusterStatus, Control, ControlMetrics, MemberStatus, PausedFlow, PendingReset, ResetRefusal,
+    UnitStatus,
+};
 pub use error::{Error, Result};
 pub use fence::{FenceFuture, Fencing, WriterFence};
 pub use params::{ClusterSecret, ControlParams, ControlTiming};

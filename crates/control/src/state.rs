@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, NodeId, OffsetCommit, UnitProgress, WorkUnit, WriterLogin,
+    Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset, UnitProgress,
+    WorkUnit, WriterLogin,
 };
 use serde::{Deserialize, Serialize};
 
@@ -91,6 +92,22 @@ pub(crate) struct ControlState {
     pub(crate) retired_incarnations: BTreeMap<NodeId, u64>,
     /// Flows an operator paused, by name: their units are asked back and granted to nobody.
     pub(crate) paused_flows: BTreeMap<String, PauseRecord>,
+    /// Offset resets not yet taken up, by unit: the unit's next owner starts there, and its
+    /// first commit clears the entry.
+    pub(crate) pending_resets: BTreeMap<WorkUnit, ResetRecord>,
+}
+
+/// An operator's offset reset of one unit (see `ControlCommand::ResetOffsets`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ResetRecord {
+    /// Where the next owner starts.
+    pub(crate) reset: OffsetReset,
+    /// Who asked.
+    pub(crate) requested_by: String,
+    /// When, Unix milliseconds.
+    pub(crate) at_unix_ms: u64,
+    /// Log index of the reset.
+    pub(crate) index: u64,
 }
 
 /// Who paused a flow, and when (see `ControlCommand::SetFlowPaused`).
@@ -272,6 +289,28 @@ impl ControlState {
                 requested_by,
                 at_unix_ms,
             } => self.set_flow_paused(index, flow, *paused, requested_by, *at_unix_ms),
+            ControlCommand::ResetOffsets {
+                flow,
+                resets,
+                allow_duplicates,
+                requested_by,
+                at_unix_ms,
+            } => match self.check_reset(flow, resets, *allow_duplicates) {
+                Err(rejection) => Ignored(rejection),
+                Ok(()) => {
+                    for (unit, next) in resets {
+                        self.reset_offset(
+                            index,
+                            unit,
+                            *next,
+                            *allow_duplicates,
+                            requested_by,
+                            *at_unix_ms,
+                        );
+                    }
+                    Done
+                }
+            },
             ControlCommand::Batch(_) => Ignored(Rejection::NestedBatch),
         }
     }
@@ -306,6 +345,66 @@ impl ControlState {
             }
         }
         ControlResponse::Done
+    }
+
+    /// Why `resets` cannot apply, if they cannot (see `ControlCommand::ResetOffsets`).
+    pub(crate) fn check_reset(
+        &self,
+        flow: &str,
+        resets: &[(WorkUnit, Offset)],
+        allow_duplicates: bool,
+    ) -> Result<(), Rejection> {
+        if flow.is_empty() || resets.is_empty() || resets.iter().any(|(u, _)| u.flow != flow) {
+            return Err(Rejection::InvalidFlow);
+        }
+        if !self.paused_flows.contains_key(flow) {
+            return Err(Rejection::FlowRunning);
+        }
+        for (unit, next) in resets {
+            let rec = match self.units.get(unit) {
+                Some(rec) if !rec.retired => rec,
+                Some(_) => return Err(Rejection::Retired),
+                None => return Err(Rejection::UnknownUnit),
+            };
+            if rec.owner.is_some() {
+                return Err(Rejection::StillOwned);
+            }
+            if !allow_duplicates && rec.progress.confirmed.is_some_and(|c| *next <= c) {
+                return Err(Rejection::WouldDuplicate);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records where `unit`'s next owner starts. The confirmed offset moves to just before it
+    /// (back over what is copied again, or forward over what is skipped, so lag and `flow
+    /// promote` count from there); a unit that never committed keeps none.
+    fn reset_offset(
+        &mut self,
+        index: u64,
+        unit: &WorkUnit,
+        next: Offset,
+        allow_duplicates: bool,
+        requested_by: &str,
+        at_unix_ms: u64,
+    ) {
+        if let Some(rec) = self.units.get_mut(unit) {
+            if rec.progress.confirmed.is_some() {
+                rec.progress.confirmed = next.checked_sub(1);
+            }
+        }
+        self.pending_resets.insert(
+            unit.clone(),
+            ResetRecord {
+                reset: OffsetReset {
+                    next,
+                    allow_duplicates,
+                },
+                requested_by: requested_by.to_owned(),
+                at_unix_ms,
+                index,
+            },
+        );
     }
 
     /// Whether `unit` belongs to a paused flow.
@@ -431,6 +530,9 @@ impl ControlState {
             p.confirmed = p.confirmed.max(Some(c.offset));
         }
         p.counters.add(&c.counters);
+        // The owner started where the reset said (units are reset only while unowned): its
+        // commits are the unit's progress from now on.
+        self.pending_resets.remove(&c.unit);
         CommitOutcome::Committed
     }
 

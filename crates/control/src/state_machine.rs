@@ -6,7 +6,6 @@
 //! committed id, and log purging never passes the snapshot), so a restarted node comes back
 //! with exactly the state it had applied.
 
-use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -44,66 +43,29 @@ pub(crate) struct SmData {
 }
 
 impl SmData {
-    /// Decodes snapshot data, also as written by older versions: before flows could be paused
-    /// (no `paused_flows`), and before writer identities existed (members and units only).
+    /// Decodes snapshot data, also as written by older versions. Every field `ControlState`
+    /// gained since the first release is a collection appended at its end (the end of
+    /// `SmData` too), and bincode writes an empty collection as one zero byte: a snapshot of an
+    /// older shape is the current shape with those newest collections empty, once a zero byte
+    /// per missing field is appended.
     fn decode(bytes: &[u8]) -> Result<SmData> {
         let current = decode::<SmData>("snapshot data", bytes);
         if current.is_ok() {
             return current;
         }
-        #[derive(Deserialize)]
-        struct StateBeforePauses {
-            members: BTreeMap<NodeId, crate::state::MemberRecord>,
-            units: BTreeMap<replicator_model::WorkUnit, crate::state::UnitRecord>,
-            identities: BTreeMap<NodeId, crate::state::IdentityRecord>,
-            stale_identities: std::collections::BTreeSet<(NodeId, u64)>,
-            retired_incarnations: BTreeMap<NodeId, u64>,
-        }
-        #[derive(Deserialize)]
-        struct StateBeforeIdentities {
-            members: BTreeMap<NodeId, crate::state::MemberRecord>,
-            units: BTreeMap<replicator_model::WorkUnit, crate::state::UnitRecord>,
-        }
-        #[derive(Deserialize)]
-        struct OldData<S> {
-            last_applied: Option<LogId<NodeId>>,
-            last_membership: StoredMembership<NodeId, MemberNode>,
-            state: S,
-        }
-        let data = |last_applied, last_membership, state| SmData {
-            last_applied,
-            last_membership,
-            state,
-        };
-        if let Ok(old) = decode::<OldData<StateBeforePauses>>("snapshot data", bytes) {
-            let s = old.state;
-            return Ok(data(
-                old.last_applied,
-                old.last_membership,
-                ControlState {
-                    members: s.members,
-                    units: s.units,
-                    identities: s.identities,
-                    stale_identities: s.stale_identities,
-                    retired_incarnations: s.retired_incarnations,
-                    ..ControlState::default()
-                },
-            ));
-        }
-        match decode::<OldData<StateBeforeIdentities>>("snapshot data", bytes) {
-            Ok(old) => Ok(data(
-                old.last_applied,
-                old.last_membership,
-                ControlState {
-                    members: old.state.members,
-                    units: old.state.units,
-                    ..ControlState::default()
-                },
-            )),
-            Err(_) => current,
-        }
+        (1..=FIELDS_ADDED_SINCE_FIRST_RELEASE)
+            .find_map(|missing| {
+                let mut padded = bytes.to_vec();
+                padded.resize(bytes.len() + missing, 0);
+                decode::<SmData>("snapshot data", &padded).ok()
+            })
+            .map_or(current, Ok)
     }
 }
+
+/// `ControlState` fields added after the first release, all collections at its end:
+/// `identities`, `stale_identities`, `retired_incarnations`, `paused_flows`, `pending_resets`.
+const FIELDS_ADDED_SINCE_FIRST_RELEASE: usize = 5;
 
 /// A snapshot as stored in sled.
 #[derive(Serialize, Deserialize)]
@@ -367,6 +329,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use crate::state::{MemberRecord, MemberState};
 
@@ -439,5 +403,52 @@ mod tests {
         assert2::check!(data.state.retired_incarnations.get(&1) == Some(&2));
         assert2::check!(data.state.stale_identities.contains(&(3, 4)));
         assert2::check!(data.state.paused_flows.is_empty());
+    }
+
+    #[test]
+    fn a_snapshot_from_before_offset_resets_still_loads() {
+        #[derive(Serialize)]
+        struct OldState {
+            members: BTreeMap<NodeId, MemberRecord>,
+            units: BTreeMap<replicator_model::WorkUnit, crate::state::UnitRecord>,
+            identities: BTreeMap<NodeId, crate::state::IdentityRecord>,
+            stale_identities: std::collections::BTreeSet<(NodeId, u64)>,
+            retired_incarnations: BTreeMap<NodeId, u64>,
+            paused_flows: BTreeMap<String, crate::state::PauseRecord>,
+        }
+        #[derive(Serialize)]
+        struct OldData {
+            last_applied: Option<LogId<NodeId>>,
+            last_membership: StoredMembership<NodeId, MemberNode>,
+            state: OldState,
+        }
+        let pause = crate::state::PauseRecord {
+            requested_by: "op".into(),
+            at_unix_ms: 5,
+            index: 6,
+        };
+        let old = OldData {
+            last_applied: None,
+            last_membership: StoredMembership::default(),
+            state: OldState {
+                members: BTreeMap::new(),
+                units: BTreeMap::new(),
+                identities: BTreeMap::new(),
+                stale_identities: [(3, 4)].into(),
+                retired_incarnations: BTreeMap::new(),
+                paused_flows: BTreeMap::from([("f".to_owned(), pause.clone())]),
+            },
+        };
+        let bytes = encode("snapshot data", &old).expect("encodes");
+        let data = SmData::decode(&bytes).expect("the old shape decodes");
+        assert2::check!(data.state.paused_flows.get("f") == Some(&pause));
+        assert2::check!(data.state.stale_identities.contains(&(3, 4)));
+        assert2::check!(data.state.pending_resets.is_empty());
+    }
+
+    #[test]
+    fn corrupt_snapshot_data_is_an_error() {
+        // An invalid option tag where `last_applied` starts: no padding makes it decode.
+        assert!(SmData::decode(&[0xff; 3]).is_err());
     }
 }

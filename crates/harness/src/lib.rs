@@ -61,11 +61,11 @@ pub use raw_copy::{raw_copy, RawCopy};
 pub use replicator_control::ControlTiming;
 pub use replicator_model::NodeId;
 pub use servers::{DevServer, Servers};
-pub use status::{MemberView, PausedView, Status, UnitView};
+pub use status::{MemberView, PausedView, PendingResetView, Status, UnitView};
 pub use tls::{NodeTls, TestCa};
 pub use topic::{
-    connect, delete_stream, ensure_topic, partition_counts, partition_messages, stream_messages,
-    Target, Topic, Watch,
+    connect, delete_stream, ensure_topic, partition_counts, partition_ids, partition_messages,
+    stream_messages, Target, Topic, Watch,
 };
 pub use wait::{serial, tick, wait_until, Deadline};
 

@@ -55,6 +55,16 @@ pub struct UnitView {
     pub release_requested: bool,
     /// No longer seen upstream.
     pub retired: bool,
+    /// An offset reset (`flow reset`) its next owner has not taken up yet.
+    #[serde(default)]
+    pub pending_reset: Option<PendingResetView>,
+}
+
+/// A pending offset reset in [`UnitView`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct PendingResetView {
+    /// Where the next owner starts, and whether duplicates are allowed.
+    pub reset: replicator_model::OffsetReset,
 }
 
 impl Status {
@@ -121,6 +131,16 @@ impl Status {
             .iter()
             .filter(|u| u.unit.flow == flow && u.owner.is_some())
             .count()
+    }
+
+    /// The offset resets of `flow` not taken up yet, by partition: where each starts.
+    #[must_use]
+    pub fn pending_resets_of(&self, flow: &str) -> BTreeMap<u32, u64> {
+        self.units
+            .iter()
+            .filter(|u| u.unit.flow == flow)
+            .filter_map(|u| Some((u.unit.partition, u.pending_reset.as_ref()?.reset.next)))
+            .collect()
     }
 
     /// Member ids.

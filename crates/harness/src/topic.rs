@@ -3,8 +3,8 @@
 use std::time::{Duration, Instant};
 
 use iggy::prelude::{
-    Client, CompressionAlgorithm, Identifier, IggyClient, IggyExpiry, MaxTopicSize, StreamClient,
-    TopicClient,
+    Client, CompressionAlgorithm, Consumer, Identifier, IggyClient, IggyExpiry, MaxTopicSize,
+    MessageClient, PollingStrategy, StreamClient, TopicClient,
 };
 use replicator_testkit::TestServer;
 
@@ -131,6 +131,35 @@ pub async fn partition_counts(client: &IggyClient, stream: &str, topic: &str) ->
         .collect();
     partitions.sort_unstable();
     Ok(partitions.into_iter().map(|(_, count)| count).collect())
+}
+
+/// The ids of every message of one partition of `stream/topic`, in offset order (empty while it
+/// does not exist or holds nothing).
+pub async fn partition_ids(
+    client: &IggyClient,
+    (stream, topic): (&str, &str),
+    partition: u32,
+) -> Result<Vec<u128>> {
+    let (stream, topic) = (Identifier::named(stream)?, Identifier::named(topic)?);
+    let consumer = Consumer::new(Identifier::named("harness-reader")?);
+    let mut out = Vec::new();
+    loop {
+        let polled = client
+            .poll_messages(
+                &stream,
+                &topic,
+                Some(partition),
+                &consumer,
+                &PollingStrategy::offset(out.len() as u64),
+                1000,
+                false,
+            )
+            .await?;
+        if polled.messages.is_empty() {
+            return Ok(out);
+        }
+        out.extend(polled.messages.iter().map(|m| m.header.id));
+    }
 }
 
 /// Messages in every topic of `stream` through the SDK (0 while it does not exist).

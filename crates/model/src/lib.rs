@@ -19,7 +19,7 @@ pub use flow::{
     DEFAULT_HEARTBEAT_TOPIC,
 };
 pub use unit::{
-    Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, UnitCounters, UnitProgress,
-    WorkUnit,
+    Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset, UnitCounters,
+    UnitProgress, WorkUnit,
 };
 pub use writer::{writer_username, WriterLogin};

@@ -179,3 +179,15 @@ mod tests {
         assert!(Epoch(9) < Epoch(10));
     }
 }
+
+/// Where an operator reset a unit (`flow reset`): its next owner starts copying at `next`
+/// instead of after its confirmed offset. Pending until that owner's first commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffsetReset {
+    /// The first upstream offset to copy.
+    pub next: Offset,
+    /// Copy from `next` even if the target already holds copies at or after it. Without it
+    /// the writer starts after the last copy of ours it finds downstream when that is past
+    /// `next` (the usual tail scan), so a reset never writes a message twice.
+    pub allow_duplicates: bool,
+}

@@ -7,7 +7,8 @@ use std::future::Future;
 use std::time::Instant;
 
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit, WriterLogin,
+    Assignment, CommitOutcome, Epoch, OffsetCommit, OffsetReset, UnitProgress, WorkUnit,
+    WriterLogin,
 };
 use tokio::sync::watch;
 
@@ -56,6 +57,9 @@ pub trait ControlPlane: Clone + Send + Sync + 'static {
 
     /// Confirmed progress of a unit from the local state, `None` if it was never committed.
     fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress>;
+
+    /// Where an operator reset the unit (`flow reset`), until its next owner's first commit.
+    fn pending_reset(&self, unit: &WorkUnit) -> Option<OffsetReset>;
 
     /// Commits offsets (the implementation may batch them with other callers'); one outcome per
     /// commit, in order.

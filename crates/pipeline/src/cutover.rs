@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use iggy::prelude::TopicClient;
+use iggy::prelude::{Consumer, MessageClient, PollingStrategy, TopicClient};
 use replicator_model::{Offset, WorkUnit};
 
 use crate::clients::Cluster;
@@ -107,6 +107,58 @@ impl Cutover {
             }
         }
         out
+    }
+
+    /// The first offset each unit's upstream partition still holds (retention removes the
+    /// oldest messages, the offsets stay), `None` for an empty partition, or the error reading
+    /// it: where `flow reset --to earliest` starts.
+    pub async fn first_offsets(
+        &self,
+        flow: &str,
+        units: &[WorkUnit],
+    ) -> Vec<Result<Option<Offset>, String>> {
+        let mut out = Vec::with_capacity(units.len());
+        for unit in units {
+            out.push(self.first_offset(flow, unit).await);
+        }
+        out
+    }
+
+    async fn first_offset(&self, flow: &str, unit: &WorkUnit) -> Result<Option<Offset>, String> {
+        let f = self
+            .flows
+            .get(flow)
+            .ok_or_else(|| format!("no flow {flow} on this node"))?;
+        let cluster = self
+            .clusters
+            .get(&f.source)
+            .ok_or_else(|| format!("no cluster {}", f.source))?;
+        let stream = named(&unit.stream, unit).map_err(|e| e.to_string())?;
+        let topic = named(&unit.topic, unit).map_err(|e| e.to_string())?;
+        let consumer =
+            Consumer::new(named("iggy-replicator.reset", unit).map_err(|e| e.to_string())?);
+        let partition = unit.partition;
+        let polled = cluster
+            .call(
+                partition as usize,
+                "poll_messages (first offset)",
+                |c| async move {
+                    // From offset 0 the server answers from the oldest message it still holds.
+                    c.poll_messages(
+                        &stream,
+                        &topic,
+                        Some(partition),
+                        &consumer,
+                        &PollingStrategy::offset(0),
+                        1,
+                        false,
+                    )
+                    .await
+                },
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(polled.messages.first().map(|m| m.header.offset))
     }
 
     async fn topic_extents(

@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use replicator_model::{Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit};
+use replicator_model::{
+    Assignment, CommitOutcome, Epoch, OffsetCommit, OffsetReset, UnitProgress, WorkUnit,
+};
 use tokio::sync::watch;
 
 use crate::control::{ControlError, ControlPlane};
@@ -30,6 +32,8 @@ struct UnitEntry {
     held: bool,
     /// Confirmed progress; `confirmed: None` before the first commit.
     progress: UnitProgress,
+    /// An operator's reset no commit took up yet (see [`InMemoryControl::reset`]).
+    reset: Option<OffsetReset>,
 }
 
 /// Everything behind the lock.
@@ -108,6 +112,7 @@ impl State {
             p.confirmed = Some(p.confirmed.map_or(c.offset, |old| old.max(c.offset)));
         }
         p.counters.add(&c.counters);
+        entry.reset = None;
         CommitOutcome::Committed
     }
 }
@@ -217,6 +222,19 @@ impl InMemoryControl {
         self.mutate(|s| s.grant(unit));
     }
 
+    /// Resets where the unit resumes, as `flow reset` does on the replicated state (which also
+    /// checks the flow is paused and the unit unowned: tests `revoke` it first): the confirmed
+    /// offset moves to just before `reset.next`, and the next owner starts there.
+    pub fn reset(&self, unit: &WorkUnit, reset: OffsetReset) {
+        self.mutate(|s| {
+            let e = s.units.entry(unit.clone()).or_default();
+            if e.progress.confirmed.is_some() {
+                e.progress.confirmed = reset.next.checked_sub(1);
+            }
+            e.reset = Some(reset);
+        });
+    }
+
     /// Sets the lease this control plane reports from now on.
     pub fn set_lease(&self, lease: InMemoryLease) {
         self.lock().lease = lease;
@@ -246,6 +264,10 @@ impl ControlPlane for InMemoryControl {
             .get(unit)
             .map(|e| e.progress)
             .filter(|p| p.confirmed.is_some())
+    }
+
+    fn pending_reset(&self, unit: &WorkUnit) -> Option<OffsetReset> {
+        self.lock().units.get(unit).and_then(|e| e.reset)
     }
 
     async fn commit(&self, commits: Vec<OffsetCommit>) -> Result<Vec<CommitOutcome>, ControlError> {
@@ -426,6 +448,9 @@ mod tests {
             }
             fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
                 self.0.progress(unit)
+            }
+            fn pending_reset(&self, unit: &WorkUnit) -> Option<OffsetReset> {
+                self.0.pending_reset(unit)
             }
             async fn commit(
                 &self,

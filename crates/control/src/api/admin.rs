@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use openraft::RaftMetrics;
-use replicator_model::{Epoch, NodeId, UnitProgress, WorkUnit};
+use replicator_model::{Epoch, NodeId, OffsetReset, UnitProgress, WorkUnit};
 use serde::{Deserialize, Serialize};
 
 use crate::lease::LeaderView;
@@ -91,6 +91,20 @@ pub struct UnitStatus {
     pub retired: bool,
     /// Confirmed progress.
     pub progress: UnitProgress,
+    /// An operator's offset reset its next owner has not taken up yet.
+    #[serde(default)]
+    pub pending_reset: Option<PendingReset>,
+}
+
+/// An offset reset in [`UnitStatus`] (`flow reset`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingReset {
+    /// Where the next owner starts, and whether it may copy again what the target holds.
+    pub reset: OffsetReset,
+    /// Who asked.
+    pub requested_by: String,
+    /// When, Unix milliseconds.
+    pub at_unix_ms: u64,
 }
 
 /// A snapshot of the node's control-plane metrics (for Prometheus).
@@ -185,6 +199,11 @@ pub(crate) fn build_status(i: StatusInputs<'_>) -> ClusterStatus {
             release_requested: r.release_requested,
             retired: r.retired,
             progress: r.progress,
+            pending_reset: i.state.pending_resets.get(unit).map(|p| PendingReset {
+                reset: p.reset,
+                requested_by: p.requested_by.clone(),
+                at_unix_ms: p.at_unix_ms,
+            }),
         })
         .collect();
     ClusterStatus {

@@ -9,13 +9,16 @@ use std::time::Duration;
 
 use openraft::Raft;
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, NodeId, OffsetCommit, UnitProgress, WorkUnit, WriterLogin,
+    Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset, UnitProgress,
+    WorkUnit, WriterLogin,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use admin::{ClusterStatus, ControlMetrics, MemberStatus, PausedFlow, UnitStatus};
+pub use admin::{
+    ClusterStatus, ControlMetrics, MemberStatus, PausedFlow, PendingReset, UnitStatus,
+};
 
 use crate::command::{ControlCommand, ControlResponse, Rejection};
 use crate::error::{Error, Result};
@@ -275,6 +278,19 @@ impl Control {
         rx.await.map_err(|_| Error::ShuttingDown)?
     }
 
+    /// The offset reset `unit`'s next owner starts at, if an operator made one that no commit
+    /// has taken up yet (local applied state).
+    #[must_use]
+    pub fn pending_reset(&self, unit: &WorkUnit) -> Option<OffsetReset> {
+        self.inner
+            .shared
+            .read()
+            .state
+            .pending_resets
+            .get(unit)
+            .map(|r| r.reset)
+    }
+
     /// Confirmed progress of `unit` in the local applied state.
     #[must_use]
     pub fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
@@ -457,14 +473,11 @@ impl Control {
         paused: bool,
         requested_by: String,
     ) -> Result<()> {
-        let at_unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let cmd = ControlCommand::SetFlowPaused {
             flow: flow.to_owned(),
             paused,
             requested_by,
-            at_unix_ms,
+            at_unix_ms: unix_ms_now(),
         };
         match self.inner.write(&cmd).await? {
             (_, ControlResponse::Done) => Ok(()),
@@ -472,6 +485,36 @@ impl Control {
                 "{} flow {flow}: {other:?}",
                 if paused { "pause" } else { "resume" }
             ))),
+        }
+    }
+
+    /// Moves where units of the paused `flow` resume (see `flow reset`): each unit's next
+    /// owner starts copying at the given offset. All or nothing; the refusal says why.
+    pub async fn reset_offsets(
+        &self,
+        flow: &str,
+        resets: Vec<(WorkUnit, Offset)>,
+        allow_duplicates: bool,
+        requested_by: String,
+    ) -> std::result::Result<(), ResetRefusal> {
+        let cmd = ControlCommand::ResetOffsets {
+            flow: flow.to_owned(),
+            resets,
+            allow_duplicates,
+            requested_by,
+            at_unix_ms: unix_ms_now(),
+        };
+        match self.inner.write(&cmd).await {
+            Ok((_, ControlResponse::Done)) => Ok(()),
+            Ok((_, ControlResponse::Ignored(rejection))) => Err(match rejection {
+                Rejection::FlowRunning => ResetRefusal::FlowRunning,
+                Rejection::StillOwned => ResetRefusal::StillOwned,
+                Rejection::WouldDuplicate => ResetRefusal::WouldDuplicate,
+                Rejection::UnknownUnit | Rejection::Retired => ResetRefusal::UnknownPartition,
+                other => ResetRefusal::Failed(format!("{other:?}")),
+            }),
+            Ok((_, other)) => Err(ResetRefusal::Failed(format!("{other:?}"))),
+            Err(e) => Err(ResetRefusal::Failed(e.to_string())),
         }
     }
 
@@ -603,4 +646,32 @@ impl Control {
             }
         }
     }
+}
+
+/// Why an offset reset was refused (see [`Control::reset_offsets`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResetRefusal {
+    /// The flow is not paused.
+    #[error("the flow is running: pause it first (flow pause)")]
+    FlowRunning,
+    /// A unit still has an owner (its writer has not handed it back yet).
+    #[error("a partition of the flow is still owned: its writer has not handed it back yet")]
+    StillOwned,
+    /// A start at or below a confirmed offset without `allow_duplicates`.
+    #[error("the reset would copy again messages the target already holds")]
+    WouldDuplicate,
+    /// A partition the control plane does not know (or no longer reported).
+    #[error("a partition is not (or no longer) part of the flow")]
+    UnknownPartition,
+    /// The write failed (no leader, shutting down, ...).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Now, in Unix milliseconds: the time an operator's request is recorded with (`apply` reads no
+/// clock, so it travels in the entry).
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -421,3 +421,112 @@ fn a_removed_members_identity_becomes_stale() {
     check!(!s.identities.contains_key(&2));
     check!(s.stale_identities == BTreeSet::from([(2, 1)]));
 }
+
+fn pause(paused: bool) -> ControlCommand {
+    ControlCommand::SetFlowPaused {
+        flow: "f".into(),
+        paused,
+        requested_by: "op".into(),
+        at_unix_ms: 1,
+    }
+}
+
+fn reset(resets: Vec<(u32, u64)>, allow_duplicates: bool) -> ControlCommand {
+    ControlCommand::ResetOffsets {
+        flow: "f".into(),
+        resets: resets.into_iter().map(|(p, o)| (unit(p), o)).collect(),
+        allow_duplicates,
+        requested_by: "op".into(),
+        at_unix_ms: 2,
+    }
+}
+
+/// `setup()` with unit 0 confirmed at 100 and handed back, the flow paused.
+fn paused_with_progress() -> ControlState {
+    let mut s = setup();
+    check!(commit_as(&mut s, 11, 1, commit(10, 100, 7)) == CommitOutcome::Committed);
+    check!(s.apply(12, &pause(true)) == ControlResponse::Done);
+    check!(s.apply(13, &release(10, 1)) == ControlResponse::Done);
+    s
+}
+
+#[test]
+fn offsets_are_reset_only_on_a_paused_flow_with_no_owner() {
+    let mut s = setup();
+    check!(
+        s.apply(11, &reset(vec![(1, 5)], false))
+            == ControlResponse::Ignored(Rejection::FlowRunning)
+    );
+    s.apply(12, &pause(true));
+    // Unit 0 is still owned (its writer has not handed it back): its final commit would undo
+    // the reset.
+    check!(
+        s.apply(13, &reset(vec![(1, 5), (0, 5)], false))
+            == ControlResponse::Ignored(Rejection::StillOwned)
+    );
+    check!(s.pending_resets.is_empty(), "all or nothing");
+    check!(
+        s.apply(14, &reset(vec![(9, 5)], false))
+            == ControlResponse::Ignored(Rejection::UnknownUnit)
+    );
+    check!(s.apply(15, &reset(vec![(1, 5)], false)) == ControlResponse::Done);
+    let_assert!(Some(r) = s.pending_resets.get(&unit(1)));
+    check!(
+        r.reset
+            == OffsetReset {
+                next: 5,
+                allow_duplicates: false
+            }
+    );
+    check!(r.requested_by == "op");
+    check!(r.index == 15);
+    // A unit that never committed keeps no confirmed offset: the reset alone says where it
+    // starts.
+    check!(s.units[&unit(1)].progress.confirmed == None);
+}
+
+#[test]
+fn a_reset_at_or_below_the_confirmed_offset_needs_allow_duplicates() {
+    let mut s = paused_with_progress();
+    check!(
+        s.apply(20, &reset(vec![(0, 100)], false))
+            == ControlResponse::Ignored(Rejection::WouldDuplicate)
+    );
+    check!(s.units[&unit(0)].progress.confirmed == Some(100));
+    // Forward: skips 101..=499; the confirmed offset moves to just before the start.
+    check!(s.apply(21, &reset(vec![(0, 500)], false)) == ControlResponse::Done);
+    check!(s.units[&unit(0)].progress.confirmed == Some(499));
+    // Back, allowed: the confirmed offset follows it down.
+    check!(s.apply(22, &reset(vec![(0, 50)], true)) == ControlResponse::Done);
+    check!(s.units[&unit(0)].progress.confirmed == Some(49));
+    check!(
+        s.pending_resets[&unit(0)].reset
+            == OffsetReset {
+                next: 50,
+                allow_duplicates: true
+            }
+    );
+    check!(s.apply(23, &reset(vec![(0, 0)], true)) == ControlResponse::Done);
+    check!(s.units[&unit(0)].progress.confirmed == None);
+}
+
+#[test]
+fn the_next_owners_first_commit_takes_the_reset_up() {
+    let mut s = paused_with_progress();
+    check!(s.apply(20, &reset(vec![(0, 50)], true)) == ControlResponse::Done);
+    check!(s.apply(21, &pause(false)) == ControlResponse::Done);
+    check!(s.apply(22, &grant(0, 2)) == ControlResponse::Granted { epoch: Epoch(22) });
+    check!(
+        s.pending_resets.contains_key(&unit(0)),
+        "until the new owner commits"
+    );
+    // A stale owner's commit neither moves the offset nor takes the reset up.
+    check!(matches!(
+        commit_as(&mut s, 23, 1, commit(10, 120, 7)),
+        CommitOutcome::Fenced { .. }
+    ));
+    check!(s.pending_resets.contains_key(&unit(0)));
+    check!(commit_as(&mut s, 24, 2, commit(22, 60, 7)) == CommitOutcome::Committed);
+    check!(s.pending_resets.is_empty());
+    check!(s.units[&unit(0)].progress.confirmed == Some(60));
+}

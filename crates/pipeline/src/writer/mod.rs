@@ -270,6 +270,7 @@ impl<C: ControlPlane> Writer<C> {
         };
         let created_at = topic.created_at.as_micros();
         let progress = shared.control.progress(unit);
+        let reset = shared.control.pending_reset(unit);
         let (down_stream, down_topic) = shared.downstream_ids()?;
         let down = shared
             .target
@@ -311,9 +312,17 @@ impl<C: ControlPlane> Writer<C> {
             tail_check,
             initial: shared.flow.initial_offset,
             extent,
+            reset,
         })
         .map_err(|_| Error::ResetsExhausted { unit: unit.clone() })?;
         report(&shared, &plan, progress, extent, tail_check);
+        if let Some(reset) = reset {
+            tracing::info!(
+                next = reset.next,
+                allow_duplicates = reset.allow_duplicates,
+                "unit starts where an operator reset it (flow reset)"
+            );
+        }
         self.recopy_until = plan.loss.map(|loss| loss.to);
         self.topic_created_at = plan.incarnation.label();
         if crate::groups::enabled(&shared.flow) {

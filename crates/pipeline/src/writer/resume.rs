@@ -8,7 +8,7 @@
 //! of the downstream partition to read next and when to stop looking for the last message this
 //! flow wrote there.
 
-use replicator_model::{InitialOffset, Offset, UnitProgress};
+use replicator_model::{InitialOffset, Offset, OffsetReset, UnitProgress};
 
 use crate::offsets::ReadFrom;
 use crate::provenance::Incarnation;
@@ -99,6 +99,8 @@ pub(super) struct ResumeFacts {
     pub(super) initial: InitialOffset,
     /// The upstream partition now.
     pub(super) extent: PartitionExtent,
+    /// Where an operator reset the unit (`flow reset`), if no owner took it up yet.
+    pub(super) reset: Option<OffsetReset>,
 }
 
 /// Confirmed offsets the downstream partition no longer holds (inclusive range): the target
@@ -156,6 +158,10 @@ pub(super) struct ResetsExhausted;
 ///   offset above it is then a gap: upstream retention removed them too). A downstream
 ///   partition without any message of ours but with others is not attributed (provenance may
 ///   have been off, or the source alias renamed): the confirmed offset stands.
+/// * After an operator's reset (`flow reset`) the unit starts where it says: nothing counts
+///   as lost, and the tail only moves the start past copies downstream at or after it, unless
+///   the reset allows duplicates (then it is copied again from there, whatever the target
+///   holds).
 /// * Otherwise the unit resumes after its position; without one at the flow's initial offset
 ///   (and then a first polled offset above it is not a gap: the server clamps to what it
 ///   retains).
@@ -197,6 +203,25 @@ pub(super) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
         .filter(|p| p.generation == generation)
         .map(|p| p.offset);
     let tail = hit.filter(|h| h.generation == generation).map(|h| h.offset);
+    if let Some(reset) = facts.reset {
+        let past = tail.filter(|w| !reset.allow_duplicates && *w >= reset.next);
+        return Ok(ResumePlan {
+            from: past.map_or(
+                ReadFrom {
+                    offset: reset.next,
+                    contiguous: false,
+                },
+                after,
+            ),
+            incarnation: current,
+            confirmed,
+            written: past,
+            forgotten,
+            reset: None,
+            loss: None,
+            scan_exhausted: false,
+        });
+    }
     // Where this history's copy began, as far as the unit can tell.
     let start = match facts.initial {
         InitialOffset::At(offset) if generation == 0 => offset,
@@ -591,7 +616,48 @@ mod tests {
             tail_check: TailCheck::Same,
             initial,
             extent: TEN,
+            reset: None,
         }
+    }
+
+    #[test]
+    fn an_operator_reset_sets_the_start_and_is_never_a_loss() {
+        let reset = |next, allow_duplicates| {
+            Some(OffsetReset {
+                next,
+                allow_duplicates,
+            })
+        };
+        // Forward over messages never copied: the confirmed offset was moved to just before
+        // the start, which is above the tail; no loss is repaired.
+        let mut skip = facts(Some(6), Some(3), InitialOffset::Earliest);
+        skip.reset = reset(7, false);
+        let p = plan_ok(&skip);
+        check!(p.from == at(7, false));
+        check!(p.loss.is_none());
+        check!(p.written.is_none());
+        // Without duplicates, copies downstream at or past the start move it on.
+        let mut past = facts(Some(4), Some(8), InitialOffset::Earliest);
+        past.reset = reset(5, false);
+        let p = plan_ok(&past);
+        check!(p.from == at(9, true));
+        check!(p.written == Some(8));
+        // Allowed duplicates: from the start, whatever the target holds.
+        let mut again = facts(Some(1), Some(8), InitialOffset::Earliest);
+        again.reset = reset(2, true);
+        let p = plan_ok(&again);
+        check!(p.from == at(2, false));
+        check!(p.written.is_none());
+        check!(p.confirmed == Some(1));
+        // Back to the very beginning (nothing confirmed any more).
+        let mut all = facts(None, Some(8), InitialOffset::Latest);
+        all.reset = reset(0, true);
+        check!(plan_ok(&all).from == at(0, false));
+        // A purged upstream partition still wins: the reset named offsets of its old history.
+        let mut purged = facts(Some(8), Some(8), InitialOffset::Earliest);
+        purged.extent = EMPTY;
+        purged.reset = reset(3, true);
+        check!(plan_ok(&purged).reset == Some(pos(0, 8)));
     }
 
     fn label(generation: u16) -> u64 {

@@ -16,7 +16,8 @@ use bytes::Bytes;
 use iggy::prelude::{HeaderKey, HeaderValue, IggyClient, IggyMessage};
 use replicator_harness::{connect, produce_bulk, Bulk};
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, WorkUnit, WriterLogin,
+    Assignment, CommitOutcome, Epoch, OffsetCommit, OffsetReset, UnitProgress, WorkUnit,
+    WriterLogin,
 };
 use replicator_pipeline::verify::{verify, VerifyParams, VerifyReport};
 use replicator_pipeline::{
@@ -346,6 +347,9 @@ impl<I: Intercept> ControlPlane for Intercepted<I> {
     }
     fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
         self.inner.progress(unit)
+    }
+    fn pending_reset(&self, unit: &WorkUnit) -> Option<OffsetReset> {
+        self.inner.pending_reset(unit)
     }
     fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
         self.hooks.writer_login()
