@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::metrics::{Metrics, Snapshot};
+use crate::reload::{ReloadRequest, ReloadSender};
 
 /// Reads the pipeline's per-unit statistics (shared meters; never waits for an actor).
 pub(crate) type StatsReader = Arc<dyn Fn() -> Vec<UnitStats> + Send + Sync>;
@@ -41,32 +42,39 @@ pub(crate) type HeartbeatsReader = Arc<dyn Fn() -> Vec<HeartbeatStats> + Send + 
 pub(crate) struct NodeParts {
     /// The control plane, once started.
     control: OnceLock<Control>,
-    /// The pipeline's statistics, once the pipeline started.
-    stats: OnceLock<StatsReader>,
-    /// Heartbeats of the pipeline's coordinator, once the pipeline started.
-    liveness: OnceLock<Arc<Liveness>>,
-    /// The pipeline's connections to each Iggy cluster, once the pipeline started.
-    connections: OnceLock<ConnectionsReader>,
-    /// The pipeline's handle for `flow promote` and the consumer-group sync state.
-    cutover: OnceLock<Cutover>,
-    /// The pipeline's heartbeat counts per flow, once the pipeline started.
-    heartbeats: OnceLock<HeartbeatsReader>,
+    /// What the admin API reads of the running pipeline; `None` until it started, and while a
+    /// config reload replaces it.
+    pipeline: RwLock<Option<PipelineView>>,
+    /// Names of the flows in the config the node runs (replaced by a reload).
+    flows: RwLock<Arc<[String]>>,
     /// Set when the node begins to stop (drain, then control plane).
     stopping: AtomicBool,
     /// When the current stage began (a start stuck in one stage shows how long it has been).
     stage_since: Mutex<Instant>,
 }
 
+/// The readers of one running pipeline (see [`NodeParts::publish_pipeline`]).
+#[derive(Clone)]
+pub(crate) struct PipelineView {
+    /// Per-unit statistics (shared meters).
+    pub(crate) stats: StatsReader,
+    /// Heartbeats of the coordinator's mailbox.
+    pub(crate) liveness: Arc<Liveness>,
+    /// Connections to each Iggy cluster.
+    pub(crate) connections: ConnectionsReader,
+    /// The handle for `flow promote` / `flow reset` and the consumer-group sync state.
+    pub(crate) cutover: Cutover,
+    /// Heartbeat counts per flow.
+    pub(crate) heartbeats: HeartbeatsReader,
+}
+
 impl NodeParts {
-    /// Nothing started yet.
-    pub(crate) fn new() -> Self {
+    /// Nothing started yet; `flows` are the config's flow names.
+    pub(crate) fn new(flows: Arc<[String]>) -> Self {
         Self {
             control: OnceLock::new(),
-            stats: OnceLock::new(),
-            liveness: OnceLock::new(),
-            connections: OnceLock::new(),
-            cutover: OnceLock::new(),
-            heartbeats: OnceLock::new(),
+            pipeline: RwLock::new(None),
+            flows: RwLock::new(flows),
             stopping: AtomicBool::new(false),
             stage_since: Mutex::new(Instant::now()),
         }
@@ -80,24 +88,31 @@ impl NodeParts {
         self.next_stage();
     }
 
-    /// Publishes the started pipeline's statistics, its coordinator's heartbeats, its
-    /// connections and its flows' heartbeat counts.
-    pub(crate) fn publish_pipeline(
-        &self,
-        stats: StatsReader,
-        liveness: Arc<Liveness>,
-        connections: ConnectionsReader,
-        cutover: Cutover,
-        heartbeats: HeartbeatsReader,
-    ) {
-        let _ = self.liveness.set(liveness);
-        let _ = self.cutover.set(cutover);
-        let _ = self.connections.set(connections);
-        let _ = self.heartbeats.set(heartbeats);
-        if self.stats.set(stats).is_err() {
-            warn!("pipeline published twice; keeping the first");
-        }
+    /// Publishes the started pipeline's readers (replacing those of a pipeline a reload
+    /// stopped) and the names of the flows it runs.
+    pub(crate) fn publish_pipeline(&self, view: PipelineView, flows: Arc<[String]>) {
+        *self.pipeline.write().unwrap_or_else(|p| p.into_inner()) = Some(view);
+        *self.flows.write().unwrap_or_else(|p| p.into_inner()) = flows;
         self.next_stage();
+    }
+
+    /// A reload stopped the pipeline; the next one is not started yet.
+    pub(crate) fn withdraw_pipeline(&self) {
+        *self.pipeline.write().unwrap_or_else(|p| p.into_inner()) = None;
+        self.next_stage();
+    }
+
+    /// The running pipeline's readers, if one runs.
+    fn pipeline(&self) -> Option<PipelineView> {
+        self.pipeline
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The flow names of the config the node runs.
+    pub(crate) fn flows(&self) -> Arc<[String]> {
+        self.flows.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Marks the node as stopping: it is no longer ready.
@@ -133,7 +148,7 @@ impl NodeParts {
             Stage::Stopping
         } else if self.control.get().is_none() {
             Stage::StartingControl
-        } else if self.stats.get().is_none() {
+        } else if self.pipeline().is_none() {
             Stage::StartingPipeline
         } else {
             Stage::Running
@@ -142,12 +157,14 @@ impl NodeParts {
 
     /// The pipeline's statistics; empty while it has not started.
     fn local_stats(&self) -> Vec<UnitStats> {
-        self.stats.get().map(|read| read()).unwrap_or_default()
+        self.pipeline().map(|p| (p.stats)()).unwrap_or_default()
     }
 
     /// This node's heartbeat counts per flow; empty until the pipeline started.
     fn heartbeats(&self) -> Vec<HeartbeatStats> {
-        self.heartbeats.get().map(|read| read()).unwrap_or_default()
+        self.pipeline()
+            .map(|p| (p.heartbeats)())
+            .unwrap_or_default()
     }
 }
 
@@ -189,13 +206,19 @@ pub(crate) struct AdminState {
     admin_token: Option<Arc<str>>,
     /// Prometheus families, fed at every scrape.
     metrics: Arc<Metrics>,
-    /// Names of the flows in this node's config.
-    pub(crate) flows: Arc<[String]>,
+    /// The run loop's reload requests (`POST /config/reload`); `None` for a node not run from
+    /// a config file (demo, tests).
+    reloads: Option<ReloadSender>,
 }
 
 impl AdminState {
     /// State for a node built from `config`, reading its parts from `parts`.
-    pub(crate) fn new(parts: Arc<NodeParts>, metrics: Arc<Metrics>, config: &Config) -> Self {
+    pub(crate) fn new(
+        parts: Arc<NodeParts>,
+        metrics: Arc<Metrics>,
+        config: &Config,
+        reloads: Option<ReloadSender>,
+    ) -> Self {
         Self {
             node: config.node.id,
             parts,
@@ -205,8 +228,13 @@ impl AdminState {
                 .as_ref()
                 .map(|t| Arc::from(t.expose())),
             metrics,
-            flows: config.flows.iter().map(|f| f.name.clone()).collect(),
+            reloads,
         }
+    }
+
+    /// Names of the flows in the config the node runs now.
+    pub(crate) fn flows(&self) -> Arc<[String]> {
+        self.parts.flows()
     }
 
     /// The control plane for the mutating call `action`: [`authorise`]d first, then 503
@@ -232,7 +260,7 @@ impl AdminState {
 
     /// The pipeline's cutover handle, once the pipeline started.
     pub(crate) fn cutover(&self) -> Option<Cutover> {
-        self.parts.cutover.get().cloned()
+        self.parts.pipeline().map(|p| p.cutover)
     }
 }
 
@@ -249,6 +277,7 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/flows/{name}/resume", post(resume_flow))
         .route("/flows/{name}/promote", post(crate::flow::promote))
         .route("/flows/{name}/reset", post(crate::reset::reset))
+        .route("/config/reload", post(reload_config))
         .with_state(state)
 }
 
@@ -283,9 +312,8 @@ pub(crate) async fn serve(
 async fn health(State(state): State<AdminState>) -> Response {
     let wedged = state
         .parts
-        .liveness
-        .get()
-        .and_then(|l| l.wedged_for(Instant::now(), WEDGED_AFTER));
+        .pipeline()
+        .and_then(|p| p.liveness.wedged_for(Instant::now(), WEDGED_AFTER));
     match wedged {
         Some(waited) => {
             warn!(waited = ?waited, "pipeline coordinator does not handle its mailbox; reporting unhealthy");
@@ -311,7 +339,25 @@ const WEDGED_AFTER: Duration = Duration::from_secs(30);
 /// 503 with the reason otherwise (also while starting or stopping).
 async fn ready(State(state): State<AdminState>) -> Response {
     let control = state.parts.control.get().map(Control::metrics);
-    match readiness(&state.parts, control.as_ref()) {
+    let disagreeing = state
+        .parts
+        .control
+        .get()
+        .map(Control::config_disagreements)
+        .unwrap_or_default();
+    let ready = readiness(&state.parts, control.as_ref()).and_then(|leader| {
+        if disagreeing.is_empty() {
+            Ok(leader)
+        } else {
+            Err(format!(
+                "the config of flow(s) {} differs from the leader's (node {leader}): this node \
+                 gets none of their partitions; make the configs equal and reload (SIGHUP or \
+                 POST /config/reload)",
+                disagreeing.join(", ")
+            ))
+        }
+    });
+    match ready {
         Ok(leader) => (StatusCode::OK, format!("ready (leader {leader})\n")).into_response(),
         Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -615,9 +661,8 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         units,
         connections: state
             .parts
-            .connections
-            .get()
-            .map(|read| read())
+            .pipeline()
+            .map(|p| (p.connections)())
             .unwrap_or_default(),
         groups: state
             .cutover()
@@ -625,7 +670,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
             .unwrap_or_default(),
         paused: control_plane.map_or_else(Vec::new, |c| {
             state
-                .flows
+                .flows()
                 .iter()
                 .map(|f| (f.clone(), c.is_flow_paused(f)))
                 .collect()
@@ -707,6 +752,34 @@ fn membership_answer(
             format!("cannot {verb} member {id}: {e}\n"),
         )
             .into_response(),
+    }
+}
+
+/// `POST /config/reload`: the node re-reads its config file and applies it (see `reload.rs`);
+/// 200 with what changed, 422 with the reasons the running config stays.
+async fn reload_config(State(state): State<AdminState>, headers: HeaderMap) -> Response {
+    if let Err(answer) = authorise(&state, &headers, "config reload") {
+        return *answer;
+    }
+    let Some(reloads) = &state.reloads else {
+        return (
+            StatusCode::NOT_IMPLEMENTED,
+            "this node was not started from a config file (iggy-replicator run --config)\n",
+        )
+            .into_response();
+    };
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    if reloads.send(ReloadRequest { reply }).await.is_err() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "the node is stopping\n").into_response();
+    }
+    match answer.await {
+        Ok(Ok(report)) => (StatusCode::OK, format!("{}\n", report.summary())).into_response(),
+        Ok(Err(reason)) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("config reload refused; the running config stays: {reason}\n"),
+        )
+            .into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "the node is stopping\n").into_response(),
     }
 }
 
@@ -831,8 +904,8 @@ mod tests {
             ..MinimalConfig::default()
         })?;
         config.node.id = 7;
-        let parts = Arc::new(NodeParts::new());
-        let state = AdminState::new(parts.clone(), Arc::new(Metrics::new()), &config);
+        let parts = Arc::new(NodeParts::new(Arc::from(Vec::new())));
+        let state = AdminState::new(parts.clone(), Arc::new(Metrics::new()), &config, None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
         let stop = CancellationToken::new();

@@ -341,9 +341,13 @@ impl Demo {
             .flatten()
             .next()
             .ok_or_else(|| Failure::runtime("cutover: no node runs", "report a bug"))?;
+        let cutover = node
+            .pipeline()
+            .ok_or_else(|| Failure::runtime("cutover: the node runs no pipeline", "report a bug"))?
+            .cutover();
         let report = crate::flow::run_promote(
             &node.control,
-            &node.pipeline.cutover(),
+            &cutover,
             "us-to-eu",
             Duration::from_secs(60),
             &BTreeMap::new(),
@@ -428,7 +432,10 @@ impl Demo {
     async fn node_lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
         for node in self.nodes.iter().flatten() {
-            let stats = node.pipeline.stats().await.unwrap_or_default();
+            let stats = match node.pipeline() {
+                Some(p) => p.stats().await.unwrap_or_default(),
+                None => Vec::new(),
+            };
             let lag: u64 = stats.iter().filter_map(|s| s.lag).sum();
             let rate: f64 = stats.iter().map(|s| s.messages_per_second).sum();
             let leader = node.control.metrics().is_leader;

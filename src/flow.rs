@@ -230,7 +230,8 @@ pub(crate) async fn set_paused(
 
 /// 404 unless this node's config has the flow.
 pub(crate) fn known_flow(state: &AdminState, name: &str) -> Result<(), Box<Response>> {
-    if state.flows.iter().any(|f| f == name) {
+    let flows = state.flows();
+    if flows.iter().any(|f| f == name) {
         Ok(())
     } else {
         Err(Box::new(
@@ -238,7 +239,7 @@ pub(crate) fn known_flow(state: &AdminState, name: &str) -> Result<(), Box<Respo
                 StatusCode::NOT_FOUND,
                 format!(
                     "no flow {name:?} in this node's config (flows: {})\n",
-                    state.flows.join(", ")
+                    flows.join(", ")
                 ),
             )
                 .into_response(),

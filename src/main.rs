@@ -11,6 +11,7 @@ mod flow;
 mod logging;
 mod metrics;
 mod node;
+mod reload;
 mod reset;
 mod run;
 mod status;

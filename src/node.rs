@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use replicator_config::Config;
+use replicator_config::{flow_digests, Config};
 use replicator_control::tls::{ServerTls, ServerTlsFiles};
 use replicator_control::Control;
 use replicator_model::NodeId;
@@ -19,9 +19,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::admin::{self, AdminState, NodeParts};
+use crate::admin::{self, AdminState, NodeParts, PipelineView};
 use crate::exit::Failure;
 use crate::metrics::Metrics;
+use crate::reload::{needs_restart, ConfigPublisher, ReloadReport, ReloadSender};
 use crate::wiring::{control_params, fencing, pipeline_params, RaftControl};
 
 /// How long the start waits for the fenced targets to confirm the credential may manage users.
@@ -30,6 +31,9 @@ const RIGHTS_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the admin API may take to finish the requests in flight when it stops, before
 /// its task is aborted (a `/status` forwarded to an unreachable leader must not hold a stop).
 const ADMIN_STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a reload waits for its new config digests to be committed before it answers.
+const PUBLISH_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a start given up (a stop during start) may take to end before it is abandoned.
 const ABANDON_GRACE: Duration = Duration::from_secs(1);
@@ -108,8 +112,15 @@ pub(crate) struct RunningNode {
     pub(crate) id: NodeId,
     /// Its control-plane handle.
     pub(crate) control: Control,
-    /// Its pipeline (the admin API reads its statistics through a shared reader).
-    pub(crate) pipeline: Pipeline,
+    /// Its pipeline (the admin API reads its statistics through a shared reader); `None` only
+    /// when a reload could start neither the new config's pipeline nor the previous one's.
+    pipeline: Option<Pipeline>,
+    /// The config it runs (replaced by a reload).
+    config: Config,
+    /// Its Prometheus families (the pipeline's observer feeds them).
+    metrics: Arc<Metrics>,
+    /// Publishes its flows' config digests to the control plane.
+    publisher: ConfigPublisher,
     /// Where its admin API listens (the demo and tests dial it).
     #[cfg(any(test, feature = "dev-tools"))]
     pub(crate) api_addr: SocketAddr,
@@ -133,7 +144,7 @@ impl RunningNode {
             None => NodeListeners::bind(config).await?,
         };
         let never = CancellationToken::new();
-        Self::start_until(config, listeners, &never)
+        Self::start_until(config, listeners, &never, None)
             .await?
             .ok_or_else(|| Failure::runtime("the node start was interrupted", "report a bug"))
     }
@@ -146,12 +157,13 @@ impl RunningNode {
         config: &Config,
         listeners: NodeListeners,
         stop: &CancellationToken,
+        reloads: Option<ReloadSender>,
     ) -> Result<Option<Self>, Failure> {
         let NodeListeners { raft, api } = listeners;
         let raft_addr = raft.local_addr().map_err(bind_failure)?;
         let api_addr = api.local_addr().map_err(bind_failure)?;
         let metrics = Arc::new(Metrics::new());
-        let parts = Arc::new(NodeParts::new());
+        let parts = Arc::new(NodeParts::new(flow_names(config)));
         let tls = match &config.node.api_tls {
             Some(t) => Some(
                 ServerTls::open(ServerTlsFiles {
@@ -168,7 +180,7 @@ impl RunningNode {
         };
         let admin = AdminServer::start(
             api,
-            AdminState::new(parts.clone(), metrics.clone(), config),
+            AdminState::new(parts.clone(), metrics.clone(), config, reloads),
             tls,
         );
         info!(node = config.node.id, raft = %raft_addr, api = %api_addr, "starting node; admin API serving");
@@ -216,10 +228,9 @@ impl RunningNode {
             }
         };
         parts.publish_control(control.clone());
+        let publisher = ConfigPublisher::start(control.clone(), flow_digests(config));
 
-        let mut params = pipeline_params(config);
-        params.observer = metrics.observer();
-        let start = Pipeline::start(params, RaftControl(control.clone()));
+        let start = start_pipeline(config, &control, &metrics);
         let outcome = start_unless_stopped("pipeline", start, stop).await;
         let hint = "check [clusters] and [[flows]]";
         let pipeline = match outcome.or_give_up(&parts, hint, Pipeline::shutdown).await {
@@ -230,23 +241,85 @@ impl RunningNode {
                 return failure.map_or(Ok(None), Err);
             }
         };
-        parts.publish_pipeline(
-            Arc::new(pipeline.stats_reader()),
-            pipeline.liveness(),
-            Arc::new(pipeline.connections_reader()),
-            pipeline.cutover(),
-            Arc::new(pipeline.heartbeats_reader()),
-        );
+        publish_pipeline(&parts, &pipeline, config);
         info!(node = config.node.id, "node started");
         Ok(Some(Self {
             id: config.node.id,
             control,
-            pipeline,
+            pipeline: Some(pipeline),
+            config: config.clone(),
+            metrics,
+            publisher,
             #[cfg(any(test, feature = "dev-tools"))]
             api_addr,
             parts,
             admin,
         }))
+    }
+
+    /// Its pipeline (see the field).
+    #[cfg(any(test, feature = "dev-tools"))]
+    pub(crate) fn pipeline(&self) -> Option<&Pipeline> {
+        self.pipeline.as_ref()
+    }
+
+    /// Applies `new` without a restart (see `reload.rs`), or says why the running config
+    /// stays.
+    pub(crate) async fn reload(&mut self, new: Config) -> Result<ReloadReport, String> {
+        let blocked = needs_restart(&self.config, &new);
+        if !blocked.is_empty() {
+            return Err(format!(
+                "{}: only a restart applies these; reload applies [[flows]], [[policies]] and [pipeline]",
+                blocked.join("; ")
+            ));
+        }
+        let (old_digests, new_digests) = (flow_digests(&self.config), flow_digests(&new));
+        let pipeline_changed =
+            format!("{:?}", self.config.pipeline) != format!("{:?}", new.pipeline);
+        let report = ReloadReport::between(&old_digests, &new_digests, pipeline_changed);
+        if report.is_noop() {
+            return Ok(report);
+        }
+        info!(kept = ?report.kept(), "reloading: replacing the pipeline");
+        self.parts.withdraw_pipeline();
+        if let Some(old) = self.pipeline.take() {
+            old.shutdown_keeping(report.kept()).await;
+        }
+        match start_pipeline(&new, &self.control, &self.metrics).await {
+            Ok(pipeline) => {
+                publish_pipeline(&self.parts, &pipeline, &new);
+                self.pipeline = Some(pipeline);
+                self.config = new;
+                // Answer once the leader knows (the publisher keeps trying if it does not yet).
+                let published = tokio::time::timeout(
+                    PUBLISH_WAIT,
+                    self.control.publish_config(new_digests.clone()),
+                )
+                .await;
+                if !matches!(published, Ok(Ok(()))) {
+                    warn!(
+                        "the new config digests are not published yet; retrying in the background"
+                    );
+                }
+                self.publisher.set(new_digests);
+                Ok(report)
+            }
+            Err(e) => {
+                // Back to what ran: its units of unchanged flows are still this node's.
+                let again = start_pipeline(&self.config, &self.control, &self.metrics).await;
+                let tail = match again {
+                    Ok(pipeline) => {
+                        publish_pipeline(&self.parts, &pipeline, &self.config);
+                        self.pipeline = Some(pipeline);
+                        "the previous config runs again".to_owned()
+                    }
+                    Err(e) => format!("nor did the previous config's ({e}); the node copies nothing until restarted"),
+                };
+                Err(format!(
+                    "the new config's pipeline did not start ({e}); {tail}"
+                ))
+            }
+        }
     }
 
     /// Graceful stop: the pipeline drains (final commits, units released), then the control
@@ -265,7 +338,9 @@ impl RunningNode {
         // two election timeouts instead of the full write timeout (successors resume from the
         // confirmed offsets and the downstream tails once this node's lease expires).
         self.control.begin_drain();
-        self.pipeline.shutdown().await;
+        if let Some(pipeline) = self.pipeline {
+            pipeline.shutdown().await;
+        }
         DrainedNode {
             id: self.id,
             control: self.control,
@@ -277,7 +352,9 @@ impl RunningNode {
     #[cfg(any(test, feature = "dev-tools"))]
     pub(crate) async fn crash(self) {
         self.admin.crash().await;
-        self.pipeline.crash().await;
+        if let Some(pipeline) = self.pipeline {
+            pipeline.crash().await;
+        }
         self.control.crash().await;
     }
 }
@@ -376,6 +453,35 @@ where
     }
 }
 
+/// Starts the pipeline of `config` (its observer feeding `metrics`).
+fn start_pipeline(
+    config: &Config,
+    control: &Control,
+    metrics: &Metrics,
+) -> impl Future<Output = Result<Pipeline, replicator_pipeline::Error>> + Send + 'static {
+    let mut params = pipeline_params(config);
+    params.observer = metrics.observer();
+    Pipeline::start(params, RaftControl(control.clone()))
+}
+
+/// Hands the admin API the readers of `pipeline`, which runs `config`'s flows.
+fn publish_pipeline(parts: &NodeParts, pipeline: &Pipeline, config: &Config) {
+    parts.publish_pipeline(
+        PipelineView {
+            stats: Arc::new(pipeline.stats_reader()),
+            liveness: pipeline.liveness(),
+            connections: Arc::new(pipeline.connections_reader()),
+            cutover: pipeline.cutover(),
+            heartbeats: Arc::new(pipeline.heartbeats_reader()),
+        },
+        flow_names(config),
+    );
+}
+
+fn flow_names(config: &Config) -> Arc<[String]> {
+    config.flows.iter().map(|f| f.name.clone()).collect()
+}
+
 fn bind_failure(e: std::io::Error) -> Failure {
     Failure::runtime(format!("listener has no local address: {e}"), "retry")
 }
@@ -416,7 +522,7 @@ mod tests {
         .parse()?;
         let stop = CancellationToken::new();
         stop.cancel();
-        let started = RunningNode::start_until(&config, NodeListeners { raft, api }, &stop)
+        let started = RunningNode::start_until(&config, NodeListeners { raft, api }, &stop, None)
             .await
             .map_err(|e| format!("{e:?}"))?;
         assert!(started.is_none(), "a stopped start returns no node");

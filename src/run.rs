@@ -1,4 +1,5 @@
-//! `iggy-replicator run`: one cluster member until SIGTERM/SIGINT, then a drain.
+//! `iggy-replicator run`: one cluster member until SIGTERM/SIGINT, then a drain; SIGHUP
+//! reloads the config file (see `reload.rs`).
 //!
 //! The stop signals are listened for before anything is bound, so a node obeys SIGTERM from
 //! the moment its admin API answers, also while it is still starting (waiting for a quorum,
@@ -8,12 +9,14 @@
 use std::path::Path;
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::exit::Failure;
 use crate::node::{NodeListeners, RunningNode};
+use crate::reload::{ReloadReport, ReloadRequest};
 
 /// Runs a node from its config file until a stop signal, then drains.
 pub(crate) async fn run(config_path: &Path) -> Result<(), Failure> {
@@ -23,7 +26,7 @@ pub(crate) async fn run(config_path: &Path) -> Result<(), Failure> {
     let force = CancellationToken::new();
     let watcher = Watcher(tokio::spawn(signals.forward(stop.clone(), force.clone())));
     let outcome = tokio::select! {
-        outcome = run_node(&config, &stop) => outcome,
+        outcome = run_node(config_path, &config, &stop) => outcome,
         () = force.cancelled() => Err(Failure::runtime(
             "second stop signal: exiting without finishing the start or the drain",
             "units not released are taken over by other members once this node's lease expires",
@@ -33,8 +36,10 @@ pub(crate) async fn run(config_path: &Path) -> Result<(), Failure> {
     outcome
 }
 
-/// Binds, starts (unless `stop` comes first), runs until `stop`, drains.
+/// Binds, starts (unless `stop` comes first), runs until `stop` (reloading `config_path` on
+/// SIGHUP and `POST /config/reload`, one reload at a time), drains.
 async fn run_node(
+    config_path: &Path,
     config: &replicator_config::Config,
     stop: &CancellationToken,
 ) -> Result<(), Failure> {
@@ -43,14 +48,53 @@ async fn run_node(
         () = stop.cancelled() => return Ok(()),
         listeners = NodeListeners::bind(config) => listeners?,
     };
-    let Some(node) = RunningNode::start_until(config, listeners, stop).await? else {
+    let (reloads, mut requests) = mpsc::channel::<ReloadRequest>(4);
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            warn!(error = %e, "cannot listen for SIGHUP; reload through POST /config/reload");
+            None
+        }
+    };
+    let Some(mut node) = RunningNode::start_until(config, listeners, stop, Some(reloads)).await?
+    else {
         info!("stopped while starting");
         return Ok(());
     };
-    stop.cancelled().await;
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            Some(()) = recv(&mut hangups) => {
+                info!(config = %config_path.display(), "SIGHUP: reloading the config");
+                let outcome = reload(&mut node, config_path).await;
+                crate::reload::log_outcome(&outcome);
+            }
+            Some(request) = requests.recv() => {
+                info!(config = %config_path.display(), "reload requested through the admin API");
+                let outcome = reload(&mut node, config_path).await;
+                crate::reload::log_outcome(&outcome);
+                let _ = request.reply.send(outcome);
+            }
+        }
+    }
     info!("stop signal received, draining");
     node.shutdown().await;
     Ok(())
+}
+
+/// The next signal, or `None` forever when it could not be registered.
+async fn recv(signal: &mut Option<Signal>) -> Option<()> {
+    match signal {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Re-reads `path`, checked like `check-config`, and applies it to `node`.
+async fn reload(node: &mut RunningNode, path: &Path) -> Result<ReloadReport, String> {
+    let config = replicator_config::load_file(path).map_err(|e| e.to_string())?;
+    node.reload(config).await
 }
 
 /// The signal-forwarding task; aborted when dropped.

@@ -378,6 +378,17 @@ fn render_members(view: &StatusView) -> String {
             ago(p.at_unix_ms)
         ));
     }
+    for m in view
+        .members
+        .iter()
+        .filter(|m| !m.config_disagrees.is_empty())
+    {
+        out.push_str(&format!(
+            "node {} CONFIG DIFFERS from the leader's for flow(s) {}: it gets none of their partitions (make the configs equal, then reload)\n",
+            m.id,
+            m.config_disagrees.join(", ")
+        ));
+    }
     for u in &view.units {
         if let Some(r) = &u.pending_reset {
             out.push_str(&format!(
@@ -560,9 +571,10 @@ mod tests {
             |_| None,
         )?;
         let state = AdminState::new(
-            Arc::new(NodeParts::new()),
+            Arc::new(NodeParts::new(Arc::from(Vec::new()))),
             Arc::new(Metrics::new()),
             &config,
+            None,
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let api = listener.local_addr()?.to_string();

@@ -200,6 +200,12 @@ impl ControlPlane for RaftControl {
         let control = self.0.clone();
         let flow = flow.to_owned();
         async move {
+            // A node whose config of the flow differs from the leader's may select other
+            // topics: its reports would retire the units the others report, back and forth.
+            if !control.config_agrees_with_leader(&flow) {
+                tracing::debug!(%flow, "not reporting units: this node's config of the flow differs from the leader's (or no leader)");
+                return Ok(());
+            }
             control
                 .report_units(&flow, units)
                 .await

@@ -24,22 +24,31 @@ pub(crate) fn topic() -> Topic {
 fn spec(servers: &Servers, tls: bool, fencing: Option<&str>) -> TestResult<ClusterSpec> {
     Ok(ClusterSpec {
         binary: ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?,
-        replication_toml: FlowConfig {
-            name: "up-to-down",
-            source_alias: "up",
-            source_url: &servers.upstream.connection_string(),
-            target_alias: "down",
-            target_url: &servers.downstream.connection_string(),
-            include: &format!("{}/*", servers.topic.stream),
-            target_fencing: fencing,
-            flow_extra: "",
-        }
-        .toml(),
+        replication_toml: replication_toml(servers, fencing, ""),
         units: servers.topic.partitions as usize,
         log_level: "info",
         owned_within: Duration::from_secs(60),
         tls,
     })
+}
+
+/// The scenarios' `[clusters.*]` and `[[flows]]`, with `flow_extra` lines in the flow.
+pub(crate) fn replication_toml(
+    servers: &Servers,
+    fencing: Option<&str>,
+    flow_extra: &str,
+) -> String {
+    FlowConfig {
+        name: "up-to-down",
+        source_alias: "up",
+        source_url: &servers.upstream.connection_string(),
+        target_alias: "down",
+        target_url: &servers.downstream.connection_string(),
+        include: &format!("{}/*", servers.topic.stream),
+        target_fencing: fencing,
+        flow_extra,
+    }
+    .toml()
 }
 
 /// In-process servers, `n` loopback nodes owning every partition, the producer running and

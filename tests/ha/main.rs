@@ -10,6 +10,7 @@ mod fence;
 mod fixture;
 mod partition;
 mod pause;
+mod reload;
 mod reset;
 mod restart;
 mod scale;

@@ -8,6 +8,7 @@
 //! that the control plane and the pipeline take.
 #![warn(missing_docs)]
 
+mod digest;
 mod error;
 mod load;
 mod overlap;
@@ -16,6 +17,7 @@ mod secret;
 #[doc(hidden)]
 pub mod testing;
 
+pub use digest::flow_digests;
 pub use error::{Error, Problem, Result};
 pub use load::{load_file, parse_str};
 pub use schema::{

@@ -13,6 +13,10 @@
 //!    keeps a unit until it hands it back);
 //! 5. unowned units go to the members furthest below their quota (lowest id on ties).
 //!
+//! Members whose config of a flow differs from the leader's (`PublishConfig` digests, see
+//! [`Liveness::config_reference`]) get no unit of that flow, and are asked back the ones they
+//! own: a node that cannot run a flow as the others do never holds its units.
+//!
 //! A retired unit (no longer reported by discovery) or a unit of a paused flow stays with its
 //! owner, which was asked to hand it back; it is revoked like any other when the owner's lease
 //! expired, and never granted.
@@ -49,6 +53,9 @@ pub(crate) struct Liveness {
     /// With fencing: members not seen renewing for `fence_after` and not in grace. They get
     /// nothing, and the ones holding a writer identity and units are fenced.
     pub(crate) unresponsive: BTreeSet<NodeId>,
+    /// The member whose published config is the reference (the leader itself): a unit goes
+    /// only to members whose digest for its flow equals the reference's. `None`: no check.
+    pub(crate) config_reference: Option<NodeId>,
 }
 
 /// What the leader must do on the target clusters before the next grants (fencing only).
@@ -134,6 +141,11 @@ fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
         eligible.iter().map(|id| (*id, Vec::new())).collect();
     let mut free: Vec<&WorkUnit> = Vec::new();
     let mut active_units = 0usize;
+    let agrees = |node: NodeId, unit: &WorkUnit| {
+        lease
+            .config_reference
+            .is_none_or(|reference| state.config_agrees(reference, node, &unit.flow))
+    };
 
     for (unit, rec) in &state.units {
         // A paused flow's units are like retired ones: asked back, granted to nobody.
@@ -178,7 +190,7 @@ fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
         if idle || rec.release_requested {
             continue; // on its way back; counted by nobody
         }
-        match load.get_mut(&owner) {
+        match load.get_mut(&owner).filter(|_| agrees(owner, unit)) {
             Some(units) => units.push(unit),
             None => out.push(ControlCommand::RequestRelease {
                 unit: unit.clone(),
@@ -209,6 +221,7 @@ fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
     for unit in free {
         let target = held
             .iter()
+            .filter(|(id, _)| agrees(**id, unit))
             .map(|(id, n)| (*id, quotas.get(id).copied().unwrap_or(0) as i64 - *n as i64))
             .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
             .map(|(id, _)| id);

@@ -4,6 +4,8 @@
 //! ever appended at the end, never reordered or removed, and `tests::golden_bytes` pins the
 //! encoding of every variant so that an accidental change fails the build's tests.
 
+use std::collections::BTreeMap;
+
 use replicator_model::{CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, WorkUnit};
 use serde::{Deserialize, Serialize};
 
@@ -160,6 +162,15 @@ pub(crate) enum ControlCommand {
         /// When, Unix milliseconds.
         at_unix_ms: u64,
     },
+    /// Sent by a node at start and after every config reload: a digest of each of its flows'
+    /// config (the flow, its two clusters, the residency policies). Units of a flow are granted
+    /// only to members whose digest for it equals the leader's (see `assign`).
+    PublishConfig {
+        /// The node.
+        node: NodeId,
+        /// Digest per flow name, every flow of its config.
+        digests: BTreeMap<String, String>,
+    },
 }
 
 impl ControlCommand {
@@ -176,8 +187,9 @@ impl ControlCommand {
             | ControlCommand::Revoke { .. }
             | ControlCommand::FenceAcknowledged { .. }
             | ControlCommand::SetFlowPaused { .. } => true,
-            // Only units without an owner are reset.
-            ControlCommand::ResetOffsets { .. } => false,
+            // Only units without an owner are reset; a config changes who may get units, which
+            // the next assignment round acts on.
+            ControlCommand::ResetOffsets { .. } | ControlCommand::PublishConfig { .. } => false,
             ControlCommand::SetWriterIdentity { .. }
             | ControlCommand::FenceMember { .. }
             | ControlCommand::ForgetIdentity { .. } => false,
@@ -421,6 +433,13 @@ mod tests {
                 },
                 "10016601016601730174010301016f04",
             ),
+            (
+                ControlCommand::PublishConfig {
+                    node: 5,
+                    digests: BTreeMap::from([("f".to_owned(), "d".to_owned())]),
+                },
+                "11050101660164",
+            ),
         ]
     }
 
@@ -460,9 +479,10 @@ mod tests {
             ControlCommand::FenceAcknowledged { .. } => 14,
             ControlCommand::SetFlowPaused { .. } => 15,
             ControlCommand::ResetOffsets { .. } => 16,
+            ControlCommand::PublishConfig { .. } => 17,
         };
         let indexes: Vec<usize> = golden().iter().map(|(c, _)| count(c)).collect();
-        assert2::check!(indexes == (0..=16).collect::<Vec<_>>());
+        assert2::check!(indexes == (0..=17).collect::<Vec<_>>());
     }
 
     #[test]

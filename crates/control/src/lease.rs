@@ -140,6 +140,7 @@ impl LeaderView {
             renewal_seen: self.renewal_seen(),
             fencing: fence_after.is_some(),
             unresponsive,
+            config_reference: None,
         }
     }
 

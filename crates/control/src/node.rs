@@ -733,12 +733,13 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             // could count its lease out before the owner does.
             let now = std::time::Instant::now();
             current.observe(&data.state.members, now);
-            let lease = current.liveness(
+            let mut lease = current.liveness(
                 now,
                 timing.lease_expiry,
                 timing.election_grace(),
                 node.fence_after(),
             );
+            lease.config_reference = Some(node.id);
             (
                 assign::plan(&data.state, &lease),
                 assign::fence_work(&data.state, &lease),

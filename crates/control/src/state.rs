@@ -95,6 +95,8 @@ pub(crate) struct ControlState {
     /// Offset resets not yet taken up, by unit: the unit's next owner starts there, and its
     /// first commit clears the entry.
     pub(crate) pending_resets: BTreeMap<WorkUnit, ResetRecord>,
+    /// Each node's config digest per flow (`PublishConfig`), the latest it published.
+    pub(crate) config_digests: BTreeMap<NodeId, BTreeMap<String, String>>,
 }
 
 /// An operator's offset reset of one unit (see `ControlCommand::ResetOffsets`).
@@ -252,6 +254,7 @@ impl ControlState {
                     return Ignored(Rejection::StillOwnsUnits);
                 }
                 self.members.remove(node);
+                self.config_digests.remove(node);
                 if let Some(identity) = self.identities.remove(node) {
                     self.stale_identities.insert((*node, identity.incarnation));
                 }
@@ -311,6 +314,10 @@ impl ControlState {
                     Done
                 }
             },
+            ControlCommand::PublishConfig { node, digests } => {
+                self.config_digests.insert(*node, digests.clone());
+                Done
+            }
             ControlCommand::Batch(_) => Ignored(Rejection::NestedBatch),
         }
     }
@@ -405,6 +412,23 @@ impl ControlState {
                 index,
             },
         );
+    }
+
+    /// Whether `node` runs `flow` with the config `reference` (the leader) runs it with: both
+    /// published the same digest for it. Always true while `reference` never published any
+    /// (a leader of a version before config agreement, or one that has not published yet:
+    /// nodes publish right after they start, and the assignment waits for nothing else).
+    pub(crate) fn config_agrees(&self, reference: NodeId, node: NodeId, flow: &str) -> bool {
+        let Some(leader) = self.config_digests.get(&reference) else {
+            return true;
+        };
+        match (
+            leader.get(flow),
+            self.config_digests.get(&node).and_then(|d| d.get(flow)),
+        ) {
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        }
     }
 
     /// Whether `unit` belongs to a paused flow.

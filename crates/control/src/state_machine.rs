@@ -64,8 +64,9 @@ impl SmData {
 }
 
 /// `ControlState` fields added after the first release, all collections at its end:
-/// `identities`, `stale_identities`, `retired_incarnations`, `paused_flows`, `pending_resets`.
-const FIELDS_ADDED_SINCE_FIRST_RELEASE: usize = 5;
+/// `identities`, `stale_identities`, `retired_incarnations`, `paused_flows`, `pending_resets`,
+/// `config_digests`.
+const FIELDS_ADDED_SINCE_FIRST_RELEASE: usize = 6;
 
 /// A snapshot as stored in sled.
 #[derive(Serialize, Deserialize)]

@@ -178,6 +178,9 @@ pub struct Cluster {
     http: reqwest::Client,
     /// The test CA, when the cluster runs TLS.
     ca: Option<TestCa>,
+    /// Nodes whose config a test rewrote ([`Cluster::rewrite_replication`]): their current
+    /// replication TOML.
+    rewritten: BTreeMap<NodeId, String>,
     /// Set by [`Cluster::passed`]; otherwise drop prints the logs.
     passed: bool,
 }
@@ -224,6 +227,7 @@ impl Cluster {
             nodes: BTreeMap::new(),
             http: http.build()?,
             ca,
+            rewritten: BTreeMap::new(),
             passed: false,
         };
         let all: Vec<NodeId> = placements.keys().copied().collect();
@@ -391,6 +395,11 @@ impl Cluster {
         Ok(())
     }
 
+    /// SIGHUP: the node reloads its config file (see [`Cluster::rewrite_replication`]).
+    pub fn hangup(&self, id: NodeId) -> Result<()> {
+        self.node(id)?.signal(Signal::SIGHUP)
+    }
+
     /// SIGTERM to every node of `ids` at once, then waits for them to exit (graceful drain);
     /// returns their exit codes. A node that does not exit within `within` is killed and
     /// reported as an error.
@@ -433,6 +442,46 @@ impl Cluster {
             return Err(Error::StillRunning(id));
         }
         node.spawn(&binary, log_level)
+    }
+
+    /// Rewrites node `id`'s config file with `replication_toml` in place of the replication
+    /// part (clusters, flows) it has now, keeping its `[node]` and `[cluster]`: one step of a
+    /// rolling config change, applied by [`Cluster::reload`] (or a restart).
+    pub fn rewrite_replication(&mut self, id: NodeId, replication_toml: &str) -> Result<()> {
+        let current = self
+            .rewritten
+            .get(&id)
+            .unwrap_or(&self.spec.replication_toml)
+            .clone();
+        let path = self.node(id)?.config.clone();
+        let text = std::fs::read_to_string(&path)?;
+        if !text.contains(&current) {
+            return Err(Error::Setup(format!(
+                "node {id}'s config no longer holds the replication part it was written with"
+            )));
+        }
+        std::fs::write(&path, text.replacen(&current, replication_toml, 1))?;
+        self.rewritten.insert(id, replication_toml.to_owned());
+        Ok(())
+    }
+
+    /// `POST /config/reload` on node `id` (with the admin token): the answer's status code and
+    /// body. Waits up to a minute (a reload drains the flows that changed).
+    pub async fn reload(&self, id: NodeId) -> Result<(u16, String)> {
+        let node = self.node(id)?;
+        let response = self
+            .http
+            .post(format!(
+                "{}://{}/config/reload",
+                self.scheme(),
+                node.api_addr
+            ))
+            .bearer_auth(&self.admin_token)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await?;
+        let code = response.status().as_u16();
+        Ok((code, response.text().await?))
     }
 
     /// `GET /status` of one node.

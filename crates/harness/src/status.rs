@@ -38,6 +38,9 @@ pub struct MemberView {
     pub id: NodeId,
     /// Units it owns.
     pub units_owned: usize,
+    /// Flows whose config on it differs from the leader's.
+    #[serde(default)]
+    pub config_disagrees: Vec<String>,
 }
 
 /// A unit in [`Status`].

@@ -1,7 +1,7 @@
 //! `Pipeline`: the running data plane of one instance (discovery loops plus the coordinator and
 //! the unit tasks it supervises), with `start`, `shutdown`, `crash` and `stats`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -323,8 +323,16 @@ impl Pipeline {
     /// Graceful stop (SIGTERM): stop discovery, stop reading, finish in-flight writes, commit,
     /// release every unit, then close the connections. Bounded by the shutdown timeout, after
     /// which whatever still runs is aborted (the coordinator aborts its tasks as it stops).
-    #[tracing::instrument(skip_all)]
-    pub async fn shutdown(mut self) {
+    pub async fn shutdown(self) {
+        self.shutdown_keeping(BTreeSet::new()).await;
+    }
+
+    /// Like [`Pipeline::shutdown`], except that the units of the flows in `keep` are not handed
+    /// back: they stop after their final commit and stay this node's, so that a pipeline
+    /// started next (a config reload that left those flows unchanged) resumes them at once
+    /// under the same epochs, without an assignment round.
+    #[tracing::instrument(skip_all, fields(kept = keep.len()))]
+    pub async fn shutdown_keeping(mut self, keep: BTreeSet<String>) {
         self.cancel.cancel();
         for task in self.discovery {
             let _ = task.await;
@@ -332,7 +340,8 @@ impl Pipeline {
         let drained = call_t!(
             self.coordinator,
             CoordinatorMsg::Drain,
-            self.shutdown_timeout.as_millis() as u64
+            self.shutdown_timeout.as_millis() as u64,
+            keep
         );
         if let Err(err) = drained {
             tracing::warn!(error = %err, "drain did not finish in time; aborting the rest");

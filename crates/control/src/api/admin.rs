@@ -74,6 +74,10 @@ pub struct MemberStatus {
     /// member renews again.
     #[serde(default)]
     pub fenced: bool,
+    /// Flows whose config on this member differs from the leader's (or that only one of them
+    /// has): it gets no unit of them (see `flows_disagreeing`).
+    #[serde(default)]
+    pub config_disagrees: Vec<String>,
 }
 
 /// One unit in [`ClusterStatus`].
@@ -185,6 +189,11 @@ pub(crate) fn build_status(i: StatusInputs<'_>) -> ClusterStatus {
                     .count(),
                 writer_incarnation: i.state.identities.get(&id).map(|w| w.incarnation),
                 fenced: i.state.identities.get(&id).is_some_and(|w| w.fenced),
+                config_disagrees: i
+                    .metrics
+                    .current_leader
+                    .map(|leader| flows_disagreeing(i.state, leader, id))
+                    .unwrap_or_default(),
             }
         })
         .collect();
@@ -227,4 +236,23 @@ pub(crate) fn build_status(i: StatusInputs<'_>) -> ClusterStatus {
             })
             .collect(),
     }
+}
+
+/// The flows `node` does not run as `leader` does: every flow either of them published, whose
+/// digests differ or that one of them lacks. Empty while the leader published nothing (no
+/// agreement is checked then, see `ControlState::config_agrees`).
+pub(crate) fn flows_disagreeing(state: &ControlState, leader: NodeId, node: NodeId) -> Vec<String> {
+    if !state.config_digests.contains_key(&leader) {
+        return Vec::new();
+    }
+    let flows: std::collections::BTreeSet<&String> = [leader, node]
+        .iter()
+        .filter_map(|n| state.config_digests.get(n))
+        .flat_map(|d| d.keys())
+        .collect();
+    flows
+        .into_iter()
+        .filter(|flow| !state.config_agrees(leader, node, flow))
+        .cloned()
+        .collect()
 }

@@ -3,6 +3,7 @@
 pub(crate) mod admin;
 pub(crate) mod management;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -516,6 +517,44 @@ impl Control {
             Ok((_, other)) => Err(ResetRefusal::Failed(format!("{other:?}"))),
             Err(e) => Err(ResetRefusal::Failed(e.to_string())),
         }
+    }
+
+    /// Publishes this node's config digest per flow (at start and after every reload); units
+    /// of a flow go only to members whose digest for it equals the leader's.
+    pub async fn publish_config(&self, digests: BTreeMap<String, String>) -> Result<()> {
+        let cmd = ControlCommand::PublishConfig {
+            node: self.inner.id,
+            digests,
+        };
+        match self.inner.write(&cmd).await? {
+            (_, ControlResponse::Done) => Ok(()),
+            (_, other) => Err(Error::Rejected(format!("publish config: {other:?}"))),
+        }
+    }
+
+    /// The flows this node does not run as the leader does, in this node's applied state
+    /// (empty without a leader, or while it published nothing).
+    #[must_use]
+    pub fn config_disagreements(&self) -> Vec<String> {
+        let Some(leader) = self.inner.leader().0 else {
+            return Vec::new();
+        };
+        admin::flows_disagreeing(&self.inner.shared.read().state, leader, self.inner.id)
+    }
+
+    /// Whether this node runs `flow` as the leader does (known leader, same digest): only
+    /// then does its discovery report the flow's units, so that nodes with another selection
+    /// of topics do not retire each other's units.
+    #[must_use]
+    pub fn config_agrees_with_leader(&self, flow: &str) -> bool {
+        let Some(leader) = self.inner.leader().0 else {
+            return false;
+        };
+        self.inner
+            .shared
+            .read()
+            .state
+            .config_agrees(leader, self.inner.id, flow)
     }
 
     /// Whether `flow` is paused, in this node's applied state.

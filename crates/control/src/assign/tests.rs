@@ -491,3 +491,82 @@ fn a_dead_owner_of_a_paused_flow_loses_its_units_but_nobody_gets_them() {
         .all(|c| matches!(c, ControlCommand::Revoke { .. })));
     check!(!cmds.is_empty());
 }
+
+fn publish(s: &mut ControlState, node: NodeId, digest: Option<&str>) {
+    let digests = digest
+        .map(|d| BTreeMap::from([("f".to_owned(), d.to_owned())]))
+        .unwrap_or_default();
+    s.apply(4, &ControlCommand::PublishConfig { node, digests });
+}
+
+fn round_from(s: &ControlState, live: &[NodeId], reference: NodeId) -> Vec<ControlCommand> {
+    plan(
+        s,
+        &Liveness {
+            live: live.iter().copied().collect(),
+            config_reference: Some(reference),
+            ..Liveness::default()
+        },
+    )
+}
+
+#[test]
+fn only_members_that_run_the_flow_as_the_leader_does_get_its_units() {
+    let mut s = state(&[1, 2, 3], 6);
+    publish(&mut s, 1, Some("a"));
+    publish(&mut s, 2, Some("a"));
+    publish(&mut s, 3, Some("b"));
+    let cmds = round_from(&s, &[1, 2, 3], 1);
+    check!(granted_to(&cmds) == BTreeSet::from([1, 2]));
+    // A leader that never published (older version, or not yet): no check.
+    let mut legacy = state(&[1, 2, 3], 6);
+    publish(&mut legacy, 3, Some("b"));
+    check!(granted_to(&round_from(&legacy, &[1, 2, 3], 1)) == BTreeSet::from([1, 2, 3]));
+    // A leader without the flow grants it to nobody.
+    let mut without = state(&[1, 2], 4);
+    publish(&mut without, 1, None);
+    publish(&mut without, 2, Some("a"));
+    check!(granted_to(&round_from(&without, &[1, 2], 1)).is_empty());
+}
+
+#[test]
+fn a_member_whose_config_changed_is_asked_its_units_back() {
+    let (mut s, _) = converged(&[1, 2], 4);
+    publish(&mut s, 1, Some("a"));
+    publish(&mut s, 2, Some("a"));
+    check!(
+        round_from(&s, &[1, 2], 1).is_empty(),
+        "agreement changes nothing"
+    );
+    publish(&mut s, 2, Some("a2"));
+    let cmds = round_from(&s, &[1, 2], 1);
+    let asked: BTreeSet<WorkUnit> = cmds
+        .iter()
+        .filter_map(|c| match c {
+            ControlCommand::RequestRelease { unit, .. } => Some(unit.clone()),
+            _ => None,
+        })
+        .collect();
+    let owned_by_2: BTreeSet<WorkUnit> = s
+        .units
+        .iter()
+        .filter(|(_, r)| r.owner == Some(2))
+        .map(|(u, _)| u.clone())
+        .collect();
+    check!(!owned_by_2.is_empty());
+    check!(asked == owned_by_2);
+    check!(granted_to(&cmds).is_empty(), "nothing is free yet");
+    // Once handed back, they go to the member that agrees.
+    for u in &owned_by_2 {
+        let epoch = s.units[u].epoch;
+        s.apply(
+            50,
+            &ControlCommand::Release {
+                unit: u.clone(),
+                epoch,
+                node: 2,
+            },
+        );
+    }
+    check!(granted_to(&round_from(&s, &[1, 2], 1)) == BTreeSet::from([1]));
+}

@@ -78,8 +78,10 @@ pub(crate) enum CoordinatorMsg {
         topic: String,
     },
     /// From `Pipeline::shutdown`: stop every unit cleanly (final commit, then release); replies
-    /// when every unit is stopped and every release was attempted.
-    Drain(RpcReplyPort<()>),
+    /// when every unit is stopped and every release was attempted. Units of the flows in the
+    /// set (a config reload keeps them) stop after their final commit without a release: the
+    /// node keeps them, and the next pipeline starts them again under the same epoch.
+    Drain(BTreeSet<String>, RpcReplyPort<()>),
     /// From a release task of the coordinator: handing `unit` back under `epoch` finished with
     /// `result`. No reply.
     Released {
@@ -205,6 +207,8 @@ pub(crate) struct CoordinatorState<C> {
     /// Hand-backs in flight, done (until the assignments catch up) or waiting for a retry.
     releases: BTreeMap<WorkUnit, ReleaseSlot>,
     drain: Drain,
+    /// Flows whose units the drain keeps (stops without handing back).
+    kept_flows: BTreeSet<String>,
     /// Parent of every pair's stop token; cancelled when the coordinator stops.
     units: CancellationToken,
     /// Forwards assignment changes into the mailbox (held for its drop, which ends it).
@@ -260,6 +264,7 @@ impl<C: ControlPlane> Actor for Coordinator<C> {
             slots: BTreeMap::new(),
             releases: BTreeMap::new(),
             drain: Drain::Off,
+            kept_flows: BTreeSet::new(),
             units: CancellationToken::new(),
             _watcher: AbortOnDrop(watcher),
             warned_flows: BTreeSet::new(),
@@ -337,8 +342,9 @@ fn dispatch<C: ControlPlane>(
                 }
             }
         }
-        CoordinatorMsg::Drain(reply) => {
+        CoordinatorMsg::Drain(keep, reply) => {
             state.drain = Drain::Pending(reply);
+            state.kept_flows = keep;
             // A drain attempts every release once more, also those that failed before.
             state
                 .releases
@@ -503,7 +509,12 @@ fn reconcile<C: ControlPlane>(myself: &ActorRef<CoordinatorMsg>, state: &mut Coo
         .collect();
     for unit in units {
         let view = state.slots.get(&unit).map(|s| (s.epoch, s.kind()));
-        match decide(view, state.desired.get(&unit), draining) {
+        // A unit the drain keeps is stopped as if it were no longer ours, and not released.
+        let desired = state
+            .desired
+            .get(&unit)
+            .filter(|_| !(draining && state.kept_flows.contains(&unit.flow)));
+        match decide(view, desired, draining) {
             Action::Nothing => {}
             Action::Start(epoch) if handing_back(state, &unit, epoch) => {}
             Action::Start(epoch) => start_pair(myself, state, &unit, epoch, None),

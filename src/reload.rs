@@ -1,0 +1,268 @@
+//! Config agreement and reload.
+//!
+//! Every node publishes a digest of each of its flows (`replicator_config::flow_digests`) to
+//! the control plane, at start and after every reload ([`ConfigPublisher`]); the leader grants a
+//! flow's units only to nodes whose digest equals its own, `status` lists the nodes that
+//! disagree and their `/ready` answers 503 meanwhile.
+//!
+//! `SIGHUP` and `POST /config/reload` re-read the config file and check it like
+//! `check-config`. A file that is invalid, or that changes what only a restart can apply
+//! (`[node]`, `[cluster]`, `[clusters.*]`: addresses, the Raft group, the target fences), is
+//! refused with the reasons and the running config stays. Otherwise the node's pipeline is
+//! replaced: units of flows whose digest did not change stop after their final commit and stay
+//! this node's (the next pipeline resumes them under the same epochs), units of changed and
+//! removed flows are handed back; then the new pipeline starts and the new digests are
+//! published.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use replicator_config::Config;
+use replicator_control::Control;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+/// How long the publisher waits before it tries a failed publish again (no leader, say).
+const PUBLISH_RETRY: Duration = Duration::from_secs(1);
+
+/// What a reload changed, by flow name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ReloadReport {
+    /// Flows new in the file: they start.
+    pub(crate) added: Vec<String>,
+    /// Flows gone from the file: their units are handed back.
+    pub(crate) removed: Vec<String>,
+    /// Flows whose config changed: handed back and started again with the new config.
+    pub(crate) changed: Vec<String>,
+    /// Flows left as they were: they keep their units.
+    pub(crate) unchanged: Vec<String>,
+    /// Whether `[pipeline]` changed (every flow's units then restart with it, kept).
+    pub(crate) pipeline_changed: bool,
+}
+
+impl ReloadReport {
+    /// Compares the flow digests of the running config and of the new one.
+    pub(crate) fn between(
+        old: &BTreeMap<String, String>,
+        new: &BTreeMap<String, String>,
+        pipeline_changed: bool,
+    ) -> Self {
+        let mut report = Self {
+            pipeline_changed,
+            ..Self::default()
+        };
+        for (flow, digest) in new {
+            match old.get(flow) {
+                None => report.added.push(flow.clone()),
+                Some(d) if d == digest => report.unchanged.push(flow.clone()),
+                Some(_) => report.changed.push(flow.clone()),
+            }
+        }
+        report.removed = old
+            .keys()
+            .filter(|f| !new.contains_key(*f))
+            .cloned()
+            .collect();
+        report
+    }
+
+    /// Whether the new config runs exactly as the old one: nothing to do.
+    pub(crate) fn is_noop(&self) -> bool {
+        self.added.is_empty()
+            && self.removed.is_empty()
+            && self.changed.is_empty()
+            && !self.pipeline_changed
+    }
+
+    /// The flows whose units the node keeps across the reload.
+    pub(crate) fn kept(&self) -> BTreeSet<String> {
+        self.unchanged.iter().cloned().collect()
+    }
+
+    /// One line for logs and the API answer.
+    pub(crate) fn summary(&self) -> String {
+        if self.is_noop() {
+            return "config reloaded: nothing changed".to_owned();
+        }
+        let list = |flows: &[String]| {
+            if flows.is_empty() {
+                "-".to_owned()
+            } else {
+                flows.join(", ")
+            }
+        };
+        format!(
+            "config reloaded: added {}; removed {}; changed {}; unchanged {}{}",
+            list(&self.added),
+            list(&self.removed),
+            list(&self.changed),
+            list(&self.unchanged),
+            if self.pipeline_changed {
+                "; [pipeline] changed"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// What in `new` only a restart applies, one reason per section or cluster (empty: the reload
+/// can apply it). The sections are compared with their secrets, which `Debug` hides.
+pub(crate) fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if format!("{:?}", old.node) != format!("{:?}", new.node) {
+        reasons.push("[node] changed".to_owned());
+    }
+    let cluster = |c: &Config| {
+        format!(
+            "{:?} {} {:?}",
+            c.cluster,
+            c.cluster.secret.expose(),
+            c.cluster
+                .admin_token
+                .as_ref()
+                .map(|t| t.expose().to_owned())
+        )
+    };
+    if cluster(old) != cluster(new) {
+        reasons.push("[cluster] changed".to_owned());
+    }
+    let aliases: BTreeSet<&String> = old.clusters.keys().chain(new.clusters.keys()).collect();
+    for alias in aliases {
+        let text = |c: &Config| {
+            c.clusters
+                .get(alias)
+                .map(|x| format!("{x:?} {}", x.url.expose()))
+        };
+        if text(old) != text(new) {
+            reasons.push(format!("[clusters.{alias}] added, removed or changed"));
+        }
+    }
+    reasons
+}
+
+/// Publishes this node's flow digests to the control plane: the latest value sent to it, once
+/// it changed, retrying every [`PUBLISH_RETRY`] while the write fails. Stopped when dropped.
+pub(crate) struct ConfigPublisher {
+    digests: watch::Sender<BTreeMap<String, String>>,
+    task: JoinHandle<()>,
+}
+
+impl ConfigPublisher {
+    /// Starts publishing `digests` through `control`.
+    pub(crate) fn start(control: Control, digests: BTreeMap<String, String>) -> Self {
+        let (tx, mut rx) = watch::channel(digests);
+        let task = tokio::spawn(async move {
+            loop {
+                let current = rx.borrow_and_update().clone();
+                match control.publish_config(current).await {
+                    Ok(()) => {
+                        if rx.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "cannot publish the config digests yet; retrying");
+                        tokio::time::sleep(PUBLISH_RETRY).await;
+                    }
+                }
+            }
+        });
+        Self { digests: tx, task }
+    }
+
+    /// Publishes `digests` from now on (replacing a publish still retrying).
+    pub(crate) fn set(&self, digests: BTreeMap<String, String>) {
+        self.digests.send_replace(digests);
+    }
+}
+
+impl Drop for ConfigPublisher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A reload asked through the admin API, answered by the node's run loop.
+pub(crate) struct ReloadRequest {
+    /// The answer: what changed, or why the running config stays.
+    pub(crate) reply: oneshot::Sender<Result<ReloadReport, String>>,
+}
+
+/// The admin API's way to the run loop (none for nodes not run from a file: demo, tests).
+pub(crate) type ReloadSender = mpsc::Sender<ReloadRequest>;
+
+/// Logs a reload's outcome (SIGHUP has nobody else to tell).
+pub(crate) fn log_outcome(outcome: &Result<ReloadReport, String>) {
+    match outcome {
+        Ok(report) => info!("{}", report.summary()),
+        Err(reason) => warn!(%reason, "config reload refused; the running config stays"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use replicator_config::testing::MinimalConfig;
+
+    use super::*;
+
+    fn digests(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(f, d)| ((*f).to_owned(), (*d).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn flows_are_added_removed_changed_or_kept_by_digest() {
+        let old = digests(&[("a", "1"), ("b", "2"), ("c", "3")]);
+        let new = digests(&[("a", "1"), ("b", "9"), ("d", "4")]);
+        let report = ReloadReport::between(&old, &new, false);
+        assert_eq!(report.added, vec!["d"]);
+        assert_eq!(report.removed, vec!["c"]);
+        assert_eq!(report.changed, vec!["b"]);
+        assert_eq!(report.kept(), BTreeSet::from(["a".to_owned()]));
+        assert!(!report.is_noop());
+        assert!(report.summary().contains("changed b"));
+        let same = ReloadReport::between(&old, &old, false);
+        assert!(same.is_noop());
+        assert!(!ReloadReport::between(&old, &old, true).is_noop());
+    }
+
+    #[test]
+    fn node_cluster_and_clusters_sections_need_a_restart() -> Result<(), replicator_config::Error> {
+        let base = MinimalConfig::default();
+        let old = base.parse()?;
+        let flows_only = MinimalConfig {
+            include: vec!["orders/*".into()],
+            flow_extra: "batch_size = 10".into(),
+            ..base.clone()
+        }
+        .parse()?;
+        assert!(needs_restart(&old, &flows_only).is_empty());
+        let moved = MinimalConfig {
+            api_addr: "127.0.0.1:9".into(),
+            ..base.clone()
+        }
+        .parse()?;
+        assert_eq!(needs_restart(&old, &moved), vec!["[node] changed"]);
+        let secret = MinimalConfig {
+            secret: "another-secret-0123456789".into(),
+            ..base.clone()
+        }
+        .parse()?;
+        assert_eq!(needs_restart(&old, &secret), vec!["[cluster] changed"]);
+        let password = MinimalConfig {
+            eu_url: "iggy://iggy:other@127.0.0.1:8091".into(),
+            ..base
+        }
+        .parse()?;
+        assert_eq!(
+            needs_restart(&old, &password),
+            vec!["[clusters.eu] added, removed or changed"]
+        );
+        Ok(())
+    }
+}
