@@ -41,9 +41,10 @@ pub(crate) enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Run one replicator node (a member of the Raft cluster) until SIGTERM/Ctrl-C, then drain.
+    /// Run one replicator node (a member of the Raft cluster) until SIGTERM/Ctrl-C, then drain;
+    /// SIGHUP reloads the config file.
     #[command(
-        after_help = "Example:\n  REPLICATOR_SECRET=... iggy-replicator run --config /etc/iggy-replicator/replicator.toml"
+        after_help = "Examples:\n  REPLICATOR_SECRET=... iggy-replicator run --config /etc/iggy-replicator/replicator.toml\n  kill -HUP <pid>   # reload the edited config file (or POST /config/reload)"
     )]
     Run {
         /// The node's config file.
@@ -81,10 +82,16 @@ pub(crate) enum Command {
         interval: std::time::Duration,
     },
     /// Change or show the cluster's membership through a member's admin API.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  iggy-replicator cluster status --api 10.0.0.1:7180\n  REPLICATOR_TOKEN=... iggy-replicator cluster remove --api 10.0.0.1:7180 --id 3"
+    )]
     Cluster(crate::status::ClusterCommand),
-    /// Pause, resume or promote (cut over) a flow through a member's admin API.
-    #[command(subcommand)]
+    /// Pause, resume, reset or promote (cut over) a flow through a member's admin API.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  REPLICATOR_TOKEN=... iggy-replicator flow pause us-to-eu --api 10.0.0.1:7180\n  REPLICATOR_TOKEN=... iggy-replicator flow promote us-to-eu --api 10.0.0.1:7180"
+    )]
     Flow(crate::flow::FlowCommand),
     /// Run the Iggy-compatible test server (speaks the Iggy 0.8 TCP protocol) for local experiments.
     #[command(after_help = "Example:\n  iggy-replicator dev-server --port 8090 --data-in-memory")]
@@ -136,5 +143,33 @@ pub(crate) async fn dispatch(command: Command) -> Result<(), Failure> {
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// Every command an operator can run shows examples under `--help`.
+    #[test]
+    fn every_visible_command_has_examples() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for sub in command.get_subcommands().filter(|c| !c.is_hide_set()) {
+                let path = format!("{path} {}", sub.get_name());
+                let help = sub
+                    .get_after_help()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                if !help.contains("Example") {
+                    missing.push(path.clone());
+                }
+                walk(sub, &path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "iggy-replicator", &mut missing);
+        assert!(missing.is_empty(), "no examples in --help of: {missing:?}");
     }
 }
