@@ -143,7 +143,7 @@ impl UnitMeters {
         }
     }
 
-    /// Records where the writer resumed (the last offset already downstream).
+    /// Records where the writer resumed: the offset before the first one it copies.
     pub(crate) fn resumed_after(&self, last: Option<Offset>) {
         self.last_written
             .store(last.unwrap_or(NONE), Ordering::Relaxed);

@@ -334,7 +334,11 @@ impl<C: ControlPlane> Writer<C> {
             ));
         }
         self.commits.resumed(plan.written, plan.confirmed);
-        shared.meters.resumed_after(plan.written);
+        // Lag counts from where the copy resumes: after what is downstream, or from a start
+        // chosen without it (initial offset, operator reset, repair of a loss).
+        shared
+            .meters
+            .resumed_after(plan.written.or_else(|| plan.from.offset.checked_sub(1)));
         shared.meters.set_epoch(shared.epoch);
         tracing::info!(
             offset = plan.from.offset,
