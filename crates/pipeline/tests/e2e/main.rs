@@ -11,5 +11,6 @@ mod heartbeats;
 mod idle;
 mod integrity;
 mod release;
+mod residency;
 mod throttle;
 mod topics;
