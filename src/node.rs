@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::admin::{self, AdminState, NodeParts};
+use crate::admin::{self, AdminState, NodeParts, PipelineReaders};
 use crate::exit::Failure;
 use crate::metrics::Metrics;
 use crate::wiring::{control_params, fencing, pipeline_params, RaftControl};
@@ -230,13 +230,14 @@ impl RunningNode {
                 return failure.map_or(Ok(None), Err);
             }
         };
-        parts.publish_pipeline(
-            Arc::new(pipeline.stats_reader()),
-            pipeline.liveness(),
-            Arc::new(pipeline.connections_reader()),
-            pipeline.cutover(),
-            Arc::new(pipeline.heartbeats_reader()),
-        );
+        parts.publish_pipeline(PipelineReaders {
+            stats: Arc::new(pipeline.stats_reader()),
+            liveness: pipeline.liveness(),
+            connections: Arc::new(pipeline.connections_reader()),
+            cutover: pipeline.cutover(),
+            heartbeats: Arc::new(pipeline.heartbeats_reader()),
+            residency: Arc::new(pipeline.residency_reader()),
+        });
         info!(node = config.node.id, "node started");
         Ok(Some(Self {
             id: config.node.id,
