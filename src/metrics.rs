@@ -151,6 +151,9 @@ pub(crate) struct Snapshot {
     /// This node's heartbeat counts per flow (flows with heartbeats on); empty while the
     /// pipeline starts.
     pub(crate) heartbeats: Vec<replicator_pipeline::HeartbeatStats>,
+    /// The topics residency policies keep from each flow's target (every flow); empty while
+    /// the pipeline starts.
+    pub(crate) residency: Vec<replicator_pipeline::FlowResidency>,
 }
 
 impl Metrics {
@@ -262,6 +265,7 @@ impl Collector for Scrape {
             groups,
             paused,
             heartbeats,
+            residency,
         } = &self.0;
         let e = &mut encoder;
         labelled(
@@ -306,6 +310,14 @@ impl Collector for Scrape {
                 .map(|(flow, on)| (flow_labels(flow), flag(*on))),
         )?;
         encode_heartbeats(e, heartbeats)?;
+        labelled(
+            e,
+            "policy_blocked_topics",
+            "Topics of the flow that residency policies keep from its target (upstream topics not copied, and the heartbeat topic when heartbeats are blocked)",
+            residency
+                .iter()
+                .map(|r| (flow_labels(&r.flow), gauge(r.blocked.len() as u64))),
+        )?;
         encode_control(e, control.as_ref())
     }
 }
@@ -723,6 +735,7 @@ mod tests {
             )]),
             paused: vec![("us-to-eu".to_owned(), true)],
             heartbeats: Vec::new(),
+            residency: Vec::new(),
         };
         // Two scrapes of the same meters show the same totals (nothing is added per scrape).
         let _ = metrics.render(snapshot())?;
@@ -803,6 +816,39 @@ mod tests {
     }
 
     #[test]
+    fn policy_blocked_topics_counts_each_flows_blocked_topics_and_zero_for_none(
+    ) -> Result<(), std::fmt::Error> {
+        let blocked = |stream: &str| replicator_pipeline::BlockedTopic {
+            stream: stream.to_owned(),
+            topic: "events".to_owned(),
+            policy: "pii".to_owned(),
+            heartbeat: false,
+        };
+        let flow = |name: &str, blocked: Vec<replicator_pipeline::BlockedTopic>| {
+            replicator_pipeline::FlowResidency {
+                flow: name.to_owned(),
+                target: "us".to_owned(),
+                blocked,
+            }
+        };
+        let text = Metrics::new().render(Snapshot {
+            residency: vec![
+                flow("a", vec![blocked("pii-users"), blocked("pii-cards")]),
+                flow("b", Vec::new()),
+            ],
+            ..Snapshot::default()
+        })?;
+        let lines = samples(&text);
+        for expected in [
+            "iggy_replicator_policy_blocked_topics{flow=\"a\"} 2",
+            "iggy_replicator_policy_blocked_topics{flow=\"b\"} 0",
+        ] {
+            assert!(lines.contains(&expected), "{expected} in {lines:?}");
+        }
+        Ok(())
+    }
+
+    #[test]
     fn families_lists_every_registered_family_with_its_type() -> Result<(), std::fmt::Error> {
         let families = families()?;
         let names: Vec<(&str, &str)> = families
@@ -839,6 +885,7 @@ mod tests {
                 ("heartbeats_sent", "counter"),
                 ("heartbeat_failures", "counter"),
                 ("heartbeat_age_seconds", "gauge"),
+                ("policy_blocked_topics", "gauge"),
                 ("units_owned", "gauge"),
                 ("units_unowned", "gauge"),
                 ("raft_term", "gauge"),

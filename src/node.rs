@@ -473,6 +473,7 @@ fn publish_pipeline(parts: &NodeParts, pipeline: &Pipeline, config: &Config) {
             connections: Arc::new(pipeline.connections_reader()),
             cutover: pipeline.cutover(),
             heartbeats: Arc::new(pipeline.heartbeats_reader()),
+            residency: Arc::new(pipeline.residency_reader()),
         },
         flow_names(config),
     );

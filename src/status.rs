@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use replicator_model::NodeId;
 
-use crate::admin::{AddMember, FlowGroupsView, LiveView, StatusView};
+use crate::admin::{AddMember, BlockedTopicView, FlowGroupsView, LiveView, StatusView};
 use crate::exit::Failure;
 
 /// Where the admin API is and how to reach it.
@@ -300,9 +300,10 @@ pub(crate) async fn status(api: ApiArgs, watch: bool, interval: Duration) -> Res
         let view = fetch_status(&client, &api.api).await?;
         let live = collect_live(&client, &view).await;
         let table = format!(
-            "{}{}",
+            "{}{}{}",
             render_units(&view, &live.units),
-            render_groups(&live.groups)
+            render_groups(&live.groups),
+            render_blocked(&live.blocked)
         );
         if watch {
             // Clear the screen and home the cursor, then redraw.
@@ -327,6 +328,8 @@ struct Live {
     units: BTreeMap<String, LiveView>,
     /// Consumer-group sync per member and flow.
     groups: Vec<FlowGroupsView>,
+    /// Topics residency policies keep from the flows' targets, per member.
+    blocked: Vec<BlockedTopicView>,
 }
 
 /// Live figures of every unit and every member's consumer-group sync, from the members that
@@ -340,6 +343,7 @@ async fn collect_live(client: &ApiClient, view: &StatusView) -> Live {
             }
         }
         live.groups.extend(v.consumer_groups.iter().cloned());
+        live.blocked.extend(v.blocked_topics.iter().cloned());
     };
     collect(view);
     for member in view
@@ -477,6 +481,37 @@ fn render_groups(groups: &[FlowGroupsView]) -> String {
     out
 }
 
+/// One line per member and flow that residency policies keep topics of from the flow's target:
+/// the topics, each with its policy.
+fn render_blocked(blocked: &[BlockedTopicView]) -> String {
+    let mut flows: BTreeMap<(&str, NodeId, &str), Vec<String>> = BTreeMap::new();
+    for b in blocked {
+        let what = if b.heartbeat {
+            format!(
+                "heartbeats to {}/{} (policy {})",
+                b.stream, b.topic, b.policy
+            )
+        } else {
+            format!("{}/{} (policy {})", b.stream, b.topic, b.policy)
+        };
+        flows
+            .entry((b.flow.as_str(), b.node, b.target.as_str()))
+            .or_default()
+            .push(what);
+    }
+    if flows.is_empty() {
+        return String::new();
+    }
+    let mut out = "\n".to_owned();
+    for ((flow, node, target), topics) in flows {
+        out.push_str(&format!(
+            "{flow:<10} {node:>5} blocked by residency policies, not written to {target}: {}\n",
+            topics.join(", ")
+        ));
+    }
+    out
+}
+
 fn render_units(view: &StatusView, live: &BTreeMap<String, LiveView>) -> String {
     let mut out = format!(
         "\n{:<14} {:<36} {:>5} {:>7} {:>12} {:>9} {:>10} {:>9}\n",
@@ -520,6 +555,38 @@ mod tests {
         assert_eq!(base_url("10.0.0.1:7180", "https"), "https://10.0.0.1:7180");
         assert_eq!(base_url("http://h:1/", "https"), "http://h:1");
         assert_eq!(base_url("https://h:1", "http"), "https://h:1");
+    }
+
+    #[test]
+    fn blocked_topics_render_one_line_per_flow_and_node_with_their_policies() {
+        let blocked = |node: NodeId, flow: &str, stream: &str, heartbeat: bool| BlockedTopicView {
+            node,
+            flow: flow.to_owned(),
+            target: "us".to_owned(),
+            stream: stream.to_owned(),
+            topic: "events".to_owned(),
+            policy: "pii-stays-in-eu".to_owned(),
+            heartbeat,
+        };
+        assert_eq!(render_blocked(&[]), "");
+        let text = render_blocked(&[
+            blocked(2, "eu-to-us", "pii-users", false),
+            blocked(1, "eu-to-us", "pii-users", false),
+            blocked(1, "eu-to-us", "pii-cards", false),
+            blocked(1, "eu-to-us", "ops", true),
+        ]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "",
+                "eu-to-us       1 blocked by residency policies, not written to us: \
+                 pii-users/events (policy pii-stays-in-eu), pii-cards/events (policy \
+                 pii-stays-in-eu), heartbeats to ops/events (policy pii-stays-in-eu)",
+                "eu-to-us       2 blocked by residency policies, not written to us: \
+                 pii-users/events (policy pii-stays-in-eu)",
+            ]
+        );
     }
 
     type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;

@@ -45,6 +45,12 @@ pub(crate) async fn run(
         );
         verify_params.wait = wait;
         verify_params.heartbeat_topics = params.heartbeat_topics();
+        verify_params.policies = params.policies.clone();
+        verify_params.target_zones = params
+            .clusters
+            .get(&flow.target)
+            .map(|c| c.zones.clone())
+            .unwrap_or_default();
         let report = verify(&verify_params).await.map_err(|e| {
             Failure::runtime(
                 format!("flow {}: verification failed: {e}", flow.name),

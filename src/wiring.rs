@@ -21,7 +21,7 @@ use replicator_model::{
 use replicator_model::{NodeId, WriterLogin};
 use replicator_pipeline::{
     BackoffParams, ClusterParams, ControlError, ControlPlane, FlowParams, PipelineParams,
-    TargetFence,
+    PolicyParams, TargetFence,
 };
 use tokio::sync::watch;
 
@@ -106,6 +106,7 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
             params.connections = cluster.connections;
             params.writer_user_prefix =
                 (cluster.fencing == FencingMode::Users).then(|| cluster.writer_user_prefix.clone());
+            params.zones = cluster.zones.clone();
             (alias.clone(), params)
         })
         .collect();
@@ -139,6 +140,15 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
         })
         .collect();
     let mut params = PipelineParams::new(config.node.id, clusters, flows);
+    params.policies = config
+        .policies
+        .iter()
+        .map(|policy| PolicyParams {
+            name: policy.name.clone(),
+            select: policy.select.clone(),
+            allowed_zones: policy.allowed_zones.clone(),
+        })
+        .collect();
     params.discovery_interval = config.pipeline.discovery_interval;
     params.backoff = BackoffParams {
         initial: config.pipeline.restart_backoff_min,
@@ -268,6 +278,28 @@ mod tests {
         let params = pipeline_params(&config.parse().expect("valid config"));
         assert_eq!(params.flows[0].heartbeat_interval, Duration::ZERO);
         assert_eq!(params.flows[0].heartbeat_topic, "ops/hb");
+    }
+
+    #[test]
+    fn zones_and_policies_reach_the_pipeline_under_the_same_names() {
+        let config = MinimalConfig {
+            eu_extra: "zones = [\"eu\"]".to_owned(),
+            flow_extra:
+                "\n[[policies]]\nname = \"pii\"\nselect = [\"pii-*/*\"]\nallowed_zones = [\"us\"]"
+                    .to_owned(),
+            ..MinimalConfig::default()
+        };
+        let params = pipeline_params(&config.parse().expect("valid config"));
+        assert_eq!(params.clusters["eu"].zones, ["eu"]);
+        assert!(params.clusters["us"].zones.is_empty());
+        assert_eq!(
+            params.policies,
+            [PolicyParams {
+                name: "pii".to_owned(),
+                select: vec!["pii-*/*".to_owned()],
+                allowed_zones: vec!["us".to_owned()],
+            }]
+        );
     }
 
     #[test]

@@ -89,6 +89,18 @@ fn bad_glob_exits_2_naming_it() -> TestResult {
 }
 
 #[test]
+fn a_flow_a_residency_policy_leaves_nothing_to_copy_exits_2_naming_flow_and_policy() -> TestResult {
+    let text = format!(
+        "{}\n[[policies]]\nname = \"orders-stay-in-us\"\nselect = [\"orders/*\"]\n\
+         allowed_zones = [\"us\"]\n",
+        valid()
+    );
+    assert_rejected(&text, "flows[0].include")?;
+    assert_rejected(&text, "\"us-to-eu\"")?;
+    assert_rejected(&text, "\"orders-stay-in-us\"")
+}
+
+#[test]
 fn unset_environment_variable_exits_2_naming_key_and_variable() -> TestResult {
     let text = valid().replace("0123456789abcdef", "${IGGY_REPLICATOR_TEST_UNSET_VAR}");
     assert_rejected(&text, "cluster.secret")?;

@@ -1,7 +1,8 @@
 //! The operator's TOML file: its schema ([`Config`] and its sections), the
 //! documented defaults, `${VAR}` substitution for secrets, and a single
 //! validation pass ([`Config::problems`]) that reports every problem with the
-//! key it concerns.
+//! key it concerns, including what the flows' globs can select (`selection`: flows
+//! that overlap, flows the residency policies leave nothing to copy).
 //!
 //! This crate owns parsing and checking only. It starts nothing and connects to
 //! nothing; the binary turns a validated [`Config`] into the resolved parameters
@@ -11,9 +12,9 @@
 mod digest;
 mod error;
 mod load;
-mod overlap;
 mod schema;
 mod secret;
+mod selection;
 #[doc(hidden)]
 pub mod testing;
 
@@ -22,6 +23,7 @@ pub use error::{Error, Problem, Result};
 pub use load::{load_file, parse_str};
 pub use schema::{
     ApiTlsConfig, ClusterConfig, Config, FencingMode, FlowConfig, IggyClusterConfig,
-    InitialOffsetSetting, NodeConfig, PipelineConfig, TlsFilesConfig, DEFAULT_CONNECTIONS,
+    InitialOffsetSetting, NodeConfig, PipelineConfig, PolicyConfig, TlsFilesConfig,
+    DEFAULT_CONNECTIONS,
 };
 pub use secret::{ClusterUrl, Secret};

@@ -395,6 +395,189 @@ mod tests {
         assert!(problems[0].1.contains("\"orders/created\""), "{problems:?}");
     }
 
+    /// The minimal config (flow `us-to-eu` over `include`, `flow` lines of its own) with
+    /// `eu_zones` as the target's zones and `policies` lines after the flow.
+    fn residency(include: &[&str], flow: &str, eu_zones: &str, policies: &str) -> String {
+        crate::testing::MinimalConfig {
+            include: include.iter().map(|p| (*p).to_owned()).collect(),
+            us_extra: "zones = [\"us\"]".to_owned(),
+            eu_extra: eu_zones.to_owned(),
+            flow_extra: format!("{flow}\n\n{policies}"),
+            ..Default::default()
+        }
+        .to_string()
+    }
+
+    /// Asserts that `text` has exactly one problem, of `key`, whose message has every one of
+    /// `parts`.
+    fn assert_one_problem(text: &str, key: &str, parts: &[&str]) {
+        let problems = problems_of(text);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        let (found, message) = &problems[0];
+        assert_eq!(found, key);
+        for part in parts {
+            assert!(message.contains(part), "{part} in {message}");
+        }
+    }
+
+    /// A policy named `name` keeping `select` in the `us` zone.
+    fn in_us(name: &str, select: &str) -> String {
+        format!("[[policies]]\nname = {name:?}\nselect = [{select:?}]\nallowed_zones = [\"us\"]\n")
+    }
+
+    #[test]
+    fn zones_and_policies_parse() {
+        let text = residency(
+            &["*/*"],
+            "",
+            "zones = [\"eu\", \"eu-west-1\"]",
+            &in_us("pii", "pii-*/*"),
+        );
+        let config = parse_str(&text, "t", env(&[])).expect("valid");
+        assert_eq!(config.clusters["eu"].zones, ["eu", "eu-west-1"]);
+        assert_eq!(config.clusters["us"].zones, ["us"]);
+        assert_eq!(config.policies.len(), 1);
+        assert_eq!(config.policies[0].name, "pii");
+        assert_eq!(config.policies[0].select, ["pii-*/*"]);
+        assert_eq!(config.policies[0].allowed_zones, ["us"]);
+        // No zones and no policies by default.
+        let config = crate::testing::MinimalConfig::default()
+            .parse()
+            .expect("valid");
+        assert!(config.clusters["eu"].zones.is_empty());
+        assert!(config.policies.is_empty());
+    }
+
+    #[test]
+    fn a_flow_whose_every_topic_a_policy_keeps_from_its_target_is_rejected() {
+        let policy = in_us("pii-stays-in-us", "pii-*/*");
+        let text = residency(&["pii-users/*"], "", "zones = [\"eu\"]", &policy);
+        assert_one_problem(
+            &text,
+            "flows[0].include",
+            &[
+                "\"us-to-eu\"",
+                "\"eu\" (zones [\"eu\"])",
+                "policy \"pii-stays-in-us\" (policies[0], allowed zones [\"us\"])",
+            ],
+        );
+        // Excludes count: what is left after them is all forbidden.
+        let text = residency(
+            &["pii-users/*", "orders/*"],
+            "exclude = [\"orders/*\"]",
+            "zones = [\"eu\"]",
+            &policy,
+        );
+        assert_eq!(problems_of(&text).len(), 1);
+        // A target in no zone is outside every policy's zones.
+        let problems = problems_of(&residency(&["pii-users/*"], "", "", &policy));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].1.contains("\"eu\" (in no zone)"),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn policies_that_together_cover_a_flow_are_all_named_and_bystanders_are_not() {
+        let policies = [
+            in_us("a", "pii-a/*"),
+            in_us("bystander", "audit/*"),
+            in_us("b", "pii-b/*"),
+        ]
+        .concat();
+        let problems = problems_of(&residency(
+            &["pii-a/*", "pii-b/x"],
+            "",
+            "zones = [\"eu\"]",
+            &policies,
+        ));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        let message = &problems[0].1;
+        assert!(
+            message.contains(
+                "policies \"a\" (policies[0], allowed zones [\"us\"]) and \"b\" (policies[2]"
+            ),
+            "{message}"
+        );
+        assert!(!message.contains("bystander"), "{message}");
+    }
+
+    #[test]
+    fn a_flow_with_any_topic_allowed_on_its_target_is_accepted() {
+        let policy = in_us("pii", "pii-*/*");
+        // Everything but the `pii-*` streams may go to eu (`pii/x`, `orders/a`, …).
+        for include in [&["*/*"][..], &["pii*/*"], &["pii-users/*", "orders/*"]] {
+            let text = residency(include, "", "zones = [\"eu\"]", &policy);
+            assert_eq!(problems_of(&text), Vec::new(), "{include:?}");
+        }
+        // A policy whose zones include the target's forbids nothing there.
+        let text = residency(&["pii-users/*"], "", "zones = [\"us\", \"eu\"]", &policy);
+        assert_eq!(problems_of(&text), Vec::new());
+        let eu = "[[policies]]\nname = \"eu\"\nselect = [\"*/*\"]\nallowed_zones = [\"eu\"]\n";
+        let text = residency(&["pii-users/*"], "", "zones = [\"eu\"]", eu);
+        assert_eq!(problems_of(&text), Vec::new());
+        // A flow that selects nothing on its own is not the policies' doing.
+        let text = residency(
+            &["pii-a/*"],
+            "exclude = [\"pii-*/*\"]",
+            "zones = [\"eu\"]",
+            &policy,
+        );
+        assert_eq!(problems_of(&text), Vec::new());
+    }
+
+    #[test]
+    fn heartbeats_to_a_topic_a_policy_keeps_from_the_target_are_rejected_unless_off() {
+        let policy = in_us("ops", "replicator/*");
+        let text = residency(&["*/*"], "", "zones = [\"eu\"]", &policy);
+        assert_one_problem(
+            &text,
+            "flows[0].heartbeat_topic",
+            &[
+                "\"replicator/heartbeats\"",
+                "policy \"ops\"",
+                "heartbeat_interval",
+            ],
+        );
+        let off = "heartbeat_interval = \"0s\"";
+        assert_eq!(
+            problems_of(&residency(&["*/*"], off, "zones = [\"eu\"]", &policy)),
+            Vec::new()
+        );
+        let moved = "heartbeat_topic = \"ops/heartbeats\"";
+        assert_eq!(
+            problems_of(&residency(&["*/*"], moved, "zones = [\"eu\"]", &policy)),
+            Vec::new()
+        );
+    }
+
+    #[test]
+    fn invalid_policies_and_zones_are_reported_with_their_keys() {
+        let policies = "[[policies]]\nname = \" \"\nselect = []\nallowed_zones = []\n\n\
+                        [[policies]]\nname = \"p\"\nselect = [\"ok/*\", \"bad/[\", \"nostream\"]\nallowed_zones = [\"eu\", \"\"]\n\n\
+                        [[policies]]\nname = \"p\"\nselect = [\"x/*\"]\nallowed_zones = [\"eu\"]\n";
+        let text = residency(&["*/*"], "", "zones = [\"eu\", \" \"]", policies);
+        let keys: Vec<String> = problems_of(&text).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            keys,
+            [
+                "clusters.eu.zones[1]",
+                "policies[0].name",
+                "policies[0].select",
+                "policies[0].allowed_zones",
+                "policies[1].select[1]",
+                "policies[1].select[2]",
+                "policies[1].allowed_zones[1]",
+                "policies[2].name",
+            ]
+        );
+        let missing = "[[policies]]\nname = \"p\"\nselect = [\"x/*\"]\n";
+        let error = parse_str(&residency(&["*/*"], "", "", missing), "t", env(&[]))
+            .expect_err("allowed_zones is required");
+        assert!(error.to_string().contains("allowed_zones"), "{error}");
+    }
+
     #[test]
     fn escaped_dollar_is_kept_literally() {
         assert_eq!(expand("a$${b}c$d", &env(&[])).as_deref(), Ok("a${b}c$d"));

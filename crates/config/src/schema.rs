@@ -7,14 +7,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use replicator_model::{
-    heartbeat_topic_parts, InitialOffset, Naming, NodeId, DEFAULT_HEARTBEAT_INTERVAL,
+    heartbeat_topic_parts, zones_allow, InitialOffset, Naming, NodeId, DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TOPIC,
 };
 use serde::Deserialize;
 
 use crate::error::Problem;
-use crate::overlap::{addresses, overlap, Overlap, Selection};
 use crate::secret::{ClusterUrl, Secret};
+use crate::selection::{addresses, any_name, glob_matches, overlap, Found, Selection};
 
 /// A whole node config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -30,6 +30,10 @@ pub struct Config {
     /// What to replicate: `[[flows]]`.
     #[serde(default)]
     pub flows: Vec<FlowConfig>,
+    /// Residency policies, which keep selected topics in some zones: `[[policies]]`.
+    /// Default: none.
+    #[serde(default)]
+    pub policies: Vec<PolicyConfig>,
     /// Pipeline tuning shared by all flows: `[pipeline]`.
     #[serde(default)]
     pub pipeline: PipelineConfig,
@@ -161,6 +165,12 @@ pub struct IggyClusterConfig {
     /// Default: `"iggy-replicator"`; 1 to 24 of `A-Z a-z 0-9 _ -`.
     #[serde(default = "default_writer_user_prefix")]
     pub writer_user_prefix: String,
+    /// The zones this cluster is in, for residency policies (`[[policies]]`): a flow copies a
+    /// topic a policy selects to this cluster only when one of these zones is among the
+    /// policy's `allowed_zones`. Default: `[]` (no zone: no policy allows it). Example:
+    /// `["eu", "eu-west-1"]`.
+    #[serde(default)]
+    pub zones: Vec<String>,
 }
 
 /// `clusters.<alias>.fencing`.
@@ -249,6 +259,24 @@ pub struct FlowConfig {
     /// characters. Example: `"ops/replicator-heartbeats"`.
     #[serde(default = "default_heartbeat_topic")]
     pub heartbeat_topic: String,
+}
+
+/// `[[policies]]`: a residency policy. Topics it selects are never copied to a target cluster
+/// outside its allowed zones (README "Residency policies").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Unique policy name, shown where the policy stops a topic. Required. Example:
+    /// `"pii-stays-in-eu"`.
+    pub name: String,
+    /// Glob patterns on upstream `stream/topic` (as in `flows[].include`) selecting the topics
+    /// the policy keeps in its zones; a flow's heartbeat topic counts as a topic too. Required,
+    /// not empty. Example: `["pii-*/*"]`.
+    pub select: Vec<String>,
+    /// The zones (`clusters.<alias>.zones`) the selected topics may be copied to; a target
+    /// cluster in none of them (or in no zone at all) never receives them. Required, not empty.
+    /// Example: `["eu"]`.
+    pub allowed_zones: Vec<String>,
 }
 
 /// `initial_offset`: a word or a number in TOML.
@@ -404,6 +432,21 @@ impl Config {
                     format!("must be 1 to 64, got {}", cluster.connections),
                 ));
             }
+            check_zones(
+                &mut problems,
+                &format!("clusters.{alias}.zones"),
+                &cluster.zones,
+            );
+        }
+        let mut policies = std::collections::BTreeSet::new();
+        for (index, policy) in self.policies.iter().enumerate() {
+            policy.check(&mut problems, &format!("policies[{index}]"));
+            if !policies.insert(policy.name.as_str()) {
+                problems.push(Problem::new(
+                    format!("policies[{index}].name"),
+                    format!("duplicate policy name {:?}", policy.name),
+                ));
+            }
         }
         let mut names = std::collections::BTreeSet::new();
         for (index, flow) in self.flows.iter().enumerate() {
@@ -416,7 +459,122 @@ impl Config {
             }
         }
         self.check_overlapping_flows(&mut problems);
+        self.check_residency(&mut problems);
         problems
+    }
+
+    /// The policies that forbid writing their selected topics to the cluster `target` (whose
+    /// zones share none with their `allowed_zones`), with their index; none for an unknown
+    /// alias (reported on its own key).
+    fn policies_forbidding(&self, target: &str) -> Vec<(usize, &PolicyConfig)> {
+        let Some(cluster) = self.clusters.get(target) else {
+            return Vec::new();
+        };
+        self.policies
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| !zones_allow(&p.allowed_zones, &cluster.zones))
+            .collect()
+    }
+
+    /// A flow whose target the residency policies forbid every topic it selects could copy
+    /// nothing: a problem of its `include`, naming the policies. Decided exactly on the
+    /// automata (`any_name` over the include minus the excludes and the forbidding policies'
+    /// selections). A search too large to finish is no problem: discovery still leaves out
+    /// every forbidden topic, this check only catches a flow that is useless from the start.
+    ///
+    /// A flow whose heartbeats go to a topic a policy forbids on its target is a problem of its
+    /// `heartbeat_topic` rather than a silent loss of heartbeats: consumers and alerts on the
+    /// target read a missing heartbeat as a dead flow, and the fix is a choice only the operator
+    /// can make (another `heartbeat_topic`, or `heartbeat_interval = "0s"`).
+    fn check_residency(&self, problems: &mut Vec<Problem>) {
+        for (index, flow) in self.flows.iter().enumerate() {
+            let forbidding = self.policies_forbidding(&flow.target);
+            if forbidding.is_empty() {
+                continue;
+            }
+            let zones = self
+                .clusters
+                .get(&flow.target)
+                .map(|c| c.zones.as_slice())
+                .unwrap_or_default();
+            let target = if zones.is_empty() {
+                format!("{:?} (in no zone)", flow.target)
+            } else {
+                format!("{:?} (zones {zones:?})", flow.target)
+            };
+            let name = |(i, p): &(usize, &PolicyConfig)| {
+                format!(
+                    "{:?} (policies[{i}], allowed zones {:?})",
+                    p.name, p.allowed_zones
+                )
+            };
+            let selected = Selection {
+                prefix: "",
+                include: &flow.include,
+                exclude: &flow.exclude,
+            };
+            let mut exclude = flow.exclude.clone();
+            exclude.extend(
+                forbidding
+                    .iter()
+                    .flat_map(|(_, p)| p.select.iter().cloned()),
+            );
+            let allowed = Selection {
+                exclude: &exclude,
+                ..selected
+            };
+            // Only a flow that selects something on its own is the policies' doing.
+            if matches!(any_name(&selected), Found::Name(_)) && any_name(&allowed) == Found::Nothing
+            {
+                // Name the policies that take a part of the flow's selection.
+                let involved: Vec<String> = forbidding
+                    .iter()
+                    .filter(|(_, p)| {
+                        let policy = Selection {
+                            prefix: "",
+                            include: &p.select,
+                            exclude: &[],
+                        };
+                        overlap(&selected, &policy) != Found::Nothing
+                    })
+                    .map(name)
+                    .collect();
+                problems.push(Problem::new(
+                    format!("flows[{index}].include"),
+                    format!(
+                        "flow {:?} (flows[{index}]) can copy nothing to {target}: every topic its \
+                         include (minus exclude) selects is forbidden there by {}; narrow the \
+                         flow to topics allowed there, or fix the policies' allowed_zones or \
+                         clusters.{}.zones",
+                        flow.name,
+                        policy_list(&involved),
+                        flow.target,
+                    ),
+                ));
+            }
+            if flow.heartbeat_interval.is_zero() {
+                continue;
+            }
+            let blocking: Vec<String> = forbidding
+                .iter()
+                .filter(|(_, p)| glob_matches(&p.select, &flow.heartbeat_topic) == Some(true))
+                .map(name)
+                .collect();
+            if !blocking.is_empty() {
+                problems.push(Problem::new(
+                    format!("flows[{index}].heartbeat_topic"),
+                    format!(
+                        "flow {:?} (flows[{index}]) writes heartbeats to {:?} on {target}, which \
+                         {} forbids there; set another heartbeat_topic, or heartbeat_interval = \
+                         \"0s\" to write none",
+                        flow.name,
+                        flow.heartbeat_topic,
+                        policy_list(&blocking),
+                    ),
+                ));
+            }
+        }
     }
 
     /// Two flows between the same clusters that can write the same downstream topic corrupt
@@ -457,11 +615,11 @@ impl Config {
                     exclude: &self.flows[index].exclude,
                 };
                 let what = match overlap(&selection(i), &selection(j)) {
-                    Overlap::Disjoint | Overlap::Invalid => continue,
-                    Overlap::Shared(name) => {
+                    Found::Nothing | Found::Invalid => continue,
+                    Found::Name(name) => {
                         format!("can write the same downstream topics, e.g. {name:?}")
                     }
-                    Overlap::Undecided => "may write the same downstream topics (their \
+                    Found::Undecided => "may write the same downstream topics (their \
                                            selections could not be proven disjoint)"
                         .to_owned(),
                 };
@@ -592,21 +750,8 @@ impl FlowConfig {
         if self.include.is_empty() {
             problems.push(Problem::new(format!("{key}.include"), "must not be empty"));
         }
-        for (field, patterns) in [("include", &self.include), ("exclude", &self.exclude)] {
-            for (index, pattern) in patterns.iter().enumerate() {
-                if let Err(error) = globset::Glob::new(pattern) {
-                    problems.push(Problem::new(
-                        format!("{key}.{field}[{index}]"),
-                        format!("invalid glob {pattern:?}: {}", error.kind()),
-                    ));
-                } else if !pattern.contains('/') {
-                    problems.push(Problem::new(
-                        format!("{key}.{field}[{index}]"),
-                        format!("pattern {pattern:?} must have the form \"stream/topic\""),
-                    ));
-                }
-            }
-        }
+        check_topic_globs(problems, &format!("{key}.include"), &self.include);
+        check_topic_globs(problems, &format!("{key}.exclude"), &self.exclude);
         if self.initial_offset.resolve().is_none() {
             problems.push(Problem::new(
                 format!("{key}.initial_offset"),
@@ -676,6 +821,69 @@ impl FlowConfig {
                 format!("{reason}, got {:?}", self.heartbeat_topic),
             ));
         }
+    }
+}
+
+impl PolicyConfig {
+    fn check(&self, problems: &mut Vec<Problem>, key: &str) {
+        if self.name.trim().is_empty() {
+            problems.push(Problem::new(format!("{key}.name"), "must not be empty"));
+        }
+        if self.select.is_empty() {
+            problems.push(Problem::new(format!("{key}.select"), "must not be empty"));
+        }
+        check_topic_globs(problems, &format!("{key}.select"), &self.select);
+        if self.allowed_zones.is_empty() {
+            problems.push(Problem::new(
+                format!("{key}.allowed_zones"),
+                "must not be empty (a policy that allows no zone would stop its topics \
+                 everywhere; narrow the flows' include instead)",
+            ));
+        }
+        check_zones(
+            problems,
+            &format!("{key}.allowed_zones"),
+            &self.allowed_zones,
+        );
+    }
+}
+
+/// Reports each glob on `stream/topic` of the list at `key` that does not compile or has no
+/// `/`, as `<key>[<index>]`.
+fn check_topic_globs(problems: &mut Vec<Problem>, key: &str, patterns: &[String]) {
+    for (index, pattern) in patterns.iter().enumerate() {
+        if let Err(error) = globset::Glob::new(pattern) {
+            problems.push(Problem::new(
+                format!("{key}[{index}]"),
+                format!("invalid glob {pattern:?}: {}", error.kind()),
+            ));
+        } else if !pattern.contains('/') {
+            problems.push(Problem::new(
+                format!("{key}[{index}]"),
+                format!("pattern {pattern:?} must have the form \"stream/topic\""),
+            ));
+        }
+    }
+}
+
+/// Reports each blank zone name of the list at `key`, as `<key>[<index>]`.
+fn check_zones(problems: &mut Vec<Problem>, key: &str, zones: &[String]) {
+    for (index, zone) in zones.iter().enumerate() {
+        if zone.trim().is_empty() {
+            problems.push(Problem::new(
+                format!("{key}[{index}]"),
+                "zone names must not be empty",
+            ));
+        }
+    }
+}
+
+/// `policy "a" (…)` or `policies "a" (…) and "b" (…)`.
+fn policy_list(policies: &[String]) -> String {
+    match policies {
+        [one] => format!("policy {one}"),
+        [first @ .., last] => format!("policies {} and {last}", first.join(", ")),
+        [] => "the residency policies".to_owned(),
     }
 }
 

@@ -1,4 +1,5 @@
-//! Per-flow policies shared by the config loader and the pipeline.
+//! Per-flow policies shared by the config loader and the pipeline, and the rule that decides
+//! whether a residency policy lets a flow write to its target.
 
 use serde::{Deserialize, Serialize};
 
@@ -59,9 +60,33 @@ pub fn heartbeat_topic_parts(value: &str) -> Result<(&str, &str), &'static str> 
     Ok((stream, topic))
 }
 
+/// Whether a residency policy (`[[policies]]`) that allows `allowed_zones` lets a flow copy
+/// the topics it selects to a target cluster in `target_zones` (`clusters.<alias>.zones`):
+/// only when they share a zone. A target with no zones is allowed by no policy, so that a
+/// cluster nobody placed in a zone never receives data that must stay in one.
+pub fn zones_allow(allowed_zones: &[String], target_zones: &[String]) -> bool {
+    target_zones.iter().any(|zone| allowed_zones.contains(zone))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn zones(list: &[&str]) -> Vec<String> {
+        list.iter().map(|z| (*z).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_policy_allows_a_target_only_when_they_share_a_zone() {
+        let allowed = zones(&["eu", "ch"]);
+        assert!(zones_allow(&allowed, &zones(&["eu"])));
+        assert!(zones_allow(&allowed, &zones(&["us", "ch"])));
+        assert!(!zones_allow(&allowed, &zones(&["us"])));
+        // A cluster in no zone is outside every policy's zones.
+        assert!(!zones_allow(&allowed, &[]));
+        // Zone names are compared exactly.
+        assert!(!zones_allow(&allowed, &zones(&["EU"])));
+    }
 
     #[test]
     fn heartbeat_topic_parts_accepts_only_literal_stream_slash_topic() {

@@ -1,8 +1,8 @@
 //! The vocabulary every other crate speaks: what a unit of replication work is
 //! ([`WorkUnit`]), who owns it under which fence ([`NodeId`], [`Epoch`],
 //! [`Assignment`]), how far it has been copied ([`OffsetCommit`],
-//! [`CommitOutcome`], [`UnitProgress`]), and the per-flow policies
-//! ([`Naming`], [`InitialOffset`]).
+//! [`CommitOutcome`], [`UnitProgress`]), the per-flow policies
+//! ([`Naming`], [`InitialOffset`]) and the zone rule of residency policies ([`zones_allow`]).
 //!
 //! This crate owns data types only. It has no async runtime, no IO, no clock and
 //! no knowledge of Iggy's SDK, openraft or sled: the pipeline and the control
@@ -15,7 +15,7 @@ mod writer;
 
 pub use flow::DEFAULT_GROUP_SYNC_INTERVAL;
 pub use flow::{
-    heartbeat_topic_parts, InitialOffset, Naming, DEFAULT_HEARTBEAT_INTERVAL,
+    heartbeat_topic_parts, zones_allow, InitialOffset, Naming, DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TOPIC,
 };
 pub use unit::{

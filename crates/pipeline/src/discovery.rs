@@ -1,6 +1,7 @@
 //! Per-flow discovery: lists upstream streams and topics, selects them by glob, mirrors their
 //! shape downstream (create stream/topic, add partitions), and reports the flow's full unit set
-//! to the control plane. Runs at start and then every discovery interval.
+//! to the control plane. Runs at start and then every discovery interval. A selected topic that
+//! a residency policy forbids on the target is neither mirrored nor reported, only recorded.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,15 +20,18 @@ use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::coordinator::CoordinatorMsg;
 use crate::error::{Error, Result};
-use crate::mapping::{downstream_stream, Selector};
+use crate::mapping::{downstream_stream, Choice, Selector};
 use crate::params::FlowParams;
+use crate::residency::{BlockedTopic, BlockedTopics};
 
 /// Inputs of one flow's discovery loop.
 pub(crate) struct DiscoveryParams<C> {
     /// The flow.
     pub(crate) flow: Arc<FlowParams>,
-    /// Compiled include/exclude globs.
+    /// Compiled include/exclude globs, under the flow's residency.
     pub(crate) selector: Selector,
+    /// Where the topics the residency blocks are recorded.
+    pub(crate) blocked: BlockedTopics,
     /// Upstream cluster.
     pub(crate) source: Arc<Cluster>,
     /// Downstream cluster.
@@ -91,6 +95,7 @@ async fn discover_once<C: ControlPlane>(
         .call(0, "get_streams", |c| async move { c.get_streams().await })
         .await?;
     let mut now: BTreeMap<(String, String), (SeenTopic, Topic)> = BTreeMap::new();
+    let mut blocked = Vec::new();
     for stream in streams {
         let id = named(&stream.name)?;
         let details = p
@@ -99,8 +104,18 @@ async fn discover_once<C: ControlPlane>(
             .await?;
         let Some(details) = details else { continue };
         for topic in details.topics {
-            if !p.selector.matches(&stream.name, &topic.name) {
-                continue;
+            match p.selector.choose(&stream.name, &topic.name) {
+                Choice::Skip => continue,
+                Choice::Blocked(policy) => {
+                    blocked.push(BlockedTopic {
+                        stream: stream.name.clone(),
+                        topic: topic.name.clone(),
+                        policy: policy.to_owned(),
+                        heartbeat: false,
+                    });
+                    continue;
+                }
+                Choice::Copy => {}
             }
             let seen_topic = SeenTopic {
                 created_at: topic.created_at.as_micros(),
@@ -113,6 +128,8 @@ async fn discover_once<C: ControlPlane>(
             );
         }
     }
+    blocked.sort();
+    p.blocked.discovered(&p.flow.name, blocked);
     for (key, old) in seen.iter() {
         match now.get(key) {
             None => tracing::warn!(

@@ -16,6 +16,9 @@
 //!   commits offsets (its pure cores: `writer::resume`, `prepare`, `send`, `commit`).
 //! - `discovery` selects topics by glob (never another flow's heartbeat topic unless named
 //!   literally), creates or grows them downstream, reports units.
+//! - `residency` decides which selected topics a residency policy keeps from a flow's target
+//!   (never created there, never copied, no group synced on them, no heartbeats to them) and
+//!   records them for status and metrics ([`FlowResidency`]).
 //! - `heartbeat` writes a [`HeartbeatRecord`] per flow and interval to the target while this
 //!   node owns a unit of the flow, through the writers' connections.
 //! - [`ControlPlane`] is the narrow interface to the control plane; [`InMemoryControl`]
@@ -46,6 +49,7 @@ mod params;
 mod pipeline;
 pub mod provenance;
 mod reader;
+mod residency;
 mod stats;
 mod throttle;
 mod unit;
@@ -64,8 +68,9 @@ pub use liveness::Liveness;
 pub use mapping::{downstream_stream, Selector};
 pub use memory::{InMemoryControl, InMemoryLease};
 pub use offsets::Gap;
-pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams};
+pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams, PolicyParams};
 pub use pipeline::Pipeline;
+pub use residency::{BlockedTopic, FlowResidency};
 pub use stats::{NoObserver, Observer, PipelineObserver, UnitStats};
 
 #[doc(hidden)]

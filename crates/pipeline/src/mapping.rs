@@ -1,7 +1,11 @@
 //! Which upstream topics a flow copies and what they are called downstream.
 
+use std::sync::Arc;
+
 use globset::{GlobSet, GlobSetBuilder};
 use replicator_model::Naming;
+
+use crate::residency::Residency;
 
 /// A flow's include/exclude globs, matched against `stream/topic`.
 #[derive(Debug, Clone)]
@@ -15,6 +19,20 @@ pub struct Selector {
     reserved: Vec<String>,
     /// The include patterns as written, to tell a literal mention of a reserved topic.
     include_literals: Vec<String>,
+    /// The policies that keep topics from the flow's target (see [`Selector::under`]).
+    residency: Arc<Residency>,
+}
+
+/// What a flow does with one upstream topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Choice<'a> {
+    /// Not selected: no glob includes it, one excludes it, or it is a heartbeat topic.
+    Skip,
+    /// Selected: copied.
+    Copy,
+    /// Selected, but this residency policy forbids it on the target: never created there nor
+    /// copied.
+    Blocked(&'a str),
 }
 
 impl Selector {
@@ -23,11 +41,20 @@ impl Selector {
     /// the reason.
     pub fn new(include: &[String], exclude: &[String]) -> Result<Self, (String, String)> {
         Ok(Self {
-            include: build("include", include)?,
-            exclude: build("exclude", exclude)?,
+            include: build_globs("include", include)?,
+            exclude: build_globs("exclude", exclude)?,
             reserved: Vec::new(),
             include_literals: include.to_vec(),
+            residency: Arc::default(),
         })
+    }
+
+    /// Leaves out the selected topics `residency` forbids on the flow's target (they become
+    /// [`Choice::Blocked`]).
+    #[must_use]
+    pub(crate) fn under(mut self, residency: Arc<Residency>) -> Self {
+        self.residency = residency;
+        self
     }
 
     /// Leaves out the heartbeat topics `topics` (`stream/topic`, of every flow in the config)
@@ -52,17 +79,30 @@ impl Selector {
         self
     }
 
-    /// Whether `stream/topic` is selected.
+    /// Whether `stream/topic` is copied: selected and not blocked.
     pub fn matches(&self, stream: &str, topic: &str) -> bool {
+        self.choose(stream, topic) == Choice::Copy
+    }
+
+    /// What the flow does with `stream/topic`.
+    pub(crate) fn choose(&self, stream: &str, topic: &str) -> Choice<'_> {
         let path = format!("{stream}/{topic}");
-        self.include.is_match(&path)
+        let selected = self.include.is_match(&path)
             && !self.exclude.is_match(&path)
-            && !self.reserved.contains(&path)
+            && !self.reserved.contains(&path);
+        if !selected {
+            return Choice::Skip;
+        }
+        match self.residency.blocked_by(stream, topic) {
+            Some(policy) => Choice::Blocked(policy),
+            None => Choice::Copy,
+        }
     }
 }
 
-/// Compiles one list of globs.
-fn build(field: &str, globs: &[String]) -> Result<GlobSet, (String, String)> {
+/// Compiles one list of globs on `stream/topic` (`*` and `?` do not cross `/`); on error
+/// returns the field (`include[2]`) and the reason.
+pub(crate) fn build_globs(field: &str, globs: &[String]) -> Result<GlobSet, (String, String)> {
     let mut set = GlobSetBuilder::new();
     for (i, pattern) in globs.iter().enumerate() {
         let glob = globset::GlobBuilder::new(pattern)
@@ -162,6 +202,30 @@ mod tests {
             .reserving(["replicator/heartbeats"]);
         check!(!s.matches("replicator", "heartbeats"));
         check!(s.matches("replicator", "heartbeatz"));
+    }
+
+    #[test]
+    fn a_selected_topic_a_policy_forbids_on_the_target_is_blocked_not_skipped() -> Result<(), String>
+    {
+        let policy = crate::params::PolicyParams {
+            name: "pii-stays-in-eu".to_owned(),
+            select: globs(&["pii-*/*"]),
+            allowed_zones: globs(&["eu"]),
+        };
+        let residency = Residency::new(&[policy], &globs(&["us"])).map_err(|e| e.1)?;
+        let s = Selector::new(&globs(&["*/*"]), &globs(&["pii-tmp/*"]))
+            .map_err(|e| e.1)?
+            .reserving(["pii-ops/heartbeats"])
+            .under(Arc::new(residency));
+        check!(s.choose("pii-users", "events") == Choice::Blocked("pii-stays-in-eu"));
+        check!(!s.matches("pii-users", "events"));
+        check!(s.choose("orders", "created") == Choice::Copy);
+        check!(s.matches("orders", "created"));
+        // What the flow does not select is skipped, whatever the policies say of it.
+        check!(s.choose("pii-tmp", "x") == Choice::Skip);
+        check!(s.choose("pii-ops", "heartbeats") == Choice::Skip);
+        check!(s.choose("pii-users", "a/b") == Choice::Skip);
+        Ok(())
     }
 
     #[test]

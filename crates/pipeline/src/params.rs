@@ -18,6 +18,9 @@ pub struct PipelineParams {
     pub clusters: BTreeMap<String, ClusterParams>,
     /// The flows to run (`[[flows]]`); each names a source and a target alias of `clusters`.
     pub flows: Vec<FlowParams>,
+    /// Residency policies (`[[policies]]`): no flow writes a topic a policy selects to a target
+    /// outside the policy's zones. Default: none.
+    pub policies: Vec<PolicyParams>,
     /// How often each flow re-lists upstream streams and topics, e.g. 5 s (the default).
     pub discovery_interval: Duration,
     /// Backoff for restarting a failed reader/writer pair and for retrying failed Iggy calls.
@@ -59,6 +62,7 @@ impl PipelineParams {
             node_id,
             clusters,
             flows,
+            policies: Vec::new(),
             discovery_interval: Duration::from_secs(5),
             backoff: BackoffParams::default(),
             retry_budget: Duration::from_secs(30),
@@ -78,6 +82,20 @@ impl PipelineParams {
             .iter()
             .map(|f| f.heartbeat_topic.clone())
             .collect()
+    }
+
+    /// The residency of `flow`: the policies that forbid its target, compiled. On error returns
+    /// the field (`policies[0].select[1]`) and the reason.
+    pub(crate) fn residency(
+        &self,
+        flow: &FlowParams,
+    ) -> std::result::Result<crate::residency::Residency, (String, String)> {
+        let zones = self
+            .clusters
+            .get(&flow.target)
+            .map(|c| c.zones.as_slice())
+            .unwrap_or_default();
+        crate::residency::Residency::new(&self.policies, zones)
     }
 
     /// Checks cross-references and bounds; returns the first problem with its field path.
@@ -152,6 +170,8 @@ impl PipelineParams {
             replicator_model::heartbeat_topic_parts(&flow.heartbeat_topic)
                 .map_err(|reason| invalid(format!("flows[{i}].heartbeat_topic"), reason))?;
         }
+        crate::residency::Residency::new(&self.policies, &[])
+            .map_err(|(field, reason)| invalid(field, &reason))?;
         if self.tail_scan_window == 0 {
             return Err(invalid("tail_scan_window".into(), "must be at least 1"));
         }
@@ -172,6 +192,10 @@ pub struct ClusterParams {
     /// connection string's credential; `None`: they use the connection string's credential
     /// (fencing off).
     pub writer_user_prefix: Option<String>,
+    /// The zones the cluster is in (`clusters.<alias>.zones`), e.g. `["eu"]`: as a target it
+    /// receives a topic a residency policy selects only when it shares a zone with the policy.
+    /// Default: none (no policy allows it).
+    pub zones: Vec<String>,
 }
 
 impl ClusterParams {
@@ -181,6 +205,7 @@ impl ClusterParams {
             connection_string: connection_string.into(),
             connections: 1,
             writer_user_prefix: None,
+            zones: Vec::new(),
         }
     }
 }
@@ -195,6 +220,7 @@ impl std::fmt::Debug for ClusterParams {
         f.debug_struct("ClusterParams")
             .field("address", &address)
             .field("connections", &self.connections)
+            .field("zones", &self.zones)
             .finish()
     }
 }
@@ -293,6 +319,20 @@ impl FlowParams {
     pub fn heartbeat_address(&self) -> Option<(&str, &str)> {
         replicator_model::heartbeat_topic_parts(&self.heartbeat_topic).ok()
     }
+}
+
+/// One residency policy (`[[policies]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyParams {
+    /// The policy's name, shown where it stops a topic, e.g. `pii-stays-in-eu`.
+    pub name: String,
+    /// Globs on upstream `stream/topic` (compiled like `FlowParams::include`) selecting the
+    /// topics the policy keeps in its zones, e.g. `["pii-*/*"]`; a flow's heartbeat topic counts
+    /// as a topic too.
+    pub select: Vec<String>,
+    /// The zones (`ClusterParams::zones`) the selected topics may be written to, e.g. `["eu"]`;
+    /// a target in none of them never receives them.
+    pub allowed_zones: Vec<String>,
 }
 
 /// Bounds of the exponential backoff with jitter.

@@ -21,6 +21,7 @@ use crate::heartbeat::{self, HeartbeatMeters, HeartbeatParams, HeartbeatStats};
 use crate::liveness::{Liveness, HEARTBEAT_INTERVAL};
 use crate::mapping::Selector;
 use crate::params::PipelineParams;
+use crate::residency::{BlockedTopics, FlowResidency, Residency};
 use crate::stats::{MeterRegistry, UnitStats};
 use crate::throttle::FlowThrottle;
 use crate::unit::UnitTuning;
@@ -51,6 +52,8 @@ pub struct Pipeline {
     cutover: Cutover,
     /// The meters of each flow's heartbeat task, in flow order.
     heartbeats: Vec<Arc<HeartbeatMeters>>,
+    /// The topics residency policies keep from each flow's target.
+    blocked: BlockedTopics,
 }
 
 /// Sends the coordinator a heartbeat every [`HEARTBEAT_INTERVAL`] until `cancel`.
@@ -93,6 +96,18 @@ impl Pipeline {
             .iter()
             .map(|f| (f.name.clone(), Arc::new(f.clone())))
             .collect();
+        // Each flow's residency, compiled once and shared by everything that writes downstream.
+        let residency = flows
+            .values()
+            .map(|f| {
+                let residency = params
+                    .residency(f)
+                    .map_err(|(field, reason)| Error::InvalidParams { field, reason })?;
+                Ok((f.name.clone(), Arc::new(residency)))
+            })
+            .collect::<Result<BTreeMap<String, Arc<Residency>>>>()?;
+        let blocked =
+            BlockedTopics::new(flows.values().map(|f| (f.name.as_str(), f.target.as_str())));
         let tuning = UnitTuning {
             backoff: params.backoff,
             retry_budget: params.retry_budget,
@@ -145,6 +160,7 @@ impl Pipeline {
                 liveness: liveness.clone(),
                 offset_maps: offset_maps.clone(),
                 throttles,
+                residency: residency.clone(),
             },
         )
         .await
@@ -173,6 +189,7 @@ impl Pipeline {
             };
             let sync = Arc::new(GroupSync {
                 flow: flow.clone(),
+                residency: residency.get(&flow.name).cloned().unwrap_or_default(),
                 groups,
                 source: source.clone(),
                 writers: writers.clone(),
@@ -201,7 +218,8 @@ impl Pipeline {
         for flow in flows.values() {
             let selector = Selector::new(&flow.include, &flow.exclude)
                 .map_err(|(field, reason)| Error::InvalidParams { field, reason })?
-                .reserving(params.heartbeat_topics());
+                .reserving(params.heartbeat_topics())
+                .under(residency.get(&flow.name).cloned().unwrap_or_default());
             let (Some(source), Some(target)) =
                 (clusters.get(&flow.source), clusters.get(&flow.target))
             else {
@@ -210,6 +228,7 @@ impl Pipeline {
             discovery.push(tokio::spawn(discovery::run(DiscoveryParams {
                 flow: flow.clone(),
                 selector,
+                blocked: blocked.clone(),
                 source: source.clone(),
                 target: target.clone(),
                 control: control.clone(),
@@ -225,6 +244,16 @@ impl Pipeline {
                 continue;
             };
             if flow.heartbeat_interval.is_zero() {
+                continue;
+            }
+            // The config refuses this; params built elsewhere get no heartbeats rather than a
+            // write the policy forbids.
+            let forbidden = flow.heartbeat_address().and_then(|(stream, topic)| {
+                let policy = residency.get(&flow.name)?.blocked_by(stream, topic)?;
+                Some((stream, topic, policy))
+            });
+            if let Some((stream, topic, policy)) = forbidden {
+                blocked.heartbeat_blocked(&flow.name, stream, topic, policy);
                 continue;
             }
             let meters = Arc::new(HeartbeatMeters::new(&flow.name));
@@ -260,6 +289,7 @@ impl Pipeline {
             meters,
             liveness,
             heartbeats,
+            blocked,
             cutover: Cutover {
                 flows,
                 clusters: cutover_clusters,
@@ -287,6 +317,15 @@ impl Pipeline {
             let now = Instant::now();
             heartbeats.iter().map(|h| h.snapshot(now)).collect()
         }
+    }
+
+    /// A reader of every flow's topics that residency policies keep from its target (flows
+    /// with none included), like [`Pipeline::stats_reader`].
+    pub fn residency_reader(
+        &self,
+    ) -> impl Fn() -> Vec<FlowResidency> + Clone + Send + Sync + 'static {
+        let blocked = self.blocked.clone();
+        move || blocked.snapshot()
     }
 
     /// A reader of the connection state to every cluster, like [`Pipeline::stats_reader`].

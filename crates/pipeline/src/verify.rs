@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::mapping::{downstream_stream, Selector};
 use crate::params::FlowParams;
 use crate::provenance;
+use crate::residency::Residency;
 
 /// What to verify.
 #[derive(Debug, Clone)]
@@ -39,6 +40,11 @@ pub struct VerifyParams {
     /// The heartbeat topics of every flow of the config (`PipelineParams::heartbeat_topics`),
     /// left out like discovery leaves them out; default: the flow's own.
     pub heartbeat_topics: Vec<String>,
+    /// The residency policies (`PipelineParams::policies`): the topics they keep from the
+    /// target are not copied, so they are left out too. Default: none.
+    pub policies: Vec<crate::params::PolicyParams>,
+    /// The zones of the flow's target (`ClusterParams::zones`). Default: none.
+    pub target_zones: Vec<String>,
 }
 
 impl VerifyParams {
@@ -52,6 +58,8 @@ impl VerifyParams {
             batch_size: 1000,
             wait: Duration::ZERO,
             operation_timeout: Duration::from_secs(10),
+            policies: Vec::new(),
+            target_zones: Vec::new(),
         }
     }
 }
@@ -124,7 +132,11 @@ impl VerifyReport {
 pub async fn verify(params: &VerifyParams) -> Result<VerifyReport> {
     let selector = Selector::new(&params.flow.include, &params.flow.exclude)
         .map_err(|(field, reason)| Error::InvalidParams { field, reason })?
-        .reserving(params.heartbeat_topics.iter().cloned());
+        .reserving(params.heartbeat_topics.iter().cloned())
+        .under(Arc::new(
+            Residency::new(&params.policies, &params.target_zones)
+                .map_err(|(field, reason)| Error::InvalidParams { field, reason })?,
+        ));
     let source = Arc::new(Cluster::new(
         &params.flow.source,
         &params.source_connection,

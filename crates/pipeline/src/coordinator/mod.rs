@@ -125,6 +125,8 @@ pub(crate) struct CoordinatorArgs<C> {
     pub(crate) offset_maps: crate::groups::OffsetMaps,
     /// Throttles of the flows that have limits, by flow name.
     pub(crate) throttles: BTreeMap<String, Arc<crate::throttle::FlowThrottle>>,
+    /// Each flow's residency, by flow name: no pair starts for a topic it blocks.
+    pub(crate) residency: BTreeMap<String, Arc<crate::residency::Residency>>,
 }
 
 /// What runs for a unit this node works on.
@@ -570,6 +572,18 @@ fn start_pair<C: ControlPlane>(
         }
         return;
     };
+    // A unit of a topic a residency policy keeps from the target (granted before the policy
+    // existed; discovery no longer reports it, so it is retired and handed back when asked)
+    // never runs. Discovery records and logs the topic.
+    let blocked = state
+        .args
+        .residency
+        .get(&unit.flow)
+        .and_then(|r| r.blocked_by(&unit.stream, &unit.topic));
+    if let Some(policy) = blocked {
+        tracing::debug!(%unit, policy, "unit of a topic a residency policy blocks: not started");
+        return;
+    }
     let Some(source) = state.args.clusters.get(&flow.source).cloned() else {
         return;
     };

@@ -222,6 +222,8 @@ pub(crate) fn group_selector(globs: &[String]) -> std::result::Result<GlobSet, (
 /// What a sync of one flow needs.
 pub(crate) struct GroupSync<C> {
     pub(crate) flow: Arc<FlowParams>,
+    /// The flow's residency: groups on the topics it blocks are never touched on the target.
+    pub(crate) residency: Arc<crate::residency::Residency>,
     pub(crate) groups: GlobSet,
     pub(crate) source: Arc<Cluster>,
     pub(crate) writers: Arc<WriterTargets>,
@@ -287,12 +289,14 @@ fn now_ms() -> u64 {
 }
 
 impl<C: ControlPlane> GroupSync<C> {
-    /// Syncs every selected group on `units` (all of this flow), topic by topic.
-    pub(crate) async fn sync(&self, units: Vec<WorkUnit>) -> GroupSyncReport {
+    /// Syncs every selected group on `units` (all of this flow), topic by topic, except on the
+    /// topics a residency policy keeps from the target (no group is created or stored there).
+    pub(crate) async fn sync(&self, mut units: Vec<WorkUnit>) -> GroupSyncReport {
         let mut report = GroupSyncReport {
             flow: self.flow.name.clone(),
             ..GroupSyncReport::default()
         };
+        self.residency.retain_allowed(&mut units);
         let mut topics: BTreeMap<(String, String), Vec<WorkUnit>> = BTreeMap::new();
         for unit in units {
             topics

@@ -291,6 +291,11 @@ pub(crate) trait Intercept: Clone + Send + Sync + 'static {
     fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
         watch::channel(None).1
     }
+
+    /// The unit set discovery reports, as it reaches [`InMemoryControl`] (default: as is).
+    fn reported(&self, units: Vec<WorkUnit>) -> Vec<WorkUnit> {
+        units
+    }
 }
 
 /// A writer identity for fenced targets that never changes (the users must exist on the
@@ -326,7 +331,7 @@ impl Intercept for StallCommits {
     }
 }
 
-/// The in-memory control plane with its commits and releases held by `hooks`.
+/// The in-memory control plane with its commits, releases and unit reports changed by `hooks`.
 #[derive(Clone)]
 pub(crate) struct Intercepted<I> {
     /// Everything else: assignments, leases, progress, unit reports.
@@ -369,7 +374,7 @@ impl<I: Intercept> ControlPlane for Intercepted<I> {
         flow: &str,
         units: Vec<WorkUnit>,
     ) -> impl Future<Output = Result<(), ControlError>> + Send {
-        self.inner.report_units(flow, units)
+        self.inner.report_units(flow, self.hooks.reported(units))
     }
     fn release(
         &self,

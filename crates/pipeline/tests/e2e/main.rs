@@ -12,5 +12,6 @@ mod idle;
 mod integrity;
 mod release;
 mod reload;
+mod residency;
 mod throttle;
 mod topics;

@@ -1,14 +1,20 @@
-//! Whether two flows could write the same downstream topic.
+//! What names a flow's globs can select, decided exactly on their automata.
 //!
 //! A flow copies the upstream topics its globs select (`stream/topic`, include minus exclude)
 //! to downstream topics named by its naming (`<stream>/<topic>`, or `<source>.<stream>/<topic>`
-//! with the `prefix` naming). Two flows between the same clusters that can write the same
-//! downstream topic corrupt each other's resume: the provenance headers name the source
-//! cluster and the upstream topic, not the flow, so each flow takes the other's copies for its
-//! own. This module decides it exactly, on the same regular expressions `globset` matches
-//! names with (what the pipeline's `Selector` uses): it searches the product of the flows'
-//! automata for a downstream name both could write, and reports the shortest one found. A
-//! search too large to finish counts as an overlap.
+//! with the `prefix` naming). Two questions about those names are config errors when answered
+//! wrongly, and both are decided here on the same regular expressions `globset` matches names
+//! with (what the pipeline's `Selector` uses), by a breadth-first search of the product of lazy
+//! DFAs for the shortest name that fits:
+//!
+//! * [`overlap`]: can two flows between the same clusters write the same downstream topic?
+//!   They would corrupt each other's resume: the provenance headers name the source cluster
+//!   and the upstream topic, not the flow, so each flow takes the other's copies for its own.
+//! * [`any_name`]: does a selection hold any name at all? A flow's selection minus the
+//!   `select` globs of the residency policies that forbid its target is what it may copy; when
+//!   that is empty, the flow can copy nothing.
+//!
+//! A search too large to finish is [`Found::Undecided`]; each caller says what that means.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -17,12 +23,13 @@ use regex_automata::hybrid::LazyStateID;
 use regex_automata::util::{start, syntax};
 use regex_automata::{Anchored, MatchKind};
 
-/// Most product states searched before the answer counts as "may overlap".
+/// Most product states searched before the answer counts as undecided.
 const MAX_STATES: usize = 100_000;
-/// Lazy DFA cache per automaton; a search that would clear it counts as "may overlap".
+/// Lazy DFA cache per automaton; a search that would clear it counts as undecided.
 const CACHE_BYTES: usize = 4 << 20;
 
-/// What one flow writes downstream, as far as names go.
+/// Names selected by globs, as far as names go: what one flow writes downstream, or what it
+/// may copy.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Selection<'a> {
     /// Prepended to every upstream `stream/topic` (`"<source>."` with the `prefix` naming).
@@ -33,30 +40,50 @@ pub(crate) struct Selection<'a> {
     pub(crate) exclude: &'a [String],
 }
 
-/// The answer for two selections.
+/// What a search for a name found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Overlap {
-    /// No downstream name is written by both.
-    Disjoint,
-    /// Both write this downstream `stream/topic` (the shortest such name).
-    Shared(String),
-    /// The search was too large to finish: they may overlap.
+pub(crate) enum Found {
+    /// This name fits (the shortest such name, letters and digits first).
+    Name(String),
+    /// No name fits.
+    Nothing,
+    /// The search was too large to finish: a name may fit.
     Undecided,
     /// A glob does not compile (reported on its own key).
     Invalid,
 }
 
-/// Whether `a` and `b` can write the same downstream name.
-pub(crate) fn overlap(a: &Selection<'_>, b: &Selection<'_>) -> Overlap {
+/// A downstream name both `a` and `b` can write, if any.
+pub(crate) fn overlap(a: &Selection<'_>, b: &Selection<'_>) -> Found {
+    find(&[a, b])
+}
+
+/// A name `selection` selects, if any.
+pub(crate) fn any_name(selection: &Selection<'_>) -> Found {
+    find(&[selection])
+}
+
+/// A name every one of `selections` selects.
+fn find(selections: &[&Selection<'_>]) -> Found {
     // No include selects nothing.
-    if a.include.is_empty() || b.include.is_empty() {
-        return Overlap::Disjoint;
+    if selections.iter().any(|s| s.include.is_empty()) {
+        return Found::Nothing;
     }
-    let (Some(mut a), Some(mut b), Some(names)) = (Side::new(a), Side::new(b), names()) else {
-        return Overlap::Invalid;
+    let sides: Option<Vec<Side>> = selections.iter().map(|s| Side::new(s)).collect();
+    let (Some(mut sides), Some(names)) = (sides, names()) else {
+        return Found::Invalid;
     };
-    let mut names = Machine::new(names);
-    search(&mut a, &mut b, &mut names)
+    search(&mut sides, &mut Machine::new(names))
+}
+
+/// Whether one of `patterns` (globs on `stream/topic`, compiled as the pipeline compiles them)
+/// matches `name`; `None` when a pattern does not compile.
+pub(crate) fn glob_matches(patterns: &[String], name: &str) -> Option<bool> {
+    let mut set = globset::GlobSetBuilder::new();
+    for pattern in patterns {
+        set.add(glob(pattern)?);
+    }
+    Some(set.build().ok()?.is_match(name))
 }
 
 /// A lazy DFA and its cache.
@@ -109,14 +136,17 @@ fn names() -> Option<DFA> {
     dfa(&["(?s)^.+/.+$".to_owned()], true)
 }
 
-/// The regular expression `globset` matches `pattern` with (as the pipeline compiles it:
-/// `*` and `?` do not match `/`).
-fn glob_regex(pattern: &str) -> Option<String> {
-    let glob = globset::GlobBuilder::new(pattern)
+/// `pattern` compiled as the pipeline compiles it: `*` and `?` do not match `/`.
+fn glob(pattern: &str) -> Option<globset::Glob> {
+    globset::GlobBuilder::new(pattern)
         .literal_separator(true)
         .build()
-        .ok()?;
-    Some(glob.regex().to_owned())
+        .ok()
+}
+
+/// The regular expression `globset` matches `pattern` with.
+fn glob_regex(pattern: &str) -> Option<String> {
+    Some(glob(pattern)?.regex().to_owned())
 }
 
 /// One flow's automata: its prefix, then its includes minus its excludes.
@@ -214,42 +244,57 @@ enum SideState {
     },
 }
 
-/// A product state of the search.
-type State = (SideState, SideState, LazyStateID);
+/// A product state of the search: where each side stands, and the names automaton.
+type State = (Vec<SideState>, LazyStateID);
 
-/// Breadth-first search of the product automaton for a name both sides accept (the shortest,
+/// Breadth-first search of the product automaton for a name every side accepts (the shortest,
 /// with letters and digits tried first, so that the example reads well).
-fn search(a: &mut Side, b: &mut Side, names: &mut Machine) -> Overlap {
+fn search(sides: &mut [Side], names: &mut Machine) -> Found {
     let bytes: Vec<u8> = (b'a'..=b'z')
         .chain(b'0'..=b'9')
         .chain(b'A'..=b'Z')
         .chain(b"/.-_".iter().copied())
         .chain((0..=255).filter(|c: &u8| !c.is_ascii_alphanumeric() && !b"/.-_".contains(c)))
         .collect();
-    let Some(first) = (|| Some((a.start()?, b.start()?, names.start()?)))() else {
-        return Overlap::Undecided;
+    let first = (|| {
+        let starts: Option<Vec<SideState>> = sides.iter_mut().map(Side::start).collect();
+        Some((starts?, names.start()?))
+    })();
+    let Some(first) = first else {
+        return Found::Undecided;
     };
     // Every state seen, with how it was reached (parent index and byte).
-    let mut seen: HashMap<State, usize> = HashMap::from([(first, 0)]);
+    let mut seen: HashMap<State, usize> = HashMap::from([(first.clone(), 0)]);
     let mut trail: Vec<(Option<usize>, u8)> = vec![(None, 0)];
     let mut queue: VecDeque<(State, usize)> = VecDeque::from([(first, 0)]);
-    while let Some(((sa, sb, su), index)) = queue.pop_front() {
-        let accepted = (|| Some(a.accepts(sa)? && b.accepts(sb)? && names.accepts(su)?))();
+    while let Some(((states, su), index)) = queue.pop_front() {
+        let accepted = (|| {
+            for (side, &state) in sides.iter_mut().zip(&states) {
+                if !side.accepts(state)? {
+                    return Some(false);
+                }
+            }
+            names.accepts(su)
+        })();
         match accepted {
-            None => return Overlap::Undecided,
-            Some(true) => return Overlap::Shared(witness(&trail, index)),
+            None => return Found::Undecided,
+            Some(true) => return Found::Name(witness(&trail, index)),
             Some(false) => {}
         }
         for &byte in &bytes {
             let next = (|| {
-                let (Some(na), Some(nb)) = (a.next(sa, byte)?, b.next(sb, byte)?) else {
-                    return Some(None);
-                };
+                let mut next = Vec::with_capacity(states.len());
+                for (side, &state) in sides.iter_mut().zip(&states) {
+                    let Some(state) = side.next(state, byte)? else {
+                        return Some(None);
+                    };
+                    next.push(state);
+                }
                 let nu = names.next(su, byte)?;
-                Some((!nu.is_dead()).then_some((na, nb, nu)))
+                Some((!nu.is_dead()).then_some((next, nu)))
             })();
             let next = match next {
-                None => return Overlap::Undecided,
+                None => return Found::Undecided,
                 Some(None) => continue,
                 Some(Some(next)) => next,
             };
@@ -257,17 +302,17 @@ fn search(a: &mut Side, b: &mut Side, names: &mut Machine) -> Overlap {
                 continue;
             }
             if seen.len() >= MAX_STATES {
-                return Overlap::Undecided;
+                return Found::Undecided;
             }
-            seen.insert(next, trail.len());
+            seen.insert(next.clone(), trail.len());
             queue.push_back((next, trail.len()));
             trail.push((Some(index), byte));
         }
     }
-    if a.cleared() || b.cleared() || names.cleared() {
-        return Overlap::Undecided;
+    if sides.iter().any(Side::cleared) || names.cleared() {
+        return Found::Undecided;
     }
-    Overlap::Disjoint
+    Found::Nothing
 }
 
 /// The input that led to state `index`.
@@ -299,6 +344,8 @@ pub(crate) fn addresses(url: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use assert2::check;
+
     use super::*;
 
     fn globs(v: &[&str]) -> Vec<String> {
@@ -306,11 +353,11 @@ mod tests {
     }
 
     /// The overlap of two identity-named selections.
-    fn check(a: (&[&str], &[&str]), b: (&[&str], &[&str])) -> Overlap {
+    fn check(a: (&[&str], &[&str]), b: (&[&str], &[&str])) -> Found {
         check_prefixed(("", a.0, a.1), ("", b.0, b.1))
     }
 
-    fn check_prefixed(a: (&str, &[&str], &[&str]), b: (&str, &[&str], &[&str])) -> Overlap {
+    fn check_prefixed(a: (&str, &[&str], &[&str]), b: (&str, &[&str], &[&str])) -> Found {
         let (ai, ae, bi, be) = (globs(a.1), globs(a.2), globs(b.1), globs(b.2));
         let sa = Selection {
             prefix: a.0,
@@ -326,33 +373,33 @@ mod tests {
         // Symmetric, up to the example found.
         let backward = overlap(&sb, &sa);
         assert_eq!(
-            matches!(forward, Overlap::Shared(_)),
-            matches!(backward, Overlap::Shared(_)),
+            matches!(forward, Found::Name(_)),
+            matches!(backward, Found::Name(_)),
             "{forward:?} vs {backward:?}"
         );
         forward
     }
 
-    fn shared(name: &str) -> Overlap {
-        Overlap::Shared(name.to_owned())
+    fn shared(name: &str) -> Found {
+        Found::Name(name.to_owned())
     }
 
     #[test]
     fn different_streams_are_disjoint() {
         assert_eq!(
             check((&["orders/*"], &[]), (&["billing/*"], &[])),
-            Overlap::Disjoint
+            Found::Nothing
         );
         assert_eq!(
             check((&["orders/created"], &[]), (&["orders/paid"], &[])),
-            Overlap::Disjoint
+            Found::Nothing
         );
         // `*` does not cross `/`.
         assert_eq!(
             check((&["orders/*"], &[]), (&["orders.eu/*"], &[])),
-            Overlap::Disjoint
+            Found::Nothing
         );
-        assert_eq!(check((&["a/*"], &[]), (&["*/b/c"], &[])), Overlap::Disjoint);
+        assert_eq!(check((&["a/*"], &[]), (&["*/b/c"], &[])), Found::Nothing);
     }
 
     #[test]
@@ -385,14 +432,14 @@ mod tests {
         // The usual split of one cluster over two flows.
         assert_eq!(
             check((&["*/*"], &["orders/*"]), (&["orders/*"], &[])),
-            Overlap::Disjoint
+            Found::Nothing
         );
         assert_eq!(
             check(
                 (&["*/*"], &["orders/*", "billing/*"]),
                 (&["orders/*", "billing/x"], &[])
             ),
-            Overlap::Disjoint
+            Found::Nothing
         );
         // The second flow excluding what the first selects works as well.
         assert_eq!(
@@ -400,7 +447,7 @@ mod tests {
                 (&["orders/created"], &[]),
                 (&["orders/*"], &["orders/created"])
             ),
-            Overlap::Disjoint
+            Found::Nothing
         );
         // A partial exclude leaves an overlap, and the example is outside it.
         assert_eq!(
@@ -413,18 +460,18 @@ mod tests {
     fn recursive_and_unusual_globs_are_decided_too() {
         assert!(matches!(
             check((&["**"], &[]), (&["a/b"], &[])),
-            Overlap::Shared(_)
+            Found::Name(_)
         ));
-        assert_eq!(check((&["a/**"], &[]), (&["b/**"], &[])), Overlap::Disjoint);
+        assert_eq!(check((&["a/**"], &[]), (&["b/**"], &[])), Found::Nothing);
         assert!(matches!(
             check((&["**/x"], &[]), (&["a/*"], &[])),
-            Overlap::Shared(_)
+            Found::Name(_)
         ));
         // No include selects nothing.
-        assert_eq!(check((&[], &[]), (&["*/*"], &[])), Overlap::Disjoint);
+        assert_eq!(check((&[], &[]), (&["*/*"], &[])), Found::Nothing);
         assert!(matches!(
             check((&["é*/*"], &[]), (&["?*/*"], &[])),
-            Overlap::Shared(_)
+            Found::Name(_)
         ));
     }
 
@@ -438,7 +485,7 @@ mod tests {
         // The same selection under different prefixes writes different topics.
         assert_eq!(
             check_prefixed(("us.", &["*/*"], &[]), ("", &["orders/*"], &[])),
-            Overlap::Disjoint
+            Found::Nothing
         );
         assert_eq!(
             check_prefixed(("us.", &["*/*"], &[]), ("us.", &["orders/*"], &[])),
@@ -448,7 +495,50 @@ mod tests {
 
     #[test]
     fn invalid_globs_are_left_to_their_own_problem() {
-        assert_eq!(check((&["bad/[x"], &[]), (&["*/*"], &[])), Overlap::Invalid);
+        assert_eq!(check((&["bad/[x"], &[]), (&["*/*"], &[])), Found::Invalid);
+    }
+
+    /// A name `include` minus `exclude` selects.
+    fn any(include: &[&str], exclude: &[&str]) -> Found {
+        let (include, exclude) = (globs(include), globs(exclude));
+        any_name(&Selection {
+            prefix: "",
+            include: &include,
+            exclude: &exclude,
+        })
+    }
+
+    #[test]
+    fn a_selection_that_excludes_everything_it_includes_selects_no_name() {
+        // How a flow meets the policies that forbid its target: their globs join its excludes.
+        check!(any(&["pii-*/*"], &["pii-*/*"]) == Found::Nothing);
+        check!(any(&["pii-users/*", "pii-cards/*"], &["pii-*/*"]) == Found::Nothing);
+        check!(any(&["*/*"], &["*/*"]) == Found::Nothing);
+        // `**` crosses `/` and so covers every `stream/topic`.
+        check!(any(&["orders/*"], &["**"]) == Found::Nothing);
+        check!(any(&[], &[]) == Found::Nothing);
+    }
+
+    #[test]
+    fn a_selection_with_a_name_left_returns_the_shortest_one() {
+        check!(any(&["*/*"], &["pii-*/*"]) == Found::Name("a/a".to_owned()));
+        // The witness lies outside every exclude, even one that covers nearly everything.
+        check!(any(&["*/*"], &["[!p]*/*", "p[!i]*/*"]) == Found::Name("p/a".to_owned()));
+        check!(
+            any(&["pii-users/*", "orders/*"], &["pii-*/*"]) == Found::Name("orders/a".to_owned())
+        );
+        check!(any(&["pii-users/a"], &["pii-*/b"]) == Found::Name("pii-users/a".to_owned()));
+        check!(any(&["bad/[x"], &[]) == Found::Invalid);
+    }
+
+    #[test]
+    fn glob_matches_compiles_like_the_pipeline() {
+        check!(glob_matches(&globs(&["replicator/*"]), "replicator/heartbeats") == Some(true));
+        // `*` does not cross `/`.
+        check!(glob_matches(&globs(&["*"]), "replicator/heartbeats") == Some(false));
+        check!(glob_matches(&globs(&["ops/*", "*/heart*"]), "replicator/heartbeats") == Some(true));
+        check!(glob_matches(&[], "replicator/heartbeats") == Some(false));
+        check!(glob_matches(&globs(&["bad/[x"]), "bad/x") == None);
     }
 
     #[test]
