@@ -347,26 +347,7 @@ const WEDGED_AFTER: Duration = Duration::from_secs(30);
 /// `GET /ready`: a running member of a cluster that has a leader, with its assignments known;
 /// 503 with the reason otherwise (also while starting or stopping).
 async fn ready(State(state): State<AdminState>) -> Response {
-    let control = state.parts.control.get().map(Control::metrics);
-    let disagreeing = state
-        .parts
-        .control
-        .get()
-        .map(Control::config_disagreements)
-        .unwrap_or_default();
-    let ready = readiness(&state.parts, control.as_ref()).and_then(|leader| {
-        if disagreeing.is_empty() {
-            Ok(leader)
-        } else {
-            Err(format!(
-                "the config of flow(s) {} differs from the leader's (node {leader}): this node \
-                 gets none of their partitions; make the configs equal and reload (SIGHUP or \
-                 POST /config/reload)",
-                disagreeing.join(", ")
-            ))
-        }
-    });
-    match ready {
+    match node_readiness(&state.parts) {
         Ok(leader) => (StatusCode::OK, format!("ready (leader {leader})\n")).into_response(),
         Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -376,8 +357,28 @@ async fn ready(State(state): State<AdminState>) -> Response {
     }
 }
 
-/// Whether the node is ready (`GET /ready` and the `ready` metric), given its control plane's
-/// metrics: the leader it knows, or why not.
+/// Whether the node is ready (`GET /ready` and the `ready` metric): the leader it knows, or
+/// why not.
+fn node_readiness(parts: &NodeParts) -> Result<NodeId, String> {
+    let control = parts.control.get();
+    let leader = readiness(parts, control.map(Control::metrics).as_ref())?;
+    let disagreeing = control
+        .map(Control::config_disagreements)
+        .unwrap_or_default();
+    if disagreeing.is_empty() {
+        Ok(leader)
+    } else {
+        Err(format!(
+            "the config of flow(s) {} differs from the leader's (node {leader}): this node \
+             gets none of their partitions; make the configs equal and reload (SIGHUP or \
+             POST /config/reload)",
+            disagreeing.join(", ")
+        ))
+    }
+}
+
+/// Whether the node's stage and its control plane's metrics make it ready: the leader it
+/// knows, or why not.
 fn readiness(parts: &NodeParts, control: Option<&ControlMetrics>) -> Result<NodeId, String> {
     let (Stage::Running, Some(metrics)) = (parts.stage(), control) else {
         return Err(parts.describe());
@@ -709,7 +710,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         .unwrap_or_default();
     let control = control_plane.map(Control::metrics);
     let snapshot = Snapshot {
-        ready: readiness(&state.parts, control.as_ref()).is_ok(),
+        ready: node_readiness(&state.parts).is_ok(),
         control,
         owned,
         units,

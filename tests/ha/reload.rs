@@ -49,6 +49,22 @@ fn a_rolling_reload_across_three_nodes_keeps_the_copy_exact() -> TestResult {
                         .is_some_and(|s| s.members.iter().any(|m| m.config_disagrees == [FLOW]))
                 })
                 .await?;
+                // A node that disagrees is not ready, and says why.
+                wait_until(
+                    "a disagreeing node answers /ready with 503",
+                    WAIT,
+                    || async {
+                        for id in [1, 2, 3] {
+                            if let Ok((503, body)) = cluster.ready_answer(id).await {
+                                if body.contains("differs from the leader's") {
+                                    return true;
+                                }
+                            }
+                        }
+                        false
+                    },
+                )
+                .await?;
             }
             // Whatever agrees with the leader owns every partition again.
             wait_until(
@@ -78,6 +94,10 @@ fn a_rolling_reload_across_three_nodes_keeps_the_copy_exact() -> TestResult {
         for node in [1, 2, 3] {
             let status = cluster.status_of(node).await?;
             assert!(status.members.iter().all(|m| m.config_disagrees.is_empty()));
+            wait_until(&format!("node {node} ready"), WAIT, || async {
+                matches!(cluster.ready_answer(node).await, Ok((200, _)))
+            })
+            .await?;
         }
         // Reloading the same file again changes nothing.
         let (code, body) = cluster.reload(2).await?;

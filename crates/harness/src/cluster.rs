@@ -484,6 +484,18 @@ impl Cluster {
         Ok((code, response.text().await?))
     }
 
+    /// `GET /ready` of one node: its status code and body, whatever they are.
+    pub async fn ready_answer(&self, id: NodeId) -> Result<(u16, String)> {
+        let node = self.node(id)?;
+        let response = self
+            .http
+            .get(format!("{}://{}/ready", self.scheme(), node.api_addr))
+            .send()
+            .await?;
+        let code = response.status().as_u16();
+        Ok((code, response.text().await?))
+    }
+
     /// `GET /status` of one node.
     pub async fn status_of(&self, id: NodeId) -> Result<Status> {
         let response = self.get(id, "/status").await?;
