@@ -1214,6 +1214,55 @@ mod tests {
             .await?;
         assert_eq!(resumed.status(), StatusCode::OK);
 
+        // Offset reset: bearer-protected, known flows only, refused on a running flow (and
+        // then nothing is recorded); a bad `to` is a 400.
+        let reset = |flow: &str, token: Option<&str>, to: &str| {
+            let request = client.post(format!("{base}/flows/{flow}/reset")).json(
+                &crate::reset::ResetRequest {
+                    stream: "orders".into(),
+                    topic: "created".into(),
+                    partition: None,
+                    to: to.into(),
+                    allow_duplicates: false,
+                },
+            );
+            match token {
+                Some(token) => request.bearer_auth(token),
+                None => request,
+            }
+            .send()
+        };
+        assert_eq!(
+            reset("us-to-eu", None, "latest").await?.status(),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            reset("nope", Some(ADMIN_TOKEN), "latest").await?.status(),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            reset("us-to-eu", Some(ADMIN_TOKEN), "soon").await?.status(),
+            StatusCode::BAD_REQUEST
+        );
+        let running = reset("us-to-eu", Some(ADMIN_TOKEN), "latest").await?;
+        assert_eq!(running.status(), StatusCode::CONFLICT);
+        assert!(running.text().await?.contains("pause it first"));
+
+        // A node not run from a config file cannot reload one; the token is checked first.
+        let reload = |token: Option<&str>| {
+            let request = client.post(format!("{base}/config/reload"));
+            match token {
+                Some(token) => request.bearer_auth(token),
+                None => request,
+            }
+            .send()
+        };
+        assert_eq!(reload(None).await?.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            reload(Some(ADMIN_TOKEN)).await?.status(),
+            StatusCode::NOT_IMPLEMENTED
+        );
+
         node.shutdown().await;
         us.shutdown().await;
         eu.shutdown().await;
