@@ -32,10 +32,7 @@ const STREAM: &str = "bench";
 const TOPIC: &str = "t";
 
 fn main() -> BenchResult {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(run())
+    common::block_on(run())
 }
 
 /// Offsets of group `g` in round `round`: spread over the first half of the partition,

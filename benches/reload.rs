@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use replicator_harness::Topic;
 use replicator_model::WorkUnit;
-use replicator_pipeline::{ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams};
+use replicator_pipeline::{FlowParams, InMemoryControl, Pipeline, PipelineParams};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -22,19 +22,7 @@ const PARTITIONS: u32 = 16;
 const RATE: u64 = 20_000;
 
 fn main() -> BenchResult {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(run())
-}
-
-/// Messages confirmed so far over every partition.
-fn copied(control: &InMemoryControl, units: &[WorkUnit]) -> u64 {
-    units
-        .iter()
-        .filter_map(|u| control.progress(u).and_then(|p| p.confirmed))
-        .map(|c| c + 1)
-        .sum()
+    common::block_on(run())
 }
 
 async fn run() -> BenchResult {
@@ -63,9 +51,9 @@ async fn run() -> BenchResult {
             .shutdown_keeping(BTreeSet::from(["reload".to_owned()]))
             .await;
         drains.push(began.elapsed());
-        let before = copied(&control, &units);
+        let before = common::copied(&control, &units);
         pipeline = Pipeline::start(params(), control.clone()).await?;
-        while copied(&control, &units) <= before {
+        while common::copied(&control, &units) <= before {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         stops.push(began.elapsed());

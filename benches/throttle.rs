@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use replicator_harness::Topic;
 use replicator_model::WorkUnit;
-use replicator_pipeline::{ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams};
+use replicator_pipeline::{FlowParams, InMemoryControl, Pipeline, PipelineParams};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -19,19 +19,7 @@ const PARTITIONS: u32 = 4;
 const LIMIT: u64 = 5_000;
 
 fn main() -> BenchResult {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(run())
-}
-
-/// Messages confirmed so far over every partition.
-fn copied(control: &InMemoryControl, units: &[WorkUnit]) -> u64 {
-    units
-        .iter()
-        .filter_map(|u| control.progress(u).and_then(|p| p.confirmed))
-        .map(|c| c + 1)
-        .sum()
+    common::block_on(run())
 }
 
 async fn run() -> BenchResult {
@@ -55,9 +43,9 @@ async fn run() -> BenchResult {
     .await?;
     // Warm-up: the burst (one second of the limit) and the start.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (from, started) = (copied(&control, &units), Instant::now());
+    let (from, started) = (common::copied(&control, &units), Instant::now());
     tokio::time::sleep(Duration::from_secs(seconds)).await;
-    let (to, elapsed) = (copied(&control, &units), started.elapsed());
+    let (to, elapsed) = (common::copied(&control, &units), started.elapsed());
     let rate = (to - from) as f64 / elapsed.as_secs_f64();
     let deviation = (rate / LIMIT as f64 - 1.0) * 100.0;
     println!(

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use iggy::prelude::IggyMessage;
 use replicator_harness::{connect, produce_bulk, Bulk, Servers, Topic};
-use replicator_pipeline::ClusterParams;
+use replicator_model::WorkUnit;
+use replicator_pipeline::{ClusterParams, ControlPlane, InMemoryControl};
 
 pub(crate) type BenchResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -40,4 +41,22 @@ pub(crate) async fn backlog(
     .map(|(alias, url)| (alias.to_owned(), ClusterParams::new(url)))
     .collect();
     Ok((servers, clusters))
+}
+
+/// Runs a bench's async body on a multi-threaded runtime.
+pub(crate) fn block_on(bench: impl std::future::Future<Output = BenchResult>) -> BenchResult {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(bench)
+}
+
+/// Messages confirmed so far over `units`.
+#[allow(dead_code)] // Each bench compiles this module on its own; not all of them count copies.
+pub(crate) fn copied(control: &InMemoryControl, units: &[WorkUnit]) -> u64 {
+    units
+        .iter()
+        .filter_map(|u| control.progress(u).and_then(|p| p.confirmed))
+        .map(|c| c + 1)
+        .sum()
 }
