@@ -31,7 +31,7 @@ use crate::admin::AdminState;
 use crate::exit::Failure;
 use crate::status::MutationArgs;
 
-/// How often promote re-reads the partitions while it waits.
+/// How often promote and reset re-read the partitions while they wait.
 const PROMOTE_POLL: Duration = Duration::from_millis(200);
 
 /// How long promote waits before syncing again groups its last sync found with members on the
@@ -247,6 +247,31 @@ pub(crate) fn known_flow(state: &AdminState, name: &str) -> Result<(), Box<Respo
     }
 }
 
+/// What a flow call that works on the pipeline needs: the caller [`authorise`]d for `action`,
+/// `name` a flow of this node's config, the control plane and the pipeline's cutover handle
+/// (503 until the pipeline started).
+///
+/// [`authorise`]: AdminState::control_for
+pub(crate) fn flow_call(
+    state: &AdminState,
+    headers: &HeaderMap,
+    action: &str,
+    name: &str,
+) -> Result<(Control, Cutover), Box<Response>> {
+    let control = state.control_for(headers, action)?.clone();
+    known_flow(state, name)?;
+    let cutover = state.cutover().ok_or_else(|| {
+        Box::new(
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the pipeline has not started yet; retry when /ready answers 200\n",
+            )
+                .into_response(),
+        )
+    })?;
+    Ok((control, cutover))
+}
+
 /// `POST /flows/{name}/promote`.
 pub(crate) async fn promote(
     State(state): State<AdminState>,
@@ -254,19 +279,9 @@ pub(crate) async fn promote(
     Path(name): Path<String>,
     Json(body): Json<PromoteRequest>,
 ) -> Response {
-    let control = match state.control_for(&headers, "promote") {
-        Ok(control) => control.clone(),
+    let (control, cutover) = match flow_call(&state, &headers, "promote", &name) {
+        Ok(parts) => parts,
         Err(answer) => return *answer,
-    };
-    if let Err(answer) = known_flow(&state, &name) {
-        return *answer;
-    }
-    let Some(cutover) = state.cutover() else {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the pipeline has not started yet; retry when /ready answers 200\n",
-        )
-            .into_response();
     };
     let timeout = Duration::from_millis(body.timeout_ms);
     info!(flow = %name, ?timeout, "promote requested");
@@ -302,6 +317,31 @@ fn not_copied(extents: &UnitExtents, confirmed: Option<u64>) -> Option<u64> {
         Some(c) => up.next_offset.saturating_sub(c + 1),
         None => up.messages,
     })
+}
+
+/// Waits until no unit of the paused `flow` that `selected` picks has an owner (their writers
+/// finished the batch in flight, committed and handed them back), or `until`; then answers how
+/// many are still owned.
+pub(crate) async fn wait_handed_back(
+    control: &Control,
+    flow: &str,
+    until: Instant,
+    selected: impl Fn(&WorkUnit) -> bool,
+) -> Result<(), usize> {
+    loop {
+        let owned = control
+            .owned_units_of(flow)
+            .iter()
+            .filter(|u| selected(u))
+            .count();
+        if owned == 0 {
+            return Ok(());
+        }
+        if Instant::now() >= until {
+            return Err(owned);
+        }
+        tokio::time::sleep(PROMOTE_POLL).await;
+    }
 }
 
 /// Messages not copied below the upstream end `end` this node's reader last saw.
@@ -341,18 +381,10 @@ pub(crate) async fn run_promote(
         .map_err(|e| e.to_string())?;
     let drained_by = deadline.max(Instant::now()) + HAND_BACK_WAIT;
     let mut errors = Vec::new();
-    loop {
-        let owned = control.flow_owned_units(flow);
-        if owned == 0 {
-            break;
-        }
-        if Instant::now() >= drained_by {
-            errors.push(format!(
-                "{owned} partition(s) still owned after the pause; their last messages may still be written"
-            ));
-            break;
-        }
-        tokio::time::sleep(PROMOTE_POLL).await;
+    if let Err(owned) = wait_handed_back(control, flow, drained_by, |_| true).await {
+        errors.push(format!(
+            "{owned} partition(s) still owned after the pause; their last messages may still be written"
+        ));
     }
     // 3. Final figures and the last group sync.
     let units = flow_units(control, flow).await?;

@@ -291,17 +291,11 @@ impl RunningNode {
                 self.pipeline = Some(pipeline);
                 self.config = new;
                 // Answer once the leader knows (the publisher keeps trying if it does not yet).
-                let published = tokio::time::timeout(
-                    PUBLISH_WAIT,
-                    self.control.publish_config(new_digests.clone()),
-                )
-                .await;
-                if !matches!(published, Ok(Ok(()))) {
+                if !self.publisher.publish(new_digests, PUBLISH_WAIT).await {
                     warn!(
                         "the new config digests are not published yet; retrying in the background"
                     );
                 }
-                self.publisher.set(new_digests);
                 Ok(report)
             }
             Err(e) => {

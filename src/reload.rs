@@ -143,22 +143,28 @@ pub(crate) fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
     reasons
 }
 
-/// Publishes this node's flow digests to the control plane: the latest value sent to it, once
-/// it changed, retrying every [`PUBLISH_RETRY`] while the write fails. Stopped when dropped.
+/// Publishes this node's flow digests to the control plane: the latest value set, once it
+/// changed, retrying every [`PUBLISH_RETRY`] while the write fails. Each value set is
+/// numbered, so that a reload can wait until its own is committed. Stopped when dropped.
 pub(crate) struct ConfigPublisher {
-    digests: watch::Sender<BTreeMap<String, String>>,
+    /// The digests to publish, numbered.
+    digests: watch::Sender<(u64, BTreeMap<String, String>)>,
+    /// The number of the latest digests committed.
+    published: watch::Receiver<u64>,
     task: JoinHandle<()>,
 }
 
 impl ConfigPublisher {
     /// Starts publishing `digests` through `control`.
     pub(crate) fn start(control: Control, digests: BTreeMap<String, String>) -> Self {
-        let (tx, mut rx) = watch::channel(digests);
+        let (tx, mut rx) = watch::channel((1, digests));
+        let (done, published) = watch::channel(0);
         let task = tokio::spawn(async move {
             loop {
-                let current = rx.borrow_and_update().clone();
+                let (number, current) = rx.borrow_and_update().clone();
                 match control.publish_config(current).await {
                     Ok(()) => {
+                        done.send_replace(number);
                         if rx.changed().await.is_err() {
                             return;
                         }
@@ -170,12 +176,27 @@ impl ConfigPublisher {
                 }
             }
         });
-        Self { digests: tx, task }
+        Self {
+            digests: tx,
+            published,
+            task,
+        }
     }
 
-    /// Publishes `digests` from now on (replacing a publish still retrying).
-    pub(crate) fn set(&self, digests: BTreeMap<String, String>) {
-        self.digests.send_replace(digests);
+    /// Publishes `digests` from now on (replacing a publish still retrying) and waits up to
+    /// `wait` until they are committed; `false` if they are not yet (the publisher goes on).
+    pub(crate) async fn publish(&self, digests: BTreeMap<String, String>, wait: Duration) -> bool {
+        let mut number = 0;
+        self.digests.send_modify(|(n, d)| {
+            *n += 1;
+            number = *n;
+            *d = digests;
+        });
+        let mut published = self.published.clone();
+        let committed = tokio::time::timeout(wait, published.wait_for(|n| *n >= number))
+            .await
+            .is_ok_and(|seen| seen.is_ok());
+        committed
     }
 }
 

@@ -19,16 +19,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use replicator_control::{Control, ResetRefusal};
 use replicator_model::{Offset, WorkUnit};
+use replicator_pipeline::Cutover;
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
 use crate::admin::AdminState;
 use crate::exit::Failure;
-use crate::flow::{flow_units, known_flow, requester, HAND_BACK_WAIT};
+use crate::flow::{flow_call, flow_units, requester, wait_handed_back, HAND_BACK_WAIT};
 use crate::status::MutationArgs;
-
-/// How often the reset looks again whether the writers handed their partitions back.
-const HAND_BACK_POLL: Duration = Duration::from_millis(200);
 
 /// Where `--to` points.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,22 +185,13 @@ pub(crate) async fn reset(
     Path(name): Path<String>,
     Json(body): Json<ResetRequest>,
 ) -> Response {
-    let control = match state.control_for(&headers, "reset") {
-        Ok(control) => control.clone(),
+    let (control, cutover) = match flow_call(&state, &headers, "reset", &name) {
+        Ok(parts) => parts,
         Err(answer) => return *answer,
     };
-    if let Err(answer) = known_flow(&state, &name) {
-        return *answer;
-    }
     let to = match body.to.parse::<ResetTo>() {
         Ok(to) => to,
         Err(e) => return answer(StatusCode::BAD_REQUEST, format!("to: {e}\n")),
-    };
-    let Some(cutover) = state.cutover() else {
-        return answer(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the pipeline has not started yet; retry when /ready answers 200\n".into(),
-        );
     };
     match run_reset(&control, &cutover, &name, &body, to).await {
         Ok(report) => Json(report).into_response(),
@@ -215,7 +204,7 @@ pub(crate) async fn reset(
 
 async fn run_reset(
     control: &Control,
-    cutover: &replicator_pipeline::Cutover,
+    cutover: &Cutover,
     flow: &str,
     body: &ResetRequest,
     to: ResetTo,
@@ -231,45 +220,33 @@ async fn run_reset(
             && u.topic == body.topic
             && body.partition.is_none_or(|p| p == u.partition)
     };
+    let units: Vec<_> = flow_units(control, flow)
+        .await
+        .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e))?
+        .into_iter()
+        .filter(|(u, _)| selected(u))
+        .collect();
+    if units.is_empty() {
+        return Err((
+            StatusCode::NOT_FOUND,
+            format!(
+                "the flow has no partition {}/{}{} (the control plane knows the partitions discovery reported)",
+                body.stream,
+                body.topic,
+                body.partition.map_or(String::new(), |p| format!("/{p}"))
+            ),
+        ));
+    }
     // Wait until the writers of the paused flow handed the partitions back: a reset of an
     // owned partition would be undone by its owner's final commit.
     let until = Instant::now() + HAND_BACK_WAIT;
-    let units = loop {
-        let units = flow_units(control, flow)
-            .await
-            .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e))?;
-        let chosen: Vec<_> = units.into_iter().filter(|(u, _)| selected(u)).collect();
-        if chosen.is_empty() {
-            return Err((
-                StatusCode::NOT_FOUND,
-                format!(
-                    "the flow has no partition {}/{}{} (the control plane knows the partitions discovery reported)",
-                    body.stream,
-                    body.topic,
-                    body.partition.map_or(String::new(), |p| format!("/{p}"))
-                ),
-            ));
-        }
-        let owned = control
-            .status()
-            .await
-            .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?
-            .units
-            .into_iter()
-            .filter(|u| selected(&u.unit) && u.unit.flow == flow && u.owner.is_some())
-            .count();
-        if owned == 0 {
-            break chosen;
-        }
-        if Instant::now() >= until {
-            return Err(conflict(format!(
-                "{owned} partition(s) are still owned {}s after the pause (a writer that cannot \
-                 stop keeps its partition until its lease expires); retry later",
-                HAND_BACK_WAIT.as_secs()
-            )));
-        }
-        tokio::time::sleep(HAND_BACK_POLL).await;
-    };
+    if let Err(owned) = wait_handed_back(control, flow, until, selected).await {
+        return Err(conflict(format!(
+            "{owned} partition(s) are still owned {}s after the pause (a writer that cannot \
+             stop keeps its partition until its lease expires); retry later",
+            HAND_BACK_WAIT.as_secs()
+        )));
+    }
     let ids: Vec<WorkUnit> = units.iter().map(|(u, _)| u.clone()).collect();
     let extents = cutover.extents(flow, &ids).await;
     let firsts = if to == ResetTo::Earliest {

@@ -466,7 +466,7 @@ impl Control {
 
     /// Pauses (`paused`) or resumes `flow` cluster-wide; see `ControlCommand::SetFlowPaused`.
     /// Returns once the entry is applied. Pausing does not wait for the units to be handed
-    /// back: [`Control::flow_owned_units`] tells when none is owned any more.
+    /// back: [`Control::owned_units_of`] tells when none is owned any more.
     #[tracing::instrument(skip(self, requested_by), fields(node = %self.inner.id), err)]
     pub async fn set_flow_paused(
         &self,
@@ -568,9 +568,9 @@ impl Control {
             .contains_key(flow)
     }
 
-    /// How many units of `flow` have an owner, in this node's applied state.
+    /// The units of `flow` that have an owner, in this node's applied state.
     #[must_use]
-    pub fn flow_owned_units(&self, flow: &str) -> usize {
+    pub fn owned_units_of(&self, flow: &str) -> Vec<WorkUnit> {
         self.inner
             .shared
             .read()
@@ -578,7 +578,8 @@ impl Control {
             .units
             .iter()
             .filter(|(u, r)| u.flow == flow && r.owner.is_some())
-            .count()
+            .map(|(u, _)| u.clone())
+            .collect()
     }
 
     /// A snapshot of this node's control-plane metrics.
