@@ -131,11 +131,7 @@ pub(crate) fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
     }
     let aliases: BTreeSet<&String> = old.clusters.keys().chain(new.clusters.keys()).collect();
     for alias in aliases {
-        let text = |c: &Config| {
-            c.clusters
-                .get(alias)
-                .map(|x| format!("{x:?} {}", x.url.expose()))
-        };
+        let text = |c: &Config| c.clusters.get(alias).map(|x| x.settings_text());
         if text(old) != text(new) {
             reasons.push(format!("[clusters.{alias}] added, removed or changed"));
         }

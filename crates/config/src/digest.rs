@@ -50,10 +50,8 @@ fn flow_digest(config: &Config, flow: &FlowConfig) -> String {
 }
 
 fn cluster_text(text: &mut String, alias: &str, cluster: Option<&IggyClusterConfig>) {
-    let _ = writeln!(text, "{alias}: {cluster:?}");
-    if let Some(c) = cluster {
-        let _ = writeln!(text, "{alias}.url: {}", c.url.expose());
-    }
+    let settings = cluster.map(IggyClusterConfig::settings_text);
+    let _ = writeln!(text, "{alias}: {settings:?}");
 }
 
 #[cfg(test)]

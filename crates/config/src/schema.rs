@@ -173,6 +173,15 @@ pub struct IggyClusterConfig {
     pub zones: Vec<String>,
 }
 
+impl IggyClusterConfig {
+    /// Every setting of the section, the credentials in `url` included (`Debug` hides them):
+    /// what two configs are compared by (config digests, what a reload may apply).
+    #[must_use]
+    pub fn settings_text(&self) -> String {
+        format!("{self:?} {}", self.url.expose())
+    }
+}
+
 /// `clusters.<alias>.fencing`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
