@@ -29,6 +29,9 @@ pub struct TestServerConfig {
     /// Period of the retention cleaner that enforces each topic's `message_expiry` and
     /// `max_topic_size` by dropping whole sealed segments. `None` (default) disables it.
     pub cleaner_interval: Option<Duration>,
+    /// The protocol generation the server speaks: `V0_8` (default, SDK 0.10) or `V0_9` (SDK
+    /// 0.11). Both serve the same state with the same command semantics.
+    pub iggy_version: IggyVersion,
     /// Directory for persistence across process restarts. `None` (default) keeps everything in
     /// memory only; the data still survives `TestServer::restart`.
     pub data_dir: Option<PathBuf>,
@@ -44,6 +47,48 @@ impl Default for TestServerConfig {
             segment_size: DEFAULT_SEGMENT_SIZE,
             cleaner_interval: None,
             data_dir: None,
+            iggy_version: IggyVersion::default(),
         }
+    }
+}
+
+/// A generation of the Iggy protocol: what a server speaks and what an SDK must speak to it.
+/// The two are not wire-compatible in either direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum IggyVersion {
+    /// Iggy server 0.8 (SDK 0.10): length-prefixed frames.
+    #[default]
+    V0_8,
+    /// Iggy server 0.9, "server-ng" (SDK 0.11): 256-byte consensus headers.
+    V0_9,
+}
+
+impl IggyVersion {
+    /// Both generations, oldest first.
+    pub const ALL: [IggyVersion; 2] = [IggyVersion::V0_8, IggyVersion::V0_9];
+
+    /// How configs and command lines spell it: `"0.8"` or `"0.9"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IggyVersion::V0_8 => "0.8",
+            IggyVersion::V0_9 => "0.9",
+        }
+    }
+}
+
+impl std::fmt::Display for IggyVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for IggyVersion {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        IggyVersion::ALL
+            .into_iter()
+            .find(|v| v.as_str() == s)
+            .ok_or_else(|| format!("unknown Iggy version {s:?} (expected \"0.8\" or \"0.9\")"))
     }
 }

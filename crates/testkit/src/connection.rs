@@ -138,7 +138,7 @@ async fn run(
 }
 
 /// Reads until `buf` holds at least `n` bytes. Returns false on a clean EOF or cancellation.
-async fn fill(
+pub(crate) async fn fill(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     n: usize,

@@ -1,7 +1,7 @@
 //! The standalone server: `iggy-replicator dev-server --port 8090 [--data-dir DIR]`, so a person
 //! or a script can point any Iggy 0.8-compatible client at it.
 
-use crate::{Result, TestServer, TestServerConfig};
+use crate::{IggyVersion, Result, TestServer, TestServerConfig};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -30,6 +30,9 @@ pub struct DevServerArgs {
     /// the newest messages).
     #[arg(long, value_name = "PATH")]
     pub data_dir: Option<PathBuf>,
+    /// The protocol generation to speak: "0.8" (SDK 0.10) or "0.9" (SDK 0.11).
+    #[arg(long, default_value_t = IggyVersion::V0_8)]
+    pub iggy_version: IggyVersion,
 }
 
 /// Serves until Ctrl-C or SIGTERM, then shuts down cleanly.
@@ -40,7 +43,11 @@ pub async fn run(args: DevServerArgs) -> Result<()> {
 /// Serves until `shutdown` completes (what `run` does with the process signals).
 pub async fn run_until(args: DevServerArgs, shutdown: impl Future<Output = ()>) -> Result<()> {
     let server = TestServer::start(config(args)).await?;
-    println!("iggy-compatible dev server listening on {}", server.addr());
+    println!(
+        "iggy-compatible dev server (Iggy {}) listening on {}",
+        server.iggy_version(),
+        server.addr()
+    );
     println!("connection string: {}", server.connection_string());
     shutdown.await;
     tracing::info!("shutting down");
@@ -53,6 +60,7 @@ fn config(args: DevServerArgs) -> TestServerConfig {
         root_username: args.username,
         root_password: args.password,
         bind: SocketAddr::new(args.host, args.port),
+        iggy_version: args.iggy_version,
         data_dir: if args.data_in_memory {
             None
         } else {
@@ -107,6 +115,16 @@ mod tests {
         check!(c.root_username == "iggy");
         check!(c.root_password == "iggy");
         check!(c.data_dir.is_none());
+        check!(c.iggy_version == IggyVersion::V0_8);
+    }
+
+    #[test]
+    fn the_generation_is_chosen_by_name_and_a_wrong_one_is_refused() {
+        let cli = Cli::try_parse_from(["dev-server", "--iggy-version", "0.9"]).expect("0.9 parses");
+        check!(config(cli.args).iggy_version == IggyVersion::V0_9);
+        let wrong = Cli::try_parse_from(["dev-server", "--iggy-version", "1.0"]);
+        let message = wrong.err().map(|e| e.to_string()).unwrap_or_default();
+        check!(message.contains("expected \"0.8\" or \"0.9\""));
     }
 
     #[test]

@@ -39,13 +39,14 @@ mod faults;
 mod group;
 mod handlers;
 mod log;
+mod ng;
 mod persist;
 mod server;
 mod state;
 mod users;
 mod wire;
 
-pub use config::{TestServerConfig, DEFAULT_SEGMENT_SIZE};
+pub use config::{IggyVersion, TestServerConfig, DEFAULT_SEGMENT_SIZE};
 pub use error::{Error, Result};
 pub use faults::{Faults, SendHold};
 pub use server::{PartitionInfo, Retention, TestServer};

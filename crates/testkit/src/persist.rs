@@ -103,6 +103,9 @@ struct TopicFile {
     partitions_created_at: Vec<u64>,
     /// Consumer groups (membership is per connection, not persisted).
     groups: Vec<GroupFile>,
+    /// As in `Topic` (absent in files written before the 0.9 codec).
+    #[serde(default)]
+    options: Vec<u8>,
 }
 
 /// A persisted consumer group.
@@ -215,6 +218,7 @@ impl Store {
                         partitions,
                         groups,
                         round_robin: AtomicUsize::new(0),
+                        options: t.options,
                     },
                 );
             }
@@ -325,6 +329,7 @@ impl Store {
                                         name: g.name.clone(),
                                     })
                                     .collect(),
+                                options: t.options.clone(),
                             })
                             .collect(),
                     })

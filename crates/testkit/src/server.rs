@@ -1,7 +1,7 @@
 //! The server handle: listener lifecycle (start, shutdown, restart on the same port), the
 //! retention hooks and the periodic retention cleaner.
 
-use crate::config::TestServerConfig;
+use crate::config::{IggyVersion, TestServerConfig};
 use crate::connection;
 use crate::error::{Error, Result};
 use crate::faults::{FaultState, Faults};
@@ -137,6 +137,11 @@ impl TestServer {
         self.addr
     }
 
+    /// The protocol generation this server speaks.
+    pub fn iggy_version(&self) -> IggyVersion {
+        self.shared.config.iggy_version
+    }
+
     /// `iggy://USER:PASSWORD@HOST:PORT` for `IggyClient::from_connection_string`.
     pub fn connection_string(&self) -> String {
         format!(
@@ -253,13 +258,15 @@ async fn accept_loop(
                         tracing::debug!(error = %e, "setting TCP_NODELAY failed");
                     }
                     let cancel = faults.connection_token();
-                    connections.spawn(connection::serve(
-                        stream,
-                        peer,
-                        Arc::clone(&shared),
-                        Arc::clone(&faults),
-                        cancel,
-                    ));
+                    let (shared, faults) = (Arc::clone(&shared), Arc::clone(&faults));
+                    match shared.config.iggy_version {
+                        IggyVersion::V0_8 => {
+                            connections.spawn(connection::serve(stream, peer, shared, faults, cancel))
+                        }
+                        IggyVersion::V0_9 => {
+                            connections.spawn(crate::ng::serve(stream, peer, shared, faults, cancel))
+                        }
+                    };
                 }
                 Err(e) => {
                     // Out of file descriptors and similar: back off instead of spinning.

@@ -192,6 +192,9 @@ pub(crate) struct Topic {
     pub(crate) groups: Slab<Group>,
     /// Round-robin counter of `Partitioning::balanced()`.
     pub(crate) round_robin: AtomicUsize,
+    /// The options block a 0.9 client set on the topic (its explicit options, as sent and
+    /// patched by updates); empty for a topic created over 0.8.
+    pub(crate) options: Vec<u8>,
 }
 
 impl Topic {

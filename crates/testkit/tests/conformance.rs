@@ -3,8 +3,8 @@
 //! `iggy-protocol.md`.
 //!
 //! By default each test starts its own in-process `TestServer`. With
-//! `IGGY_CONFORMANCE_URL=iggy://iggy:iggy@127.0.0.1:8090` the same tests run against that
-//! server instead; they then create and delete only their own uniquely named streams and users
+//! `IGGY_CONFORMANCE_URL=iggy://iggy:iggy@127.0.0.1:8090` (and `IGGY_CONFORMANCE_VERSION` unset
+//! or `0.8`) the same tests run against that server instead; they then create and delete only their own uniquely named streams and users
 //! (root stays as it was), and checks that need in-process hooks (faults, restart, retention,
 //! fresh-server ids, persistence) are skipped with a printed note. The permission semantics the
 //! user tests pin are those `iggy-fencing.md` relies on.
@@ -169,7 +169,14 @@ impl DataDir {
 }
 
 /// `IGGY_CONFORMANCE_URL`, when set to a real server.
+/// The real server to run against: `IGGY_CONFORMANCE_URL`, unless `IGGY_CONFORMANCE_VERSION`
+/// names another generation than 0.8 (that server is `conformance_09`'s; this suite then runs
+/// in-process).
 fn remote_url() -> Option<String> {
+    let version = std::env::var("IGGY_CONFORMANCE_VERSION").unwrap_or_default();
+    if !(version.is_empty() || version == "0.8") {
+        return None;
+    }
     std::env::var("IGGY_CONFORMANCE_URL")
         .ok()
         .filter(|url| !url.is_empty())

@@ -184,8 +184,9 @@ fn prepare_send<'a>(
 }
 
 impl SendPlan<'_> {
-    /// Appends the batch: sequential offsets, one server timestamp, ids for id 0.
-    fn apply(self, shared: &Shared) -> Reply {
+    /// Appends the batch: sequential offsets, one server timestamp, ids for id 0. Returns where
+    /// it went.
+    fn apply(self, shared: &Shared) -> Result<Appended, u32> {
         let mut log = lock(&self.partition.log);
         let first_offset = log.next_offset();
         log.append(
@@ -204,11 +205,38 @@ impl SendPlan<'_> {
                 self.messages,
             );
         }
-        Ok(())
+        Ok(Appended {
+            stream_id: self.sid as u32,
+            topic_id: self.tid as u32,
+            partition_id: self.partition_id as u32,
+            base_offset: first_offset,
+        })
     }
 }
 
+/// Where an appended batch went (what a 0.9 send confirms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Appended {
+    /// Stream id.
+    pub(crate) stream_id: u32,
+    /// Topic id.
+    pub(crate) topic_id: u32,
+    /// Partition id.
+    pub(crate) partition_id: u32,
+    /// Offset of the batch's first message.
+    pub(crate) base_offset: u64,
+}
+
 pub(super) fn send_messages(shared: &Shared, session: &Session, payload: &mut [u8]) -> Reply {
+    append_messages(shared, session, payload).map(drop)
+}
+
+/// SEND_MESSAGES with a 0.8 `payload`, answering where the batch went.
+pub(crate) fn append_messages(
+    shared: &Shared,
+    session: &Session,
+    payload: &mut [u8],
+) -> Result<Appended, u32> {
     prepare_send(shared, session, payload)?.apply(shared)
 }
 

@@ -30,7 +30,7 @@ mod system;
 mod topics;
 mod users;
 
-pub(crate) use messages::send_destination;
+pub(crate) use messages::{append_messages, send_destination};
 
 use crate::config::TestServerConfig;
 use crate::state::{read, write, Meta, State, Stream, Topic};
@@ -231,7 +231,7 @@ pub(crate) fn handle(
 
 /// Rewrites the metadata file after a change to streams, topics, partitions, groups or users,
 /// when a data directory is configured.
-fn persist_meta(shared: &Shared) {
+pub(crate) fn persist_meta(shared: &Shared) {
     if let Some(store) = &shared.store {
         store.metadata_changed(&shared.state);
     }

@@ -160,6 +160,7 @@ pub(super) fn create_topic(req: Request<'_>, out: &mut Vec<u8>) -> Reply {
                 partitions: (0..partitions_count).map(|_| Partition::new(now)).collect(),
                 groups: Default::default(),
                 round_robin: AtomicUsize::new(0),
+                options: Vec::new(),
             };
             let tid = stream.topics.insert(topic);
             let topic = topic_ref(meta, sid, tid)?;
