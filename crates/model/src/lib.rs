@@ -2,7 +2,8 @@
 //! ([`WorkUnit`]), who owns it under which fence ([`NodeId`], [`Epoch`],
 //! [`Assignment`]), how far it has been copied ([`OffsetCommit`],
 //! [`CommitOutcome`], [`UnitProgress`]), the per-flow policies
-//! ([`Naming`], [`InitialOffset`]) and the zone rule of residency policies ([`zones_allow`]).
+//! ([`Naming`], [`InitialOffset`]), the zone rule of residency policies ([`zones_allow`]) and
+//! the protocol generation a cluster speaks ([`IggyVersion`]).
 //!
 //! This crate owns data types only. It has no async runtime, no IO, no clock and
 //! no knowledge of Iggy's SDK, openraft or sled: the pipeline and the control
@@ -10,6 +11,7 @@
 #![warn(missing_docs)]
 
 mod flow;
+mod iggy_version;
 mod unit;
 mod writer;
 
@@ -18,6 +20,7 @@ pub use flow::{
     heartbeat_topic_parts, zones_allow, InitialOffset, Naming, DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TOPIC,
 };
+pub use iggy_version::IggyVersion;
 pub use unit::{
     Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset, UnitCounters,
     UnitProgress, WorkUnit,

@@ -4,6 +4,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use replicator_model::IggyVersion;
+
 /// Segment size of a real server with the default config (`system.segment.size`, 1 GiB). It
 /// decides which `max_topic_size` values are accepted (smaller ones are rejected with 1019) and
 /// when the retention cleaner may drop a segment.
@@ -49,46 +51,5 @@ impl Default for TestServerConfig {
             data_dir: None,
             iggy_version: IggyVersion::default(),
         }
-    }
-}
-
-/// A generation of the Iggy protocol: what a server speaks and what an SDK must speak to it.
-/// The two are not wire-compatible in either direction.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum IggyVersion {
-    /// Iggy server 0.8 (SDK 0.10): length-prefixed frames.
-    #[default]
-    V0_8,
-    /// Iggy server 0.9, "server-ng" (SDK 0.11): 256-byte consensus headers.
-    V0_9,
-}
-
-impl IggyVersion {
-    /// Both generations, oldest first.
-    pub const ALL: [IggyVersion; 2] = [IggyVersion::V0_8, IggyVersion::V0_9];
-
-    /// How configs and command lines spell it: `"0.8"` or `"0.9"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IggyVersion::V0_8 => "0.8",
-            IggyVersion::V0_9 => "0.9",
-        }
-    }
-}
-
-impl std::fmt::Display for IggyVersion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for IggyVersion {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        IggyVersion::ALL
-            .into_iter()
-            .find(|v| v.as_str() == s)
-            .ok_or_else(|| format!("unknown Iggy version {s:?} (expected \"0.8\" or \"0.9\")"))
     }
 }

@@ -33,6 +33,7 @@ pub(crate) async fn serve(
     let mut session = Session {
         client_id,
         user_id: None,
+        port: stream.local_addr().map_or(0, |a| a.port()),
     };
     let result = run(&mut stream, &mut session, &shared, &faults, &cancel).await;
     if let Err(e) = result {
@@ -121,19 +122,29 @@ async fn run(
                 out[0..4].copy_from_slice(&code.to_le_bytes());
             }
         }
-        if let Some(latency) = faults.latency() {
-            tokio::select! {
-                () = cancel.cancelled() => return Ok(()),
-                () = tokio::time::sleep(latency) => {}
-            }
-        }
-        tokio::select! {
-            () = cancel.cancelled() => return Ok(()),
-            r = stream.write_all(&out) => r?,
-        }
-        if ends_session {
+        if !respond(stream, &out, faults, cancel).await? || ends_session {
             return Ok(());
         }
+    }
+}
+
+/// Writes one answer in one write, after the injected latency if any. Returns false when the
+/// connection was cancelled meanwhile.
+pub(crate) async fn respond(
+    stream: &mut TcpStream,
+    out: &[u8],
+    faults: &FaultState,
+    cancel: &CancellationToken,
+) -> io::Result<bool> {
+    if let Some(latency) = faults.latency() {
+        tokio::select! {
+            () = cancel.cancelled() => return Ok(false),
+            () = tokio::time::sleep(latency) => {}
+        }
+    }
+    tokio::select! {
+        () = cancel.cancelled() => Ok(false),
+        r = stream.write_all(out) => r.map(|()| true),
     }
 }
 

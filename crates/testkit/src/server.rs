@@ -27,6 +27,9 @@ pub struct TestServer {
     faults: Faults,
     /// Bound address; kept across restarts.
     addr: SocketAddr,
+    /// Where the same data is served in the other protocol generation (see
+    /// [`TestServer::connection_string_in`]); kept across restarts.
+    other_addr: SocketAddr,
     /// Accept loop (owns the connection tasks); `None` once shut down.
     running: Option<Running>,
     /// Periodic retention cleaner, when configured.
@@ -111,22 +114,33 @@ impl TestServer {
             addr: config.bind,
             source,
         })?;
+        let other_bind = SocketAddr::new(config.bind.ip(), 0);
+        let other = TcpListener::bind(other_bind)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: other_bind,
+                source,
+            })?;
+        let other_addr = other.local_addr().map_err(|source| Error::Bind {
+            addr: other_bind,
+            source,
+        })?;
         let cleaner_interval = config.cleaner_interval;
         let shared = Arc::new(Shared {
             state: Arc::new(state),
             config,
-            port: addr.port(),
             started_at: now_micros(),
             store,
         });
         let faults = Faults::default();
-        let running = spawn_listener(listener, &shared, &faults.inner);
+        let running = spawn_listener([listener, other], &shared, &faults.inner);
         let cleaner = cleaner_interval.map(|every| spawn_cleaner(&shared, every));
         tracing::info!(addr = %addr, "iggy-compatible server listening");
         Ok(TestServer {
             shared,
             faults,
             addr,
+            other_addr,
             running: Some(running),
             cleaner,
         })
@@ -135,11 +149,6 @@ impl TestServer {
     /// The bound address (the real port when the config asked for port 0).
     pub fn addr(&self) -> SocketAddr {
         self.addr
-    }
-
-    /// The protocol generation this server speaks.
-    pub fn iggy_version(&self) -> IggyVersion {
-        self.shared.config.iggy_version
     }
 
     /// `iggy://USER:PASSWORD@HOST:PORT` for `IggyClient::from_connection_string`.
@@ -200,36 +209,61 @@ impl TestServer {
             r.stop().await;
         }
         write(&self.shared.state.meta).users.rebuild_index();
-        let deadline = tokio::time::Instant::now() + REBIND_BUDGET;
-        let listener = loop {
-            match TcpListener::bind(self.addr).await {
-                Ok(l) => break l,
-                Err(source) if tokio::time::Instant::now() >= deadline => {
-                    return Err(Error::Bind {
-                        addr: self.addr,
-                        source,
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "rebinding after restart, retrying");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        };
-        self.running = Some(spawn_listener(listener, &self.shared, &self.faults.inner));
+        let listeners = [rebind(self.addr).await?, rebind(self.other_addr).await?];
+        self.running = Some(spawn_listener(listeners, &self.shared, &self.faults.inner));
         Ok(())
+    }
+
+    /// The protocol generation this server speaks at [`TestServer::connection_string`].
+    pub fn iggy_version(&self) -> IggyVersion {
+        self.shared.config.iggy_version
+    }
+
+    /// `iggy://USER:PASSWORD@HOST:PORT` where the same streams, users and messages are served
+    /// in `version`: the server's own port for its own generation, a second port for the
+    /// other one. Test scaffolding (a real server speaks one generation): it lets a test seed
+    /// and inspect a 0.9 server with the 0.8 SDK while the code under test talks 0.9 to it.
+    pub fn connection_string_in(&self, version: IggyVersion) -> String {
+        let addr = if version == self.iggy_version() {
+            self.addr
+        } else {
+            self.other_addr
+        };
+        format!(
+            "iggy://{}:{}@{}",
+            self.shared.config.root_username, self.shared.config.root_password, addr
+        )
     }
 }
 
+/// Binds `addr` again after a restart, retrying while the old socket lingers.
+async fn rebind(addr: SocketAddr) -> Result<TcpListener> {
+    let deadline = tokio::time::Instant::now() + REBIND_BUDGET;
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(l) => return Ok(l),
+            Err(source) if tokio::time::Instant::now() >= deadline => {
+                return Err(Error::Bind { addr, source });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "rebinding after restart, retrying");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Serves `[own, other]`: the server's generation on the first listener, the other one on the
+/// second.
 fn spawn_listener(
-    listener: TcpListener,
+    listeners: [TcpListener; 2],
     shared: &Arc<Shared>,
     faults: &Arc<FaultState>,
 ) -> Running {
     let stop = CancellationToken::new();
     faults.start_generation(&stop);
     let task = tokio::spawn(accept_loop(
-        listener,
+        listeners,
         Arc::clone(shared),
         Arc::clone(faults),
         stop.clone(),
@@ -238,18 +272,27 @@ fn spawn_listener(
 }
 
 async fn accept_loop(
-    listener: TcpListener,
+    [own, other]: [TcpListener; 2],
     shared: Arc<Shared>,
     faults: Arc<FaultState>,
     stop: CancellationToken,
 ) {
+    let own_version = shared.config.iggy_version;
+    let other_version = match own_version {
+        IggyVersion::V0_8 => IggyVersion::V0_9,
+        IggyVersion::V0_9 => IggyVersion::V0_8,
+    };
     let mut connections = JoinSet::new();
     loop {
-        tokio::select! {
+        let accepted = tokio::select! {
             () = stop.cancelled() => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = own.accept() => accepted.map(|a| (a, own_version)),
+            accepted = other.accept() => accepted.map(|a| (a, other_version)),
+        };
+        {
+            match accepted {
+                Ok(((stream, peer), version)) => {
                     if faults.refusing() {
                         drop(stream);
                         continue;
@@ -259,13 +302,11 @@ async fn accept_loop(
                     }
                     let cancel = faults.connection_token();
                     let (shared, faults) = (Arc::clone(&shared), Arc::clone(&faults));
-                    match shared.config.iggy_version {
-                        IggyVersion::V0_8 => {
-                            connections.spawn(connection::serve(stream, peer, shared, faults, cancel))
-                        }
-                        IggyVersion::V0_9 => {
-                            connections.spawn(crate::ng::serve(stream, peer, shared, faults, cancel))
-                        }
+                    match version {
+                        IggyVersion::V0_8 => connections
+                            .spawn(connection::serve(stream, peer, shared, faults, cancel)),
+                        IggyVersion::V0_9 => connections
+                            .spawn(crate::ng::serve(stream, peer, shared, faults, cancel)),
                     };
                 }
                 Err(e) => {
@@ -276,7 +317,7 @@ async fn accept_loop(
             }
         }
     }
-    drop(listener);
+    drop((own, other));
     while connections.join_next().await.is_some() {}
 }
 

@@ -54,8 +54,6 @@ pub(crate) struct Shared {
     pub(crate) state: Arc<State>,
     /// Credentials and retention settings.
     pub(crate) config: TestServerConfig,
-    /// The bound TCP port (reported by GET_CLUSTER_METADATA).
-    pub(crate) port: u16,
     /// Server start, µs since the epoch (GET_STATS).
     pub(crate) started_at: u64,
     /// Durable storage, when a data directory is configured.
@@ -69,6 +67,9 @@ pub(crate) struct Session {
     pub(crate) client_id: u32,
     /// Logged-in user (root = 0), if any.
     pub(crate) user_id: Option<u32>,
+    /// The server port the connection came in on (GET_CLUSTER_METADATA names it, so a client
+    /// that checks where the leader is stays where it is).
+    pub(crate) port: u16,
 }
 
 /// Current time in µs since the Unix epoch.

@@ -141,7 +141,7 @@ pub(super) fn get_cluster_metadata(req: Request<'_>, out: &mut Vec<u8>) -> Reply
     out.put_u32(1);
     out.put_long_str("iggy-node");
     out.put_long_str(&shared.config.bind.ip().to_string());
-    out.put_u16(shared.port);
+    out.put_u16(req.session.port);
     // Default ports of the transports this server does not run; the real server reports the
     // configured ports of disabled transports too.
     out.put_u16(8080);

@@ -13,7 +13,8 @@
 
 use bytemuck::checked::try_pod_read_unaligned;
 use iggy09_binary_protocol::consensus::{
-    Command, EvictionHeader, EvictionReason, Operation, ReplyHeader, RequestHeader, HEADER_SIZE,
+    Command, ConsensusHeader, EvictionHeader, EvictionReason, Operation, ReplyHeader,
+    RequestHeader, HEADER_SIZE,
 };
 use iggy09_binary_protocol::{IGGY_PROTOCOL_VERSION, IGGY_PROTOCOL_VERSION_MIN};
 
@@ -51,9 +52,9 @@ pub(crate) fn frame_size(header: &[u8; HEADER]) -> Result<usize, HeaderError> {
 /// Decodes a request header.
 pub(crate) fn request_header(header: &[u8; HEADER]) -> Result<RequestHeader, HeaderError> {
     let parsed: RequestHeader = try_pod_read_unaligned(header).map_err(|_| HeaderError::Invalid)?;
-    if parsed.command != Command::Request {
-        return Err(HeaderError::Invalid);
-    }
+    // The server's own rules: a request names its client; a register carries session and
+    // request 0; every other replicated operation a session and a request number above 0.
+    parsed.validate().map_err(|_| HeaderError::Invalid)?;
     Ok(parsed)
 }
 
@@ -149,6 +150,7 @@ mod tests {
             size: u32::try_from(HEADER + body.len()).unwrap(),
             client: 7,
             request: 3,
+            session: 1,
             reserved,
             ..RequestHeader::default()
         };
@@ -180,6 +182,17 @@ mod tests {
         check!(request_header(&bytes).unwrap_err() == HeaderError::Invalid);
         bytes[command_at] = 250;
         check!(request_header(&bytes).unwrap_err() == HeaderError::Invalid);
+    }
+
+    #[test]
+    fn a_replicated_request_without_a_session_is_invalid_but_a_read_is_not() {
+        let session_at = std::mem::offset_of!(RequestHeader, session);
+        let mut bytes = request(Operation::CreateStream, 0, &[]);
+        bytes[session_at..session_at + 8].copy_from_slice(&0u64.to_le_bytes());
+        check!(request_header(&bytes).unwrap_err() == HeaderError::Invalid);
+        let mut bytes = request(Operation::NonReplicated, 1, &[]);
+        bytes[session_at..session_at + 8].copy_from_slice(&0u64.to_le_bytes());
+        check!(request_header(&bytes).is_ok());
     }
 
     #[test]

@@ -20,7 +20,7 @@ mod login;
 mod messages;
 mod translate;
 
-use crate::connection::fill;
+use crate::connection::{fill, respond};
 use crate::faults::FaultState;
 use crate::handlers::{send_destination, Session, Shared};
 use crate::wire::{command, status};
@@ -31,7 +31,6 @@ use iggy09_binary_protocol::consensus::{EvictionReason, Operation, RequestHeader
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
@@ -92,6 +91,7 @@ pub(crate) async fn serve(
         inner: Session {
             client_id,
             user_id: None,
+            port: stream.local_addr().map_or(0, |a| a.port()),
         },
         bound: None,
     };
@@ -169,15 +169,8 @@ async fn run(
                 true
             }
         };
-        if let Some(latency) = faults.latency() {
-            tokio::select! {
-                () = cancel.cancelled() => return Ok(()),
-                () = tokio::time::sleep(latency) => {}
-            }
-        }
-        tokio::select! {
-            () = cancel.cancelled() => return Ok(()),
-            r = stream.write_all(&out) => r?,
+        if !respond(stream, &out, faults, cancel).await? {
+            return Ok(());
         }
         if evicted {
             // The session is over; a client must connect and register again.
