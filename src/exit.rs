@@ -83,3 +83,22 @@ impl From<replicator_config::Error> for Failure {
         }
     }
 }
+
+/// The failure for clusters that answer in another Iggy protocol generation than configured,
+/// if any: every one named, with the key to change.
+pub(crate) fn generation_failure(
+    mismatches: &[replicator_pipeline::GenerationMismatch],
+) -> Option<Failure> {
+    if mismatches.is_empty() {
+        return None;
+    }
+    let text = mismatches
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    Some(Failure::config(text).with_hint(
+        "Iggy 0.8 and 0.9 servers speak incompatible protocols: set each cluster's iggy_version \
+         to the generation its servers run (README, \"Iggy 0.8 and 0.9\")",
+    ))
+}

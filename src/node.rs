@@ -14,13 +14,13 @@ use replicator_config::{flow_digests, Config};
 use replicator_control::tls::{ServerTls, ServerTlsFiles};
 use replicator_control::Control;
 use replicator_model::NodeId;
-use replicator_pipeline::{Pipeline, TargetFence};
+use replicator_pipeline::{check_generations, Pipeline, TargetFence, PROBE_TIMEOUT};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::admin::{self, AdminState, NodeParts, PipelineView};
-use crate::exit::Failure;
+use crate::exit::{generation_failure, Failure};
 use crate::metrics::Metrics;
 use crate::reload::{needs_restart, ConfigPublisher, ReloadReport, ReloadSender};
 use crate::wiring::{control_params, fencing, pipeline_params, RaftControl};
@@ -185,6 +185,21 @@ impl RunningNode {
         );
         info!(node = config.node.id, raft = %raft_addr, api = %api_addr, "starting node; admin API serving");
 
+        // A cluster that answers in the other Iggy generation would only ever time out: say so
+        // now, naming the key, instead of retrying forever.
+        let clusters = pipeline_params(config).clusters;
+        let probe = check_generations(&clusters, PROBE_TIMEOUT);
+        let mismatches = tokio::select! {
+            () = stop.cancelled() => {
+                admin.shutdown().await;
+                return Ok(None);
+            }
+            mismatches = probe => mismatches,
+        };
+        if let Some(failure) = generation_failure(&mismatches) {
+            admin.shutdown().await;
+            return Err(failure);
+        }
         let fence = match TargetFence::new(&pipeline_params(config)) {
             Ok(fence) => fence.map(Arc::new),
             Err(e) => {

@@ -5,8 +5,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use replicator_pipeline::verify::{verify, PartitionReport, VerifyParams, VerifyReport};
+use replicator_pipeline::{check_generations, PROBE_TIMEOUT};
 
-use crate::exit::Failure;
+use crate::exit::{generation_failure, Failure};
 use crate::wiring::pipeline_params;
 
 /// Verifies the flows of the config at `config_path`; `Ok` only for exact copies.
@@ -29,6 +30,10 @@ pub(crate) async fn run(
             config_path.display()
         )));
     }
+    let mismatches = check_generations(&params.clusters, PROBE_TIMEOUT).await;
+    if let Some(failure) = generation_failure(&mismatches) {
+        return Err(failure);
+    }
     let mut exact = true;
     for flow in flows {
         let connection = |alias: &str| {
@@ -44,6 +49,15 @@ pub(crate) async fn run(
             connection(&flow.target),
         );
         verify_params.wait = wait;
+        let version = |alias: &str| {
+            params
+                .clusters
+                .get(alias)
+                .map(|c| c.iggy_version)
+                .unwrap_or_default()
+        };
+        verify_params.source_version = version(&flow.source);
+        verify_params.target_version = version(&flow.target);
         verify_params.heartbeat_topics = params.heartbeat_topics();
         verify_params.policies = params.policies.clone();
         verify_params.target_zones = params

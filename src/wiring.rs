@@ -103,6 +103,7 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
         .iter()
         .map(|(alias, cluster)| {
             let mut params = ClusterParams::new(cluster.url.expose());
+            params.iggy_version = cluster.iggy_version;
             params.connections = cluster.connections;
             params.writer_user_prefix =
                 (cluster.fencing == FencingMode::Users).then(|| cluster.writer_user_prefix.clone());

@@ -275,3 +275,33 @@ async fn target_credential_without_manage_users_stops_the_start_with_a_hint() ->
     server.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_speaks_the_other_iggy_generation_stops_the_start_naming_the_key(
+) -> TestResult {
+    use replicator_testkit::{IggyVersion, TestServer, TestServerConfig};
+
+    // `eu` is an Iggy 0.9 server, but the config leaves `iggy_version` at its default, 0.8: a
+    // 0.8 client would wait for an answer forever.
+    let us = TestServer::start(TestServerConfig::default()).await?;
+    let eu = TestServer::start(TestServerConfig {
+        iggy_version: IggyVersion::V0_9,
+        ..TestServerConfig::default()
+    })
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let urls = (us.connection_string(), eu.connection_string());
+    let mut node = NodeProcess::start_with_urls(dir.path(), &[], urls)?;
+    let exit = node.wait_exit(DEADLINE).await?;
+    let log = std::fs::read_to_string(&node.log)?;
+    assert_eq!(exit.code(), Some(2), "exit: {exit:?}\n{log}");
+    assert!(
+        log.contains("clusters.eu.iggy_version is \"0.8\"")
+            && log.contains("iggy_version = \"0.9\"")
+            && !log.contains("clusters.us:"),
+        "the error names the cluster, its key and the value to set, and only that cluster:\n{log}"
+    );
+    us.shutdown().await;
+    eu.shutdown().await;
+    Ok(())
+}

@@ -118,7 +118,7 @@ mod tests {
     use std::collections::HashMap;
     use std::time::Duration;
 
-    use replicator_model::{InitialOffset, Naming};
+    use replicator_model::{IggyVersion, InitialOffset, Naming};
 
     use super::*;
 
@@ -229,6 +229,23 @@ mod tests {
         );
         let error = parse_with_secret(&text, "0123456789abcdef").expect_err("invalid");
         assert!(error.to_string().contains("heartbeat_interval"), "{error}");
+    }
+
+    #[test]
+    fn the_iggy_version_defaults_to_08_and_a_wrong_one_is_named() {
+        let config = parse_with_secret(&valid(), "0123456789abcdef").expect("valid");
+        assert_eq!(config.clusters["us"].iggy_version, IggyVersion::V0_8);
+        let text = valid().replace("connections = 2", "connections = 2\niggy_version = \"0.9\"");
+        let config = parse_with_secret(&text, "0123456789abcdef").expect("valid");
+        assert_eq!(config.clusters["eu"].iggy_version, IggyVersion::V0_9);
+        let text = valid().replace(
+            "connections = 2",
+            "connections = 2\niggy_version = \"0.10\"",
+        );
+        let error = parse_with_secret(&text, "0123456789abcdef").expect_err("invalid");
+        let message = error.to_string();
+        assert!(message.contains("iggy_version"), "{message}");
+        assert!(message.contains("\"0.8\" or \"0.9\""), "{message}");
     }
 
     #[test]

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use replicator_model::{
-    heartbeat_topic_parts, zones_allow, InitialOffset, Naming, NodeId, DEFAULT_HEARTBEAT_INTERVAL,
-    DEFAULT_HEARTBEAT_TOPIC,
+    heartbeat_topic_parts, zones_allow, IggyVersion, InitialOffset, Naming, NodeId,
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TOPIC,
 };
 use serde::Deserialize;
 
@@ -152,6 +152,12 @@ pub struct IggyClusterConfig {
     /// sends of different partitions overlap). Default: `4`; 1 to 64.
     #[serde(default = "default_connections")]
     pub connections: usize,
+    /// The Iggy protocol generation the cluster's servers speak: `"0.8"` (Iggy server 0.8) or
+    /// `"0.9"` (Iggy server 0.9, "server-ng"). The two are not wire-compatible; at start every
+    /// cluster is probed and one that answers in the other generation is refused with an error
+    /// naming this key. Default: `"0.8"`.
+    #[serde(default)]
+    pub iggy_version: IggyVersion,
     /// How stale writers are kept from appending to this cluster when it is a flow's target:
     /// `"users"` (every instance writes as an Iggy user of its own, whose rights the leader
     /// revokes before it moves a failed instance's partitions; the credential in `url` then

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use iggy::prelude::{Identifier, TopicClient, TopicDetails};
+use iggy::prelude::{Identifier, TopicDetails};
 use replicator_model::Offset;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -449,6 +449,7 @@ mod tests {
     use assert2::check;
 
     use super::*;
+    use replicator_model::IggyVersion;
 
     const TOPIC: TopicIdentity = TopicIdentity {
         id: 3,
@@ -473,7 +474,14 @@ mod tests {
     /// A watcher whose task never starts (its registry is closed): tests call `wake`.
     fn watcher() -> Arc<TopicActivity> {
         let timeout = Duration::from_secs(1);
-        let cluster = Cluster::new("us", "iggy://u:p@127.0.0.1:8090", 1, timeout).expect("valid");
+        let cluster = Cluster::new(
+            "us",
+            IggyVersion::V0_8,
+            "iggy://u:p@127.0.0.1:8090",
+            1,
+            timeout,
+        )
+        .expect("valid");
         let cluster = Arc::new(cluster);
         cluster.activity().close();
         let params = WatchParams {

@@ -7,22 +7,22 @@
 //! error, and a writer re-reads the downstream tail before it sends again.
 
 use std::future::Future;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iggy::prelude::{Client, ClientWrapper, IggyClient, IggyError, TcpClient, TcpClientConfig};
-use iggy_common::{AutoLogin, ConnectionString, Credentials, TcpConnectionStringOptions};
+use iggy::prelude::IggyError;
+use replicator_model::IggyVersion;
 use tokio::sync::Mutex;
 
 use crate::activity::ActivityRegistry;
 use crate::error::{Error, Result};
+use crate::sdk::{Client, ClientConfig};
 
 /// An established connection as handed to callers.
 #[derive(Clone)]
 pub(crate) struct Conn {
-    /// The SDK client.
-    pub(crate) client: Arc<IggyClient>,
+    /// The SDK client, of the cluster's generation.
+    pub(crate) client: Arc<Client>,
     /// Which build of the slot this is; invalidating an older build is a no-op.
     generation: u64,
     /// Slot index.
@@ -55,8 +55,9 @@ pub struct ConnectionState {
 pub(crate) struct Cluster {
     /// Alias, for errors and logs.
     alias: String,
-    /// Client configuration parsed once from the connection string.
-    config: Arc<TcpClientConfig>,
+    /// Client configuration parsed once from the connection string, for the cluster's
+    /// generation.
+    config: ClientConfig,
     /// Connection slots; callers pick one by a stable hash (e.g. the partition id).
     slots: Vec<Slot>,
     /// Slots holding an open connection now (for the connection-state metric).
@@ -72,9 +73,11 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
-    /// Parses the connection string (TCP only) and prepares `connections` lazy slots.
+    /// Parses the connection string (TCP only) for the cluster's protocol generation and
+    /// prepares `connections` lazy slots.
     pub(crate) fn new(
         alias: &str,
+        iggy_version: IggyVersion,
         connection_string: &str,
         connections: usize,
         timeout: Duration,
@@ -87,15 +90,10 @@ impl Cluster {
         if !matches!(scheme, "iggy" | "iggy+tcp") {
             return Err(invalid("only iggy:// and iggy+tcp:// (TCP) are supported"));
         }
-        let parsed = ConnectionString::<TcpConnectionStringOptions>::from_str(connection_string)
-            .map_err(|_| invalid("not a valid Iggy connection string"))?;
-        let mut config = TcpClientConfig::from(parsed);
-        config.reconnection.enabled = false;
-        // Small requests (commits, polls of a caught-up partition) must not wait for Nagle.
-        config.nodelay = true;
+        let config = ClientConfig::parse(iggy_version, connection_string).map_err(invalid)?;
         Ok(Self {
             alias: alias.to_owned(),
-            config: Arc::new(config),
+            config,
             slots: (0..connections.max(1)).map(|_| Slot::default()).collect(),
             open: std::sync::atomic::AtomicUsize::new(0),
             timeout,
@@ -108,19 +106,15 @@ impl Cluster {
     /// connection string's credential (a writer identity).
     pub(crate) fn with_login(
         alias: &str,
+        iggy_version: IggyVersion,
         connection_string: &str,
         connections: usize,
         timeout: Duration,
         username: &str,
         password: &str,
     ) -> Result<Self> {
-        let mut cluster = Self::new(alias, connection_string, connections, timeout)?;
-        let mut config = (*cluster.config).clone();
-        config.auto_login = AutoLogin::Enabled(Credentials::UsernamePassword(
-            username.to_owned(),
-            secrecy::SecretString::from(password.to_owned()),
-        ));
-        cluster.config = Arc::new(config);
+        let mut cluster = Self::new(alias, iggy_version, connection_string, connections, timeout)?;
+        cluster.config = cluster.config.with_login(username, password);
         Ok(cluster)
     }
 
@@ -163,9 +157,10 @@ impl Cluster {
         if let Some(conn) = &guard.0 {
             return Ok(conn.clone());
         }
-        let tcp =
-            TcpClient::create(self.config.clone()).map_err(|source| self.err("connect", source))?;
-        let client = IggyClient::create(ClientWrapper::Tcp(tcp), None, None);
+        let client = self
+            .config
+            .client()
+            .map_err(|source| self.err("connect", source))?;
         match tokio::time::timeout(self.timeout, client.connect()).await {
             Ok(Ok(())) => {}
             Ok(Err(source)) => {
@@ -233,7 +228,7 @@ impl Cluster {
     /// timeout drops the connection, so the next call reconnects.
     pub(crate) async fn call<T, F, Fut>(&self, slot: usize, op: &str, f: F) -> Result<T>
     where
-        F: FnOnce(Arc<IggyClient>) -> Fut,
+        F: FnOnce(Arc<Client>) -> Fut,
         Fut: Future<Output = std::result::Result<T, IggyError>>,
     {
         match self
@@ -258,7 +253,7 @@ impl Cluster {
     ) -> Result<std::result::Result<T, V>>
     where
         C: FnOnce() -> std::result::Result<(), V>,
-        F: FnOnce(Arc<IggyClient>) -> Fut,
+        F: FnOnce(Arc<Client>) -> Fut,
         Fut: Future<Output = std::result::Result<T, IggyError>>,
     {
         let conn = self.get(slot).await?;
@@ -283,7 +278,7 @@ impl Cluster {
 }
 
 /// Shuts an SDK client down (stops its heartbeat), bounded so a wedged socket cannot hang us.
-async fn shutdown(client: &IggyClient) {
+async fn shutdown(client: &Client) {
     let _ = tokio::time::timeout(Duration::from_secs(2), client.shutdown()).await;
 }
 
@@ -296,11 +291,24 @@ mod tests {
     #[test]
     fn only_tcp_connection_strings_are_accepted() {
         let t = Duration::from_secs(1);
-        check!(Cluster::new("us", "iggy://u:p@127.0.0.1:8090", 1, t).is_ok());
-        check!(Cluster::new("us", "iggy+tcp://u:p@127.0.0.1:8090?tls=false", 2, t).is_ok());
-        let quic = Cluster::new("us", "iggy+quic://u:p@127.0.0.1:8090", 1, t);
+        check!(Cluster::new("us", IggyVersion::V0_8, "iggy://u:p@127.0.0.1:8090", 1, t).is_ok());
+        check!(Cluster::new(
+            "us",
+            IggyVersion::V0_8,
+            "iggy+tcp://u:p@127.0.0.1:8090?tls=false",
+            2,
+            t
+        )
+        .is_ok());
+        let quic = Cluster::new(
+            "us",
+            IggyVersion::V0_8,
+            "iggy+quic://u:p@127.0.0.1:8090",
+            1,
+            t,
+        );
         check!(matches!(quic, Err(Error::InvalidParams { .. })));
-        let bad = Cluster::new("us", "iggy://127.0.0.1", 1, t);
+        let bad = Cluster::new("us", IggyVersion::V0_8, "iggy://127.0.0.1", 1, t);
         check!(
             matches!(bad, Err(Error::InvalidParams { ref field, .. }) if field == "clusters.us.connection_string")
         );

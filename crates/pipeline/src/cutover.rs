@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use iggy::prelude::{Consumer, MessageClient, PollingStrategy, TopicClient};
+use iggy::prelude::{Consumer, PollingStrategy};
 use replicator_model::{Offset, WorkUnit};
 
 use crate::clients::Cluster;

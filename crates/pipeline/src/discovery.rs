@@ -7,10 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iggy::prelude::{
-    CompressionAlgorithm, Identifier, IggyError, IggyExpiry, MaxTopicSize, PartitionClient,
-    StreamClient, Topic, TopicClient,
-};
+use iggy::prelude::{CompressionAlgorithm, Identifier, IggyError, IggyExpiry, MaxTopicSize, Topic};
 use ractor::ActorRef;
 use replicator_model::WorkUnit;
 use tokio_util::sync::CancellationToken;

@@ -4,14 +4,10 @@
 //! binary); `../shared/docs/iggy-fencing.md` records why a permission change fences an open
 //! session on Iggy 0.8 and 0.9.
 
+use iggy::prelude::{GlobalPermissions, Identifier, IggyError, Permissions, UserStatus};
+use replicator_model::{writer_username, NodeId, WriterLogin};
 use std::collections::BTreeSet;
 use std::sync::Arc;
-
-use iggy::prelude::SystemClient;
-use iggy::prelude::{
-    GlobalPermissions, Identifier, IggyError, Permissions, UserClient, UserStatus,
-};
-use replicator_model::{writer_username, NodeId, WriterLogin};
 
 use crate::clients::Cluster;
 use crate::error::Result;
@@ -71,6 +67,7 @@ impl TargetFence {
             };
             let admin = Cluster::new(
                 alias,
+                cluster.iggy_version,
                 &cluster.connection_string,
                 1,
                 params.operation_timeout,
@@ -220,7 +217,7 @@ impl TargetFence {
 /// One call on `t`'s managing connection, the error as one line naming the cluster.
 async fn call<T, F, Fut>(t: &FencedTarget, op: &str, f: F) -> std::result::Result<T, String>
 where
-    F: FnOnce(Arc<iggy::prelude::IggyClient>) -> Fut,
+    F: FnOnce(Arc<crate::sdk::Client>) -> Fut,
     Fut: std::future::Future<Output = std::result::Result<T, IggyError>>,
 {
     t.admin

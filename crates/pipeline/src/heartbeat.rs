@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use iggy::prelude::{
     CompressionAlgorithm, HeaderKey, HeaderValue, IggyError, IggyExpiry, IggyMessage,
-    IggyTimestamp, MaxTopicSize, MessageClient, Partitioning, TopicClient,
+    IggyTimestamp, MaxTopicSize, Partitioning,
 };
 use replicator_model::{Assignment, NodeId};
 use serde::{Deserialize, Serialize};

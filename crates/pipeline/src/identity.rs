@@ -121,6 +121,7 @@ impl WriterTargets {
                         let username = login.username(prefix);
                         Some(Arc::new(Cluster::with_login(
                             &format!("{alias} (as {username})"),
+                            params.iggy_version,
                             &params.connection_string,
                             params.connections,
                             self.timeout,
@@ -185,9 +186,9 @@ pub(crate) async fn follow(
 #[cfg(test)]
 mod tests {
     use assert2::check;
-    use iggy::prelude::SystemClient;
 
     use super::*;
+    use replicator_model::IggyVersion;
 
     fn params(prefix: Option<&str>) -> ClusterParams {
         let mut p = ClusterParams::new("iggy://admin:pw@127.0.0.1:1");
@@ -201,7 +202,8 @@ mod tests {
         let shared: BTreeMap<String, Arc<Cluster>> = ["plain", "fenced"]
             .into_iter()
             .map(|a| {
-                let c = Cluster::new(a, "iggy://admin:pw@127.0.0.1:1", 1, t).expect("valid");
+                let c = Cluster::new(a, IggyVersion::V0_8, "iggy://admin:pw@127.0.0.1:1", 1, t)
+                    .expect("valid");
                 (a.to_owned(), Arc::new(c))
             })
             .collect();

@@ -50,6 +50,7 @@ mod pipeline;
 pub mod provenance;
 mod reader;
 mod residency;
+mod sdk;
 mod stats;
 mod throttle;
 mod unit;
@@ -71,6 +72,7 @@ pub use offsets::Gap;
 pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams, PolicyParams};
 pub use pipeline::Pipeline;
 pub use residency::{BlockedTopic, FlowResidency};
+pub use sdk::{check_generations, probe, GenerationMismatch, Spoken, PROBE_TIMEOUT};
 pub use stats::{NoObserver, Observer, PipelineObserver, UnitStats};
 
 #[doc(hidden)]

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use replicator_model::{InitialOffset, Naming, NodeId, DEFAULT_GROUP_SYNC_INTERVAL};
+use replicator_model::{IggyVersion, InitialOffset, Naming, NodeId, DEFAULT_GROUP_SYNC_INTERVAL};
 
 use crate::error::{Error, Result};
 
@@ -184,6 +184,9 @@ impl PipelineParams {
 pub struct ClusterParams {
     /// SDK connection string, e.g. `iggy://user:secret@10.0.0.1:8090` (TCP only). Never logged.
     pub connection_string: String,
+    /// The protocol generation the cluster speaks (`clusters.<alias>.iggy_version`), e.g.
+    /// `IggyVersion::V0_9`. Default: 0.8.
+    pub iggy_version: IggyVersion,
     /// Connections this instance opens to the cluster, e.g. 1. Units are spread over them by
     /// partition; the SDK serialises requests per connection.
     pub connections: usize,
@@ -203,6 +206,7 @@ impl ClusterParams {
     pub fn new(connection_string: impl Into<String>) -> Self {
         Self {
             connection_string: connection_string.into(),
+            iggy_version: IggyVersion::default(),
             connections: 1,
             writer_user_prefix: None,
             zones: Vec::new(),
@@ -219,6 +223,7 @@ impl std::fmt::Debug for ClusterParams {
             .map_or("****", |(_, rest)| rest);
         f.debug_struct("ClusterParams")
             .field("address", &address)
+            .field("iggy_version", &self.iggy_version)
             .field("connections", &self.connections)
             .field("zones", &self.zones)
             .finish()

@@ -85,6 +85,7 @@ impl Pipeline {
         for (alias, cluster) in &params.clusters {
             let c = Cluster::new(
                 alias,
+                cluster.iggy_version,
                 &cluster.connection_string,
                 cluster.connections,
                 params.operation_timeout,

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::{Consumer, Identifier, MessageClient, PollingStrategy};
+use iggy::prelude::{Consumer, Identifier, PollingStrategy};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, oneshot};

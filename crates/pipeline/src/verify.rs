@@ -7,13 +7,12 @@
 //! a reverse flow) are ignored; messages that originated in the target cluster are expected to be
 //! absent. Without provenance, partitions are compared position by position.
 
+use replicator_model::IggyVersion;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::{
-    Consumer, Identifier, IggyMessage, MessageClient, PollingStrategy, StreamClient, TopicClient,
-};
+use iggy::prelude::{Consumer, Identifier, IggyMessage, PollingStrategy};
 
 use crate::clients::Cluster;
 use crate::error::{Error, Result};
@@ -31,6 +30,10 @@ pub struct VerifyParams {
     pub source_connection: String,
     /// Connection string of the flow's target cluster.
     pub target_connection: String,
+    /// The protocol generation of the source cluster. Default: 0.8.
+    pub source_version: IggyVersion,
+    /// The protocol generation of the target cluster. Default: 0.8.
+    pub target_version: IggyVersion,
     /// Messages per poll, e.g. 1000.
     pub batch_size: u32,
     /// How long to wait for the copy to become exact (catching up), e.g. 30 s; zero = check once.
@@ -55,6 +58,8 @@ impl VerifyParams {
             flow,
             source_connection,
             target_connection,
+            source_version: IggyVersion::default(),
+            target_version: IggyVersion::default(),
             batch_size: 1000,
             wait: Duration::ZERO,
             operation_timeout: Duration::from_secs(10),
@@ -139,12 +144,14 @@ pub async fn verify(params: &VerifyParams) -> Result<VerifyReport> {
         ));
     let source = Arc::new(Cluster::new(
         &params.flow.source,
+        params.source_version,
         &params.source_connection,
         1,
         params.operation_timeout,
     )?);
     let target = Arc::new(Cluster::new(
         &params.flow.target,
+        params.target_version,
         &params.target_connection,
         1,
         params.operation_timeout,

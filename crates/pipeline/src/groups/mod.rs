@@ -27,10 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use globset::GlobSet;
-use iggy::prelude::{
-    Consumer, ConsumerGroupClient, ConsumerOffsetClient, Identifier, IggyMessage, MessageClient,
-    PollingStrategy, TopicClient,
-};
+use iggy::prelude::{Consumer, Identifier, IggyMessage, PollingStrategy};
 use replicator_model::{Offset, WorkUnit};
 use tokio_util::sync::CancellationToken;
 

@@ -30,8 +30,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iggy::prelude::Partitioning;
-use iggy::prelude::{Consumer, Identifier, IggyMessage, IggyTimestamp, MessageClient};
-use iggy::prelude::{PollingStrategy, TopicClient};
+use iggy::prelude::PollingStrategy;
+use iggy::prelude::{Consumer, Identifier, IggyMessage, IggyTimestamp};
 use replicator_model::{Assignment, CommitOutcome, Offset, OffsetCommit, UnitProgress};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;

@@ -5,14 +5,11 @@ use std::time::Duration;
 use iggy::prelude::{GlobalPermissions, Permissions, UserClient, UserStatus};
 use replicator_model::{WorkUnit, WriterLogin};
 use replicator_pipeline::verify::{verify, VerifyParams};
-use replicator_pipeline::{
-    ClusterParams, ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams,
-};
-use replicator_testkit::{TestServer, TestServerConfig};
+use replicator_pipeline::{ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams};
 
 use crate::harness::{
-    assert_exact, client, count, create_topic, flow, node_id, produce, wait_confirmed, wait_until,
-    Env, FixedLogin, Intercepted, TestResult,
+    assert_exact, client, cluster_params, count, create_topic, flow, generations, node_id, produce,
+    server, wait_confirmed, wait_until, Env, FixedLogin, Intercepted, TestResult,
 };
 
 /// What a writer user may do: send, poll and read topics, nothing else.
@@ -138,8 +135,10 @@ async fn two_way_flows(fenced_prefix: Option<&str>) -> TestResult {
     assert!(count(&env.us, "shared", "t", 0) == 150);
     assert!(count(&env.eu, "shared", "t", 0) == 150);
     assert_exact(&env.verify(&there, Duration::from_secs(10)).await?);
-    let back_params =
+    let mut back_params =
         VerifyParams::new(back, env.eu.connection_string(), env.us.connection_string());
+    back_params.source_version = env.eu.iggy_version();
+    back_params.target_version = env.us.iggy_version();
     assert_exact(&verify(&back_params).await?);
     pipeline.shutdown().await;
     Ok(())
@@ -148,7 +147,7 @@ async fn two_way_flows(fenced_prefix: Option<&str>) -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unavailable_upstream_does_not_stop_other_flows() -> TestResult {
     let env = Env::start().await?;
-    let ap = TestServer::start(TestServerConfig::default()).await?;
+    let ap = server(generations().0).await?;
     let (us, ap_client) = (client(&env.us).await?, client(&ap).await?);
     create_topic(&us, "a", "t", 1).await?;
     create_topic(&ap_client, "b", "t", 1).await?;
@@ -157,7 +156,7 @@ async fn unavailable_upstream_does_not_stop_other_flows() -> TestResult {
     let mut bad: FlowParams = flow("bad", &["b/*"]);
     bad.source = "ap".into();
     let mut clusters = env.clusters();
-    clusters.insert("ap".to_owned(), ClusterParams::new(ap.connection_string()));
+    clusters.insert("ap".to_owned(), cluster_params(&ap));
     let mut params = PipelineParams::new(node_id(), clusters, vec![good.clone(), bad.clone()]);
     params.discovery_interval = Duration::from_millis(200);
     params.operation_timeout = Duration::from_secs(2);

@@ -16,8 +16,8 @@ use bytes::Bytes;
 use iggy::prelude::{HeaderKey, HeaderValue, IggyClient, IggyMessage};
 use replicator_harness::{connect, produce_bulk, Bulk};
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, OffsetCommit, OffsetReset, UnitProgress, WorkUnit,
-    WriterLogin,
+    Assignment, CommitOutcome, Epoch, IggyVersion, OffsetCommit, OffsetReset, UnitProgress,
+    WorkUnit, WriterLogin,
 };
 use replicator_pipeline::verify::{verify, VerifyParams, VerifyReport};
 use replicator_pipeline::{
@@ -71,13 +71,54 @@ pub(crate) struct Env {
     pub(crate) eu: TestServer,
 }
 
+/// The Iggy protocol generations of `us` and `eu`: the test binary's own pair, or in `e2e`
+/// `E2E_IGGY_VERSIONS=<us>-<eu>` (e.g. `0.8-0.9`; default `0.8-0.8`), so the whole suite runs
+/// on any pair. Tests seed and inspect
+/// the servers with the 0.8 SDK through each server's 0.8 port ([`client`]); the pipeline and
+/// `verify` talk to them in their own generation.
+pub(crate) fn generations() -> (IggyVersion, IggyVersion) {
+    if let Some(pair) = crate::IGGY_VERSIONS {
+        return pair;
+    }
+    let spec = std::env::var("E2E_IGGY_VERSIONS").unwrap_or_default();
+    if spec.is_empty() {
+        return (IggyVersion::V0_8, IggyVersion::V0_8);
+    }
+    let parsed = spec
+        .split_once('-')
+        .and_then(|(us, eu)| Some((us.parse().ok()?, eu.parse().ok()?)));
+    parsed.unwrap_or_else(|| panic!("E2E_IGGY_VERSIONS={spec:?}: expected <us>-<eu>, e.g. 0.8-0.9"))
+}
+
+/// A server of `version` on port 0.
+pub(crate) async fn server(version: IggyVersion) -> TestResult<TestServer> {
+    Ok(TestServer::start(TestServerConfig {
+        iggy_version: version,
+        ..TestServerConfig::default()
+    })
+    .await?)
+}
+
+/// The pipeline's view of `server`: its own port and generation.
+pub(crate) fn cluster_params(server: &TestServer) -> ClusterParams {
+    let mut params = ClusterParams::new(server.connection_string());
+    params.iggy_version = server.iggy_version();
+    params
+}
+
 impl Env {
-    /// Starts both servers on port 0.
+    /// Starts both servers on port 0, in the generations of [`generations`].
     pub(crate) async fn start() -> TestResult<Self> {
+        let (us, eu) = generations();
+        Self::start_pair(us, eu).await
+    }
+
+    /// Starts both servers on port 0: `us` speaking `up`, `eu` speaking `down`.
+    pub(crate) async fn start_pair(up: IggyVersion, down: IggyVersion) -> TestResult<Self> {
         init_tracing();
         Ok(Self {
-            us: TestServer::start(TestServerConfig::default()).await?,
-            eu: TestServer::start(TestServerConfig::default()).await?,
+            us: server(up).await?,
+            eu: server(down).await?,
         })
     }
 
@@ -102,10 +143,7 @@ impl Env {
     pub(crate) fn clusters(&self) -> BTreeMap<String, ClusterParams> {
         [("us", &self.us), ("eu", &self.eu)]
             .into_iter()
-            .map(|(alias, server)| {
-                let params = ClusterParams::new(server.connection_string());
-                (alias.to_owned(), params)
-            })
+            .map(|(alias, server)| (alias.to_owned(), cluster_params(server)))
             .collect()
     }
 
@@ -163,6 +201,8 @@ impl Env {
             self.us.connection_string(),
             self.eu.connection_string(),
         );
+        v.source_version = self.us.iggy_version();
+        v.target_version = self.eu.iggy_version();
         v.wait = wait;
         v
     }
@@ -189,9 +229,10 @@ pub(crate) fn flow(name: &str, include: &[&str]) -> FlowParams {
     f
 }
 
-/// A connected SDK client.
+/// A connected SDK 0.10 client of `server`, whatever generation the server speaks to the
+/// pipeline (through its 0.8 port).
 pub(crate) async fn client(server: &TestServer) -> TestResult<IggyClient> {
-    Ok(connect(&server.connection_string()).await?)
+    Ok(connect(&server.connection_string_in(IggyVersion::V0_8)).await?)
 }
 
 /// A recognisable test message: id, payload, one user header and an origin timestamp derived

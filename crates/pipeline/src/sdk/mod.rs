@@ -1,0 +1,387 @@
+//! The one interface the pipeline has to an Iggy cluster, whichever protocol generation it
+//! speaks (`clusters.<alias>.iggy_version`): an SDK connection of that generation behind the
+//! few calls the pipeline makes (poll at an offset, send to a partition, topic metadata, create
+//! streams, topics and partitions, users and permissions for the fence, consumer groups and
+//! their offsets).
+//!
+//! The pipeline speaks the vocabulary of SDK 0.10 (the 0.8 generation): its messages, ids and
+//! records. A 0.8 connection passes every call straight to SDK 0.10; a 0.9 connection
+//! (`v09`) converts the arguments and answers of SDK 0.11 field by field. Payloads and user
+//! headers are `Bytes` in both SDKs and travel between them without a copy; user headers are
+//! encoded alike in both generations.
+
+mod probe;
+mod v09;
+
+pub use probe::{check_generations, probe, GenerationMismatch, Spoken, PROBE_TIMEOUT};
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use iggy::prelude::{
+    Client as _, ClientInfoDetails, ClientWrapper, CompressionAlgorithm, Consumer,
+    ConsumerGroupClient as _, ConsumerGroupDetails, ConsumerOffsetClient as _, IggyClient,
+    IggyError, IggyExpiry, IggyMessage, MaxTopicSize, MessageClient as _, PartitionClient as _,
+    Partitioning, Permissions, PolledMessages, PollingStrategy, Stream, StreamClient as _,
+    StreamDetails, SystemClient as _, TcpClient, TcpClientConfig, TopicClient as _, TopicDetails,
+    UserClient as _, UserStatus,
+};
+use iggy_common::{
+    AutoLogin, ClientInfo, ConnectionString, ConsumerGroup, ConsumerOffsetInfo, Credentials,
+    Identifier, TcpConnectionStringOptions, UserInfoDetails,
+};
+use replicator_model::IggyVersion;
+
+/// How to open connections to one cluster, parsed once from its connection string.
+#[derive(Clone)]
+pub(crate) enum ClientConfig {
+    /// An Iggy 0.8 cluster (SDK 0.10).
+    V08(Arc<TcpClientConfig>),
+    /// An Iggy 0.9 cluster (SDK 0.11).
+    V09(Arc<iggy09::prelude::TcpClientConfig>),
+}
+
+impl ClientConfig {
+    /// Parses `connection_string` for `version`. The SDKs' own reconnect is off (see
+    /// `clients`) and Nagle is off: small requests must not wait.
+    pub(crate) fn parse(
+        version: IggyVersion,
+        connection_string: &str,
+    ) -> std::result::Result<Self, &'static str> {
+        match version {
+            IggyVersion::V0_8 => {
+                let parsed =
+                    ConnectionString::<TcpConnectionStringOptions>::from_str(connection_string)
+                        .map_err(|_| "not a valid Iggy connection string")?;
+                let mut config = TcpClientConfig::from(parsed);
+                config.reconnection.enabled = false;
+                config.nodelay = true;
+                Ok(Self::V08(Arc::new(config)))
+            }
+            IggyVersion::V0_9 => {
+                let parsed = iggy09_common::ConnectionString::<
+                    iggy09_common::TcpConnectionStringOptions,
+                >::from_str(connection_string)
+                .map_err(|_| "not a valid Iggy connection string")?;
+                let mut config = iggy09::prelude::TcpClientConfig::from(parsed);
+                config.reconnection.enabled = false;
+                config.nodelay = true;
+                Ok(Self::V09(Arc::new(config)))
+            }
+        }
+    }
+
+    /// The same, logging in as `username` instead of the connection string's credential.
+    pub(crate) fn with_login(&self, username: &str, password: &str) -> Self {
+        match self {
+            Self::V08(config) => {
+                let mut config = (**config).clone();
+                config.auto_login = AutoLogin::Enabled(Credentials::UsernamePassword(
+                    username.to_owned(),
+                    secrecy::SecretString::from(password.to_owned()),
+                ));
+                Self::V08(Arc::new(config))
+            }
+            Self::V09(config) => {
+                let mut config = (**config).clone();
+                config.auto_login = iggy09_common::AutoLogin::Enabled(
+                    iggy09_common::Credentials::UsernamePassword(
+                        username.to_owned(),
+                        secrecy::SecretString::from(password.to_owned()),
+                    ),
+                );
+                Self::V09(Arc::new(config))
+            }
+        }
+    }
+
+    /// The same, connecting without logging in (PING is answered before a login).
+    pub(crate) fn without_login(&self) -> Self {
+        match self {
+            Self::V08(config) => {
+                let mut config = (**config).clone();
+                config.auto_login = AutoLogin::Disabled;
+                Self::V08(Arc::new(config))
+            }
+            Self::V09(config) => {
+                let mut config = (**config).clone();
+                config.auto_login = iggy09_common::AutoLogin::Disabled;
+                Self::V09(Arc::new(config))
+            }
+        }
+    }
+
+    /// A new, not yet connected client.
+    pub(crate) fn client(&self) -> std::result::Result<Client, IggyError> {
+        match self {
+            Self::V08(config) => {
+                let tcp = TcpClient::create(config.clone())?;
+                Ok(Client::V08(IggyClient::create(
+                    ClientWrapper::Tcp(tcp),
+                    None,
+                    None,
+                )))
+            }
+            Self::V09(config) => {
+                let tcp = iggy09::prelude::TcpClient::create(config.clone())
+                    .map_err(|e| v09::error(&e))?;
+                Ok(Client::V09(iggy09::prelude::IggyClient::create(
+                    iggy09::prelude::ClientWrapper::Tcp(tcp),
+                    None,
+                    None,
+                )))
+            }
+        }
+    }
+}
+
+/// One SDK connection, of the generation its cluster speaks.
+pub(crate) enum Client {
+    /// SDK 0.10 to an Iggy 0.8 server.
+    V08(IggyClient),
+    /// SDK 0.11 to an Iggy 0.9 server.
+    V09(iggy09::prelude::IggyClient),
+}
+
+/// Runs `$call` on the 0.8 client, or `v09::$call` with the 0.9 one.
+macro_rules! either {
+    ($self:ident, $v08:ident => $on08:expr, $v09:ident => $on09:expr) => {
+        match $self {
+            Client::V08($v08) => $on08,
+            Client::V09($v09) => $on09,
+        }
+    };
+}
+
+impl Client {
+    /// Connects (and logs in with the configured credential).
+    pub(crate) async fn connect(&self) -> Result<(), IggyError> {
+        either!(self, c => c.connect().await, c => v09::connect(c).await)
+    }
+
+    /// Stops the client (its heartbeat included).
+    pub(crate) async fn shutdown(&self) -> Result<(), IggyError> {
+        either!(self, c => c.shutdown().await, c => v09::shutdown(c).await)
+    }
+
+    pub(crate) async fn ping(&self) -> Result<(), IggyError> {
+        either!(self, c => c.ping().await, c => v09::ping(c).await)
+    }
+
+    pub(crate) async fn get_me(&self) -> Result<ClientInfoDetails, IggyError> {
+        either!(self, c => c.get_me().await, c => v09::get_me(c).await)
+    }
+
+    pub(crate) async fn get_clients(&self) -> Result<Vec<ClientInfo>, IggyError> {
+        either!(self, c => c.get_clients().await, c => v09::get_clients(c).await)
+    }
+
+    pub(crate) async fn get_user(
+        &self,
+        user: &Identifier,
+    ) -> Result<Option<UserInfoDetails>, IggyError> {
+        either!(self, c => c.get_user(user).await, c => v09::get_user(c, user).await)
+    }
+
+    pub(crate) async fn create_user(
+        &self,
+        username: &str,
+        password: &str,
+        status: UserStatus,
+        permissions: Option<Permissions>,
+    ) -> Result<UserInfoDetails, IggyError> {
+        either!(self,
+            c => c.create_user(username, password, status, permissions).await,
+            c => v09::create_user(c, username, password, status, permissions).await)
+    }
+
+    pub(crate) async fn update_user(
+        &self,
+        user: &Identifier,
+        username: Option<&str>,
+        status: Option<UserStatus>,
+    ) -> Result<(), IggyError> {
+        either!(self,
+            c => c.update_user(user, username, status).await,
+            c => v09::update_user(c, user, username, status).await)
+    }
+
+    pub(crate) async fn update_permissions(
+        &self,
+        user: &Identifier,
+        permissions: Option<Permissions>,
+    ) -> Result<(), IggyError> {
+        either!(self,
+            c => c.update_permissions(user, permissions).await,
+            c => v09::update_permissions(c, user, permissions).await)
+    }
+
+    pub(crate) async fn delete_user(&self, user: &Identifier) -> Result<(), IggyError> {
+        either!(self, c => c.delete_user(user).await, c => v09::delete_user(c, user).await)
+    }
+
+    pub(crate) async fn get_streams(&self) -> Result<Vec<Stream>, IggyError> {
+        either!(self, c => c.get_streams().await, c => v09::get_streams(c).await)
+    }
+
+    pub(crate) async fn get_stream(
+        &self,
+        stream: &Identifier,
+    ) -> Result<Option<StreamDetails>, IggyError> {
+        either!(self, c => c.get_stream(stream).await, c => v09::get_stream(c, stream).await)
+    }
+
+    pub(crate) async fn create_stream(&self, name: &str) -> Result<StreamDetails, IggyError> {
+        either!(self, c => c.create_stream(name).await, c => v09::create_stream(c, name).await)
+    }
+
+    pub(crate) async fn get_topic(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+    ) -> Result<Option<TopicDetails>, IggyError> {
+        either!(self,
+            c => c.get_topic(stream, topic).await,
+            c => v09::get_topic(c, stream, topic).await)
+    }
+
+    /// Creates a topic. On 0.9 the replication factor is not the topic's to choose and is
+    /// ignored.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn create_topic(
+        &self,
+        stream: &Identifier,
+        name: &str,
+        partitions: u32,
+        compression: CompressionAlgorithm,
+        replication_factor: Option<u8>,
+        expiry: IggyExpiry,
+        max_size: MaxTopicSize,
+    ) -> Result<TopicDetails, IggyError> {
+        either!(self,
+            c => c.create_topic(stream, name, partitions, compression, replication_factor, expiry, max_size).await,
+            c => v09::create_topic(c, stream, name, partitions, compression, expiry, max_size).await)
+    }
+
+    pub(crate) async fn create_partitions(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        count: u32,
+    ) -> Result<(), IggyError> {
+        either!(self,
+            c => c.create_partitions(stream, topic, count).await,
+            c => v09::create_partitions(c, stream, topic, count).await)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn poll_messages(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        partition: Option<u32>,
+        consumer: &Consumer,
+        strategy: &PollingStrategy,
+        count: u32,
+        auto_commit: bool,
+    ) -> Result<PolledMessages, IggyError> {
+        either!(self,
+            c => c.poll_messages(stream, topic, partition, consumer, strategy, count, auto_commit).await,
+            c => v09::poll_messages(c, stream, topic, partition, consumer, strategy, count, auto_commit).await)
+    }
+
+    /// Sends `messages` in order. On 0.9 a batch whose origin timestamps span more than one
+    /// 0.9 batch can carry goes as several sends, in order; an error after the first leaves the
+    /// earlier ones appended, which the writer finds in the target's tail like any other
+    /// uncertain send.
+    pub(crate) async fn send_messages(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        partitioning: &Partitioning,
+        messages: &mut [IggyMessage],
+    ) -> Result<(), IggyError> {
+        either!(self,
+            c => c.send_messages(stream, topic, partitioning, messages).await,
+            c => v09::send_messages(c, stream, topic, partitioning, messages).await)
+    }
+
+    pub(crate) async fn get_consumer_groups(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+    ) -> Result<Vec<ConsumerGroup>, IggyError> {
+        either!(self,
+            c => c.get_consumer_groups(stream, topic).await,
+            c => v09::get_consumer_groups(c, stream, topic).await)
+    }
+
+    pub(crate) async fn get_consumer_group(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        group: &Identifier,
+    ) -> Result<Option<ConsumerGroupDetails>, IggyError> {
+        either!(self,
+            c => c.get_consumer_group(stream, topic, group).await,
+            c => v09::get_consumer_group(c, stream, topic, group).await)
+    }
+
+    pub(crate) async fn create_consumer_group(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        name: &str,
+    ) -> Result<ConsumerGroupDetails, IggyError> {
+        either!(self,
+            c => c.create_consumer_group(stream, topic, name).await,
+            c => v09::create_consumer_group(c, stream, topic, name).await)
+    }
+
+    pub(crate) async fn join_consumer_group(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        group: &Identifier,
+    ) -> Result<(), IggyError> {
+        either!(self,
+            c => c.join_consumer_group(stream, topic, group).await,
+            c => v09::join_consumer_group(c, stream, topic, group).await)
+    }
+
+    pub(crate) async fn leave_consumer_group(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        group: &Identifier,
+    ) -> Result<(), IggyError> {
+        either!(self,
+            c => c.leave_consumer_group(stream, topic, group).await,
+            c => v09::leave_consumer_group(c, stream, topic, group).await)
+    }
+
+    pub(crate) async fn get_consumer_offset(
+        &self,
+        consumer: &Consumer,
+        stream: &Identifier,
+        topic: &Identifier,
+        partition: Option<u32>,
+    ) -> Result<Option<ConsumerOffsetInfo>, IggyError> {
+        either!(self,
+            c => c.get_consumer_offset(consumer, stream, topic, partition).await,
+            c => v09::get_consumer_offset(c, consumer, stream, topic, partition).await)
+    }
+
+    pub(crate) async fn store_consumer_offset(
+        &self,
+        consumer: &Consumer,
+        stream: &Identifier,
+        topic: &Identifier,
+        partition: Option<u32>,
+        offset: u64,
+    ) -> Result<(), IggyError> {
+        either!(self,
+            c => c.store_consumer_offset(consumer, stream, topic, partition, offset).await,
+            c => v09::store_consumer_offset(c, consumer, stream, topic, partition, offset).await)
+    }
+}

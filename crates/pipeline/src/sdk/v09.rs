@@ -1,0 +1,779 @@
+//! The pipeline's calls on an Iggy 0.9 cluster, through SDK 0.11: arguments from the pipeline's
+//! vocabulary (SDK 0.10's types) into 0.11's, answers back, errors by their code.
+
+use iggy::prelude::{
+    ClientInfoDetails, CompressionAlgorithm, Consumer, ConsumerGroupDetails, IggyByteSize,
+    IggyError, IggyExpiry, IggyMessage, IggyMessageHeader, IggyTimestamp, MaxTopicSize, Partition,
+    Partitioning, Permissions, PolledMessages, PollingStrategy, Stream, StreamDetails, Topic,
+    TopicDetails, UserStatus,
+};
+use iggy09::prelude::{
+    Client as _, ConsumerGroupClient as _, ConsumerOffsetClient as _, MessageClient as _,
+    PartitionClient as _, StreamClient as _, SystemClient as _, TopicClient as _, UserClient as _,
+};
+use iggy09_common as n;
+use iggy_common::{
+    ClientInfo, ConsumerGroup, ConsumerGroupInfo, ConsumerGroupMember, ConsumerOffsetInfo,
+    GlobalPermissions, IdKind, Identifier, StreamPermissions, TopicPermissions, UserInfoDetails,
+};
+
+/// The 0.9 client type.
+type C = iggy09::prelude::IggyClient;
+
+/// The largest span of origin timestamps one 0.9 batch carries (its frames hold µs deltas from
+/// the batch's earliest origin timestamp as a u32).
+pub(crate) const MAX_ORIGIN_SPAN_MICROS: u64 = u32::MAX as u64;
+
+/// A 0.11 error as the pipeline knows errors (by code). The 0.9-only outcomes whose effect is
+/// unknown or that end the session become `Disconnected`, so the connection is dropped and a
+/// writer re-reads the target before it sends again.
+pub(crate) fn error(e: &n::IggyError) -> IggyError {
+    match e {
+        n::IggyError::TransientNotAccepted
+        | n::IggyError::TransientNotCommitted
+        | n::IggyError::StaleClient => IggyError::Disconnected,
+        other => {
+            let mapped = IggyError::from_code(other.as_code());
+            if mapped.as_code() == other.as_code() {
+                mapped
+            } else {
+                // A code the 0.8 generation does not have: keep the meaning in the message.
+                tracing::debug!(error = %other, code = other.as_code(), "0.9 error without a 0.8 code");
+                IggyError::Error
+            }
+        }
+    }
+}
+
+fn map<T>(result: Result<T, n::IggyError>) -> Result<T, IggyError> {
+    result.map_err(|e| error(&e))
+}
+
+fn ident(id: &Identifier) -> Result<n::Identifier, IggyError> {
+    let converted = match id.kind {
+        IdKind::Numeric => n::Identifier::numeric(id.get_u32_value()?),
+        IdKind::String => n::Identifier::named(&id.get_string_value()?),
+    };
+    map(converted)
+}
+
+fn consumer(c: &Consumer) -> Result<n::Consumer, IggyError> {
+    let id = ident(&c.id)?;
+    Ok(match c.kind {
+        iggy::prelude::ConsumerKind::Consumer => n::Consumer::new(id),
+        iggy::prelude::ConsumerKind::ConsumerGroup => n::Consumer::group(id),
+    })
+}
+
+fn strategy(s: &PollingStrategy) -> Result<n::PollingStrategy, IggyError> {
+    Ok(n::PollingStrategy {
+        kind: map(n::PollingKind::from_code(s.kind.as_code()))?,
+        value: s.value,
+    })
+}
+
+fn partitioning(p: &Partitioning) -> Result<n::Partitioning, IggyError> {
+    Ok(n::Partitioning {
+        kind: map(n::PartitioningKind::from_code(p.kind.as_code()))?,
+        length: p.length,
+        value: p.value.clone(),
+    })
+}
+
+fn timestamp(t: n::IggyTimestamp) -> IggyTimestamp {
+    IggyTimestamp::from(t.as_micros())
+}
+
+fn size(s: n::IggyByteSize) -> IggyByteSize {
+    IggyByteSize::from(s.as_bytes_u64())
+}
+
+fn status(s: UserStatus) -> Result<n::UserStatus, IggyError> {
+    map(n::UserStatus::from_code(s.as_code()))
+}
+
+fn status_back(s: n::UserStatus) -> Result<UserStatus, IggyError> {
+    UserStatus::from_code(s.as_code())
+}
+
+fn expiry_back(e: n::IggyExpiry) -> IggyExpiry {
+    IggyExpiry::from(u64::from(e))
+}
+
+fn max_size_back(m: n::MaxTopicSize) -> MaxTopicSize {
+    MaxTopicSize::from(u64::from(m))
+}
+
+fn compression_back(c: n::CompressionAlgorithm) -> Result<CompressionAlgorithm, IggyError> {
+    CompressionAlgorithm::from_code(c.as_code())
+}
+
+fn permissions(p: Permissions) -> n::Permissions {
+    let g = p.global;
+    n::Permissions {
+        global: n::GlobalPermissions {
+            manage_servers: g.manage_servers,
+            read_servers: g.read_servers,
+            manage_users: g.manage_users,
+            read_users: g.read_users,
+            manage_streams: g.manage_streams,
+            read_streams: g.read_streams,
+            manage_topics: g.manage_topics,
+            read_topics: g.read_topics,
+            poll_messages: g.poll_messages,
+            send_messages: g.send_messages,
+        },
+        streams: p.streams.map(|streams| {
+            streams
+                .into_iter()
+                .map(|(id, s)| {
+                    let topics = s.topics.map(|topics| {
+                        topics
+                            .into_iter()
+                            .map(|(id, t)| {
+                                (
+                                    id,
+                                    n::TopicPermissions {
+                                        manage_topic: t.manage_topic,
+                                        read_topic: t.read_topic,
+                                        poll_messages: t.poll_messages,
+                                        send_messages: t.send_messages,
+                                    },
+                                )
+                            })
+                            .collect()
+                    });
+                    (
+                        id,
+                        n::StreamPermissions {
+                            manage_stream: s.manage_stream,
+                            read_stream: s.read_stream,
+                            manage_topics: s.manage_topics,
+                            read_topics: s.read_topics,
+                            poll_messages: s.poll_messages,
+                            send_messages: s.send_messages,
+                            topics,
+                        },
+                    )
+                })
+                .collect()
+        }),
+    }
+}
+
+fn permissions_back(p: n::Permissions) -> Permissions {
+    let g = p.global;
+    Permissions {
+        global: GlobalPermissions {
+            manage_servers: g.manage_servers,
+            read_servers: g.read_servers,
+            manage_users: g.manage_users,
+            read_users: g.read_users,
+            manage_streams: g.manage_streams,
+            read_streams: g.read_streams,
+            manage_topics: g.manage_topics,
+            read_topics: g.read_topics,
+            poll_messages: g.poll_messages,
+            send_messages: g.send_messages,
+        },
+        streams: p.streams.map(|streams| {
+            streams
+                .into_iter()
+                .map(|(id, s)| {
+                    let topics = s.topics.map(|topics| {
+                        topics
+                            .into_iter()
+                            .map(|(id, t)| {
+                                (
+                                    id,
+                                    TopicPermissions {
+                                        manage_topic: t.manage_topic,
+                                        read_topic: t.read_topic,
+                                        poll_messages: t.poll_messages,
+                                        send_messages: t.send_messages,
+                                    },
+                                )
+                            })
+                            .collect()
+                    });
+                    (
+                        id,
+                        StreamPermissions {
+                            manage_stream: s.manage_stream,
+                            read_stream: s.read_stream,
+                            manage_topics: s.manage_topics,
+                            read_topics: s.read_topics,
+                            poll_messages: s.poll_messages,
+                            send_messages: s.send_messages,
+                            topics,
+                        },
+                    )
+                })
+                .collect()
+        }),
+    }
+}
+
+fn user_back(u: n::UserInfoDetails) -> Result<UserInfoDetails, IggyError> {
+    Ok(UserInfoDetails {
+        id: u.id,
+        created_at: timestamp(u.created_at),
+        status: status_back(u.status)?,
+        username: u.username,
+        permissions: u.permissions.map(permissions_back),
+    })
+}
+
+fn client_info_back(c: n::ClientInfo) -> ClientInfo {
+    ClientInfo {
+        client_id: c.client_id,
+        user_id: c.user_id,
+        address: c.address,
+        transport: c.transport,
+        consumer_groups_count: c.consumer_groups_count,
+    }
+}
+
+fn partition_back(p: n::Partition) -> Partition {
+    Partition {
+        id: p.id,
+        created_at: timestamp(p.created_at),
+        segments_count: p.segments_count,
+        current_offset: p.current_offset,
+        size: size(p.size),
+        messages_count: p.messages_count,
+    }
+}
+
+/// A 0.9 topic as the 0.8 vocabulary has it; 0.9 topics have no replication factor of their
+/// own (replication is the cluster's), so it reads as 1.
+fn topic_back(t: n::Topic) -> Result<Topic, IggyError> {
+    Ok(Topic {
+        id: t.id,
+        created_at: timestamp(t.created_at),
+        name: t.name,
+        size: size(t.size),
+        message_expiry: expiry_back(t.message_expiry),
+        compression_algorithm: compression_back(t.compression_algorithm)?,
+        max_topic_size: max_size_back(t.max_topic_size),
+        replication_factor: 1,
+        messages_count: t.messages_count,
+        partitions_count: t.partitions_count,
+    })
+}
+
+fn topic_details_back(t: n::TopicDetails) -> Result<TopicDetails, IggyError> {
+    Ok(TopicDetails {
+        id: t.id,
+        created_at: timestamp(t.created_at),
+        name: t.name,
+        size: size(t.size),
+        message_expiry: expiry_back(t.message_expiry),
+        compression_algorithm: compression_back(t.compression_algorithm)?,
+        max_topic_size: max_size_back(t.max_topic_size),
+        replication_factor: 1,
+        messages_count: t.messages_count,
+        partitions_count: t.partitions_count,
+        partitions: t.partitions.into_iter().map(partition_back).collect(),
+    })
+}
+
+fn stream_details_back(s: n::StreamDetails) -> Result<StreamDetails, IggyError> {
+    Ok(StreamDetails {
+        id: s.id,
+        created_at: timestamp(s.created_at),
+        name: s.name,
+        size: size(s.size),
+        messages_count: s.messages_count,
+        topics_count: s.topics_count,
+        topics: s
+            .topics
+            .into_iter()
+            .map(topic_back)
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+fn group_details_back(g: n::ConsumerGroupDetails) -> ConsumerGroupDetails {
+    ConsumerGroupDetails {
+        id: g.id,
+        name: g.name,
+        partitions_count: g.partitions_count,
+        members_count: g.members_count,
+        members: g
+            .members
+            .into_iter()
+            .map(|m| ConsumerGroupMember {
+                id: m.id,
+                partitions_count: m.partitions_count,
+                partitions: m.partitions,
+            })
+            .collect(),
+    }
+}
+
+/// A message to send, as SDK 0.11 takes it: the same id, origin timestamp, payload and user
+/// headers (`Bytes`: shared, not copied).
+fn message(m: &IggyMessage) -> n::IggyMessage {
+    let h = &m.header;
+    n::IggyMessage {
+        header: n::IggyMessageHeader {
+            checksum: h.checksum,
+            id: h.id,
+            offset: h.offset,
+            timestamp: h.timestamp,
+            origin_timestamp: h.origin_timestamp,
+            user_headers_length: h.user_headers_length,
+            payload_length: h.payload_length,
+            reserved: h.reserved,
+        },
+        payload: m.payload.clone(),
+        user_headers: m.user_headers.clone(),
+    }
+}
+
+/// A polled message as the pipeline handles messages (no copy of payload or headers).
+fn message_back(m: n::IggyMessage) -> IggyMessage {
+    let h = m.header;
+    IggyMessage {
+        header: IggyMessageHeader {
+            checksum: h.checksum,
+            id: h.id,
+            offset: h.offset,
+            timestamp: h.timestamp,
+            origin_timestamp: h.origin_timestamp,
+            user_headers_length: h.user_headers_length,
+            payload_length: h.payload_length,
+            reserved: h.reserved,
+        },
+        payload: m.payload,
+        user_headers: m.user_headers,
+    }
+}
+
+/// Where `messages` must be cut so that each part's origin timestamps span at most
+/// [`MAX_ORIGIN_SPAN_MICROS`]: the lengths of consecutive parts, in order.
+pub(crate) fn origin_span_parts(origin_timestamps: &[u64]) -> Vec<usize> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    while start < origin_timestamps.len() {
+        let (mut low, mut high) = (origin_timestamps[start], origin_timestamps[start]);
+        let mut end = start + 1;
+        while end < origin_timestamps.len() {
+            let t = origin_timestamps[end];
+            let (l, h) = (low.min(t), high.max(t));
+            if h - l > MAX_ORIGIN_SPAN_MICROS {
+                break;
+            }
+            (low, high) = (l, h);
+            end += 1;
+        }
+        parts.push(end - start);
+        start = end;
+    }
+    parts
+}
+
+pub(super) async fn connect(c: &C) -> Result<(), IggyError> {
+    map(c.connect().await)
+}
+
+pub(super) async fn shutdown(c: &C) -> Result<(), IggyError> {
+    map(c.shutdown().await)
+}
+
+pub(super) async fn ping(c: &C) -> Result<(), IggyError> {
+    map(c.ping().await)
+}
+
+pub(super) async fn get_me(c: &C) -> Result<ClientInfoDetails, IggyError> {
+    let me = map(c.get_me().await)?;
+    Ok(ClientInfoDetails {
+        client_id: me.client_id,
+        user_id: me.user_id,
+        address: me.address,
+        transport: me.transport,
+        consumer_groups_count: me.consumer_groups_count,
+        consumer_groups: me
+            .consumer_groups
+            .into_iter()
+            .map(|g| ConsumerGroupInfo {
+                stream_id: g.stream_id,
+                topic_id: g.topic_id,
+                group_id: g.group_id,
+            })
+            .collect(),
+    })
+}
+
+pub(super) async fn get_clients(c: &C) -> Result<Vec<ClientInfo>, IggyError> {
+    Ok(map(c.get_clients().await)?
+        .into_iter()
+        .map(client_info_back)
+        .collect())
+}
+
+pub(super) async fn get_user(
+    c: &C,
+    user: &Identifier,
+) -> Result<Option<UserInfoDetails>, IggyError> {
+    map(c.get_user(&ident(user)?).await)?
+        .map(user_back)
+        .transpose()
+}
+
+pub(super) async fn create_user(
+    c: &C,
+    username: &str,
+    password: &str,
+    user_status: UserStatus,
+    user_permissions: Option<Permissions>,
+) -> Result<UserInfoDetails, IggyError> {
+    let created = map(c
+        .create_user(
+            username,
+            password,
+            status(user_status)?,
+            user_permissions.map(permissions),
+        )
+        .await)?;
+    user_back(created)
+}
+
+pub(super) async fn update_user(
+    c: &C,
+    user: &Identifier,
+    username: Option<&str>,
+    user_status: Option<UserStatus>,
+) -> Result<(), IggyError> {
+    let user_status = user_status.map(status).transpose()?;
+    map(c
+        .update_user(
+            &ident(user)?,
+            username,
+            user_status,
+            &n::UserUpdateOptions::default(),
+        )
+        .await)
+}
+
+pub(super) async fn update_permissions(
+    c: &C,
+    user: &Identifier,
+    user_permissions: Option<Permissions>,
+) -> Result<(), IggyError> {
+    map(c
+        .update_permissions(&ident(user)?, user_permissions.map(permissions))
+        .await)
+}
+
+pub(super) async fn delete_user(c: &C, user: &Identifier) -> Result<(), IggyError> {
+    map(c.delete_user(&ident(user)?).await)
+}
+
+pub(super) async fn get_streams(c: &C) -> Result<Vec<Stream>, IggyError> {
+    Ok(map(c.get_streams().await)?
+        .into_iter()
+        .map(|s| Stream {
+            id: s.id,
+            created_at: timestamp(s.created_at),
+            name: s.name,
+            size: size(s.size),
+            messages_count: s.messages_count,
+            topics_count: s.topics_count,
+        })
+        .collect())
+}
+
+pub(super) async fn get_stream(
+    c: &C,
+    stream: &Identifier,
+) -> Result<Option<StreamDetails>, IggyError> {
+    map(c.get_stream(&ident(stream)?).await)?
+        .map(stream_details_back)
+        .transpose()
+}
+
+pub(super) async fn create_stream(c: &C, name: &str) -> Result<StreamDetails, IggyError> {
+    stream_details_back(map(c.create_stream(name).await)?)
+}
+
+pub(super) async fn get_topic(
+    c: &C,
+    stream: &Identifier,
+    topic: &Identifier,
+) -> Result<Option<TopicDetails>, IggyError> {
+    map(c.get_topic(&ident(stream)?, &ident(topic)?).await)?
+        .map(topic_details_back)
+        .transpose()
+}
+
+/// Creates a topic with the settings 0.8 had as fixed fields (compression, expiry, size
+/// limit) as its explicit options; everything else, durability included, is left to the target
+/// server's defaults. The SDK's own `create_topic` always states both durability policies,
+/// which would pin them on every mirrored topic (and which servers built before the stable SDK
+/// refuse as unknown keys), so the request is built here with only the keys that are set.
+pub(super) async fn create_topic(
+    c: &C,
+    stream: &Identifier,
+    name: &str,
+    partitions: u32,
+    compression: CompressionAlgorithm,
+    expiry: IggyExpiry,
+    max_size: MaxTopicSize,
+) -> Result<TopicDetails, IggyError> {
+    use iggy09_binary_protocol::{WireDecode as _, WireEncode as _};
+    use n::locking::IggyRwLockFn as _;
+    use n::BinaryTransport as _;
+    let options = n::TopicCreateOptions {
+        partitions_count: Some(partitions),
+        compression_algorithm: Some(map(n::CompressionAlgorithm::from_code(
+            compression.as_code(),
+        ))?),
+        message_expiry: (expiry != IggyExpiry::ServerDefault)
+            .then(|| n::IggyExpiry::from(u64::from(expiry))),
+        max_topic_size: (max_size != MaxTopicSize::ServerDefault)
+            .then(|| n::MaxTopicSize::from(u64::from(max_size))),
+        ..n::TopicCreateOptions::default()
+    };
+    let request = iggy09_binary_protocol::requests::topics::CreateTopicRequest {
+        stream_id: map(n::wire_conversions::identifier_to_wire(&ident(stream)?))?,
+        partitions_count: partitions,
+        name: iggy09_binary_protocol::WireName::new(name)
+            .map_err(|_| IggyError::InvalidTopicName)?,
+        options: map(options.to_explicit_wire(|_| false))?,
+    };
+    let wrapper = c.client();
+    let transport = wrapper.read().await;
+    let iggy09::prelude::ClientWrapper::Tcp(tcp) = &*transport else {
+        return Err(IggyError::InvalidConfiguration);
+    };
+    let answer = map(tcp
+        .send_raw_with_response(
+            iggy09_binary_protocol::codes::CREATE_TOPIC_CODE,
+            request.to_bytes(),
+        )
+        .await)?;
+    let created = iggy09_binary_protocol::responses::topics::GetTopicResponse::decode_from(&answer)
+        .map_err(|_| IggyError::InvalidFormat)?;
+    topic_details_back(map(n::TopicDetails::try_from(created))?)
+}
+
+pub(super) async fn create_partitions(
+    c: &C,
+    stream: &Identifier,
+    topic: &Identifier,
+    count: u32,
+) -> Result<(), IggyError> {
+    map(c
+        .create_partitions(&ident(stream)?, &ident(topic)?, count)
+        .await)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn poll_messages(
+    c: &C,
+    stream: &Identifier,
+    topic: &Identifier,
+    partition: Option<u32>,
+    polling_consumer: &Consumer,
+    polling_strategy: &PollingStrategy,
+    count: u32,
+    auto_commit: bool,
+) -> Result<PolledMessages, IggyError> {
+    let polled = map(c
+        .poll_messages(
+            &ident(stream)?,
+            &ident(topic)?,
+            partition,
+            &consumer(polling_consumer)?,
+            &strategy(polling_strategy)?,
+            count,
+            auto_commit,
+        )
+        .await)?;
+    Ok(PolledMessages {
+        partition_id: polled.partition_id,
+        current_offset: polled.current_offset,
+        count: polled.count,
+        messages: polled.messages.into_iter().map(message_back).collect(),
+    })
+}
+
+pub(super) async fn send_messages(
+    c: &C,
+    stream: &Identifier,
+    topic: &Identifier,
+    to: &Partitioning,
+    messages: &mut [IggyMessage],
+) -> Result<(), IggyError> {
+    let (stream, topic, to) = (ident(stream)?, ident(topic)?, partitioning(to)?);
+    let origins: Vec<u64> = messages.iter().map(|m| m.header.origin_timestamp).collect();
+    let mut at = 0;
+    for len in origin_span_parts(&origins) {
+        let mut part: Vec<n::IggyMessage> = messages[at..at + len].iter().map(message).collect();
+        map(c.send_messages(&stream, &topic, &to, &mut part).await)?;
+        at += len;
+    }
+    Ok(())
+}
+
+pub(super) async fn get_consumer_groups(
+    c: &C,
+    stream: &Identifier,
+    topic: &Identifier,
+) -> Result<Vec<ConsumerGroup>, IggyError> {
+    Ok(
+        map(c.get_consumer_groups(&ident(stream)?, &ident(topic)?).await)?
+            .into_iter()
+            .map(|g| ConsumerGroup {
+                id: g.id,
+                name: g.name,
+                partitions_count: g.partitions_count,
+                members_count: g.members_count,
+            })
+            .collect(),
+    )
+}
+
+pub(super) async fn get_consumer_group(
+    c: &C,
+    stream: &Identifier,
+    topic: &Identifier,
+    group: &Identifier,
+) -> Result<Option<ConsumerGroupDetails>, IggyError> {
+    Ok(map(c
+        .get_consumer_group(&ident(stream)?, &ident(topic)?, &ident(group)?)
+        .await)?
+    .map(group_details_back))
+}
+
+pub(super) async fn create_consumer_group(
+    c: &C,
+    stream: &Identifier,
+    topic: &Identifier,
+    name: &str,
+) -> Result<ConsumerGroupDetails, IggyError> {
+    Ok(group_details_back(map(c
+        .create_consumer_group(&ident(stream)?, &ident(topic)?, name)
+        .await)?))
+}
+
+pub(super) async fn join_consumer_group(
+    c: &C,
+    stream: &Identifier,
+    topic: &Identifier,
+    group: &Identifier,
+) -> Result<(), IggyError> {
+    map(c
+        .join_consumer_group(&ident(stream)?, &ident(topic)?, &ident(group)?)
+        .await)
+}
+
+pub(super) async fn leave_consumer_group(
+    c: &C,
+    stream: &Identifier,
+    topic: &Identifier,
+    group: &Identifier,
+) -> Result<(), IggyError> {
+    map(c
+        .leave_consumer_group(&ident(stream)?, &ident(topic)?, &ident(group)?)
+        .await)
+}
+
+pub(super) async fn get_consumer_offset(
+    c: &C,
+    offset_consumer: &Consumer,
+    stream: &Identifier,
+    topic: &Identifier,
+    partition: Option<u32>,
+) -> Result<Option<ConsumerOffsetInfo>, IggyError> {
+    Ok(map(c
+        .get_consumer_offset(
+            &consumer(offset_consumer)?,
+            &ident(stream)?,
+            &ident(topic)?,
+            partition,
+        )
+        .await)?
+    .map(|o| ConsumerOffsetInfo {
+        partition_id: o.partition_id,
+        current_offset: o.current_offset,
+        stored_offset: o.stored_offset,
+    }))
+}
+
+pub(super) async fn store_consumer_offset(
+    c: &C,
+    offset_consumer: &Consumer,
+    stream: &Identifier,
+    topic: &Identifier,
+    partition: Option<u32>,
+    offset: u64,
+) -> Result<(), IggyError> {
+    map(c
+        .store_consumer_offset(
+            &consumer(offset_consumer)?,
+            &ident(stream)?,
+            &ident(topic)?,
+            partition,
+            offset,
+        )
+        .await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use assert2::check;
+
+    #[test]
+    fn a_batch_is_cut_only_where_origin_timestamps_span_too_far() {
+        check!(origin_span_parts(&[]).is_empty());
+        check!(origin_span_parts(&[5, 1, 9]) == vec![3]);
+        let far = MAX_ORIGIN_SPAN_MICROS;
+        // Exactly the largest span still fits; one µs more starts a new part.
+        check!(origin_span_parts(&[0, far]) == vec![2]);
+        check!(origin_span_parts(&[0, far + 1]) == vec![1, 1]);
+        // Out of order: the span is judged over the part, not from its first message.
+        check!(origin_span_parts(&[10, 0, far + 5, far + 11]) == vec![2, 2]);
+    }
+
+    #[test]
+    fn errors_map_by_code_and_unknown_outcomes_drop_the_connection() {
+        check!(error(&n::IggyError::Unauthorized).as_code() == IggyError::Unauthorized.as_code());
+        check!(error(&n::IggyError::TransientNotCommitted) == IggyError::Disconnected);
+        check!(error(&n::IggyError::TransientNotAccepted) == IggyError::Disconnected);
+        check!(
+            error(&n::IggyError::TopicIdNotFound(
+                n::Identifier::numeric(1).unwrap(),
+                n::Identifier::numeric(2).unwrap()
+            ))
+            .as_code()
+                == 2010
+        );
+    }
+
+    #[test]
+    fn messages_cross_generations_with_every_field_and_shared_bytes() {
+        let payload = bytes::Bytes::from_static(b"payload");
+        let mut m = IggyMessage::builder()
+            .id(42)
+            .payload(payload.clone())
+            .build()
+            .unwrap();
+        m.header.origin_timestamp = 1234;
+        m.user_headers = Some(bytes::Bytes::from_static(b"raw-headers"));
+        let there = message(&m);
+        check!(there.header.id == 42);
+        check!(there.header.origin_timestamp == 1234);
+        check!(
+            there.payload.as_ptr() == payload.as_ptr(),
+            "the payload is shared, not copied"
+        );
+        let back = message_back(there);
+        check!(back.header.id == 42);
+        check!(back.payload == payload);
+        check!(back.user_headers == m.user_headers);
+    }
+}
