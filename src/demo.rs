@@ -14,7 +14,7 @@ use replicator_harness::{
     store_group_offsets, stream_messages, FlowConfig, MessageShape, NodeConfig, PacedProducer,
     ProducerParams, Topic,
 };
-use replicator_model::{NodeId, WorkUnit};
+use replicator_model::{IggyVersion, NodeId, WorkUnit};
 use replicator_pipeline::verify::{verify, VerifyParams};
 use replicator_testkit::{TestServer, TestServerConfig};
 
@@ -46,6 +46,11 @@ pub(crate) struct DemoArgs {
     /// Do not kill a node halfway.
     #[arg(long)]
     pub(crate) no_failover: bool,
+    /// The migration from Iggy 0.8 to 0.9: the source speaks Iggy 0.8 and the target Iggy 0.9
+    /// (both in-process), and the demo ends with the steps of a real migration (README,
+    /// "Migrating from Iggy 0.8 to 0.9").
+    #[arg(long, conflicts_with_all = ["source_url", "target_url"])]
+    pub(crate) migrate: bool,
 }
 
 /// Topics of the demo stream and their partition counts.
@@ -119,16 +124,31 @@ impl Demo {
             }
         };
 
-        let source = self.server_url(args.source_url.as_deref()).await?;
-        let target = self.server_url(args.target_url.as_deref()).await?;
+        let target_version = if args.migrate {
+            IggyVersion::V0_9
+        } else {
+            IggyVersion::V0_8
+        };
+        let (source, _) = self
+            .server_url(args.source_url.as_deref(), IggyVersion::V0_8)
+            .await?;
+        // The replicator talks to the target in its own generation; the demo's progress
+        // readout and its application consumer use the 0.8 SDK, through the in-process
+        // server's 0.8 port when the target speaks 0.9.
+        let (target, target_observed) = self
+            .server_url(args.target_url.as_deref(), target_version)
+            .await?;
         let external = args.source_url.is_some() || args.target_url.is_some();
         let stream = if external {
             format!("replicator-demo-{}", std::process::id())
         } else {
             "demo".to_owned()
         };
-        println!("source cluster \"us\": {}", redact(&source));
-        println!("target cluster \"eu\": {}", redact(&target));
+        println!("source cluster \"us\": {} (Iggy 0.8)", redact(&source));
+        println!(
+            "target cluster \"eu\": {} (Iggy {target_version})",
+            redact(&target)
+        );
 
         let source_client = connect(&source).await?;
         create_topics(&source_client, &stream).await?;
@@ -159,6 +179,7 @@ impl Demo {
             target_url: &target,
             include: &format!("{stream}/*"),
             target_fencing: None,
+            target_iggy_version: args.migrate.then_some(target_version.as_str()),
             flow_extra: &format!(
                 "consumer_groups = [\"{DEMO_GROUP}\"]\nconsumer_group_sync_interval = \"1s\""
             ),
@@ -201,7 +222,7 @@ impl Demo {
         self.producer = Some(start_producer(&source, &stream, args));
 
         // Progress until everything is copied.
-        let target_client = connect(&target).await?;
+        let target_client = connect(&target_observed).await?;
         let downstream_stream = stream.clone();
         let progress = Progress::new(args.messages);
         let mut failover: Option<Failover> = None;
@@ -288,11 +309,12 @@ impl Demo {
             );
         }
 
-        self.cutover(&source, &target, &stream).await?;
+        self.cutover(&source, &target_observed, &stream).await?;
 
-        // Verify.
+        // Verify, in each cluster's own generation.
         let flow = pipeline_params(&configs[0]).flows.remove(0);
         let mut params = VerifyParams::new(flow.clone(), source.clone(), target.clone());
+        params.target_version = target_version;
         params.wait = Duration::from_secs(10);
         let report = verify(&params).await.map_err(|e| {
             Failure::runtime(format!("verification failed: {e}"), "check both servers")
@@ -303,13 +325,15 @@ impl Demo {
                 "result: exact copy — every message once, in order, ids, payloads, headers and timestamps preserved ({:.1} s in all)",
                 started.elapsed().as_secs_f64()
             );
+            if args.migrate {
+                print_migration_steps();
+            }
             Ok(())
         } else {
             Err(Failure::not_exact("the downstream copy is not exact"))
         }
     }
 
-    /// An in-process server's URL, or the given external one.
     /// The disaster-recovery cutover, once everything is copied and the producer stopped: the
     /// application's consumer group has processed part of every partition upstream; promote
     /// the flow (wait for the copy, pause, sync the groups a last time) and show the group
@@ -388,21 +412,33 @@ impl Demo {
         continued
     }
 
-    async fn server_url(&mut self, external: Option<&str>) -> Result<String, Failure> {
+    /// The given external server's URL, or an in-process server of `version`: the URL in its
+    /// own generation, and the one the demo's own 0.8 clients use.
+    async fn server_url(
+        &mut self,
+        external: Option<&str>,
+        version: IggyVersion,
+    ) -> Result<(String, String), Failure> {
         if let Some(url) = external {
-            return Ok(url.to_owned());
+            return Ok((url.to_owned(), url.to_owned()));
         }
-        let server = TestServer::start(TestServerConfig::default())
-            .await
-            .map_err(|e| {
-                Failure::runtime(
-                    format!("cannot start an in-process Iggy server: {e}"),
-                    "is loopback available?",
-                )
-            })?;
-        let url = server.connection_string();
+        let server = TestServer::start(TestServerConfig {
+            iggy_version: version,
+            ..TestServerConfig::default()
+        })
+        .await
+        .map_err(|e| {
+            Failure::runtime(
+                format!("cannot start an in-process Iggy server: {e}"),
+                "is loopback available?",
+            )
+        })?;
+        let urls = (
+            server.connection_string(),
+            server.connection_string_in(IggyVersion::V0_8),
+        );
         self.servers.push(server);
-        Ok(url)
+        Ok(urls)
     }
 
     async fn wait_for_assignment(&self, units: usize) -> Result<(), Failure> {
@@ -670,4 +706,19 @@ fn io_failure(e: std::io::Error) -> Failure {
         format!("cannot bind a loopback port: {e}"),
         "is loopback available?",
     )
+}
+
+/// What `demo --migrate` showed, as the steps of a real migration from Iggy 0.8 to 0.9.
+fn print_migration_steps() {
+    println!(
+        "\nthat was a migration from Iggy 0.8 (\"us\") to Iggy 0.9 (\"eu\"). With real clusters \
+         (README, \"Migrating from Iggy 0.8 to 0.9\"):\n\
+         1. start the new 0.9 cluster; give the replicator a user there that manages streams, topics and users\n\
+         2. configure: [clusters.old] iggy_version = \"0.8\", [clusters.new] iggy_version = \"0.9\",\n   \
+            [[flows]] source = \"old\", target = \"new\", consumer_groups = [\"*\"]\n\
+         3. iggy-replicator run --config replicator.toml on each member; `status --api <member>` shows the lag\n\
+         4. iggy-replicator verify --config replicator.toml, any time: a message-by-message comparison\n\
+         5. stop the producers on 0.8, then REPLICATOR_TOKEN=... iggy-replicator flow promote <flow> --api <member>\n\
+         6. point the consumers at 0.9 (each group continues with its next message), then the producers"
+    );
 }

@@ -46,6 +46,7 @@ pub(crate) fn replication_toml(
         target_url: &servers.downstream.connection_string(),
         include: &format!("{}/*", servers.topic.stream),
         target_fencing: fencing,
+        target_iggy_version: None,
         flow_extra,
     }
     .toml()

@@ -104,6 +104,8 @@ pub struct FlowConfig<'a> {
     pub include: &'a str,
     /// The target cluster's `fencing` (`"users"` or `"off"`); `None` keeps the product default.
     pub target_fencing: Option<&'a str>,
+    /// The target cluster's `iggy_version` (`"0.8"` or `"0.9"`); `None` keeps the default.
+    pub target_iggy_version: Option<&'a str>,
     /// More lines of the `[[flows]]` table, e.g. `consumer_groups = ["billing"]`; may be empty.
     pub flow_extra: &'a str,
 }
@@ -118,7 +120,7 @@ url = "{source_url}"
 
 [clusters.{target_alias}]
 url = "{target_url}"
-{fencing}
+{fencing}{iggy_version}
 [[flows]]
 name = "{name}"
 source = "{source_alias}"
@@ -137,6 +139,10 @@ discovery_interval = "1s"
             fencing = self
                 .target_fencing
                 .map(|f| format!("fencing = \"{f}\"\n"))
+                .unwrap_or_default(),
+            iggy_version = self
+                .target_iggy_version
+                .map(|v| format!("iggy_version = \"{v}\"\n"))
                 .unwrap_or_default(),
             include = self.include,
             flow_extra = if self.flow_extra.is_empty() {
