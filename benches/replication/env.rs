@@ -12,6 +12,7 @@ use replicator_harness::{
 };
 
 use crate::settings::Settings;
+use replicator_model::IggyVersion;
 
 /// Size of every benchmark message's payload.
 pub(crate) const PAYLOAD_BYTES: usize = 256;
@@ -22,10 +23,17 @@ pub(crate) const FILL_BATCH: u64 = 1000;
 pub(crate) struct Endpoints {
     /// The `iggy-replicator` executable (nodes, `verify`, dev servers).
     pub(crate) binary: ReplicatorBinary,
-    /// Connection string of the source cluster.
+    /// Connection string of the source cluster for the benchmark's own SDK 0.10 tooling
+    /// (filling, watching, the raw loop): a dev server's 0.8 port when it speaks 0.9.
     pub(crate) upstream_url: String,
-    /// Connection string of the target cluster.
+    /// The same for the target cluster.
     pub(crate) downstream_url: String,
+    /// The generations of the source and the target (`BENCH_IGGY_VERSIONS=<up>-<down>`,
+    /// default `0.8-0.8`), and their connection strings in those generations: what the
+    /// replicator nodes use.
+    pub(crate) versions: (IggyVersion, IggyVersion),
+    /// The replicator's connection strings of the source and the target.
+    node_urls: (String, String),
     /// The dev-server processes started here (none for external servers).
     servers: Vec<DevServer>,
 }
@@ -35,27 +43,40 @@ impl Endpoints {
     /// otherwise two dev-server processes on loopback ports the OS picked.
     pub(crate) async fn from_env() -> TestResult<Self> {
         let binary = ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?;
+        let versions = versions_from_env()?;
         match (
             std::env::var("BENCH_SOURCE_URL"),
             std::env::var("BENCH_TARGET_URL"),
         ) {
             (Ok(upstream_url), Ok(downstream_url)) => {
+                if versions != (IggyVersion::V0_8, IggyVersion::V0_8) {
+                    return Err(
+                        "BENCH_IGGY_VERSIONS with external servers: the benchmarks fill \
+                                and watch topics with SDK 0.10, so external servers must be Iggy \
+                                0.8; run 0.9 pairs against the dev servers"
+                            .into(),
+                    );
+                }
                 for url in [&upstream_url, &downstream_url] {
                     connect(url).await?.shutdown().await?;
                 }
                 Ok(Self {
                     binary,
+                    node_urls: (upstream_url.clone(), downstream_url.clone()),
                     upstream_url,
                     downstream_url,
+                    versions,
                     servers: Vec::new(),
                 })
             }
             (Err(_), Err(_)) => {
-                let upstream = DevServer::start(&binary).await?;
-                let downstream = DevServer::start(&binary).await?;
+                let upstream = DevServer::start_in(&binary, versions.0).await?;
+                let downstream = DevServer::start_in(&binary, versions.1).await?;
                 Ok(Self {
-                    upstream_url: upstream.url().to_owned(),
-                    downstream_url: downstream.url().to_owned(),
+                    upstream_url: upstream.url_08().to_owned(),
+                    downstream_url: downstream.url_08().to_owned(),
+                    node_urls: (upstream.url().to_owned(), downstream.url().to_owned()),
+                    versions,
                     servers: vec![upstream, downstream],
                     binary,
                 })
@@ -83,9 +104,26 @@ impl Endpoints {
                 address(&self.downstream_url)
             )
         } else {
-            "two `iggy-replicator dev-server` processes (the Iggy-compatible in-memory server) on loopback".to_owned()
+            format!(
+                "two `iggy-replicator dev-server` processes (the Iggy-compatible in-memory \
+                 server) on loopback, Iggy {} -> Iggy {}",
+                self.versions.0, self.versions.1
+            )
         }
     }
+}
+
+/// `BENCH_IGGY_VERSIONS=<source>-<target>` (e.g. `0.8-0.9`); default `0.8-0.8`.
+fn versions_from_env() -> TestResult<(IggyVersion, IggyVersion)> {
+    let Ok(spec) = std::env::var("BENCH_IGGY_VERSIONS") else {
+        return Ok((IggyVersion::V0_8, IggyVersion::V0_8));
+    };
+    let parsed = spec
+        .split_once('-')
+        .and_then(|(up, down)| Some((up.parse().ok()?, down.parse().ok()?)));
+    parsed.ok_or_else(|| {
+        format!("BENCH_IGGY_VERSIONS={spec:?}: expected <source>-<target>, e.g. 0.8-0.9").into()
+    })
 }
 
 /// The host:port part of a connection string (credentials are never printed).
@@ -220,10 +258,12 @@ pub(crate) fn replication_spec(
         replication_toml: format!(
             r#"[clusters.{source_alias}]
 url = "{up}"
+iggy_version = "{up_version}"
 connections = {connections}
 
 [clusters.dst]
 url = "{down}"
+iggy_version = "{down_version}"
 connections = {connections}
 fencing = "{fencing}"
 
@@ -235,8 +275,10 @@ include = ["{include}"]
 naming = "{naming}"
 provenance = {provenance}
 "#,
-            up = endpoints.upstream_url,
-            down = endpoints.downstream_url,
+            up = endpoints.node_urls.0,
+            down = endpoints.node_urls.1,
+            up_version = endpoints.versions.0,
+            down_version = endpoints.versions.1,
         ),
         units,
         log_level: "warn",

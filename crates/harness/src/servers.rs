@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use iggy::prelude::Client;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use replicator_testkit::{TestServer, TestServerConfig};
+use replicator_testkit::{IggyVersion, TestServer, TestServerConfig};
 
 use crate::{
     connect, ensure_topic, partition_messages, tick, Deadline, Error, ReplicatorBinary, Result,
@@ -117,6 +117,8 @@ pub struct DevServer {
     child: Child,
     /// Its connection string, as it printed it.
     url: String,
+    /// Its connection string for SDK 0.10 clients (the same for a 0.8 server).
+    url_08: String,
     /// Reads (and discards) the rest of its stdout, so that it never blocks on a full pipe;
     /// ends when the process does.
     drain: Option<std::thread::JoinHandle<()>>,
@@ -128,9 +130,16 @@ impl DevServer {
 
     /// Starts `iggy-replicator dev-server --port 0` and waits until it accepts a login.
     pub async fn start(binary: &ReplicatorBinary) -> Result<Self> {
+        Self::start_in(binary, IggyVersion::V0_8).await
+    }
+
+    /// [`DevServer::start`] for a server speaking `version`; [`DevServer::url`] is then the
+    /// URL in that generation and [`DevServer::url_08`] the one SDK 0.10 tooling uses.
+    pub async fn start_in(binary: &ReplicatorBinary, version: IggyVersion) -> Result<Self> {
         let child = binary
             .process()
             .args(["--log-level", "warn", "dev-server", "--port", "0"])
+            .args(["--iggy-version", version.as_str()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -139,6 +148,7 @@ impl DevServer {
         let mut server = Self {
             child,
             url: String::new(),
+            url_08: String::new(),
             drain: None,
         };
         let stdout = server
@@ -149,24 +159,37 @@ impl DevServer {
         let read = tokio::task::spawn_blocking(move || {
             let mut reader = BufReader::new(stdout);
             let mut line = String::new();
+            let mut own = None;
             while reader.read_line(&mut line).ok().is_some_and(|n| n > 0) {
                 if let Some(url) = line.trim().strip_prefix("connection string: ") {
-                    return Some((url.to_owned(), reader));
+                    if version == IggyVersion::V0_8 {
+                        return Some(((url.to_owned(), url.to_owned()), reader));
+                    }
+                    own = Some(url.to_owned());
+                } else if let Some(url) = line.trim().strip_prefix("0.8 connection string: ") {
+                    return Some(((own?, url.to_owned()), reader));
                 }
                 line.clear();
             }
             None
         });
-        let (url, mut reader) = tokio::time::timeout(Self::START_WITHIN, read)
+        let ((url, url_08), mut reader) = tokio::time::timeout(Self::START_WITHIN, read)
             .await
             .map_err(|_| Error::timed_out("the dev server's address", "nothing printed"))??
             .ok_or_else(|| Error::Setup("the dev server exited before it listened".to_owned()))?;
         server.drain = Some(std::thread::spawn(move || {
             let _ = std::io::copy(&mut reader, &mut std::io::sink());
         }));
-        connect(&url).await?.shutdown().await?;
+        connect(&url_08).await?.shutdown().await?;
         server.url = url;
+        server.url_08 = url_08;
         Ok(server)
+    }
+
+    /// Where SDK 0.10 tooling reaches the same data (the URL itself for a 0.8 server).
+    #[must_use]
+    pub fn url_08(&self) -> &str {
+        &self.url_08
     }
 
     /// Its connection string (`iggy://iggy:iggy@127.0.0.1:PORT`).
