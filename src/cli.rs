@@ -28,7 +28,7 @@ pub(crate) enum Command {
     /// See it work: two in-process Iggy servers, a three-node replicator cluster, a producer,
     /// a node killed halfway, and a final verification. Needs nothing installed.
     #[command(
-        after_help = "Examples:\n  iggy-replicator demo\n  iggy-replicator demo --messages 500000 --rate 50000\n  iggy-replicator demo --source-url iggy://iggy:iggy@127.0.0.1:8090 --target-url iggy://iggy:iggy@127.0.0.1:8091"
+        after_help = "Examples:\n  iggy-replicator demo\n  iggy-replicator demo --messages 500000 --rate 50000\n  iggy-replicator demo --source-url iggy://iggy:iggy@127.0.0.1:8090 --target-url iggy://iggy:iggy@127.0.0.1:8091\n  iggy-replicator demo --migrate   # an Iggy 0.8 source, an Iggy 0.9 target"
     )]
     #[cfg(feature = "dev-tools")]
     Demo(crate::demo::DemoArgs),
@@ -94,7 +94,9 @@ pub(crate) enum Command {
     )]
     Flow(crate::flow::FlowCommand),
     /// Run the Iggy-compatible test server (speaks the Iggy 0.8 TCP protocol) for local experiments.
-    #[command(after_help = "Example:\n  iggy-replicator dev-server --port 8090 --data-in-memory")]
+    #[command(
+        after_help = "Examples:\n  iggy-replicator dev-server --port 8090 --data-in-memory\n  iggy-replicator dev-server --port 8091 --iggy-version 0.9"
+    )]
     #[cfg(feature = "dev-tools")]
     DevServer(replicator_testkit::dev_server::DevServerArgs),
     /// Print every metric family `/metrics` exports, one `<family> <type>` per line (for the
