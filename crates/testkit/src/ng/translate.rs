@@ -73,18 +73,18 @@ pub(super) fn execute(
             let answer = run(shared, session, code, body)?;
             users_answer(&answer, out)
         }
+        // Decoded whole first (an unknown ack level is refused like the server's decode refuses
+        // it); then the 0.8 body is the 0.9 one without its trailing ack-level byte, which a
+        // server of one node has nothing to wait on for.
         command::STORE_CONSUMER_OFFSET => {
-            let request = decode::<StoreConsumerOffsetRequest>(body)?;
-            // The 0.8 body is the 0.9 one without its trailing ack-level byte.
-            let mut payload = body[..body.len() - 1].to_vec();
-            let _ = request.ack;
-            handle(shared, session, code, &mut payload, out)
+            decode::<StoreConsumerOffsetRequest>(body)?;
+            let without_ack = body.len() - 1;
+            handle(shared, session, code, &mut body[..without_ack], out)
         }
         command::DELETE_CONSUMER_OFFSET => {
-            let request = decode::<DeleteConsumerOffsetRequest>(body)?;
-            let mut payload = body[..body.len() - 1].to_vec();
-            let _ = request.ack;
-            handle(shared, session, code, &mut payload, out)
+            decode::<DeleteConsumerOffsetRequest>(body)?;
+            let without_ack = body.len() - 1;
+            handle(shared, session, code, &mut body[..without_ack], out)
         }
         command::SEND_MESSAGES | command::POLL_MESSAGES => {
             super::messages::execute(shared, session, code, body, out)
