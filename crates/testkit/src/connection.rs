@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 /// actually received, never with a claimed length.
 const MAX_RESERVE: usize = 16 * 1024 * 1024;
 /// Buffers above this capacity are released once idle, so one huge batch does not pin memory.
-const KEEP_CAPACITY: usize = 4 * 1024 * 1024;
+pub(crate) const KEEP_CAPACITY: usize = 4 * 1024 * 1024;
 
 /// Serves `stream` until the peer closes it, an I/O error occurs or `cancel` fires.
 pub(crate) async fn serve(
@@ -29,17 +29,12 @@ pub(crate) async fn serve(
     faults: Arc<FaultState>,
     cancel: CancellationToken,
 ) {
-    let client_id = shared.state.add_client(peer);
-    let mut session = Session {
-        client_id,
-        user_id: None,
-        port: stream.local_addr().map_or(0, |a| a.port()),
-    };
+    let mut session = Session::open(&shared, &stream, peer);
     let result = run(&mut stream, &mut session, &shared, &faults, &cancel).await;
     if let Err(e) = result {
         tracing::debug!(peer = %peer, error = %e, "connection closed with error");
     }
-    shared.state.remove_client(client_id);
+    shared.state.remove_client(session.client_id);
 }
 
 async fn run(

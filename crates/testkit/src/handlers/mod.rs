@@ -72,6 +72,22 @@ pub(crate) struct Session {
     pub(crate) port: u16,
 }
 
+impl Session {
+    /// The session of a new connection from `peer` on `stream`, registered as a client (the
+    /// connection removes it when it ends).
+    pub(crate) fn open(
+        shared: &Shared,
+        stream: &tokio::net::TcpStream,
+        peer: std::net::SocketAddr,
+    ) -> Self {
+        Self {
+            client_id: shared.state.add_client(peer),
+            user_id: None,
+            port: stream.local_addr().map_or(0, |a| a.port()),
+        }
+    }
+}
+
 /// Current time in µs since the Unix epoch.
 pub(crate) fn now_micros() -> u64 {
     SystemTime::now()

@@ -23,7 +23,12 @@ const SERVER_VERSION: &str = "0.9.0";
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// LOGIN_REGISTER and LOGIN_REGISTER_WITH_PAT.
-pub(super) fn register(shared: &Shared, session: &mut NgSession, body: &[u8]) -> Answer {
+pub(super) fn register(
+    shared: &Shared,
+    session: &mut NgSession,
+    body: &[u8],
+    out: &mut Vec<u8>,
+) -> Answer {
     let Ok((version, prefix)) = ClientVersionInfo::decode(body) else {
         return Answer::Evict(EvictionReason::MalformedLogin);
     };
@@ -39,7 +44,7 @@ pub(super) fn register(shared: &Shared, session: &mut NgSession, body: &[u8]) ->
         payload.put_name(request.password.expose_secret());
         payload.put_long_str("");
         payload.put_long_str("");
-        match log_in(shared, session, command::LOGIN_USER, &mut payload) {
+        match log_in(shared, session, command::LOGIN_USER, &mut payload, out) {
             Ok(answer) => return answer,
             Err(
                 status::INVALID_CREDENTIALS | status::INVALID_USERNAME | status::INVALID_PASSWORD,
@@ -58,6 +63,7 @@ pub(super) fn register(shared: &Shared, session: &mut NgSession, body: &[u8]) ->
             session,
             command::LOGIN_WITH_PERSONAL_ACCESS_TOKEN,
             &mut payload,
+            out,
         ) {
             Ok(answer) => answer,
             // Refused as credentials first: that refusal is the one the client hears.
@@ -73,13 +79,14 @@ pub(super) fn register(shared: &Shared, session: &mut NgSession, body: &[u8]) ->
     })
 }
 
-/// Runs the 0.8 login `code` and, when it succeeds, binds a new session: the answer is a result
-/// section and the register response.
+/// Runs the 0.8 login `code` and, when it succeeds, binds a new session: the answer (appended
+/// to `out`) is a result section and the register response.
 fn log_in(
     shared: &Shared,
     session: &mut NgSession,
     code: u32,
     payload: &mut [u8],
+    out: &mut Vec<u8>,
 ) -> Result<Answer, u32> {
     let mut scratch = Vec::new();
     handle(shared, &mut session.inner, code, payload, &mut scratch)?;
@@ -92,10 +99,9 @@ fn log_in(
         server_protocol_version: IGGY_PROTOCOL_VERSION,
         server_version: WireName::new(SERVER_VERSION).map_err(|_| status::INVALID_FORMAT)?,
     };
-    let mut body = Vec::new();
-    frame::result_ok(&mut body);
-    body.extend_from_slice(&response.to_bytes());
-    Ok(Answer::ok(body))
+    frame::result_ok(out);
+    out.extend_from_slice(&response.to_bytes());
+    Ok(super::OK)
 }
 
 /// The eviction reason for a login the 0.8 handler refused with `code`.
@@ -120,7 +126,7 @@ pub(super) fn logout(shared: &Shared, session: &mut NgSession) -> Answer {
         &mut [],
         &mut scratch,
     ) {
-        Ok(()) => Answer::ok(Vec::new()),
-        Err(code) => Answer::deny(code),
+        Ok(()) => super::OK,
+        Err(code) => Answer::Reply(code),
     }
 }

@@ -20,7 +20,7 @@ mod login;
 mod messages;
 mod translate;
 
-use crate::connection::{fill, respond};
+use crate::connection::{fill, respond, KEEP_CAPACITY};
 use crate::faults::FaultState;
 use crate::handlers::{send_destination, Session, Shared};
 use crate::wire::{command, status};
@@ -49,33 +49,18 @@ pub(crate) struct NgSession {
 /// What the server does with one request.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Answer {
-    /// A reply with a header status (0 = the body is the answer).
-    Reply {
-        /// Header status.
-        status: u32,
-        /// The body, result section included where the operation has one.
-        body: Vec<u8>,
-    },
+    /// A reply with this header status. With status 0 the body is what the request wrote after
+    /// the header's place in the output (result section included where the operation has
+    /// one); any other status goes with an empty body.
+    Reply(u32),
     /// The session ends with this reason.
     Evict(EvictionReason),
     /// No answer at all (a frame the server drops).
     Drop,
 }
 
-impl Answer {
-    /// A reply with status 0 and `body`.
-    fn ok(body: Vec<u8>) -> Self {
-        Self::Reply { status: 0, body }
-    }
-
-    /// A denial in the header status, with an empty body.
-    fn deny(status: u32) -> Self {
-        Self::Reply {
-            status,
-            body: Vec::new(),
-        }
-    }
-}
+/// A reply whose body is what was written to the output.
+const OK: Answer = Answer::Reply(0);
 
 /// Serves `stream` with the 0.9 codec until the peer closes it, an I/O error occurs or `cancel`
 /// fires.
@@ -86,19 +71,14 @@ pub(crate) async fn serve(
     faults: Arc<FaultState>,
     cancel: CancellationToken,
 ) {
-    let client_id = shared.state.add_client(peer);
     let mut session = NgSession {
-        inner: Session {
-            client_id,
-            user_id: None,
-            port: stream.local_addr().map_or(0, |a| a.port()),
-        },
+        inner: Session::open(&shared, &stream, peer),
         bound: None,
     };
     if let Err(e) = run(&mut stream, &mut session, &shared, &faults, &cancel).await {
         tracing::debug!(peer = %peer, error = %e, "0.9 connection closed with error");
     }
-    shared.state.remove_client(client_id);
+    shared.state.remove_client(session.inner.client_id);
 }
 
 async fn run(
@@ -111,6 +91,12 @@ async fn run(
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut out: Vec<u8> = Vec::with_capacity(64 * 1024);
     loop {
+        if buf.is_empty() && buf.capacity() > KEEP_CAPACITY {
+            buf = BytesMut::with_capacity(64 * 1024);
+        }
+        if out.capacity() > KEEP_CAPACITY {
+            out = Vec::with_capacity(64 * 1024);
+        }
         if !fill(stream, &mut buf, HEADER, cancel).await? {
             return Ok(());
         }
@@ -129,6 +115,9 @@ async fn run(
         if !faults.wait_stall(cancel).await {
             return Ok(());
         }
+        // The answer's header is written in front of its body once the body is known.
+        out.clear();
+        out.resize(HEADER, 0);
         let answer = match header {
             Err(HeaderError::Invalid | HeaderError::BadSize) => Answer::Drop,
             Ok(header) => {
@@ -137,7 +126,7 @@ async fn run(
                     faults.count_request(code);
                 }
                 match code.and_then(|code| faults.take_failure(code)) {
-                    Some(injected) => Answer::deny(injected),
+                    Some(injected) => Answer::Reply(injected),
                     None if code == Some(command::SEND_MESSAGES) && faults.holds_sends() => {
                         // The routing section reads like a 0.8 send's metadata.
                         let destination = send_destination(shared, body);
@@ -148,23 +137,26 @@ async fn run(
                                 return Ok(());
                             }
                         }
-                        dispatch(shared, session, &header, body)
+                        dispatch(shared, session, &header, code, body, &mut out)
                     }
-                    None => dispatch(shared, session, &header, body),
+                    None => dispatch(shared, session, &header, code, body, &mut out),
                 }
             }
         };
         buf.advance(size - HEADER);
 
-        out.clear();
         let evicted = match (&header, answer) {
             (_, Answer::Drop) | (Err(_), _) => continue,
-            (Ok(header), Answer::Reply { status, body }) => {
-                out.extend_from_slice(&frame::reply(header, status, body.len()));
-                out.extend_from_slice(&body);
+            (Ok(header), Answer::Reply(status)) => {
+                if status != 0 {
+                    out.truncate(HEADER);
+                }
+                let reply = frame::reply(header, status, out.len() - HEADER);
+                out[..HEADER].copy_from_slice(&reply);
                 false
             }
             (Ok(header), Answer::Evict(reason)) => {
+                out.clear();
                 out.extend_from_slice(&frame::eviction(header.client, reason));
                 true
             }
@@ -190,17 +182,19 @@ fn dispatch(
     shared: &Shared,
     session: &mut NgSession,
     header: &RequestHeader,
+    code: Option<u32>,
     body: &mut [u8],
+    out: &mut Vec<u8>,
 ) -> Answer {
     if !frame::body_matches(header, body) {
-        return Answer::deny(status::INVALID_FORMAT);
+        return Answer::Reply(status::INVALID_FORMAT);
     }
     match header.operation {
-        Operation::Register => return login::register(shared, session, body),
+        Operation::Register => return login::register(shared, session, body, out),
         Operation::Logout => return login::logout(shared, session),
         _ => {}
     }
-    let Some(code) = frame::command_code(header) else {
+    let Some(code) = code else {
         // An internal operation a client may not send.
         return Answer::Evict(EvictionReason::InvalidRequestOperation);
     };
@@ -213,27 +207,26 @@ fn dispatch(
     let read = header.operation == Operation::NonReplicated;
     if session.bound.is_none() {
         if read && code == PING {
-            return Answer::ok(Vec::new());
+            return OK;
         }
         return if read {
-            Answer::deny(status::UNAUTHENTICATED)
+            Answer::Reply(status::UNAUTHENTICATED)
         } else {
             Answer::Evict(EvictionReason::NoSession)
         };
     }
-    let mut answer = Vec::new();
     let framed = frame::result_framed(header);
     if framed {
-        frame::result_ok(&mut answer);
+        frame::result_ok(out);
     }
-    match translate::execute(shared, &mut session.inner, code, body, &mut answer) {
-        Ok(()) => Answer::ok(answer),
+    match translate::execute(shared, &mut session.inner, code, body, out) {
+        Ok(()) => OK,
         // A missing right is judged before the command runs: the header status says so.
-        Err(code) if !framed || code == status::UNAUTHORIZED => Answer::deny(code),
+        Err(code) if !framed || code == status::UNAUTHORIZED => Answer::Reply(code),
         Err(code) => {
-            answer.clear();
-            frame::result_rejected(&mut answer, code);
-            Answer::ok(answer)
+            out.truncate(HEADER);
+            frame::result_rejected(out, code);
+            OK
         }
     }
 }

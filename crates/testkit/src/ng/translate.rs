@@ -277,13 +277,15 @@ fn create_topic(shared: &Shared, session: &mut Session, body: &[u8], out: &mut V
 fn update_topic(shared: &Shared, session: &mut Session, body: &[u8]) -> Reply {
     let request = decode::<UpdateTopicRequest>(body)?;
     // Only the keys that used to be fixed fields may change; each parses as at creation.
-    if let Some(entry) = request
+    if let Some(key) = request
         .options
         .iter()
-        .find(|entry| !UPDATABLE_TOPIC_OPTION_KEYS.contains(&&*String::from_utf8_lossy(entry.key)))
+        .map(|entry| String::from_utf8_lossy(entry.key))
+        .find(|key| !UPDATABLE_TOPIC_OPTION_KEYS.contains(&key.as_ref()))
     {
-        let key = String::from_utf8_lossy(entry.key).into_owned();
-        return Err(error_code(&IggyError::UnsupportedOptionKey(key)));
+        return Err(error_code(&IggyError::UnsupportedOptionKey(
+            key.into_owned(),
+        )));
     }
     let update = TopicCreateOptions::parse(&request.options).map_err(|e| error_code(&e))?;
     // 0.9 patches the keys sent; the 0.8 command sets all three, so the others keep the values
@@ -295,13 +297,14 @@ fn update_topic(shared: &Shared, session: &mut Session, body: &[u8]) -> Reply {
             let tid = stream.find_topic(ident(&request.topic_id))?;
             let topic = stream.topics.get(tid)?;
             Some((
+                tid,
                 topic.compression,
                 topic.message_expiry,
                 topic.max_topic_size,
             ))
         })
     };
-    let (compression, expiry, size) = current.unwrap_or((1, 0, 0));
+    let (_, compression, expiry, size) = current.unwrap_or((0, 1, 0, 0));
     let mut payload = encode08(&v08::requests::topics::UpdateTopicRequest {
         stream_id: ident08(&request.stream_id)?,
         topic_id: ident08(&request.topic_id)?,
@@ -314,15 +317,8 @@ fn update_topic(shared: &Shared, session: &mut Session, body: &[u8]) -> Reply {
         name: name08(&request.name)?,
     });
     run(shared, session, command::UPDATE_TOPIC, &mut payload)?;
-    let topic_id = {
-        let meta = read(&shared.state.meta);
-        meta.find_stream(ident(&request.stream_id)).and_then(|sid| {
-            meta.streams
-                .get(sid)?
-                .find_topic(Ident::Name(request.name.as_str()))
-        })
-    };
-    if let Some(tid) = topic_id {
+    // The update succeeded, so the topic was found above; a rename keeps its id.
+    if let Some((tid, ..)) = current {
         with_topic_options(shared, &request.stream_id, tid as u32, |kept| {
             *kept = patch_options(kept, &request.options);
         })?;
