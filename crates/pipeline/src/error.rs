@@ -52,6 +52,16 @@ pub enum Error {
         /// Partition id.
         partition: u32,
     },
+    /// The target confirmed a send at another place than where the writer's previous send
+    /// ended (Iggy 0.9 confirms where every send lands): something else appended to, purged
+    /// or rewound the partition. The writer re-reads the tail before it sends again.
+    #[error("target partition of {unit}: {mismatch}; re-reading its tail")]
+    UnexpectedAppend {
+        /// The unit whose send it was.
+        unit: WorkUnit,
+        /// What the confirmation said.
+        mismatch: crate::LandedMismatch,
+    },
     /// This node's writer identity on the target was fenced or replaced: the unit's writer
     /// stops, and a pair started under the new identity re-reads the downstream tail.
     #[error(
@@ -113,6 +123,7 @@ impl Error {
         match self {
             Error::Iggy { source, .. } => is_connection_error(source) || is_missing(source),
             Error::Timeout { .. } | Error::DownstreamMissing { .. } => true,
+            Error::UnexpectedAppend { .. } => true,
             Error::UpstreamTopicGone { .. } | Error::Interrupted { .. } => true,
             Error::InvalidParams { .. }
             | Error::Actor { .. }
@@ -135,6 +146,7 @@ impl Error {
             Error::Timeout { .. } => "timeout",
             Error::UpstreamTopicGone { .. } => "upstream_topic_gone",
             Error::DownstreamMissing { .. } => "downstream_missing",
+            Error::UnexpectedAppend { .. } => "unexpected_append",
             Error::Actor { .. } => "actor",
             Error::ResetsExhausted { .. } => "resets_exhausted",
             Error::Interrupted { .. } => "interrupted",

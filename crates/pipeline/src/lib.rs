@@ -74,6 +74,7 @@ pub use pipeline::Pipeline;
 pub use residency::{BlockedTopic, FlowResidency};
 pub use sdk::{check_generations, probe, GenerationMismatch, Spoken, PROBE_TIMEOUT};
 pub use stats::{NoObserver, Observer, PipelineObserver, UnitStats};
+pub use writer::LandedMismatch;
 
 #[doc(hidden)]
 pub mod bench_support;

@@ -135,6 +135,27 @@ impl ClientConfig {
     }
 }
 
+/// What the server confirmed of one request of a send: where its messages landed. Iggy 0.9
+/// answers a send with one place per partition written; an answer without one (a request the
+/// server recognised as a replay and answered from its cache) leaves `places` empty. Iggy 0.8
+/// confirms nothing, so its sends return no `Confirmed` at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Confirmed {
+    /// How many messages the request carried.
+    pub(crate) messages: u32,
+    /// Where the server says they landed.
+    pub(crate) places: Vec<Place>,
+}
+
+/// A partition and the offset a request's first message landed at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place {
+    /// The partition the server names.
+    pub(crate) partition: u32,
+    /// The offset of the request's first message in it.
+    pub(crate) base_offset: u64,
+}
+
 /// One SDK connection, of the generation its cluster speaks.
 pub(crate) enum Client {
     /// SDK 0.10 to an Iggy 0.8 server.
@@ -300,9 +321,9 @@ impl Client {
         topic: &Identifier,
         partitioning: &Partitioning,
         messages: &mut [IggyMessage],
-    ) -> Result<(), IggyError> {
+    ) -> Result<Vec<Confirmed>, IggyError> {
         either!(self,
-            c => c.send_messages(stream, topic, partitioning, messages).await,
+            c => c.send_messages(stream, topic, partitioning, messages).await.map(|()| Vec::new()),
             c => v09::send_messages(c, stream, topic, partitioning, messages).await)
     }
 

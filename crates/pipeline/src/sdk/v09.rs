@@ -17,6 +17,8 @@ use iggy_common::{
     GlobalPermissions, IdKind, Identifier, StreamPermissions, TopicPermissions, UserInfoDetails,
 };
 
+use super::{Confirmed, Place};
+
 /// The 0.9 client type.
 type C = iggy09::prelude::IggyClient;
 
@@ -606,16 +608,29 @@ pub(super) async fn send_messages(
     topic: &Identifier,
     to: &Partitioning,
     messages: &mut [IggyMessage],
-) -> Result<(), IggyError> {
+) -> Result<Vec<Confirmed>, IggyError> {
     let (stream, topic, to) = (ident(stream)?, ident(topic)?, partitioning(to)?);
     let origins: Vec<u64> = messages.iter().map(|m| m.header.origin_timestamp).collect();
     let mut at = 0;
+    let mut confirmed = Vec::new();
     for len in origin_span_parts(&origins) {
         let mut part: Vec<n::IggyMessage> = messages[at..at + len].iter().map(message).collect();
-        map(c.send_messages(&stream, &topic, &to, &mut part).await)?;
+        let answer = map(c.send_messages(&stream, &topic, &to, &mut part).await)?;
+        confirmed.push(Confirmed {
+            // A part holds at most one batch, whose count is a u32 on the wire.
+            messages: u32::try_from(len).unwrap_or(u32::MAX),
+            places: answer
+                .confirmations
+                .iter()
+                .map(|c| Place {
+                    partition: c.partition_id,
+                    base_offset: c.base_offset,
+                })
+                .collect(),
+        });
         at += len;
     }
-    Ok(())
+    Ok(confirmed)
 }
 
 pub(super) async fn get_consumer_groups(

@@ -20,6 +20,7 @@
 //! A send in progress is never abandoned half-way (only `crash` aborts the task).
 
 mod commit;
+mod landed;
 mod prepare;
 mod resume;
 mod send;
@@ -37,6 +38,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use self::commit::{CommitRequest, CommitTracker, Settled};
+use self::landed::LandedCheck;
+pub use self::landed::LandedMismatch;
 pub(crate) use self::prepare::{prepare, PrepareParams};
 use self::resume::{PartitionExtent, Position, ResumeFacts, ResumePlan, TailCheck, TailEntry};
 use self::resume::{TailHit, TailOutcome, TailPoll, TailScan, TailStep};
@@ -87,6 +90,7 @@ pub(crate) async fn run<C: ControlPlane>(args: WriterArgs<C>) -> Result<&'static
         commit_call: None,
         held: None,
         resync: false,
+        landed: LandedCheck::default(),
         offset_map: None,
     };
     let ended = writer.run(start).await;
@@ -120,6 +124,8 @@ struct Writer<C> {
     held: Option<Batch>,
     /// A send failed in a way that may have appended it: re-read the tail before sending again.
     resync: bool,
+    /// Whether the target's send confirmations (Iggy 0.9) follow this writer's own sends.
+    landed: LandedCheck,
     /// Backoff of transient failures (resume and send).
     backoff: Backoff,
     /// Where this writer records what it sent, when its flow syncs consumer groups.
@@ -366,6 +372,7 @@ impl<C: ControlPlane> Writer<C> {
                 }
             }
             self.resync = false;
+            self.landed.forget();
         }
         let Some(batch) = self.held.as_mut() else {
             return Ok(Sent::Done);
@@ -422,6 +429,18 @@ impl<C: ControlPlane> Writer<C> {
                 })
                 .await;
             shared.meters.sent(started.elapsed());
+            let sent = match sent {
+                Ok(Ok(confirmed)) => self
+                    .landed
+                    .confirm(shared.unit.partition, &confirmed)
+                    .map(Ok)
+                    .map_err(|mismatch| Error::UnexpectedAppend {
+                        unit: shared.unit.clone(),
+                        mismatch,
+                    }),
+                Ok(Err(veto)) => Ok(Err(veto)),
+                Err(err) => Err(err),
+            };
             match sent {
                 Ok(Ok(())) => {
                     // What the consumer-group sync translates with (the SDK leaves the
@@ -432,7 +451,8 @@ impl<C: ControlPlane> Writer<C> {
                 }
                 Ok(Err(veto)) => return Ok(Sent::Vetoed(veto)),
                 Err(err) => {
-                    // The batch may have been appended even though the call failed.
+                    // The batch may have been appended even though the call failed (or it
+                    // landed where something else had appended before it).
                     self.resync = true;
                     if let Some(map) = &self.offset_map {
                         lock_map(map).unsure();

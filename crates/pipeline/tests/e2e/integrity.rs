@@ -2,7 +2,7 @@
 //! recreated between two discovery rounds), a target that lost acknowledged messages, and more
 //! foreign messages downstream than the tail scan window on top of unconfirmed writes.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,9 +10,11 @@ use iggy::prelude::{
     Consumer, Identifier, IggyClient, IggyMessage, MessageClient, Partitioning, PollingStrategy,
     TopicClient,
 };
-use replicator_model::WorkUnit;
+use replicator_model::{IggyVersion, WorkUnit};
 use replicator_pipeline::provenance::{self, Incarnation};
-use replicator_pipeline::{ControlPlane, FlowParams, InMemoryControl, Pipeline, UnitStats};
+use replicator_pipeline::{
+    ControlPlane, FlowParams, InMemoryControl, Observer, Pipeline, PipelineObserver, UnitStats,
+};
 
 use crate::harness::{
     assert_exact, client, count, create_topic, produce, wait_confirmed, wait_until, CopiedUnit,
@@ -297,5 +299,49 @@ async fn more_foreign_messages_than_the_scan_window_on_unconfirmed_writes_cause_
     assert!(s.tail_scans_exhausted == 0);
     assert!(s.downstream_losses == 0);
     second.shutdown().await;
+    Ok(())
+}
+
+/// Counts the retried errors of kind `unexpected_append`.
+#[derive(Default)]
+struct UnexpectedAppends(AtomicU64);
+
+impl PipelineObserver for UnexpectedAppends {
+    fn error(&self, _flow: &str, kind: &'static str) {
+        if kind == "unexpected_append" {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_append_between_two_sends_is_caught_by_a_0_9_confirmation_and_nothing_is_copied_twice(
+) -> TestResult {
+    let (env, up, f) = Env::seeded("landed", "t", 1, 0..100, 100).await?;
+    let unit = WorkUnit::new("landed", "landed", "t", 0);
+    let caught = Arc::new(UnexpectedAppends::default());
+    let mut params = env.params(f.clone());
+    params.observer = Observer(caught.clone());
+    let control = InMemoryControl::new();
+    let pipeline = Pipeline::start(params, control.clone()).await?;
+    wait_confirmed(&control, &unit, 99, Duration::from_secs(30)).await?;
+    // Another producer appends one message between two of the writer's sends: on a 0.9 target
+    // the next send's confirmation lands one offset further than the writer's previous send
+    // ended, and the writer re-reads the tail before it goes on.
+    let down = client(&env.eu).await?;
+    produce(&down, "landed", "t", 1, 5000..5001, 1).await?;
+    produce(&up, "landed", "t", 1, 100..200, 100).await?;
+    wait_confirmed(&control, &unit, 199, Duration::from_secs(30)).await?;
+    assert!(count(&env.eu, "landed", "t", 0) == 200 + 1);
+    let report = env.verify(&f, Duration::from_secs(10)).await?;
+    assert_exact(&report);
+    assert!(report.partitions[0].duplicated == 0);
+    let caught = caught.0.load(Ordering::Relaxed);
+    match env.eu.iggy_version() {
+        IggyVersion::V0_9 => assert!(caught == 1, "{caught} unexpected appends reported"),
+        // Iggy 0.8 confirms no send: the foreign message is only skipped over.
+        IggyVersion::V0_8 => assert!(caught == 0, "{caught} unexpected appends reported"),
+    }
+    pipeline.shutdown().await;
     Ok(())
 }
