@@ -1152,7 +1152,7 @@ mod tests {
         ] {
             assert_eq!(sample(&scrape, name), Some(value), "{name} in:\n{text}");
         }
-        let _ = iggy::prelude::Client::shutdown(&producer).await;
+        let _ = producer.shutdown().await;
 
         let body = AddMember {
             id: 9,

@@ -7,12 +7,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::{Client, IggyClient};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use replicator_harness::{
     delete_stream, ensure_topic, group_next_message, message_id_at, partition_counts,
-    store_group_offsets, stream_messages, FlowConfig, MessageShape, NodeConfig, PacedProducer,
-    ProducerParams, Topic,
+    store_group_offsets, stream_messages, Client, Endpoint, FlowConfig, MessageShape, NodeConfig,
+    PacedProducer, ProducerParams, Topic,
 };
 use replicator_model::{IggyVersion, NodeId, WorkUnit};
 use replicator_pipeline::verify::{verify, VerifyParams};
@@ -47,9 +46,9 @@ pub(crate) struct DemoArgs {
     #[arg(long)]
     pub(crate) no_failover: bool,
     /// The migration from Iggy 0.8 to 0.9: the source speaks Iggy 0.8 and the target Iggy 0.9
-    /// (both in-process), and the demo ends with the steps of a real migration (README,
-    /// "Migrating from Iggy 0.8 to 0.9").
-    #[arg(long, conflicts_with_all = ["source_url", "target_url"])]
+    /// (in-process, or the servers `--source-url` and `--target-url` name), and the demo ends
+    /// with the steps of a real migration (README, "Migrating from Iggy 0.8 to 0.9").
+    #[arg(long)]
     pub(crate) migrate: bool,
 }
 
@@ -72,7 +71,7 @@ struct Demo {
     /// Temporary data dir, removed on drop.
     _temp: Option<tempfile::TempDir>,
     /// Stream created on external servers, deleted at the end.
-    external_stream: Option<(String, Vec<String>)>,
+    external_stream: Option<(String, Vec<Endpoint>)>,
 }
 
 /// Runs the demo; `Ok` when the final verification finds an exact copy.
@@ -129,14 +128,13 @@ impl Demo {
         } else {
             IggyVersion::V0_8
         };
-        let (source, _) = self
-            .server_url(args.source_url.as_deref(), IggyVersion::V0_8)
+        // The replicator, the demo's producer, its progress readout and its application
+        // consumer all talk to each cluster in the cluster's own generation.
+        let source = self
+            .server(args.source_url.as_deref(), IggyVersion::V0_8)
             .await?;
-        // The replicator talks to the target in its own generation; the demo's progress
-        // readout and its application consumer use the 0.8 SDK, through the in-process
-        // server's 0.8 port when the target speaks 0.9.
-        let (target, target_observed) = self
-            .server_url(args.target_url.as_deref(), target_version)
+        let target = self
+            .server(args.target_url.as_deref(), target_version)
             .await?;
         let external = args.source_url.is_some() || args.target_url.is_some();
         let stream = if external {
@@ -144,10 +142,10 @@ impl Demo {
         } else {
             "demo".to_owned()
         };
-        println!("source cluster \"us\": {} (Iggy 0.8)", redact(&source));
+        println!("source cluster \"us\": {} (Iggy 0.8)", redact(&source.url));
         println!(
             "target cluster \"eu\": {} (Iggy {target_version})",
-            redact(&target)
+            redact(&target.url)
         );
 
         let source_client = connect(&source).await?;
@@ -174,9 +172,9 @@ impl Demo {
         let replication = FlowConfig {
             name: "us-to-eu",
             source_alias: "us",
-            source_url: &source,
+            source_url: &source.url,
             target_alias: "eu",
-            target_url: &target,
+            target_url: &target.url,
             include: &format!("{stream}/*"),
             target_fencing: None,
             target_iggy_version: args.migrate.then_some(target_version.as_str()),
@@ -222,7 +220,7 @@ impl Demo {
         self.producer = Some(start_producer(&source, &stream, args));
 
         // Progress until everything is copied.
-        let target_client = connect(&target_observed).await?;
+        let target_client = connect(&target).await?;
         let downstream_stream = stream.clone();
         let progress = Progress::new(args.messages);
         let mut failover: Option<Failover> = None;
@@ -309,11 +307,11 @@ impl Demo {
             );
         }
 
-        self.cutover(&source, &target_observed, &stream).await?;
+        self.cutover(&source, &target, &stream).await?;
 
         // Verify, in each cluster's own generation.
         let flow = pipeline_params(&configs[0]).flows.remove(0);
-        let mut params = VerifyParams::new(flow.clone(), source.clone(), target.clone());
+        let mut params = VerifyParams::new(flow.clone(), source.url.clone(), target.url.clone());
         params.target_version = target_version;
         params.wait = Duration::from_secs(10);
         let report = verify(&params).await.map_err(|e| {
@@ -338,7 +336,12 @@ impl Demo {
     /// application's consumer group has processed part of every partition upstream; promote
     /// the flow (wait for the copy, pause, sync the groups a last time) and show the group
     /// continuing on the target with the next message of every partition.
-    async fn cutover(&self, source: &str, target: &str, stream: &str) -> Result<(), Failure> {
+    async fn cutover(
+        &self,
+        source: &Endpoint,
+        target: &Endpoint,
+        stream: &str,
+    ) -> Result<(), Failure> {
         let failed = |what: &str, e: &dyn std::fmt::Display| {
             Failure::runtime(format!("cutover: {what}: {e}"), "check both servers")
         };
@@ -412,15 +415,14 @@ impl Demo {
         continued
     }
 
-    /// The given external server's URL, or an in-process server of `version`: the URL in its
-    /// own generation, and the one the demo's own 0.8 clients use.
-    async fn server_url(
+    /// The given external server, or an in-process server; either speaks `version`.
+    async fn server(
         &mut self,
         external: Option<&str>,
         version: IggyVersion,
-    ) -> Result<(String, String), Failure> {
+    ) -> Result<Endpoint, Failure> {
         if let Some(url) = external {
-            return Ok((url.to_owned(), url.to_owned()));
+            return Ok(Endpoint::new(version, url));
         }
         let server = TestServer::start(TestServerConfig {
             iggy_version: version,
@@ -433,12 +435,9 @@ impl Demo {
                 "is loopback available?",
             )
         })?;
-        let urls = (
-            server.connection_string(),
-            server.connection_string_in(IggyVersion::V0_8),
-        );
+        let endpoint = Endpoint::new(version, server.connection_string());
         self.servers.push(server);
-        Ok(urls)
+        Ok(endpoint)
     }
 
     async fn wait_for_assignment(&self, units: usize) -> Result<(), Failure> {
@@ -556,9 +555,9 @@ impl Demo {
         let running: Vec<RunningNode> = self.nodes.iter_mut().filter_map(Option::take).collect();
         let drained = futures::future::join_all(running.into_iter().map(RunningNode::drain)).await;
         futures::future::join_all(drained.into_iter().map(|n| n.shutdown())).await;
-        if let Some((stream, urls)) = self.external_stream.take() {
-            for url in urls {
-                let _ = delete_stream(&url, &stream).await;
+        if let Some((stream, servers)) = self.external_stream.take() {
+            for server in servers {
+                let _ = delete_stream(&server, &stream).await;
             }
         }
         for server in self.servers.drain(..) {
@@ -574,20 +573,27 @@ struct Failover {
     killed_at: Instant,
 }
 
-/// A connected client (with Nagle's algorithm off: see `replicator_harness::connect`).
-async fn connect(url: &str) -> Result<IggyClient, Failure> {
-    replicator_harness::connect(url).await.map_err(|e| match e {
-        replicator_harness::Error::InvalidUrl(e) => {
-            Failure::config(format!("invalid Iggy URL {}: {e}", redact(url)))
-        }
-        e => Failure::runtime(
-            format!("cannot connect to {}: {e}", redact(url)),
-            "is the server running and are the credentials right?",
-        ),
-    })
+/// A connected client of the server's generation (with Nagle's algorithm off: see
+/// `replicator_harness::connect`).
+async fn connect(server: &Endpoint) -> Result<Client, Failure> {
+    let url = redact(&server.url);
+    replicator_harness::connect(server)
+        .await
+        .map_err(|e| match e {
+            replicator_harness::Error::InvalidUrl(e) => {
+                Failure::config(format!("invalid Iggy URL {url}: {e}"))
+            }
+            e => Failure::runtime(
+                format!(
+                    "cannot connect to {url} (Iggy {}): {e}",
+                    server.iggy_version
+                ),
+                "is the server running, of that Iggy generation, and are the credentials right?",
+            ),
+        })
 }
 
-async fn create_topics(client: &IggyClient, stream: &str) -> Result<(), Failure> {
+async fn create_topics(client: &Client, stream: &str) -> Result<(), Failure> {
     for (topic, partitions) in TOPICS {
         ensure_topic(client, stream, topic, partitions)
             .await
@@ -604,7 +610,7 @@ async fn create_topics(client: &IggyClient, stream: &str) -> Result<(), Failure>
 /// Produces `args.messages` messages at about `args.rate` per second into `stream` at
 /// `source`, `PRODUCE_BATCH` at a time to each partition of every topic in turn, each with a
 /// unique id, a user header and a payload of 200 bytes.
-fn start_producer(source: &str, stream: &str, args: &DemoArgs) -> PacedProducer {
+fn start_producer(source: &Endpoint, stream: &str, args: &DemoArgs) -> PacedProducer {
     let targets = TOPICS
         .iter()
         .flat_map(|(topic, partitions)| Topic::new(stream, *topic, *partitions).targets())

@@ -1,16 +1,50 @@
 //! `demo --migrate`, as an OS process of the binary: an Iggy 0.8 source, an Iggy 0.9 target,
 //! three nodes, a failover, the cutover with the consumer group, and an exact verify.
 
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 
-#[test]
-fn demo_migrate_copies_08_to_09_exactly_and_prints_the_steps() {
-    let output = Command::new(env!("CARGO_BIN_EXE_iggy-replicator"))
+use replicator_harness::{DevServer, ReplicatorBinary, TestResult};
+use replicator_model::IggyVersion;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_iggy-replicator");
+
+/// Runs `iggy-replicator demo --migrate` with a small workload and `extra` arguments.
+fn demo_migrate(extra: &[&str]) -> Output {
+    Command::new(BINARY)
         .args(["demo", "--migrate", "--messages", "6000", "--rate", "4000"])
+        .args(extra)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .output()
-        .expect("run the demo");
+        .expect("run the demo")
+}
+
+#[test]
+fn demo_migrate_copies_08_to_09_exactly_and_prints_the_steps() {
+    assert_migrated(&demo_migrate(&[]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_migrate_runs_between_servers_given_by_url() -> TestResult {
+    let binary = ReplicatorBinary::new(BINARY)?;
+    let source = DevServer::start_in(&binary, IggyVersion::V0_8).await?;
+    let target = DevServer::start_in(&binary, IggyVersion::V0_9).await?;
+    let urls = [
+        "--source-url".to_owned(),
+        source.url().to_owned(),
+        "--target-url".to_owned(),
+        target.url().to_owned(),
+    ];
+    let output = tokio::task::spawn_blocking(move || {
+        demo_migrate(&urls.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await?;
+    assert_migrated(&output);
+    Ok(())
+}
+
+/// The demo ended well: a 0.9 target, the group continued there, an exact verify, the steps.
+fn assert_migrated(output: &Output) {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

@@ -4,8 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use iggy::prelude::Client;
-
 use replicator_harness::{
     connect, delete_stream, ensure_topic, raw_copy, Cluster, RawCopy, TestResult, Topic, Watch,
 };
@@ -67,7 +65,7 @@ pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResul
         settings.connections
     );
     let outcome = measure_all(endpoints, settings, &stream, per_partition).await;
-    let cleanup = delete_stream(&endpoints.upstream_url, &stream).await;
+    let cleanup = delete_stream(&endpoints.upstream, &stream).await;
     let samples = outcome?;
     cleanup?;
     print_table(&samples, messages, endpoints.external());
@@ -80,12 +78,12 @@ async fn measure_all(
     stream: &str,
     per_partition: u64,
 ) -> TestResult<Vec<Sample>> {
-    let up = connect(&endpoints.upstream_url).await?;
+    let up = connect(&endpoints.upstream).await?;
     ensure_topic(&up, stream, TOPIC, PARTITIONS).await?;
     up.shutdown().await?;
     let filling = Instant::now();
     fill(
-        &endpoints.upstream_url,
+        &endpoints.upstream,
         stream,
         TOPIC,
         PARTITIONS,
@@ -148,14 +146,14 @@ async fn copy_once(
     let outcome = async {
         match variant {
             Variant::RawLoop => {
-                let down = connect(&endpoints.downstream_url).await?;
+                let down = connect(&endpoints.downstream).await?;
                 ensure_topic(&down, &down_stream, TOPIC, PARTITIONS).await?;
                 down.shutdown().await?;
                 let cpu_before = own_cpu_seconds();
                 let started = Instant::now();
                 raw_copy(&RawCopy {
-                    source_url: endpoints.upstream_url.clone(),
-                    target_url: endpoints.downstream_url.clone(),
+                    source: endpoints.upstream.clone(),
+                    target: endpoints.downstream.clone(),
                     topic: Topic::new(stream, TOPIC, PARTITIONS),
                     target_stream: down_stream.clone(),
                     per_partition,
@@ -180,7 +178,7 @@ async fn copy_once(
                     settings,
                     PARTITIONS as usize,
                 );
-                let watch = Watch::new(&endpoints.downstream_url, &down_stream, TOPIC).await?;
+                let watch = Watch::new(&endpoints.downstream, &down_stream, TOPIC).await?;
                 let started = Instant::now();
                 let waiting = tokio::spawn(async move {
                     let times = watch
@@ -212,7 +210,7 @@ async fn copy_once(
     }
     .await;
     let server_cpu = total_cpu(&servers) - server_cpu_before;
-    let cleanup = delete_stream(&endpoints.downstream_url, &down_stream).await;
+    let cleanup = delete_stream(&endpoints.downstream, &down_stream).await;
     let (total, copying, cpu) = outcome?;
     cleanup?;
     Ok(Sample {

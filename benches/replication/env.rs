@@ -5,10 +5,10 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use iggy::prelude::{Client, IggyMessage};
+use iggy::prelude::IggyMessage;
 use replicator_harness::{
     connect, delete_stream, ensure_topic, produce_bulk, Bulk, Cluster, ClusterSpec, DevServer,
-    ReplicatorBinary, TestResult,
+    Endpoint, ReplicatorBinary, TestResult,
 };
 
 use crate::settings::Settings;
@@ -23,61 +23,56 @@ pub(crate) const FILL_BATCH: u64 = 1000;
 pub(crate) struct Endpoints {
     /// The `iggy-replicator` executable (nodes, `verify`, dev servers).
     pub(crate) binary: ReplicatorBinary,
-    /// Connection string of the source cluster for the benchmark's own SDK 0.10 tooling
-    /// (filling, watching, the raw loop): a dev server's 0.8 port when it speaks 0.9.
-    pub(crate) upstream_url: String,
+    /// The source cluster: its connection string and generation, as the replicator nodes and
+    /// the benchmark's own tools (filling, watching, the raw loop) reach it.
+    pub(crate) upstream: Endpoint,
     /// The same for the target cluster.
-    pub(crate) downstream_url: String,
-    /// The generations of the source and the target (`BENCH_IGGY_VERSIONS=<up>-<down>`,
-    /// default `0.8-0.8`), and their connection strings in those generations: what the
-    /// replicator nodes use.
-    pub(crate) versions: (IggyVersion, IggyVersion),
-    /// The replicator's connection strings of the source and the target.
-    node_urls: (String, String),
+    pub(crate) downstream: Endpoint,
     /// The dev-server processes started here (none for external servers).
     servers: Vec<DevServer>,
 }
 
 impl Endpoints {
     /// External servers from `BENCH_SOURCE_URL` and `BENCH_TARGET_URL` when both are set,
-    /// otherwise two dev-server processes on loopback ports the OS picked.
+    /// otherwise two dev-server processes on loopback ports the OS picked; either pair speaks
+    /// the generations of `BENCH_IGGY_VERSIONS`.
     pub(crate) async fn from_env() -> TestResult<Self> {
         let binary = ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?;
-        let versions = versions_from_env()?;
+        let (up_version, down_version) = versions_from_env()?;
         match (
             std::env::var("BENCH_SOURCE_URL"),
             std::env::var("BENCH_TARGET_URL"),
         ) {
             (Ok(upstream_url), Ok(downstream_url)) => {
-                if versions != (IggyVersion::V0_8, IggyVersion::V0_8) {
-                    return Err(
-                        "BENCH_IGGY_VERSIONS with external servers: the benchmarks fill \
-                                and watch topics with SDK 0.10, so external servers must be Iggy \
-                                0.8; run 0.9 pairs against the dev servers"
-                            .into(),
-                    );
-                }
-                for url in [&upstream_url, &downstream_url] {
-                    connect(url).await?.shutdown().await?;
+                let upstream = Endpoint::new(up_version, upstream_url);
+                let downstream = Endpoint::new(down_version, downstream_url);
+                for (name, server) in [
+                    ("BENCH_SOURCE_URL", &upstream),
+                    ("BENCH_TARGET_URL", &downstream),
+                ] {
+                    let client = connect(server).await.map_err(|e| {
+                        format!(
+                            "{name} ({}, Iggy {} by BENCH_IGGY_VERSIONS): {e}",
+                            address(&server.url),
+                            server.iggy_version
+                        )
+                    })?;
+                    client.shutdown().await?;
                 }
                 Ok(Self {
                     binary,
-                    node_urls: (upstream_url.clone(), downstream_url.clone()),
-                    upstream_url,
-                    downstream_url,
-                    versions,
+                    upstream,
+                    downstream,
                     servers: Vec::new(),
                 })
             }
             (Err(_), Err(_)) => {
-                let upstream = DevServer::start_in(&binary, versions.0).await?;
-                let downstream = DevServer::start_in(&binary, versions.1).await?;
+                let up = DevServer::start_in(&binary, up_version).await?;
+                let down = DevServer::start_in(&binary, down_version).await?;
                 Ok(Self {
-                    upstream_url: upstream.url_08().to_owned(),
-                    downstream_url: downstream.url_08().to_owned(),
-                    node_urls: (upstream.url().to_owned(), downstream.url().to_owned()),
-                    versions,
-                    servers: vec![upstream, downstream],
+                    upstream: up.endpoint().clone(),
+                    downstream: down.endpoint().clone(),
+                    servers: vec![up, down],
                     binary,
                 })
             }
@@ -99,15 +94,17 @@ impl Endpoints {
     pub(crate) fn describe(&self) -> String {
         if self.external() {
             format!(
-                "external servers {} -> {}",
-                address(&self.upstream_url),
-                address(&self.downstream_url)
+                "external servers {} (Iggy {}) -> {} (Iggy {})",
+                address(&self.upstream.url),
+                self.upstream.iggy_version,
+                address(&self.downstream.url),
+                self.downstream.iggy_version
             )
         } else {
             format!(
                 "two `iggy-replicator dev-server` processes (the Iggy-compatible in-memory \
                  server) on loopback, Iggy {} -> Iggy {}",
-                self.versions.0, self.versions.1
+                self.upstream.iggy_version, self.downstream.iggy_version
             )
         }
     }
@@ -140,8 +137,8 @@ pub(crate) async fn cleaned_up<T>(
     scenario: impl std::future::Future<Output = TestResult<T>>,
 ) -> TestResult<T> {
     let outcome = scenario.await;
-    let up = delete_stream(&endpoints.upstream_url, stream).await;
-    let down = delete_stream(&endpoints.downstream_url, stream).await;
+    let up = delete_stream(&endpoints.upstream, stream).await;
+    let down = delete_stream(&endpoints.downstream, stream).await;
     let value = outcome?;
     up?;
     down?;
@@ -151,7 +148,7 @@ pub(crate) async fn cleaned_up<T>(
 /// Fills every partition of `stream/topic` with `per_partition` messages of
 /// [`PAYLOAD_BYTES`] each, with ids unique in the topic, over `connections` connections.
 pub(crate) async fn fill(
-    url: &str,
+    server: &Endpoint,
     stream: &str,
     topic: &str,
     partitions: u32,
@@ -161,7 +158,7 @@ pub(crate) async fn fill(
     let payload = Bytes::from(vec![0xA5; PAYLOAD_BYTES]);
     let mut tasks = Vec::new();
     for worker in 0..connections {
-        let client = connect(url).await?;
+        let client = connect(server).await?;
         let bulk = Bulk {
             stream: stream.to_owned(),
             topic: topic.to_owned(),
@@ -275,10 +272,10 @@ include = ["{include}"]
 naming = "{naming}"
 provenance = {provenance}
 "#,
-            up = endpoints.node_urls.0,
-            down = endpoints.node_urls.1,
-            up_version = endpoints.versions.0,
-            down_version = endpoints.versions.1,
+            up = endpoints.upstream.url,
+            down = endpoints.downstream.url,
+            up_version = endpoints.upstream.iggy_version,
+            down_version = endpoints.downstream.iggy_version,
         ),
         units,
         log_level: "warn",
@@ -310,7 +307,7 @@ pub(crate) async fn start_three_nodes(
     topics: &[String],
     partitions: u32,
 ) -> TestResult<(Cluster, Duration)> {
-    let up = connect(&endpoints.upstream_url).await?;
+    let up = connect(&endpoints.upstream).await?;
     for topic in topics {
         ensure_topic(&up, stream, topic, partitions).await?;
     }

@@ -30,12 +30,8 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
     let (mut cluster, _) =
         start_three_nodes(endpoints, settings, stream, &[TOPIC.to_owned()], PARTITIONS).await?;
     let topic = Topic::new(stream, TOPIC, PARTITIONS);
-    let producer = paced(
-        &endpoints.upstream_url,
-        topic.targets(),
-        settings.failover_rate,
-    );
-    let watch = Watch::new(&endpoints.downstream_url, stream, TOPIC).await?;
+    let producer = paced(&endpoints.upstream, topic.targets(), settings.failover_rate);
+    let watch = Watch::new(&endpoints.downstream, stream, TOPIC).await?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(settings.seed);
     println!(
         "| round | killed | role | partitions | first written again (s) | all written again (s) |"

@@ -40,16 +40,16 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
         // Warm-up: the nodes connect to the servers lazily, and the first message of every
         // partition pays for connecting and logging in; those are not the steady state.
         let targets = Topic::new(stream, topic.as_str(), PARTITIONS).targets();
-        let warm_up = paced(&endpoints.upstream_url, targets.clone(), (*rate).min(2_000));
+        let warm_up = paced(&endpoints.upstream, targets.clone(), (*rate).min(2_000));
         tokio::time::sleep(Duration::from_secs(2)).await;
         let warmed = warm_up.stop().await?.produced;
-        let watch = Watch::new(&endpoints.downstream_url, stream, topic).await?;
+        let watch = Watch::new(&endpoints.downstream, stream, topic).await?;
         watch
             .wait_total(warmed, Instant::now(), Duration::from_secs(60))
             .await?;
         let from = watch.counts().await?;
         let before = Stages::read(&cluster).await?;
-        let producer = paced(&endpoints.upstream_url, targets, *rate);
+        let producer = paced(&endpoints.upstream, targets, *rate);
         let started = Instant::now();
         tokio::time::sleep(Duration::from_secs(settings.latency_seconds)).await;
         let produced = producer.stop().await?.produced;
@@ -60,8 +60,8 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
         watch.close().await;
         let after = Stages::read(&cluster).await?;
         let latencies = append_latencies_us(
-            &endpoints.upstream_url,
-            &endpoints.downstream_url,
+            &endpoints.upstream,
+            &endpoints.downstream,
             (stream, stream),
             topic,
             &from,

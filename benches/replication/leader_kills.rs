@@ -8,7 +8,6 @@
 
 use std::time::{Duration, Instant};
 
-use iggy::prelude::Client;
 use replicator_harness::{
     connect, partition_counts, Cluster, Deadline, NodeId, Status, TestResult,
 };
@@ -76,7 +75,7 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
         secs(assigned)
     );
     let producer = paced(
-        &endpoints.upstream_url,
+        &endpoints.upstream,
         targets(stream, &names, partitions),
         settings.scale_rate,
     );
@@ -322,8 +321,8 @@ async fn wait_copied(
     within: Duration,
 ) -> TestResult<Duration> {
     let started = Instant::now();
-    let up = connect(&endpoints.upstream_url).await?;
-    let down = connect(&endpoints.downstream_url).await?;
+    let up = connect(&endpoints.upstream).await?;
+    let down = connect(&endpoints.downstream).await?;
     let deadline = Deadline::new(within, format!("{stream} to be copied completely"));
     loop {
         let (mut behind, mut up_total, mut down_total) = (0usize, 0u64, 0u64);

@@ -1,9 +1,10 @@
 //! Traffic for the benchmarks: paced producers over many partitions, and the append-to-append
 //! latency of a finished copy.
 
-use iggy::prelude::{Client, Consumer, Identifier, MessageClient, PollingStrategy};
+use iggy::prelude::{Consumer, Identifier, PollingStrategy};
 use replicator_harness::{
-    connect, MessageShape, PacedProducer, ProducerParams, Target, TestResult, Topic,
+    connect, Client, Endpoint, MessageShape, PacedProducer, ProducerParams, Target, TestResult,
+    Topic,
 };
 
 use crate::env::PAYLOAD_BYTES;
@@ -16,11 +17,11 @@ pub(crate) fn targets(stream: &str, topics: &[String], partitions: u32) -> Vec<T
         .collect()
 }
 
-/// Starts a producer sending `rate` messages of [`PAYLOAD_BYTES`] per second to the server at
-/// `url`, message by message round robin over `targets`, catching up on rounds it fell behind
-/// in, until stopped.
-pub(crate) fn paced(url: &str, targets: Vec<Target>, rate: u64) -> PacedProducer {
-    let mut params = ProducerParams::new(url, targets, rate);
+/// Starts a producer sending `rate` messages of [`PAYLOAD_BYTES`] per second to `server`,
+/// message by message round robin over `targets`, catching up on rounds it fell behind in,
+/// until stopped.
+pub(crate) fn paced(server: &Endpoint, targets: Vec<Target>, rate: u64) -> PacedProducer {
+    let mut params = ProducerParams::new(server, targets, rate);
     params.shape = MessageShape::filler(PAYLOAD_BYTES);
     PacedProducer::start(params)
 }
@@ -30,13 +31,13 @@ pub(crate) fn paced(url: &str, targets: Vec<Target>, rate: u64) -> PacedProducer
 /// matched by offset (the copy keeps offsets); both servers must share a clock (true on one
 /// machine).
 pub(crate) async fn append_latencies_us(
-    upstream_url: &str,
-    downstream_url: &str,
+    upstream: &Endpoint,
+    downstream: &Endpoint,
     (up_stream, down_stream): (&str, &str),
     topic: &str,
     from: &[u64],
 ) -> TestResult<Vec<u64>> {
-    let (up, down) = (connect(upstream_url).await?, connect(downstream_url).await?);
+    let (up, down) = (connect(upstream).await?, connect(downstream).await?);
     let mut latencies = Vec::new();
     for (partition, start) in (0u32..).zip(from) {
         let up_times = append_times(&up, up_stream, topic, partition, *start).await?;
@@ -64,7 +65,7 @@ pub(crate) async fn append_latencies_us(
 
 /// Append timestamps (µs) of every message of one partition, by offset.
 async fn append_times(
-    client: &iggy::prelude::IggyClient,
+    client: &Client,
     stream: &str,
     topic: &str,
     partition: u32,

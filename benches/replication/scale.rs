@@ -94,7 +94,7 @@ async fn measure(
     tokio::time::sleep(Duration::from_secs(3)).await;
     let idle = sample(&cluster, window).await?;
     let producer = paced(
-        &endpoints.upstream_url,
+        &endpoints.upstream,
         targets(stream, &names, partitions),
         settings.scale_rate,
     );

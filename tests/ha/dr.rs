@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use iggy::prelude::{IggyClient, IggyMessage};
+use iggy::prelude::IggyMessage;
+use replicator_harness::Client;
 use replicator_harness::{
     connect, group_next_message, group_offset, message_id_at, partition_counts, partition_ids,
     produce_bulk, serial, store_group_offsets, translated_exactly, wait_until, Bulk, Cluster,
@@ -50,7 +51,7 @@ fn spec(servers: &Servers) -> TestResult<ClusterSpec> {
 
 /// Messages `range` on every partition; ids tell the cluster they were produced on (`origin`)
 /// and their place.
-async fn produce(client: &IggyClient, origin: u128, range: std::ops::Range<u64>) -> TestResult {
+async fn produce(client: &Client, origin: u128, range: std::ops::Range<u64>) -> TestResult {
     let bulk = Bulk {
         stream: STREAM.into(),
         topic: TOPIC.into(),
@@ -71,7 +72,7 @@ async fn produce(client: &IggyClient, origin: u128, range: std::ops::Range<u64>)
 /// Waits until `group` on `target` holds, on every partition, the translation of `offsets`
 /// (partition, upstream offset) of `source`.
 async fn wait_translated(
-    (source, target): (&IggyClient, &IggyClient),
+    (source, target): (&Client, &Client),
     offsets: &[(u32, u64)],
     what: &str,
 ) -> TestResult {

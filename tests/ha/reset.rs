@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use iggy::prelude::{IggyClient, IggyMessage};
+use iggy::prelude::IggyMessage;
+use replicator_harness::Client;
 use replicator_harness::{
     connect, partition_ids, produce_bulk, serial, wait_until, Bulk, Cluster, ClusterSpec,
     CommandRun, ReplicatorBinary, Servers, TestResult, Topic,
@@ -40,7 +41,7 @@ fn id(partition: u32, seq: u64) -> u128 {
 }
 
 /// Messages `range` on every partition.
-async fn produce(client: &IggyClient, range: std::ops::Range<u64>) -> TestResult {
+async fn produce(client: &Client, range: std::ops::Range<u64>) -> TestResult {
     let bulk = Bulk {
         stream: STREAM.into(),
         topic: TOPIC.into(),

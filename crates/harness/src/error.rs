@@ -11,7 +11,7 @@ pub enum Error {
     /// An Iggy connection string that the SDK does not accept (the URL itself is not repeated:
     /// it may hold credentials).
     #[error("invalid Iggy connection string: {0}")]
-    InvalidUrl(#[source] iggy::prelude::IggyError),
+    InvalidUrl(&'static str),
     /// An Iggy SDK call failed.
     #[error("iggy: {0}")]
     Iggy(#[from] iggy::prelude::IggyError),

@@ -1,10 +1,8 @@
 //! Consumer groups as an application uses them, for the disaster-recovery scenarios: a group
 //! that consumed up to some offsets, the offset a group stored, the message at an offset.
 
-use iggy::prelude::{
-    Consumer, ConsumerGroupClient, ConsumerOffsetClient, Identifier, IggyClient, MessageClient,
-    PollingStrategy,
-};
+use iggy::prelude::{Consumer, Identifier, PollingStrategy};
+use replicator_sdk::Client;
 
 use crate::error::{Error, Result};
 
@@ -12,7 +10,7 @@ use crate::error::{Error, Result};
 /// the group if needed, as its only member for the moment (Iggy stores a group's offset only
 /// from a member the partition is assigned to), then leaves.
 pub async fn store_group_offsets(
-    client: &IggyClient,
+    client: &Client,
     (stream, topic): (&str, &str),
     group: &str,
     offsets: &[(u32, u64)],
@@ -42,7 +40,7 @@ pub async fn store_group_offsets(
 
 /// The offset `group` stored on `partition` of `stream/topic` (reading needs no membership).
 pub async fn group_offset(
-    client: &IggyClient,
+    client: &Client,
     (stream, topic): (&str, &str),
     group: &str,
     partition: u32,
@@ -60,7 +58,7 @@ pub async fn group_offset(
 
 /// The id of the message at `offset` of `stream/topic/partition`.
 pub async fn message_id_at(
-    client: &IggyClient,
+    client: &Client,
     (stream, topic): (&str, &str),
     partition: u32,
     offset: u64,
@@ -90,7 +88,7 @@ pub async fn message_id_at(
 /// Whether `group` on the target stored, on `partition`, the offset of the copy of the message
 /// at `upstream_offset` upstream: the message there has the same id.
 pub async fn translated_exactly(
-    (upstream, downstream): (&IggyClient, &IggyClient),
+    (upstream, downstream): (&Client, &Client),
     (stream, topic): (&str, &str),
     group: &str,
     partition: u32,
@@ -110,7 +108,7 @@ pub async fn translated_exactly(
 /// The message `group` reads next on `partition` of `stream/topic` (joins, polls with
 /// `next()` without committing, leaves), as an application that starts on this cluster would.
 pub async fn group_next_message(
-    client: &IggyClient,
+    client: &Client,
     (stream, topic): (&str, &str),
     group: &str,
     partition: u32,

@@ -9,7 +9,8 @@
 //! * `binary`: [`ReplicatorBinary`], the `iggy-replicator` executable, passed in by the caller.
 //! * `servers`: [`Servers`], two in-process servers with the replicated topic created
 //!   upstream, and [`DevServer`], a `dev-server` process on a port the OS picked.
-//! * `topic`: [`Topic`] and the SDK calls around it: [`connect`], [`ensure_topic`],
+//! * `topic`: [`Endpoint`] (a server's connection string and Iggy generation), [`Topic`] and
+//!   the SDK calls around it: [`connect`] (a [`Client`] of either generation), [`ensure_topic`],
 //!   [`delete_stream`], message counts, [`Watch`].
 //! * `producer`: [`PacedProducer`] (a rate, optionally a total, pause and resume) and
 //!   [`produce_bulk`] (a range of messages per partition, as fast as the server takes them).
@@ -60,12 +61,13 @@ pub use producer::{
 pub use raw_copy::{raw_copy, RawCopy};
 pub use replicator_control::ControlTiming;
 pub use replicator_model::NodeId;
+pub use replicator_sdk::Client;
 pub use servers::{DevServer, Servers};
 pub use status::{MemberView, PausedView, PendingResetView, Status, UnitView};
 pub use tls::{NodeTls, TestCa};
 pub use topic::{
     connect, delete_stream, ensure_topic, partition_counts, partition_ids, partition_messages,
-    stream_messages, Target, Topic, Watch,
+    stream_messages, Endpoint, Target, Topic, Watch,
 };
 pub use wait::{serial, tick, wait_until, Deadline};
 

@@ -10,13 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use iggy::prelude::{
-    Client, HeaderKey, HeaderValue, Identifier, IggyClient, IggyError, IggyMessage, MessageClient,
-    Partitioning,
-};
+use iggy::prelude::{HeaderKey, HeaderValue, Identifier, IggyError, IggyMessage, Partitioning};
+use replicator_sdk::Client;
 use tokio::task::JoinHandle;
 
-use crate::{connect, Error, Result, Target};
+use crate::{connect, Endpoint, Error, Result, Target};
 
 /// How long one send may take before it counts as failed.
 const SEND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -94,8 +92,8 @@ impl Encoder {
 /// What a [`PacedProducer`] does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProducerParams {
-    /// Connection string of the server produced to, e.g. `iggy://iggy:iggy@127.0.0.1:8090`.
-    pub url: String,
+    /// The server produced to.
+    pub server: Endpoint,
     /// The partitions written to, round robin, `batch` messages to each in turn.
     pub targets: Vec<Target>,
     /// Messages per second offered, e.g. 1600. A round that falls behind is made up in the
@@ -116,11 +114,11 @@ pub struct ProducerParams {
 }
 
 impl ProducerParams {
-    /// `rate` messages per second to `targets` at `url`, message by message, every 10 ms,
+    /// `rate` messages per second to `targets` on `server`, message by message, every 10 ms,
     /// 256-byte filler payloads, until stopped, failing at the first failed send.
-    pub fn new(url: impl Into<String>, targets: Vec<Target>, rate: u64) -> Self {
+    pub fn new(server: impl Into<Endpoint>, targets: Vec<Target>, rate: u64) -> Self {
         Self {
-            url: url.into(),
+            server: server.into(),
             targets,
             rate,
             total: None,
@@ -230,7 +228,7 @@ async fn produce(params: ProducerParams, flags: Flags) -> Result<ProducerReport>
     if params.targets.is_empty() || params.rate == 0 {
         return Ok(report);
     }
-    let client = connect(&params.url).await?;
+    let client = connect(&params.server).await?;
     let ids: Vec<(Identifier, Identifier)> = params
         .targets
         .iter()
@@ -280,7 +278,7 @@ async fn produce(params: ProducerParams, flags: Flags) -> Result<ProducerReport>
             )
             .await;
             match sent {
-                Ok(Ok(())) => {
+                Ok(Ok(_)) => {
                     report.produced += count;
                     flags.produced.fetch_add(count, Ordering::Relaxed);
                 }
@@ -316,7 +314,7 @@ pub struct Bulk {
 
 /// Sends [`Bulk::range`] to every partition of `bulk` through `client`, in order, `batch`
 /// messages per send; `message(partition, seq)` builds each message.
-pub async fn produce_bulk<E, F>(client: &IggyClient, bulk: &Bulk, mut message: F) -> Result<(), E>
+pub async fn produce_bulk<E, F>(client: &Client, bulk: &Bulk, mut message: F) -> Result<(), E>
 where
     E: From<IggyError>,
     F: FnMut(u32, u64) -> Result<IggyMessage, E>,

@@ -1,19 +1,18 @@
 //! The baseline the replicator is measured against: a raw poll→send copy loop through the SDK,
 //! with nothing else (no provenance headers, no offsets committed, no coordination).
 
-use iggy::prelude::{
-    Client, Consumer, Identifier, IggyClient, MessageClient, Partitioning, PollingStrategy,
-};
+use iggy::prelude::{Consumer, Identifier, Partitioning, PollingStrategy};
+use replicator_sdk::Client;
 
-use crate::{connect, Error, Result, Topic};
+use crate::{connect, Endpoint, Error, Result, Topic};
 
 /// What [`raw_copy`] copies, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawCopy {
-    /// Upstream connection string.
-    pub source_url: String,
-    /// Downstream connection string.
-    pub target_url: String,
+    /// The upstream server.
+    pub source: Endpoint,
+    /// The downstream server.
+    pub target: Endpoint,
     /// The upstream topic; every partition is copied from offset 0.
     pub topic: Topic,
     /// The downstream stream: partition `p` goes to partition `p` of the topic of the same
@@ -37,8 +36,8 @@ pub async fn raw_copy(copy: &RawCopy) -> Result<()> {
         let partitions: Vec<u32> = (0..copy.topic.partitions)
             .filter(|p| p % connections == worker)
             .collect();
-        let source = connect(&copy.source_url).await?;
-        let target = connect(&copy.target_url).await?;
+        let source = connect(&copy.source).await?;
+        let target = connect(&copy.target).await?;
         let copy = copy.clone();
         workers.push(tokio::spawn(async move {
             copy_partitions(&source, &target, &copy, &partitions).await?;
@@ -55,8 +54,8 @@ pub async fn raw_copy(copy: &RawCopy) -> Result<()> {
 
 /// One worker of [`raw_copy`]: copies `partitions` round robin, a batch each in turn.
 async fn copy_partitions(
-    source: &IggyClient,
-    target: &IggyClient,
+    source: &Client,
+    target: &Client,
     copy: &RawCopy,
     partitions: &[u32],
 ) -> Result<()> {

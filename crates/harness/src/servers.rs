@@ -6,14 +6,13 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use iggy::prelude::Client;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use replicator_testkit::{IggyVersion, TestServer, TestServerConfig};
 
 use crate::{
-    connect, ensure_topic, partition_messages, tick, Deadline, Error, ReplicatorBinary, Result,
-    Topic,
+    connect, ensure_topic, partition_messages, tick, Deadline, Endpoint, Error, ReplicatorBinary,
+    Result, Topic,
 };
 
 /// Upstream and downstream in-process Iggy servers, with the replicated topic created upstream.
@@ -115,10 +114,8 @@ impl Servers {
 pub struct DevServer {
     /// The process.
     child: Child,
-    /// Its connection string, as it printed it.
-    url: String,
-    /// Its connection string for SDK 0.10 clients (the same for a 0.8 server).
-    url_08: String,
+    /// Its connection string, as it printed it, and its generation.
+    endpoint: Endpoint,
     /// Reads (and discards) the rest of its stdout, so that it never blocks on a full pipe;
     /// ends when the process does.
     drain: Option<std::thread::JoinHandle<()>>,
@@ -133,8 +130,7 @@ impl DevServer {
         Self::start_in(binary, IggyVersion::V0_8).await
     }
 
-    /// [`DevServer::start`] for a server speaking `version`; [`DevServer::url`] is then the
-    /// URL in that generation and [`DevServer::url_08`] the one SDK 0.10 tooling uses.
+    /// [`DevServer::start`] for a server speaking `version`.
     pub async fn start_in(binary: &ReplicatorBinary, version: IggyVersion) -> Result<Self> {
         let child = binary
             .process()
@@ -147,8 +143,7 @@ impl DevServer {
         // From here on, drop kills the process, also on the error paths below.
         let mut server = Self {
             child,
-            url: String::new(),
-            url_08: String::new(),
+            endpoint: Endpoint::new(version, String::new()),
             drain: None,
         };
         let stdout = server
@@ -159,43 +154,36 @@ impl DevServer {
         let read = tokio::task::spawn_blocking(move || {
             let mut reader = BufReader::new(stdout);
             let mut line = String::new();
-            let mut own = None;
             while reader.read_line(&mut line).ok().is_some_and(|n| n > 0) {
                 if let Some(url) = line.trim().strip_prefix("connection string: ") {
-                    if version == IggyVersion::V0_8 {
-                        return Some(((url.to_owned(), url.to_owned()), reader));
-                    }
-                    own = Some(url.to_owned());
-                } else if let Some(url) = line.trim().strip_prefix("0.8 connection string: ") {
-                    return Some(((own?, url.to_owned()), reader));
+                    return Some((url.to_owned(), reader));
                 }
                 line.clear();
             }
             None
         });
-        let ((url, url_08), mut reader) = tokio::time::timeout(Self::START_WITHIN, read)
+        let (url, mut reader) = tokio::time::timeout(Self::START_WITHIN, read)
             .await
             .map_err(|_| Error::timed_out("the dev server's address", "nothing printed"))??
             .ok_or_else(|| Error::Setup("the dev server exited before it listened".to_owned()))?;
         server.drain = Some(std::thread::spawn(move || {
             let _ = std::io::copy(&mut reader, &mut std::io::sink());
         }));
-        connect(&url_08).await?.shutdown().await?;
-        server.url = url;
-        server.url_08 = url_08;
+        server.endpoint.url = url;
+        connect(&server.endpoint).await?.shutdown().await?;
         Ok(server)
-    }
-
-    /// Where SDK 0.10 tooling reaches the same data (the URL itself for a 0.8 server).
-    #[must_use]
-    pub fn url_08(&self) -> &str {
-        &self.url_08
     }
 
     /// Its connection string (`iggy://iggy:iggy@127.0.0.1:PORT`).
     #[must_use]
     pub fn url(&self) -> &str {
-        &self.url
+        &self.endpoint.url
+    }
+
+    /// Its connection string and generation, for the harness's tools.
+    #[must_use]
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
     }
 
     /// Its process id (the benchmarks read its CPU from `/proc`).

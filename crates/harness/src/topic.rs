@@ -1,14 +1,62 @@
-//! Topics by name and the SDK calls the harness makes on them: connect, create, delete, count.
+//! Servers as the harness reaches them ([`Endpoint`]), topics by name, and the SDK calls the
+//! harness makes on them: connect, create, delete, count. Every call goes through
+//! [`replicator_sdk::Client`], so the tools work on servers of either Iggy generation.
 
 use std::time::{Duration, Instant};
 
-use iggy::prelude::{
-    Client, CompressionAlgorithm, Consumer, Identifier, IggyClient, IggyExpiry, MaxTopicSize,
-    MessageClient, PollingStrategy, StreamClient, TopicClient,
-};
+use iggy::prelude::PollingStrategy;
+use iggy::prelude::{CompressionAlgorithm, Consumer, Identifier, IggyExpiry, MaxTopicSize};
+use replicator_model::IggyVersion;
+use replicator_sdk::{Client, ClientConfig};
 use replicator_testkit::TestServer;
 
 use crate::{Deadline, Error, Result};
+
+/// An Iggy server as the harness's tools reach it: its connection string and the protocol
+/// generation it speaks. A bare connection string (`&str`, `String`) names an Iggy 0.8 server,
+/// the default generation as in the replicator's config; a 0.9 server is named with
+/// [`Endpoint::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Connection string with credentials, e.g. `iggy://iggy:iggy@127.0.0.1:8090`.
+    pub url: String,
+    /// The generation the server speaks.
+    pub iggy_version: IggyVersion,
+}
+
+impl Endpoint {
+    /// The server at `url`, speaking `iggy_version`.
+    pub fn new(iggy_version: IggyVersion, url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            iggy_version,
+        }
+    }
+}
+
+impl From<&str> for Endpoint {
+    fn from(url: &str) -> Self {
+        Self::new(IggyVersion::V0_8, url)
+    }
+}
+
+impl From<&String> for Endpoint {
+    fn from(url: &String) -> Self {
+        Self::new(IggyVersion::V0_8, url.as_str())
+    }
+}
+
+impl From<String> for Endpoint {
+    fn from(url: String) -> Self {
+        Self::new(IggyVersion::V0_8, url)
+    }
+}
+
+impl From<&Endpoint> for Endpoint {
+    fn from(endpoint: &Endpoint) -> Self {
+        endpoint.clone()
+    }
+}
 
 /// A topic by stream and topic name, with its partition count.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,18 +103,15 @@ pub struct Target {
     pub partition: u32,
 }
 
-/// A connected, logged-in SDK client (the URL carries the credentials). Nagle's algorithm is
-/// turned off unless the URL sets `nodelay`: with delayed ACKs every small send would wait
+/// A connected, logged-in client of the server's generation (the URL carries the
+/// credentials). The SDK reconnects by itself as the URL configures (a producer rides out a
+/// server restart); Nagle's algorithm is off: with delayed ACKs every small send would wait
 /// about 40 ms.
-pub async fn connect(url: &str) -> Result<IggyClient> {
-    let url = if url.contains("nodelay=") {
-        url.to_owned()
-    } else if url.contains('?') {
-        format!("{url}&nodelay=true")
-    } else {
-        format!("{url}?nodelay=true")
-    };
-    let client = IggyClient::from_connection_string(&url).map_err(Error::InvalidUrl)?;
+pub async fn connect(server: impl Into<Endpoint>) -> Result<Client> {
+    let server = server.into();
+    let client = ClientConfig::parse_reconnecting(server.iggy_version, &server.url)
+        .map_err(Error::InvalidUrl)?
+        .client()?;
     client.connect().await?;
     Ok(client)
 }
@@ -74,7 +119,7 @@ pub async fn connect(url: &str) -> Result<IggyClient> {
 /// Creates `stream` if it is missing and `stream/topic` with `partitions` partitions if it is
 /// missing; an existing topic is kept as it is.
 pub async fn ensure_topic(
-    client: &IggyClient,
+    client: &Client,
     stream: &str,
     topic: &str,
     partitions: u32,
@@ -103,10 +148,9 @@ pub async fn ensure_topic(
     Ok(())
 }
 
-/// Deletes `stream` on the server at `url` if it exists (the cleanup of a run on shared
-/// servers).
-pub async fn delete_stream(url: &str, stream: &str) -> Result<()> {
-    let client = connect(url).await?;
+/// Deletes `stream` on `server` if it exists (the cleanup of a run on shared servers).
+pub async fn delete_stream(server: impl Into<Endpoint>, stream: &str) -> Result<()> {
+    let client = connect(server).await?;
     let id = Identifier::named(stream)?;
     if client.get_stream(&id).await?.is_some() {
         client.delete_stream(&id).await?;
@@ -117,7 +161,7 @@ pub async fn delete_stream(url: &str, stream: &str) -> Result<()> {
 
 /// Messages per partition of `stream/topic` through the SDK, by partition id (empty while the
 /// topic does not exist).
-pub async fn partition_counts(client: &IggyClient, stream: &str, topic: &str) -> Result<Vec<u64>> {
+pub async fn partition_counts(client: &Client, stream: &str, topic: &str) -> Result<Vec<u64>> {
     let topic = client
         .get_topic(&Identifier::named(stream)?, &Identifier::named(topic)?)
         .await?;
@@ -136,7 +180,7 @@ pub async fn partition_counts(client: &IggyClient, stream: &str, topic: &str) ->
 /// The ids of every message of one partition of `stream/topic`, in offset order (empty while it
 /// does not exist or holds nothing).
 pub async fn partition_ids(
-    client: &IggyClient,
+    client: &Client,
     (stream, topic): (&str, &str),
     partition: u32,
 ) -> Result<Vec<u128>> {
@@ -163,7 +207,7 @@ pub async fn partition_ids(
 }
 
 /// Messages in every topic of `stream` through the SDK (0 while it does not exist).
-pub async fn stream_messages(client: &IggyClient, stream: &str) -> Result<u64> {
+pub async fn stream_messages(client: &Client, stream: &str) -> Result<u64> {
     Ok(client
         .get_stream(&Identifier::named(stream)?)
         .await?
@@ -183,7 +227,7 @@ pub fn partition_messages(server: &TestServer, stream: &str, topic: &str, partit
 /// A watched topic: its message counts through one client kept open (servers of any kind).
 pub struct Watch {
     /// Client of the watched server.
-    client: IggyClient,
+    client: Client,
     /// Stream name.
     stream: String,
     /// Topic name.
@@ -191,10 +235,10 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Watches `stream/topic` on the server at `url`.
-    pub async fn new(url: &str, stream: &str, topic: &str) -> Result<Self> {
+    /// Watches `stream/topic` on `server`.
+    pub async fn new(server: impl Into<Endpoint>, stream: &str, topic: &str) -> Result<Self> {
         Ok(Self {
-            client: connect(url).await?,
+            client: connect(server).await?,
             stream: stream.to_owned(),
             topic: topic.to_owned(),
         })

@@ -16,7 +16,7 @@ use tokio::sync::Mutex;
 
 use crate::activity::ActivityRegistry;
 use crate::error::{Error, Result};
-use crate::sdk::{Client, ClientConfig};
+use replicator_sdk::{Client, ClientConfig};
 
 /// An established connection as handed to callers.
 #[derive(Clone)]

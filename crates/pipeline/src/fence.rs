@@ -217,7 +217,7 @@ impl TargetFence {
 /// One call on `t`'s managing connection, the error as one line naming the cluster.
 async fn call<T, F, Fut>(t: &FencedTarget, op: &str, f: F) -> std::result::Result<T, String>
 where
-    F: FnOnce(Arc<crate::sdk::Client>) -> Fut,
+    F: FnOnce(Arc<replicator_sdk::Client>) -> Fut,
     Fut: std::future::Future<Output = std::result::Result<T, IggyError>>,
 {
     t.admin

@@ -49,13 +49,6 @@ pub async fn run_until(args: DevServerArgs, shutdown: impl Future<Output = ()>) 
         server.addr()
     );
     println!("connection string: {}", server.connection_string());
-    if server.iggy_version() != IggyVersion::V0_8 {
-        // Test scaffolding: the same data for SDK 0.10 tooling (see `connection_string_in`).
-        println!(
-            "0.8 connection string: {}",
-            server.connection_string_in(IggyVersion::V0_8)
-        );
-    }
     shutdown.await;
     tracing::info!("shutting down");
     server.shutdown().await;

@@ -27,9 +27,6 @@ pub struct TestServer {
     faults: Faults,
     /// Bound address; kept across restarts.
     addr: SocketAddr,
-    /// Where the same data is served in the other protocol generation (see
-    /// [`TestServer::connection_string_in`]); kept across restarts.
-    other_addr: SocketAddr,
     /// Accept loop (owns the connection tasks); `None` once shut down.
     running: Option<Running>,
     /// Periodic retention cleaner, when configured.
@@ -114,17 +111,6 @@ impl TestServer {
             addr: config.bind,
             source,
         })?;
-        let other_bind = SocketAddr::new(config.bind.ip(), 0);
-        let other = TcpListener::bind(other_bind)
-            .await
-            .map_err(|source| Error::Bind {
-                addr: other_bind,
-                source,
-            })?;
-        let other_addr = other.local_addr().map_err(|source| Error::Bind {
-            addr: other_bind,
-            source,
-        })?;
         let cleaner_interval = config.cleaner_interval;
         let shared = Arc::new(Shared {
             state: Arc::new(state),
@@ -133,14 +119,13 @@ impl TestServer {
             store,
         });
         let faults = Faults::default();
-        let running = spawn_listener([listener, other], &shared, &faults.inner);
+        let running = spawn_listener(listener, &shared, &faults.inner);
         let cleaner = cleaner_interval.map(|every| spawn_cleaner(&shared, every));
         tracing::info!(addr = %addr, "iggy-compatible server listening");
         Ok(TestServer {
             shared,
             faults,
             addr,
-            other_addr,
             running: Some(running),
             cleaner,
         })
@@ -209,30 +194,14 @@ impl TestServer {
             r.stop().await;
         }
         write(&self.shared.state.meta).users.rebuild_index();
-        let listeners = [rebind(self.addr).await?, rebind(self.other_addr).await?];
-        self.running = Some(spawn_listener(listeners, &self.shared, &self.faults.inner));
+        let listener = rebind(self.addr).await?;
+        self.running = Some(spawn_listener(listener, &self.shared, &self.faults.inner));
         Ok(())
     }
 
-    /// The protocol generation this server speaks at [`TestServer::connection_string`].
+    /// The protocol generation this server speaks (`TestServerConfig::iggy_version`).
     pub fn iggy_version(&self) -> IggyVersion {
         self.shared.config.iggy_version
-    }
-
-    /// `iggy://USER:PASSWORD@HOST:PORT` where the same streams, users and messages are served
-    /// in `version`: the server's own port for its own generation, a second port for the
-    /// other one. Test scaffolding (a real server speaks one generation): it lets a test seed
-    /// and inspect a 0.9 server with the 0.8 SDK while the code under test talks 0.9 to it.
-    pub fn connection_string_in(&self, version: IggyVersion) -> String {
-        let addr = if version == self.iggy_version() {
-            self.addr
-        } else {
-            self.other_addr
-        };
-        format!(
-            "iggy://{}:{}@{}",
-            self.shared.config.root_username, self.shared.config.root_password, addr
-        )
     }
 }
 
@@ -253,17 +222,16 @@ async fn rebind(addr: SocketAddr) -> Result<TcpListener> {
     }
 }
 
-/// Serves `[own, other]`: the server's generation on the first listener, the other one on the
-/// second.
+/// Serves `listener` in the server's generation.
 fn spawn_listener(
-    listeners: [TcpListener; 2],
+    listener: TcpListener,
     shared: &Arc<Shared>,
     faults: &Arc<FaultState>,
 ) -> Running {
     let stop = CancellationToken::new();
     faults.start_generation(&stop);
     let task = tokio::spawn(accept_loop(
-        listeners,
+        listener,
         Arc::clone(shared),
         Arc::clone(faults),
         stop.clone(),
@@ -272,27 +240,22 @@ fn spawn_listener(
 }
 
 async fn accept_loop(
-    [own, other]: [TcpListener; 2],
+    listener: TcpListener,
     shared: Arc<Shared>,
     faults: Arc<FaultState>,
     stop: CancellationToken,
 ) {
-    let own_version = shared.config.iggy_version;
-    let other_version = match own_version {
-        IggyVersion::V0_8 => IggyVersion::V0_9,
-        IggyVersion::V0_9 => IggyVersion::V0_8,
-    };
+    let version = shared.config.iggy_version;
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
             () = stop.cancelled() => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-            accepted = own.accept() => accepted.map(|a| (a, own_version)),
-            accepted = other.accept() => accepted.map(|a| (a, other_version)),
+            accepted = listener.accept() => accepted,
         };
         {
             match accepted {
-                Ok(((stream, peer), version)) => {
+                Ok((stream, peer)) => {
                     if faults.refusing() {
                         drop(stream);
                         continue;
@@ -317,7 +280,7 @@ async fn accept_loop(
             }
         }
     }
-    drop((own, other));
+    drop(listener);
     while connections.join_next().await.is_some() {}
 }
 

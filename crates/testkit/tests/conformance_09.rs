@@ -855,30 +855,3 @@ async fn a_08_client_gets_no_answer_from_a_09_server_and_the_reverse_fails_fast(
         "a 0.9 server must not answer an 8-byte 0.8 frame"
     );
 }
-
-#[tokio::test]
-async fn the_second_port_serves_the_same_data_in_the_other_generation() -> TestResult {
-    let t = Target::new().await;
-    let Some(server) = &t.server else {
-        eprintln!("SKIPPED the second port: a real server speaks one generation only");
-        return Ok(());
-    };
-    let client = t.client().await;
-    let stream = client.create_stream(&unique("both")).await?;
-    {
-        use iggy::prelude::{Client as _, StreamClient as _};
-        let url = server.connection_string_in(IggyVersion::V0_8);
-        let old = iggy::prelude::IggyClient::from_connection_string(&url)?;
-        old.connect().await?;
-        let seen = old
-            .get_stream(&iggy::prelude::Identifier::numeric(stream.id)?)
-            .await?;
-        check!(seen.map(|s| s.name) == Some(stream.name.clone()));
-        old.shutdown().await?;
-    }
-    check!(server.connection_string_in(IggyVersion::V0_9) == server.connection_string());
-    client
-        .delete_stream(&Identifier::numeric(stream.id)?)
-        .await?;
-    Ok(())
-}

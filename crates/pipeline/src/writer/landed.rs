@@ -7,7 +7,7 @@
 //! know and re-reads the partition's tail before sending again, so that what it copies next
 //! follows what the target really holds.
 
-use crate::sdk::Confirmed;
+use replicator_sdk::Confirmed;
 
 /// What the confirmations of one writer's sends said so far.
 #[derive(Debug, Default)]
@@ -94,7 +94,7 @@ impl LandedCheck {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sdk::Place;
+    use replicator_sdk::Place;
 
     fn at(partition: u32, base_offset: u64, messages: u32) -> Confirmed {
         Confirmed {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use iggy::prelude::{GlobalPermissions, Permissions, UserClient, UserStatus};
+use iggy::prelude::{GlobalPermissions, Permissions, UserStatus};
 use replicator_model::{WorkUnit, WriterLogin};
 use replicator_pipeline::verify::{verify, VerifyParams};
 use replicator_pipeline::{ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams};

@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use iggy::prelude::{ConsumerGroupClient, Identifier, IggyClient};
+use iggy::prelude::Identifier;
+use replicator_harness::Client;
 use replicator_harness::{group_offset, store_group_offsets, translated_exactly};
 use replicator_model::WorkUnit;
 use replicator_pipeline::{FlowParams, Pipeline};
@@ -29,8 +30,8 @@ fn syncing(stream: &str, groups: &[&str]) -> FlowParams {
 /// Waits until `group` on the target stored, on `partition`, the offset of the copy of the
 /// message at `upstream` upstream (same id).
 async fn check_translated(
-    up: &IggyClient,
-    down: &IggyClient,
+    up: &Client,
+    down: &Client,
     (stream, topic, group): (&str, &str, &str),
     partition: u32,
     upstream: u64,

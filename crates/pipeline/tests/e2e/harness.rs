@@ -13,8 +13,9 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use iggy::prelude::{HeaderKey, HeaderValue, IggyClient, IggyMessage};
-use replicator_harness::{connect, produce_bulk, Bulk};
+use iggy::prelude::{HeaderKey, HeaderValue, IggyMessage};
+use replicator_harness::Client;
+use replicator_harness::{connect, produce_bulk, Bulk, Endpoint};
 use replicator_model::{
     Assignment, CommitOutcome, Epoch, IggyVersion, OffsetCommit, OffsetReset, UnitProgress,
     WorkUnit, WriterLogin,
@@ -54,14 +55,7 @@ pub(crate) fn node_id() -> u64 {
 
 /// What [`Env::copied_unit`] returns: the servers, a client of upstream, the flow, its one
 /// unit, the control plane and the running pipeline.
-pub(crate) type CopiedUnit = (
-    Env,
-    IggyClient,
-    FlowParams,
-    WorkUnit,
-    InMemoryControl,
-    Pipeline,
-);
+pub(crate) type CopiedUnit = (Env, Client, FlowParams, WorkUnit, InMemoryControl, Pipeline);
 
 /// Two clusters: `us` (upstream) and `eu` (downstream).
 pub(crate) struct Env {
@@ -131,7 +125,7 @@ impl Env {
         partitions: u32,
         seeded: Range<u64>,
         batch: u64,
-    ) -> TestResult<(Self, IggyClient, FlowParams)> {
+    ) -> TestResult<(Self, Client, FlowParams)> {
         let env = Self::start().await?;
         let up = client(&env.us).await?;
         create_topic(&up, stream, topic, partitions).await?;
@@ -229,10 +223,10 @@ pub(crate) fn flow(name: &str, include: &[&str]) -> FlowParams {
     f
 }
 
-/// A connected SDK 0.10 client of `server`, whatever generation the server speaks to the
-/// pipeline (through its 0.8 port).
-pub(crate) async fn client(server: &TestServer) -> TestResult<IggyClient> {
-    Ok(connect(&server.connection_string_in(IggyVersion::V0_8)).await?)
+/// A connected client of `server`, in the generation it speaks to the pipeline.
+pub(crate) async fn client(server: &TestServer) -> TestResult<Client> {
+    let endpoint = Endpoint::new(server.iggy_version(), server.connection_string());
+    Ok(connect(endpoint).await?)
 }
 
 /// A recognisable test message: id, payload, one user header and an origin timestamp derived
@@ -256,7 +250,7 @@ pub(crate) fn message(partition: u32, seq: u64, payload_len: usize) -> TestResul
 /// Produces messages `range` ([`message`]s of 64 bytes) to each of `partitions` partitions,
 /// `batch` per send.
 pub(crate) async fn produce(
-    c: &IggyClient,
+    c: &Client,
     stream: &str,
     topic: &str,
     partitions: u32,

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use iggy::prelude::{Consumer, HeaderKey, Identifier, IggyClient, MessageClient, PollingStrategy};
+use iggy::prelude::{Consumer, HeaderKey, Identifier, PollingStrategy};
+use replicator_harness::Client;
 use replicator_model::WorkUnit;
 use replicator_pipeline::{
     HeartbeatRecord, InMemoryControl, Observer, Pipeline, PipelineObserver, HEARTBEAT_HEADER,
@@ -19,7 +20,7 @@ use crate::harness::{
 
 /// Every heartbeat stored in `stream/topic/0`, with the flow named by its header.
 async fn heartbeats(
-    c: &IggyClient,
+    c: &Client,
     stream: &str,
     topic: &str,
 ) -> TestResult<Vec<(HeartbeatRecord, String)>> {

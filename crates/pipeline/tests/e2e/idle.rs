@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use iggy::prelude::{Identifier, IggyClient, MessageClient, Partitioning};
+use iggy::prelude::{Identifier, Partitioning};
+use replicator_harness::Client;
 use replicator_pipeline::{FlowParams, InMemoryControl, Pipeline, PipelineParams};
 use replicator_testkit::TestServer;
 
@@ -28,7 +29,7 @@ fn quiet_params(env: &Env, flow: FlowParams) -> PipelineParams {
 }
 
 /// Sends `seq` to `partition` of `stream/t` (payload and headers as the harness makes them).
-async fn produce_one(c: &IggyClient, stream: &str, partition: u32, seq: u64) -> TestResult {
+async fn produce_one(c: &Client, stream: &str, partition: u32, seq: u64) -> TestResult {
     let mut msgs = vec![message(partition, seq, 64)?];
     let (s, t) = (Identifier::named(stream)?, Identifier::named("t")?);
     c.send_messages(&s, &t, &Partitioning::partition_id(partition), &mut msgs)
@@ -39,7 +40,7 @@ async fn produce_one(c: &IggyClient, stream: &str, partition: u32, seq: u64) -> 
 /// A topic of [`PARTITIONS`] partitions where the even ones hold one message (offset 0) and the
 /// odd ones are empty: Iggy reports `current_offset` 0 for both, so a watcher that mixed them
 /// up would wake the readers of one of the two halves in every round.
-async fn half_empty_topic(env: &Env, stream: &str) -> TestResult<IggyClient> {
+async fn half_empty_topic(env: &Env, stream: &str) -> TestResult<Client> {
     let up = client(&env.us).await?;
     create_topic(&up, stream, "t", PARTITIONS).await?;
     for partition in (0..PARTITIONS).step_by(2) {
@@ -61,7 +62,7 @@ fn copied(env: &Env, stream: &str) -> u64 {
 async fn start_watched(
     stream: &str,
     idle_poll_interval: Option<Duration>,
-) -> TestResult<(Env, IggyClient, FlowParams, Pipeline)> {
+) -> TestResult<(Env, Client, FlowParams, Pipeline)> {
     let env = Env::start().await?;
     let up = half_empty_topic(&env, stream).await?;
     let mut f = flow(stream, &[&format!("{stream}/*")]);

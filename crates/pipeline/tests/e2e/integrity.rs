@@ -6,10 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use iggy::prelude::{
-    Consumer, Identifier, IggyClient, IggyMessage, MessageClient, Partitioning, PollingStrategy,
-    TopicClient,
-};
+use iggy::prelude::{Consumer, Identifier, IggyMessage, Partitioning, PollingStrategy};
+use replicator_harness::Client;
 use replicator_model::{IggyVersion, WorkUnit};
 use replicator_pipeline::provenance::{self, Incarnation};
 use replicator_pipeline::{
@@ -23,7 +21,7 @@ use crate::harness::{
 
 /// `count` messages of `stream/topic/0` from `offset` on, as stored by `server`'s client `c`.
 async fn messages(
-    c: &IggyClient,
+    c: &Client,
     stream: &str,
     topic: &str,
     offset: u64,
@@ -44,7 +42,7 @@ async fn messages(
 }
 
 /// The upstream topic's creation time (µs).
-async fn created_at(c: &IggyClient, stream: &str, topic: &str) -> TestResult<u64> {
+async fn created_at(c: &Client, stream: &str, topic: &str) -> TestResult<u64> {
     let topic = c
         .get_topic(&Identifier::named(stream)?, &Identifier::named(topic)?)
         .await?

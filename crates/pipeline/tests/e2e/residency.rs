@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use iggy::prelude::{ConsumerGroupClient, Identifier, StreamClient};
+use iggy::prelude::Identifier;
 use replicator_harness::{store_group_offsets, translated_exactly};
 use replicator_model::WorkUnit;
 use replicator_pipeline::verify::verify;

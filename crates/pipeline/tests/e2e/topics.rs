@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use iggy::prelude::{Identifier, PartitionClient, TopicClient};
+use iggy::prelude::Identifier;
 use replicator_model::{InitialOffset, Naming, WorkUnit};
 use replicator_pipeline::{InMemoryControl, Pipeline};
 

@@ -500,6 +500,26 @@ pub(super) async fn create_stream(c: &C, name: &str) -> Result<StreamDetails, Ig
     stream_details_back(map(c.create_stream(name).await)?)
 }
 
+pub(super) async fn delete_stream(c: &C, stream: &Identifier) -> Result<(), IggyError> {
+    map(c.delete_stream(&ident(stream)?).await)
+}
+
+pub(super) async fn delete_topic(
+    c: &C,
+    stream: &Identifier,
+    topic: &Identifier,
+) -> Result<(), IggyError> {
+    map(c.delete_topic(&ident(stream)?, &ident(topic)?).await)
+}
+
+pub(super) async fn purge_topic(
+    c: &C,
+    stream: &Identifier,
+    topic: &Identifier,
+) -> Result<(), IggyError> {
+    map(c.purge_topic(&ident(stream)?, &ident(topic)?).await)
+}
+
 pub(super) async fn get_topic(
     c: &C,
     stream: &Identifier,

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use replicator_model::IggyVersion;
 
-use super::ClientConfig;
+use replicator_sdk::ClientConfig;
+
 use crate::params::ClusterParams;
 
 /// How long one PING may take before the server counts as not answering in that generation.

@@ -1,19 +1,16 @@
-//! The one interface the pipeline has to an Iggy cluster, whichever protocol generation it
+//! The one interface iggy-replicator has to an Iggy cluster, whichever protocol generation it
 //! speaks (`clusters.<alias>.iggy_version`): an SDK connection of that generation behind the
-//! few calls the pipeline makes (poll at an offset, send to a partition, topic metadata, create
-//! streams, topics and partitions, users and permissions for the fence, consumer groups and
-//! their offsets).
+//! few calls the replicator makes (poll at an offset, send to a partition, topic metadata,
+//! create streams, topics and partitions, users and permissions for the fence, consumer groups
+//! and their offsets) and that its test and benchmark tools make (delete and purge).
 //!
-//! The pipeline speaks the vocabulary of SDK 0.10 (the 0.8 generation): its messages, ids and
+//! Its callers speak the vocabulary of SDK 0.10 (the 0.8 generation): its messages, ids and
 //! records. A 0.8 connection passes every call straight to SDK 0.10; a 0.9 connection
 //! (`v09`) converts the arguments and answers of SDK 0.11 field by field. Payloads and user
 //! headers are `Bytes` in both SDKs and travel between them without a copy; user headers are
 //! encoded alike in both generations.
 
-mod probe;
 mod v09;
-
-pub use probe::{check_generations, probe, GenerationMismatch, Spoken, PROBE_TIMEOUT};
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -34,7 +31,7 @@ use replicator_model::IggyVersion;
 
 /// How to open connections to one cluster, parsed once from its connection string.
 #[derive(Clone)]
-pub(crate) enum ClientConfig {
+pub enum ClientConfig {
     /// An Iggy 0.8 cluster (SDK 0.10).
     V08(Arc<TcpClientConfig>),
     /// An Iggy 0.9 cluster (SDK 0.11).
@@ -42,19 +39,39 @@ pub(crate) enum ClientConfig {
 }
 
 impl ClientConfig {
-    /// Parses `connection_string` for `version`. The SDKs' own reconnect is off (see
-    /// `clients`) and Nagle is off: small requests must not wait.
-    pub(crate) fn parse(
+    /// Parses `connection_string` for `version`, as the replicator connects: the SDKs' own
+    /// reconnect is off (a writer must know when a send's outcome is unknown, and the SDK 0.10
+    /// reconnect resends the request once) and Nagle is off: small requests must not wait.
+    pub fn parse(
         version: IggyVersion,
         connection_string: &str,
     ) -> std::result::Result<Self, &'static str> {
+        Self::parse_with(version, connection_string, false)
+    }
+
+    /// Parses `connection_string` for `version` with the SDK's own reconnect as the string
+    /// configures it (on by default), for tools that may send a message twice after a
+    /// reconnect (test producers riding out a server restart); Nagle is off.
+    pub fn parse_reconnecting(
+        version: IggyVersion,
+        connection_string: &str,
+    ) -> std::result::Result<Self, &'static str> {
+        Self::parse_with(version, connection_string, true)
+    }
+
+    fn parse_with(
+        version: IggyVersion,
+        connection_string: &str,
+        reconnect: bool,
+    ) -> std::result::Result<Self, &'static str> {
+        const INVALID: &str = "not a valid Iggy connection string";
         match version {
             IggyVersion::V0_8 => {
                 let parsed =
                     ConnectionString::<TcpConnectionStringOptions>::from_str(connection_string)
-                        .map_err(|_| "not a valid Iggy connection string")?;
+                        .map_err(|_| INVALID)?;
                 let mut config = TcpClientConfig::from(parsed);
-                config.reconnection.enabled = false;
+                config.reconnection.enabled &= reconnect;
                 config.nodelay = true;
                 Ok(Self::V08(Arc::new(config)))
             }
@@ -62,9 +79,9 @@ impl ClientConfig {
                 let parsed = iggy09_common::ConnectionString::<
                     iggy09_common::TcpConnectionStringOptions,
                 >::from_str(connection_string)
-                .map_err(|_| "not a valid Iggy connection string")?;
+                .map_err(|_| INVALID)?;
                 let mut config = iggy09::prelude::TcpClientConfig::from(parsed);
-                config.reconnection.enabled = false;
+                config.reconnection.enabled &= reconnect;
                 config.nodelay = true;
                 Ok(Self::V09(Arc::new(config)))
             }
@@ -72,7 +89,7 @@ impl ClientConfig {
     }
 
     /// The same, logging in as `username` instead of the connection string's credential.
-    pub(crate) fn with_login(&self, username: &str, password: &str) -> Self {
+    pub fn with_login(&self, username: &str, password: &str) -> Self {
         match self {
             Self::V08(config) => {
                 let mut config = (**config).clone();
@@ -96,7 +113,7 @@ impl ClientConfig {
     }
 
     /// The same, connecting without logging in (PING is answered before a login).
-    pub(crate) fn without_login(&self) -> Self {
+    pub fn without_login(&self) -> Self {
         match self {
             Self::V08(config) => {
                 let mut config = (**config).clone();
@@ -112,7 +129,7 @@ impl ClientConfig {
     }
 
     /// A new, not yet connected client.
-    pub(crate) fn client(&self) -> std::result::Result<Client, IggyError> {
+    pub fn client(&self) -> std::result::Result<Client, IggyError> {
         match self {
             Self::V08(config) => {
                 let tcp = TcpClient::create(config.clone())?;
@@ -140,24 +157,24 @@ impl ClientConfig {
 /// server recognised as a replay and answered from its cache) leaves `places` empty. Iggy 0.8
 /// confirms nothing, so its sends return no `Confirmed` at all.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Confirmed {
+pub struct Confirmed {
     /// How many messages the request carried.
-    pub(crate) messages: u32,
+    pub messages: u32,
     /// Where the server says they landed.
-    pub(crate) places: Vec<Place>,
+    pub places: Vec<Place>,
 }
 
 /// A partition and the offset a request's first message landed at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Place {
+pub struct Place {
     /// The partition the server names.
-    pub(crate) partition: u32,
+    pub partition: u32,
     /// The offset of the request's first message in it.
-    pub(crate) base_offset: u64,
+    pub base_offset: u64,
 }
 
 /// One SDK connection, of the generation its cluster speaks.
-pub(crate) enum Client {
+pub enum Client {
     /// SDK 0.10 to an Iggy 0.8 server.
     V08(IggyClient),
     /// SDK 0.11 to an Iggy 0.9 server.
@@ -176,35 +193,32 @@ macro_rules! either {
 
 impl Client {
     /// Connects (and logs in with the configured credential).
-    pub(crate) async fn connect(&self) -> Result<(), IggyError> {
+    pub async fn connect(&self) -> Result<(), IggyError> {
         either!(self, c => c.connect().await, c => v09::connect(c).await)
     }
 
     /// Stops the client (its heartbeat included).
-    pub(crate) async fn shutdown(&self) -> Result<(), IggyError> {
+    pub async fn shutdown(&self) -> Result<(), IggyError> {
         either!(self, c => c.shutdown().await, c => v09::shutdown(c).await)
     }
 
-    pub(crate) async fn ping(&self) -> Result<(), IggyError> {
+    pub async fn ping(&self) -> Result<(), IggyError> {
         either!(self, c => c.ping().await, c => v09::ping(c).await)
     }
 
-    pub(crate) async fn get_me(&self) -> Result<ClientInfoDetails, IggyError> {
+    pub async fn get_me(&self) -> Result<ClientInfoDetails, IggyError> {
         either!(self, c => c.get_me().await, c => v09::get_me(c).await)
     }
 
-    pub(crate) async fn get_clients(&self) -> Result<Vec<ClientInfo>, IggyError> {
+    pub async fn get_clients(&self) -> Result<Vec<ClientInfo>, IggyError> {
         either!(self, c => c.get_clients().await, c => v09::get_clients(c).await)
     }
 
-    pub(crate) async fn get_user(
-        &self,
-        user: &Identifier,
-    ) -> Result<Option<UserInfoDetails>, IggyError> {
+    pub async fn get_user(&self, user: &Identifier) -> Result<Option<UserInfoDetails>, IggyError> {
         either!(self, c => c.get_user(user).await, c => v09::get_user(c, user).await)
     }
 
-    pub(crate) async fn create_user(
+    pub async fn create_user(
         &self,
         username: &str,
         password: &str,
@@ -216,7 +230,7 @@ impl Client {
             c => v09::create_user(c, username, password, status, permissions).await)
     }
 
-    pub(crate) async fn update_user(
+    pub async fn update_user(
         &self,
         user: &Identifier,
         username: Option<&str>,
@@ -227,7 +241,7 @@ impl Client {
             c => v09::update_user(c, user, username, status).await)
     }
 
-    pub(crate) async fn update_permissions(
+    pub async fn update_permissions(
         &self,
         user: &Identifier,
         permissions: Option<Permissions>,
@@ -237,26 +251,30 @@ impl Client {
             c => v09::update_permissions(c, user, permissions).await)
     }
 
-    pub(crate) async fn delete_user(&self, user: &Identifier) -> Result<(), IggyError> {
+    pub async fn delete_user(&self, user: &Identifier) -> Result<(), IggyError> {
         either!(self, c => c.delete_user(user).await, c => v09::delete_user(c, user).await)
     }
 
-    pub(crate) async fn get_streams(&self) -> Result<Vec<Stream>, IggyError> {
+    pub async fn get_streams(&self) -> Result<Vec<Stream>, IggyError> {
         either!(self, c => c.get_streams().await, c => v09::get_streams(c).await)
     }
 
-    pub(crate) async fn get_stream(
+    pub async fn get_stream(
         &self,
         stream: &Identifier,
     ) -> Result<Option<StreamDetails>, IggyError> {
         either!(self, c => c.get_stream(stream).await, c => v09::get_stream(c, stream).await)
     }
 
-    pub(crate) async fn create_stream(&self, name: &str) -> Result<StreamDetails, IggyError> {
+    pub async fn create_stream(&self, name: &str) -> Result<StreamDetails, IggyError> {
         either!(self, c => c.create_stream(name).await, c => v09::create_stream(c, name).await)
     }
 
-    pub(crate) async fn get_topic(
+    pub async fn delete_stream(&self, stream: &Identifier) -> Result<(), IggyError> {
+        either!(self, c => c.delete_stream(stream).await, c => v09::delete_stream(c, stream).await)
+    }
+
+    pub async fn get_topic(
         &self,
         stream: &Identifier,
         topic: &Identifier,
@@ -269,7 +287,7 @@ impl Client {
     /// Creates a topic. On 0.9 the replication factor is not the topic's to choose and is
     /// ignored.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn create_topic(
+    pub async fn create_topic(
         &self,
         stream: &Identifier,
         name: &str,
@@ -284,7 +302,28 @@ impl Client {
             c => v09::create_topic(c, stream, name, partitions, compression, expiry, max_size).await)
     }
 
-    pub(crate) async fn create_partitions(
+    pub async fn delete_topic(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+    ) -> Result<(), IggyError> {
+        either!(self,
+            c => c.delete_topic(stream, topic).await,
+            c => v09::delete_topic(c, stream, topic).await)
+    }
+
+    /// Deletes every message of the topic's partitions.
+    pub async fn purge_topic(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+    ) -> Result<(), IggyError> {
+        either!(self,
+            c => c.purge_topic(stream, topic).await,
+            c => v09::purge_topic(c, stream, topic).await)
+    }
+
+    pub async fn create_partitions(
         &self,
         stream: &Identifier,
         topic: &Identifier,
@@ -296,7 +335,7 @@ impl Client {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn poll_messages(
+    pub async fn poll_messages(
         &self,
         stream: &Identifier,
         topic: &Identifier,
@@ -315,7 +354,7 @@ impl Client {
     /// 0.9 batch can carry goes as several sends, in order; an error after the first leaves the
     /// earlier ones appended, which the writer finds in the target's tail like any other
     /// uncertain send.
-    pub(crate) async fn send_messages(
+    pub async fn send_messages(
         &self,
         stream: &Identifier,
         topic: &Identifier,
@@ -327,7 +366,7 @@ impl Client {
             c => v09::send_messages(c, stream, topic, partitioning, messages).await)
     }
 
-    pub(crate) async fn get_consumer_groups(
+    pub async fn get_consumer_groups(
         &self,
         stream: &Identifier,
         topic: &Identifier,
@@ -337,7 +376,7 @@ impl Client {
             c => v09::get_consumer_groups(c, stream, topic).await)
     }
 
-    pub(crate) async fn get_consumer_group(
+    pub async fn get_consumer_group(
         &self,
         stream: &Identifier,
         topic: &Identifier,
@@ -348,7 +387,7 @@ impl Client {
             c => v09::get_consumer_group(c, stream, topic, group).await)
     }
 
-    pub(crate) async fn create_consumer_group(
+    pub async fn create_consumer_group(
         &self,
         stream: &Identifier,
         topic: &Identifier,
@@ -359,7 +398,7 @@ impl Client {
             c => v09::create_consumer_group(c, stream, topic, name).await)
     }
 
-    pub(crate) async fn join_consumer_group(
+    pub async fn join_consumer_group(
         &self,
         stream: &Identifier,
         topic: &Identifier,
@@ -370,7 +409,7 @@ impl Client {
             c => v09::join_consumer_group(c, stream, topic, group).await)
     }
 
-    pub(crate) async fn leave_consumer_group(
+    pub async fn leave_consumer_group(
         &self,
         stream: &Identifier,
         topic: &Identifier,
@@ -381,7 +420,7 @@ impl Client {
             c => v09::leave_consumer_group(c, stream, topic, group).await)
     }
 
-    pub(crate) async fn get_consumer_offset(
+    pub async fn get_consumer_offset(
         &self,
         consumer: &Consumer,
         stream: &Identifier,
@@ -393,7 +432,7 @@ impl Client {
             c => v09::get_consumer_offset(c, consumer, stream, topic, partition).await)
     }
 
-    pub(crate) async fn store_consumer_offset(
+    pub async fn store_consumer_offset(
         &self,
         consumer: &Consumer,
         stream: &Identifier,
