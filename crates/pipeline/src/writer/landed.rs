@@ -21,7 +21,7 @@ pub(super) struct LandedCheck {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LandedMismatch {
     /// The send landed at another offset than where the writer's previous send ended.
-    #[error("the send landed at offset {landed}, but the writer's previous send ended before {expected}")]
+    #[error("the send landed at offset {landed}, but {expected} was next after the writer's previous send")]
     Offset {
         /// Where the previous confirmed send ended.
         expected: u64,
