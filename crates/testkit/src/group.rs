@@ -67,6 +67,7 @@ pub(crate) fn set_partitions(group: &mut Group, count: u32) {
 
 /// Clears every assignment and deals the partitions round robin over members in slab order.
 pub(crate) fn rebalance_members(group: &mut Group) {
+    group.generation += 1;
     let member_keys: Vec<usize> = group.members.iter().map(|(k, _)| k).collect();
     if member_keys.is_empty() || group.partitions.is_empty() {
         return;
@@ -87,6 +88,7 @@ pub(crate) fn rebalance_members(group: &mut Group) {
 /// Idle members take unassigned partitions; members above their fair share mark their last
 /// partitions as pending revocation towards idle members (one partition per idle member).
 pub(crate) fn rebalance_cooperative(group: &mut Group) {
+    group.generation += 1;
     let member_count = group.members.len();
     if member_count == 0 || group.partitions.is_empty() {
         return;
@@ -209,7 +211,10 @@ pub(crate) fn complete_revocations(group: &mut Group, can_complete: &dyn Fn(u32)
             m.partitions.retain(|&p| p != r.partition);
         }
         match group.members.get_mut(r.target_slab) {
-            Some(target) if target.id == r.target_member_id => target.partitions.push(r.partition),
+            Some(target) if target.id == r.target_member_id => {
+                target.partitions.push(r.partition);
+                group.generation += 1;
+            }
             _ => {
                 rebalance_members(group);
                 return;
@@ -239,17 +244,7 @@ pub(crate) fn resolve_partition(
             || member.pending_revocations.iter().any(|r| r.partition == p);
         return Ok(owned.then_some(p));
     }
-    let pending: Vec<u32> = member
-        .pending_revocations
-        .iter()
-        .map(|r| r.partition)
-        .collect();
-    let usable: Vec<u32> = member
-        .partitions
-        .iter()
-        .copied()
-        .filter(|p| !pending.contains(p))
-        .collect();
+    let usable = pollable(member);
     if usable.is_empty() {
         return Ok(None);
     }
@@ -265,6 +260,29 @@ pub(crate) fn resolve_partition(
     Ok(Some(usable[current % n]))
 }
 
+/// The partitions a member polls: those assigned to it and not pending handoff (a partition
+/// it gives up stays its own until the group committed what it polled there, but is not polled
+/// again).
+fn pollable(member: &Member) -> Vec<u32> {
+    member
+        .partitions
+        .iter()
+        .copied()
+        .filter(|p| !member.pending_revocations.iter().any(|r| r.partition == *p))
+        .collect()
+}
+
+/// What a 0.9 member syncs (SYNC_CONSUMER_GROUP): the group's generation and the partitions
+/// `client_id` polls; `None` when it is not a member.
+pub(crate) fn assignment(group: &Group, client_id: u32) -> Option<(u64, Vec<u32>)> {
+    let member = group
+        .members
+        .iter()
+        .map(|(_, m)| m)
+        .find(|m| m.client_id == client_id)?;
+    Some((group.generation, pollable(member)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,10 +293,11 @@ mod tests {
             name: "g".to_owned(),
             partitions: (0..partitions).collect(),
             members: Slab::default(),
+            generation: 0,
         }
     }
 
-    fn assignment(g: &Group) -> Vec<Vec<u32>> {
+    fn assignments(g: &Group) -> Vec<Vec<u32>> {
         g.members
             .iter()
             .map(|(_, m)| m.partitions.clone())
@@ -289,7 +308,7 @@ mod tests {
     fn first_member_gets_every_partition() {
         let mut g = group(3);
         join(&mut g, 1, &[1], &|_| true);
-        check!(assignment(&g) == vec![vec![0, 1, 2]]);
+        check!(assignments(&g) == vec![vec![0, 1, 2]]);
     }
 
     #[test]
@@ -297,7 +316,7 @@ mod tests {
         let mut g = group(4);
         join(&mut g, 1, &[1, 2], &|_| true);
         join(&mut g, 2, &[1, 2], &|_| true);
-        check!(assignment(&g) == vec![vec![0, 1, 2], vec![3]]);
+        check!(assignments(&g) == vec![vec![0, 1, 2], vec![3]]);
     }
 
     #[test]
@@ -305,14 +324,14 @@ mod tests {
         let mut g = group(2);
         join(&mut g, 1, &[1, 2], &|_| true);
         join(&mut g, 2, &[1, 2], &|_| false);
-        check!(assignment(&g) == vec![vec![0, 1], vec![]]);
+        check!(assignments(&g) == vec![vec![0, 1], vec![]]);
         check!(resolve_partition(&g, 1, None, true) == Ok(Some(0)));
         check!(
             resolve_partition(&g, 1, Some(1), false) == Ok(Some(1)),
             "pending still owned"
         );
         complete_revocations(&mut g, &|_| true);
-        check!(assignment(&g) == vec![vec![0], vec![1]]);
+        check!(assignments(&g) == vec![vec![0], vec![1]]);
     }
 
     #[test]
@@ -322,7 +341,7 @@ mod tests {
         join(&mut g, 2, &[1, 2, 3], &|_| true);
         join(&mut g, 3, &[1, 2, 3], &|_| true);
         check!(leave(&mut g, 2).is_some());
-        check!(assignment(&g) == vec![vec![0, 2], vec![1]]);
+        check!(assignments(&g) == vec![vec![0, 2], vec![1]]);
         check!(leave(&mut g, 9).is_none());
     }
 
@@ -344,7 +363,29 @@ mod tests {
         let mut g = group(2);
         join(&mut g, 1, &[1], &|_| true);
         join(&mut g, 2, &[2], &|_| true);
-        check!(assignment(&g) == vec![vec![0, 1]]);
+        check!(assignments(&g) == vec![vec![0, 1]]);
         check!(g.members.iter().all(|(_, m)| m.client_id == 2));
+    }
+
+    #[test]
+    fn a_member_syncs_its_pollable_partitions_under_a_generation_every_change_bumps() {
+        let mut g = group(2);
+        check!(assignment(&g, 1).is_none(), "not a member");
+        join(&mut g, 1, &[1, 2], &|_| true);
+        let (first, partitions) = assignment(&g, 1).unwrap();
+        check!(partitions == vec![0, 1]);
+        // The second member waits for partition 1: member 1 no longer polls it.
+        join(&mut g, 2, &[1, 2], &|_| false);
+        let (joined, partitions) = assignment(&g, 1).unwrap();
+        check!(joined > first);
+        check!(partitions == vec![0]);
+        check!(assignment(&g, 2).map(|(_, p)| p) == Some(vec![]));
+        complete_revocations(&mut g, &|_| true);
+        let (handed_over, partitions) = assignment(&g, 2).unwrap();
+        check!(handed_over > joined);
+        check!(partitions == vec![1]);
+        check!(leave(&mut g, 2).is_some());
+        check!(assignment(&g, 1).map(|(_, p)| p) == Some(vec![0, 1]));
+        check!(assignment(&g, 1).unwrap().0 > handed_over);
     }
 }

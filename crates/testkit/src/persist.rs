@@ -202,6 +202,7 @@ impl Store {
                             name: g.name,
                             partitions: (0..partitions.len() as u32).collect(),
                             members: Slab::default(),
+                            generation: 0,
                         },
                     );
                 }

@@ -238,6 +238,9 @@ pub(crate) struct Group {
     pub(crate) partitions: Vec<u32>,
     /// Members by slab id.
     pub(crate) members: Slab<Member>,
+    /// Bumped by every rebalance and every completed handoff, as the 0.9 server's is; its
+    /// SYNC_CONSUMER_GROUP answers it with the member's partitions (0.8 has no such number).
+    pub(crate) generation: u64,
 }
 
 /// A member of a consumer group: one client connection.

@@ -823,6 +823,70 @@ async fn consumer_groups_can_be_created_joined_and_listed() -> TestResult {
     Ok(())
 }
 
+/// SDK 0.11 polls a group without naming a partition the way applications do: it syncs the
+/// member's assignment (SYNC_CONSUMER_GROUP) and polls the partitions it was given in turn.
+#[tokio::test]
+async fn a_group_member_polls_the_partitions_its_synced_assignment_names() -> TestResult {
+    let t = Target::new().await;
+    let client = t.client().await;
+    let (sid, tid) = stream_and_topic(&t, &client, 3).await?;
+    for partition in 0..3u32 {
+        let mut messages = vec![IggyMessage::builder()
+            .id(u128::from(partition) + 1)
+            .payload(Bytes::from(format!("p{partition}")))
+            .build()?];
+        client
+            .send_messages(
+                &sid,
+                &tid,
+                &Partitioning::partition_id(partition),
+                &mut messages,
+            )
+            .await?;
+    }
+    client.create_consumer_group(&sid, &tid, "app").await?;
+    let gid = Identifier::named("app")?;
+    let group = Consumer::group(gid.clone());
+    // Not a member yet: the assignment is empty and the poll says so.
+    let outside = client
+        .poll_messages(
+            &sid,
+            &tid,
+            None,
+            &group,
+            &PollingStrategy::offset(0),
+            10,
+            false,
+        )
+        .await;
+    check!(
+        matches!(outside, Err(IggyError::ConsumerGroupMemberNotFound(..))),
+        "{outside:?}"
+    );
+    client.join_consumer_group(&sid, &tid, &gid).await?;
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..3 {
+        let polled = client
+            .poll_messages(
+                &sid,
+                &tid,
+                None,
+                &group,
+                &PollingStrategy::offset(0),
+                10,
+                false,
+            )
+            .await?;
+        let ids: Vec<u128> = polled.messages.iter().map(|m| m.header.id).collect();
+        seen.insert(polled.partition_id, ids);
+    }
+    // The only member owns every partition, and each poll took the next one.
+    check!(seen == std::collections::BTreeMap::from([(0, vec![1]), (1, vec![2]), (2, vec![3])]));
+    client.leave_consumer_group(&sid, &tid, &gid).await?;
+    client.delete_stream(&sid).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn logout_ends_the_session_and_a_new_login_works() -> TestResult {
     let t = Target::new().await;

@@ -3,10 +3,10 @@
 
 use super::{
     query_topic, resolve_topic, topic_for, topic_mut, topic_ref, topic_request, Reply, Request,
-    Shared,
+    Session, Shared,
 };
 use crate::group;
-use crate::state::{lock, write, Group, Meta, Partition};
+use crate::state::{lock, read, write, Group, Meta, Partition};
 use crate::users::Action;
 use crate::wire::{status, DecodeError, Ident, Put, Reader};
 use std::sync::Arc;
@@ -94,6 +94,7 @@ pub(super) fn create_consumer_group(req: Request<'_>, out: &mut Vec<u8>) -> Repl
                 name: name.to_owned(),
                 partitions: (0..topic.partitions.len() as u32).collect(),
                 members: Default::default(),
+                generation: 0,
             };
             let gid = topic.groups.insert(group);
             if let Some(g) = topic.groups.get(gid) {
@@ -175,6 +176,22 @@ pub(super) fn leave_consumer_group(req: Request<'_>) -> Reply {
         info.groups.retain(|x| *x != key);
     }
     Ok(())
+}
+
+/// SYNC_CONSUMER_GROUP (0.9 only): the calling member's group generation and the partitions it
+/// may poll. `None` (the 0.9 server's empty answer) when the request does not decode, the
+/// stream, topic or group is missing, or the caller is not a member. The request is scoped to
+/// the caller itself, so no right is checked.
+pub(crate) fn sync_consumer_group(
+    shared: &Shared,
+    session: &Session,
+    payload: &[u8],
+) -> Option<(u64, Vec<u32>)> {
+    let request = group_request(&mut Reader::new(payload)).ok()?;
+    let meta = read(&shared.state.meta);
+    let (sid, tid, gid) = resolve_group(&meta, request).ok()?;
+    let group = topic_ref(&meta, sid, tid).ok()?.groups.get(gid)?;
+    group::assignment(group, session.client_id)
 }
 
 /// After a group commit: moves partitions whose revocation can now complete.

@@ -30,6 +30,7 @@ mod system;
 mod topics;
 mod users;
 
+pub(crate) use groups::sync_consumer_group;
 pub(crate) use messages::{append_messages, send_destination};
 
 use crate::config::TestServerConfig;

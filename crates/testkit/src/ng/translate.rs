@@ -12,10 +12,11 @@
 //! * consumer-offset writes end with an ack-level byte;
 //! * messages travel as 0.9 batches (see `messages`).
 
-use crate::handlers::{handle, Reply, Session, Shared};
+use crate::handlers::{handle, sync_consumer_group, Reply, Session, Shared};
 use crate::state::{read, write, Meta};
 use crate::wire::{command, status, Ident};
 use iggy09_binary_protocol as v09;
+use iggy09_binary_protocol::codes::SYNC_CONSUMER_GROUP_CODE;
 use iggy09_binary_protocol::primitives::options::WireOptions;
 use iggy09_binary_protocol::requests::consumer_offsets::{
     DeleteConsumerOffsetRequest, StoreConsumerOffsetRequest,
@@ -23,6 +24,7 @@ use iggy09_binary_protocol::requests::consumer_offsets::{
 use iggy09_binary_protocol::requests::streams::{CreateStreamRequest, UpdateStreamRequest};
 use iggy09_binary_protocol::requests::topics::{CreateTopicRequest, UpdateTopicRequest};
 use iggy09_binary_protocol::requests::users::{CreateUserRequest, UpdateUserRequest};
+use iggy09_binary_protocol::responses::consumer_groups::SyncConsumerGroupResponse;
 use iggy09_binary_protocol::{WireDecode, WireEncode, WireIdentifier};
 use iggy09_common::{
     CompressionAlgorithm, Durability, IggyByteSize, IggyError, IggyExpiry, MaxTopicSize,
@@ -88,6 +90,19 @@ pub(super) fn execute(
         }
         command::SEND_MESSAGES | command::POLL_MESSAGES => {
             super::messages::execute(shared, session, code, body, out)
+        }
+        // 0.9 only: a member's assignment, which SDK 0.11 polls a group from.
+        SYNC_CONSUMER_GROUP_CODE => {
+            if let Some((generation, partitions)) = sync_consumer_group(shared, session, body) {
+                out.extend_from_slice(
+                    &SyncConsumerGroupResponse {
+                        generation,
+                        partitions,
+                    }
+                    .to_bytes(),
+                );
+            }
+            Ok(())
         }
         _ => handle(shared, session, code, body, out),
     }
