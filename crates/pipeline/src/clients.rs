@@ -278,8 +278,11 @@ impl Cluster {
 }
 
 /// Shuts an SDK client down (stops its heartbeat), bounded so a wedged socket cannot hang us.
+/// The bound is the client's own: a 0.9 client's shutdown waits until a request it may still
+/// be replaying has ended, so that a writer re-reads the target's tail only once its previous
+/// send can no longer land behind it.
 async fn shutdown(client: &Client) {
-    let _ = tokio::time::timeout(Duration::from_secs(2), client.shutdown()).await;
+    let _ = tokio::time::timeout(client.shutdown_budget(), client.shutdown()).await;
 }
 
 #[cfg(test)]

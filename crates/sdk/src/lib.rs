@@ -14,6 +14,7 @@ mod v09;
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use iggy::prelude::{
     Client as _, ClientInfoDetails, ClientWrapper, CompressionAlgorithm, Consumer,
@@ -197,9 +198,23 @@ impl Client {
         either!(self, c => c.connect().await, c => v09::connect(c).await)
     }
 
-    /// Stops the client (its heartbeat included).
+    /// Stops the client (its heartbeat included). On 0.9 it waits for the request in flight,
+    /// if any, to end (see [`Client::shutdown_budget`]).
     pub async fn shutdown(&self) -> Result<(), IggyError> {
         either!(self, c => c.shutdown().await, c => v09::shutdown(c).await)
+    }
+
+    /// How long [`Client::shutdown`] may have to wait for a request still in flight. SDK 0.11
+    /// replays a request the server answered `TransientNotCommitted` on the same session until
+    /// it gets another answer or its 30 s response budget ends, also after the caller gave up
+    /// on it, and its shutdown waits for that. A caller that must know such a request can no
+    /// longer land (a writer about to re-read the target's tail and send again) waits this
+    /// long. SDK 0.10 never replays: a given-up request holds nothing.
+    pub fn shutdown_budget(&self) -> Duration {
+        match self {
+            Self::V08(_) => Duration::from_secs(2),
+            Self::V09(_) => v09::RESPONSE_BUDGET + Duration::from_secs(2),
+        }
     }
 
     pub async fn ping(&self) -> Result<(), IggyError> {

@@ -22,6 +22,10 @@ use super::{Confirmed, Place};
 /// The 0.9 client type.
 type C = iggy09::prelude::IggyClient;
 
+/// How long SDK 0.11 waits for the answer to one request, replays on the same session
+/// included (its `RESPONSE_READ_TIMEOUT`, private to the SDK).
+pub(crate) const RESPONSE_BUDGET: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The largest span of origin timestamps one 0.9 batch carries (its frames hold µs deltas from
 /// the batch's earliest origin timestamp as a u32).
 pub(crate) const MAX_ORIGIN_SPAN_MICROS: u64 = u32::MAX as u64;

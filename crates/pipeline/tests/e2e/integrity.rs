@@ -343,3 +343,34 @@ async fn a_foreign_append_between_two_sends_is_caught_by_a_0_9_confirmation_and_
     pipeline.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_9_send_replayed_past_the_call_timeout_lands_once() -> TestResult {
+    let (env, up, f) = Env::seeded("replayed", "t", 1, 0..100, 100).await?;
+    if env.eu.iggy_version() != IggyVersion::V0_9 {
+        eprintln!("SKIPPED: only an Iggy 0.9 target answers TransientNotCommitted");
+        return Ok(());
+    }
+    let unit = WorkUnit::new("replayed", "replayed", "t", 0);
+    let mut params = env.params(f.clone());
+    params.operation_timeout = Duration::from_secs(1);
+    let control = InMemoryControl::new();
+    let pipeline = Pipeline::start(params, control.clone()).await?;
+    wait_confirmed(&control, &unit, 99, Duration::from_secs(30)).await?;
+    // The target cannot commit the next sends for a while: SDK 0.11 replays such a send on its
+    // session every 50 ms, for about five seconds here, well past the writer's 1 s call
+    // timeout. The writer must not resend the batch while the replay may still land.
+    const SEND_MESSAGES: u32 = 101;
+    const TRANSIENT_NOT_COMMITTED: u32 = 57;
+    env.eu
+        .faults()
+        .fail_next(SEND_MESSAGES, TRANSIENT_NOT_COMMITTED, 100);
+    produce(&up, "replayed", "t", 1, 100..200, 100).await?;
+    wait_confirmed(&control, &unit, 199, Duration::from_secs(90)).await?;
+    let report = env.verify(&f, Duration::from_secs(10)).await?;
+    assert_exact(&report);
+    assert!(report.partitions[0].duplicated == 0);
+    assert!(count(&env.eu, "replayed", "t", 0) == 200);
+    pipeline.shutdown().await;
+    Ok(())
+}
