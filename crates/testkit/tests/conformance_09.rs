@@ -847,18 +847,10 @@ async fn a_group_member_polls_the_partitions_its_synced_assignment_names() -> Te
     client.create_consumer_group(&sid, &tid, "app").await?;
     let gid = Identifier::named("app")?;
     let group = Consumer::group(gid.clone());
+    let from_start = PollingStrategy::offset(0);
+    let poll = || client.poll_messages(&sid, &tid, None, &group, &from_start, 10, false);
     // Not a member yet: the assignment is empty and the poll says so.
-    let outside = client
-        .poll_messages(
-            &sid,
-            &tid,
-            None,
-            &group,
-            &PollingStrategy::offset(0),
-            10,
-            false,
-        )
-        .await;
+    let outside = poll().await;
     check!(
         matches!(outside, Err(IggyError::ConsumerGroupMemberNotFound(..))),
         "{outside:?}"
@@ -866,17 +858,7 @@ async fn a_group_member_polls_the_partitions_its_synced_assignment_names() -> Te
     client.join_consumer_group(&sid, &tid, &gid).await?;
     let mut seen = std::collections::BTreeMap::new();
     for _ in 0..3 {
-        let polled = client
-            .poll_messages(
-                &sid,
-                &tid,
-                None,
-                &group,
-                &PollingStrategy::offset(0),
-                10,
-                false,
-            )
-            .await?;
+        let polled = poll().await?;
         let ids: Vec<u128> = polled.messages.iter().map(|m| m.header.id).collect();
         seen.insert(polled.partition_id, ids);
     }
