@@ -15,6 +15,7 @@ use replicator_harness::{
 };
 use replicator_model::{IggyVersion, NodeId, WorkUnit};
 use replicator_pipeline::verify::{verify, VerifyParams};
+use replicator_pipeline::{probe, ClusterParams, Spoken, PROBE_TIMEOUT};
 use replicator_testkit::{TestServer, TestServerConfig};
 
 use crate::exit::Failure;
@@ -131,10 +132,14 @@ impl Demo {
         // The replicator, the demo's producer, its progress readout and its application
         // consumer all talk to each cluster in the cluster's own generation.
         let source = self
-            .server(args.source_url.as_deref(), IggyVersion::V0_8)
+            .server(
+                args.source_url.as_deref(),
+                IggyVersion::V0_8,
+                "--source-url",
+            )
             .await?;
         let target = self
-            .server(args.target_url.as_deref(), target_version)
+            .server(args.target_url.as_deref(), target_version, "--target-url")
             .await?;
         let external = args.source_url.is_some() || args.target_url.is_some();
         let stream = if external {
@@ -415,13 +420,33 @@ impl Demo {
         continued
     }
 
-    /// The given external server, or an in-process server; either speaks `version`.
+    /// The external server given by `flag`, or an in-process server; either speaks `version`.
+    /// An external server that answers only in the other generation stops the demo here, named
+    /// by its flag (the nodes' own probe would name a config key the user never wrote).
     async fn server(
         &mut self,
         external: Option<&str>,
         version: IggyVersion,
+        flag: &str,
     ) -> Result<Endpoint, Failure> {
         if let Some(url) = external {
+            let mut cluster = ClusterParams::new(url);
+            cluster.iggy_version = version;
+            if let Spoken::Other(spoken) = probe(&cluster, PROBE_TIMEOUT).await {
+                let role = if flag == "--source-url" {
+                    "source"
+                } else {
+                    "target"
+                };
+                return Err(Failure::config(format!(
+                    "{flag} {}: the server answers in the Iggy {spoken} protocol, but the demo's \
+                     {role} must be Iggy {version}",
+                    redact(url)
+                ))
+                .with_hint(
+                    "`demo` copies Iggy 0.8 to Iggy 0.8, `demo --migrate` Iggy 0.8 to Iggy 0.9",
+                ));
+            }
             return Ok(Endpoint::new(version, url));
         }
         let server = TestServer::start(TestServerConfig {

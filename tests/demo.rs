@@ -63,3 +63,29 @@ fn assert_migrated(output: &Output) {
         "{stdout}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_migrate_names_the_flag_of_a_target_of_the_wrong_generation() -> TestResult {
+    let binary = ReplicatorBinary::new(BINARY)?;
+    let source = DevServer::start_in(&binary, IggyVersion::V0_8).await?;
+    let not_09 = DevServer::start_in(&binary, IggyVersion::V0_8).await?;
+    let urls = [
+        "--source-url".to_owned(),
+        source.url().to_owned(),
+        "--target-url".to_owned(),
+        not_09.url().to_owned(),
+    ];
+    let output = tokio::task::spawn_blocking(move || {
+        demo_migrate(&urls.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.code() == Some(2), "{output:?}");
+    assert!(
+        stderr.contains("--target-url")
+            && stderr.contains("answers in the Iggy 0.8 protocol")
+            && stderr.contains("must be Iggy 0.9"),
+        "{stderr}"
+    );
+    Ok(())
+}
