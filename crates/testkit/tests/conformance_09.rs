@@ -869,6 +869,37 @@ async fn a_group_member_polls_the_partitions_its_synced_assignment_names() -> Te
     Ok(())
 }
 
+/// The option catalog lists the keys the replicator sets with their kinds and the defaults a
+/// topic gets without them; streams and users have no keys.
+#[tokio::test]
+async fn the_option_catalog_names_each_topic_key_with_its_kind_and_default() -> TestResult {
+    let t = Target::new().await;
+    let client = t.client().await;
+    let catalog = client.describe_options(OptionsScope::Topic).await?;
+    let entry = |key: &str| {
+        catalog
+            .iter()
+            .find(|spec| spec.key == key)
+            .map(|spec| (spec.kind, spec.default_value.clone()))
+    };
+    check!(entry("compression_algorithm") == Some((HeaderKind::String, b"none".to_vec())));
+    let unlimited = u64::MAX.to_le_bytes().to_vec();
+    check!(entry("message_expiry") == Some((HeaderKind::Uint64, unlimited.clone())));
+    check!(entry("max_topic_size") == Some((HeaderKind::Uint64, unlimited)));
+    let one_gib = (1u64 << 30).to_le_bytes().to_vec();
+    check!(entry("segment_size") == Some((HeaderKind::Uint64, one_gib)));
+    check!(catalog.iter().all(|spec| !spec.description.is_empty()));
+    check!(client
+        .describe_options(OptionsScope::Stream)
+        .await?
+        .is_empty());
+    check!(client
+        .describe_options(OptionsScope::User)
+        .await?
+        .is_empty());
+    Ok(())
+}
+
 #[tokio::test]
 async fn logout_ends_the_session_and_a_new_login_works() -> TestResult {
     let t = Target::new().await;

@@ -16,19 +16,25 @@ use crate::handlers::{handle, sync_consumer_group, Reply, Session, Shared};
 use crate::state::{read, write, Meta};
 use crate::wire::{command, status, Ident};
 use iggy09_binary_protocol as v09;
+use iggy09_binary_protocol::codes::DESCRIBE_OPTIONS_CODE;
 use iggy09_binary_protocol::codes::SYNC_CONSUMER_GROUP_CODE;
 use iggy09_binary_protocol::primitives::options::WireOptions;
 use iggy09_binary_protocol::requests::consumer_offsets::{
     DeleteConsumerOffsetRequest, StoreConsumerOffsetRequest,
 };
 use iggy09_binary_protocol::requests::streams::{CreateStreamRequest, UpdateStreamRequest};
+use iggy09_binary_protocol::requests::system::{DescribeOptionsRequest, OPTIONS_SCOPE_TOPIC};
 use iggy09_binary_protocol::requests::topics::{CreateTopicRequest, UpdateTopicRequest};
 use iggy09_binary_protocol::requests::users::{CreateUserRequest, UpdateUserRequest};
 use iggy09_binary_protocol::responses::consumer_groups::SyncConsumerGroupResponse;
+use iggy09_binary_protocol::responses::system::{DescribeOptionsResponse, OptionDescriptor};
+use iggy09_binary_protocol::WireName;
 use iggy09_binary_protocol::{WireDecode, WireEncode, WireIdentifier};
 use iggy09_common::{
-    CompressionAlgorithm, Durability, IggyByteSize, IggyError, IggyExpiry, MaxTopicSize,
-    TopicCreateOptions, TopicRuntimeDefaults, UPDATABLE_TOPIC_OPTION_KEYS,
+    topic_option_keys as keys, CompressionAlgorithm, Durability, IggyByteSize, IggyError,
+    IggyExpiry, MaxTopicSize, TopicCreateOptions, TopicRuntimeDefaults, DEFAULT_MAX_TOPIC_SIZE,
+    DEFAULT_MESSAGE_EXPIRY, MAX_TOPIC_SEGMENT_SIZE, MIN_TOPIC_SEGMENT_SIZE, TOPIC_OPTION_KEYS,
+    UPDATABLE_TOPIC_OPTION_KEYS,
 };
 use iggy_binary_protocol as v08;
 use iggy_binary_protocol::WireEncode as _;
@@ -91,7 +97,8 @@ pub(super) fn execute(
         command::SEND_MESSAGES | command::POLL_MESSAGES => {
             super::messages::execute(shared, session, code, body, out)
         }
-        // 0.9 only: a member's assignment, which SDK 0.11 polls a group from.
+        // 0.9 only: the option catalogs and a member's assignment.
+        DESCRIBE_OPTIONS_CODE => describe_options(shared, body, out),
         SYNC_CONSUMER_GROUP_CODE => {
             if let Some((generation, partitions)) = sync_consumer_group(shared, session, body) {
                 out.extend_from_slice(
@@ -377,6 +384,74 @@ fn with_topic_options(
     }
     crate::handlers::persist_meta(shared);
     Ok(())
+}
+
+/// DESCRIBE_OPTIONS: the topic option catalog, every key CREATE_TOPIC accepts with the kind
+/// and default this server resolves when a client leaves it out (the same values a topic's
+/// derived block lists); streams and users have no option keys. An unknown scope is refused
+/// like a malformed body, as the server's decode refuses it.
+fn describe_options(shared: &Shared, body: &[u8], out: &mut Vec<u8>) -> Reply {
+    let request = decode::<DescribeOptionsRequest>(body)?;
+    let entries = if request.scope == OPTIONS_SCOPE_TOPIC {
+        topic_option_catalog(shared)?
+    } else {
+        Vec::new()
+    };
+    out.extend_from_slice(&DescribeOptionsResponse { entries }.to_bytes());
+    Ok(())
+}
+
+fn topic_option_catalog(shared: &Shared) -> Result<Vec<OptionDescriptor>, u32> {
+    let none = WireOptions::empty();
+    let defaults = TopicCreateOptions::parse_committed(&none)
+        .derived_block(
+            CompressionAlgorithm::default(),
+            IggyExpiry::from(DEFAULT_MESSAGE_EXPIRY),
+            MaxTopicSize::from(DEFAULT_MAX_TOPIC_SIZE),
+            runtime_defaults(shared),
+            &none,
+        )
+        .map_err(|e| error_code(&e))?;
+    TOPIC_OPTION_KEYS
+        .iter()
+        .map(|key| {
+            let default = defaults
+                .iter()
+                .find(|entry| entry.key == key.as_bytes())
+                .ok_or(status::INVALID_FORMAT)?;
+            Ok(OptionDescriptor {
+                key: WireName::new(*key).map_err(|_| status::INVALID_FORMAT)?,
+                kind: default.value_kind.0,
+                default_value: bytes::Bytes::copy_from_slice(default.value),
+                description: option_description(key),
+            })
+        })
+        .collect()
+}
+
+/// What a topic option key means, in the catalog's words.
+fn option_description(key: &str) -> String {
+    match key {
+        keys::COMPRESSION_ALGORITHM => "Compression of stored messages: none or gzip".into(),
+        keys::MESSAGE_EXPIRY => {
+            "How long messages are kept: microseconds, or a duration such as 7 days".into()
+        }
+        keys::MAX_TOPIC_SIZE => "Largest size of the topic: bytes, or a size such as 1 GiB".into(),
+        keys::SEGMENT_SIZE => format!(
+            "Size of one segment: bytes, or a size such as 128 MiB; a multiple of 512 in \
+             {MIN_TOPIC_SEGMENT_SIZE}..={MAX_TOPIC_SEGMENT_SIZE}"
+        ),
+        keys::DURABILITY => "When a send is answered: replicated or persisted".into(),
+        keys::CONSUMER_OFFSET_DURABILITY => {
+            "When a consumer-offset write is answered: replicated or persisted".into()
+        }
+        keys::MESSAGES_REQUIRED_TO_SAVE => "Flush once this many messages are unsaved".into(),
+        keys::SIZE_OF_MESSAGES_REQUIRED_TO_SAVE => {
+            "Flush once this many bytes are unsaved: bytes, or a size".into()
+        }
+        keys::PREALLOCATE_SEGMENTS => "Reserve each segment's disk space up front".into(),
+        other => format!("Topic option {other}"),
+    }
 }
 
 /// The 0.9 header of a topic the 0.8 handler described: the kept explicit block and the derived
