@@ -67,9 +67,8 @@ pub(crate) struct Env {
 
 /// The Iggy protocol generations of `us` and `eu`: the test binary's own pair, or in `e2e`
 /// `E2E_IGGY_VERSIONS=<us>-<eu>` (e.g. `0.8-0.9`; default `0.8-0.8`), so the whole suite runs
-/// on any pair. Tests seed and inspect
-/// the servers with the 0.8 SDK through each server's 0.8 port ([`client`]); the pipeline and
-/// `verify` talk to them in their own generation.
+/// on any pair. Tests seed and inspect the servers in their own generation ([`client`]), as
+/// the pipeline and `verify` talk to them.
 pub(crate) fn generations() -> (IggyVersion, IggyVersion) {
     if let Some(pair) = crate::IGGY_VERSIONS {
         return pair;
