@@ -10,29 +10,6 @@ pub(crate) const IGGY_VERSIONS: Option<(
     replicator_model::IggyVersion::V0_8,
 ));
 
-#[path = "e2e/copy.rs"]
-mod copy;
-#[path = "e2e/edges.rs"]
-mod edges;
-#[path = "e2e/fencing.rs"]
-mod fencing;
-#[path = "e2e/groups.rs"]
-mod groups;
-#[path = "e2e/harness.rs"]
-mod harness;
-#[path = "e2e/heartbeats.rs"]
-mod heartbeats;
-#[path = "e2e/idle.rs"]
-mod idle;
-#[path = "e2e/integrity.rs"]
-mod integrity;
-#[path = "e2e/release.rs"]
-mod release;
-#[path = "e2e/reload.rs"]
-mod reload;
-#[path = "e2e/residency.rs"]
-mod residency;
-#[path = "e2e/throttle.rs"]
-mod throttle;
-#[path = "e2e/topics.rs"]
-mod topics;
+#[path = "e2e/suite.rs"]
+mod suite;
+use suite::harness;

@@ -12,16 +12,6 @@ pub(crate) const IGGY_VERSIONS: Option<(
     replicator_model::IggyVersion,
 )> = None;
 
-mod copy;
-mod edges;
-mod fencing;
-mod groups;
-mod harness;
-mod heartbeats;
-mod idle;
-mod integrity;
-mod release;
-mod reload;
-mod residency;
-mod throttle;
-mod topics;
+#[path = "suite.rs"]
+mod suite;
+use suite::harness;
