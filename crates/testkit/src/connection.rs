@@ -19,7 +19,28 @@ use tokio_util::sync::CancellationToken;
 /// actually received, never with a claimed length.
 const MAX_RESERVE: usize = 16 * 1024 * 1024;
 /// Buffers above this capacity are released once idle, so one huge batch does not pin memory.
-pub(crate) const KEEP_CAPACITY: usize = 4 * 1024 * 1024;
+const KEEP_CAPACITY: usize = 4 * 1024 * 1024;
+/// What a connection's input and output buffers start with.
+const START_CAPACITY: usize = 64 * 1024;
+
+/// A connection's input and output buffers, as both codecs keep them between requests.
+pub(crate) fn buffers() -> (BytesMut, Vec<u8>) {
+    (
+        BytesMut::with_capacity(START_CAPACITY),
+        Vec::with_capacity(START_CAPACITY),
+    )
+}
+
+/// Before the next request: releases a buffer that grew past [`KEEP_CAPACITY`] for one large
+/// frame (the input only once it holds nothing unread).
+pub(crate) fn release_large(buf: &mut BytesMut, out: &mut Vec<u8>) {
+    if buf.is_empty() && buf.capacity() > KEEP_CAPACITY {
+        *buf = BytesMut::with_capacity(START_CAPACITY);
+    }
+    if out.capacity() > KEEP_CAPACITY {
+        *out = Vec::with_capacity(START_CAPACITY);
+    }
+}
 
 /// Serves `stream` until the peer closes it, an I/O error occurs or `cancel` fires.
 pub(crate) async fn serve(
@@ -44,15 +65,9 @@ async fn run(
     faults: &FaultState,
     cancel: &CancellationToken,
 ) -> io::Result<()> {
-    let mut buf = BytesMut::with_capacity(64 * 1024);
-    let mut out: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let (mut buf, mut out) = buffers();
     loop {
-        if buf.is_empty() && buf.capacity() > KEEP_CAPACITY {
-            buf = BytesMut::with_capacity(64 * 1024);
-        }
-        if out.capacity() > KEEP_CAPACITY {
-            out = Vec::with_capacity(64 * 1024);
-        }
+        release_large(&mut buf, &mut out);
         if !fill(stream, &mut buf, 8, cancel).await? {
             return Ok(());
         }

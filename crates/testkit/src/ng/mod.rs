@@ -20,11 +20,11 @@ mod login;
 mod messages;
 mod translate;
 
-use crate::connection::{fill, respond, KEEP_CAPACITY};
+use crate::connection::{buffers, fill, release_large, respond};
 use crate::faults::FaultState;
 use crate::handlers::{send_destination, Session, Shared};
 use crate::wire::{command, status};
-use bytes::{Buf, BytesMut};
+use bytes::Buf;
 use frame::{HeaderError, HEADER};
 use iggy09_binary_protocol::codes::{LOGIN_USER_CODE, LOGIN_WITH_PERSONAL_ACCESS_TOKEN_CODE};
 use iggy09_binary_protocol::consensus::{EvictionReason, Operation, RequestHeader};
@@ -88,15 +88,9 @@ async fn run(
     faults: &FaultState,
     cancel: &CancellationToken,
 ) -> io::Result<()> {
-    let mut buf = BytesMut::with_capacity(64 * 1024);
-    let mut out: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let (mut buf, mut out) = buffers();
     loop {
-        if buf.is_empty() && buf.capacity() > KEEP_CAPACITY {
-            buf = BytesMut::with_capacity(64 * 1024);
-        }
-        if out.capacity() > KEEP_CAPACITY {
-            out = Vec::with_capacity(64 * 1024);
-        }
+        release_large(&mut buf, &mut out);
         if !fill(stream, &mut buf, HEADER, cancel).await? {
             return Ok(());
         }
