@@ -24,11 +24,12 @@ fn demo_migrate_copies_08_to_09_exactly_and_prints_the_steps() {
     assert_migrated(&demo_migrate(&[]));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_migrate_runs_between_servers_given_by_url() -> TestResult {
+/// Starts dev-server processes speaking `source` and `target`, and runs `demo --migrate`
+/// against them by URL.
+async fn demo_migrate_between(source: IggyVersion, target: IggyVersion) -> TestResult<Output> {
     let binary = ReplicatorBinary::new(BINARY)?;
-    let source = DevServer::start_in(&binary, IggyVersion::V0_8).await?;
-    let target = DevServer::start_in(&binary, IggyVersion::V0_9).await?;
+    let source = DevServer::start_in(&binary, source).await?;
+    let target = DevServer::start_in(&binary, target).await?;
     let urls = [
         "--source-url".to_owned(),
         source.url().to_owned(),
@@ -39,6 +40,12 @@ async fn demo_migrate_runs_between_servers_given_by_url() -> TestResult {
         demo_migrate(&urls.iter().map(String::as_str).collect::<Vec<_>>())
     })
     .await?;
+    Ok(output)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_migrate_runs_between_servers_given_by_url() -> TestResult {
+    let output = demo_migrate_between(IggyVersion::V0_8, IggyVersion::V0_9).await?;
     assert_migrated(&output);
     Ok(())
 }
@@ -66,19 +73,7 @@ fn assert_migrated(output: &Output) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_migrate_names_the_flag_of_a_target_of_the_wrong_generation() -> TestResult {
-    let binary = ReplicatorBinary::new(BINARY)?;
-    let source = DevServer::start_in(&binary, IggyVersion::V0_8).await?;
-    let not_09 = DevServer::start_in(&binary, IggyVersion::V0_8).await?;
-    let urls = [
-        "--source-url".to_owned(),
-        source.url().to_owned(),
-        "--target-url".to_owned(),
-        not_09.url().to_owned(),
-    ];
-    let output = tokio::task::spawn_blocking(move || {
-        demo_migrate(&urls.iter().map(String::as_str).collect::<Vec<_>>())
-    })
-    .await?;
+    let output = demo_migrate_between(IggyVersion::V0_8, IggyVersion::V0_8).await?;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.code() == Some(2), "{output:?}");
     assert!(
