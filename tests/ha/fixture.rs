@@ -21,10 +21,15 @@ pub(crate) fn topic() -> Topic {
 /// The nodes' replication: the topic's stream from "up" to "down", product defaults otherwise
 /// (the control plane's timing included: see [`Cluster::timing`]); with `tls`, mutual TLS
 /// between the nodes and HTTPS admin APIs.
-fn spec(servers: &Servers, tls: bool, fencing: Option<&str>) -> TestResult<ClusterSpec> {
+fn spec(
+    servers: &Servers,
+    tls: bool,
+    fencing: Option<&str>,
+    flow_extra: &str,
+) -> TestResult<ClusterSpec> {
     Ok(ClusterSpec {
         binary: ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?,
-        replication_toml: replication_toml(servers, fencing, ""),
+        replication_toml: replication_toml(servers, fencing, flow_extra),
         units: servers.topic.partitions as usize,
         log_level: "info",
         owned_within: Duration::from_secs(60),
@@ -67,7 +72,7 @@ pub(crate) async fn start_loopback(
     let placements = (1..=n)
         .map(|id| Ok((id, Placement::loopback()?)))
         .collect::<TestResult<BTreeMap<_, _>>>()?;
-    start_with(servers, placements, tls, None).await
+    start_with(servers, placements, tls, None, "").await
 }
 
 /// Like [`start`], with the target cluster's `fencing` set (`"users"`, `"off"`).
@@ -75,11 +80,28 @@ pub(crate) async fn start_fencing(
     n: u64,
     fencing: &str,
 ) -> TestResult<(Servers, Cluster, PacedProducer)> {
+    start_loopback_with(n, Some(fencing), "").await
+}
+
+/// Like [`start`], with `flow_extra` lines in the flow (e.g. its consumer-group sync).
+pub(crate) async fn start_flow(
+    n: u64,
+    flow_extra: &str,
+) -> TestResult<(Servers, Cluster, PacedProducer)> {
+    start_loopback_with(n, None, flow_extra).await
+}
+
+/// `n` loopback nodes with the target's `fencing` and `flow_extra` lines in the flow.
+async fn start_loopback_with(
+    n: u64,
+    fencing: Option<&str>,
+    flow_extra: &str,
+) -> TestResult<(Servers, Cluster, PacedProducer)> {
     let servers = Servers::start(topic()).await?;
     let placements = (1..=n)
         .map(|id| Ok((id, Placement::loopback()?)))
         .collect::<TestResult<BTreeMap<_, _>>>()?;
-    start_with(servers, placements, false, Some(fencing)).await
+    start_with(servers, placements, false, fencing, flow_extra).await
 }
 
 /// Like [`start`] with the given servers and node placements.
@@ -87,7 +109,7 @@ pub(crate) async fn start_placed(
     servers: Servers,
     placements: BTreeMap<NodeId, Placement>,
 ) -> TestResult<(Servers, Cluster, PacedProducer)> {
-    start_with(servers, placements, false, None).await
+    start_with(servers, placements, false, None, "").await
 }
 
 async fn start_with(
@@ -95,8 +117,9 @@ async fn start_with(
     placements: BTreeMap<NodeId, Placement>,
     tls: bool,
     fencing: Option<&str>,
+    flow_extra: &str,
 ) -> TestResult<(Servers, Cluster, PacedProducer)> {
-    let cluster = Cluster::launch(spec(&servers, tls, fencing)?, placements).await?;
+    let cluster = Cluster::launch(spec(&servers, tls, fencing, flow_extra)?, placements).await?;
     let mut params = ProducerParams::new(
         servers.upstream.connection_string(),
         servers.topic.targets(),
@@ -150,7 +173,7 @@ pub(crate) async fn assert_nothing_copied(
 pub(crate) async fn finish_with_exact_copy(
     producer: PacedProducer,
     servers: Servers,
-    mut cluster: Cluster,
+    cluster: Cluster,
 ) -> TestResult {
     let report = producer.stop().await?;
     let caught_up = servers.wait_caught_up(Duration::from_secs(60)).await?;
@@ -160,6 +183,12 @@ pub(crate) async fn finish_with_exact_copy(
         report.failed_sends,
         caught_up.as_secs_f64()
     );
+    finish_exact(servers, cluster).await
+}
+
+/// Requires `verify` to report an exact copy, then marks the cluster passed and stops
+/// everything.
+pub(crate) async fn finish_exact(servers: Servers, mut cluster: Cluster) -> TestResult {
     assert!(
         cluster.verify(Duration::from_secs(30)).await?,
         "verify: not exact"

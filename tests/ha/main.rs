@@ -8,6 +8,7 @@ mod dr;
 mod failover;
 mod fence;
 mod fixture;
+mod groups;
 mod partition;
 mod pause;
 mod reload;

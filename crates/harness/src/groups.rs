@@ -1,7 +1,7 @@
 //! Consumer groups as an application uses them, for the disaster-recovery scenarios: a group
 //! that consumed up to some offsets, the offset a group stored, the message at an offset.
 
-use iggy::prelude::{Consumer, Identifier, PollingStrategy};
+use iggy::prelude::{Consumer, Identifier, Partitioning, PollingStrategy};
 use replicator_sdk::Client;
 
 use crate::error::{Error, Result};
@@ -132,4 +132,35 @@ pub async fn group_next_message(
         .await;
     client.leave_consumer_group(&s, &t, &g).await?;
     Ok(polled?.messages.into_iter().next())
+}
+
+/// Appends the messages at offsets `from..from + count` of `stream/topic/partition` once more
+/// at its end, unchanged (payload, user headers, id): what a batch whose send timed out looks
+/// like when it lands late, after the copy went on without it (for example with fencing off).
+/// Returns how many were appended.
+pub async fn append_again(
+    client: &Client,
+    (stream, topic): (&str, &str),
+    partition: u32,
+    from: u64,
+    count: u32,
+) -> Result<usize> {
+    let (s, t) = (Identifier::named(stream)?, Identifier::named(topic)?);
+    let polled = client
+        .poll_messages(
+            &s,
+            &t,
+            Some(partition),
+            &Consumer::new(Identifier::named("harness-reader")?),
+            &PollingStrategy::offset(from),
+            count,
+            false,
+        )
+        .await?;
+    // Sent as polled, as the writer sends what it polled: the server assigns new offsets.
+    let mut again = polled.messages;
+    client
+        .send_messages(&s, &t, &Partitioning::partition_id(partition), &mut again)
+        .await?;
+    Ok(again.len())
 }

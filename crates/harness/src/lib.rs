@@ -52,7 +52,8 @@ pub use cluster::{free_addr, Cluster, ClusterSpec, CommandRun, Node, Placement, 
 pub use error::{Error, Result};
 pub use failover::{wait_resumed, DownstreamCounts, Killed, Resumption, Stalled};
 pub use groups::{
-    group_next_message, group_offset, message_id_at, store_group_offsets, translated_exactly,
+    append_again, group_next_message, group_offset, message_id_at, store_group_offsets,
+    translated_exactly,
 };
 pub use node_config::{FlowConfig, NodeConfig};
 pub use producer::{

@@ -199,6 +199,7 @@ impl Pipeline {
                 dance: dance.clone(),
                 registry: group_registry.clone(),
                 found: std::sync::Mutex::default(),
+                tail_scan_window: params.tail_scan_window,
             });
             let seed = (params.node_id << 32) ^ flow.name.len() as u64;
             discovery.push(tokio::spawn(crate::groups::run(

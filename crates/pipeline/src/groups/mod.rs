@@ -20,7 +20,7 @@
 
 pub(crate) mod translate;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -39,15 +39,13 @@ use crate::identity::WriterTargets;
 use crate::mapping::downstream_stream;
 use crate::params::FlowParams;
 use crate::provenance::{self, Incarnation};
+use crate::writer::{Position, ScanEnd, TailEntry, TailOutcome, TailPoll, TailScan, TailStep};
 
 /// Messages one poll of a search reads.
 const SEARCH_PAGE: u64 = 100;
 
 /// Most polls one search makes (a page each).
 const SEARCH_POLLS: u32 = 200;
-
-/// Most pages read back from the end of a downstream partition for its newest copy.
-const NEWEST_PAGES: u32 = 100;
 
 /// Most entries of [`GroupSync::found`] (cleared when full).
 const FOUND_CACHE: usize = 100_000;
@@ -232,6 +230,9 @@ pub(crate) struct GroupSync<C> {
     /// Exact copies found lately, by (unit, history, upstream offset): a group that stays put
     /// costs one poll a round, not a search.
     pub(crate) found: Mutex<HashMap<(WorkUnit, u64, Offset), Copied>>,
+    /// How far back the search for the newest copy reads without a confirmed offset to look
+    /// for (`pipeline.tail_scan_window`, as the writers' resume).
+    pub(crate) tail_scan_window: u32,
 }
 
 /// A boxed sync of one flow's given units (what `Pipeline::sync_groups` calls).
@@ -355,11 +356,7 @@ impl<C: ControlPlane> GroupSync<C> {
                 topic: topic.to_owned(),
                 partition: first.partition,
             })?;
-        let down_end: BTreeMap<u32, Offset> = details
-            .partitions
-            .iter()
-            .map(|p| (p.id, crate::cutover::Extent::of(p).next_offset))
-            .collect();
+        let downstream: BTreeSet<u32> = details.partitions.iter().map(|p| p.id).collect();
         let mut ctx = TopicCtx {
             up,
             down,
@@ -373,13 +370,13 @@ impl<C: ControlPlane> GroupSync<C> {
             let group = ident(&name, first)?;
             let mut wanted: Vec<GroupOffset> = Vec::new();
             for unit in units {
-                let Some(end) = down_end.get(&unit.partition).copied() else {
+                if !downstream.contains(&unit.partition) {
                     continue;
-                };
+                }
                 let Some(up) = ctx.up.group_offset(&group, unit.partition).await? else {
                     continue;
                 };
-                let Some(copy) = self.translate(&mut ctx, unit, up, end).await? else {
+                let Some(copy) = self.translate(&mut ctx, unit, up).await? else {
                     continue;
                 };
                 wanted.push(GroupOffset {
@@ -425,7 +422,6 @@ impl<C: ControlPlane> GroupSync<C> {
         ctx: &mut TopicCtx<'_>,
         unit: &WorkUnit,
         up: Offset,
-        down_end: Offset,
     ) -> Result<Option<Copied>> {
         let Some(label) = self.history(unit) else {
             return Ok(None);
@@ -441,7 +437,7 @@ impl<C: ControlPlane> GroupSync<C> {
             _ => match self.lookup_verified(ctx, unit, label, up).await? {
                 Lookup::Found(copy) => Some(copy),
                 Lookup::NotCopied => None,
-                Lookup::Unknown => self.search(ctx, unit, label, up, down_end).await?,
+                Lookup::Unknown => self.search(ctx, unit, label, up).await?,
             },
         };
         if let Some(copy) = found.filter(|c| c.up == up) {
@@ -509,9 +505,8 @@ impl<C: ControlPlane> GroupSync<C> {
         unit: &WorkUnit,
         label: u64,
         up: Offset,
-        down_end: Offset,
     ) -> Result<Option<Copied>> {
-        let Some(newest) = self.newest_copy(ctx, unit, label, down_end).await? else {
+        let Some(newest) = self.newest_copy(ctx, unit, label).await? else {
             return Ok(None);
         };
         // Copies earlier searches of this round saw on the partition narrow this one down.
@@ -569,15 +564,17 @@ impl<C: ControlPlane> GroupSync<C> {
         }
     }
 
-    /// The newest copy in the downstream partition (once per partition and round): the
-    /// writer's map's when it checked out, otherwise read back from the end, a page at a time,
-    /// at most [`NEWEST_PAGES`] pages.
+    /// The newest copy in the downstream partition by upstream position, not by place (once
+    /// per partition and round): the writer's map's when it checked out, otherwise found as
+    /// the writers' resume finds its tail ([`TailScan`]): the highest copy of the newest window
+    /// that holds any, read further back while it is below the confirmed offset. A batch that
+    /// landed late on top of newer copies is thus never taken for the newest, and a search
+    /// never answers a place past copies of later messages.
     async fn newest_copy(
         &self,
         ctx: &mut TopicCtx<'_>,
         unit: &WorkUnit,
         label: u64,
-        down_end: Offset,
     ) -> Result<Option<Copied>> {
         if let Some(newest) = ctx.newest.get(&unit.partition) {
             return Ok(*newest);
@@ -586,26 +583,63 @@ impl<C: ControlPlane> GroupSync<C> {
         if ctx.verified.get(&unit.partition) == Some(&true) {
             found = self.maps.newest(unit).map(|(_, newest)| newest);
         }
-        let mut end = down_end;
-        let mut pages = 0;
-        while found.is_none() && end > 0 && pages < NEWEST_PAGES {
-            pages += 1;
-            ctx.probes += 1;
-            let from = end.saturating_sub(SEARCH_PAGE);
-            let count = u32::try_from(end - from).unwrap_or(1);
-            let page = ctx.down.poll(unit, from, count).await?;
-            found = page
-                .iter()
-                .filter(|m| m.header.offset < end)
-                .rev()
-                .find_map(|m| self.ours(m, label));
-            end = from;
-        }
-        if found.is_none() && end > 0 {
-            ctx.search_exhausted += 1;
+        if found.is_none() {
+            found = self.scan_newest(ctx, unit, label).await?;
         }
         ctx.newest.insert(unit.partition, found);
         Ok(found)
+    }
+
+    /// [`TailScan`] over the downstream partition for the highest copy of history `label`.
+    async fn scan_newest(
+        &self,
+        ctx: &mut TopicCtx<'_>,
+        unit: &WorkUnit,
+        label: u64,
+    ) -> Result<Option<Copied>> {
+        let generation = Incarnation::from_label(label).generation;
+        let reference = self
+            .control
+            .progress(unit)
+            .filter(|p| p.topic_created_at == label)
+            .and_then(|p| p.confirmed)
+            .map(|offset| Position { generation, offset });
+        let (mut scan, mut poll) = TailScan::start(self.tail_scan_window, reference);
+        loop {
+            ctx.probes += 1;
+            let (strategy, count) = match poll {
+                TailPoll::Last { count } => (PollingStrategy::last(), count),
+                TailPoll::From { offset, count } => (PollingStrategy::offset(offset), count),
+            };
+            let page: Vec<TailEntry> = ctx
+                .down
+                .poll_with(unit, strategy, count)
+                .await?
+                .iter()
+                .map(|m| TailEntry {
+                    offset: m.header.offset,
+                    ours: self.ours(m, label).map(|c| Position {
+                        generation,
+                        offset: c.up,
+                    }),
+                })
+                .collect();
+            match scan.feed(&page) {
+                TailStep::Poll(next) => poll = next,
+                TailStep::Done(TailOutcome::Hit(hit)) => {
+                    return Ok(Some(Copied {
+                        down: hit.downstream,
+                        up: hit.position.offset,
+                    }))
+                }
+                TailStep::Done(TailOutcome::Absent(end)) => {
+                    if end == ScanEnd::Bound {
+                        ctx.search_exhausted += 1;
+                    }
+                    return Ok(None);
+                }
+            }
+        }
     }
 
     /// Our message exactly at downstream offset `at`, if it is ours.
@@ -682,29 +716,33 @@ impl<C: ControlPlane> GroupSync<C> {
                 Err(e) => return Err(e),
             },
         }
-        // Forward only: what the target has already is kept when it is not behind.
-        let mut to_store = Vec::new();
+        // A look first, without joining: nothing to move forward, no dance.
+        let mut behind = false;
         for w in wanted {
-            let current = down.group_offset(group, w.partition).await?;
-            if current.is_none_or(|c| c < w.downstream_offset) {
-                to_store.push((w.partition, w.downstream_offset));
-            }
+            behind |= down
+                .group_offset(group, w.partition)
+                .await?
+                .is_none_or(|c| c < w.downstream_offset);
         }
-        if to_store.is_empty() {
+        if !behind {
             return Ok(Stored::Done(0));
         }
         down.join(group).await?;
-        let outcome = Self::store_as_member(down, group, &to_store).await;
+        let outcome = Self::store_as_member(down, group, wanted).await;
         let left = down.leave(group).await;
         let stored = outcome?;
         left?;
         Ok(stored)
     }
 
+    /// Stores what in `wanted` is ahead of the target, as the group's only member. Forward
+    /// only: the target's offsets are read while the sync is the only member, so that what
+    /// it compares with is what it overwrites (a sync of another node, or a consumer, that
+    /// joined meanwhile makes this one skip the group instead).
     async fn store_as_member(
         down: &TopicOn<'_>,
         group: &Identifier,
-        to_store: &[(u32, Offset)],
+        wanted: &[GroupOffset],
     ) -> Result<Stored> {
         let members = down.group(group).await?.map_or(0, |g| g.members_count);
         if members != 1 {
@@ -713,10 +751,16 @@ impl<C: ControlPlane> GroupSync<C> {
                 "{members} members on the target while syncing"
             )));
         }
-        for &(partition, offset) in to_store {
-            down.store_offset(group, partition, offset).await?;
+        let mut stored = 0;
+        for w in wanted {
+            let current = down.group_offset(group, w.partition).await?;
+            if current.is_none_or(|c| c < w.downstream_offset) {
+                down.store_offset(group, w.partition, w.downstream_offset)
+                    .await?;
+                stored += 1;
+            }
         }
-        Ok(Stored::Done(to_store.len() as u64))
+        Ok(Stored::Done(stored))
     }
 
     fn found_cache(&self) -> std::sync::MutexGuard<'_, HashMap<(WorkUnit, u64, Offset), Copied>> {
@@ -822,13 +866,23 @@ impl TopicOn<'_> {
 
     /// Up to `count` messages of `unit`'s partition from offset `at`.
     async fn poll(&self, unit: &WorkUnit, at: Offset, count: u32) -> Result<Vec<IggyMessage>> {
+        self.poll_with(unit, PollingStrategy::offset(at), count)
+            .await
+    }
+
+    /// Up to `count` messages of `unit`'s partition, from where `strategy` says.
+    async fn poll_with(
+        &self,
+        unit: &WorkUnit,
+        strategy: PollingStrategy,
+        count: u32,
+    ) -> Result<Vec<IggyMessage>> {
         let (s, t) = self.ids.clone();
         let consumer = Consumer::new(ident("iggy-replicator.groups", unit)?);
         let partition = unit.partition;
         let polled = self
             .cluster
             .call(self.slot, "poll_messages (group sync)", |c| async move {
-                let strategy = PollingStrategy::offset(at);
                 c.poll_messages(&s, &t, Some(partition), &consumer, &strategy, count, false)
                     .await
             })

@@ -124,9 +124,28 @@ impl OffsetMap {
         self.next_down = Some(next);
     }
 
-    /// A send failed and may or may not have been appended: later sends cannot be placed.
+    /// A send failed and may or may not have been appended: later sends cannot be placed, and
+    /// nothing past the newest entry is known until [`OffsetMap::resynced`].
     pub(crate) fn unsure(&mut self) {
         self.next_down = None;
+    }
+
+    /// The writer re-read the downstream tail after an unsure send: its last copy there is
+    /// `last` (of this history; `None`: none found) and the partition's next offset is
+    /// `next_down`. The map starts over from there: what the unsure send did is not known
+    /// message by message, so everything before `last` is left to the search.
+    pub(crate) fn resynced(&mut self, last: Option<Copied>, next_down: Offset) {
+        let copied_before = self.copied_before || !self.runs.is_empty() || last.is_some();
+        self.runs.clear();
+        self.copied_before = copied_before;
+        if let Some(last) = last.filter(|l| l.down < next_down) {
+            self.runs.push_back(Run {
+                up: last.up,
+                down: last.down,
+                len: 1,
+            });
+        }
+        self.next_down = Some(next_down);
     }
 
     /// The newest copy recorded (what the sync checks against the downstream message).
@@ -155,6 +174,11 @@ impl OffsetMap {
                 down: run.down + (up - run.up),
                 up,
             });
+        }
+        if index == self.runs.len() && self.next_down.is_none() {
+            // Past the newest entry while an unsure send may have appended more: unknown,
+            // not "the newest" (which would stay put while the copy goes on).
+            return Lookup::Unknown;
         }
         Lookup::Found(Copied {
             down: last_down,
@@ -306,13 +330,52 @@ mod tests {
     }
 
     #[test]
-    fn an_unsure_send_freezes_the_map() {
+    fn an_unsure_send_freezes_the_map_and_leaves_what_follows_to_the_search() {
         let mut map = OffsetMap::new(7, 0, false);
         map.sent([0, 1]);
         map.unsure();
         map.sent([2, 3]);
         check!(map.newest() == Some(Copied { down: 1, up: 1 }));
-        check!(map.lookup(3) == copied(1, 1));
+        check!(
+            map.lookup(1) == copied(1, 1),
+            "acknowledged before: still exact"
+        );
+        check!(
+            map.lookup(3) == Lookup::Unknown,
+            "past the newest entry: unknown, never the frozen newest"
+        );
+    }
+
+    #[test]
+    fn a_resync_starts_the_map_over_from_the_tail_hit() {
+        let mut map = OffsetMap::new(7, 100, false);
+        map.sent(0..10); // 100..=109
+        map.unsure();
+        // The unsure send of 10..=14 landed at 110..=114, then a foreign message at 115.
+        map.resynced(Some(Copied { down: 114, up: 14 }), 116);
+        map.sent(15..20); // 116..=120
+        check!(map.lookup(14) == copied(114, 14));
+        check!(map.lookup(17) == copied(118, 17));
+        check!(
+            map.lookup(25) == copied(120, 19),
+            "not copied yet: the newest"
+        );
+        check!(
+            map.lookup(12) == Lookup::Unknown,
+            "before the tail hit: left to the search"
+        );
+        check!(map.newest() == Some(Copied { down: 120, up: 19 }));
+
+        // Nothing of this history found in the tail: what comes is placed from the end.
+        let mut map = OffsetMap::new(7, 0, false);
+        map.unsure();
+        map.resynced(None, 3);
+        check!(
+            map.lookup(0) == Lookup::NotCopied,
+            "nothing was ever copied"
+        );
+        map.sent([0]);
+        check!(map.lookup(0) == copied(3, 0));
     }
 
     #[test]

@@ -41,14 +41,15 @@ use self::commit::{CommitRequest, CommitTracker, Settled};
 use self::landed::LandedCheck;
 pub use self::landed::LandedMismatch;
 pub(crate) use self::prepare::{prepare, PrepareParams};
-use self::resume::{PartitionExtent, Position, ResumeFacts, ResumePlan, TailCheck, TailEntry};
-use self::resume::{TailHit, TailOutcome, TailPoll, TailScan, TailStep};
+pub(crate) use self::resume::TailStep;
+use self::resume::{PartitionExtent, ResumeFacts, ResumePlan, TailCheck, TailHit};
+pub(crate) use self::resume::{Position, ScanEnd, TailEntry, TailOutcome, TailPoll, TailScan};
 use self::send::{epoch_is_current, send_verdict, SendVeto};
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
 use crate::error::{Error, Result};
-use crate::groups::translate::OffsetMap;
+use crate::groups::translate::{Copied, OffsetMap};
 use crate::groups::{lock_map, SharedOffsetMap};
 use crate::offsets::ReadFrom;
 use crate::provenance::{self, Incarnation};
@@ -302,7 +303,7 @@ impl<C: ControlPlane> Writer<C> {
         .next_offset();
         let (tail, tail_check) = if shared.flow.provenance {
             let reference = resume::reference(progress, created_at);
-            let tail = scan_tail(&shared, created_at, reference, &self.stop).await?;
+            let (tail, _) = scan_tail(&shared, created_at, reference, &self.stop).await?;
             let check = match tail {
                 TailOutcome::Hit(hit) => check_tail(&shared, hit).await?,
                 TailOutcome::Absent(_) => TailCheck::Unknown,
@@ -365,11 +366,21 @@ impl<C: ControlPlane> Writer<C> {
                 generation: copying.generation,
                 offset,
             });
-            let tail = scan_tail(&shared, copying.created_at, written, &self.stop).await?;
-            if let TailOutcome::Hit(hit) = tail {
-                if hit.position.generation == copying.generation {
+            let (tail, next_down) =
+                scan_tail(&shared, copying.created_at, written, &self.stop).await?;
+            let last = match tail {
+                TailOutcome::Hit(hit) if hit.position.generation == copying.generation => {
                     self.commits.covered(Some(hit.position.offset));
+                    Some(Copied {
+                        down: hit.downstream,
+                        up: hit.position.offset,
+                    })
                 }
+                _ => None,
+            };
+            // The consumer-group sync places this writer's sends from here on.
+            if let Some(map) = &self.offset_map {
+                lock_map(map).resynced(last, next_down);
             }
             self.resync = false;
             self.landed.forget();
@@ -662,13 +673,14 @@ fn send_check<C: ControlPlane>(
 /// The last message this flow wrote to the downstream partition for the upstream topic created
 /// at `created_at` (any of its histories): reads the pages [`TailScan`] asks for, looking for
 /// `reference` (the confirmed position) without a bound, or within the scan window without
-/// one. Ends with [`Error::Interrupted`] when the pair is stopped between two pages.
+/// one. Ends with [`Error::Interrupted`] when the pair is stopped between two pages. Also
+/// returns the partition's next offset as the newest page showed it.
 async fn scan_tail<C>(
     shared: &UnitShared<C>,
     created_at: u64,
     reference: Option<Position>,
     stop: &CancellationToken,
-) -> Result<TailOutcome> {
+) -> Result<(TailOutcome, Offset)> {
     let (stream, topic) = shared.downstream_ids()?;
     let partition = shared.unit.partition;
     let consumer = Consumer::new(named("iggy-replicator.tail", &shared.unit)?);
@@ -687,6 +699,7 @@ async fn scan_tail<C>(
     let window = shared.tuning.tail_scan_window;
     let (mut scan, mut poll) = TailScan::start(window, reference);
     let mut pages = 0u64;
+    let mut next_down = None;
     loop {
         if stop.is_cancelled() {
             return Err(Error::Interrupted {
@@ -714,9 +727,11 @@ async fn scan_tail<C>(
                 ours: ours(m),
             })
             .collect();
+        // The first page is the newest one: it ends where the partition does.
+        let end = *next_down.get_or_insert(page.last().map_or(0, |e| e.offset + 1));
         match scan.feed(&page) {
             TailStep::Poll(next) => poll = next,
-            TailStep::Done(found) => return Ok(found),
+            TailStep::Done(found) => return Ok((found, end)),
         }
         pages += 1;
         if pages.is_multiple_of(100) {

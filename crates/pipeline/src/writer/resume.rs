@@ -50,11 +50,11 @@ impl PartitionExtent {
 /// topic was created) and the upstream offset in it. A later history orders after an earlier
 /// one whatever the offsets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Position {
+pub(crate) struct Position {
     /// The history ([`Incarnation::generation`]).
-    pub(super) generation: u16,
+    pub(crate) generation: u16,
     /// The upstream offset.
-    pub(super) offset: Offset,
+    pub(crate) offset: Offset,
 }
 
 /// The confirmed position of the unit in the topic created at `created_at`: the reference the
@@ -287,27 +287,27 @@ fn after(last: Offset) -> ReadFrom {
 
 /// One downstream message as the tail scan sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct TailEntry {
+pub(crate) struct TailEntry {
     /// Its offset in the downstream partition.
-    pub(super) offset: Offset,
+    pub(crate) offset: Offset,
     /// Its position, if this flow wrote it for the current topic (any of its histories);
     /// `None` for anything else (other producers, reverse flows, earlier topics of the same
     /// name).
-    pub(super) ours: Option<Position>,
+    pub(crate) ours: Option<Position>,
 }
 
 /// A message of ours found downstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct TailHit {
+pub(crate) struct TailHit {
     /// Its downstream offset.
-    pub(super) downstream: Offset,
+    pub(crate) downstream: Offset,
     /// What it is a copy of.
-    pub(super) position: Position,
+    pub(crate) position: Position,
 }
 
 /// Why a scan found no message of ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ScanEnd {
+pub(crate) enum ScanEnd {
     /// The downstream partition is empty.
     Empty,
     /// Every message down to the partition's first (offset 0) was read.
@@ -320,7 +320,7 @@ pub(super) enum ScanEnd {
 
 /// What a finished scan found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum TailOutcome {
+pub(crate) enum TailOutcome {
     /// The last message of ours (see [`TailScan`]).
     Hit(TailHit),
     /// No message of ours.
@@ -329,7 +329,7 @@ pub(super) enum TailOutcome {
 
 /// The next page the tail scan needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum TailPoll {
+pub(crate) enum TailPoll {
     /// The newest `count` messages of the partition.
     Last {
         /// How many.
@@ -346,7 +346,7 @@ pub(super) enum TailPoll {
 
 /// What the tail scan wants after a page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum TailStep {
+pub(crate) enum TailStep {
     /// Read this page next.
     Poll(TailPoll),
     /// Done.
@@ -424,7 +424,7 @@ enum Phase {
 ///
 /// Either way it stops at the partition's beginning (or where retention cut it).
 #[derive(Debug, Clone)]
-pub(super) struct TailScan {
+pub(crate) struct TailScan {
     /// Most messages to scan without a reference, or while confirming.
     window: u64,
     /// Messages per page.
@@ -440,7 +440,7 @@ pub(super) struct TailScan {
 impl TailScan {
     /// A scan for the last message of ours, bounded by `window` (at least 1) unless a confirmed
     /// `reference` is given, and its first page.
-    pub(super) fn start(window: u32, reference: Option<Position>) -> (Self, TailPoll) {
+    pub(crate) fn start(window: u32, reference: Option<Position>) -> (Self, TailPoll) {
         let window = window.max(1);
         let chunk = window.min(TAIL_CHUNK);
         let scan = Self {
@@ -455,13 +455,13 @@ impl TailScan {
     }
 
     /// Messages read so far (finished pages and windows).
-    pub(super) fn scanned(&self) -> u64 {
+    pub(crate) fn scanned(&self) -> u64 {
         self.scanned
     }
 
     /// Takes the page asked for last (its messages in ascending offset order) and says what
     /// comes next.
-    pub(super) fn feed(&mut self, page: &[TailEntry]) -> TailStep {
+    pub(crate) fn feed(&mut self, page: &[TailEntry]) -> TailStep {
         match self.state {
             ScanState::Newest => {
                 let mut seen = Seen::default();
