@@ -116,6 +116,9 @@ pub(crate) struct PartitionFacts {
     pub(crate) upstream_end: Offset,
     /// The oldest offset upstream holds (`None`: empty; only read for `earliest`).
     pub(crate) first: Option<Offset>,
+    /// Creation time (µs) of the upstream topic these facts are about: the reset is for that
+    /// topic only (a topic recreated before the next owner starts drops it).
+    pub(crate) topic_created_at: u64,
 }
 
 /// Each partition's new start, or every reason the reset cannot be done (nothing changes
@@ -263,6 +266,7 @@ async fn run_reset(
                 confirmed: *confirmed,
                 upstream_end: up.next_offset,
                 first: *first,
+                topic_created_at: up.topic_created_at,
             }),
             (Err(error), _) | (_, Err(error)) => {
                 unreadable.push(format!("{unit}: upstream: {error}"));
@@ -273,14 +277,11 @@ async fn run_reset(
         return Err((StatusCode::SERVICE_UNAVAILABLE, unreadable.join("\n")));
     }
     let partitions = plan(&facts, to, body.allow_duplicates).map_err(|p| conflict(p.join("\n")))?;
+    // The plan answers every partition, in order, or refuses the reset.
     let resets = partitions
         .iter()
-        .map(|p| {
-            (
-                WorkUnit::new(flow, &p.stream, &p.topic, p.partition),
-                p.next,
-            )
-        })
+        .zip(&facts)
+        .map(|(p, f)| (f.unit.clone(), p.next, f.topic_created_at))
         .collect();
     info!(flow, stream = %body.stream, topic = %body.topic, partition = ?body.partition,
         %to, allow_duplicates = body.allow_duplicates, "offset reset requested");
@@ -410,6 +411,7 @@ mod tests {
             confirmed,
             upstream_end: end,
             first,
+            topic_created_at: 1,
         }
     }
 

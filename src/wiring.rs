@@ -16,7 +16,7 @@ use replicator_control::{
     WriterFence,
 };
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, OffsetCommit, OffsetReset, UnitProgress, WorkUnit,
+    Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, UnitReset, UnitStart, WorkUnit,
 };
 use replicator_model::{NodeId, WriterLogin};
 use replicator_pipeline::{
@@ -191,8 +191,27 @@ impl ControlPlane for RaftControl {
         self.0.progress(unit)
     }
 
-    fn pending_reset(&self, unit: &WorkUnit) -> Option<OffsetReset> {
+    fn pending_reset(&self, unit: &WorkUnit) -> Option<UnitReset> {
         self.0.pending_reset(unit)
+    }
+
+    fn recorded_start(&self, unit: &WorkUnit) -> Option<UnitStart> {
+        self.0.recorded_start(unit)
+    }
+
+    fn record_start(
+        &self,
+        unit: &WorkUnit,
+        epoch: Epoch,
+        start: UnitStart,
+    ) -> impl Future<Output = Result<bool, ControlError>> + Send {
+        let (control, unit) = (self.0.clone(), unit.clone());
+        async move {
+            control
+                .record_start(&unit, epoch, start)
+                .await
+                .map_err(control_error)
+        }
     }
 
     fn commit(

@@ -69,9 +69,7 @@ pub(crate) async fn start_loopback(
     tls: bool,
 ) -> TestResult<(Servers, Cluster, PacedProducer)> {
     let servers = Servers::start(topic()).await?;
-    let placements = (1..=n)
-        .map(|id| Ok((id, Placement::loopback()?)))
-        .collect::<TestResult<BTreeMap<_, _>>>()?;
+    let placements = loopback(n)?;
     start_with(servers, placements, tls, None, "").await
 }
 
@@ -91,6 +89,19 @@ pub(crate) async fn start_flow(
     start_loopback_with(n, None, flow_extra).await
 }
 
+/// In-process servers (the topic created upstream, empty) and `n` loopback nodes with
+/// `flow_extra` lines in the flow; no producer.
+pub(crate) async fn launch_idle(n: u64, flow_extra: &str) -> TestResult<(Servers, Cluster)> {
+    let servers = Servers::start(topic()).await?;
+    let cluster = Cluster::launch(spec(&servers, false, None, flow_extra)?, loopback(n)?).await?;
+    Ok((servers, cluster))
+}
+
+/// `n` loopback placements, ids 1..=n.
+fn loopback(n: u64) -> TestResult<BTreeMap<NodeId, Placement>> {
+    (1..=n).map(|id| Ok((id, Placement::loopback()?))).collect()
+}
+
 /// `n` loopback nodes with the target's `fencing` and `flow_extra` lines in the flow.
 async fn start_loopback_with(
     n: u64,
@@ -98,9 +109,7 @@ async fn start_loopback_with(
     flow_extra: &str,
 ) -> TestResult<(Servers, Cluster, PacedProducer)> {
     let servers = Servers::start(topic()).await?;
-    let placements = (1..=n)
-        .map(|id| Ok((id, Placement::loopback()?)))
-        .collect::<TestResult<BTreeMap<_, _>>>()?;
+    let placements = loopback(n)?;
     start_with(servers, placements, false, fencing, flow_extra).await
 }
 

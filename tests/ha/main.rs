@@ -15,5 +15,6 @@ mod reload;
 mod reset;
 mod restart;
 mod scale;
+mod start;
 mod tls;
 mod zombie;

@@ -59,6 +59,21 @@ async fn produce(client: &Client, range: std::ops::Range<u64>) -> TestResult {
     Ok(())
 }
 
+/// Servers, three nodes, clients of both servers, and the first 100 messages of every
+/// partition produced and copied.
+async fn start_copied() -> TestResult<(Servers, Cluster, Client, Client)> {
+    let servers = Servers::start(Topic::new(STREAM, TOPIC, 3)).await?;
+    let cluster = Cluster::start(spec(&servers)?, 3).await?;
+    let up = connect(&servers.upstream.connection_string()).await?;
+    let down = connect(&servers.downstream.connection_string()).await?;
+    produce(&up, 0..100).await?;
+    wait_until("the first 100 copied", WAIT, || async {
+        servers.downstream_counts() == vec![100, 100, 100]
+    })
+    .await?;
+    Ok((servers, cluster, up, down))
+}
+
 /// `flow reset fwd --stream rs --topic events <args>` once through the leader.
 async fn reset(cluster: &Cluster, args: &[&str]) -> TestResult<CommandRun> {
     let mut command = vec!["reset", FLOW, "--stream", STREAM, "--topic", TOPIC];
@@ -78,15 +93,7 @@ fn ids(partition: u32, seqs: impl IntoIterator<Item = u64>) -> Vec<u128> {
 #[test]
 fn a_paused_flow_is_reset_to_copy_a_range_again_or_skip_a_backlog() -> TestResult {
     serial(|| async {
-        let servers = Servers::start(Topic::new(STREAM, TOPIC, 3)).await?;
-        let mut cluster = Cluster::start(spec(&servers)?, 3).await?;
-        let up = connect(&servers.upstream.connection_string()).await?;
-        let down = connect(&servers.downstream.connection_string()).await?;
-        produce(&up, 0..100).await?;
-        wait_until("the first 100 copied", WAIT, || async {
-            servers.downstream_counts() == vec![100, 100, 100]
-        })
-        .await?;
+        let (servers, mut cluster, up, down) = start_copied().await?;
 
         // Running: refused, nothing recorded.
         let run = reset(&cluster, &["--to", "0", "--allow-duplicates"]).await?;
@@ -172,6 +179,48 @@ fn a_paused_flow_is_reset_to_copy_a_range_again_or_skip_a_backlog() -> TestResul
             servers.downstream_counts() == counts.iter().map(|c| c + 1).collect::<Vec<_>>()
         })
         .await?;
+        cluster.passed();
+        drop(cluster);
+        servers.shutdown().await;
+        Ok(())
+    })
+}
+
+#[test]
+fn a_reset_made_before_its_topic_was_recreated_is_dropped_and_the_new_topic_copied_whole(
+) -> TestResult {
+    serial(|| async {
+        let (servers, mut cluster, up, down) = start_copied().await?;
+        cluster.flow(&["pause", FLOW]).await?;
+        let run = reset(&cluster, &["--to", "latest"]).await?;
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+
+        // While the flow is paused the application deletes the topic and creates it again:
+        // the reset's offsets (100 on every partition) are about the old topic.
+        let (s, t) = (
+            iggy::prelude::Identifier::named(STREAM)?,
+            iggy::prelude::Identifier::named(TOPIC)?,
+        );
+        up.delete_topic(&s, &t).await?;
+        replicator_harness::ensure_topic(&up, STREAM, TOPIC, 3).await?;
+        produce(&up, 1000..1030).await?;
+        cluster.flow(&["resume", FLOW]).await?;
+
+        // The new topic is copied from its first message, after the old one's copies.
+        let counts = vec![130, 130, 130];
+        let waited = wait_until("the new topic copied", WAIT, || async {
+            servers.downstream_counts() == counts
+        })
+        .await;
+        println!("downstream {:?}", servers.downstream_counts());
+        waited?;
+        for partition in 0..3 {
+            let expected: Vec<u128> = ids(partition, (0..100).chain(1000..1030));
+            assert_eq!(
+                partition_ids(&down, (STREAM, TOPIC), partition).await?,
+                expected
+            );
+        }
         cluster.passed();
         drop(cluster);
         servers.shutdown().await;

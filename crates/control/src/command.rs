@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use replicator_model::{CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, WorkUnit};
+use replicator_model::{CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, UnitStart, WorkUnit};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -171,6 +171,36 @@ pub(crate) enum ControlCommand {
         /// Digest per flow name, every flow of its config.
         digests: BTreeMap<String, String>,
     },
+    /// Sent by a unit's owner before its first poll when nothing is confirmed for the history
+    /// it copies: where that copy starts, resolved from the flow's initial offset. Applies only
+    /// from the owner under its current epoch, and only when no start is recorded for that
+    /// history yet (the first owner's start stands); the unit's first commit clears it.
+    RecordStart {
+        /// The owner.
+        node: NodeId,
+        /// The unit.
+        unit: WorkUnit,
+        /// The owner's epoch.
+        epoch: Epoch,
+        /// The start.
+        start: UnitStart,
+    },
+    /// `ResetOffsets` that names, for each unit, the upstream topic it was decided for (its
+    /// creation time, µs): a writer that finds the topic recreated since drops the reset
+    /// (its offsets were about the old topic). What `flow reset` writes.
+    ResetTopicOffsets {
+        /// The flow; every unit must belong to it.
+        flow: String,
+        /// Each unit, the first upstream offset its next owner copies, and the creation time
+        /// of the upstream topic those offsets are about.
+        resets: Vec<(WorkUnit, Offset, u64)>,
+        /// As in `ResetOffsets`.
+        allow_duplicates: bool,
+        /// Who asked, for the record.
+        requested_by: String,
+        /// When, Unix milliseconds.
+        at_unix_ms: u64,
+    },
 }
 
 impl ControlCommand {
@@ -190,6 +220,7 @@ impl ControlCommand {
             // Only units without an owner are reset; a config changes who may get units, which
             // the next assignment round acts on.
             ControlCommand::ResetOffsets { .. } | ControlCommand::PublishConfig { .. } => false,
+            ControlCommand::RecordStart { .. } | ControlCommand::ResetTopicOffsets { .. } => false,
             ControlCommand::SetWriterIdentity { .. }
             | ControlCommand::FenceMember { .. }
             | ControlCommand::ForgetIdentity { .. } => false,
@@ -240,6 +271,9 @@ pub(crate) enum Rejection {
     StillOwned,
     /// An offset reset at or below a confirmed offset without `allow_duplicates`.
     WouldDuplicate,
+    /// A start recorded for a history that a start is recorded for already, or that has
+    /// confirmed progress.
+    StartKnown,
 }
 
 /// The result of applying one log entry.
@@ -440,6 +474,28 @@ mod tests {
                 },
                 "11050101660164",
             ),
+            (
+                ControlCommand::RecordStart {
+                    node: 1,
+                    unit: unit(),
+                    epoch: Epoch(2),
+                    start: UnitStart {
+                        next: 3,
+                        topic_created_at: 4,
+                    },
+                },
+                "120101660173017401020304",
+            ),
+            (
+                ControlCommand::ResetTopicOffsets {
+                    flow: "f".into(),
+                    resets: vec![(unit(), 3, 9)],
+                    allow_duplicates: false,
+                    requested_by: "o".into(),
+                    at_unix_ms: 4,
+                },
+                "1301660101660173017401030900016f04",
+            ),
         ]
     }
 
@@ -480,9 +536,11 @@ mod tests {
             ControlCommand::SetFlowPaused { .. } => 15,
             ControlCommand::ResetOffsets { .. } => 16,
             ControlCommand::PublishConfig { .. } => 17,
+            ControlCommand::RecordStart { .. } => 18,
+            ControlCommand::ResetTopicOffsets { .. } => 19,
         };
         let indexes: Vec<usize> = golden().iter().map(|(c, _)| count(c)).collect();
-        assert2::check!(indexes == (0..=17).collect::<Vec<_>>());
+        assert2::check!(indexes == (0..=19).collect::<Vec<_>>());
     }
 
     #[test]

@@ -42,11 +42,13 @@ pub(crate) enum BatchRequest {
         commits: Vec<OffsetCommit>,
         reply: oneshot::Sender<Result<Vec<CommitOutcome>>>,
     },
-    /// `Control::release`: a unit handed back. A drain of hundreds of units releases them in
-    /// a few entries instead of one entry (and one round trip) each.
-    Release {
-        release: ControlCommand,
-        reply: oneshot::Sender<Result<()>>,
+    /// One more command of this node, answered with its own response: `Control::release` (a
+    /// unit handed back: a drain of hundreds of units releases them in a few entries instead
+    /// of one entry, and one round trip, each) and `Control::record_start` (every unit that
+    /// starts for the first time records where, which must not cost an entry per unit either).
+    Command {
+        command: ControlCommand,
+        reply: oneshot::Sender<Result<ControlResponse>>,
     },
 }
 
@@ -55,7 +57,7 @@ impl BatchRequest {
     fn size(&self) -> usize {
         match self {
             BatchRequest::Commits { commits, .. } => commits.len(),
-            BatchRequest::Release { .. } => 1,
+            BatchRequest::Command { .. } => 1,
         }
     }
 }
@@ -533,40 +535,36 @@ pub(crate) async fn run_commit_batcher(node: Arc<NodeInner>, mut rx: mpsc::Recei
 /// The callers of one batch entry, in the order of their commands.
 enum Waiting {
     Commits(usize, oneshot::Sender<Result<Vec<CommitOutcome>>>),
-    Release(oneshot::Sender<Result<()>>),
+    Command(oneshot::Sender<Result<ControlResponse>>),
 }
 
-/// The entry for `commits` and `releases`: a plain `CommitOffsets` when nothing is released
-/// (the common case), otherwise a `Batch` with the commits first.
+/// The entry for `commits` and `commands`: a plain `CommitOffsets` when there is no other
+/// command (the common case), otherwise a `Batch` with the commits first.
 fn batch_command(
     node: NodeId,
     commits: Vec<OffsetCommit>,
-    releases: Vec<ControlCommand>,
+    commands: Vec<ControlCommand>,
 ) -> ControlCommand {
-    if releases.is_empty() {
+    if commands.is_empty() {
         return ControlCommand::CommitOffsets { node, commits };
     }
-    let mut cmds = Vec::with_capacity(releases.len() + 1);
+    let mut cmds = Vec::with_capacity(commands.len() + 1);
     if !commits.is_empty() {
         cmds.push(ControlCommand::CommitOffsets { node, commits });
     }
-    cmds.extend(releases);
+    cmds.extend(commands);
     ControlCommand::Batch(cmds)
 }
 
-/// Splits the response of [`batch_command`] into the commit outcomes and one answer per
-/// release (a release of a unit no longer held under that epoch is done already).
+/// Splits the response of [`batch_command`] into the commit outcomes and one response per
+/// command.
 fn split_response(
     response: ControlResponse,
     commits: usize,
-    releases: usize,
-) -> Option<(Vec<CommitOutcome>, Vec<Result<()>>)> {
-    let release_answer = |r: ControlResponse| match r {
-        ControlResponse::Done | ControlResponse::Ignored(Rejection::StaleEpoch) => Ok(()),
-        other => Err(Error::Rejected(format!("release: {other:?}"))),
-    };
+    commands: usize,
+) -> Option<(Vec<CommitOutcome>, Vec<ControlResponse>)> {
     match response {
-        ControlResponse::Commits(outcomes) if releases == 0 && outcomes.len() == commits => {
+        ControlResponse::Commits(outcomes) if commands == 0 && outcomes.len() == commits => {
             Some((outcomes, Vec::new()))
         }
         ControlResponse::Batch(mut answers) => {
@@ -581,10 +579,7 @@ fn split_response(
             } else {
                 Vec::new()
             };
-            if answers.len() != releases {
-                return None;
-            }
-            Some((outcomes, answers.into_iter().map(release_answer).collect()))
+            (answers.len() == commands).then_some((outcomes, answers))
         }
         _ => None,
     }
@@ -593,21 +588,21 @@ fn split_response(
 async fn write_batch(node: Arc<NodeInner>, requests: Vec<BatchRequest>) {
     let mut waiting = Vec::with_capacity(requests.len());
     let mut commits = Vec::new();
-    let mut releases = Vec::new();
+    let mut commands = Vec::new();
     for r in requests {
         match r {
             BatchRequest::Commits { commits: c, reply } => {
                 waiting.push(Waiting::Commits(c.len(), reply));
                 commits.extend(c);
             }
-            BatchRequest::Release { release, reply } => {
-                waiting.push(Waiting::Release(reply));
-                releases.push(release);
+            BatchRequest::Command { command, reply } => {
+                waiting.push(Waiting::Command(reply));
+                commands.push(command);
             }
         }
     }
-    let (commit_count, release_count) = (commits.len(), releases.len());
-    let result = node.write(&batch_command(node.id, commits, releases)).await;
+    let (commit_count, release_count) = (commits.len(), commands.len());
+    let result = node.write(&batch_command(node.id, commits, commands)).await;
     node.counters.commit_batches.fetch_add(1, Ordering::Relaxed);
     let split = match result {
         Ok((_, response)) => split_response(response.clone(), commit_count, release_count)
@@ -634,10 +629,10 @@ async fn write_batch(node: Arc<NodeInner>, requests: Vec<BatchRequest>) {
                     Waiting::Commits(size, reply) => {
                         let _ = reply.send(Ok(outcomes.by_ref().take(size).collect()));
                     }
-                    Waiting::Release(reply) => {
+                    Waiting::Command(reply) => {
                         let answer = answers
                             .next()
-                            .unwrap_or_else(|| Err(Error::Raft("release not answered".into())));
+                            .ok_or_else(|| Error::Raft("command not answered".into()));
                         let _ = reply.send(answer);
                     }
                 }
@@ -649,7 +644,7 @@ async fn write_batch(node: Arc<NodeInner>, requests: Vec<BatchRequest>) {
                     Waiting::Commits(_, reply) => {
                         let _ = reply.send(Err(copy_error(&e)));
                     }
-                    Waiting::Release(reply) => {
+                    Waiting::Command(reply) => {
                         let _ = reply.send(Err(copy_error(&e)));
                     }
                 }
@@ -831,7 +826,7 @@ mod tests {
         ]);
         let (outcomes, answers) = split_response(response, 1, 2).expect("well-formed");
         check!(outcomes == vec![CommitOutcome::Committed]);
-        check!(answers.iter().all(Result::is_ok));
+        check!(answers.len() == 2);
         // Releases without commits.
         let ControlCommand::Batch(cmds) = batch_command(1, Vec::new(), vec![release(1)]) else {
             panic!("expected a batch");
@@ -843,11 +838,7 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_release_and_a_malformed_response_are_errors() {
-        let response =
-            ControlResponse::Batch(vec![ControlResponse::Ignored(Rejection::UnknownUnit)]);
-        let (_, answers) = split_response(response, 0, 1).expect("well-formed");
-        check!(answers[0].is_err());
+    fn a_malformed_response_is_an_error() {
         check!(split_response(ControlResponse::Done, 1, 0).is_none());
         check!(split_response(ControlResponse::Batch(Vec::new()), 1, 1).is_none());
     }

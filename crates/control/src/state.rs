@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use replicator_model::{
     Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset, UnitProgress,
-    WorkUnit, WriterLogin,
+    UnitStart, WorkUnit, WriterLogin,
 };
 use serde::{Deserialize, Serialize};
 
@@ -97,6 +97,12 @@ pub(crate) struct ControlState {
     pub(crate) pending_resets: BTreeMap<WorkUnit, ResetRecord>,
     /// Each node's config digest per flow (`PublishConfig`), the latest it published.
     pub(crate) config_digests: BTreeMap<NodeId, BTreeMap<String, String>>,
+    /// Where units that never committed in their current history start (`RecordStart`), until
+    /// their first commit.
+    pub(crate) recorded_starts: BTreeMap<WorkUnit, UnitStart>,
+    /// The upstream topic (creation time, µs) each pending reset was decided for, when the
+    /// reset named it (`ResetTopicOffsets`); cleared with the reset.
+    pub(crate) reset_topics: BTreeMap<WorkUnit, u64>,
 }
 
 /// An operator's offset reset of one unit (see `ControlCommand::ResetOffsets`).
@@ -298,26 +304,32 @@ impl ControlState {
                 allow_duplicates,
                 requested_by,
                 at_unix_ms,
-            } => match self.check_reset(flow, resets, *allow_duplicates) {
-                Err(rejection) => Ignored(rejection),
-                Ok(()) => {
-                    for (unit, next) in resets {
-                        self.reset_offset(
-                            index,
-                            unit,
-                            *next,
-                            *allow_duplicates,
-                            requested_by,
-                            *at_unix_ms,
-                        );
-                    }
-                    Done
-                }
-            },
+            } => {
+                let resets: Vec<_> = resets.iter().map(|(u, n)| (u, *n, None)).collect();
+                let by = (requested_by.as_str(), *at_unix_ms);
+                self.reset_offsets(index, flow, &resets, *allow_duplicates, by)
+            }
+            ControlCommand::ResetTopicOffsets {
+                flow,
+                resets,
+                allow_duplicates,
+                requested_by,
+                at_unix_ms,
+            } => {
+                let resets: Vec<_> = resets.iter().map(|(u, n, t)| (u, *n, Some(*t))).collect();
+                let by = (requested_by.as_str(), *at_unix_ms);
+                self.reset_offsets(index, flow, &resets, *allow_duplicates, by)
+            }
             ControlCommand::PublishConfig { node, digests } => {
                 self.config_digests.insert(*node, digests.clone());
                 Done
             }
+            ControlCommand::RecordStart {
+                node,
+                unit,
+                epoch,
+                start,
+            } => self.record_start(*node, unit, *epoch, *start),
             ControlCommand::Batch(_) => Ignored(Rejection::NestedBatch),
         }
     }
@@ -354,20 +366,50 @@ impl ControlState {
         ControlResponse::Done
     }
 
+    /// Applies a reset of `flow`'s units (each: the unit, its next offset and the upstream
+    /// topic it was decided for, when known), all or nothing; `by` is who asked and when.
+    fn reset_offsets(
+        &mut self,
+        index: u64,
+        flow: &str,
+        resets: &[(&WorkUnit, Offset, Option<u64>)],
+        allow_duplicates: bool,
+        (requested_by, at_unix_ms): (&str, u64),
+    ) -> ControlResponse {
+        if let Err(rejection) = self.check_reset(flow, resets, allow_duplicates) {
+            return ControlResponse::Ignored(rejection);
+        }
+        for &(unit, next, topic) in resets {
+            self.reset_offset(
+                index,
+                unit,
+                next,
+                allow_duplicates,
+                requested_by,
+                at_unix_ms,
+            );
+            match topic {
+                Some(created_at) => self.reset_topics.insert(unit.clone(), created_at),
+                None => self.reset_topics.remove(unit),
+            };
+        }
+        ControlResponse::Done
+    }
+
     /// Why `resets` cannot apply, if they cannot (see `ControlCommand::ResetOffsets`).
-    pub(crate) fn check_reset(
+    fn check_reset(
         &self,
         flow: &str,
-        resets: &[(WorkUnit, Offset)],
+        resets: &[(&WorkUnit, Offset, Option<u64>)],
         allow_duplicates: bool,
     ) -> Result<(), Rejection> {
-        if flow.is_empty() || resets.is_empty() || resets.iter().any(|(u, _)| u.flow != flow) {
+        if flow.is_empty() || resets.is_empty() || resets.iter().any(|(u, ..)| u.flow != flow) {
             return Err(Rejection::InvalidFlow);
         }
         if !self.paused_flows.contains_key(flow) {
             return Err(Rejection::FlowRunning);
         }
-        for (unit, next) in resets {
+        for &(unit, next, _) in resets {
             let rec = match self.units.get(unit) {
                 Some(rec) if !rec.retired => rec,
                 Some(_) => return Err(Rejection::Retired),
@@ -376,11 +418,39 @@ impl ControlState {
             if rec.owner.is_some() {
                 return Err(Rejection::StillOwned);
             }
-            if !allow_duplicates && rec.progress.confirmed.is_some_and(|c| *next <= c) {
+            if !allow_duplicates && rec.progress.confirmed.is_some_and(|c| next <= c) {
                 return Err(Rejection::WouldDuplicate);
             }
         }
         Ok(())
+    }
+
+    /// Records where the copy of `start`'s history begins for `unit` (see
+    /// `ControlCommand::RecordStart`).
+    fn record_start(
+        &mut self,
+        node: NodeId,
+        unit: &WorkUnit,
+        epoch: Epoch,
+        start: UnitStart,
+    ) -> ControlResponse {
+        let Some(rec) = self.units.get(unit) else {
+            return ControlResponse::Ignored(Rejection::UnknownUnit);
+        };
+        if rec.owner != Some(node) || rec.epoch != epoch {
+            return ControlResponse::Ignored(Rejection::StaleEpoch);
+        }
+        let confirmed = rec.progress.confirmed.is_some()
+            && rec.progress.topic_created_at == start.topic_created_at;
+        let recorded = self
+            .recorded_starts
+            .get(unit)
+            .is_some_and(|r| r.topic_created_at == start.topic_created_at);
+        if confirmed || recorded {
+            return ControlResponse::Ignored(Rejection::StartKnown);
+        }
+        self.recorded_starts.insert(unit.clone(), start);
+        ControlResponse::Done
     }
 
     /// Records where `unit`'s next owner starts. The confirmed offset moves to just before it
@@ -400,6 +470,8 @@ impl ControlState {
                 rec.progress.confirmed = next.checked_sub(1);
             }
         }
+        // The operator's start replaces the one its first owner recorded.
+        self.recorded_starts.remove(unit);
         self.pending_resets.insert(
             unit.clone(),
             ResetRecord {
@@ -554,9 +626,11 @@ impl ControlState {
             p.confirmed = p.confirmed.max(Some(c.offset));
         }
         p.counters.add(&c.counters);
-        // The owner started where the reset said (units are reset only while unowned): its
-        // commits are the unit's progress from now on.
+        // The owner started where the reset (or the recorded start) said (units are reset only
+        // while unowned): its commits are the unit's progress from now on.
         self.pending_resets.remove(&c.unit);
+        self.reset_topics.remove(&c.unit);
+        self.recorded_starts.remove(&c.unit);
         CommitOutcome::Committed
     }
 

@@ -65,8 +65,8 @@ impl SmData {
 
 /// `ControlState` fields added after the first release, all collections at its end:
 /// `identities`, `stale_identities`, `retired_incarnations`, `paused_flows`, `pending_resets`,
-/// `config_digests`.
-const FIELDS_ADDED_SINCE_FIRST_RELEASE: usize = 6;
+/// `config_digests`, `recorded_starts`, `reset_topics`.
+const FIELDS_ADDED_SINCE_FIRST_RELEASE: usize = 8;
 
 /// A snapshot as stored in sled.
 #[derive(Serialize, Deserialize)]

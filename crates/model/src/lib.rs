@@ -23,6 +23,6 @@ pub use flow::{
 pub use iggy_version::IggyVersion;
 pub use unit::{
     Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset, UnitCounters,
-    UnitProgress, WorkUnit,
+    UnitProgress, UnitReset, UnitStart, WorkUnit,
 };
 pub use writer::{writer_username, WriterLogin};

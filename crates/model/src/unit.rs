@@ -180,6 +180,31 @@ mod tests {
     }
 }
 
+/// Where a unit's copy of one upstream history starts, as its first owner resolved it from the
+/// flow's initial offset (`latest` is the partition's end at that moment). Recorded in the
+/// control plane before the first poll, so that a later owner starts at the same place until
+/// the unit's first commit, whoever started it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitStart {
+    /// The first upstream offset to copy.
+    pub next: Offset,
+    /// The upstream history it was resolved for (the label commits carry as
+    /// `topic_created_at`).
+    pub topic_created_at: u64,
+}
+
+/// A pending [`OffsetReset`] and the upstream topic it was decided for: its creation time (µs),
+/// unknown for resets written by versions that did not record it. A writer that finds another
+/// topic of the same name upstream (recreated since) drops the reset: its offsets were about
+/// the old topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitReset {
+    /// Where the next owner starts.
+    pub reset: OffsetReset,
+    /// Creation time (µs) of the upstream topic the reset was decided for.
+    pub topic_created_at: Option<u64>,
+}
+
 /// Where an operator reset a unit (`flow reset`): its next owner starts copying at `next`
 /// instead of after its confirmed offset. Pending until that owner's first commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

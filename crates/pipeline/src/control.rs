@@ -7,7 +7,7 @@ use std::future::Future;
 use std::time::Instant;
 
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, OffsetCommit, OffsetReset, UnitProgress, WorkUnit,
+    Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, UnitReset, UnitStart, WorkUnit,
     WriterLogin,
 };
 use tokio::sync::watch;
@@ -58,8 +58,25 @@ pub trait ControlPlane: Clone + Send + Sync + 'static {
     /// Confirmed progress of a unit from the local state, `None` if it was never committed.
     fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress>;
 
-    /// Where an operator reset the unit (`flow reset`), until its next owner's first commit.
-    fn pending_reset(&self, unit: &WorkUnit) -> Option<OffsetReset>;
+    /// Where an operator reset the unit (`flow reset`), and for which upstream topic, until
+    /// its next owner's first commit.
+    fn pending_reset(&self, unit: &WorkUnit) -> Option<UnitReset>;
+
+    /// Where an earlier owner's copy of the unit started ([`ControlPlane::record_start`]),
+    /// until the unit's first commit.
+    fn recorded_start(&self, unit: &WorkUnit) -> Option<UnitStart>;
+
+    /// Records, before the first poll, where this node's copy of `unit` (owned under `epoch`)
+    /// starts when nothing is confirmed for the history it copies, so that a later owner
+    /// starts there too. `Ok(false)`: a start of that history was recorded already, or it has
+    /// confirmed progress (read them again). Fails when the node does not own the unit under
+    /// `epoch` any more.
+    fn record_start(
+        &self,
+        unit: &WorkUnit,
+        epoch: Epoch,
+        start: UnitStart,
+    ) -> impl Future<Output = Result<bool, ControlError>> + Send;
 
     /// Commits offsets (the implementation may batch them with other callers'); one outcome per
     /// commit, in order.

@@ -20,11 +20,14 @@ pub struct Extent {
     pub next_offset: Offset,
     /// Messages stored now (below `next_offset` once retention removed old ones).
     pub messages: u64,
+    /// Creation time (µs) of the topic the partition belongs to: a topic deleted and created
+    /// again under the same name is another one.
+    pub topic_created_at: u64,
 }
 
 impl Extent {
     /// A partition's extent as its topic's details report it.
-    pub(crate) fn of(p: &iggy::prelude::Partition) -> Self {
+    pub(crate) fn of(p: &iggy::prelude::Partition, topic_created_at: u64) -> Self {
         // `current_offset` is the last message's offset, and 0 also for an empty partition.
         let next_offset = if p.messages_count == 0 && p.current_offset == 0 {
             0
@@ -34,6 +37,7 @@ impl Extent {
         Self {
             next_offset,
             messages: p.messages_count,
+            topic_created_at,
         }
     }
 }
@@ -184,7 +188,7 @@ impl Cutover {
         Ok(details
             .partitions
             .iter()
-            .map(|p| (p.id, Extent::of(p)))
+            .map(|p| (p.id, Extent::of(p, details.created_at.as_micros())))
             .collect())
     }
 

@@ -92,6 +92,18 @@ pub enum Error {
         /// What was interrupted.
         op: &'static str,
     },
+    /// Where a unit's copy starts could not be recorded in the control plane before its first
+    /// poll (see `ControlPlane::record_start`); the writer works its start out again.
+    #[error("start of {unit} not recorded: {reason}")]
+    StartNotRecorded {
+        /// The unit.
+        unit: WorkUnit,
+        /// Why.
+        reason: String,
+        /// Whether a retry can succeed (the control plane's word; a recorded start of another
+        /// owner is read on the retry).
+        transient: bool,
+    },
     /// The coordinator actor could not be spawned.
     #[error("actor {name}: {reason}")]
     Actor {
@@ -125,6 +137,7 @@ impl Error {
             Error::Timeout { .. } | Error::DownstreamMissing { .. } => true,
             Error::UnexpectedAppend { .. } => true,
             Error::UpstreamTopicGone { .. } | Error::Interrupted { .. } => true,
+            Error::StartNotRecorded { transient, .. } => *transient,
             Error::InvalidParams { .. }
             | Error::Actor { .. }
             | Error::Message { .. }
@@ -150,6 +163,7 @@ impl Error {
             Error::Actor { .. } => "actor",
             Error::ResetsExhausted { .. } => "resets_exhausted",
             Error::Interrupted { .. } => "interrupted",
+            Error::StartNotRecorded { .. } => "control",
             Error::Message { .. } => "message",
         }
     }

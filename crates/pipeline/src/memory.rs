@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, OffsetCommit, OffsetReset, UnitProgress, WorkUnit,
+    Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, UnitReset, UnitStart, WorkUnit,
 };
 use tokio::sync::watch;
 
@@ -33,7 +33,9 @@ struct UnitEntry {
     /// Confirmed progress; `confirmed: None` before the first commit.
     progress: UnitProgress,
     /// An operator's reset no commit took up yet (see [`InMemoryControl::reset`]).
-    reset: Option<OffsetReset>,
+    reset: Option<UnitReset>,
+    /// The start its first owner recorded, until the first commit.
+    start: Option<UnitStart>,
 }
 
 /// Everything behind the lock.
@@ -113,6 +115,7 @@ impl State {
         }
         p.counters.add(&c.counters);
         entry.reset = None;
+        entry.start = None;
         CommitOutcome::Committed
     }
 }
@@ -224,14 +227,16 @@ impl InMemoryControl {
 
     /// Resets where the unit resumes, as `flow reset` does on the replicated state (which also
     /// checks the flow is paused and the unit unowned: tests `revoke` it first): the confirmed
-    /// offset moves to just before `reset.next`, and the next owner starts there.
-    pub fn reset(&self, unit: &WorkUnit, reset: OffsetReset) {
+    /// offset moves to just before `reset.reset.next`, and the next owner starts there (unless
+    /// the reset names another upstream topic than the one it finds).
+    pub fn reset(&self, unit: &WorkUnit, reset: UnitReset) {
         self.mutate(|s| {
             let e = s.units.entry(unit.clone()).or_default();
             if e.progress.confirmed.is_some() {
-                e.progress.confirmed = reset.next.checked_sub(1);
+                e.progress.confirmed = reset.reset.next.checked_sub(1);
             }
             e.reset = Some(reset);
+            e.start = None;
         });
     }
 
@@ -266,8 +271,38 @@ impl ControlPlane for InMemoryControl {
             .filter(|p| p.confirmed.is_some())
     }
 
-    fn pending_reset(&self, unit: &WorkUnit) -> Option<OffsetReset> {
+    fn pending_reset(&self, unit: &WorkUnit) -> Option<UnitReset> {
         self.lock().units.get(unit).and_then(|e| e.reset)
+    }
+
+    fn recorded_start(&self, unit: &WorkUnit) -> Option<UnitStart> {
+        self.lock().units.get(unit).and_then(|e| e.start)
+    }
+
+    /// As the Raft state machine applies `RecordStart`: from the owner only, the first start
+    /// of a history stands.
+    async fn record_start(
+        &self,
+        unit: &WorkUnit,
+        epoch: Epoch,
+        start: UnitStart,
+    ) -> Result<bool, ControlError> {
+        self.mutate(|s| {
+            let e = s.units.get_mut(unit).filter(|e| e.owner == Some(epoch));
+            let Some(e) = e else {
+                return Err(ControlError {
+                    reason: format!("record start of {unit}: not owned under epoch {}", epoch.0),
+                    transient: false,
+                });
+            };
+            let label = start.topic_created_at;
+            let known = (e.progress.confirmed.is_some() && e.progress.topic_created_at == label)
+                || e.start.is_some_and(|s| s.topic_created_at == label);
+            if !known {
+                e.start = Some(start);
+            }
+            Ok(!known)
+        })
     }
 
     async fn commit(&self, commits: Vec<OffsetCommit>) -> Result<Vec<CommitOutcome>, ControlError> {
@@ -449,8 +484,19 @@ mod tests {
             fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
                 self.0.progress(unit)
             }
-            fn pending_reset(&self, unit: &WorkUnit) -> Option<OffsetReset> {
+            fn pending_reset(&self, unit: &WorkUnit) -> Option<UnitReset> {
                 self.0.pending_reset(unit)
+            }
+            fn recorded_start(&self, unit: &WorkUnit) -> Option<UnitStart> {
+                self.0.recorded_start(unit)
+            }
+            async fn record_start(
+                &self,
+                unit: &WorkUnit,
+                epoch: Epoch,
+                start: UnitStart,
+            ) -> Result<bool, ControlError> {
+                self.0.record_start(unit, epoch, start).await
             }
             async fn commit(
                 &self,

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use openraft::Raft;
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset, UnitProgress,
-    WorkUnit, WriterLogin,
+    Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, UnitProgress, UnitReset,
+    UnitStart, WorkUnit, WriterLogin,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -279,17 +279,54 @@ impl Control {
         rx.await.map_err(|_| Error::ShuttingDown)?
     }
 
-    /// The offset reset `unit`'s next owner starts at, if an operator made one that no commit
-    /// has taken up yet (local applied state).
+    /// Where the copy of `unit` starts as its first owner recorded it (`record_start`), until
+    /// the unit's first commit (local applied state).
     #[must_use]
-    pub fn pending_reset(&self, unit: &WorkUnit) -> Option<OffsetReset> {
+    pub fn recorded_start(&self, unit: &WorkUnit) -> Option<UnitStart> {
         self.inner
             .shared
             .read()
             .state
-            .pending_resets
+            .recorded_starts
             .get(unit)
-            .map(|r| r.reset)
+            .copied()
+    }
+
+    /// Records where the copy of `unit` that this node owns under `epoch` starts, before its
+    /// first poll (see `ControlCommand::RecordStart`). `Ok(false)`: a start was recorded for
+    /// that history already, or it has confirmed progress (read them again); an error when
+    /// the node does not own the unit under `epoch`.
+    #[tracing::instrument(skip_all, fields(node = %self.inner.id, unit = %unit, epoch = %epoch.0), err)]
+    pub async fn record_start(
+        &self,
+        unit: &WorkUnit,
+        epoch: Epoch,
+        start: UnitStart,
+    ) -> Result<bool> {
+        let cmd = ControlCommand::RecordStart {
+            node: self.inner.id,
+            unit: unit.clone(),
+            epoch,
+            start,
+        };
+        match self.inner.write(&cmd).await? {
+            (_, ControlResponse::Done) => Ok(true),
+            (_, ControlResponse::Ignored(Rejection::StartKnown)) => Ok(false),
+            (_, other) => Err(Error::Rejected(format!(
+                "record start of {unit}: {other:?}"
+            ))),
+        }
+    }
+
+    /// The offset reset `unit`'s next owner starts at, if an operator made one that no commit
+    /// has taken up yet (local applied state).
+    #[must_use]
+    pub fn pending_reset(&self, unit: &WorkUnit) -> Option<UnitReset> {
+        let data = self.inner.shared.read();
+        data.state.pending_resets.get(unit).map(|r| UnitReset {
+            reset: r.reset,
+            topic_created_at: data.state.reset_topics.get(unit).copied(),
+        })
     }
 
     /// Confirmed progress of `unit` in the local applied state.
@@ -346,8 +383,17 @@ impl Control {
             epoch,
             node: self.inner.id,
         };
-        self.batched(|reply| BatchRequest::Release { release, reply })
-            .await
+        match self
+            .batched(|reply| BatchRequest::Command {
+                command: release,
+                reply,
+            })
+            .await?
+        {
+            // Released before (a retry after a timeout) or revoked: nothing left to do.
+            ControlResponse::Done | ControlResponse::Ignored(Rejection::StaleEpoch) => Ok(()),
+            other => Err(Error::Rejected(format!("release: {other:?}"))),
+        }
     }
 
     /// Marks the start of a graceful stop: from now on every write gives up after
@@ -490,15 +536,17 @@ impl Control {
     }
 
     /// Moves where units of the paused `flow` resume (see `flow reset`): each unit's next
-    /// owner starts copying at the given offset. All or nothing; the refusal says why.
+    /// owner starts copying at the given offset, unless the upstream topic is not the one the
+    /// reset was decided for (its creation time, µs, the third item) any more. All or nothing;
+    /// the refusal says why.
     pub async fn reset_offsets(
         &self,
         flow: &str,
-        resets: Vec<(WorkUnit, Offset)>,
+        resets: Vec<(WorkUnit, Offset, u64)>,
         allow_duplicates: bool,
         requested_by: String,
     ) -> std::result::Result<(), ResetRefusal> {
-        let cmd = ControlCommand::ResetOffsets {
+        let cmd = ControlCommand::ResetTopicOffsets {
             flow: flow.to_owned(),
             resets,
             allow_duplicates,

@@ -530,3 +530,73 @@ fn the_next_owners_first_commit_takes_the_reset_up() {
     check!(s.pending_resets.is_empty());
     check!(s.units[&unit(0)].progress.confirmed == Some(60));
 }
+
+fn record_start(node: NodeId, epoch: u64, next: Offset, created: u64) -> ControlCommand {
+    ControlCommand::RecordStart {
+        node,
+        unit: unit(0),
+        epoch: Epoch(epoch),
+        start: UnitStart {
+            next,
+            topic_created_at: created,
+        },
+    }
+}
+
+#[test]
+fn the_first_owners_start_stands_until_the_first_commit() {
+    let mut s = setup();
+    // Only the owner under its epoch records.
+    check!(
+        s.apply(11, &record_start(2, 10, 40, 7)) == ControlResponse::Ignored(Rejection::StaleEpoch)
+    );
+    check!(s.apply(12, &record_start(1, 10, 40, 7)) == ControlResponse::Done);
+    // The unit moves; the next owner's `latest` is further on, but the first start stands.
+    s.apply(13, &release(10, 1));
+    check!(s.apply(14, &grant(0, 2)) == ControlResponse::Granted { epoch: Epoch(14) });
+    check!(
+        s.apply(15, &record_start(2, 14, 90, 7)) == ControlResponse::Ignored(Rejection::StartKnown)
+    );
+    check!(s.recorded_starts[&unit(0)].next == 40);
+    // A start of another history (the topic was recreated) replaces it.
+    check!(s.apply(16, &record_start(2, 14, 0, 8)) == ControlResponse::Done);
+    check!(s.recorded_starts[&unit(0)].topic_created_at == 8);
+    // The first commit takes it up; then a start of that history is known from progress.
+    check!(commit_as(&mut s, 17, 2, commit(14, 5, 8)) == CommitOutcome::Committed);
+    check!(s.recorded_starts.is_empty());
+    check!(
+        s.apply(18, &record_start(2, 14, 0, 8)) == ControlResponse::Ignored(Rejection::StartKnown)
+    );
+}
+
+#[test]
+fn a_reset_names_its_topic_until_the_first_commit_and_an_older_reset_names_none() {
+    let mut s = paused_with_progress();
+    let named = ControlCommand::ResetTopicOffsets {
+        flow: "f".into(),
+        resets: vec![(unit(0), 500, 77)],
+        allow_duplicates: false,
+        requested_by: "op".into(),
+        at_unix_ms: 2,
+    };
+    check!(s.apply(20, &named) == ControlResponse::Done);
+    check!(s.pending_resets[&unit(0)].reset.next == 500);
+    check!(s.reset_topics.get(&unit(0)) == Some(&77));
+    // A reset of the older kind replaces it and names no topic.
+    check!(s.apply(21, &reset(vec![(0, 600)], false)) == ControlResponse::Done);
+    check!(s.reset_topics.is_empty());
+    check!(s.apply(22, &named) == ControlResponse::Ignored(Rejection::WouldDuplicate));
+    check!(s.reset_topics.is_empty(), "a refused reset records nothing");
+    let again = ControlCommand::ResetTopicOffsets {
+        flow: "f".into(),
+        resets: vec![(unit(0), 700, 78)],
+        allow_duplicates: false,
+        requested_by: "op".into(),
+        at_unix_ms: 3,
+    };
+    check!(s.apply(23, &again) == ControlResponse::Done);
+    check!(s.apply(24, &pause(false)) == ControlResponse::Done);
+    check!(s.apply(25, &grant(0, 2)) == ControlResponse::Granted { epoch: Epoch(25) });
+    check!(commit_as(&mut s, 26, 2, commit(25, 3, 9)) == CommitOutcome::Committed);
+    check!(s.pending_resets.is_empty() && s.reset_topics.is_empty());
+}

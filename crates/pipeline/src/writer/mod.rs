@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use iggy::prelude::Partitioning;
 use iggy::prelude::PollingStrategy;
 use iggy::prelude::{Consumer, Identifier, IggyMessage, IggyTimestamp};
-use replicator_model::{Assignment, CommitOutcome, Offset, OffsetCommit, UnitProgress};
+use replicator_model::{Assignment, CommitOutcome, Offset, OffsetCommit, UnitProgress, UnitStart};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -277,7 +277,23 @@ impl<C: ControlPlane> Writer<C> {
         };
         let created_at = topic.created_at.as_micros();
         let progress = shared.control.progress(unit);
-        let reset = shared.control.pending_reset(unit);
+        let reset = match shared.control.pending_reset(unit) {
+            // Decided for a topic of the same name that was deleted since: its offsets are
+            // not this topic's. The new topic starts at the initial offset, as any recreated
+            // topic does.
+            Some(r) if r.topic_created_at.is_some_and(|t| t != created_at) => {
+                tracing::warn!(
+                    next = r.reset.next,
+                    reset_for_created_at = r.topic_created_at,
+                    created_at,
+                    "an offset reset decided for an earlier topic of the same name is dropped: \
+                     the topic was recreated since"
+                );
+                None
+            }
+            r => r.map(|r| r.reset),
+        };
+        let recorded = shared.control.recorded_start(unit);
         let (down_stream, down_topic) = shared.downstream_ids()?;
         let down = shared
             .target
@@ -320,8 +336,33 @@ impl<C: ControlPlane> Writer<C> {
             initial: shared.flow.initial_offset,
             extent,
             reset,
+            recorded,
         })
         .map_err(|_| Error::ResetsExhausted { unit: unit.clone() })?;
+        if plan.record {
+            // Before the first poll: a later owner starts here too, whatever the partition's
+            // end is then (`latest`), until this unit's first commit.
+            let start = UnitStart {
+                next: plan.from.offset,
+                topic_created_at: plan.incarnation.label(),
+            };
+            let recorded = shared
+                .control
+                .record_start(unit, shared.epoch, start)
+                .await
+                .map_err(|e| Error::StartNotRecorded {
+                    unit: unit.clone(),
+                    reason: e.reason,
+                    transient: e.transient,
+                })?;
+            if !recorded {
+                return Err(Error::StartNotRecorded {
+                    unit: unit.clone(),
+                    reason: "another start of this history was recorded meanwhile".to_owned(),
+                    transient: true,
+                });
+            }
+        }
         report(&shared, &plan, progress, extent, tail_check);
         if let Some(reset) = reset {
             tracing::info!(

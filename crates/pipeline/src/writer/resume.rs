@@ -8,7 +8,7 @@
 //! of the downstream partition to read next and when to stop looking for the last message this
 //! flow wrote there.
 
-use replicator_model::{InitialOffset, Offset, OffsetReset, UnitProgress};
+use replicator_model::{InitialOffset, Offset, OffsetReset, UnitProgress, UnitStart};
 
 use crate::offsets::ReadFrom;
 use crate::provenance::Incarnation;
@@ -101,6 +101,8 @@ pub(super) struct ResumeFacts {
     pub(super) extent: PartitionExtent,
     /// Where an operator reset the unit (`flow reset`), if no owner took it up yet.
     pub(super) reset: Option<OffsetReset>,
+    /// Where an earlier owner's copy started, when nothing was confirmed since.
+    pub(super) recorded: Option<UnitStart>,
 }
 
 /// Confirmed offsets the downstream partition no longer holds (inclusive range): the target
@@ -137,6 +139,9 @@ pub(super) struct ResumePlan {
     /// The tail scan stopped at its bound without finding a message of ours: writes of an
     /// earlier owner further back that were never confirmed are copied again.
     pub(super) scan_exhausted: bool,
+    /// The start was worked out from the flow's initial offset just now: record it before
+    /// the first poll, so that the next owner starts there too (`latest` moves).
+    pub(super) record: bool,
 }
 
 /// The upstream partition was reset more often than labels can count
@@ -197,6 +202,7 @@ pub(super) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
             reset: Some(last),
             loss: None,
             scan_exhausted: false,
+            record: false,
         });
     }
     let confirmed = confirmed
@@ -220,8 +226,14 @@ pub(super) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
             reset: None,
             loss: None,
             scan_exhausted: false,
+            record: false,
         });
     }
+    // Where an earlier owner started this history's copy, nothing confirmed since.
+    let recorded = facts
+        .recorded
+        .filter(|s| confirmed.is_none() && s.topic_created_at == current.label())
+        .map(|s| s.next);
     // Where this history's copy began, as far as the unit can tell.
     let start = match facts.initial {
         InitialOffset::At(offset) if generation == 0 => offset,
@@ -254,12 +266,12 @@ pub(super) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
             None => (
                 None,
                 ReadFrom {
-                    offset: match facts.initial {
+                    offset: recorded.unwrap_or(match facts.initial {
                         _ if generation > 0 => 0,
                         InitialOffset::Earliest => 0,
                         InitialOffset::Latest => facts.extent.next_offset(),
                         InitialOffset::At(offset) => offset,
-                    },
+                    }),
                     contiguous: false,
                 },
             ),
@@ -274,6 +286,7 @@ pub(super) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
         reset: None,
         loss,
         scan_exhausted: matches!(facts.tail, Some(TailOutcome::Absent(ScanEnd::Bound))),
+        record: written.is_none() && loss.is_none() && recorded.is_none(),
     })
 }
 
@@ -617,7 +630,60 @@ mod tests {
             initial,
             extent: TEN,
             reset: None,
+            recorded: None,
         }
+    }
+
+    #[test]
+    fn a_start_worked_out_from_the_initial_offset_is_recorded_and_kept_by_the_next_owner() {
+        // The first owner: `latest` is the partition's end (10) now; record it.
+        let first = plan_ok(&facts(None, None, InitialOffset::Latest));
+        check!(first.from == at(10, false));
+        check!(first.record);
+        // The next owner, after more messages arrived (end 25) and before any commit: it
+        // starts where the first one did, and records nothing.
+        let mut next = facts(None, None, InitialOffset::Latest);
+        next.extent = PartitionExtent {
+            messages_count: 25,
+            current_offset: 24,
+        };
+        next.recorded = Some(UnitStart {
+            next: 10,
+            topic_created_at: label(0),
+        });
+        let p = plan_ok(&next);
+        check!(p.from == at(10, false));
+        check!(!p.record);
+        // An empty partition's `latest` is 0, and it stays 0.
+        next.recorded = Some(UnitStart {
+            next: 0,
+            topic_created_at: label(0),
+        });
+        check!(plan_ok(&next).from == at(0, false));
+        // Copies of the first owner downstream: after them, as always.
+        next.tail = hit(0, 13);
+        let p = plan_ok(&next);
+        check!(p.from == at(14, true));
+        check!(!p.record);
+        // A start recorded for another history (the topic was recreated since) is not this
+        // one's.
+        let mut other = facts(None, None, InitialOffset::Latest);
+        other.recorded = Some(UnitStart {
+            next: 3,
+            topic_created_at: NOW - 1,
+        });
+        let p = plan_ok(&other);
+        check!(p.from == at(10, false));
+        check!(p.record);
+        // Confirmed progress is what counts once there is some.
+        let mut confirmed = facts(Some(6), Some(6), InitialOffset::Latest);
+        confirmed.recorded = Some(UnitStart {
+            next: 3,
+            topic_created_at: label(0),
+        });
+        let p = plan_ok(&confirmed);
+        check!(p.from == at(7, true));
+        check!(!p.record);
     }
 
     #[test]

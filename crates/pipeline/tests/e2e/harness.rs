@@ -17,8 +17,8 @@ use iggy::prelude::{HeaderKey, HeaderValue, IggyMessage};
 use replicator_harness::Client;
 use replicator_harness::{connect, produce_bulk, Bulk, Endpoint};
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, IggyVersion, OffsetCommit, OffsetReset, UnitProgress,
-    WorkUnit, WriterLogin,
+    Assignment, CommitOutcome, Epoch, IggyVersion, OffsetCommit, UnitProgress, UnitReset,
+    UnitStart, WorkUnit, WriterLogin,
 };
 use replicator_pipeline::verify::{verify, VerifyParams, VerifyReport};
 use replicator_pipeline::{
@@ -387,8 +387,19 @@ impl<I: Intercept> ControlPlane for Intercepted<I> {
     fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
         self.inner.progress(unit)
     }
-    fn pending_reset(&self, unit: &WorkUnit) -> Option<OffsetReset> {
+    fn pending_reset(&self, unit: &WorkUnit) -> Option<UnitReset> {
         self.inner.pending_reset(unit)
+    }
+    fn recorded_start(&self, unit: &WorkUnit) -> Option<UnitStart> {
+        self.inner.recorded_start(unit)
+    }
+    fn record_start(
+        &self,
+        unit: &WorkUnit,
+        epoch: Epoch,
+        start: UnitStart,
+    ) -> impl Future<Output = Result<bool, ControlError>> + Send {
+        self.inner.record_start(unit, epoch, start)
     }
     fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
         self.hooks.writer_login()
