@@ -27,10 +27,24 @@ fn spec(
     fencing: Option<&str>,
     flow_extra: &str,
 ) -> TestResult<ClusterSpec> {
+    let urls = (
+        servers.upstream.connection_string(),
+        servers.downstream.connection_string(),
+    );
+    spec_between((&urls.0, &urls.1), tls, fencing, flow_extra)
+}
+
+/// [`spec`] between the servers at `(source, target)` (connection strings).
+pub(crate) fn spec_between(
+    (source, target): (&str, &str),
+    tls: bool,
+    fencing: Option<&str>,
+    flow_extra: &str,
+) -> TestResult<ClusterSpec> {
     Ok(ClusterSpec {
         binary: ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?,
-        replication_toml: replication_toml(servers, fencing, flow_extra),
-        units: servers.topic.partitions as usize,
+        replication_toml: toml_between((source, target), fencing, flow_extra),
+        units: topic().partitions as usize,
         log_level: "info",
         owned_within: Duration::from_secs(60),
         tls,
@@ -43,13 +57,22 @@ pub(crate) fn replication_toml(
     fencing: Option<&str>,
     flow_extra: &str,
 ) -> String {
+    let urls = (
+        servers.upstream.connection_string(),
+        servers.downstream.connection_string(),
+    );
+    toml_between((&urls.0, &urls.1), fencing, flow_extra)
+}
+
+/// [`replication_toml`] between the servers at `(source, target)`.
+fn toml_between((source, target): (&str, &str), fencing: Option<&str>, flow_extra: &str) -> String {
     FlowConfig {
         name: "up-to-down",
         source_alias: "up",
-        source_url: &servers.upstream.connection_string(),
+        source_url: source,
         target_alias: "down",
-        target_url: &servers.downstream.connection_string(),
-        include: &format!("{}/*", servers.topic.stream),
+        target_url: target,
+        include: &format!("{}/*", topic().stream),
         target_fencing: fencing,
         target_iggy_version: None,
         flow_extra,
@@ -129,24 +152,26 @@ async fn start_with(
     flow_extra: &str,
 ) -> TestResult<(Servers, Cluster, PacedProducer)> {
     let cluster = Cluster::launch(spec(&servers, tls, fencing, flow_extra)?, placements).await?;
-    let mut params = ProducerParams::new(
-        servers.upstream.connection_string(),
-        servers.topic.targets(),
-        RATE,
-    );
+    let producer = produce_into(&servers.upstream.connection_string());
+    servers.wait_copy_started(Duration::from_secs(30)).await?;
+    Ok((servers, cluster, producer))
+}
+
+/// The scenarios' producer into [`topic`] on the server at `url`.
+pub(crate) fn produce_into(url: &str) -> PacedProducer {
+    let topic = topic();
+    let mut params = ProducerParams::new(url, topic.targets(), RATE);
     // One send of a few messages per partition and round; a send that fails while a server
     // restarts or drops connections is counted and skipped.
     params.tick = Duration::from_millis(50);
-    params.batch = (RATE / 20 / u64::from(servers.topic.partitions)).max(1);
+    params.batch = (RATE / 20 / u64::from(topic.partitions)).max(1);
     params.shape = MessageShape {
         payload_bytes: 120,
         label: Some("ha message".to_owned()),
         header: Some(("kind".to_owned(), "ha-test".to_owned())),
     };
     params.tolerate_send_errors = true;
-    let producer = PacedProducer::start(params);
-    servers.wait_copy_started(Duration::from_secs(30)).await?;
-    Ok((servers, cluster, producer))
+    PacedProducer::start(params)
 }
 
 /// A follower (not the Raft leader) that owns partitions of the topic, and those partitions.

@@ -8,9 +8,11 @@
 use std::time::{Duration, Instant};
 
 use replicator_harness::{
-    append_again, connect, group_next_message, message_id_at, serial, store_group_offsets,
-    translated_exactly, wait_until, Client, Cluster, Servers, TestResult,
+    append_again, connect, ensure_topic, group_next_message, message_id_at, partition_counts,
+    serial, store_group_offsets, translated_exactly, wait_until, Client, Cluster, DevServer,
+    Placement, ReplicatorBinary, TestResult,
 };
+use replicator_testkit::{IggyVersion, TestServer, TestServerConfig};
 
 use crate::fixture;
 
@@ -25,14 +27,10 @@ const EXACT_WITHIN: Duration = Duration::from_secs(30);
 
 /// The group consumed everything upstream but the last `back` messages of every partition;
 /// returns what it stored (partition, last processed offset).
-async fn consume_upstream(
-    servers: &Servers,
-    up: &Client,
-    back: u64,
-) -> TestResult<Vec<(u32, u64)>> {
-    let topic = &servers.topic;
-    let consumed: Vec<(u32, u64)> = servers
-        .upstream_counts()
+async fn consume_upstream(up: &Client, back: u64) -> TestResult<Vec<(u32, u64)>> {
+    let topic = fixture::topic();
+    let consumed: Vec<(u32, u64)> = counts(up)
+        .await?
         .iter()
         .zip(0..)
         .map(|(&n, p)| (p, n.saturating_sub(back)))
@@ -41,16 +39,21 @@ async fn consume_upstream(
     Ok(consumed)
 }
 
+/// Messages per partition of the scenarios' topic on the server `client` is connected to.
+async fn counts(client: &Client) -> replicator_harness::Result<Vec<u64>> {
+    let topic = fixture::topic();
+    partition_counts(client, &topic.stream, &topic.name).await
+}
+
 /// Waits until the group on the target holds the copy of `consumed` on every partition;
 /// returns how long that took.
 async fn wait_translated(
-    servers: &Servers,
     (up, down): (&Client, &Client),
     consumed: &[(u32, u64)],
     what: &str,
 ) -> TestResult<Duration> {
     let started = Instant::now();
-    let topic = &servers.topic;
+    let topic = &fixture::topic();
     for &(partition, offset) in consumed {
         let what = format!("{what}: {GROUP} on partition {partition} at {offset}");
         wait_until(&what, EXACT_WITHIN, || async {
@@ -72,7 +75,6 @@ async fn wait_translated(
 /// `flow promote`, then every partition continues on the target at the message after
 /// `consumed`.
 async fn promote_continues_at_next(
-    servers: &Servers,
     cluster: &Cluster,
     (up, down): (&Client, &Client),
     consumed: &[(u32, u64)],
@@ -82,7 +84,7 @@ async fn promote_continues_at_next(
         .await?;
     println!("{}{}", run.stdout, run.stderr);
     assert_eq!(run.code, Some(0), "promote: {}", run.stderr);
-    let topic = &servers.topic;
+    let topic = &fixture::topic();
     let ids = (topic.stream.as_str(), topic.name.as_str());
     for &(partition, offset) in consumed {
         let next = group_next_message(down, ids, GROUP, partition).await?;
@@ -103,8 +105,8 @@ fn a_group_is_translated_exactly_after_the_target_restarts() -> TestResult {
         let up = connect(&servers.upstream.connection_string()).await?;
         let down = connect(&servers.downstream.connection_string()).await?;
 
-        let consumed = consume_upstream(&servers, &up, 1).await?;
-        wait_translated(&servers, (&up, &down), &consumed, "before the restart").await?;
+        let consumed = consume_upstream(&up, 1).await?;
+        wait_translated((&up, &down), &consumed, "before the restart").await?;
 
         // The target goes away for 3 s under load (every connection closed, new ones refused)
         // and comes back with its data: the writers' sends in that time fail, their outcome
@@ -127,15 +129,15 @@ fn a_group_is_translated_exactly_after_the_target_restarts() -> TestResult {
 
         let report = producer.stop().await?;
         servers.wait_caught_up(Duration::from_secs(60)).await?;
-        let consumed = consume_upstream(&servers, &up, 10).await?;
-        let took = wait_translated(&servers, (&up, &down), &consumed, "after the restart").await?;
+        let consumed = consume_upstream(&up, 10).await?;
+        let took = wait_translated((&up, &down), &consumed, "after the restart").await?;
         println!(
             "produced {} ({} failed sends); the group translated exactly {:.2} s after it moved on upstream",
             report.produced,
             report.failed_sends,
             took.as_secs_f64()
         );
-        promote_continues_at_next(&servers, &cluster, (&up, &down), &consumed).await?;
+        promote_continues_at_next(&cluster, (&up, &down), &consumed).await?;
         fixture::finish_exact(servers, cluster).await
     })
 }
@@ -173,10 +175,10 @@ fn a_late_batch_at_the_end_of_a_partition_never_moves_a_group_past_unread_copies
             .await?;
 
         // The group read past the copies that landed late.
-        let consumed = consume_upstream(&servers, &up, 5).await?;
-        wait_translated(&servers, (&up, &down), &consumed, "after a late batch").await?;
-        let at_end: Vec<(u32, u64)> = consume_upstream(&servers, &up, 1).await?;
-        wait_translated(&servers, (&up, &down), &at_end, "the group at the end").await?;
+        let consumed = consume_upstream(&up, 5).await?;
+        wait_translated((&up, &down), &consumed, "after a late batch").await?;
+        let at_end: Vec<(u32, u64)> = consume_upstream(&up, 1).await?;
+        wait_translated((&up, &down), &at_end, "the group at the end").await?;
         let copies = servers.downstream_counts();
         assert!(
             copies
@@ -188,6 +190,80 @@ fn a_late_batch_at_the_end_of_a_partition_never_moves_a_group_past_unread_copies
         cluster.passed();
         drop(cluster);
         servers.shutdown().await;
+        Ok(())
+    })
+}
+
+#[test]
+fn a_group_is_translated_exactly_after_the_target_is_killed_and_started_again() -> TestResult {
+    serial(|| async {
+        // The source in process; the target a dev-server process over a data directory, so
+        // that it can be killed (-9) and started again over its data.
+        let topic = fixture::topic();
+        let upstream = TestServer::start(TestServerConfig::default()).await?;
+        let up = connect(&upstream.connection_string()).await?;
+        ensure_topic(&up, &topic.stream, &topic.name, topic.partitions).await?;
+        let binary = ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?;
+        let data = tempfile::tempdir()?;
+        let mut target =
+            DevServer::start_persistent(&binary, IggyVersion::V0_8, data.path()).await?;
+        let down = connect(target.url()).await?;
+        let urls = (upstream.connection_string(), target.url().to_owned());
+        let spec = fixture::spec_between((&urls.0, &urls.1), false, None, SYNC)?;
+        let placements = (1..=3)
+            .map(|id| Ok((id, Placement::loopback()?)))
+            .collect::<TestResult<_>>()?;
+        let mut cluster = Cluster::launch(spec, placements).await?;
+        let producer = fixture::produce_into(&urls.0);
+        wait_until(
+            "every partition copied",
+            Duration::from_secs(60),
+            || async {
+                counts(&down)
+                    .await
+                    .is_ok_and(|c| c.len() == topic.partitions as usize && !c.contains(&0))
+            },
+        )
+        .await?;
+        let consumed = consume_upstream(&up, 1).await?;
+        wait_translated((&up, &down), &consumed, "before the kill").await?;
+
+        target.kill_and_restart().await?;
+        let after_kill = counts(&up).await?;
+        wait_until(
+            "the copy to go on after the kill",
+            Duration::from_secs(60),
+            || async {
+                counts(&down)
+                    .await
+                    .is_ok_and(|c| c.iter().zip(&after_kill).all(|(d, u)| d > u))
+            },
+        )
+        .await?;
+        let report = producer.stop().await?;
+        wait_until("the copy to catch up", Duration::from_secs(60), || async {
+            match (counts(&up).await, counts(&down).await) {
+                (Ok(u), Ok(d)) => u == d,
+                _ => false,
+            }
+        })
+        .await?;
+        let consumed = consume_upstream(&up, 10).await?;
+        let took = wait_translated((&up, &down), &consumed, "after the kill").await?;
+        println!(
+            "produced {} ({} failed sends); the group translated exactly {:.2} s after it moved on upstream",
+            report.produced,
+            report.failed_sends,
+            took.as_secs_f64()
+        );
+        promote_continues_at_next(&cluster, (&up, &down), &consumed).await?;
+        assert!(
+            cluster.verify(Duration::from_secs(30)).await?,
+            "verify: not exact"
+        );
+        cluster.passed();
+        drop(cluster);
+        upstream.shutdown().await;
         Ok(())
     })
 }

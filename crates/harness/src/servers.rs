@@ -3,6 +3,7 @@
 //! from the servers'.
 
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -109,8 +110,8 @@ impl Servers {
     }
 }
 
-/// An `iggy-replicator dev-server` process (in memory, on a loopback port the OS picked),
-/// killed by its pid on drop.
+/// An `iggy-replicator dev-server` process (in memory, or in a data directory it keeps across a
+/// restart), on a loopback port the OS picked, killed by its pid on drop.
 pub struct DevServer {
     /// The process.
     child: Child,
@@ -119,6 +120,12 @@ pub struct DevServer {
     /// Reads (and discards) the rest of its stdout, so that it never blocks on a full pipe;
     /// ends when the process does.
     drain: Option<std::thread::JoinHandle<()>>,
+    /// How to start it again.
+    binary: ReplicatorBinary,
+    /// Its data directory (`None`: in memory).
+    data_dir: Option<PathBuf>,
+    /// The process was killed and reaped: its pid may belong to another process now.
+    reaped: bool,
 }
 
 impl DevServer {
@@ -132,10 +139,64 @@ impl DevServer {
 
     /// [`DevServer::start`] for a server speaking `version`.
     pub async fn start_in(binary: &ReplicatorBinary, version: IggyVersion) -> Result<Self> {
-        let child = binary
-            .process()
-            .args(["--log-level", "warn", "dev-server", "--port", "0"])
-            .args(["--iggy-version", version.as_str()])
+        Self::spawn(binary, version, 0, None).await
+    }
+
+    /// [`DevServer::start_in`] with its data in `data_dir`, so that it can be killed and
+    /// started again over it ([`DevServer::kill_and_restart`]).
+    pub async fn start_persistent(
+        binary: &ReplicatorBinary,
+        version: IggyVersion,
+        data_dir: &Path,
+    ) -> Result<Self> {
+        Self::spawn(binary, version, 0, Some(data_dir.to_owned())).await
+    }
+
+    /// Kills the process (SIGKILL: nothing is shut down cleanly) and starts it again on the
+    /// same port over the same data directory; waits until it accepts a login. Connected
+    /// clients see their connections drop.
+    pub async fn kill_and_restart(&mut self) -> Result<()> {
+        if self.data_dir.is_none() {
+            return Err(Error::Setup(
+                "an in-memory dev server would come back empty: start it with a data directory"
+                    .to_owned(),
+            ));
+        }
+        let port = self
+            .endpoint
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse::<u16>().ok())
+            .ok_or_else(|| Error::Setup(format!("no port in {}", self.endpoint.url)))?;
+        self.kill();
+        let again = Self::spawn(
+            &self.binary,
+            self.endpoint.iggy_version,
+            port,
+            self.data_dir.take(),
+        )
+        .await?;
+        // The old process is reaped: dropping the old value kills nothing.
+        *self = again;
+        Ok(())
+    }
+
+    async fn spawn(
+        binary: &ReplicatorBinary,
+        version: IggyVersion,
+        port: u16,
+        data_dir: Option<PathBuf>,
+    ) -> Result<Self> {
+        let mut command = binary.process();
+        command
+            .args(["--log-level", "warn", "dev-server", "--port"])
+            .arg(port.to_string())
+            .args(["--iggy-version", version.as_str()]);
+        if let Some(dir) = &data_dir {
+            command.arg("--data-dir").arg(dir);
+        }
+        let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -145,6 +206,9 @@ impl DevServer {
             child,
             endpoint: Endpoint::new(version, String::new()),
             drain: None,
+            binary: binary.clone(),
+            data_dir,
+            reaped: false,
         };
         let stdout = server
             .child
@@ -191,10 +255,12 @@ impl DevServer {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
-}
 
-impl Drop for DevServer {
-    fn drop(&mut self) {
+    /// Kills the process by its pid and reaps it, once.
+    fn kill(&mut self) {
+        if std::mem::replace(&mut self.reaped, true) {
+            return;
+        }
         if let Ok(pid) = i32::try_from(self.child.id()) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
@@ -202,5 +268,11 @@ impl Drop for DevServer {
         if let Some(drain) = self.drain.take() {
             let _ = drain.join();
         }
+    }
+}
+
+impl Drop for DevServer {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
