@@ -25,6 +25,12 @@ pub(crate) struct LeaderView {
     leading_since: Option<Instant>,
     /// The leader of the term before (gets no grace: a leader's renewals did not need one).
     previous_leader: Option<NodeId>,
+    /// When a new renewal of any member was last seen, and how long the log had applied none
+    /// before it. Lateness is measured up to that moment, not up to now: a member is late
+    /// when the others' renewals were applied and its own was not, never because nothing
+    /// could commit (a slow disk, a busy leader, a membership change); and the end of a gap
+    /// at least as long as a limit gives everyone a grace, as an election does.
+    progress: Option<(Instant, Duration)>,
 }
 
 impl LeaderView {
@@ -34,6 +40,7 @@ impl LeaderView {
             seen: BTreeMap::new(),
             leading_since: None,
             previous_leader: None,
+            progress: None,
         }
     }
 
@@ -61,6 +68,7 @@ impl LeaderView {
             seen: observed.seen.clone(),
             leading_since: Some(now),
             previous_leader,
+            progress: observed.progress,
         }
     }
 
@@ -68,25 +76,41 @@ impl LeaderView {
     /// view starts at `now`: a new leader gives everyone it knows nothing about a full period.
     pub(crate) fn observe(&mut self, members: &BTreeMap<NodeId, MemberRecord>, now: Instant) {
         self.seen.retain(|id, _| members.contains_key(id));
+        let mut renewed = false;
         for (id, m) in members {
             match self.seen.get_mut(id) {
                 Some((index, at)) if *index != m.last_renewal_index => {
                     *index = m.last_renewal_index;
                     *at = now;
+                    renewed = true;
                 }
                 Some(_) => {}
                 None => {
                     self.seen.insert(*id, (m.last_renewal_index, now));
+                    renewed = true;
                 }
             }
         }
+        if renewed {
+            let gap = self.progress.map_or(Duration::ZERO, |(last, _)| {
+                now.saturating_duration_since(last)
+            });
+            self.progress = Some((now, gap));
+        }
     }
 
-    /// Members whose latest renewal was seen less than `expiry` ago.
+    /// The moment lateness is measured at (see `progress`): the last renewal seen of any
+    /// member, never after `now`; `now` while nothing was seen.
+    fn reference(&self, now: Instant) -> Instant {
+        self.progress.map_or(now, |(last, _)| last.min(now))
+    }
+
+    /// Members whose latest renewal was seen less than `expiry` before the reference moment.
     pub(crate) fn live(&self, now: Instant, expiry: Duration) -> BTreeSet<NodeId> {
+        let reference = self.reference(now);
         self.seen
             .iter()
-            .filter(|(_, (_, at))| now.saturating_duration_since(*at) < expiry)
+            .filter(|(_, (_, at))| reference.saturating_duration_since(*at) < expiry)
             .map(|(id, _)| *id)
             .collect()
     }
@@ -109,18 +133,26 @@ impl LeaderView {
         fence_after: Option<Duration>,
     ) -> Liveness {
         let live = self.live(now, expiry);
+        let limit = fence_after.map_or(expiry, |f| f.min(expiry));
+        // Renewals were applied again after the log applied none for at least `limit`: the
+        // first of them does not make every other member late (theirs follow).
+        let stall_ended = self
+            .progress
+            .filter(|(_, gap)| *gap >= limit)
+            .map(|(last, _)| last);
         let in_grace = self
             .leading_since
-            .is_some_and(|since| now.saturating_duration_since(since) < grace);
-        let lapsed = |limit: Duration| -> BTreeSet<NodeId> {
-            self.seen
-                .iter()
-                .filter(|(_, (_, at))| now.saturating_duration_since(*at) >= limit)
-                .map(|(id, _)| *id)
-                .collect()
-        };
+            .into_iter()
+            .chain(stall_ended)
+            .any(|since| now.saturating_duration_since(since) < grace);
+        let reference = self.reference(now);
         // Members that missed their renewals: lease expired, or (fencing) `fence_after` passed.
-        let late = lapsed(fence_after.map_or(expiry, |f| f.min(expiry)));
+        let late: BTreeSet<NodeId> = self
+            .seen
+            .iter()
+            .filter(|(_, (_, at))| reference.saturating_duration_since(*at) >= limit)
+            .map(|(id, _)| *id)
+            .collect();
         let grace: BTreeSet<NodeId> = if in_grace {
             late.iter()
                 .filter(|id| Some(**id) != self.previous_leader)
@@ -144,11 +176,13 @@ impl LeaderView {
         }
     }
 
-    /// Whether `node`'s lease is alive at `now` (`None` if the view does not know it).
+    /// Whether `node`'s lease is alive at `now` (`None` if the view does not know it), by
+    /// the same measure as [`LeaderView::live`].
     pub(crate) fn is_live(&self, node: NodeId, now: Instant, expiry: Duration) -> Option<bool> {
+        let reference = self.reference(now);
         self.seen
             .get(&node)
-            .map(|(_, at)| now.saturating_duration_since(*at) < expiry)
+            .map(|(_, at)| reference.saturating_duration_since(*at) < expiry)
     }
 
     /// The renewal index seen per member (the guard carried by `Revoke`).
@@ -221,10 +255,24 @@ mod tests {
     #[test]
     fn new_leader_gives_everyone_a_full_period() {
         let t0 = Instant::now();
-        let view = viewed(3, &[(1, 10), (2, 11)], t0);
-        check!(view.live(t0 + EXPIRY - Duration::from_millis(1), EXPIRY) == BTreeSet::from([1, 2]));
+        let mut view = viewed(3, &[(1, 10), (2, 11)], t0);
+        // Member 1 renews, member 2 does not.
+        let just_before = t0 + EXPIRY - Duration::from_millis(1);
+        view.observe(&members(&[(1, 12), (2, 11)]), just_before);
+        check!(view.live(just_before, EXPIRY) == BTreeSet::from([1, 2]));
         // `<` not `<=`: at exactly `expiry` the lease is over.
-        check!(view.live(t0 + EXPIRY, EXPIRY).is_empty());
+        view.observe(&members(&[(1, 13), (2, 11)]), t0 + EXPIRY);
+        check!(view.live(t0 + EXPIRY, EXPIRY) == BTreeSet::from([1]));
+    }
+
+    #[test]
+    fn a_log_that_applies_no_renewal_makes_nobody_late() {
+        let t0 = Instant::now();
+        let view = viewed(3, &[(1, 10), (2, 11)], t0);
+        // Nothing applied for three periods (a stalled disk, a busy leader): that is nobody's
+        // lapse.
+        check!(view.live(t0 + EXPIRY * 3, EXPIRY) == BTreeSet::from([1, 2]));
+        check!(view.is_live(2, t0 + EXPIRY * 3, EXPIRY) == Some(true));
     }
 
     #[test]
@@ -234,9 +282,10 @@ mod tests {
         let t1 = t0 + Duration::from_millis(1500);
         view.observe(&members(&[(1, 20), (2, 11)]), t1);
         let t2 = t0 + EXPIRY + Duration::from_millis(1);
+        view.observe(&members(&[(1, 21), (2, 11)]), t2);
         check!(view.live(t2, EXPIRY) == BTreeSet::from([1]));
         check!(view.is_live(2, t2, EXPIRY) == Some(false));
-        check!(view.renewal_seen() == BTreeMap::from([(1, 20), (2, 11)]));
+        check!(view.renewal_seen() == BTreeMap::from([(1, 21), (2, 11)]));
     }
 
     #[test]
@@ -246,15 +295,19 @@ mod tests {
         // Elected 600 ms later: member 1 (the old leader) renewed nothing since, member 2 did,
         // and member 3 is new to this node.
         let t1 = t0 + Duration::from_millis(600);
-        let view = carried_on(4, &observed, t1, &[(1, 10), (2, 12), (3, 1)]);
+        let mut view = carried_on(4, &observed, t1, &[(1, 10), (2, 12), (3, 1)]);
         check!(view.term == 4);
-        // Member 1 expires one period after it was seen, not one period after the election.
-        check!(view.is_live(1, t0 + EXPIRY - Duration::from_millis(1), EXPIRY) == Some(true));
-        check!(view.is_live(1, t0 + EXPIRY, EXPIRY) == Some(false));
-        // The renewal seen only now, and the member seen for the first time, count from now.
-        check!(view.is_live(2, t1 + EXPIRY - Duration::from_millis(1), EXPIRY) == Some(true));
-        check!(view.is_live(3, t1 + EXPIRY - Duration::from_millis(1), EXPIRY) == Some(true));
         check!(view.renewal_seen() == BTreeMap::from([(1, 10), (2, 12), (3, 1)]));
+        // Member 1 expires one period after it was seen, not one period after the election,
+        // once the others' renewals show the log moves on.
+        view.observe(&members(&[(1, 10), (2, 13), (3, 2)]), t0 + EXPIRY);
+        check!(view.is_live(1, t0 + EXPIRY, EXPIRY) == Some(false));
+        // The renewal seen at the election, and the member seen for the first time then,
+        // count from then.
+        let later = t1 + EXPIRY - Duration::from_millis(1);
+        view.observe(&members(&[(1, 10), (2, 13), (3, 3)]), later);
+        check!(view.is_live(2, later, EXPIRY) == Some(true));
+        check!(view.is_live(3, later, EXPIRY) == Some(true));
     }
 
     #[test]
@@ -272,19 +325,21 @@ mod tests {
     fn after_a_slow_election_expired_members_get_a_grace_to_renew() {
         let t0 = Instant::now();
         let observed = viewed(0, &[(1, 10), (2, 11)], t0);
-        // Elected 3 s after anybody last renewed: both look expired.
+        // Elected 3 s after anybody last renewed: nothing was applied meanwhile, so nobody
+        // is late yet.
         let elected = t0 + Duration::from_secs(3);
         let mut view = carried_on(5, &observed, elected, &[(1, 10), (2, 11)]);
         let l = view.liveness(elected, LEASE, GRACE, None);
-        check!(l.live.is_empty());
-        check!(l.grace == BTreeSet::from([1, 2]));
-        // Member 2 renews within the grace: live. Member 1 does not: revocable once it ends.
+        check!(l.live == BTreeSet::from([1, 2]));
+        check!(l.grace.is_empty());
+        // Member 2 renews: live. Member 1 does not: 3.3 s behind the log, but the log had
+        // stalled, so it gets the grace to renew; revocable once that ends.
         let renewed = elected + Duration::from_millis(300);
         view.observe(&members(&[(1, 10), (2, 20)]), renewed);
         let l = view.liveness(renewed, LEASE, GRACE, None);
         check!(l.live == BTreeSet::from([2]));
         check!(l.grace == BTreeSet::from([1]));
-        let l = view.liveness(elected + GRACE, LEASE, GRACE, None);
+        let l = view.liveness(renewed + GRACE, LEASE, GRACE, None);
         check!(l.live == BTreeSet::from([2]));
         check!(l.grace.is_empty());
         check!(l.renewal_seen == BTreeMap::from([(1, 10), (2, 20)]));
@@ -293,20 +348,18 @@ mod tests {
     #[test]
     fn a_follower_record_and_a_quick_election_give_no_grace_that_matters() {
         let t0 = Instant::now();
-        let observed = viewed(0, &[(1, 10)], t0);
+        let observed = viewed(0, &[(1, 10), (2, 20)], t0);
         // A follower's own record never grants grace.
         check!(observed.liveness(t0, LEASE, GRACE, None).grace.is_empty());
-        // Elected 500 ms after the dead member's last renewal: it is still live by its lease,
-        // and once that ends (t0 + expiry, after the grace) it is revocable at once.
-        let view = LeaderView::carry_on(2, &observed, t0 + Duration::from_millis(500), None);
-        check!(view
-            .liveness(t0 + LEASE, LEASE, GRACE, None)
-            .live
-            .is_empty());
-        check!(view
-            .liveness(t0 + LEASE, LEASE, GRACE, None)
-            .grace
-            .is_empty());
+        // Member 2 elected 500 ms after the dead member 1's last renewal: 1 is still live by
+        // its lease, and once that ends (t0 + expiry, after the grace) it is revocable at once.
+        let elected = t0 + Duration::from_millis(500);
+        let mut view = LeaderView::carry_on(2, &observed, elected, None);
+        view.observe(&members(&[(1, 10), (2, 21)]), elected);
+        view.observe(&members(&[(1, 10), (2, 22)]), t0 + LEASE);
+        let l = view.liveness(t0 + LEASE, LEASE, GRACE, None);
+        check!(l.live == BTreeSet::from([2]));
+        check!(l.grace.is_empty());
     }
 }
 
@@ -345,6 +398,7 @@ mod fencing_tests {
         let t1 = t0 + Duration::from_millis(400);
         view.observe(&members(&[(1, 10), (2, 12)]), t1);
         let at = t0 + FENCE_AFTER;
+        view.observe(&members(&[(1, 10), (2, 13)]), at);
         let l = view.liveness(at, LEASE, GRACE, Some(FENCE_AFTER));
         check!(l.fencing);
         check!(
@@ -376,5 +430,31 @@ mod fencing_tests {
         view.observe(&members(&[(1, 10), (2, 11), (3, 14)]), elected + GRACE / 2);
         let l = view.liveness(elected + GRACE, LEASE, GRACE, Some(FENCE_AFTER));
         check!(l.unresponsive == BTreeSet::from([1, 2]));
+    }
+
+    #[test]
+    fn a_stall_of_the_log_fences_no_one_and_its_end_gives_a_grace() {
+        let t0 = Instant::now();
+        let mut view = LeaderView::new(1);
+        view.observe(&members(&[(1, 10), (2, 11), (3, 12)]), t0);
+        // Two seconds without an applied renewal (the leader's own disk stalled): nobody is
+        // unresponsive, every lease alive.
+        let stalled = t0 + Duration::from_secs(2);
+        let l = view.liveness(stalled, LEASE, GRACE, Some(FENCE_AFTER));
+        check!(l.unresponsive.is_empty());
+        check!(l.live == BTreeSet::from([1, 2, 3]));
+        // The log moves again: member 3's renewal comes first. The others are 2 s behind it,
+        // but their renewals were waiting in the same stall: a grace, not a fence.
+        view.observe(&members(&[(1, 10), (2, 11), (3, 13)]), stalled);
+        let l = view.liveness(stalled, LEASE, GRACE, Some(FENCE_AFTER));
+        check!(l.unresponsive.is_empty());
+        check!(l.grace == BTreeSet::from([1, 2]));
+        // Member 1 renews; member 2 never does: unresponsive once the grace is over.
+        view.observe(&members(&[(1, 14), (2, 11), (3, 15)]), stalled + GRACE / 2);
+        let after = stalled + GRACE;
+        view.observe(&members(&[(1, 16), (2, 11), (3, 17)]), after);
+        let l = view.liveness(after, LEASE, GRACE, Some(FENCE_AFTER));
+        check!(l.unresponsive == BTreeSet::from([2]));
+        check!(l.grace.is_empty());
     }
 }
