@@ -716,13 +716,15 @@ impl<C: ControlPlane> GroupSync<C> {
                 Err(e) => return Err(e),
             },
         }
-        // A look first, without joining: nothing to move forward, no dance.
+        // A look first, without joining: nothing to move forward, no dance. (What is stored
+        // is decided again as the group's only member.)
         let mut behind = false;
         for w in wanted {
-            behind |= down
-                .group_offset(group, w.partition)
-                .await?
-                .is_none_or(|c| c < w.downstream_offset);
+            let current = down.group_offset(group, w.partition).await?;
+            if current.is_none_or(|c| c < w.downstream_offset) {
+                behind = true;
+                break;
+            }
         }
         if !behind {
             return Ok(Stored::Done(0));
