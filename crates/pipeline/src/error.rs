@@ -92,6 +92,21 @@ pub enum Error {
         /// What was interrupted.
         op: &'static str,
     },
+    /// A tail re-read after a failed send found less of this writer's copies than the target
+    /// had acknowledged: the target lost them (it restarted without persisting them). The
+    /// pair ends; the next pair's resume copies them again.
+    #[error(
+        "target partition of {unit} lost acknowledged messages: copied up to upstream offset \
+         {last_copied}, its tail holds {tail:?}; copying them again"
+    )]
+    DownstreamLost {
+        /// The unit.
+        unit: WorkUnit,
+        /// The upstream offset of the last message the target acknowledged to this writer.
+        last_copied: u64,
+        /// The upstream offset of the last copy the target still holds (`None`: none).
+        tail: Option<u64>,
+    },
     /// Where a unit's copy starts could not be recorded in the control plane before its first
     /// poll (see `ControlPlane::record_start`); the writer works its start out again.
     #[error("start of {unit} not recorded: {reason}")]
@@ -138,6 +153,8 @@ impl Error {
             Error::UnexpectedAppend { .. } => true,
             Error::UpstreamTopicGone { .. } | Error::Interrupted { .. } => true,
             Error::StartNotRecorded { transient, .. } => *transient,
+            // Not for this pair to retry: its reader is past what must be copied again.
+            Error::DownstreamLost { .. } => false,
             Error::InvalidParams { .. }
             | Error::Actor { .. }
             | Error::Message { .. }
@@ -164,6 +181,7 @@ impl Error {
             Error::ResetsExhausted { .. } => "resets_exhausted",
             Error::Interrupted { .. } => "interrupted",
             Error::StartNotRecorded { .. } => "control",
+            Error::DownstreamLost { .. } => "downstream_lost",
             Error::Message { .. } => "message",
         }
     }

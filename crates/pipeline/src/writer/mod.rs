@@ -93,6 +93,7 @@ pub(crate) async fn run<C: ControlPlane>(args: WriterArgs<C>) -> Result<&'static
         resync: false,
         landed: LandedCheck::default(),
         offset_map: None,
+        last_copied: None,
     };
     let ended = writer.run(start).await;
     if let Ok(reason) = &ended {
@@ -131,6 +132,10 @@ struct Writer<C> {
     backoff: Backoff,
     /// Where this writer records what it sent, when its flow syncs consumer groups.
     offset_map: Option<SharedOffsetMap>,
+    /// The upstream offset of the last message this writer's sends were acknowledged for
+    /// (skipped messages excluded): a tail re-read that finds less means the target lost
+    /// acknowledged messages.
+    last_copied: Option<Offset>,
 }
 
 /// What the writer waits for.
@@ -419,6 +424,19 @@ impl<C: ControlPlane> Writer<C> {
                 }
                 _ => None,
             };
+            let emptied = matches!(tail, TailOutcome::Absent(ScanEnd::Empty));
+            if let Some(copied) = self.last_copied {
+                if last.is_some_and(|l| l.up < copied) || (last.is_none() && emptied) {
+                    // The target acknowledged messages it no longer holds (it restarted
+                    // without persisting them): this pair's reader is past them, so the pair
+                    // ends and the next one's resume copies them again.
+                    return Err(Error::DownstreamLost {
+                        unit: shared.unit.clone(),
+                        last_copied: copied,
+                        tail: last.map(|l| l.up),
+                    });
+                }
+            }
             // The consumer-group sync places this writer's sends from here on.
             if let Some(map) = &self.offset_map {
                 lock_map(map).resynced(last, next_down);
@@ -500,6 +518,7 @@ impl<C: ControlPlane> Writer<C> {
                     if let Some(map) = &self.offset_map {
                         lock_map(map).sent(batch.messages.iter().map(|m| m.header.offset));
                     }
+                    self.last_copied = batch.messages.last().map(|m| m.header.offset);
                 }
                 Ok(Err(veto)) => return Ok(Sent::Vetoed(veto)),
                 Err(err) => {

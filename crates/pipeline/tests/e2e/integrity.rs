@@ -246,6 +246,31 @@ async fn messages_the_target_lost_are_copied_again_and_those_retention_removed_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_the_target_lost_under_a_running_writer_are_copied_again() -> TestResult {
+    let (env, up, f) = Env::seeded("midloss", "t", 1, 0..50, 50).await?;
+    let unit = WorkUnit::new("midloss", "midloss", "t", 0);
+    let (control, pipeline) = env.run(&f).await?;
+    wait_confirmed(&control, &unit, 49, Duration::from_secs(30)).await?;
+    // The target restarts without its newest 20 messages (acknowledged, never persisted)
+    // while the writer runs: its connection drops, and the first 30 copies are what is left.
+    let down = client(&env.eu).await?;
+    let mut kept = messages(&down, "midloss", "t", 0, 30).await?;
+    let (stream, topic) = (Identifier::named("midloss")?, Identifier::named("t")?);
+    down.purge_topic(&stream, &topic).await?;
+    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &mut kept)
+        .await?;
+    env.eu.faults().drop_connections();
+    produce(&up, "midloss", "t", 1, 50..60, 10).await?;
+    env.wait_downstream("midloss", "t", 0, 60).await?;
+    wait_confirmed(&control, &unit, 59, Duration::from_secs(30)).await?;
+    assert_exact(&env.verify(&f, Duration::from_secs(10)).await?);
+    let s = stats_of(&pipeline, &unit).await?;
+    assert!(s.downstream_losses == 1, "{s:?}");
+    pipeline.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_emptied_downstream_partition_with_a_confirmed_offset_is_copied_again() -> TestResult {
     let (env, _up, f, unit, control, first) = copied("emptied").await?;
     first.shutdown().await;
