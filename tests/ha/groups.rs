@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use replicator_harness::{
     append_again, connect, ensure_topic, group_next_message, message_id_at, partition_counts,
     serial, store_group_offsets, translated_exactly, wait_until, Client, Cluster, DevServer,
-    Placement, ReplicatorBinary, TestResult,
+    Placement, ProducerReport, ReplicatorBinary, TestResult,
 };
 use replicator_testkit::{IggyVersion, TestServer, TestServerConfig};
 
@@ -37,6 +37,26 @@ async fn consume_upstream(up: &Client, back: u64) -> TestResult<Vec<(u32, u64)>>
         .collect();
     store_group_offsets(up, (&topic.stream, &topic.name), GROUP, &consumed).await?;
     Ok(consumed)
+}
+
+/// The end of a target-fault scenario, the producer stopped and the copy caught up: the group
+/// moves on upstream, is translated exactly on the target (the time is printed), and `flow
+/// promote` leaves every partition at the next message.
+async fn moves_on_then_promote(
+    cluster: &Cluster,
+    (up, down): (&Client, &Client),
+    report: &ProducerReport,
+    what: &str,
+) -> TestResult {
+    let consumed = consume_upstream(up, 10).await?;
+    let took = wait_translated((up, down), &consumed, what).await?;
+    println!(
+        "produced {} ({} failed sends); the group translated exactly {:.2} s after it moved on upstream",
+        report.produced,
+        report.failed_sends,
+        took.as_secs_f64()
+    );
+    promote_continues_at_next(cluster, (up, down), &consumed).await
 }
 
 /// Messages per partition of the scenarios' topic on the server `client` is connected to.
@@ -129,15 +149,7 @@ fn a_group_is_translated_exactly_after_the_target_restarts() -> TestResult {
 
         let report = producer.stop().await?;
         servers.wait_caught_up(Duration::from_secs(60)).await?;
-        let consumed = consume_upstream(&up, 10).await?;
-        let took = wait_translated((&up, &down), &consumed, "after the restart").await?;
-        println!(
-            "produced {} ({} failed sends); the group translated exactly {:.2} s after it moved on upstream",
-            report.produced,
-            report.failed_sends,
-            took.as_secs_f64()
-        );
-        promote_continues_at_next(&cluster, (&up, &down), &consumed).await?;
+        moves_on_then_promote(&cluster, (&up, &down), &report, "after the restart").await?;
         fixture::finish_exact(servers, cluster).await
     })
 }
@@ -248,15 +260,7 @@ fn a_group_is_translated_exactly_after_the_target_is_killed_and_started_again() 
             }
         })
         .await?;
-        let consumed = consume_upstream(&up, 10).await?;
-        let took = wait_translated((&up, &down), &consumed, "after the kill").await?;
-        println!(
-            "produced {} ({} failed sends); the group translated exactly {:.2} s after it moved on upstream",
-            report.produced,
-            report.failed_sends,
-            took.as_secs_f64()
-        );
-        promote_continues_at_next(&cluster, (&up, &down), &consumed).await?;
+        moves_on_then_promote(&cluster, (&up, &down), &report, "after the kill").await?;
         assert!(
             cluster.verify(Duration::from_secs(30)).await?,
             "verify: not exact"
