@@ -585,6 +585,15 @@ fn split_response(
     }
 }
 
+/// What a release's response means to its caller: done, also when it was released before (a
+/// retry after a timeout) or revoked; anything else is refused.
+pub(crate) fn release_answer(response: ControlResponse) -> Result<()> {
+    match response {
+        ControlResponse::Done | ControlResponse::Ignored(Rejection::StaleEpoch) => Ok(()),
+        other => Err(Error::Rejected(format!("release: {other:?}"))),
+    }
+}
+
 async fn write_batch(node: Arc<NodeInner>, requests: Vec<BatchRequest>) {
     let mut waiting = Vec::with_capacity(requests.len());
     let mut commits = Vec::new();
@@ -601,14 +610,14 @@ async fn write_batch(node: Arc<NodeInner>, requests: Vec<BatchRequest>) {
             }
         }
     }
-    let (commit_count, release_count) = (commits.len(), commands.len());
+    let (commit_count, command_count) = (commits.len(), commands.len());
     let result = node.write(&batch_command(node.id, commits, commands)).await;
     node.counters.commit_batches.fetch_add(1, Ordering::Relaxed);
     let split = match result {
-        Ok((_, response)) => split_response(response.clone(), commit_count, release_count)
+        Ok((_, response)) => split_response(response.clone(), commit_count, command_count)
             .ok_or_else(|| Error::Raft(format!("unexpected batch response {response:?}"))),
         Err(e) => {
-            tracing::warn!(node = %node.id, error = %e, commits = commit_count, releases = release_count, "commit batch failed");
+            tracing::warn!(node = %node.id, error = %e, commits = commit_count, commands = command_count, "commit batch failed");
             Err(e)
         }
     };
@@ -838,7 +847,9 @@ mod tests {
     }
 
     #[test]
-    fn a_malformed_response_is_an_error() {
+    fn a_refused_release_and_a_malformed_response_are_errors() {
+        check!(release_answer(ControlResponse::Ignored(Rejection::UnknownUnit)).is_err());
+        check!(release_answer(ControlResponse::Ignored(Rejection::StaleEpoch)).is_ok());
         check!(split_response(ControlResponse::Done, 1, 0).is_none());
         check!(split_response(ControlResponse::Batch(Vec::new()), 1, 1).is_none());
     }

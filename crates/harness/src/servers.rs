@@ -174,7 +174,7 @@ impl DevServer {
             &self.binary,
             self.endpoint.iggy_version,
             port,
-            self.data_dir.take(),
+            self.data_dir.clone(),
         )
         .await?;
         // The old process is reaped: dropping the old value kills nothing.

@@ -309,10 +309,18 @@ impl Control {
             epoch,
             start,
         };
-        match self.inner.write(&cmd).await? {
-            (_, ControlResponse::Done) => Ok(true),
-            (_, ControlResponse::Ignored(Rejection::StartKnown)) => Ok(false),
-            (_, other) => Err(Error::Rejected(format!(
+        // Through the commit batcher: every unit that starts for the first time records its
+        // start, which must not cost a Raft entry per unit.
+        match self
+            .batched(|reply| BatchRequest::Command {
+                command: cmd,
+                reply,
+            })
+            .await?
+        {
+            ControlResponse::Done => Ok(true),
+            ControlResponse::Ignored(Rejection::StartKnown) => Ok(false),
+            other => Err(Error::Rejected(format!(
                 "record start of {unit}: {other:?}"
             ))),
         }
@@ -383,17 +391,13 @@ impl Control {
             epoch,
             node: self.inner.id,
         };
-        match self
-            .batched(|reply| BatchRequest::Command {
+        node::release_answer(
+            self.batched(|reply| BatchRequest::Command {
                 command: release,
                 reply,
             })
-            .await?
-        {
-            // Released before (a retry after a timeout) or revoked: nothing left to do.
-            ControlResponse::Done | ControlResponse::Ignored(Rejection::StaleEpoch) => Ok(()),
-            other => Err(Error::Rejected(format!("release: {other:?}"))),
-        }
+            .await?,
+        )
     }
 
     /// Marks the start of a graceful stop: from now on every write gives up after

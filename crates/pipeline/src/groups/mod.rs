@@ -39,7 +39,8 @@ use crate::identity::WriterTargets;
 use crate::mapping::downstream_stream;
 use crate::params::FlowParams;
 use crate::provenance::{self, Incarnation};
-use crate::writer::{Position, ScanEnd, TailEntry, TailOutcome, TailPoll, TailScan, TailStep};
+use crate::writer::{confirmed_position, tail_poll, Position, ScanEnd, TailEntry, TailOutcome};
+use crate::writer::{TailScan, TailStep};
 
 /// Messages one poll of a search reads.
 const SEARCH_PAGE: u64 = 100;
@@ -597,20 +598,14 @@ impl<C: ControlPlane> GroupSync<C> {
         unit: &WorkUnit,
         label: u64,
     ) -> Result<Option<Copied>> {
-        let generation = Incarnation::from_label(label).generation;
-        let reference = self
-            .control
-            .progress(unit)
-            .filter(|p| p.topic_created_at == label)
-            .and_then(|p| p.confirmed)
-            .map(|offset| Position { generation, offset });
+        let history = Incarnation::from_label(label);
+        let generation = history.generation;
+        let reference = confirmed_position(self.control.progress(unit), history.created_at)
+            .filter(|p| p.generation == generation);
         let (mut scan, mut poll) = TailScan::start(self.tail_scan_window, reference);
         loop {
             ctx.probes += 1;
-            let (strategy, count) = match poll {
-                TailPoll::Last { count } => (PollingStrategy::last(), count),
-                TailPoll::From { offset, count } => (PollingStrategy::offset(offset), count),
-            };
+            let (strategy, count) = tail_poll(poll);
             let page: Vec<TailEntry> = ctx
                 .down
                 .poll_with(unit, strategy, count)

@@ -41,7 +41,7 @@ use self::commit::{CommitRequest, CommitTracker, Settled};
 use self::landed::LandedCheck;
 pub use self::landed::LandedMismatch;
 pub(crate) use self::prepare::{prepare, PrepareParams};
-pub(crate) use self::resume::TailStep;
+pub(crate) use self::resume::{reference as confirmed_position, TailStep};
 use self::resume::{PartitionExtent, ResumeFacts, ResumePlan, TailCheck, TailHit};
 pub(crate) use self::resume::{Position, ScanEnd, TailEntry, TailOutcome, TailPoll, TailScan};
 use self::send::{epoch_is_current, send_verdict, SendVeto};
@@ -351,7 +351,7 @@ impl<C: ControlPlane> Writer<C> {
                 next: plan.from.offset,
                 topic_created_at: plan.incarnation.label(),
             };
-            let recorded = shared
+            let newly_recorded = shared
                 .control
                 .record_start(unit, shared.epoch, start)
                 .await
@@ -360,7 +360,7 @@ impl<C: ControlPlane> Writer<C> {
                     reason: e.reason,
                     transient: e.transient,
                 })?;
-            if !recorded {
+            if !newly_recorded {
                 return Err(Error::StartNotRecorded {
                     unit: unit.clone(),
                     reason: "another start of this history was recorded meanwhile".to_owned(),
@@ -767,10 +767,7 @@ async fn scan_tail<C>(
                 op: "downstream tail scan",
             });
         }
-        let (strategy, count) = match poll {
-            TailPoll::Last { count } => (PollingStrategy::last(), count),
-            TailPoll::From { offset, count } => (PollingStrategy::offset(offset), count),
-        };
+        let (strategy, count) = tail_poll(poll);
         let (s, t, c) = (stream.clone(), topic.clone(), consumer.clone());
         let polled = shared
             .target
@@ -801,6 +798,14 @@ async fn scan_tail<C>(
                 "still scanning the downstream tail for the last message of this flow"
             );
         }
+    }
+}
+
+/// The poll that reads the page `poll` asks for: strategy and message count.
+pub(crate) fn tail_poll(poll: TailPoll) -> (PollingStrategy, u32) {
+    match poll {
+        TailPoll::Last { count } => (PollingStrategy::last(), count),
+        TailPoll::From { offset, count } => (PollingStrategy::offset(offset), count),
     }
 }
 

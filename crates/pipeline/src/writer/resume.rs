@@ -60,7 +60,7 @@ pub(crate) struct Position {
 /// The confirmed position of the unit in the topic created at `created_at`: the reference the
 /// tail scan looks for ([`TailScan::start`]); `None` when nothing is confirmed for this topic
 /// (never, or only for an earlier topic of the same name).
-pub(super) fn reference(progress: Option<UnitProgress>, created_at: u64) -> Option<Position> {
+pub(crate) fn reference(progress: Option<UnitProgress>, created_at: u64) -> Option<Position> {
     let p = progress?;
     let incarnation = Incarnation::from_label(p.topic_created_at);
     if !incarnation.is_of(created_at) {
