@@ -548,12 +548,12 @@ fn encode_control(
         ),
         (
             "writer_fences",
-            "Writer identities this node fenced on the target clusters (as Raft leader)",
+            "Revokes of a writer identity on one target cluster that this node (as Raft leader) had acknowledged and committed",
             |c| c.fences,
         ),
         (
             "writer_fence_failures",
-            "Attempts to fence, provision or remove a writer identity that failed (retried)",
+            "Attempts to revoke, create or retire a writer user on a target cluster that failed (retried)",
             |c| c.fence_failures,
         ),
     ];
@@ -563,7 +563,7 @@ fn encode_control(
     scalar(
         e,
         "writer_fences_pending",
-        "Writer identities waiting to be fenced; their units are not granted meanwhile (leader only)",
+        "Revokes of a writer identity waiting for a target cluster's acknowledgement; the fenced member's units writing there are not granted meanwhile (leader only)",
         c.filter(|c| c.is_leader)
             .map(|c| gauge(c.fences_pending as u64)),
     )

@@ -5,6 +5,7 @@
 //! node that waits (for a quorum, for Iggy) and stop it: [`RunningNode::start_until`] gives up
 //! the start when asked to stop, shutting down whatever already started.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,10 +24,31 @@ use crate::admin::{self, AdminState, NodeParts, PipelineView};
 use crate::exit::{generation_failure, Failure};
 use crate::metrics::Metrics;
 use crate::reload::{needs_restart, ConfigPublisher, ReloadReport, ReloadSender};
-use crate::wiring::{control_params, fencing, pipeline_params, RaftControl};
+use crate::wiring::{
+    control_params, fence_topology, fenced_targets, fencing, pipeline_params, RaftControl,
+};
 
-/// How long the start waits for the fenced targets to confirm the credential may manage users.
+/// How long a start or a reload waits for the fenced targets to confirm the credential may
+/// manage users.
 const RIGHTS_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+const FENCE_RIGHTS_HINT: &str = "give the configured user the global manage_users permission, or set fencing = \"off\" for that cluster (README, \"Writer users\")";
+
+/// Checks that the credential of each fenced target of `targets` may manage users. A target
+/// that does not answer within [`RIGHTS_CHECK_TIMEOUT`] is let through with a warning: the
+/// leader's fencing operations retry until it does, and say why in status and metrics.
+async fn check_fence_rights(
+    fence: &TargetFence,
+    targets: &BTreeSet<String>,
+) -> Result<(), replicator_pipeline::FenceSetupError> {
+    match tokio::time::timeout(RIGHTS_CHECK_TIMEOUT, fence.check_rights(targets)).await {
+        Ok(checked) => checked,
+        Err(_) => {
+            warn!("fenced target clusters did not answer the credential check in time; going on");
+            Ok(())
+        }
+    }
+}
 
 /// How long the admin API may take to finish the requests in flight when it stops, before
 /// its task is aborted (a `/status` forwarded to an unreachable leader must not hold a stop).
@@ -121,6 +143,8 @@ pub(crate) struct RunningNode {
     metrics: Arc<Metrics>,
     /// Publishes its flows' config digests to the control plane.
     publisher: ConfigPublisher,
+    /// The clusters with fencing on, with their managing credential (`None`: none is).
+    fence: Option<Arc<TargetFence>>,
     /// Where its admin API listens (the demo and tests dial it).
     #[cfg(any(test, feature = "dev-tools"))]
     pub(crate) api_addr: SocketAddr,
@@ -210,28 +234,20 @@ impl RunningNode {
         if let Some(fence) = &fence {
             // A target that does not answer soon is checked by the leader's first fence
             // instead (its failures show in status and metrics); a stop request wins.
-            let check = tokio::time::timeout(RIGHTS_CHECK_TIMEOUT, fence.check_rights());
+            let targets = fenced_targets(&pipeline_params(config));
             let checked = tokio::select! {
                 () = stop.cancelled() => {
                     admin.shutdown().await;
                     return Ok(None);
                 }
-                checked = check => checked,
+                checked = check_fence_rights(fence, &targets) => checked,
             };
-            match checked {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    admin.shutdown().await;
-                    return Err(Failure::config(e.to_string()).with_hint(
-                        "give the configured user the global manage_users permission, or set fencing = \"off\" for that cluster (README, \"Writer users\")",
-                    ));
-                }
-                Err(_) => warn!(
-                    "fenced target clusters did not answer the credential check in time; going on"
-                ),
+            if let Err(e) = checked {
+                admin.shutdown().await;
+                return Err(Failure::config(e.to_string()).with_hint(FENCE_RIGHTS_HINT));
             }
         }
-        let fencing = fencing(fence, &pipeline_params(config));
+        let fencing = fencing(fence.clone(), &pipeline_params(config));
         let params = control_params(config, raft_addr, Some(raft), fencing);
         let outcome = start_unless_stopped("control plane", Control::start(params), stop).await;
         let hint = "check node.data_dir (readable, this node's own) and node.raft_addr (free)";
@@ -265,6 +281,7 @@ impl RunningNode {
             config: config.clone(),
             metrics,
             publisher,
+            fence,
             #[cfg(any(test, feature = "dev-tools"))]
             api_addr,
             parts,
@@ -288,6 +305,18 @@ impl RunningNode {
                 blocked.join("; ")
             ));
         }
+        // A flow into a fenced target no flow wrote to before: its credential must be able to
+        // create the writer users, or the flow would never copy anything.
+        if let Some(fence) = &self.fence {
+            let before = fenced_targets(&pipeline_params(&self.config));
+            let added: BTreeSet<String> = fenced_targets(&pipeline_params(&new))
+                .difference(&before)
+                .cloned()
+                .collect();
+            if let Err(e) = check_fence_rights(fence, &added).await {
+                return Err(format!("{e}; {FENCE_RIGHTS_HINT}"));
+            }
+        }
         let (old_digests, new_digests) = (flow_digests(&self.config), flow_digests(&new));
         let pipeline_changed =
             format!("{:?}", self.config.pipeline) != format!("{:?}", new.pipeline);
@@ -304,6 +333,10 @@ impl RunningNode {
             Ok(pipeline) => {
                 publish_pipeline(&self.parts, &pipeline, &new);
                 self.pipeline = Some(pipeline);
+                // Before the digests: the leader grants the new flows' units only once its
+                // own config has them, and fences with the targets they write to.
+                self.control
+                    .set_fence_topology(fence_topology(&pipeline_params(&new)));
                 self.config = new;
                 // Answer once the leader knows (the publisher keeps trying if it does not yet).
                 if !self.publisher.publish(new_digests, PUBLISH_WAIT).await {

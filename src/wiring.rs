@@ -2,7 +2,7 @@
 //! pipeline, and adapts the Raft control handle to the pipeline's narrow `ControlPlane`
 //! trait. This is the only place that knows both crates.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use replicator_config::FencingMode;
 use replicator_control::{
-    ClusterSecret, Control, ControlParams, ControlTiming, FenceFuture, Fencing, TlsFiles,
-    WriterFence,
+    ClusterSecret, Control, ControlParams, ControlTiming, FenceFuture, FenceTopology, Fencing,
+    TlsFiles, WriterFence,
 };
 use replicator_model::{
     Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, UnitReset, UnitStart, WorkUnit,
@@ -70,29 +70,43 @@ pub(crate) fn control_params(
     }
 }
 
-/// The control plane's fencing over the fenced target clusters of `params` (`None` when no
-/// flow writes to one).
+/// The control plane's fencing over the clusters with fencing on (`None` when there is
+/// none), starting with the flows of `params`.
 pub(crate) fn fencing(fence: Option<Arc<TargetFence>>, params: &PipelineParams) -> Option<Fencing> {
     fence.map(|fence| Fencing {
         fence: Arc::new(IggyFence(fence)),
-        every_target_fenced: TargetFence::covers_every_target(params),
+        topology: fence_topology(params),
     })
+}
+
+/// Which flows of `params` write to which fenced target.
+pub(crate) fn fence_topology(params: &PipelineParams) -> FenceTopology {
+    FenceTopology::new(TargetFence::flow_targets(params))
+}
+
+/// The fenced targets some flow of `params` writes to.
+pub(crate) fn fenced_targets(params: &PipelineParams) -> BTreeSet<String> {
+    TargetFence::flow_targets(params)
+        .into_iter()
+        .filter_map(|(_, target)| target)
+        .collect()
 }
 
 /// The pipeline's Iggy-side fencing seen through the control plane's interface.
 struct IggyFence(Arc<TargetFence>);
 
 impl WriterFence for IggyFence {
-    fn provision<'a>(&'a self, login: &'a WriterLogin) -> FenceFuture<'a, ()> {
-        Box::pin(self.0.provision(login))
+    fn ensure<'a>(&'a self, target: &'a str, login: &'a WriterLogin) -> FenceFuture<'a, ()> {
+        Box::pin(self.0.ensure(target, login))
     }
 
-    fn revoke(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, ()> {
-        Box::pin(self.0.revoke(node, incarnation))
-    }
-
-    fn retire(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, ()> {
-        Box::pin(self.0.revoke(node, incarnation))
+    fn revoke<'a>(
+        &'a self,
+        target: &'a str,
+        node: NodeId,
+        incarnation: u64,
+    ) -> FenceFuture<'a, ()> {
+        Box::pin(self.0.revoke(target, node, incarnation))
     }
 }
 
@@ -209,6 +223,19 @@ impl ControlPlane for RaftControl {
         async move {
             control
                 .record_start(&unit, epoch, start)
+                .await
+                .map_err(control_error)
+        }
+    }
+
+    fn abandon_writer_identity(
+        &self,
+        incarnation: u64,
+    ) -> impl Future<Output = Result<bool, ControlError>> + Send {
+        let control = self.0.clone();
+        async move {
+            control
+                .abandon_writer_identity(incarnation)
                 .await
                 .map_err(control_error)
         }

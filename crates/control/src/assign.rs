@@ -22,15 +22,21 @@
 //! expired, and never granted.
 //!
 //! With fencing on (`Liveness::fencing`), only members holding a writer identity get units,
-//! and the units of a member whose identity's rights were not revoked are never revoked here:
-//! the leader commits `FenceMember`, then revokes the identity's rights on the target
-//! clusters, then commits `FenceAcknowledged`, which takes them all (see [`fence_work`]).
+//! and a unit writing to a fenced target goes only to a member whose user the leader made sure
+//! exists there. Fencing is per (member, target): a failed member's unit that writes to the
+//! fenced target T is never revoked here while the member's identity may have rights on T;
+//! the leader commits `FenceMember`, revokes the identity on each fenced target and commits a
+//! `FenceTarget` per acknowledging target, which takes the member's units writing there (see
+//! [`fence_work`]). A target that cannot acknowledge holds back only the units writing to it.
+//! Units writing to an unfenced target (or of a flow the leader's config does not have) move
+//! on the lease alone, by rule 1, whatever happened to the member's identity.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use replicator_model::{NodeId, WorkUnit};
 
 use crate::command::ControlCommand;
+use crate::fence::{EnsuredUsers, FenceTopology};
 use crate::state::{ControlState, MemberState};
 
 /// Most commands in one assignment round: keeps a round's log entry small (about 40 bytes a
@@ -56,42 +62,108 @@ pub(crate) struct Liveness {
     /// The member whose published config is the reference (the leader itself): a unit goes
     /// only to members whose digest for its flow equals the reference's. `None`: no check.
     pub(crate) config_reference: Option<NodeId>,
+    /// With fencing: which flows write to which fenced target (the leader's config).
+    pub(crate) topology: FenceTopology,
+    /// With fencing: the identities (target, node, incarnation) whose user this leader made
+    /// sure exists on the target; a unit writing to a fenced target is granted only to them.
+    pub(crate) ensured: EnsuredUsers,
 }
 
-/// What the leader must do on the target clusters before the next grants (fencing only).
+impl Liveness {
+    /// Whether `node` may get `unit` as far as fencing goes: fencing off, an unfenced target,
+    /// or the node's current identity ensured on the unit's target.
+    fn may_write(&self, state: &ControlState, node: NodeId, unit: &WorkUnit) -> bool {
+        if !self.fencing {
+            return true;
+        }
+        let Some(target) = self.topology.fenced_target(&unit.flow) else {
+            return true;
+        };
+        state.identities.get(&node).is_some_and(|i| {
+            self.ensured
+                .contains(&(target.to_owned(), node, i.incarnation))
+        })
+    }
+}
+
+/// What fencing needs now: commands to write with the round, and operations on the targets.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct FenceWork {
-    /// Identities (node, incarnation) to fence: commit `FenceMember` (unless committed
-    /// already), revoke on the targets, commit `FenceAcknowledged`.
-    pub(crate) fence: Vec<(NodeId, u64)>,
-    /// Members to give a writer identity: (node, the new incarnation).
-    pub(crate) provision: Vec<(NodeId, u64)>,
-    /// Stale identities whose users are to be deleted, then forgotten.
+    /// `FenceMember`, `IdentityRevoked` and `SetWriterIdentity` decisions: no target work.
+    pub(crate) commands: Vec<ControlCommand>,
+    /// (node, incarnation, target): revoke the fenced identity on the target, then commit
+    /// `FenceTarget` (which takes the member's units writing there).
+    pub(crate) revoke: Vec<(NodeId, u64, String)>,
+    /// (node, incarnation, target): make sure the usable identity's user exists on the
+    /// target (this leader's memory, `Liveness::ensured`, records it).
+    pub(crate) ensure: Vec<(NodeId, u64, String)>,
+    /// Stale identities whose users are to be revoked on every fenced target, then forgotten.
     pub(crate) retire: Vec<(NodeId, u64)>,
 }
 
-/// The work on the targets that fencing needs now (empty with fencing off):
-/// * a member that stopped renewing (unresponsive, or its lease expired) and owns units while
-///   its identity has rights: fence it, so its units can move; and carry on every fence whose
-///   revoke was not acknowledged yet;
+/// The work fencing needs now (nothing with fencing off):
+/// * a member that stopped renewing (unresponsive, or its lease expired) and owns units
+///   writing to a fenced target while its identity has rights: fence it (`FenceMember`);
+/// * a fenced identity: revoke it on every fenced target that did not acknowledge yet, each
+///   acknowledgement committed on its own (`FenceTarget`); once all did, `IdentityRevoked`;
+/// * a usable identity: make sure its user exists on every fenced target (at the start of a
+///   term, when the config gains a target, for a new identity);
 /// * a live, active, responsive member without an identity, or whose identity was revoked:
-///   provision the next incarnation (one above every incarnation it ever had);
+///   its next incarnation (one above every incarnation it ever had);
 /// * every stale identity: make sure its users are revoked, then retire it.
 pub(crate) fn fence_work(state: &ControlState, lease: &Liveness) -> FenceWork {
     let mut work = FenceWork::default();
     if !lease.fencing {
         return work;
     }
-    let owners: BTreeSet<NodeId> = state.units.values().filter_map(|r| r.owner).collect();
+    let targets = lease.topology.fenced_targets();
+    // Members owning a unit that writes to a fenced target.
+    let owners: BTreeSet<NodeId> = state
+        .units
+        .iter()
+        .filter(|(u, _)| lease.topology.fenced_target(&u.flow).is_some())
+        .filter_map(|(_, r)| r.owner)
+        .collect();
     for (node, identity) in &state.identities {
-        let failed = lease.unresponsive.contains(node) || !lease.live.contains(node);
-        let decide =
-            !identity.fenced && failed && !lease.grace.contains(node) && owners.contains(node);
-        // A fence decided by an earlier leader, whose revoke was not acknowledged yet, is
-        // carried on.
-        if decide || (identity.fenced && !identity.revoked) {
-            work.fence.push((*node, identity.incarnation));
+        let (node, incarnation) = (*node, identity.incarnation);
+        if !identity.fenced {
+            let failed = lease.unresponsive.contains(&node) || !lease.live.contains(&node);
+            if failed && !lease.grace.contains(&node) && owners.contains(&node) {
+                work.commands
+                    .push(ControlCommand::FenceMember { node, incarnation });
+            } else if !failed {
+                work.ensure.extend(
+                    targets
+                        .iter()
+                        .filter(|t| {
+                            !lease
+                                .ensured
+                                .contains(&((**t).to_owned(), node, incarnation))
+                        })
+                        .map(|t| (node, incarnation, (*t).to_owned())),
+                );
+            }
+            continue;
         }
+        if identity.revoked {
+            continue;
+        }
+        // A fence decided by this leader or an earlier one is carried on, target by target.
+        let acknowledged = state.revoked_targets(node, incarnation);
+        let missing: Vec<&str> = targets
+            .iter()
+            .filter(|t| !acknowledged.contains(*t))
+            .copied()
+            .collect();
+        if missing.is_empty() {
+            work.commands
+                .push(ControlCommand::IdentityRevoked { node, incarnation });
+        }
+        work.revoke.extend(
+            missing
+                .into_iter()
+                .map(|t| (node, incarnation, t.to_owned())),
+        );
     }
     for (node, member) in &state.members {
         if state.has_unrevoked_identity(*node)
@@ -110,7 +182,11 @@ pub(crate) fn fence_work(state: &ControlState, lease: &Liveness) -> FenceWork {
             .chain(state.retired_incarnations.get(node).copied())
             .max()
             .unwrap_or(0);
-        work.provision.push((*node, highest + 1));
+        work.commands.push(ControlCommand::SetWriterIdentity {
+            node: *node,
+            incarnation: highest + 1,
+            password: String::new(),
+        });
     }
     work.retire = state.stale_identities.iter().copied().collect();
     work
@@ -146,6 +222,8 @@ fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
             .config_reference
             .is_none_or(|reference| state.config_agrees(reference, node, &unit.flow))
     };
+    let may_take =
+        |node: NodeId, unit: &WorkUnit| agrees(node, unit) && lease.may_write(state, node, unit);
 
     for (unit, rec) in &state.units {
         // A paused flow's units are like retired ones: asked back, granted to nobody.
@@ -161,11 +239,14 @@ fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
         };
         let member = state.members.get(&owner);
         let failed = !live.contains(&owner) || lease.unresponsive.contains(&owner);
-        if lease.fencing
-            && state.has_unrevoked_identity(owner)
+        let fenced_target = lease
+            .topology
+            .fenced_target(&unit.flow)
+            .filter(|_| lease.fencing);
+        if fenced_target.is_some_and(|t| state.unrevoked_on(owner, t))
             && (failed || !state.has_writer_identity(owner))
         {
-            continue; // fenced first, then taken by `FenceAcknowledged` (see `fence_work`)
+            continue; // fenced first, then taken by `FenceTarget` (see `fence_work`)
         }
         if member.is_none() || !live.contains(&owner) {
             if member.is_some() && lease.grace.contains(&owner) {
@@ -221,7 +302,7 @@ fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
     for unit in free {
         let target = held
             .iter()
-            .filter(|(id, _)| agrees(**id, unit))
+            .filter(|(id, _)| may_take(**id, unit))
             .map(|(id, n)| (*id, quotas.get(id).copied().unwrap_or(0) as i64 - *n as i64))
             .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
             .map(|(id, _)| id);

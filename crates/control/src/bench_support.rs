@@ -11,6 +11,7 @@ use replicator_model::{Assignment, CommitOutcome, NodeId, OffsetCommit, WorkUnit
 
 use crate::command::{decode, encode, ControlCommand, ControlResponse};
 use crate::error::{Error, Result};
+use crate::identity::test_passwords;
 use crate::state_machine::{Shared, StateMachineStore};
 use crate::{data_dir, TypeConfig};
 
@@ -66,7 +67,7 @@ impl StateMachine {
     /// `i` of `units` to member `i % members + 1`.
     pub fn open(dir: &Path, members: u64, units: &[WorkUnit]) -> Result<Self> {
         let db = data_dir::open(dir)?;
-        let shared = Shared::new(NODE);
+        let shared = Shared::new(NODE, test_passwords());
         let sm = StateMachineStore::open(&db, dir, shared.clone())?;
         let mut this = Self { sm, shared };
         let members = members.max(1);

@@ -93,21 +93,24 @@ pub(crate) enum ControlCommand {
     /// Several commands applied in order at the same log index (one assignment round).
     /// Batches do not nest.
     Batch(Vec<ControlCommand>),
-    /// Leader only, with fencing on: `node`'s writer user of `incarnation` now exists with
-    /// writing rights on every fenced target cluster; the node writes as it from now on.
-    /// Applies only over no identity or a fenced one, and only to a higher incarnation.
+    /// Leader only, with fencing on: `node` writes as its identity `incarnation` from now on.
+    /// Applies only over no identity or a revoked one, and only to a higher incarnation. The
+    /// leader then makes sure the identity's user exists on every fenced target before it
+    /// grants the node a unit writing there (see `fence`).
     SetWriterIdentity {
         /// The member.
         node: NodeId,
         /// The new incarnation (one above the previous one).
         incarnation: u64,
-        /// The user's password on the targets.
+        /// Empty since passwords are derived from the cluster secret (`WriterPasswords`); an
+        /// identity of an older leader carries the random password it chose.
         password: String,
     },
-    /// Leader only, with fencing on: the leader decided to fence `node`'s identity
-    /// `incarnation`; it revokes the user's rights on the targets only after this entry is
-    /// committed (so a leader cut off from the majority revokes nobody). The node stops
-    /// writing as that identity; its units stay with it until `FenceAcknowledged`.
+    /// With fencing on: the leader decided to fence `node`'s identity `incarnation`, or the
+    /// node itself gave it up (a target refused its login: it gets the next one instead). The
+    /// leader revokes the user's rights on the targets only after this entry is committed (so
+    /// a leader cut off from the majority revokes nobody). The node stops writing as that
+    /// identity; its units stay with it until each target acknowledged (`FenceTarget`).
     FenceMember {
         /// The member fenced.
         node: NodeId,
@@ -122,8 +125,10 @@ pub(crate) enum ControlCommand {
         /// The stale incarnation.
         incarnation: u64,
     },
-    /// Leader only, after `FenceMember`: every fenced target cluster acknowledged the revoke of
-    /// the identity's rights. Takes all the member's units at once.
+    /// Written by leaders of earlier versions, after `FenceMember`: every fenced target
+    /// cluster acknowledged the revoke of the identity's rights. Takes all the member's units
+    /// at once, also those writing to unfenced targets (which must wait for the lease): the
+    /// leader now writes `FenceTarget` and `IdentityRevoked` instead; still applied as it was.
     FenceAcknowledged {
         /// The member fenced.
         node: NodeId,
@@ -201,6 +206,29 @@ pub(crate) enum ControlCommand {
         /// When, Unix milliseconds.
         at_unix_ms: u64,
     },
+    /// Leader only, after `FenceMember`: the target cluster `target` acknowledged that the
+    /// identity's user has no rights left there. Takes the member's units of `flows` (the
+    /// flows that write to `target` in the leader's config): whatever the member still sends
+    /// there is refused. Its units writing elsewhere stay until their own target acknowledged,
+    /// or, for an unfenced target, until its lease expired (`Revoke`).
+    FenceTarget {
+        /// The member fenced.
+        node: NodeId,
+        /// The identity whose rights on `target` are gone.
+        incarnation: u64,
+        /// The target cluster alias.
+        target: String,
+        /// The flows writing to `target`.
+        flows: Vec<String>,
+    },
+    /// Leader only: every fenced target acknowledged the revoke of the identity (each with a
+    /// `FenceTarget`). Takes no unit; the member may get its next identity.
+    IdentityRevoked {
+        /// The member fenced.
+        node: NodeId,
+        /// The identity revoked everywhere.
+        incarnation: u64,
+    },
 }
 
 impl ControlCommand {
@@ -216,6 +244,7 @@ impl ControlCommand {
             | ControlCommand::Release { .. }
             | ControlCommand::Revoke { .. }
             | ControlCommand::FenceAcknowledged { .. }
+            | ControlCommand::FenceTarget { .. }
             | ControlCommand::SetFlowPaused { .. } => true,
             // Only units without an owner are reset; a config changes who may get units, which
             // the next assignment round acts on.
@@ -223,6 +252,7 @@ impl ControlCommand {
             ControlCommand::RecordStart { .. } | ControlCommand::ResetTopicOffsets { .. } => false,
             ControlCommand::SetWriterIdentity { .. }
             | ControlCommand::FenceMember { .. }
+            | ControlCommand::IdentityRevoked { .. }
             | ControlCommand::ForgetIdentity { .. } => false,
             ControlCommand::RegisterMember { .. }
             | ControlCommand::LeaveMember { .. }
@@ -230,6 +260,24 @@ impl ControlCommand {
             | ControlCommand::CommitOffsets { .. }
             | ControlCommand::RemoveMember { .. } => false,
             ControlCommand::Batch(cmds) => cmds.iter().any(ControlCommand::changes_assignments),
+        }
+    }
+}
+
+#[cfg(test)]
+impl ControlCommand {
+    /// `FenceTarget` of `node`'s identity `incarnation` on `target`, taking `flows`' units.
+    pub(crate) fn fence_target(
+        node: NodeId,
+        incarnation: u64,
+        target: &str,
+        flows: &[&str],
+    ) -> Self {
+        ControlCommand::FenceTarget {
+            node,
+            incarnation,
+            target: target.into(),
+            flows: flows.iter().map(|f| (*f).to_owned()).collect(),
         }
     }
 }
@@ -496,6 +544,22 @@ mod tests {
                 },
                 "1301660101660173017401030900016f04",
             ),
+            (
+                ControlCommand::FenceTarget {
+                    node: 1,
+                    incarnation: 2,
+                    target: "t".into(),
+                    flows: vec!["f".into()],
+                },
+                "1401020174010166",
+            ),
+            (
+                ControlCommand::IdentityRevoked {
+                    node: 3,
+                    incarnation: 4,
+                },
+                "150304",
+            ),
         ]
     }
 
@@ -538,9 +602,11 @@ mod tests {
             ControlCommand::PublishConfig { .. } => 17,
             ControlCommand::RecordStart { .. } => 18,
             ControlCommand::ResetTopicOffsets { .. } => 19,
+            ControlCommand::FenceTarget { .. } => 20,
+            ControlCommand::IdentityRevoked { .. } => 21,
         };
         let indexes: Vec<usize> = golden().iter().map(|(c, _)| count(c)).collect();
-        assert2::check!(indexes == (0..=19).collect::<Vec<_>>());
+        assert2::check!(indexes == (0..=21).collect::<Vec<_>>());
     }
 
     #[test]

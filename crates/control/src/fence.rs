@@ -2,19 +2,21 @@
 //!
 //! A lease is a promise an instance makes to itself; a fence has to be enforced by the party
 //! that stores the data. Iggy checks a user's permissions on every request of a live session,
-//! so with fencing on every node writes to the target clusters as a user of its own (one per
-//! *incarnation*, see [`WriterLogin`]) and the leader, before it hands a failed node's units to
-//! others, takes that user's rights away on every fenced target and waits for the
-//! acknowledgement. The order `FenceMember` (the decision, committed first so that a leader cut
-//! off from the majority revokes nobody) → revoke → `FenceAcknowledged` (which frees the units)
-//! → grant → the new owner's tail scan → its first send is what makes a stale write impossible
-//! whatever the old owner does (ARCHITECTURE.md, "Never two owners").
+//! so with fencing on every node writes to each fenced target as a user of its own (one per
+//! *incarnation*, see [`WriterLogin`]), and the leader, before it hands a failed node's units
+//! writing to target T to others, takes that user's rights away on T and waits for T's
+//! acknowledgement. Fencing is per (member, target): the order `FenceMember` (the decision,
+//! committed first so that a leader cut off from the majority revokes nobody) → revoke on T →
+//! `FenceTarget` (which frees the member's units writing to T) → grant → the new owner's tail
+//! scan → its first send is what makes a stale write to T impossible whatever the old owner
+//! does (ARCHITECTURE.md, "Never two owners"). A target that does not answer holds back only
+//! the units that write to it.
 //!
 //! The Iggy side is behind [`WriterFence`] (the binary implements it with the SDK); this module
 //! runs the operations [`crate::assign::fence_work`] asks for, one task per operation, retried
 //! with backoff until acknowledged or this node stops leading, and commits their outcome.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,30 +27,30 @@ use replicator_model::{NodeId, WriterLogin};
 use tokio::sync::Notify;
 
 use crate::assign::FenceWork;
-use crate::command::{ControlCommand, ControlResponse};
+use crate::command::ControlCommand;
 use crate::node::NodeInner;
 
 /// The future every [`WriterFence`] operation returns; the error is a one-line reason.
 pub type FenceFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, String>> + Send + 'a>>;
 
-/// What the leader does to the writer users on the fenced target clusters. Every operation is
-/// idempotent and covers every fenced target; it succeeds only once all of them acknowledged.
+/// What the leader does to the writer users on one fenced target cluster. Every operation is
+/// idempotent and succeeds only once the target acknowledged it.
 pub trait WriterFence: Send + Sync + 'static {
-    /// Creates `login`'s user with writing rights only (send, poll, read), replacing a user of
-    /// the same name that no session uses (left behind by a leader that failed before it
-    /// committed the identity).
-    fn provision<'a>(&'a self, login: &'a WriterLogin) -> FenceFuture<'a, ()>;
+    /// Makes sure `login`'s user exists on `target`: creates it with writing rights only
+    /// (send, poll, read) unless a user of that name exists, which stays as it is. An
+    /// existing one is either this identity's (created by an earlier attempt, with the same
+    /// derived password) or revoked, and a revoked user never gets rights back.
+    fn ensure<'a>(&'a self, target: &'a str, login: &'a WriterLogin) -> FenceFuture<'a, ()>;
 
-    /// Takes every right of `node`'s `incarnation` user away and stops it from logging in. Its
-    /// open sessions are refused on their next request.
-    fn revoke(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, ()>;
-
-    /// Makes sure the user of a stale identity has no rights and cannot log in on every target.
-    /// The user is never deleted: Iggy reuses user ids, so a session of a deleted user could
-    /// inherit a later user's rights, and whether a user still has sessions cannot be known
-    /// (on a server with several shards `GET_CLIENTS` lists only the sessions of the shard
-    /// that answers).
-    fn retire(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, ()>;
+    /// Takes every right of `node`'s `incarnation` user on `target` away and stops it from
+    /// logging in; its open sessions are refused on their next request. A missing user is
+    /// created that way (no rights, inactive), so that an `ensure` of a deposed leader that
+    /// arrives later finds the name taken instead of creating a user with rights. The user
+    /// is never deleted: Iggy reuses user ids, so a session of a deleted user could inherit a
+    /// later user's rights, and whether a user still has sessions cannot be known (on a server
+    /// with several shards `GET_CLIENTS` lists only the sessions of the shard that answers).
+    fn revoke<'a>(&'a self, target: &'a str, node: NodeId, incarnation: u64)
+        -> FenceFuture<'a, ()>;
 }
 
 /// How the control plane fences (`ControlParams::fencing`).
@@ -56,54 +58,127 @@ pub trait WriterFence: Send + Sync + 'static {
 pub struct Fencing {
     /// The target clusters' side.
     pub fence: Arc<dyn WriterFence>,
-    /// Whether every target cluster a flow writes to is fenced. Only then may a failed
-    /// member's units move before its lease ran out (`ControlTiming::fence_after`); otherwise
-    /// the unfenced targets still rely on the lease, and the leader waits for it too.
-    pub every_target_fenced: bool,
+    /// Which flows write to which fenced target at start; `Control::set_fence_topology`
+    /// replaces it after a reload.
+    pub topology: FenceTopology,
 }
 
 impl std::fmt::Debug for Fencing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fencing")
-            .field("every_target_fenced", &self.every_target_fenced)
+            .field("topology", &self.topology)
             .finish_non_exhaustive()
     }
 }
 
-/// One operation on the targets.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum FenceOp {
-    Fence { node: NodeId, incarnation: u64 },
-    Provision { node: NodeId, incarnation: u64 },
-    Retire { node: NodeId, incarnation: u64 },
+/// Where each flow writes, as far as fencing goes: from this node's config, so it follows
+/// reloads and restarts. On the leader it decides which targets a fence must reach, which
+/// units each acknowledgement frees, and where every identity needs a user.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FenceTopology {
+    /// Flow name → its target's alias when that target is fenced (`None`: unfenced).
+    flows: BTreeMap<String, Option<String>>,
 }
 
-/// The leader's fencing operations in progress, and their metrics.
+impl FenceTopology {
+    /// From (flow name, the alias of its target if that target has fencing on).
+    pub fn new(flows: impl IntoIterator<Item = (String, Option<String>)>) -> Self {
+        Self {
+            flows: flows.into_iter().collect(),
+        }
+    }
+
+    /// The fenced target `flow` writes to. `None` for an unfenced target and for a flow this
+    /// config does not have: their units move on the lease alone.
+    pub(crate) fn fenced_target(&self, flow: &str) -> Option<&str> {
+        self.flows.get(flow).and_then(|t| t.as_deref())
+    }
+
+    /// Every fenced target some flow writes to.
+    pub(crate) fn fenced_targets(&self) -> BTreeSet<&str> {
+        self.flows.values().filter_map(|t| t.as_deref()).collect()
+    }
+
+    /// The flows writing to `target`.
+    pub(crate) fn flows_into(&self, target: &str) -> Vec<String> {
+        self.flows
+            .iter()
+            .filter(|(_, t)| t.as_deref() == Some(target))
+            .map(|(flow, _)| flow.clone())
+            .collect()
+    }
+}
+
+/// Identities whose user exists on a target, as (target, node, incarnation).
+pub(crate) type EnsuredUsers = BTreeSet<(String, NodeId, u64)>;
+
+/// One operation on a target.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum FenceOp {
+    Revoke {
+        node: NodeId,
+        incarnation: u64,
+        target: String,
+    },
+    Ensure {
+        node: NodeId,
+        incarnation: u64,
+        target: String,
+    },
+    Retire {
+        node: NodeId,
+        incarnation: u64,
+    },
+}
+
+/// The leader's fencing operations in progress, what it ensured, and the metrics.
 #[derive(Default)]
 pub(crate) struct FenceTracker {
     /// Operations with a task running (never two tasks for one operation).
     in_flight: Mutex<BTreeSet<FenceOp>>,
-    /// Fences acknowledged by every target and committed.
+    /// The term and the identities (target, node, incarnation) whose user this node made sure
+    /// exists on the target while leading it. A new term starts empty: another leader may
+    /// have acted in between.
+    ensured: Mutex<(u64, EnsuredUsers)>,
+    /// Revokes acknowledged by a target and committed (a member fenced on one target).
     pub(crate) fences: AtomicU64,
     /// Failed attempts of any operation (each is retried).
     pub(crate) failures: AtomicU64,
     /// The latest failure, for status.
     pub(crate) last_error: Mutex<Option<String>>,
-    /// Wakes the assignment loop when an operation committed (its grants can follow at once).
+    /// Wakes the assignment loop when an operation finished (its grants can follow at once).
     pub(crate) done: Notify,
 }
 
 impl FenceTracker {
-    /// Fences waiting for the targets' acknowledgement now.
+    /// Revokes waiting for a target's acknowledgement now.
     pub(crate) fn pending_fences(&self) -> usize {
         lock(&self.in_flight)
             .iter()
-            .filter(|op| matches!(op, FenceOp::Fence { .. }))
+            .filter(|op| matches!(op, FenceOp::Revoke { .. }))
             .count()
     }
 
     pub(crate) fn last_error(&self) -> Option<String> {
         lock(&self.last_error).clone()
+    }
+
+    /// What this node ensured while leading `term`.
+    pub(crate) fn ensured(&self, term: u64) -> EnsuredUsers {
+        let ensured = lock(&self.ensured);
+        if ensured.0 == term {
+            ensured.1.clone()
+        } else {
+            BTreeSet::new()
+        }
+    }
+
+    fn record_ensured(&self, term: u64, entry: (String, NodeId, u64)) {
+        let mut ensured = lock(&self.ensured);
+        if ensured.0 != term {
+            *ensured = (term, BTreeSet::new());
+        }
+        ensured.1.insert(entry);
     }
 }
 
@@ -111,23 +186,30 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Starts a task for every operation of `work` not already running (leader, term `term`).
+/// Starts a task for every target operation of `work` not already running (leader, term
+/// `term`); its commands are written by the caller with the round.
 pub(crate) fn start(node: &Arc<NodeInner>, fencing: &Fencing, term: u64, work: FenceWork) {
-    let ops = work
-        .fence
+    let revokes = work
+        .revoke
         .into_iter()
-        .map(|(node, incarnation)| FenceOp::Fence { node, incarnation })
-        .chain(
-            work.provision
-                .into_iter()
-                .map(|(node, incarnation)| FenceOp::Provision { node, incarnation }),
-        )
-        .chain(
-            work.retire
-                .into_iter()
-                .map(|(node, incarnation)| FenceOp::Retire { node, incarnation }),
-        );
-    for op in ops {
+        .map(|(node, incarnation, target)| FenceOp::Revoke {
+            node,
+            incarnation,
+            target,
+        });
+    let ensures = work
+        .ensure
+        .into_iter()
+        .map(|(node, incarnation, target)| FenceOp::Ensure {
+            node,
+            incarnation,
+            target,
+        });
+    let retires = work
+        .retire
+        .into_iter()
+        .map(|(node, incarnation)| FenceOp::Retire { node, incarnation });
+    for op in revokes.chain(ensures).chain(retires) {
         if !lock(&node.fencing.in_flight).insert(op.clone()) {
             continue;
         }
@@ -149,37 +231,21 @@ async fn run(node: Arc<NodeInner>, fence: Arc<dyn WriterFence>, op: FenceOp, ter
     lock(&node.fencing.in_flight).remove(&op);
 }
 
-/// Drives `op` until its outcome is committed, this node stops leading `term`, or the node
-/// stops.
+/// Drives `op` until it is done (its outcome committed or recorded), this node stops leading
+/// `term`, or the node stops.
 async fn drive(node: &NodeInner, fence: &dyn WriterFence, op: &FenceOp, term: u64) {
-    if let FenceOp::Fence {
-        node: member,
-        incarnation,
-    } = *op
-    {
-        // Nothing is revoked on the targets before the decision is in the log: a leader that
-        // lost its majority cannot commit it, so it cannot take rights from members that the
-        // majority still counts as owners (they would stall, fenced by nobody's decision).
-        let decide = ControlCommand::FenceMember {
-            node: member,
-            incarnation,
-        };
-        match node.write(&decide).await {
-            Ok((_, ControlResponse::Done)) => {}
-            Ok((_, other)) => return tracing::info!(outcome = ?other, "fence not decided"),
-            Err(e) => return tracing::warn!(error = %e, "fence decision not committed"),
-        }
-    }
     let mut pause = FIRST_RETRY;
     while !node.cancel.is_cancelled() && node.leads(term) {
-        let attempt = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(fence, op));
+        let attempt = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(node, fence, op));
         let reason = match attempt.await {
-            Ok(Ok(cmd)) => {
+            Ok(Ok(Some(cmd))) => {
                 match node.write(&cmd).await {
                     Ok(_) => {
-                        if matches!(op, FenceOp::Fence { .. }) {
+                        if matches!(op, FenceOp::Revoke { .. }) {
                             node.fencing.fences.fetch_add(1, Ordering::Relaxed);
-                            tracing::info!("member fenced on every target: its units move");
+                            tracing::info!(
+                                "member fenced on this target: its units writing there move"
+                            );
                         } else {
                             tracing::info!("done");
                         }
@@ -190,11 +256,25 @@ async fn drive(node: &NodeInner, fence: &dyn WriterFence, op: &FenceOp, term: u6
                 }
                 return;
             }
+            Ok(Ok(None)) => {
+                if let FenceOp::Ensure {
+                    node: member,
+                    incarnation,
+                    target,
+                } = op
+                {
+                    node.fencing
+                        .record_ensured(term, (target.clone(), *member, *incarnation));
+                    tracing::debug!("writer user exists on the target");
+                }
+                node.fencing.done.notify_one();
+                return;
+            }
             Ok(Err(reason)) => reason,
             Err(_) => format!("no answer within {ATTEMPT_TIMEOUT:?}"),
         };
         node.fencing.failures.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(error = %reason, retry_in = ?pause, "target clusters did not acknowledge");
+        tracing::warn!(error = %reason, retry_in = ?pause, "target cluster did not acknowledge");
         *lock(&node.fencing.last_error) = Some(format!("{op:?}: {reason}"));
         tokio::select! {
             () = node.cancel.cancelled() => return,
@@ -204,39 +284,90 @@ async fn drive(node: &NodeInner, fence: &dyn WriterFence, op: &FenceOp, term: u6
     }
 }
 
-/// One attempt at `op` on the targets; the command to commit when it succeeded.
-async fn attempt(fence: &dyn WriterFence, op: &FenceOp) -> Result<ControlCommand, String> {
-    match *op {
-        FenceOp::Fence { node, incarnation } => {
-            fence.revoke(node, incarnation).await?;
-            Ok(ControlCommand::FenceAcknowledged { node, incarnation })
+/// One attempt at `op` on the targets; the command to commit when it succeeded (`None`: an
+/// ensure, which commits nothing).
+async fn attempt(
+    node: &NodeInner,
+    fence: &dyn WriterFence,
+    op: &FenceOp,
+) -> Result<Option<ControlCommand>, String> {
+    match op {
+        FenceOp::Revoke {
+            node: member,
+            incarnation,
+            target,
+        } => {
+            fence.revoke(target, *member, *incarnation).await?;
+            // The flows writing there now: a reload between the decision and this commit
+            // changes which units the acknowledgement frees, never which target it is about.
+            let flows = node.fence_topology().flows_into(target);
+            Ok(Some(ControlCommand::FenceTarget {
+                node: *member,
+                incarnation: *incarnation,
+                target: target.clone(),
+                flows,
+            }))
         }
-        FenceOp::Provision { node, incarnation } => {
-            let login = WriterLogin {
-                node,
-                incarnation,
-                password: new_password()?,
+        FenceOp::Ensure {
+            node: member,
+            incarnation,
+            target,
+        } => {
+            // The identity as committed (an older leader's stored its password): a login
+            // that is no longer current needs nothing.
+            let login = {
+                let data = node.shared.read();
+                match data.state.identities.get(member) {
+                    Some(i) if i.incarnation == *incarnation && !i.fenced => node
+                        .shared
+                        .passwords
+                        .login(*member, *incarnation, &i.password),
+                    _ => return Ok(None),
+                }
             };
-            fence.provision(&login).await?;
-            Ok(ControlCommand::SetWriterIdentity {
-                node,
-                incarnation,
-                password: login.password,
-            })
+            fence.ensure(target, &login).await?;
+            Ok(None)
         }
-        FenceOp::Retire { node, incarnation } => {
-            fence.retire(node, incarnation).await?;
-            Ok(ControlCommand::ForgetIdentity { node, incarnation })
+        FenceOp::Retire {
+            node: member,
+            incarnation,
+        } => {
+            let targets: Vec<String> = node
+                .fence_topology()
+                .fenced_targets()
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+            for target in &targets {
+                fence.revoke(target, *member, *incarnation).await?;
+            }
+            Ok(Some(ControlCommand::ForgetIdentity {
+                node: *member,
+                incarnation: *incarnation,
+            }))
         }
     }
 }
 
-/// 32 random hex digits (Iggy takes passwords of 3 to 100 characters).
-fn new_password() -> Result<String, String> {
-    use ring::rand::SecureRandom;
-    let mut bytes = [0u8; 16];
-    ring::rand::SystemRandom::new()
-        .fill(&mut bytes)
-        .map_err(|_| "the system's random source failed".to_owned())?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+#[cfg(test)]
+mod tests {
+    use assert2::check;
+
+    use super::*;
+
+    #[test]
+    fn the_topology_says_where_each_flow_writes() {
+        let t = FenceTopology::new([
+            ("a".to_owned(), Some("eu".to_owned())),
+            ("b".to_owned(), Some("ap".to_owned())),
+            ("c".to_owned(), Some("eu".to_owned())),
+            ("d".to_owned(), None),
+        ]);
+        check!(t.fenced_target("a") == Some("eu"));
+        check!(t.fenced_target("d") == None);
+        check!(t.fenced_target("unknown") == None);
+        check!(t.fenced_targets() == BTreeSet::from(["ap", "eu"]));
+        check!(t.flows_into("eu") == vec!["a".to_owned(), "c".to_owned()]);
+        check!(t.flows_into("nowhere").is_empty());
+    }
 }

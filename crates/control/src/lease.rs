@@ -173,6 +173,8 @@ impl LeaderView {
             fencing: fence_after.is_some(),
             unresponsive,
             config_reference: None,
+            topology: crate::fence::FenceTopology::default(),
+            ensured: BTreeSet::new(),
         }
     }
 

@@ -28,6 +28,7 @@ mod command;
 mod data_dir;
 mod error;
 mod fence;
+mod identity;
 mod lease;
 mod log_store;
 mod network;
@@ -46,7 +47,7 @@ pub use api::{
     UnitStatus,
 };
 pub use error::{Error, Result};
-pub use fence::{FenceFuture, Fencing, WriterFence};
+pub use fence::{FenceFuture, FenceTopology, Fencing, WriterFence};
 pub use params::{ClusterSecret, ControlParams, ControlTiming};
 pub use state::MemberState;
 pub use tls::TlsFiles;

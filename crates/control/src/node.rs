@@ -100,6 +100,8 @@ pub(crate) struct NodeInner {
     pub(crate) fence: Option<crate::fence::Fencing>,
     /// The leader's fencing operations in progress.
     pub(crate) fencing: crate::fence::FenceTracker,
+    /// Which flows write to which fenced target: this node's config, replaced on reload.
+    pub(crate) fence_topology: Mutex<crate::fence::FenceTopology>,
     /// The commit index the log store last saved, plus one (0: none), for metrics.
     pub(crate) committed: Arc<AtomicU64>,
     /// Stops every task.
@@ -123,14 +125,17 @@ impl NodeInner {
     }
 
     /// How long a member may miss its renewals before the leader fences it (with fencing on).
+    /// Only units writing to a fenced target move on it; the others wait for the lease.
     fn fence_after(&self) -> Option<Duration> {
-        self.fence.as_ref().map(|f| {
-            if f.every_target_fenced {
-                self.timing.fence_after
-            } else {
-                self.timing.lease_expiry
-            }
-        })
+        self.fence.as_ref().map(|_| self.timing.fence_after)
+    }
+
+    /// Which flows write to which fenced target now.
+    pub(crate) fn fence_topology(&self) -> crate::fence::FenceTopology {
+        self.fence_topology
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The leader this node knows of and its Raft address.
@@ -744,11 +749,19 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                 node.fence_after(),
             );
             lease.config_reference = Some(node.id);
+            if lease.fencing {
+                lease.topology = node.fence_topology();
+                lease.ensured = node.fencing.ensured(term);
+            }
             (
                 assign::plan(&data.state, &lease),
                 assign::fence_work(&data.state, &lease),
             )
         };
+        // Fence decisions go first: a round's grants never depend on them, and a revoke
+        // starts only once its decision is applied (the next round, woken at once).
+        let decided = !fence_work.commands.is_empty();
+        let cmds: Vec<ControlCommand> = fence_work.commands.iter().cloned().chain(cmds).collect();
         if let Some(fencing) = &node.fence {
             crate::fence::start(&node, fencing, term, fence_work);
         }
@@ -763,6 +776,8 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
         tracing::debug!(node = %node.id, term, commands = cmds.len(), "assignment round");
         if let Err(e) = node.write(&ControlCommand::Batch(cmds)).await {
             tracing::warn!(node = %node.id, term, error = %e, "assignment round not written");
+        } else if decided {
+            node.fencing.done.notify_one();
         }
     }
 }

@@ -11,6 +11,7 @@ use replicator_model::{
 use serde::{Deserialize, Serialize};
 
 use crate::command::{ControlCommand, ControlResponse, Rejection};
+use crate::identity::WriterPasswords;
 
 /// Whether a member takes new work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,12 +57,13 @@ pub(crate) struct UnitRecord {
 pub(crate) struct IdentityRecord {
     /// The incarnation; the next one the leader provisions is one higher.
     pub(crate) incarnation: u64,
-    /// The user's password (random, chosen by the leader that provisioned it).
+    /// Empty: the password is derived (`WriterPasswords`). An identity committed by a leader
+    /// of an earlier version holds the random password that leader chose.
     pub(crate) password: String,
-    /// The leader decided to fence it (`FenceMember`): the node no longer writes as it.
+    /// Fenced (`FenceMember`): the node no longer writes as it.
     pub(crate) fenced: bool,
-    /// Every fenced target acknowledged that its rights are gone (`FenceAcknowledged`): its
-    /// units were taken, and the node may get a new identity.
+    /// Every fenced target acknowledged that its rights are gone (`IdentityRevoked`, or
+    /// `FenceAcknowledged` of an earlier version): the node may get a new identity.
     pub(crate) revoked: bool,
 }
 
@@ -103,6 +105,9 @@ pub(crate) struct ControlState {
     /// The upstream topic (creation time, µs) each pending reset was decided for, when the
     /// reset named it (`ResetTopicOffsets`); cleared with the reset.
     pub(crate) reset_topics: BTreeMap<WorkUnit, u64>,
+    /// Per fenced identity (node, incarnation): the target clusters that acknowledged its
+    /// revoke (`FenceTarget`). Dropped when the node gets its next identity or is removed.
+    pub(crate) target_revokes: BTreeMap<(NodeId, u64), BTreeSet<String>>,
 }
 
 /// An operator's offset reset of one unit (see `ControlCommand::ResetOffsets`).
@@ -263,6 +268,7 @@ impl ControlState {
                 self.config_digests.remove(node);
                 if let Some(identity) = self.identities.remove(node) {
                     self.stale_identities.insert((*node, identity.incarnation));
+                    self.target_revokes.remove(&(*node, identity.incarnation));
                 }
                 Done
             }
@@ -282,6 +288,21 @@ impl ControlState {
             }
             ControlCommand::FenceAcknowledged { node, incarnation } => {
                 self.fence_acknowledged(index, *node, *incarnation)
+            }
+            ControlCommand::FenceTarget {
+                node,
+                incarnation,
+                target,
+                flows,
+            } => self.fence_target(index, *node, *incarnation, target, flows),
+            ControlCommand::IdentityRevoked { node, incarnation } => {
+                match self.identities.get_mut(node) {
+                    Some(identity) if identity.incarnation == *incarnation && identity.fenced => {
+                        identity.revoked = true;
+                        Done
+                    }
+                    _ => Ignored(Rejection::StaleIncarnation),
+                }
             }
             ControlCommand::ForgetIdentity { node, incarnation } => {
                 if self.stale_identities.remove(&(*node, *incarnation)) {
@@ -523,6 +544,7 @@ impl ControlState {
                 return ControlResponse::Ignored(Rejection::IdentityInUse);
             }
             self.stale_identities.insert((node, current.incarnation));
+            self.target_revokes.remove(&(node, current.incarnation));
         }
         self.identities.insert(
             node,
@@ -536,10 +558,48 @@ impl ControlState {
         ControlResponse::Done
     }
 
-    /// Records that `node`'s identity `incarnation`, fenced before, lost its rights on every
-    /// fenced target, and takes all its units: whatever the node still has in flight is refused
-    /// by the targets, so its units can go to others at once. Unconditional (unlike `Revoke`):
-    /// the revoke on the targets already happened, a renewal of the node cannot undo it.
+    /// Records that `target` acknowledged the revoke of `node`'s identity `incarnation`
+    /// (fenced before), and takes the node's units of `flows` (those writing to `target`):
+    /// whatever the node still has in flight there is refused, so they can go to others at
+    /// once. Unconditional (unlike `Revoke`): the revoke on the target already happened, a
+    /// renewal of the node cannot undo it. Units writing elsewhere stay.
+    fn fence_target(
+        &mut self,
+        index: u64,
+        node: NodeId,
+        incarnation: u64,
+        target: &str,
+        flows: &[String],
+    ) -> ControlResponse {
+        match self.identities.get(&node) {
+            Some(identity) if identity.incarnation == incarnation && identity.fenced => {}
+            _ => return ControlResponse::Ignored(Rejection::StaleIncarnation),
+        }
+        self.target_revokes
+            .entry((node, incarnation))
+            .or_default()
+            .insert(target.to_owned());
+        let mut took = false;
+        for (_, rec) in self
+            .units
+            .iter_mut()
+            .filter(|(u, r)| r.owner == Some(node) && flows.contains(&u.flow))
+        {
+            rec.owner = None;
+            rec.release_requested = false;
+            took = true;
+        }
+        if took {
+            if let Some(member) = self.members.get_mut(&node) {
+                member.last_revoke_index = index;
+            }
+        }
+        ControlResponse::Done
+    }
+
+    /// As leaders of earlier versions wrote it (`ControlCommand::FenceAcknowledged`): records
+    /// that `node`'s identity `incarnation`, fenced before, lost its rights on every fenced
+    /// target, and takes all its units. Kept so that their log entries apply as they did.
     fn fence_acknowledged(
         &mut self,
         index: u64,
@@ -563,15 +623,35 @@ impl ControlState {
     }
 
     /// `node`'s writer identity, while it may write (provisioned and not fenced).
-    pub(crate) fn writer_login(&self, node: NodeId) -> Option<WriterLogin> {
+    pub(crate) fn writer_login(
+        &self,
+        node: NodeId,
+        passwords: &WriterPasswords,
+    ) -> Option<WriterLogin> {
         self.identities
             .get(&node)
             .filter(|i| !i.fenced)
-            .map(|i| WriterLogin {
-                node,
-                incarnation: i.incarnation,
-                password: i.password.clone(),
-            })
+            .map(|i| passwords.login(node, i.incarnation, &i.password))
+    }
+
+    /// Whether `node`'s current identity may still have rights on the target cluster `target`:
+    /// it has one, not revoked everywhere, and `target` did not acknowledge its revoke.
+    pub(crate) fn unrevoked_on(&self, node: NodeId, target: &str) -> bool {
+        self.identities.get(&node).is_some_and(|i| {
+            !i.revoked
+                && !self
+                    .target_revokes
+                    .get(&(node, i.incarnation))
+                    .is_some_and(|t| t.contains(target))
+        })
+    }
+
+    /// The targets that acknowledged the revoke of `node`'s identity `incarnation`.
+    pub(crate) fn revoked_targets(&self, node: NodeId, incarnation: u64) -> BTreeSet<&str> {
+        self.target_revokes
+            .get(&(node, incarnation))
+            .map(|t| t.iter().map(String::as_str).collect())
+            .unwrap_or_default()
     }
 
     /// Whether `node` holds a writer identity it may write with.

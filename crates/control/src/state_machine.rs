@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use crate::command::{decode, encode, ControlResponse};
 use crate::data_dir::{self, KEY_SNAPSHOT, TREE_SNAPSHOT};
 use crate::error::{Error, Result};
+use crate::identity::WriterPasswords;
 use crate::state::ControlState;
 use crate::{MemberNode, TypeConfig};
 
@@ -65,8 +66,8 @@ impl SmData {
 
 /// `ControlState` fields added after the first release, all collections at its end:
 /// `identities`, `stale_identities`, `retired_incarnations`, `paused_flows`, `pending_resets`,
-/// `config_digests`, `recorded_starts`, `reset_topics`.
-const FIELDS_ADDED_SINCE_FIRST_RELEASE: usize = 8;
+/// `config_digests`, `recorded_starts`, `reset_topics`, `target_revokes`.
+const FIELDS_ADDED_SINCE_FIRST_RELEASE: usize = 9;
 
 /// A snapshot as stored in sled.
 #[derive(Serialize, Deserialize)]
@@ -87,12 +88,15 @@ pub(crate) struct Shared {
     applied: watch::Sender<u64>,
     /// This node's usable writer identity (fencing), re-published when it changes.
     writer_login: watch::Sender<Option<WriterLogin>>,
+    /// Derives the identities' passwords (never in the state).
+    pub(crate) passwords: WriterPasswords,
 }
 
 impl Shared {
-    pub(crate) fn new(node: NodeId) -> Arc<Self> {
+    pub(crate) fn new(node: NodeId, passwords: WriterPasswords) -> Arc<Self> {
         Arc::new(Self {
             node,
+            passwords,
             data: RwLock::new(SmData::default()),
             assignments: watch::channel(Vec::new()).0,
             applied: watch::channel(0).0,
@@ -141,7 +145,7 @@ impl Shared {
             (
                 assignments_may_differ.then(|| data.state.assignments_of(self.node)),
                 data.last_applied.map_or(0, |l| l.index),
-                data.state.writer_login(self.node),
+                data.state.writer_login(self.node, &self.passwords),
             )
         };
         // Before the assignments: a grant made under a new identity must never reach the

@@ -22,7 +22,12 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
             .map_err(|e| StorageError::from(StorageIOError::write(openraft::AnyError::new(&e))))?;
         let db = data_dir::open(dir.path()).map_err(fail)?;
         let log = LogStore::open(&db, dir.path()).map_err(fail)?;
-        let sm = StateMachineStore::open(&db, dir.path(), Shared::new(1)).map_err(fail)?;
+        let sm = StateMachineStore::open(
+            &db,
+            dir.path(),
+            Shared::new(1, crate::identity::test_passwords()),
+        )
+        .map_err(fail)?;
         Ok((dir, log, sm))
     }
 }

@@ -70,6 +70,8 @@ pub(crate) struct Cluster {
     /// Set by `retire`: no connection is opened any more (a writer identity that was fenced or
     /// replaced must never log in again).
     retired: std::sync::atomic::AtomicBool,
+    /// Told when a login is refused with invalid credentials (writer identities only).
+    login_refused: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Cluster {
@@ -99,6 +101,7 @@ impl Cluster {
             timeout,
             activity: ActivityRegistry::default(),
             retired: std::sync::atomic::AtomicBool::new(false),
+            login_refused: None,
         })
     }
 
@@ -116,6 +119,13 @@ impl Cluster {
         let mut cluster = Self::new(alias, iggy_version, connection_string, connections, timeout)?;
         cluster.config = cluster.config.with_login(username, password);
         Ok(cluster)
+    }
+
+    /// Notifies `refused` whenever the cluster refuses the login of a new connection with
+    /// invalid credentials (a writer identity whose user is missing or has another password).
+    pub(crate) fn notify_login_refused(mut self, refused: Arc<tokio::sync::Notify>) -> Self {
+        self.login_refused = Some(refused);
+        self
     }
 
     /// Closes every connection and refuses to open new ones: calls fail with
@@ -165,6 +175,11 @@ impl Cluster {
             Ok(Ok(())) => {}
             Ok(Err(source)) => {
                 shutdown(&client).await;
+                if matches!(source, IggyError::InvalidCredentials) {
+                    if let Some(refused) = &self.login_refused {
+                        refused.notify_one();
+                    }
+                }
                 return Err(self.err("connect", source));
             }
             Err(_) => {

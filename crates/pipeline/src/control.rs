@@ -55,6 +55,18 @@ pub trait ControlPlane: Clone + Send + Sync + 'static {
         watch::channel(None).1
     }
 
+    /// Gives up this node's writer identity `incarnation` after a fenced target refused its
+    /// login: the control plane fences it and provisions the next one. `Ok(false)`: it is not
+    /// the current identity any more. The default has nothing to give up (control planes
+    /// without fencing).
+    fn abandon_writer_identity(
+        &self,
+        incarnation: u64,
+    ) -> impl Future<Output = Result<bool, ControlError>> + Send {
+        let _ = incarnation;
+        async { Ok(false) }
+    }
+
     /// Confirmed progress of a unit from the local state, `None` if it was never committed.
     fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress>;
 

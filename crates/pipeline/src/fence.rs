@@ -6,7 +6,7 @@
 
 use iggy::prelude::{GlobalPermissions, Identifier, IggyError, Permissions, UserStatus};
 use replicator_model::{writer_username, NodeId, WriterLogin};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::clients::Cluster;
@@ -38,9 +38,12 @@ struct FencedTarget {
     admin: Arc<Cluster>,
 }
 
-/// The target clusters with fencing on, reached with their configured credential.
+/// The clusters with fencing on, reached with their configured credential (connections open
+/// on first use). Every such cluster is here, whether a flow writes to it now or not: a reload
+/// may add a flow into it, and the control plane decides which ones a fence must reach
+/// (`replicator_control::FenceTopology`).
 pub struct TargetFence {
-    targets: Vec<FencedTarget>,
+    targets: BTreeMap<String, FencedTarget>,
 }
 
 /// Why fencing cannot work with the configured credential of a target.
@@ -54,14 +57,10 @@ pub struct FenceSetupError {
 }
 
 impl TargetFence {
-    /// The fenced targets of `params`' flows (`None` when no flow writes to a fenced target).
+    /// The clusters of `params` with fencing on (`None` when there is none).
     pub fn new(params: &PipelineParams) -> Result<Option<Self>> {
-        let aliases: BTreeSet<&str> = params.flows.iter().map(|f| f.target.as_str()).collect();
-        let mut targets = Vec::new();
-        for alias in aliases {
-            let Some(cluster) = params.clusters.get(alias) else {
-                continue;
-            };
+        let mut targets = BTreeMap::new();
+        for (alias, cluster) in &params.clusters {
             let Some(prefix) = &cluster.writer_user_prefix else {
                 continue;
             };
@@ -72,146 +71,200 @@ impl TargetFence {
                 1,
                 params.operation_timeout,
             )?;
-            targets.push(FencedTarget {
-                alias: alias.to_owned(),
+            let target = FencedTarget {
+                alias: alias.clone(),
                 prefix: prefix.clone(),
                 admin: Arc::new(admin),
-            });
+            };
+            targets.insert(alias.clone(), target);
         }
         Ok((!targets.is_empty()).then_some(Self { targets }))
     }
 
-    /// Whether every cluster a flow of `params` writes to is fenced.
+    /// The fenced target each flow of `params` writes to (`None`: its target is unfenced):
+    /// what the control plane fences with (`replicator_control::FenceTopology`).
     #[must_use]
-    pub fn covers_every_target(params: &PipelineParams) -> bool {
-        params.flows.iter().all(|f| {
-            params
-                .clusters
-                .get(&f.target)
-                .is_some_and(|c| c.writer_user_prefix.is_some())
+    pub fn flow_targets(params: &PipelineParams) -> Vec<(String, Option<String>)> {
+        params
+            .flows
+            .iter()
+            .map(|f| {
+                let fenced = params
+                    .clusters
+                    .get(&f.target)
+                    .is_some_and(|c| c.writer_user_prefix.is_some());
+                (f.name.clone(), fenced.then(|| f.target.clone()))
+            })
+            .collect()
+    }
+
+    fn target(&self, alias: &str) -> std::result::Result<&FencedTarget, String> {
+        self.targets
+            .get(alias)
+            .ok_or_else(|| format!("clusters.{alias}: not a cluster with fencing on"))
+    }
+
+    /// Checks that the configured credential of each reachable target of `aliases` may manage
+    /// users (root, or global `manage_users`). A target that does not answer is skipped with a
+    /// warning: the leader's fencing operations retry until it does, and say why in status
+    /// and metrics.
+    pub async fn check_rights(
+        &self,
+        aliases: &BTreeSet<String>,
+    ) -> std::result::Result<(), FenceSetupError> {
+        for t in self.targets.values().filter(|t| aliases.contains(&t.alias)) {
+            check_rights(t).await?;
+        }
+        Ok(())
+    }
+
+    /// Creates `login`'s user on `alias` with writer rights only, unless a user of that name
+    /// exists: it is then either this identity's (an earlier attempt created it with the same
+    /// derived password) or revoked by a fence, and a revoked user never gets rights back.
+    pub async fn ensure(
+        &self,
+        alias: &str,
+        login: &WriterLogin,
+    ) -> std::result::Result<(), String> {
+        let t = self.target(alias)?;
+        let name = login.username(&t.prefix);
+        if get_user(t, &name).await?.is_some() {
+            return Ok(());
+        }
+        let (user, password) = (name.clone(), login.password.clone());
+        let created = call(t, "create_user", |c| async move {
+            c.create_user(
+                &user,
+                &password,
+                UserStatus::Active,
+                Some(writer_permissions()),
+            )
+            .await
+            .map(drop)
         })
+        .await;
+        match created {
+            Ok(()) => Ok(()),
+            // Created meanwhile (another attempt, or a fence's tombstone): as above.
+            Err(_) if get_user(t, &name).await?.is_some() => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
-    /// Checks that each reachable target's configured credential may manage users (root, or
-    /// global `manage_users`). A target that does not answer is skipped with a warning: the
-    /// leader's fencing operations retry until it does, and say why in status and metrics.
-    pub async fn check_rights(&self) -> std::result::Result<(), FenceSetupError> {
-        for t in &self.targets {
-            let me = t
-                .admin
-                .call(0, "get_me", |c| async move { c.get_me().await })
+    /// Takes every right of the user away on `alias` (its open sessions are refused on their
+    /// next request), then deactivates it (no new login). A missing user is created that way,
+    /// with a password nobody knows, so that a late `ensure` (of a deposed leader) finds the
+    /// name taken. Idempotent. It is also how a stale identity is retired: its user is never
+    /// deleted (see `replicator_control::WriterFence::revoke`).
+    pub async fn revoke(
+        &self,
+        alias: &str,
+        node: NodeId,
+        incarnation: u64,
+    ) -> std::result::Result<(), String> {
+        let t = self.target(alias)?;
+        let name = writer_username(&t.prefix, node, incarnation);
+        let id = match get_user(t, &name).await? {
+            Some(id) => id,
+            None => {
+                let (user, password) = (name.clone(), unknown_password());
+                let created = call(t, "create_user", |c| async move {
+                    c.create_user(
+                        &user,
+                        &password,
+                        UserStatus::Inactive,
+                        Some(Permissions::default()),
+                    )
+                    .await
+                    .map(drop)
+                })
                 .await;
-            let user_id = match me {
-                Ok(me) => me.user_id,
-                Err(e) if e.is_transient() => {
-                    tracing::warn!(cluster = %t.alias, error = %e, "cannot check the fencing credential now");
-                    continue;
+                match (created, get_user(t, &name).await?) {
+                    (Ok(()), _) => return Ok(()),
+                    // Created meanwhile by a late `ensure`: revoke it below.
+                    (Err(_), Some(id)) => id,
+                    (Err(e), None) => return Err(e),
                 }
-                Err(e) => {
-                    return Err(FenceSetupError {
-                        alias: t.alias.clone(),
-                        reason: format!("cannot read the configured user: {e}"),
-                    })
-                }
-            };
-            // Root (id 0) has every right and its permissions cannot change.
-            if user_id == Some(0) {
-                continue;
             }
-            let Some(id) = user_id else {
-                return Err(FenceSetupError {
-                    alias: t.alias.clone(),
-                    reason: "the connection is not logged in".into(),
-                });
-            };
-            let user = t
-                .admin
-                .call(0, "get_user", |c| async move {
-                    c.get_user(&Identifier::numeric(id)?).await
-                })
+        };
+        call(t, "update_permissions", |c| async move {
+            c.update_permissions(&Identifier::numeric(id)?, Some(Permissions::default()))
                 .await
-                .map_err(|e| FenceSetupError {
-                    alias: t.alias.clone(),
-                    reason: format!("cannot read the configured user's permissions: {e}"),
-                })?;
-            let manages = user
-                .and_then(|u| u.permissions)
-                .is_some_and(|p| p.global.manage_users);
-            if !manages {
-                return Err(FenceSetupError {
-                    alias: t.alias.clone(),
-                    reason: "fencing = \"users\" needs a credential with the global manage_users permission (it creates and revokes the writer users)".into(),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Creates `login`'s user on every fenced target with writer rights only. A user of that
-    /// name can only be left by a leader that failed before committing the identity (retired
-    /// incarnations are never handed out again), so nobody ever had its password; it is
-    /// deleted first, unless a session of it shows up.
-    pub async fn provision(&self, login: &WriterLogin) -> std::result::Result<(), String> {
-        for t in &self.targets {
-            let name = login.username(&t.prefix);
-            if let Some(existing) = get_user(t, &name).await? {
-                if has_session(t, existing).await? {
-                    return Err(format!(
-                        "clusters.{}: user {name} exists and has a session",
-                        t.alias
-                    ));
-                }
-                call(t, "delete_user", |c| async move {
-                    c.delete_user(&Identifier::numeric(existing)?).await
-                })
-                .await?;
-            }
-            let (user, password) = (name.clone(), login.password.clone());
-            call(t, "create_user", |c| async move {
-                c.create_user(
-                    &user,
-                    &password,
-                    UserStatus::Active,
-                    Some(writer_permissions()),
-                )
+        })
+        .await?;
+        call(t, "update_user", |c| async move {
+            c.update_user(&Identifier::numeric(id)?, None, Some(UserStatus::Inactive))
                 .await
-                .map(drop)
-            })
-            .await?;
-        }
-        Ok(())
-    }
-
-    /// Takes every right of the user away (its open sessions are refused on their next
-    /// request), then deactivates it (no new login). Idempotent; a missing user is fine. It is
-    /// also how a stale identity is retired: its user is never deleted (see
-    /// `replicator_control::WriterFence::retire`).
-    pub async fn revoke(&self, node: NodeId, incarnation: u64) -> std::result::Result<(), String> {
-        for t in &self.targets {
-            let name = writer_username(&t.prefix, node, incarnation);
-            let Some(id) = get_user(t, &name).await? else {
-                continue;
-            };
-            call(t, "update_permissions", |c| async move {
-                c.update_permissions(&Identifier::numeric(id)?, Some(Permissions::default()))
-                    .await
-            })
-            .await?;
-            call(t, "update_user", |c| async move {
-                c.update_user(&Identifier::numeric(id)?, None, Some(UserStatus::Inactive))
-                    .await
-            })
-            .await?;
-        }
-        Ok(())
+        })
+        .await
     }
 
     /// Closes the connections.
     pub async fn close(&self) {
-        for t in &self.targets {
+        for t in self.targets.values() {
             t.admin.close().await;
         }
     }
+}
+
+/// Checks that `t`'s configured credential may manage users (see `TargetFence::check_rights`).
+async fn check_rights(t: &FencedTarget) -> std::result::Result<(), FenceSetupError> {
+    let me = t
+        .admin
+        .call(0, "get_me", |c| async move { c.get_me().await })
+        .await;
+    let user_id = match me {
+        Ok(me) => me.user_id,
+        Err(e) if e.is_transient() => {
+            tracing::warn!(cluster = %t.alias, error = %e, "cannot check the fencing credential now");
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(FenceSetupError {
+                alias: t.alias.clone(),
+                reason: format!("cannot read the configured user: {e}"),
+            })
+        }
+    };
+    // Root (id 0) has every right and its permissions cannot change.
+    if user_id == Some(0) {
+        return Ok(());
+    }
+    let Some(id) = user_id else {
+        return Err(FenceSetupError {
+            alias: t.alias.clone(),
+            reason: "the connection is not logged in".into(),
+        });
+    };
+    let user = t
+        .admin
+        .call(0, "get_user", |c| async move {
+            c.get_user(&Identifier::numeric(id)?).await
+        })
+        .await
+        .map_err(|e| FenceSetupError {
+            alias: t.alias.clone(),
+            reason: format!("cannot read the configured user's permissions: {e}"),
+        })?;
+    let manages = user
+        .and_then(|u| u.permissions)
+        .is_some_and(|p| p.global.manage_users);
+    if !manages {
+        return Err(FenceSetupError {
+            alias: t.alias.clone(),
+            reason: "fencing = \"users\" needs a credential with the global manage_users permission (it creates and revokes the writer users)".into(),
+        });
+    }
+    Ok(())
+}
+
+/// 32 random hex digits (from the OS's generator): the password of a user created revoked,
+/// which nobody ever uses.
+fn unknown_password() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 16];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// One call on `t`'s managing connection, the error as one line naming the cluster.
@@ -238,10 +291,4 @@ async fn get_user(t: &FencedTarget, name: &str) -> std::result::Result<Option<u3
     })
     .await
     .map(|u| u.map(|u| u.id))
-}
-
-/// Whether any client is logged in as user `id`.
-async fn has_session(t: &FencedTarget, id: u32) -> std::result::Result<bool, String> {
-    let clients = call(t, "get_clients", |c| async move { c.get_clients().await }).await?;
-    Ok(clients.iter().any(|c| c.user_id == Some(id)))
 }

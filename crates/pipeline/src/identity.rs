@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::clients::Cluster;
+use crate::control::ControlPlane;
 use crate::error::Result;
 use crate::params::ClusterParams;
 
@@ -38,6 +39,8 @@ pub(crate) struct WriterTargets {
     targets: Mutex<BTreeMap<String, Target>>,
     /// Bumped on every swap, so the coordinator can retry units that waited for an identity.
     version: watch::Sender<u64>,
+    /// Told when a fenced target refuses the current identity's login (see [`follow`]).
+    refused: Arc<tokio::sync::Notify>,
     /// Bound of every call on the writers' connections.
     timeout: Duration,
 }
@@ -67,6 +70,7 @@ impl WriterTargets {
         Self {
             targets: Mutex::new(targets),
             version: watch::channel(0).0,
+            refused: Arc::new(tokio::sync::Notify::new()),
             timeout,
         }
     }
@@ -119,7 +123,7 @@ impl WriterTargets {
                 let next = match login {
                     Some(login) => {
                         let username = login.username(prefix);
-                        Some(Arc::new(Cluster::with_login(
+                        let cluster = Cluster::with_login(
                             &format!("{alias} (as {username})"),
                             params.iggy_version,
                             &params.connection_string,
@@ -127,7 +131,8 @@ impl WriterTargets {
                             self.timeout,
                             &username,
                             &login.password,
-                        )?))
+                        )?;
+                        Some(Arc::new(cluster.notify_login_refused(self.refused.clone())))
                     }
                     None => None,
                 };
@@ -142,12 +147,16 @@ impl WriterTargets {
 }
 
 /// Follows this node's writer identity until `cancel`: every change swaps the fenced targets'
-/// connections and retires the old ones.
-pub(crate) async fn follow(
+/// connections and retires the old ones. When a fenced target refuses the current identity's
+/// login (its user is missing there, e.g. the target lost its data, or was created under
+/// another cluster secret), retrying cannot help: the identity is given up through `control`,
+/// so that the leader fences it and provisions the next one, whose users it creates.
+pub(crate) async fn follow<C: ControlPlane>(
     targets: Arc<WriterTargets>,
-    mut logins: watch::Receiver<Option<WriterLogin>>,
+    control: C,
     cancel: CancellationToken,
 ) {
+    let mut logins = control.writer_login();
     let mut applied: Option<Option<WriterLogin>> = None;
     loop {
         let login = logins.borrow_and_update().clone();
@@ -176,6 +185,18 @@ pub(crate) async fn follow(
         tokio::select! {
             () = cancel.cancelled() => break,
             changed = logins.changed() => if changed.is_err() { break },
+            () = targets.refused.notified() => {
+                let Some(Some(login)) = &applied else { continue };
+                tracing::warn!(
+                    incarnation = login.incarnation,
+                    "a fenced target refused this node's writer login: giving the identity up for a new one"
+                );
+                match control.abandon_writer_identity(login.incarnation).await {
+                    Ok(_) => {}
+                    // The next refusal asks again.
+                    Err(e) => tracing::warn!(error = %e.reason, "could not give the writer identity up"),
+                }
+            }
         }
     }
     for cluster in targets.fenced_clusters() {

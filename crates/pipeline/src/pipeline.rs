@@ -175,7 +175,7 @@ impl Pipeline {
         let identity_cancel = CancellationToken::new();
         let identity = tokio::spawn(crate::identity::follow(
             writers.clone(),
-            control.writer_login(),
+            control.clone(),
             identity_cancel.clone(),
         ));
         let group_registry = GroupSyncRegistry::default();

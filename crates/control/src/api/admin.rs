@@ -143,11 +143,12 @@ pub struct ControlMetrics {
     /// Units discovery reports that nobody owns, in this node's applied state (meaningful
     /// on the leader and on any follower that is up to date).
     pub units_unowned: usize,
-    /// Members this node (as leader) fenced on the target clusters since start.
+    /// Revokes of a member's identity on one target that this node (as leader) had
+    /// acknowledged and committed since start.
     pub fences: u64,
     /// Failed attempts of fencing operations on the targets since start (each is retried).
     pub fence_failures: u64,
-    /// Fences waiting for the targets' acknowledgement now.
+    /// Revokes (member, target) waiting for the target's acknowledgement now.
     pub fences_pending: usize,
 }
 

@@ -23,6 +23,7 @@ pub use admin::{
 
 use crate::command::{ControlCommand, ControlResponse, Rejection};
 use crate::error::{Error, Result};
+use crate::identity::WriterPasswords;
 use crate::log_store::LogStore;
 use crate::network::auth::{ReplayGuard, Signer};
 use crate::network::client::{NetworkFactory, PeerClient};
@@ -79,7 +80,7 @@ impl Control {
         if log_store.forget_own_leadership(node_id).await? {
             tracing::info!(node = %node_id, "was the leader before the restart; rejoining as a follower");
         }
-        let shared = Shared::new(node_id);
+        let shared = Shared::new(node_id, WriterPasswords::new(&secret));
         let state_machine = StateMachineStore::open(&db, &data_dir, shared.clone())?;
 
         let listen_err = |source| Error::Listen {
@@ -130,6 +131,12 @@ impl Control {
             leaving: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             counters: Counters::default(),
+            fence_topology: Mutex::new(
+                fencing
+                    .as_ref()
+                    .map(|f| f.topology.clone())
+                    .unwrap_or_default(),
+            ),
             fence: fencing,
             fencing: crate::fence::FenceTracker::default(),
             committed,
@@ -227,6 +234,42 @@ impl Control {
     #[must_use]
     pub fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
         self.inner.shared.subscribe_writer_login()
+    }
+
+    /// Replaces which flows write to which fenced target (after a reload): as leader, this
+    /// node then fences on, and makes sure every identity has a user on, the new targets.
+    pub fn set_fence_topology(&self, topology: crate::FenceTopology) {
+        *self
+            .inner
+            .fence_topology
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = topology;
+        self.inner.fencing.done.notify_one();
+    }
+
+    /// Gives up this node's writer identity `incarnation` after a target refused its login
+    /// (a user missing, or created under another cluster secret): it is fenced like a failed
+    /// member's, so that its units writing to fenced targets move, and the leader provisions
+    /// the next incarnation, whose user it creates on every fenced target. `Ok(false)`: that
+    /// identity is not this node's current one any more (nothing to do).
+    pub async fn abandon_writer_identity(&self, incarnation: u64) -> Result<bool> {
+        let current = self
+            .inner
+            .shared
+            .read()
+            .state
+            .identities
+            .get(&self.inner.id)
+            .is_some_and(|i| i.incarnation == incarnation && !i.fenced);
+        if !current {
+            return Ok(false);
+        }
+        let cmd = ControlCommand::FenceMember {
+            node: self.inner.id,
+            incarnation,
+        };
+        let (_, response) = self.inner.write(&cmd).await?;
+        Ok(matches!(response, ControlResponse::Done))
     }
 
     /// Until when this node may write downstream; `None` when it holds no valid lease. Check

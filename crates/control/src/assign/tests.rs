@@ -306,16 +306,39 @@ fn with_identity(s: &mut ControlState, node: NodeId, incarnation: u64) {
     let cmd = ControlCommand::SetWriterIdentity {
         node,
         incarnation,
-        password: "pw".into(),
+        password: String::new(),
     };
     s.apply(3, &cmd);
 }
 
-fn fencing(live: &[NodeId], unresponsive: &[NodeId]) -> Liveness {
+/// Flow `f` writes to the fenced target `t`.
+fn topology() -> FenceTopology {
+    FenceTopology::new([("f".to_owned(), Some("t".to_owned()))])
+}
+
+/// Every current identity of `s`, ensured on every fenced target of `topology`.
+fn all_ensured(s: &ControlState, topology: &FenceTopology) -> BTreeSet<(String, NodeId, u64)> {
+    let targets = topology.fenced_targets();
+    s.identities
+        .iter()
+        .flat_map(|(node, i)| {
+            targets
+                .iter()
+                .map(move |t| ((*t).to_owned(), *node, i.incarnation))
+        })
+        .collect()
+}
+
+/// A fencing round over `s` with flow `f` into the fenced target `t`, every identity ensured.
+fn fencing_over(s: &ControlState, live: &[NodeId], unresponsive: &[NodeId]) -> Liveness {
+    let topology = topology();
     Liveness {
         live: live.iter().copied().collect(),
         fencing: true,
         unresponsive: unresponsive.iter().copied().collect(),
+        ensured: all_ensured(s, &topology),
+        topology,
+        renewal_seen: renewals_seen(s),
         ..Liveness::default()
     }
 }
@@ -329,17 +352,36 @@ fn granted_to(cmds: &[ControlCommand]) -> BTreeSet<NodeId> {
         .collect()
 }
 
+fn fence_member(node: NodeId, incarnation: u64) -> ControlCommand {
+    ControlCommand::FenceMember { node, incarnation }
+}
+
+fn new_identity(node: NodeId, incarnation: u64) -> ControlCommand {
+    ControlCommand::SetWriterIdentity {
+        node,
+        incarnation,
+        password: String::new(),
+    }
+}
+
+fn revokes(work: &FenceWork) -> Vec<(NodeId, u64, &str)> {
+    work.revoke
+        .iter()
+        .map(|(n, i, t)| (*n, *i, t.as_str()))
+        .collect()
+}
+
 #[test]
 fn with_fencing_only_members_with_a_writer_identity_get_units() {
     let mut s = state(&[1, 2, 3], 6);
     with_identity(&mut s, 1, 1);
     with_identity(&mut s, 2, 1);
-    let lease = fencing(&[1, 2, 3], &[]);
+    let lease = fencing_over(&s, &[1, 2, 3], &[]);
     check!(granted_to(&plan(&s, &lease)) == BTreeSet::from([1, 2]));
-    // Member 3 gets an identity provisioned first; 1 and 2 need nothing.
+    // Member 3 gets an identity first; 1 and 2 need nothing.
     let work = fence_work(&s, &lease);
-    check!(work.provision == vec![(3, 1)]);
-    check!(work.fence.is_empty());
+    check!(work.commands == vec![new_identity(3, 1)]);
+    check!(work.revoke.is_empty());
     // Without fencing nobody needs one.
     let plain = Liveness {
         live: BTreeSet::from([1, 2, 3]),
@@ -350,6 +392,23 @@ fn with_fencing_only_members_with_a_writer_identity_get_units() {
 }
 
 #[test]
+fn a_unit_writing_to_a_fenced_target_goes_only_to_members_whose_user_exists_there() {
+    let mut s = state(&[1, 2], 4);
+    with_identity(&mut s, 1, 1);
+    with_identity(&mut s, 2, 1);
+    let mut lease = fencing_over(&s, &[1, 2], &[]);
+    lease.ensured.retain(|(_, node, _)| *node == 1);
+    check!(granted_to(&plan(&s, &lease)) == BTreeSet::from([1]));
+    // The leader is asked to make sure of member 2's user on `t`.
+    let work = fence_work(&s, &lease);
+    check!(work.ensure == vec![(2, 1, "t".to_owned())]);
+    // A unit of a flow writing to an unfenced target needs no user.
+    lease.topology = FenceTopology::new([("f".to_owned(), None)]);
+    check!(granted_to(&plan(&s, &lease)) == BTreeSet::from([1, 2]));
+    check!(fence_work(&s, &lease).ensure.is_empty());
+}
+
+#[test]
 fn with_fencing_a_failed_owner_is_fenced_instead_of_revoked() {
     let mut s = state(&[1, 2], 4);
     with_identity(&mut s, 1, 3);
@@ -357,46 +416,180 @@ fn with_fencing_a_failed_owner_is_fenced_instead_of_revoked() {
     let mut index = 10;
     converge(&mut s, &BTreeSet::from([1, 2]), &mut index);
     // Member 1 stopped renewing: its lease is still alive, but it is unresponsive.
-    let lease = fencing(&[1, 2], &[1]);
+    let lease = fencing_over(&s, &[1, 2], &[1]);
     let cmds = plan(&s, &lease);
     check!(!cmds
         .iter()
         .any(|c| matches!(c, ControlCommand::Revoke { .. })));
     check!(granted_to(&cmds).is_empty());
     let work = fence_work(&s, &lease);
-    check!(work.fence == vec![(1, 3)]);
     check!(
-        work.provision.is_empty(),
-        "an unresponsive member gets no new identity"
+        work.commands == vec![fence_member(1, 3)],
+        "decided; an unresponsive member gets no new identity"
     );
-    // Decided: member 1 stops writing, but its units wait for the targets' acknowledgement,
+    check!(
+        work.revoke.is_empty(),
+        "no revoke before the decision is applied"
+    );
+    // Decided: member 1 stops writing, but its units wait for the target's acknowledgement,
     // and the fence is carried on (by this or a later leader) until then.
-    s.apply(
-        50,
-        &ControlCommand::FenceMember {
-            node: 1,
-            incarnation: 3,
-        },
-    );
+    s.apply(50, &fence_member(1, 3));
     check!(granted_to(&plan(&s, &lease)).is_empty());
-    let back = fencing(&[1, 2], &[]);
-    check!(fence_work(&s, &back).fence == vec![(1, 3)]);
-    check!(fence_work(&s, &back).provision.is_empty());
+    let back = fencing_over(&s, &[1, 2], &[]);
+    check!(revokes(&fence_work(&s, &back)) == vec![(1, 3, "t")]);
+    check!(fence_work(&s, &back).commands.is_empty());
     check!(!plan(&s, &back)
         .iter()
         .any(|c| matches!(c, ControlCommand::RequestRelease { .. })));
-    // Acknowledged: its units are free and go to member 2; member 1, back and responsive,
-    // gets incarnation 4.
+    // Acknowledged: its units are free and go to member 2; the identity is revoked on every
+    // target, so member 1, back and responsive, gets incarnation 4.
+    s.apply(51, &ControlCommand::fence_target(1, 3, "t", &["f"]));
+    check!(granted_to(&plan(&s, &lease)) == BTreeSet::from([2]));
+    let work = fence_work(&s, &back);
+    check!(
+        work.commands
+            == vec![ControlCommand::IdentityRevoked {
+                node: 1,
+                incarnation: 3
+            }]
+    );
+    check!(work.revoke.is_empty());
     s.apply(
-        51,
-        &ControlCommand::FenceAcknowledged {
+        52,
+        &ControlCommand::IdentityRevoked {
             node: 1,
             incarnation: 3,
         },
     );
-    check!(granted_to(&plan(&s, &lease)) == BTreeSet::from([2]));
-    check!(fence_work(&s, &back).provision == vec![(1, 4)]);
+    check!(fence_work(&s, &back).commands == vec![new_identity(1, 4)]);
     check!(!granted_to(&plan(&s, &back)).contains(&1));
+}
+
+/// Members 1 and 2 (identities 1) own flow `a` (into fenced `eu`), `b` (into fenced `ap`) and
+/// `c` (into an unfenced target), two units each, member 1 the first of each flow.
+fn three_flows() -> (ControlState, FenceTopology) {
+    let mut s = state(&[1, 2], 0);
+    with_identity(&mut s, 1, 1);
+    with_identity(&mut s, 2, 1);
+    let units = |flow: &str| (0..2).map(|p| WorkUnit::new(flow, "s", "t", p)).collect();
+    let mut index = 4;
+    for flow in ["a", "b", "c"] {
+        let units: Vec<WorkUnit> = units(flow);
+        index += 1;
+        s.apply(
+            index,
+            &ControlCommand::ReportUnits {
+                flow: flow.into(),
+                units: units.clone(),
+            },
+        );
+        for (unit, node) in units.into_iter().zip([1, 2]) {
+            index += 1;
+            s.apply(index, &ControlCommand::Grant { unit, node });
+        }
+    }
+    let topology = FenceTopology::new([
+        ("a".to_owned(), Some("eu".to_owned())),
+        ("b".to_owned(), Some("ap".to_owned())),
+        ("c".to_owned(), None),
+    ]);
+    (s, topology)
+}
+
+fn owned_by(s: &ControlState, node: NodeId) -> BTreeSet<String> {
+    s.units
+        .iter()
+        .filter(|(_, r)| r.owner == Some(node))
+        .map(|(u, _)| format!("{}{}", u.flow, u.partition))
+        .collect()
+}
+
+#[test]
+fn a_target_that_does_not_acknowledge_holds_back_only_the_units_writing_to_it() {
+    let (mut s, topology) = three_flows();
+    s.apply(30, &fence_member(1, 1));
+    let lease = Liveness {
+        topology: topology.clone(),
+        ensured: all_ensured(&s, &topology),
+        ..fencing_over(&s, &[1, 2], &[1])
+    };
+    // Both fenced targets are asked; `ap` does not answer, `eu` does.
+    check!(revokes(&fence_work(&s, &lease)) == vec![(1, 1, "ap"), (1, 1, "eu")]);
+    s.apply(31, &ControlCommand::fence_target(1, 1, "eu", &["a"]));
+    check!(owned_by(&s, 1) == BTreeSet::from(["b0".into(), "c0".into()]));
+    let cmds = plan(&s, &lease);
+    let granted: Vec<&WorkUnit> = cmds
+        .iter()
+        .filter_map(|c| match c {
+            ControlCommand::Grant { unit, node: 2 } => Some(unit),
+            _ => None,
+        })
+        .collect();
+    check!(granted == vec![&WorkUnit::new("a", "s", "t", 0)]);
+    // Still revoking on `ap`; not revoked everywhere, so no new identity either.
+    let work = fence_work(&s, &lease);
+    check!(revokes(&work) == vec![(1, 1, "ap")]);
+    check!(work.commands.is_empty());
+}
+
+#[test]
+fn units_writing_to_an_unfenced_target_move_on_the_lease_alone() {
+    let (mut s, topology) = three_flows();
+    s.apply(30, &fence_member(1, 1));
+    s.apply(31, &ControlCommand::fence_target(1, 1, "eu", &["a"]));
+    s.apply(32, &ControlCommand::fence_target(1, 1, "ap", &["b"]));
+    // Fenced on both targets, but its lease is still alive: the unit writing to the unfenced
+    // target stays with member 1, neither revoked nor granted (two writers could reach it).
+    check!(owned_by(&s, 1) == BTreeSet::from(["c0".into()]));
+    let lease = Liveness {
+        topology: topology.clone(),
+        ensured: all_ensured(&s, &topology),
+        ..fencing_over(&s, &[1, 2], &[1])
+    };
+    let moves_c = |cmds: &[ControlCommand]| {
+        cmds.iter().any(|c| match c {
+            ControlCommand::Revoke { unit, .. } | ControlCommand::Grant { unit, .. } => {
+                unit.flow == "c" && unit.partition == 0
+            }
+            _ => false,
+        })
+    };
+    check!(!moves_c(&plan(&s, &lease)));
+    // Its lease expired: revoked, guarded by the renewal the leader saw.
+    let expired = Liveness {
+        live: BTreeSet::from([2]),
+        ..lease
+    };
+    check!(moves_c(&plan(&s, &expired)));
+    check!(
+        fence_work(&s, &expired).commands
+            == vec![ControlCommand::IdentityRevoked {
+                node: 1,
+                incarnation: 1
+            }]
+    );
+}
+
+#[test]
+fn a_target_added_to_the_config_is_fenced_and_provisioned_too() {
+    let (mut s, topology) = three_flows();
+    // The config had only `a` into `eu`: member 1 was fenced and acknowledged there.
+    s.apply(30, &fence_member(1, 1));
+    s.apply(31, &ControlCommand::fence_target(1, 1, "eu", &["a"]));
+    let lease = Liveness {
+        topology: topology.clone(),
+        ensured: BTreeSet::from([("eu".to_owned(), 2, 1)]),
+        ..fencing_over(&s, &[1, 2], &[1])
+    };
+    // Now `b` writes to `ap`: the fence must reach it, and member 2 needs a user there
+    // before it gets a unit of `b`.
+    let work = fence_work(&s, &lease);
+    check!(revokes(&work) == vec![(1, 1, "ap")]);
+    check!(work.ensure == vec![(2, 1, "ap".to_owned())]);
+    s.apply(32, &ControlCommand::fence_target(1, 1, "ap", &["b"]));
+    check!(!plan(&s, &lease)
+        .iter()
+        .any(|c| matches!(c, ControlCommand::Grant { unit, .. } if unit.flow == "b")));
 }
 
 #[test]
@@ -404,15 +597,20 @@ fn with_fencing_a_member_in_grace_or_owning_nothing_is_not_fenced() {
     let mut s = state(&[1, 2], 0);
     with_identity(&mut s, 1, 1);
     with_identity(&mut s, 2, 1);
-    check!(fence_work(&s, &fencing(&[2], &[1])).fence.is_empty());
+    let decided = |w: FenceWork| {
+        w.commands
+            .iter()
+            .any(|c| matches!(c, ControlCommand::FenceMember { .. }))
+    };
+    check!(!decided(fence_work(&s, &fencing_over(&s, &[2], &[1]))));
     s.apply(4, &report(2));
     let mut index = 10;
     converge(&mut s, &BTreeSet::from([1, 2]), &mut index);
-    let mut lease = fencing(&[2], &[]);
+    let mut lease = fencing_over(&s, &[2], &[]);
     lease.grace = BTreeSet::from([1]);
-    check!(fence_work(&s, &lease).fence.is_empty());
+    check!(!decided(fence_work(&s, &lease)));
     lease.grace.clear();
-    check!(fence_work(&s, &lease).fence == vec![(1, 1)]);
+    check!(fence_work(&s, &lease).commands == vec![fence_member(1, 1)]);
 }
 
 #[test]
@@ -421,8 +619,8 @@ fn the_next_incarnation_is_above_every_stale_one() {
     with_identity(&mut s, 1, 5);
     s.apply(4, &ControlCommand::RemoveMember { node: 1 });
     s.apply(5, &register(1));
-    let work = fence_work(&s, &fencing(&[1], &[]));
-    check!(work.provision == vec![(1, 6)]);
+    let work = fence_work(&s, &fencing_over(&s, &[1], &[]));
+    check!(work.commands == vec![new_identity(1, 6)]);
     check!(work.retire == vec![(1, 5)]);
     // Retired, its user stays on the targets: the next incarnation is still above it.
     s.apply(
@@ -432,8 +630,8 @@ fn the_next_incarnation_is_above_every_stale_one() {
             incarnation: 5,
         },
     );
-    let work = fence_work(&s, &fencing(&[1], &[]));
-    check!(work.provision == vec![(1, 6)]);
+    let work = fence_work(&s, &fencing_over(&s, &[1], &[]));
+    check!(work.commands == vec![new_identity(1, 6)]);
     check!(work.retire.is_empty());
 }
 

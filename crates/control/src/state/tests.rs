@@ -2,6 +2,7 @@ use assert2::{check, let_assert};
 use replicator_model::UnitCounters;
 
 use super::*;
+use crate::identity::test_passwords;
 
 fn unit(p: u32) -> WorkUnit {
     WorkUnit::new("f", "s", "t", p)
@@ -347,25 +348,45 @@ fn acknowledged(node: NodeId, incarnation: u64) -> ControlCommand {
     ControlCommand::FenceAcknowledged { node, incarnation }
 }
 
+fn revoked(node: NodeId, incarnation: u64) -> ControlCommand {
+    ControlCommand::IdentityRevoked { node, incarnation }
+}
+
 #[test]
 fn a_writer_identity_is_replaced_only_once_fenced_and_only_upwards() {
     let mut s = setup();
-    check!(s.writer_login(1).is_none());
+    check!(s.writer_login(1, &test_passwords()).is_none());
     check!(s.apply(20, &identity(1, 1)) == ControlResponse::Done);
-    let_assert!(Some(login) = s.writer_login(1));
+    let_assert!(Some(login) = s.writer_login(1, &test_passwords()));
     check!(login.incarnation == 1);
-    check!(login.password == "pw1");
+    check!(
+        login.password == "pw1",
+        "an older leader's stored password is kept"
+    );
     // Never over an identity that still has its rights.
     check!(s.apply(21, &identity(1, 2)) == ControlResponse::Ignored(Rejection::IdentityInUse));
     check!(s.apply(22, &identity(9, 1)) == ControlResponse::Ignored(Rejection::UnknownMember));
     check!(s.apply(23, &fence(1, 1)) == ControlResponse::Done);
-    check!(s.writer_login(1).is_none());
+    check!(s.writer_login(1, &test_passwords()).is_none());
     check!(s.apply(24, &identity(1, 1)) == ControlResponse::Ignored(Rejection::StaleIncarnation));
     // Fenced but not yet revoked on the targets: still in use.
     check!(s.apply(24, &identity(1, 2)) == ControlResponse::Ignored(Rejection::IdentityInUse));
-    check!(s.apply(24, &acknowledged(1, 1)) == ControlResponse::Done);
-    check!(s.apply(25, &identity(1, 2)) == ControlResponse::Done);
-    check!(s.writer_login(1).map(|l| l.incarnation) == Some(2));
+    check!(s.apply(24, &ControlCommand::fence_target(1, 1, "t", &["f"])) == ControlResponse::Done);
+    check!(s.apply(24, &identity(1, 2)) == ControlResponse::Ignored(Rejection::IdentityInUse));
+    check!(s.apply(24, &revoked(1, 1)) == ControlResponse::Done);
+    let derived = ControlCommand::SetWriterIdentity {
+        node: 1,
+        incarnation: 2,
+        password: String::new(),
+    };
+    check!(s.apply(25, &derived) == ControlResponse::Done);
+    let_assert!(Some(login) = s.writer_login(1, &test_passwords()));
+    check!(login.incarnation == 2);
+    check!(login.password == test_passwords().password(1, 2));
+    check!(
+        s.target_revokes.is_empty(),
+        "the old identity's acknowledgements go with it"
+    );
     // The replaced identity waits for its user to be deleted.
     check!(s.stale_identities == BTreeSet::from([(1, 1)]));
     let forget = ControlCommand::ForgetIdentity {
@@ -380,7 +401,57 @@ fn a_writer_identity_is_replaced_only_once_fenced_and_only_upwards() {
 }
 
 #[test]
-fn fencing_a_member_takes_all_its_units_and_refuses_its_next_renewal() {
+fn a_targets_acknowledgement_takes_only_the_units_writing_there() {
+    let mut s = setup();
+    s.apply(11, &grant(1, 1));
+    s.apply(12, &identity(1, 4));
+    let report_g = ControlCommand::ReportUnits {
+        flow: "g".into(),
+        units: vec![WorkUnit::new("g", "s", "t", 0)],
+    };
+    s.apply(13, &report_g);
+    s.apply(
+        14,
+        &ControlCommand::Grant {
+            unit: WorkUnit::new("g", "s", "t", 0),
+            node: 1,
+        },
+    );
+    check!(s.assignments_of(1).len() == 3);
+    // Needs the decision first, and the current incarnation.
+    check!(
+        s.apply(15, &ControlCommand::fence_target(1, 4, "eu", &["f"]))
+            == ControlResponse::Ignored(Rejection::StaleIncarnation)
+    );
+    s.apply(16, &fence(1, 4));
+    check!(
+        s.apply(17, &ControlCommand::fence_target(1, 3, "eu", &["f"]))
+            == ControlResponse::Ignored(Rejection::StaleIncarnation)
+    );
+    check!(s.unrevoked_on(1, "eu"));
+    check!(s.apply(18, &ControlCommand::fence_target(1, 4, "eu", &["f"])) == ControlResponse::Done);
+    check!(!s.unrevoked_on(1, "eu"));
+    check!(s.unrevoked_on(1, "ap"));
+    let left: Vec<String> = s
+        .assignments_of(1)
+        .into_iter()
+        .map(|a| a.unit.flow)
+        .collect();
+    check!(left == vec!["g".to_owned()]);
+    check!(
+        s.apply(19, &ControlCommand::RenewLease { node: 1 })
+            == ControlResponse::Renewed {
+                revoked_since_previous: true
+            }
+    );
+    // Revoked everywhere: no unit moves with it, and it is no longer unrevoked anywhere.
+    check!(s.apply(20, &revoked(1, 4)) == ControlResponse::Done);
+    check!(s.assignments_of(1).len() == 1);
+    check!(!s.unrevoked_on(1, "ap"));
+}
+
+#[test]
+fn an_earlier_versions_fence_acknowledgement_still_takes_all_units() {
     let mut s = setup();
     s.apply(11, &grant(1, 1));
     s.apply(12, &grant(2, 2));
@@ -393,7 +464,7 @@ fn fencing_a_member_takes_all_its_units_and_refuses_its_next_renewal() {
     check!(s.assignments_of(1).len() == 2);
     // The decision alone stops the node's writes but leaves its units where they are.
     check!(s.apply(15, &fence(1, 4)) == ControlResponse::Done);
-    check!(s.writer_login(1).is_none());
+    check!(s.writer_login(1, &test_passwords()).is_none());
     check!(s.assignments_of(1).len() == 2);
     // The member renewed after the leader decided: the fence applies anyway (the targets
     // already refuse the identity).

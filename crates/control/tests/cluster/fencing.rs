@@ -1,29 +1,28 @@
 //! Fencing at the targets, seen from the control plane: a recording `WriterFence` stands in for
-//! the Iggy clusters (the Iggy side is tested in the binary's process tests).
+//! the Iggy clusters (the Iggy side is tested in the binary's process tests). Flow `f` writes
+//! to the fenced target `eu`, flow `g` to the fenced target `ap`.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use replicator_control::{FenceFuture, Fencing, WriterFence};
+use replicator_control::{FenceFuture, FenceTopology, Fencing, WriterFence};
 use replicator_model::{NodeId, WorkUnit, WriterLogin};
 
 use crate::util::*;
 
-/// What happened on the "targets", in order.
+/// What happened on the "targets", in order: (target, node, incarnation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Event {
-    Provisioned(NodeId, u64),
-    Revoked(NodeId, u64),
-    Retired(NodeId, u64),
+    Ensured(String, NodeId, u64),
+    Revoked(String, NodeId, u64),
 }
 
 #[derive(Default)]
 struct RecordingFence {
     events: Mutex<Vec<Event>>,
-    /// While set, every revoke fails (a target that is down).
-    refuse_revokes: AtomicBool,
+    /// Targets that refuse every operation (down).
+    down: Mutex<BTreeSet<String>>,
 }
 
 impl RecordingFence {
@@ -31,68 +30,97 @@ impl RecordingFence {
         self.events.lock().expect("not poisoned").clone()
     }
 
-    fn record(&self, e: Event) {
+    fn position(&self, e: &Event) -> Option<usize> {
+        self.events().iter().position(|x| x == e)
+    }
+
+    fn set_down(&self, target: &str, down: bool) {
+        let mut set = self.down.lock().expect("not poisoned");
+        if down {
+            set.insert(target.to_owned());
+        } else {
+            set.remove(target);
+        }
+    }
+
+    fn answer(&self, target: &str, e: Event) -> Result<(), String> {
+        if self.down.lock().expect("not poisoned").contains(target) {
+            return Err(format!("{target} unreachable"));
+        }
         self.events.lock().expect("not poisoned").push(e);
+        Ok(())
     }
 }
 
 impl WriterFence for RecordingFence {
-    fn provision<'a>(&'a self, login: &'a WriterLogin) -> FenceFuture<'a, ()> {
-        Box::pin(async move {
-            self.record(Event::Provisioned(login.node, login.incarnation));
-            Ok(())
-        })
+    fn ensure<'a>(&'a self, target: &'a str, login: &'a WriterLogin) -> FenceFuture<'a, ()> {
+        let e = Event::Ensured(target.to_owned(), login.node, login.incarnation);
+        Box::pin(async move { self.answer(target, e) })
     }
 
-    fn revoke(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, ()> {
-        Box::pin(async move {
-            if self.refuse_revokes.load(Ordering::SeqCst) {
-                return Err("target unreachable".to_owned());
-            }
-            self.record(Event::Revoked(node, incarnation));
-            Ok(())
-        })
-    }
-
-    fn retire(&self, node: NodeId, incarnation: u64) -> FenceFuture<'_, ()> {
-        Box::pin(async move {
-            self.record(Event::Retired(node, incarnation));
-            Ok(())
-        })
+    fn revoke<'a>(
+        &'a self,
+        target: &'a str,
+        node: NodeId,
+        incarnation: u64,
+    ) -> FenceFuture<'a, ()> {
+        let e = Event::Revoked(target.to_owned(), node, incarnation);
+        Box::pin(async move { self.answer(target, e) })
     }
 }
 
+fn topology(flows: &[(&str, &str)]) -> FenceTopology {
+    FenceTopology::new(
+        flows
+            .iter()
+            .map(|(flow, target)| ((*flow).to_owned(), Some((*target).to_owned()))),
+    )
+}
+
+/// Three fenced nodes, six units of `f` and six of `g`, four per node.
 async fn fenced_cluster(
-    refuse: bool,
+    down: &[&str],
 ) -> Result<(TestCluster, NodeId, Arc<RecordingFence>), Box<dyn std::error::Error + Send + Sync>> {
     let fence = Arc::new(RecordingFence::default());
-    fence.refuse_revokes.store(refuse, Ordering::SeqCst);
     let fencing = Fencing {
         fence: fence.clone(),
-        every_target_fenced: true,
+        topology: topology(&[("f", "eu"), ("g", "ap")]),
     };
     let cluster = TestCluster::start_fenced(3, fast_timing(), fencing).await?;
     let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
     cluster.report_units(leader, 6).await?;
     cluster
-        .wait_owners("two units each", leader, |o| {
-            o.len() == 6 && (1..=3).all(|id| owned_by(o, id) == 2)
+        .node(leader)
+        .report_units("g", units("g", 6))
+        .await?;
+    cluster
+        .wait_owners("four units each", leader, |o| {
+            o.len() == 12 && (1..=3).all(|id| owned_by(o, id, "f") + owned_by(o, id, "g") == 4)
         })
         .await?;
+    for target in down {
+        fence.set_down(target, true);
+    }
     Ok((cluster, leader, fence))
 }
 
-fn owned_by(owners: &BTreeMap<WorkUnit, Option<NodeId>>, node: NodeId) -> usize {
-    owners.values().filter(|o| **o == Some(node)).count()
+fn owned_by(owners: &BTreeMap<WorkUnit, Option<NodeId>>, node: NodeId, flow: &str) -> usize {
+    owners
+        .iter()
+        .filter(|(u, o)| u.flow == flow && **o == Some(node))
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn units_go_only_to_members_with_an_identity_and_a_dead_owner_is_fenced_first() -> TestResult
-{
-    let (mut cluster, leader, fence) = fenced_cluster(false).await?;
-    // Every member was given incarnation 1 before it got anything.
+async fn units_go_only_to_members_with_a_user_and_a_dead_owner_is_fenced_first() -> TestResult {
+    let (mut cluster, leader, fence) = fenced_cluster(&[]).await?;
+    // Every member's incarnation 1 got its user on both targets before any unit.
     for id in 1..=3 {
-        assert!(fence.events().contains(&Event::Provisioned(id, 1)));
+        for target in ["eu", "ap"] {
+            assert!(fence
+                .position(&Event::Ensured(target.into(), id, 1))
+                .is_some());
+        }
         let login = cluster.node(id).writer_login().borrow().clone();
         assert2::check!(login.map(|l| l.incarnation) == Some(1));
     }
@@ -100,15 +128,19 @@ async fn units_go_only_to_members_with_an_identity_and_a_dead_owner_is_fenced_fi
     cluster.crash(victim).await;
     cluster
         .wait_owners("the dead member's units moved", leader, |o| {
-            owned_by(o, victim) == 0 && o.values().all(Option::is_some)
+            o.values().all(|owner| owner.is_some_and(|n| n != victim))
         })
         .await?;
-    assert!(fence.events().contains(&Event::Revoked(victim, 1)));
+    for target in ["eu", "ap"] {
+        assert!(fence
+            .position(&Event::Revoked(target.into(), victim, 1))
+            .is_some());
+    }
     let status = cluster.node(leader).status().await?;
     let member = status.members.iter().find(|m| m.id == victim);
     assert2::check!(member.is_some_and(|m| m.fenced && m.writer_incarnation == Some(1)));
 
-    // Back, it writes only as a new incarnation; the old one is retired.
+    // Back, it writes only as a new incarnation, whose users exist before it gets units.
     cluster.restart(victim).await?;
     wait_until(
         "the member is back as incarnation 2",
@@ -123,47 +155,107 @@ async fn units_go_only_to_members_with_an_identity_and_a_dead_owner_is_fenced_fi
         },
     )
     .await?;
-    wait_until("incarnation 1 retired", Duration::from_secs(10), || {
-        fence.events().contains(&Event::Retired(victim, 1))
-    })
+    wait_until(
+        "incarnation 2 ensured on both targets",
+        Duration::from_secs(10),
+        || {
+            ["eu", "ap"].iter().all(|t| {
+                fence
+                    .position(&Event::Ensured((*t).into(), victim, 2))
+                    .is_some()
+            })
+        },
+    )
     .await?;
-    let events = fence.events();
-    let revoked = events.iter().position(|e| *e == Event::Revoked(victim, 1));
-    let reprovisioned = events
-        .iter()
-        .position(|e| *e == Event::Provisioned(victim, 2));
-    assert!(revoked < reprovisioned, "{events:?}");
+    let revoked = fence.position(&Event::Revoked("eu".into(), victim, 1));
+    let ensured = fence.position(&Event::Ensured("eu".into(), victim, 2));
+    assert!(revoked < ensured, "{:?}", fence.events());
     cluster.shutdown().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_revoke_the_targets_do_not_acknowledge_blocks_only_the_dead_members_units() -> TestResult
+async fn a_target_that_does_not_acknowledge_holds_back_only_the_units_writing_to_it() -> TestResult
 {
-    let (mut cluster, leader, fence) = fenced_cluster(true).await?;
-    let victim = follower_of(leader);
+    let (mut cluster, leader, fence) = fenced_cluster(&["ap"]).await?;
+    // A follower owning units of both flows.
     let before = cluster.owners(leader).await?;
+    let victim = [1, 2, 3]
+        .into_iter()
+        .find(|id| {
+            *id != leader && owned_by(&before, *id, "f") > 0 && owned_by(&before, *id, "g") > 0
+        })
+        .ok_or("no follower owns units of both flows")?;
+    let held = owned_by(&before, victim, "g");
     cluster.crash(victim).await;
+    // `eu` acknowledged: the dead member's units of `f` moved; those of `g` wait for `ap`.
     cluster
-        .wait_metrics("fence attempts fail and are retried", leader, |m| {
+        .wait_owners("the dead member's units of f moved", leader, |o| {
+            owned_by(o, victim, "f") == 0
+                && o.iter()
+                    .filter(|(u, _)| u.flow == "f")
+                    .all(|(_, n)| n.is_some())
+        })
+        .await?;
+    cluster
+        .wait_metrics("the revoke on ap fails and is retried", leader, |m| {
             m.fence_failures >= 3 && m.fences_pending == 1
         })
         .await?;
-    // Its units stay with it (nobody else may write them), the others keep theirs.
     let now = cluster.owners(leader).await?;
-    assert2::check!(now == before);
+    assert2::check!(owned_by(&now, victim, "g") == held);
     let status = cluster.node(leader).status().await?;
-    assert2::check!(status.fences_pending == 1);
     assert!(status
         .fence_error
-        .is_some_and(|e| e.contains("target unreachable")));
-    // The target is back: the fence goes through and the units move.
-    fence.refuse_revokes.store(false, Ordering::SeqCst);
+        .is_some_and(|e| e.contains("ap unreachable")));
+    // `ap` is back: the fence goes through there too and the rest moves.
+    fence.set_down("ap", false);
     cluster
-        .wait_owners("the dead member's units moved", leader, |o| {
-            owned_by(o, victim) == 0 && o.values().all(Option::is_some)
+        .wait_owners("the dead member's units of g moved", leader, |o| {
+            o.values().all(|owner| owner.is_some_and(|n| n != victim))
         })
         .await?;
+    cluster.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_added_by_a_reload_gets_every_identitys_user_before_its_units_move() -> TestResult
+{
+    let (cluster, leader, fence) = fenced_cluster(&["na"]).await?;
+    // Flow `h` into the new target `na`, which does not answer yet.
+    for id in 1..=3 {
+        cluster
+            .node(id)
+            .set_fence_topology(topology(&[("f", "eu"), ("g", "ap"), ("h", "na")]));
+    }
+    cluster
+        .node(leader)
+        .report_units("h", units("h", 3))
+        .await?;
+    cluster
+        .wait_metrics("the users on na are attempted", leader, |m| {
+            m.fence_failures >= 3
+        })
+        .await?;
+    let now = cluster.owners(leader).await?;
+    assert2::check!(now
+        .iter()
+        .filter(|(u, _)| u.flow == "h")
+        .all(|(_, o)| o.is_none()));
+    fence.set_down("na", false);
+    cluster
+        .wait_owners("the units of h are granted", leader, |o| {
+            o.iter()
+                .filter(|(u, _)| u.flow == "h")
+                .all(|(_, n)| n.is_some())
+        })
+        .await?;
+    for id in 1..=3 {
+        assert!(fence
+            .position(&Event::Ensured("na".into(), id, 1))
+            .is_some());
+    }
     cluster.shutdown().await;
     Ok(())
 }
