@@ -24,7 +24,7 @@ pub use admin::{
 use crate::command::{ControlCommand, ControlResponse, Rejection};
 use crate::error::{Error, Result};
 use crate::log_store::LogStore;
-use crate::network::auth::{ReplayGuard, Signer};
+use crate::network::auth::{InboundGuard, Signer};
 use crate::network::client::{NetworkFactory, PeerClient};
 use crate::network::{paths, FaultSwitch, ManageRequest};
 use crate::node::{self, BatchRequest, Counters, NodeInner};
@@ -120,7 +120,7 @@ impl Control {
             peers,
             fault,
             signer: Signer::new(&secret),
-            replay: ReplayGuard::new(),
+            inbound: InboundGuard::new(node_id),
             timing: timing.clone(),
             raft_addr: raft_addr.to_string(),
             api_addr,
@@ -444,6 +444,7 @@ impl Control {
                     .inner
                     .peers
                     .call::<(), ClusterStatus>(
+                        l,
                         &addr,
                         paths::STATUS,
                         &(),
