@@ -19,7 +19,7 @@ use crate::assign;
 use crate::command::{ControlCommand, ControlResponse, Rejection};
 use crate::error::{Error, Result};
 use crate::lease::{owner_lease_until, LeaderView};
-use crate::network::auth::{ReplayGuard, Signer};
+use crate::network::auth::{InboundGuard, Signer};
 use crate::network::client::PeerClient;
 use crate::network::{paths, FaultSwitch, ManageRequest, WriteReply};
 use crate::params::ControlTiming;
@@ -76,8 +76,9 @@ pub(crate) struct NodeInner {
     pub(crate) fault: Arc<FaultSwitch>,
     /// Verifies the signature of inbound RPCs (keyed with the cluster secret).
     pub(crate) signer: Signer,
-    /// Refuses inbound RPCs replayed within the signature's validity.
-    pub(crate) replay: ReplayGuard,
+    /// This run of the RPC server (node id, boot id) and its nonce record: refuses inbound
+    /// RPCs signed for another node or run, and replays within the signature's validity.
+    pub(crate) inbound: InboundGuard,
     /// Timing values.
     pub(crate) timing: ControlTiming,
     /// Advertised Raft address.
@@ -294,10 +295,10 @@ impl NodeInner {
                         // and index-guarded, or idempotent).
                         Routed::Write(cmd) => {
                             let attempt = remaining.min(self.timing.rpc_timeout);
-                            self.peers.call(&addr, paths::WRITE, cmd, attempt).await
+                            self.peers.call(l, &addr, paths::WRITE, cmd, attempt).await
                         }
                         Routed::Manage(m) => {
-                            self.peers.call(&addr, paths::MANAGE, m, remaining).await
+                            self.peers.call(l, &addr, paths::MANAGE, m, remaining).await
                         }
                     };
                     sent.unwrap_or_else(|e| WriteReply::Failed {

@@ -35,7 +35,7 @@ pub(crate) async fn run_bootstrap(node: Arc<NodeInner>) {
         {
             match node
                 .peers
-                .call::<(), PingReply>(addr, paths::PING, &(), node.timing.rpc_timeout)
+                .call::<(), PingReply>(*id, addr, paths::PING, &(), node.timing.rpc_timeout)
                 .await
             {
                 Ok(p) => {

@@ -25,7 +25,7 @@ use crate::command::{ControlCommand, ControlResponse, Rejection};
 use crate::error::{Error, Result};
 use crate::identity::WriterPasswords;
 use crate::log_store::LogStore;
-use crate::network::auth::{ReplayGuard, Signer};
+use crate::network::auth::{InboundGuard, Signer};
 use crate::network::client::{NetworkFactory, PeerClient};
 use crate::network::{paths, FaultSwitch, ManageRequest};
 use crate::node::{self, BatchRequest, Counters, NodeInner};
@@ -121,7 +121,7 @@ impl Control {
             peers,
             fault,
             signer: Signer::new(&secret),
-            replay: ReplayGuard::new(),
+            inbound: InboundGuard::new(node_id),
             timing: timing.clone(),
             raft_addr: raft_addr.to_string(),
             api_addr,
@@ -487,6 +487,7 @@ impl Control {
                     .inner
                     .peers
                     .call::<(), ClusterStatus>(
+                        l,
                         &addr,
                         paths::STATUS,
                         &(),

@@ -1,23 +1,65 @@
 //! Request authentication between members without sending the cluster secret: every request
-//! carries an HMAC-SHA256 of its path, a timestamp, a nonce and its body, keyed with the
-//! secret; the receiver refuses a wrong MAC, a timestamp outside [`MAX_CLOCK_SKEW`] of its own
-//! clock, and a (timestamp, nonce) it has already accepted (a replay).
+//! carries an HMAC-SHA256, keyed with the secret, of its path, its receiver (node id and boot
+//! id), a timestamp, a nonce and its body. The receiver refuses a wrong MAC, a request signed
+//! for another node or for another run of itself, a timestamp outside [`MAX_CLOCK_SKEW`] of
+//! its own clock, and a (timestamp, nonce) it has already accepted.
 //!
 //! Why not the secret itself in a header (as before): anyone who could read one request on
 //! the wire could then join the Raft group. With a MAC a captured request is worth at most a
-//! replay, which the nonce record refuses. Confidentiality of the bodies and authentication
-//! of the answers need TLS.
+//! replay, and every replay is refused:
+//! - to the node it was sent to, in the same run: by that run's nonce record
+//!   ([`ReplayGuard`]);
+//! - to another node: the MAC names the receiver's node id;
+//! - to the same node after it restarted, whose nonce record lives in memory and starts
+//!   empty: the MAC names the receiver's *boot id*, a random number every run of the server
+//!   draws at start ([`BootId`]), so a request signed for one run is refused by every later
+//!   one. (A record kept on disk instead would cost a write per request.)
+//!
+//! Confidentiality of the bodies and authentication of the answers need TLS.
+//!
+//! # Learning a receiver's boot id
+//! A sender cannot know a receiver's boot id before it asks. A request that is valid but
+//! signed for another boot id (or for [`BootId::UNKNOWN`], what a sender signs for before it
+//! knows one; no run draws it) or another node id is answered `409 Conflict` with
+//! [`RECEIVER_HEADER`] naming the receiver's node id and current boot id. The sender
+//! remembers it per peer address and sends the request once more, signed for it
+//! (`client::PeerClient`). So the first request to a peer, and the first one after the peer
+//! restarted, costs one more round trip; nothing else changes.
+//!
+//! That answer is not authenticated, only the requests are. Whoever can forge it (someone on
+//! the path, without TLS) can make a sender sign its one retry for a wrong node or boot id:
+//! the real receiver refuses that retry and the call fails, a denial of service the same
+//! party could cause by dropping the packets. It cannot make a receiver accept anything:
+//! acceptance depends on the receiver's own node id and boot id and on a MAC that needs the
+//! secret. Nor can it prepare a replay by making senders sign for a boot id it chose: a later
+//! run of the receiver would have to draw that same number (1 in 2^64). The boot id is no
+//! secret (every request carries it in clear), only the name of one run's nonce record, and
+//! it is answered only to a request whose MAC is valid.
+//!
+//! # Wire format and versions
+//! [`AUTH_HEADER`] is `v2 <receiver node id> <receiver boot id> <unix millis> <nonce> <mac>`
+//! (boot id and nonce 16 hex digits, the MAC 64), the MAC over [`message`]. The `v1` header
+//! of earlier versions, which names no receiver, is refused ([`AuthError::Version1`]):
+//! accepting it would reopen both replays above. A member signing `v1` and a member of this
+//! version refuse each other's requests, so a cluster crosses this change by stopping every
+//! member and then starting them all on the new version (README, "Upgrading"); a rolling
+//! upgrade stalls at the first upgraded member, which never finds a leader.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use replicator_model::NodeId;
 use ring::hmac;
 
 use crate::params::ClusterSecret;
 
-/// Header carrying `v1 <unix millis> <nonce hex> <mac hex>`.
+/// Header carrying `v2 <node id> <boot id> <unix millis> <nonce> <mac>` (see the module docs).
 pub(crate) const AUTH_HEADER: &str = "x-replicator-auth";
+
+/// Header of a `409` answer to a request signed for another receiver: the answering
+/// [`Receiver`], `<node id> <boot id>`.
+pub(crate) const RECEIVER_HEADER: &str = "x-replicator-receiver";
 
 /// How far a request's timestamp may be from the receiver's wall clock. Members' clocks must
 /// agree within it (NTP does far better); the lease logic itself never compares wall clocks.
@@ -27,18 +69,104 @@ pub(crate) const MAX_CLOCK_SKEW: Duration = Duration::from_secs(300);
 /// 1,000 requests a second a ten-minute window needs 600,000.
 const MAX_REMEMBERED: usize = 1 << 20;
 
+/// One run of a server process: drawn at random when the server starts, so that a request
+/// signed for one run is refused by every later run of the same node, whose nonce record
+/// cannot know what the earlier run accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct BootId(pub(crate) u64);
+
+impl BootId {
+    /// What a sender signs for before it knows the receiver's boot id; never drawn, so
+    /// always refused, with the current boot id in the answer.
+    pub(crate) const UNKNOWN: BootId = BootId(0);
+
+    /// A fresh random boot id, never [`Self::UNKNOWN`].
+    pub(crate) fn draw() -> Self {
+        loop {
+            let id = BootId(rand::random());
+            if id != Self::UNKNOWN {
+                return id;
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for BootId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// The receiver a request is signed for: a node, in one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Receiver {
+    /// The receiving node.
+    pub(crate) node: NodeId,
+    /// The run of its server the request is meant for.
+    pub(crate) boot: BootId,
+}
+
+impl Receiver {
+    /// The value of [`RECEIVER_HEADER`]: `<node id> <boot id>`.
+    pub(crate) fn to_header(self) -> String {
+        format!("{} {}", self.node, self.boot)
+    }
+
+    /// Reads a [`RECEIVER_HEADER`] value; `None` when it is not `<node id> <boot id>`.
+    pub(crate) fn from_header(value: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(value).ok()?;
+        let (node, boot) = text.split_once(' ')?;
+        Some(Receiver {
+            node: node.parse().ok()?,
+            boot: BootId(u64::from_str_radix(boot, 16).ok()?),
+        })
+    }
+}
+
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum AuthError {
     /// No authentication header.
     #[error("no authentication header")]
     Missing,
-    /// The header is not `v1 <millis> <nonce> <mac>`.
+    /// A `v1` header: a member of an older version, whose requests name no receiver.
+    #[error(
+        "v1 authentication header (a member of an older version; v1 names no receiver and is \
+         refused: stop every member and start them all on this version)"
+    )]
+    Version1,
+    /// The header is not `v2 <node> <boot> <millis> <nonce> <mac>`.
     #[error("malformed authentication header")]
     Malformed,
     /// The MAC does not match: another secret, or a changed request.
     #[error("wrong signature (another cluster secret?)")]
     BadSignature,
+    /// Signed for another node: sent to the wrong address, or replayed from another node's
+    /// traffic.
+    #[error("addressed to node {to}, this is node {this}")]
+    OtherNode {
+        /// The node the request is signed for.
+        to: NodeId,
+        /// This node.
+        this: NodeId,
+    },
+    /// Signed before the sender learnt this run's boot id (the first request to this run).
+    #[error(
+        "signed for an unknown run of this node (the sender has not learnt boot id {current} yet)"
+    )]
+    UnknownRun {
+        /// This run's boot id.
+        current: BootId,
+    },
+    /// Signed for another run of this node: the sender knows only an earlier run, or the
+    /// request was captured before this node restarted and is being replayed.
+    #[error("signed for an earlier run of this node (boot id {signed}, this run is {current})")]
+    EarlierRun {
+        /// The boot id the request is signed for.
+        signed: BootId,
+        /// This run's boot id.
+        current: BootId,
+    },
     /// The timestamp is too far from this node's clock.
     #[error("timestamp {skew_ms} ms away from this node's clock")]
     Stale {
@@ -48,6 +176,21 @@ pub(crate) enum AuthError {
     /// This exact request was accepted before.
     #[error("replayed request")]
     Replayed,
+}
+
+impl AuthError {
+    /// Whether the request was signed correctly but for another receiver, so that the server
+    /// answers with its own [`Receiver`] (`409`, [`RECEIVER_HEADER`]) for the sender to sign
+    /// again. Unknown and earlier runs are routine: every first contact, and the first
+    /// request from each peer after this node restarted.
+    pub(crate) fn is_other_receiver(&self) -> bool {
+        matches!(
+            self,
+            AuthError::OtherNode { .. }
+                | AuthError::UnknownRun { .. }
+                | AuthError::EarlierRun { .. }
+        )
+    }
 }
 
 /// A verified request's stamp.
@@ -71,11 +214,19 @@ impl std::fmt::Debug for Signer {
     }
 }
 
-fn message(path: &str, stamp: Stamp, body: &[u8]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(64 + path.len() + body.len());
-    m.extend_from_slice(b"iggy-replicator rpc v1\n");
+/// What the MAC covers. Every field but the body has a fixed format without newlines (the
+/// path is one of ours), so no two requests share a message.
+fn message(path: &str, to: Receiver, stamp: Stamp, body: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(96 + path.len() + body.len());
+    m.extend_from_slice(b"iggy-replicator rpc v2\n");
     m.extend_from_slice(path.as_bytes());
-    m.extend_from_slice(format!("\n{}\n{:016x}\n", stamp.millis, stamp.nonce).as_bytes());
+    m.extend_from_slice(
+        format!(
+            "\n{}\n{}\n{}\n{:016x}\n",
+            to.node, to.boot, stamp.millis, stamp.nonce
+        )
+        .as_bytes(),
+    );
     m.extend_from_slice(body);
     m
 }
@@ -108,28 +259,38 @@ impl Signer {
         }
     }
 
-    /// The header value for a request to `path` with `body`, stamped `stamp`.
-    pub(crate) fn sign(&self, path: &str, body: &[u8], stamp: Stamp) -> String {
-        let tag = hmac::sign(&self.key, &message(path, stamp, body));
+    /// The header value for a request to `path` with `body`, for `to`, stamped `stamp`.
+    pub(crate) fn sign(&self, path: &str, body: &[u8], to: Receiver, stamp: Stamp) -> String {
+        let tag = hmac::sign(&self.key, &message(path, to, stamp, body));
         format!(
-            "v1 {} {:016x} {}",
+            "v2 {} {} {} {:016x} {}",
+            to.node,
+            to.boot,
             stamp.millis,
             stamp.nonce,
             hex(tag.as_ref())
         )
     }
 
-    /// Checks the header of a request to `path` with `body` (the MAC in constant time).
+    /// Checks the header of a request to `path` with `body` (the MAC in constant time);
+    /// returns the receiver the request is signed for and its stamp, which the caller still
+    /// has to check.
     pub(crate) fn verify(
         &self,
         path: &str,
         body: &[u8],
         header: Option<&[u8]>,
-    ) -> Result<Stamp, AuthError> {
+    ) -> Result<(Receiver, Stamp), AuthError> {
         let header = header.ok_or(AuthError::Missing)?;
         let text = std::str::from_utf8(header).map_err(|_| AuthError::Malformed)?;
         let mut parts = text.split(' ');
-        let (Some("v1"), Some(millis), Some(nonce), Some(mac), None) = (
+        let version = parts.next();
+        if version == Some("v1") {
+            return Err(AuthError::Version1);
+        }
+        let (Some("v2"), Some(node), Some(boot), Some(millis), Some(nonce), Some(mac), None) = (
+            version,
+            parts.next(),
             parts.next(),
             parts.next(),
             parts.next(),
@@ -138,29 +299,84 @@ impl Signer {
         ) else {
             return Err(AuthError::Malformed);
         };
+        let hex64 = |text: &str| u64::from_str_radix(text, 16).map_err(|_| AuthError::Malformed);
+        let to = Receiver {
+            node: node.parse().map_err(|_| AuthError::Malformed)?,
+            boot: BootId(hex64(boot)?),
+        };
         let stamp = Stamp {
             millis: millis.parse().map_err(|_| AuthError::Malformed)?,
-            nonce: u64::from_str_radix(nonce, 16).map_err(|_| AuthError::Malformed)?,
+            nonce: hex64(nonce)?,
         };
         let mac = unhex(mac).ok_or(AuthError::Malformed)?;
-        hmac::verify(&self.key, &message(path, stamp, body), &mac)
+        hmac::verify(&self.key, &message(path, to, stamp, body), &mac)
             .map_err(|_| AuthError::BadSignature)?;
-        Ok(stamp)
+        Ok((to, stamp))
     }
 }
 
-/// What the server does with every inbound request before decoding it: the signature must
-/// match and the stamp must be fresh and new.
-pub(crate) fn authenticate(
-    signer: &Signer,
-    replay: &ReplayGuard,
-    path: &str,
-    body: &[u8],
-    header: Option<&[u8]>,
-    now_millis: u64,
-) -> Result<(), AuthError> {
-    let stamp = signer.verify(path, body, header)?;
-    replay.admit(stamp, now_millis)
+/// What a server checks every inbound request against before decoding it: the signature,
+/// that it is signed for this node and this run, and that its stamp is fresh and new. One per
+/// run of a server: its boot id names its nonce record, which is why they live and die
+/// together.
+pub(crate) struct InboundGuard {
+    me: Receiver,
+    replay: ReplayGuard,
+}
+
+impl InboundGuard {
+    /// A new run of `node`'s server, with a fresh boot id and an empty nonce record.
+    pub(crate) fn new(node: NodeId) -> Self {
+        Self::with(
+            Receiver {
+                node,
+                boot: BootId::draw(),
+            },
+            ReplayGuard::new(),
+        )
+    }
+
+    fn with(me: Receiver, replay: ReplayGuard) -> Self {
+        Self { me, replay }
+    }
+
+    /// This run, as requests must name it.
+    pub(crate) fn me(&self) -> Receiver {
+        self.me
+    }
+
+    /// Accepts a request to `path` with `body` and `header` once, if it is signed with the
+    /// secret for this node and run and stamped within [`MAX_CLOCK_SKEW`] of `now_millis`.
+    /// The receiver is checked before the stamp, so a request for another run is answered
+    /// with this run's boot id (and retried) even when it is stale, and is never recorded.
+    pub(crate) fn authenticate(
+        &self,
+        signer: &Signer,
+        path: &str,
+        body: &[u8],
+        header: Option<&[u8]>,
+        now_millis: u64,
+    ) -> Result<(), AuthError> {
+        let (to, stamp) = signer.verify(path, body, header)?;
+        if to.node != self.me.node {
+            return Err(AuthError::OtherNode {
+                to: to.node,
+                this: self.me.node,
+            });
+        }
+        if to.boot == BootId::UNKNOWN {
+            return Err(AuthError::UnknownRun {
+                current: self.me.boot,
+            });
+        }
+        if to.boot != self.me.boot {
+            return Err(AuthError::EarlierRun {
+                signed: to.boot,
+                current: self.me.boot,
+            });
+        }
+        self.replay.admit(stamp, now_millis)
+    }
 }
 
 /// Remembers accepted stamps for as long as they could be replayed.
@@ -229,45 +445,75 @@ mod tests {
     }
 
     const T: u64 = 1_800_000_000_000;
+    const BOOT_A: BootId = BootId(0xa1a1_a1a1_a1a1_a1a1);
+    const BOOT_B: BootId = BootId(0xb2b2_b2b2_b2b2_b2b2);
 
     /// The stamp of a request sent at `millis` with `nonce`.
     fn at(millis: u64, nonce: u64) -> Stamp {
         Stamp { millis, nonce }
     }
 
+    /// Node `node` in the run `boot`.
+    fn node(node: NodeId, boot: BootId) -> Receiver {
+        Receiver { node, boot }
+    }
+
+    /// The server of `node` in the run `boot`, with a fresh nonce record.
+    fn server(id: NodeId, boot: BootId) -> InboundGuard {
+        InboundGuard::with(node(id, boot), ReplayGuard::new())
+    }
+
     #[test]
     fn a_signed_request_verifies_and_the_secret_is_not_in_it() {
         let s = signer("hunter2-hunter2");
         let stamp = at(T, 42);
-        let header = s.sign("/raft/append", b"body", stamp);
+        let header = s.sign("/raft/append", b"body", node(2, BOOT_A), stamp);
         check!(!header.contains("hunter2"));
-        check!(s.verify("/raft/append", b"body", Some(header.as_bytes())) == Ok(stamp));
+        check!(header.starts_with("v2 2 a1a1a1a1a1a1a1a1 1800000000000 000000000000002a "));
+        check!(
+            s.verify("/raft/append", b"body", Some(header.as_bytes()))
+                == Ok((node(2, BOOT_A), stamp))
+        );
     }
 
     #[test]
-    fn another_secret_path_body_or_stamp_is_refused() {
+    fn another_secret_path_body_stamp_or_receiver_is_refused() {
         let s = signer("secret-one");
         let stamp = at(T, 7);
-        let header = s.sign("/raft/vote", b"body", stamp);
+        let header = s.sign("/raft/vote", b"body", node(2, BOOT_A), stamp);
         let h = Some(header.as_bytes());
         check!(
             signer("secret-two").verify("/raft/vote", b"body", h) == Err(AuthError::BadSignature)
         );
         check!(s.verify("/raft/append", b"body", h) == Err(AuthError::BadSignature));
         check!(s.verify("/raft/vote", b"bodY", h) == Err(AuthError::BadSignature));
-        let moved = header.replacen(&T.to_string(), &(T + 1).to_string(), 1);
-        check!(
-            s.verify("/raft/vote", b"body", Some(moved.as_bytes())) == Err(AuthError::BadSignature)
-        );
+        // The stamp and the receiver in clear cannot be changed without the MAC noticing.
+        let edits = [
+            (T.to_string(), (T + 1).to_string()),
+            ("v2 2 ".to_string(), "v2 3 ".to_string()),
+            (BOOT_A.to_string(), BOOT_B.to_string()),
+        ];
+        for (from, to) in edits {
+            let moved = header.replacen(&from, &to, 1);
+            check!(moved != header);
+            check!(
+                s.verify("/raft/vote", b"body", Some(moved.as_bytes()))
+                    == Err(AuthError::BadSignature),
+                "{moved}"
+            );
+        }
         check!(s.verify("/raft/vote", b"body", None) == Err(AuthError::Missing));
         for bad in [
             "",
-            "v1",
-            "v2 1 2 3",
-            "v1 x 2 ab",
-            "v1 1 zz ab",
-            "v1 1 2 abc",
-            "v1 1 2 ab extra",
+            "v2",
+            "v3 2 1 1 2 ab",
+            "v2 x 1 1 2 ab",
+            "v2 2 zz 1 2 ab",
+            "v2 2 1 x 2 ab",
+            "v2 2 1 1 zz ab",
+            "v2 2 1 1 2 abc",
+            "v2 2 1 1 2 ab extra",
+            "v2 1 2 ab",
         ] {
             check!(
                 s.verify("/raft/vote", b"body", Some(bad.as_bytes())) == Err(AuthError::Malformed),
@@ -277,27 +523,130 @@ mod tests {
     }
 
     #[test]
-    fn a_captured_request_cannot_be_replayed_nor_forged_with_another_secret() {
-        let ours = signer("cluster-secret-1");
-        let guard = ReplayGuard::new();
-        let stamp = at(T, 99);
-        let header = ours.sign("/control/write", b"cmd", stamp);
-        let h = Some(header.as_bytes());
-        check!(authenticate(&ours, &guard, "/control/write", b"cmd", h, T + 5) == Ok(()));
+    fn a_v1_header_from_an_older_member_is_refused_and_says_so() {
+        // What a member of the previous version sends: no receiver in it, so it could be
+        // replayed to any node and to any run; refused whatever its MAC.
+        let s = signer("secret-one");
+        let v1 = format!("v1 {T} 000000000000002a {}", "00".repeat(32));
+        let refused = s.verify("/raft/vote", b"body", Some(v1.as_bytes()));
+        check!(refused == Err(AuthError::Version1));
+        check!(refused.unwrap_err().to_string().contains("older version"));
+    }
+
+    #[test]
+    fn a_request_signed_for_node_2_is_refused_at_node_3() {
+        let s = signer("cluster-secret-1");
+        let node3 = server(3, BOOT_A);
+        let header = s.sign("/control/write", b"cmd", node(2, BOOT_A), at(T, 1));
+        let refused = node3.authenticate(&s, "/control/write", b"cmd", Some(header.as_bytes()), T);
+        check!(refused == Err(AuthError::OtherNode { to: 2, this: 3 }));
+        let refused = refused.unwrap_err();
+        check!(refused.to_string() == "addressed to node 2, this is node 3");
+        check!(refused.is_other_receiver());
+        // Node 2 itself takes it.
+        let node2 = server(2, BOOT_A);
         check!(
-            authenticate(&ours, &guard, "/control/write", b"cmd", h, T + 10)
+            node2.authenticate(&s, "/control/write", b"cmd", Some(header.as_bytes()), T) == Ok(())
+        );
+    }
+
+    #[test]
+    fn a_request_signed_for_boot_a_is_refused_in_boot_b_and_before_the_boot_id_is_known() {
+        let s = signer("cluster-secret-1");
+        let run_b = server(2, BOOT_B);
+        let for_a = s.sign("/raft/append", b"entries", node(2, BOOT_A), at(T, 1));
+        let refused = run_b.authenticate(&s, "/raft/append", b"entries", Some(for_a.as_bytes()), T);
+        check!(
+            refused
+                == Err(AuthError::EarlierRun {
+                    signed: BOOT_A,
+                    current: BOOT_B
+                })
+        );
+        check!(refused
+            .unwrap_err()
+            .to_string()
+            .contains("signed for an earlier run of this node"));
+        // A first contact: the sender signs for the unknown boot id and learns the current one.
+        let first = s.sign(
+            "/raft/append",
+            b"entries",
+            node(2, BootId::UNKNOWN),
+            at(T, 2),
+        );
+        let refused = run_b.authenticate(&s, "/raft/append", b"entries", Some(first.as_bytes()), T);
+        check!(refused == Err(AuthError::UnknownRun { current: BOOT_B }));
+        check!(refused.is_err_and(|e| e.is_other_receiver()));
+        // Signed again for the boot id in the answer: accepted.
+        let again = s.sign("/raft/append", b"entries", run_b.me(), at(T, 3));
+        check!(
+            run_b.authenticate(&s, "/raft/append", b"entries", Some(again.as_bytes()), T) == Ok(())
+        );
+    }
+
+    #[test]
+    fn a_fresh_run_refuses_a_request_captured_by_the_previous_one() {
+        let s = signer("cluster-secret-1");
+        let before = InboundGuard::new(2);
+        let captured = s.sign("/control/write", b"cmd", before.me(), at(T, 5));
+        let h = Some(captured.as_bytes());
+        check!(before.authenticate(&s, "/control/write", b"cmd", h, T + 10) == Ok(()));
+        check!(
+            before.authenticate(&s, "/control/write", b"cmd", h, T + 20)
                 == Err(AuthError::Replayed)
         );
-        let theirs = signer("cluster-secret-2").sign("/control/write", b"cmd", at(T, 100));
+        // Node 2 restarts: its nonce record is empty, but the request names the old run.
+        let after = InboundGuard::new(2);
+        check!(after.me().node == 2);
+        check!(after.me().boot != before.me().boot);
         check!(
-            authenticate(
-                &ours,
-                &guard,
-                "/control/write",
-                b"cmd",
-                Some(theirs.as_bytes()),
-                T
-            ) == Err(AuthError::BadSignature)
+            after.authenticate(&s, "/control/write", b"cmd", h, T + 30)
+                == Err(AuthError::EarlierRun {
+                    signed: before.me().boot,
+                    current: after.me().boot
+                })
+        );
+    }
+
+    #[test]
+    fn a_drawn_boot_id_is_never_the_unknown_one_and_runs_differ() {
+        let drawn: HashSet<BootId> = (0..1000).map(|_| BootId::draw()).collect();
+        check!(drawn.len() == 1000);
+        check!(!drawn.contains(&BootId::UNKNOWN));
+    }
+
+    #[test]
+    fn the_receiver_header_round_trips_and_refuses_garbage() {
+        let me = node(7, BOOT_A);
+        check!(me.to_header() == "7 a1a1a1a1a1a1a1a1");
+        check!(Receiver::from_header(me.to_header().as_bytes()) == Some(me));
+        for bad in ["", "7", "7 zz", "x a1", "7 a1 extra", "7  a1"] {
+            check!(Receiver::from_header(bad.as_bytes()) == None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_captured_request_cannot_be_replayed_nor_forged_with_another_secret() {
+        let ours = signer("cluster-secret-1");
+        let node2 = server(2, BOOT_A);
+        let header = ours.sign("/control/write", b"cmd", node2.me(), at(T, 99));
+        let h = Some(header.as_bytes());
+        check!(node2.authenticate(&ours, "/control/write", b"cmd", h, T + 5) == Ok(()));
+        check!(
+            node2.authenticate(&ours, "/control/write", b"cmd", h, T + 10)
+                == Err(AuthError::Replayed)
+        );
+        let theirs =
+            signer("cluster-secret-2").sign("/control/write", b"cmd", node2.me(), at(T, 100));
+        check!(
+            node2.authenticate(&ours, "/control/write", b"cmd", Some(theirs.as_bytes()), T)
+                == Err(AuthError::BadSignature)
+        );
+        // A stale request for this run is refused as stale, not answered with the boot id.
+        let old = ours.sign("/control/write", b"cmd", node2.me(), at(T - 300_001, 101));
+        check!(
+            node2.authenticate(&ours, "/control/write", b"cmd", Some(old.as_bytes()), T)
+                == Err(AuthError::Stale { skew_ms: 300_001 })
         );
     }
 

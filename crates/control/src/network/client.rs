@@ -1,9 +1,12 @@
-//! Outbound RPCs: a shared reqwest client that signs every request, and openraft's network
-//! factory on top of it.
+//! Outbound RPCs: a shared reqwest client that signs every request for its receiver (learning
+//! each peer's boot id as `auth` describes), and openraft's network factory on top of it.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
@@ -18,7 +21,7 @@ use replicator_model::NodeId;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::auth::{now_millis, Signer, Stamp, AUTH_HEADER};
+use super::auth::{now_millis, BootId, Receiver, Signer, Stamp, AUTH_HEADER, RECEIVER_HEADER};
 use super::{paths, FaultSwitch};
 use crate::command::{decode, encode};
 use crate::params::ClusterSecret;
@@ -26,7 +29,7 @@ use crate::tls::TlsConfigs;
 use crate::{MemberNode, TypeConfig};
 
 /// Why an RPC got no answer.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum CallError {
     /// Connecting or sending failed, or the request timed out.
     #[error("unreachable: {0}")]
@@ -34,9 +37,23 @@ pub(crate) enum CallError {
     /// The test fault switch cut this node off.
     #[error("network cut by fault switch")]
     Isolated,
-    /// The peer refused the request's signature (another cluster secret, or clocks apart).
-    #[error("peer refused the request's signature (cluster secret or clock)")]
+    /// The peer refused the request's signature (another cluster secret, clocks apart, or a
+    /// member of an older version, which refuses `v2` signatures).
+    #[error("peer refused the request's signature (cluster secret, clock, or an older version)")]
     Unauthorized,
+    /// The address serves another node than the one the request was for (a moved address,
+    /// or a misconfiguration).
+    #[error("the peer at this address is node {found}, not node {expected}")]
+    WrongNode {
+        /// The node the request was for.
+        expected: NodeId,
+        /// The node that answered.
+        found: NodeId,
+    },
+    /// The peer refused the retry too, as signed for another run of it: it restarted again
+    /// in between, or its answers are tampered with.
+    #[error("peer refused the request twice as signed for another run of it (restarting?)")]
+    OtherRun,
     /// The peer answered with another non-success status.
     #[error("peer answered http {0}")]
     Status(u16),
@@ -61,6 +78,38 @@ pub(crate) struct PeerClient {
     scheme: &'static str,
     signer: Signer,
     fault: Arc<FaultSwitch>,
+    /// Per peer address, the receiver it last named in a `409` answer: requests to that
+    /// node are signed for that boot id until the peer names another.
+    receivers: Arc<Mutex<HashMap<String, Receiver>>>,
+}
+
+/// What a peer answered, when it answered at all.
+enum Answer {
+    /// `200`, with this body.
+    Ok(Bytes),
+    /// `409`: the request was signed for another receiver; the peer's own, if readable.
+    OtherReceiver(Option<Receiver>),
+}
+
+/// The receiver to sign the next attempt for, after a request signed for `sent` was refused
+/// as signed for another receiver and the peer named `answered` (`None`: no readable
+/// [`RECEIVER_HEADER`]); `retried` says whether that was already the second attempt. One
+/// retry, for the same node only: the answer is not authenticated, and trusting it costs at
+/// most this call (see `auth`, "Learning a receiver's boot id").
+fn after_other_receiver(
+    sent: Receiver,
+    answered: Option<Receiver>,
+    retried: bool,
+) -> Result<Receiver, CallError> {
+    match answered {
+        None => Err(CallError::Status(409)),
+        Some(peer) if peer.node != sent.node => Err(CallError::WrongNode {
+            expected: sent.node,
+            found: peer.node,
+        }),
+        Some(peer) if retried || peer.boot == sent.boot => Err(CallError::OtherRun),
+        Some(peer) => Ok(peer),
+    }
 }
 
 /// The HTTP client for peer RPCs; with `tls` it presents this node's certificate and trusts
@@ -102,6 +151,7 @@ impl PeerClient {
             scheme: if tls.is_some() { "https" } else { "http" },
             signer: Signer::new(secret),
             fault,
+            receivers: Arc::default(),
         })
     }
 
@@ -118,26 +168,90 @@ impl PeerClient {
         }
     }
 
-    /// POSTs `req` to `addr` + `path` and decodes the answer.
+    /// POSTs `req` to node `target` at `addr` + `path` and decodes the answer.
     pub(crate) async fn call<Q: Serialize, A: DeserializeOwned>(
         &self,
+        target: NodeId,
         addr: &str,
         path: &str,
         req: &Q,
         timeout: Duration,
     ) -> Result<A, CallError> {
         let body = encode("rpc request", req).map_err(|e| CallError::Codec(e.to_string()))?;
-        self.call_encoded(addr, path, body, timeout).await
+        self.call_encoded(target, addr, path, body, timeout).await
     }
 
-    /// [`Self::call`] with a body the caller encoded already (to know its size).
+    /// [`Self::call`] with a body the caller encoded already (to know its size). Signed for
+    /// the boot id last learnt from `addr`; when the peer answers with another one (its first
+    /// contact, or it restarted), sent once more signed for that, within the same `timeout`.
     pub(crate) async fn call_encoded<A: DeserializeOwned>(
         &self,
+        target: NodeId,
         addr: &str,
         path: &str,
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<A, CallError> {
+        let deadline = Instant::now() + timeout;
+        let body = Bytes::from(body);
+        let mut to = self.receiver_at(target, addr);
+        let mut retried = false;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(CallError::Unreachable(format!(
+                    "timed out before the retry signed for boot id {}",
+                    to.boot
+                )));
+            }
+            match self.send(addr, path, body.clone(), to, remaining).await? {
+                Answer::Ok(bytes) => {
+                    return decode("rpc reply", &bytes).map_err(|e| CallError::Codec(e.to_string()))
+                }
+                Answer::OtherReceiver(answered) => {
+                    if let Some(peer) = answered.filter(|peer| peer.node == target) {
+                        self.learn(addr, peer);
+                    }
+                    to = after_other_receiver(to, answered, retried)?;
+                    retried = true;
+                }
+            }
+        }
+    }
+
+    /// The receiver to sign a request to node `target` at `addr` for: the run that address
+    /// last named, if it is that node's; otherwise the unknown run, which the peer answers
+    /// with its boot id.
+    fn receiver_at(&self, target: NodeId, addr: &str) -> Receiver {
+        let receivers = self
+            .receivers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match receivers.get(addr) {
+            Some(known) if known.node == target => *known,
+            _ => Receiver {
+                node: target,
+                boot: BootId::UNKNOWN,
+            },
+        }
+    }
+
+    fn learn(&self, addr: &str, peer: Receiver) {
+        self.receivers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(addr.to_string(), peer);
+    }
+
+    /// One signed POST.
+    async fn send(
+        &self,
+        addr: &str,
+        path: &str,
+        body: Bytes,
+        to: Receiver,
+        timeout: Duration,
+    ) -> Result<Answer, CallError> {
         if self.fault.is_isolated() {
             return Err(CallError::Isolated);
         }
@@ -153,6 +267,7 @@ impl PeerClient {
                 self.signer.sign(
                     path,
                     &body,
+                    to,
                     Stamp {
                         millis: now_millis(),
                         nonce: rand::random(),
@@ -168,6 +283,13 @@ impl PeerClient {
         match resp.status().as_u16() {
             200 => {}
             401 => return Err(CallError::Unauthorized),
+            409 => {
+                let answered = resp
+                    .headers()
+                    .get(RECEIVER_HEADER)
+                    .and_then(|v| Receiver::from_header(v.as_bytes()));
+                return Ok(Answer::OtherReceiver(answered));
+            }
             other => return Err(CallError::Status(other)),
         }
         let bytes = resp
@@ -177,7 +299,7 @@ impl PeerClient {
         if self.fault.is_isolated() {
             return Err(CallError::Isolated);
         }
-        decode("rpc reply", &bytes).map_err(|e| CallError::Codec(e.to_string()))
+        Ok(Answer::Ok(bytes))
     }
 }
 
@@ -276,15 +398,17 @@ impl Connection {
         };
         let reply: Result<A, RaftError<NodeId, E>> = self
             .client
-            .call_encoded(&self.addr, path, body, timeout)
+            .call_encoded(self.target, &self.addr, path, body, timeout)
             .await
             .map_err(|e| match e {
-                CallError::Unreachable(_) | CallError::Isolated => {
+                // No such node at that address: back off as from a node that is down.
+                CallError::Unreachable(_) | CallError::Isolated | CallError::WrongNode { .. } => {
                     RPCError::Unreachable(Unreachable::new(&e))
                 }
-                CallError::Unauthorized | CallError::Status(_) | CallError::Codec(_) => {
-                    RPCError::Network(NetworkError::new(&e))
-                }
+                CallError::Unauthorized
+                | CallError::OtherRun
+                | CallError::Status(_)
+                | CallError::Codec(_) => RPCError::Network(NetworkError::new(&e)),
             })?;
         reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
@@ -342,6 +466,46 @@ mod tests {
     use assert2::check;
 
     use super::shrink_after_timeout;
+    use super::{after_other_receiver, BootId, CallError, Receiver};
+
+    const A: BootId = BootId(0xaaaa);
+    const B: BootId = BootId(0xbbbb);
+
+    fn node(node: u64, boot: BootId) -> Receiver {
+        Receiver { node, boot }
+    }
+
+    #[test]
+    fn a_request_refused_for_another_run_is_signed_again_once_for_the_run_the_peer_named() {
+        // First contact: signed for the unknown run, the peer names its own.
+        check!(
+            after_other_receiver(node(2, BootId::UNKNOWN), Some(node(2, A)), false)
+                == Ok(node(2, A))
+        );
+        // The peer restarted since: its new run.
+        check!(after_other_receiver(node(2, A), Some(node(2, B)), false) == Ok(node(2, B)));
+        // Refused again after the retry: it restarted once more, or someone feeds us boot
+        // ids. No third attempt.
+        check!(
+            after_other_receiver(node(2, B), Some(node(2, A)), true) == Err(CallError::OtherRun)
+        );
+        // Refused though signed for the run it names: nothing to gain from a retry.
+        check!(
+            after_other_receiver(node(2, A), Some(node(2, A)), false) == Err(CallError::OtherRun)
+        );
+    }
+
+    #[test]
+    fn a_refusal_from_another_node_or_without_a_receiver_ends_the_call() {
+        check!(
+            after_other_receiver(node(2, A), Some(node(3, B)), false)
+                == Err(CallError::WrongNode {
+                    expected: 2,
+                    found: 3
+                })
+        );
+        check!(after_other_receiver(node(2, A), None, false) == Err(CallError::Status(409)));
+    }
 
     #[test]
     fn a_timed_out_append_is_halved_until_it_is_one_entry() {

@@ -1,7 +1,10 @@
 //! The authenticated transport between nodes: HTTP POSTs with bincode bodies, served by axum
 //! (`server`) and sent with reqwest (`client`). Every request is signed with the cluster
-//! secret (`auth`: an HMAC of path, timestamp, nonce and body; the secret itself never
-//! travels); the server refuses a wrong signature, a stale timestamp or a replay (401, `warn`).
+//! secret for one receiver (`auth`: an HMAC of path, receiving node and its boot id,
+//! timestamp, nonce and body; the secret itself never travels). The server refuses a wrong
+//! signature, a stale timestamp or a replay (401, `warn`), and answers a request signed for
+//! another node or another run of itself with its own node and boot id (409), which the client
+//! learns and signs one retry for.
 //!
 //! Besides openraft's three RPCs the same channel carries writes forwarded from followers to
 //! the leader, membership changes, status queries and the bootstrap ping.

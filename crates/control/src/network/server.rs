@@ -1,6 +1,6 @@
 //! Inbound RPCs: an axum router over a pre-bound listener. Every handler first checks the
-//! fault switch and the request's signature (`auth`), then decodes the bincode body and
-//! answers in bincode.
+//! fault switch and the request's signature, receiver and stamp (`auth`), then decodes the
+//! bincode body and answers in bincode.
 
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::auth::{authenticate, now_millis, AUTH_HEADER};
+use super::auth::{now_millis, AuthError, Receiver, AUTH_HEADER, RECEIVER_HEADER};
 use super::{paths, ManageRequest, PingReply};
 use crate::command::{decode, encode, ControlCommand};
 use crate::node::NodeInner;
@@ -108,32 +108,65 @@ pub(crate) async fn serve_tls<F>(
     while connections.join_next().await.is_some() {}
 }
 
-/// Checks the fault switch, the signature and that the request is no replay; decodes the body.
+/// Checks the fault switch, the signature, the receiver and that the request is no replay;
+/// decodes the body. A request signed for another node or run is answered `409` with this
+/// run's [`Receiver`] in [`RECEIVER_HEADER`], for the sender to sign again (`auth`,
+/// "Learning a receiver's boot id"); the other refusals are `401`.
 fn admit<Q: DeserializeOwned>(
     node: &NodeInner,
     headers: &HeaderMap,
     body: &[u8],
     path: &'static str,
-) -> Result<Q, StatusCode> {
+) -> Result<Q, Refused> {
     if node.fault.is_isolated() {
-        return Err(StatusCode::SERVICE_UNAVAILABLE);
+        return Err(Refused::Status(StatusCode::SERVICE_UNAVAILABLE));
     }
-    let checked = authenticate(
+    let checked = node.inbound.authenticate(
         &node.signer,
-        &node.replay,
         path,
         body,
         headers.get(AUTH_HEADER).map(|v| v.as_bytes()),
         now_millis(),
     );
-    if let Err(reason) = checked {
-        tracing::warn!(node = %node.id, path, %reason, "refused an unauthenticated rpc");
-        return Err(StatusCode::UNAUTHORIZED);
+    match checked {
+        Ok(()) => {}
+        Err(reason) if reason.is_other_receiver() => {
+            if let AuthError::OtherNode { .. } = reason {
+                tracing::warn!(node = %node.id, path, %reason, "refused an rpc signed for another node");
+            } else {
+                // Routine: a peer's first request, or its first since this node restarted.
+                tracing::debug!(node = %node.id, path, %reason, "asked an rpc's sender to sign for this run");
+            }
+            return Err(Refused::OtherReceiver(node.inbound.me()));
+        }
+        Err(reason) => {
+            tracing::warn!(node = %node.id, path, %reason, "refused an unauthenticated rpc");
+            return Err(Refused::Status(StatusCode::UNAUTHORIZED));
+        }
     }
     decode(path, body).map_err(|e| {
         tracing::warn!(node = %node.id, path, error = %e, "undecodable rpc body");
-        StatusCode::BAD_REQUEST
+        Refused::Status(StatusCode::BAD_REQUEST)
     })
+}
+
+/// Why [`admit`] turned a request away.
+enum Refused {
+    /// Answered with this status alone.
+    Status(StatusCode),
+    /// Signed for another receiver: `409` naming this one.
+    OtherReceiver(Receiver),
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        match self {
+            Refused::Status(status) => status.into_response(),
+            Refused::OtherReceiver(me) => {
+                (StatusCode::CONFLICT, [(RECEIVER_HEADER, me.to_header())]).into_response()
+            }
+        }
+    }
 }
 
 fn reply<A: Serialize>(value: &A) -> Response {
@@ -146,7 +179,7 @@ fn reply<A: Serialize>(value: &A) -> Response {
 async fn append(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Bytes) -> Response {
     let req: AppendEntriesRequest<TypeConfig> = match admit(&node, &headers, &body, paths::APPEND) {
         Ok(r) => r,
-        Err(status) => return status.into_response(),
+        Err(refused) => return refused.into_response(),
     };
     reply(&node.raft.append_entries(req).await)
 }
@@ -154,7 +187,7 @@ async fn append(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: By
 async fn vote(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Bytes) -> Response {
     let req: VoteRequest<NodeId> = match admit(&node, &headers, &body, paths::VOTE) {
         Ok(r) => r,
-        Err(status) => return status.into_response(),
+        Err(refused) => return refused.into_response(),
     };
     reply(&node.raft.vote(req).await)
 }
@@ -163,7 +196,7 @@ async fn snapshot(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: 
     let req: InstallSnapshotRequest<TypeConfig> =
         match admit(&node, &headers, &body, paths::SNAPSHOT) {
             Ok(r) => r,
-            Err(status) => return status.into_response(),
+            Err(refused) => return refused.into_response(),
         };
     reply(&node.raft.install_snapshot(req).await)
 }
@@ -171,7 +204,7 @@ async fn snapshot(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: 
 async fn write(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Bytes) -> Response {
     let cmd: ControlCommand = match admit(&node, &headers, &body, paths::WRITE) {
         Ok(r) => r,
-        Err(status) => return status.into_response(),
+        Err(refused) => return refused.into_response(),
     };
     reply(&node.local_write(cmd).await)
 }
@@ -179,7 +212,7 @@ async fn write(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Byt
 async fn manage(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Bytes) -> Response {
     let req: ManageRequest = match admit(&node, &headers, &body, paths::MANAGE) {
         Ok(r) => r,
-        Err(status) => return status.into_response(),
+        Err(refused) => return refused.into_response(),
     };
     reply(&node.local_manage(req).await)
 }
@@ -187,7 +220,7 @@ async fn manage(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: By
 async fn status(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Bytes) -> Response {
     let (): () = match admit(&node, &headers, &body, paths::STATUS) {
         Ok(r) => r,
-        Err(status) => return status.into_response(),
+        Err(refused) => return refused.into_response(),
     };
     reply(&node.local_status())
 }
@@ -195,7 +228,7 @@ async fn status(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: By
 async fn ping(State(node): State<Arc<NodeInner>>, headers: HeaderMap, body: Bytes) -> Response {
     let (): () = match admit(&node, &headers, &body, paths::PING) {
         Ok(r) => r,
-        Err(status) => return status.into_response(),
+        Err(refused) => return refused.into_response(),
     };
     let initialized = node.raft.is_initialized().await.unwrap_or(false);
     reply(&PingReply {

@@ -136,9 +136,9 @@ async fn wrong_secret_is_rejected_and_such_a_node_never_joins() -> TestResult {
     assert2::check!(m.last_applied == None);
 
     // Raw requests: unsigned, or carrying the secret itself (the old scheme) instead of a
-    // signature, or a made-up signature: all refused. (Nodes 1 and 2 formed the cluster
-    // above, so correctly signed requests pass; replays are refused by the unit tests of
-    // `network::auth::authenticate`, which the server runs on every request.)
+    // signature, or a made-up signature in either header version: all refused. (Nodes 1 and
+    // 2 formed the cluster above, so correctly signed requests pass; replays are refused in
+    // `rpc_auth`.)
     let http = reqwest::Client::new();
     let url = format!("http://{}/control/ping", cluster.addrs[&1]);
     let none = http.post(&url).body(vec![]).send().await?;
@@ -150,13 +150,18 @@ async fn wrong_secret_is_rejected_and_such_a_node_never_joins() -> TestResult {
         .send()
         .await?;
     assert2::check!(secret_in_clear.status().as_u16() == 401);
-    let forged = http
-        .post(&url)
-        .header("x-replicator-auth", format!("v1 1 0 {}", "00".repeat(32)))
-        .body(vec![])
-        .send()
-        .await?;
-    assert2::check!(forged.status().as_u16() == 401);
+    for forged in [
+        format!("v1 1 0 {}", "00".repeat(32)),
+        format!("v2 1 {:016x} 1 0 {}", 7, "00".repeat(32)),
+    ] {
+        let forged = http
+            .post(&url)
+            .header("x-replicator-auth", forged)
+            .body(vec![])
+            .send()
+            .await?;
+        assert2::check!(forged.status().as_u16() == 401);
+    }
     intruder.shutdown().await;
     cluster.crash(1).await;
     cluster.shutdown().await;

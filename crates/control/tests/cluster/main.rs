@@ -6,5 +6,6 @@ mod basic;
 mod faults;
 mod fencing;
 mod membership;
+mod rpc_auth;
 mod stress;
 mod tls;
