@@ -146,6 +146,9 @@ impl WriterTargets {
     }
 }
 
+/// Least time between two identities one process gives up (see [`follow`]).
+const MIN_ABANDON_INTERVAL: Duration = Duration::from_secs(30);
+
 /// Follows this node's writer identity until `cancel`: every change swaps the fenced targets'
 /// connections and retires the old ones. When a fenced target refuses the current identity's
 /// login (its user is missing there, e.g. the target lost its data, or was created under
@@ -158,6 +161,7 @@ pub(crate) async fn follow<C: ControlPlane>(
 ) {
     let mut logins = control.writer_login();
     let mut applied: Option<Option<WriterLogin>> = None;
+    let mut last_abandoned: Option<std::time::Instant> = None;
     loop {
         let login = logins.borrow_and_update().clone();
         if applied.as_ref() != Some(&login) {
@@ -187,6 +191,16 @@ pub(crate) async fn follow<C: ControlPlane>(
             changed = logins.changed() => if changed.is_err() { break },
             () = targets.refused.notified() => {
                 let Some(Some(login)) = &applied else { continue };
+                // A target that keeps refusing every new identity (a misconfiguration) must not
+                // make this node burn through incarnations, each leaving a user behind.
+                if last_abandoned.is_some_and(|at| at.elapsed() < MIN_ABANDON_INTERVAL) {
+                    tracing::warn!(
+                        incarnation = login.incarnation,
+                        "a fenced target refused this node's writer login again; not giving another identity up yet"
+                    );
+                    continue;
+                }
+                last_abandoned = Some(std::time::Instant::now());
                 tracing::warn!(
                     incarnation = login.incarnation,
                     "a fenced target refused this node's writer login: giving the identity up for a new one"
