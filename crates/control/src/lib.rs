@@ -80,6 +80,7 @@ pub(crate) fn raft_config(timing: &ControlTiming) -> Result<openraft::Config> {
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(timing.snapshot_logs_since_last),
         max_in_snapshot_log_to_keep: timing.logs_to_keep_after_snapshot,
         install_snapshot_timeout: millis(timing.rpc_timeout),
+        snapshot_max_chunk_size: network::SNAPSHOT_CHUNK_BYTES,
         ..Default::default()
     }
     .validate()

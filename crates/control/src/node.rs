@@ -346,12 +346,25 @@ impl NodeInner {
         cmd: &ControlCommand,
         within: Duration,
     ) -> Result<(u64, ControlResponse)> {
+        Self::check_entry_size(cmd)?;
         self.route(Routed::Write(cmd), within).await
     }
 
     /// [`Self::write_within`] with the configured `write_timeout`.
     pub(crate) async fn write(&self, cmd: &ControlCommand) -> Result<(u64, ControlResponse)> {
         self.write_within(cmd, self.timing.write_timeout).await
+    }
+
+    /// Refuses a command too large to be replicated (see `MAX_ENTRY_BYTES`).
+    fn check_entry_size(cmd: &ControlCommand) -> Result<()> {
+        let bytes = crate::command::encode("command", cmd)?.len();
+        if bytes > crate::network::MAX_ENTRY_BYTES {
+            return Err(Error::InvalidParams(format!(
+                "a control-plane entry of {bytes} bytes is above the limit of {} (too many units in one flow?)",
+                crate::network::MAX_ENTRY_BYTES
+            )));
+        }
+        Ok(())
     }
 
     /// Runs a membership change at the leader.
@@ -819,6 +832,21 @@ mod tests {
             topic_created_at: 1,
             counters: replicator_model::UnitCounters::default(),
         }
+    }
+
+    #[test]
+    fn an_entry_too_large_to_replicate_is_refused_with_its_size() {
+        let report = |units: u32| ControlCommand::ReportUnits {
+            flow: "f".into(),
+            units: (0..units)
+                .map(|p| WorkUnit::new("f", &"s".repeat(1000), "t", p))
+                .collect(),
+        };
+        check!(NodeInner::check_entry_size(&report(1_000)).is_ok());
+        // About 1 KiB per unit: 40,000 units are above the 32 MiB limit.
+        let err = NodeInner::check_entry_size(&report(40_000)).unwrap_err();
+        check!(matches!(err, Error::InvalidParams(_)));
+        check!(err.to_string().contains("above the limit"));
     }
 
     #[test]

@@ -414,6 +414,17 @@ impl Connection {
     }
 }
 
+/// How many entries to send instead of `entries` whose request is `bytes` long, when that is
+/// above what the receiver accepts (`MAX_RPC_BODY`): proportionally fewer, with room to spare.
+/// A single entry always fits (`MAX_ENTRY_BYTES` bounds every write).
+fn shrink_to_fit(entries: u64, bytes: usize) -> Option<u64> {
+    if bytes <= super::MAX_RPC_BODY || entries <= 1 {
+        return None;
+    }
+    let fits = (entries as u128 * super::MAX_RPC_BODY as u128 / 2 / bytes as u128) as u64;
+    Some(fits.clamp(1, entries - 1))
+}
+
 impl RaftNetwork<TypeConfig> for Connection {
     async fn append_entries(
         &mut self,
@@ -431,6 +442,12 @@ impl RaftNetwork<TypeConfig> for Connection {
         }
         let body = encode("rpc request", &rpc)
             .map_err(|e| RPCError::Network(NetworkError::new(&CallError::Codec(e.to_string()))))?;
+        if let Some(hint) = shrink_to_fit(entries, body.len()) {
+            tracing::debug!(peer = %self.target, entries, bytes = body.len(), hint, "append entries above the body limit: asking for fewer");
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(hint),
+            ));
+        }
         tracing::trace!(peer = %self.target, entries, bytes = body.len(), "append entries");
         let mut cancelled = CancelledAppend {
             slot: &self.timed_out_entries,
@@ -465,8 +482,22 @@ impl RaftNetwork<TypeConfig> for Connection {
 mod tests {
     use assert2::check;
 
-    use super::shrink_after_timeout;
     use super::{after_other_receiver, BootId, CallError, Receiver};
+    use super::{shrink_after_timeout, shrink_to_fit};
+    use crate::network::MAX_RPC_BODY;
+
+    #[test]
+    fn an_append_above_the_body_limit_asks_for_proportionally_fewer_entries() {
+        check!(shrink_to_fit(300, MAX_RPC_BODY) == None);
+        check!(
+            shrink_to_fit(1, MAX_RPC_BODY * 3) == None,
+            "one entry always fits"
+        );
+        // Four times the limit: an eighth of the entries (half of what would just fit).
+        check!(shrink_to_fit(300, MAX_RPC_BODY * 4) == Some(37));
+        // Just above: fewer, never all of them.
+        check!(shrink_to_fit(2, MAX_RPC_BODY + 1) == Some(1));
+    }
 
     const A: BootId = BootId(0xaaaa);
     const B: BootId = BootId(0xbbbb);

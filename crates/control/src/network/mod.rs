@@ -20,6 +20,20 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::ControlResponse;
 
+/// Largest request body a node accepts (axum's default is 2 MiB, below a large `ReportUnits`
+/// entry or a snapshot chunk). Append batches are split below it (`client`), snapshots are
+/// sent in [`SNAPSHOT_CHUNK_BYTES`] chunks, and no single entry may exceed [`MAX_ENTRY_BYTES`].
+pub(crate) const MAX_RPC_BODY: usize = 64 << 20;
+
+/// Bytes per snapshot chunk (openraft's `snapshot_max_chunk_size`), set explicitly so that it
+/// stays far below [`MAX_RPC_BODY`] whatever openraft's default becomes.
+pub(crate) const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
+
+/// Largest encoded command a node writes: one append of it, with the request around it, fits
+/// in [`MAX_RPC_BODY`]. A write above it is refused with a clear error instead of stalling the
+/// log for ever.
+pub(crate) const MAX_ENTRY_BYTES: usize = MAX_RPC_BODY / 2;
+
 /// Request paths, one per RPC.
 pub(crate) mod paths {
     /// openraft AppendEntries.

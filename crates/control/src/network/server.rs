@@ -39,6 +39,7 @@ pub(crate) async fn serve(
         .route(paths::MANAGE, post(manage))
         .route(paths::STATUS, post(status))
         .route(paths::PING, post(ping))
+        .layer(axum::extract::DefaultBodyLimit::max(super::MAX_RPC_BODY))
         .with_state(node);
     match tls {
         None => {

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use replicator_control::{ClusterSecret, Control};
-use replicator_model::CommitOutcome;
+use replicator_model::{CommitOutcome, NodeId, WorkUnit};
 
 use crate::util::*;
 
@@ -256,6 +256,78 @@ async fn a_drain_without_quorum_gives_up_promptly() -> TestResult {
         "release without quorum took {took:?}"
     );
     assert2::check!(timing.drain_write_timeout() < timing.write_timeout);
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// `flows` flows of `per_flow` units each whose stream names are `name_len` characters: a
+/// state of about `flows × per_flow × name_len` bytes, each flow's report one entry.
+async fn report_large_state(
+    cluster: &TestCluster,
+    via: NodeId,
+    (flows, per_flow, name_len): (usize, u32, usize),
+) -> TestResult {
+    for f in 0..flows {
+        let flow = format!("big-{f}");
+        let stream = format!("{f}-{}", "s".repeat(name_len));
+        let units = (0..per_flow)
+            .map(|p| WorkUnit::new(&flow, &stream, "t", p))
+            .collect();
+        cluster.node(via).report_units(&flow, units).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_of_7_mib_reaches_a_restarted_follower_and_a_new_member() -> TestResult {
+    // Sizes, not speed, are under test: a debug build moving megabytes per entry on a busy
+    // machine gets generous timeouts.
+    let timing = replicator_control::ControlTiming {
+        snapshot_logs_since_last: 20,
+        logs_to_keep_after_snapshot: 5,
+        rpc_timeout: Duration::from_secs(10),
+        write_timeout: Duration::from_secs(60),
+        ..fast_timing()
+    };
+    let mut cluster = TestCluster::start(3, timing).await?;
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
+    let follower = follower_of(leader);
+    cluster.crash(follower).await;
+    let crashed_at_index = cluster.node(leader).metrics().last_log_index.unwrap_or(0);
+    // Three entries of about 2.4 MiB each (above the 2 MiB an HTTP body used to be limited
+    // to), about 7 MiB of state in all; few units keep the leader's rounds cheap.
+    report_large_state(&cluster, leader, (3, 4_000, 600)).await?;
+    let total = 12_000;
+    let mine = cluster.wait_assigned(leader, |a| !a.is_empty()).await?;
+    for offset in 0..40 {
+        cluster
+            .node(leader)
+            .commit(vec![commit(&mine[0], offset)])
+            .await?;
+    }
+    cluster
+        .wait_metrics("leader purged past the follower", leader, |m| {
+            m.purged_index.is_some_and(|p| p > crashed_at_index)
+        })
+        .await?;
+    cluster.restart(follower).await?;
+    let unit = mine[0].unit.clone();
+    wait_until("the follower caught up", Duration::from_secs(60), || {
+        cluster.confirmed(follower, &unit) == Some(39)
+    })
+    .await?;
+    assert2::check!(cluster.owners(follower).await?.len() == total);
+    // A member added now starts from the snapshot too.
+    cluster.start_extra(4).await?;
+    let addr = cluster.addrs[&4].to_string();
+    cluster
+        .node(leader)
+        .add_member(4, addr, "127.0.0.1:9004".into())
+        .await?;
+    wait_until("the new member caught up", Duration::from_secs(60), || {
+        cluster.confirmed(4, &unit) == Some(39)
+    })
+    .await?;
     cluster.shutdown().await;
     Ok(())
 }
