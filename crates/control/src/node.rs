@@ -839,7 +839,7 @@ mod tests {
         let report = |units: u32| ControlCommand::ReportUnits {
             flow: "f".into(),
             units: (0..units)
-                .map(|p| WorkUnit::new("f", &"s".repeat(1000), "t", p))
+                .map(|p| WorkUnit::new("f", "s".repeat(1000), "t", p))
                 .collect(),
         };
         check!(NodeInner::check_entry_size(&report(1_000)).is_ok());
