@@ -14,8 +14,10 @@ use replicator_harness::Client;
 use replicator_harness::{
     connect, group_next_message, group_offset, message_id_at, partition_counts, partition_ids,
     produce_bulk, serial, store_group_offsets, translated_exactly, wait_until, Bulk, Cluster,
-    ClusterSpec, ReplicatorBinary, Servers, TestResult, Topic,
+    ClusterSpec, FlowEntry, Servers, TestResult, Topic,
 };
+
+use crate::fixture;
 
 const STREAM: &str = "dr";
 const TOPIC: &str = "orders";
@@ -25,28 +27,14 @@ const WAIT: Duration = Duration::from_secs(60);
 /// Two flows between the same clusters, both syncing the group `billing`: `fwd` (up → down)
 /// and `back` (down → up).
 fn spec(servers: &Servers) -> TestResult<ClusterSpec> {
-    let (up, down) = (
-        servers.upstream.connection_string(),
-        servers.downstream.connection_string(),
-    );
     let flow = |name: &str, source: &str, target: &str| {
-        format!(
-            "[[flows]]\nname = \"{name}\"\nsource = \"{source}\"\ntarget = \"{target}\"\ninclude = [\"{STREAM}/*\"]\npoll_interval = \"2ms\"\nconsumer_groups = [\"billing\"]\nconsumer_group_sync_interval = \"200ms\"\n\n"
-        )
+        FlowEntry::new(name, source, target, format!("{STREAM}/*"))
+            .extra("consumer_groups = [\"billing\"]\nconsumer_group_sync_interval = \"200ms\"")
     };
-    let toml = format!(
-        "[clusters.up]\nurl = \"{up}\"\n\n[clusters.down]\nurl = \"{down}\"\n\n{}{}[pipeline]\ndiscovery_interval = \"1s\"\n",
-        flow("fwd", "up", "down"),
-        flow("back", "down", "up"),
-    );
-    Ok(ClusterSpec {
-        binary: ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?,
-        replication_toml: toml,
-        units: 2 * PARTITIONS as usize,
-        log_level: "info",
-        owned_within: WAIT,
-        tls: false,
-    })
+    let replication = fixture::up_and_down(servers)
+        .flow(flow("fwd", "up", "down"))
+        .flow(flow("back", "down", "up"));
+    fixture::spec_of(&replication, 2 * PARTITIONS as usize, false)
 }
 
 /// Messages `range` on every partition; ids tell the cluster they were produced on (`origin`)

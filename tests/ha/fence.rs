@@ -29,7 +29,7 @@ struct Frozen {
 /// then thaws the follower.
 async fn freeze_mid_send(fencing: &str) -> TestResult<(Servers, Cluster, PacedProducer, Frozen)> {
     let (servers, mut cluster, producer) = fixture::start_fencing(3, fencing).await?;
-    let (node, owned) = fixture::owning_follower(&servers, &cluster).await?;
+    let (node, owned) = fixture::owning_follower(&cluster, &servers.topic).await?;
     let partition = *owned.first().ok_or("no partition")?;
 
     // The producer keeps writing, so the node's writer of `partition` sends again soon; its

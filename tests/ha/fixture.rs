@@ -1,16 +1,19 @@
 //! The HA scenarios' setup on top of `replicator-harness`: the replicated topic, the node
-//! config (one flow "up" → "down", product defaults), the steady producer, and the common
-//! start and end of a scenario.
+//! config (one flow "up" → "down", product defaults; or several servers and flows, see
+//! [`Regions`]), the steady producer, and the common start and end of a scenario.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use replicator_harness::{
-    Cluster, ClusterSpec, FlowConfig, MessageShape, NodeId, PacedProducer, Placement,
-    ProducerParams, ReplicatorBinary, Servers, TestResult, Topic,
+    connect, ensure_topic, tick, Cluster, ClusterEntry, ClusterSpec, Deadline, FlowEntry,
+    MessageShape, NodeId, PacedProducer, Placement, ProducerParams, Replication, ReplicatorBinary,
+    Servers, TestResult, Topic,
 };
+use replicator_testkit::{TestServer, TestServerConfig};
 
-/// Producer rate of every scenario, in messages per second over the 16 partitions.
+/// Producer rate of every scenario's producer, in messages per second over the partitions it
+/// writes to (16 in most scenarios).
 const RATE: u64 = 1600;
 
 /// The topic every scenario replicates: `ha/events`, 16 partitions.
@@ -41,10 +44,21 @@ pub(crate) fn spec_between(
     fencing: Option<&str>,
     flow_extra: &str,
 ) -> TestResult<ClusterSpec> {
+    let replication = replication_between((source, target), fencing, flow_extra);
+    spec_of(&replication, topic().partitions as usize, tls)
+}
+
+/// The nodes' spec for `replication`, whose flows have `units` partitions in all; product
+/// defaults otherwise.
+pub(crate) fn spec_of(
+    replication: &Replication,
+    units: usize,
+    tls: bool,
+) -> TestResult<ClusterSpec> {
     Ok(ClusterSpec {
         binary: ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?,
-        replication_toml: toml_between((source, target), fencing, flow_extra),
-        units: topic().partitions as usize,
+        replication_toml: replication.toml(),
+        units,
         log_level: "info",
         owned_within: Duration::from_secs(60),
         tls,
@@ -57,27 +71,46 @@ pub(crate) fn replication_toml(
     fencing: Option<&str>,
     flow_extra: &str,
 ) -> String {
+    replication(servers, fencing, flow_extra).toml()
+}
+
+/// [`replication_toml`], to add flows to.
+pub(crate) fn replication(
+    servers: &Servers,
+    fencing: Option<&str>,
+    flow_extra: &str,
+) -> Replication {
     let urls = (
         servers.upstream.connection_string(),
         servers.downstream.connection_string(),
     );
-    toml_between((&urls.0, &urls.1), fencing, flow_extra)
+    replication_between((&urls.0, &urls.1), fencing, flow_extra)
 }
 
-/// [`replication_toml`] between the servers at `(source, target)`.
-fn toml_between((source, target): (&str, &str), fencing: Option<&str>, flow_extra: &str) -> String {
-    FlowConfig {
-        name: "up-to-down",
-        source_alias: "up",
-        source_url: source,
-        target_alias: "down",
-        target_url: target,
-        include: &format!("{}/*", topic().stream),
-        target_fencing: fencing,
-        target_iggy_version: None,
-        flow_extra,
-    }
-    .toml()
+/// The clusters `up` and `down` of `servers` (product defaults), without flows.
+pub(crate) fn up_and_down(servers: &Servers) -> Replication {
+    Replication::default()
+        .cluster(ClusterEntry::new(
+            "up",
+            servers.upstream.connection_string(),
+        ))
+        .cluster(ClusterEntry::new(
+            "down",
+            servers.downstream.connection_string(),
+        ))
+}
+
+/// [`replication`] between the servers at `(source, target)`.
+fn replication_between(
+    (source, target): (&str, &str),
+    fencing: Option<&str>,
+    flow_extra: &str,
+) -> Replication {
+    let include = format!("{}/*", topic().stream);
+    Replication::default()
+        .cluster(ClusterEntry::new("up", source))
+        .cluster(ClusterEntry::new("down", target).fencing(fencing))
+        .flow(FlowEntry::new("up-to-down", "up", "down", include).extra(flow_extra))
 }
 
 /// In-process servers, `n` loopback nodes owning every partition, the producer running and
@@ -159,34 +192,56 @@ async fn start_with(
 
 /// The scenarios' producer into [`topic`] on the server at `url`.
 pub(crate) fn produce_into(url: &str) -> PacedProducer {
-    let topic = topic();
-    let mut params = ProducerParams::new(url, topic.targets(), RATE);
+    PacedProducer::start(producer_params(url, &[&topic()]))
+}
+
+/// The scenarios' producer parameters: [`RATE`] messages per second into every partition of
+/// `topics` on the server at `url`, until stopped.
+pub(crate) fn producer_params(url: &str, topics: &[&Topic]) -> ProducerParams {
+    let targets: Vec<_> = topics.iter().flat_map(|t| t.targets()).collect();
+    let partitions = targets.len() as u64;
+    let mut params = ProducerParams::new(url, targets, RATE);
     // One send of a few messages per partition and round; a send that fails while a server
     // restarts or drops connections is counted and skipped.
     params.tick = Duration::from_millis(50);
-    params.batch = (RATE / 20 / u64::from(topic.partitions)).max(1);
+    params.batch = (RATE / 20 / partitions.max(1)).max(1);
     params.shape = MessageShape {
         payload_bytes: 120,
         label: Some("ha message".to_owned()),
         header: Some(("kind".to_owned(), "ha-test".to_owned())),
     };
     params.tolerate_send_errors = true;
-    PacedProducer::start(params)
+    params
 }
 
-/// A follower (not the Raft leader) that owns partitions of the topic, and those partitions.
+/// A follower (not the Raft leader) that owns partitions of `topic`, and those partitions.
 pub(crate) async fn owning_follower(
-    servers: &Servers,
     cluster: &Cluster,
+    topic: &Topic,
 ) -> TestResult<(NodeId, BTreeSet<u32>)> {
+    let mut followers = owning_followers(cluster, topic).await?;
+    Ok(followers.swap_remove(0))
+}
+
+/// Every follower (not the Raft leader) that owns partitions of `topic`, with those
+/// partitions, by node id; an error when there is none.
+pub(crate) async fn owning_followers(
+    cluster: &Cluster,
+    topic: &Topic,
+) -> TestResult<Vec<(NodeId, BTreeSet<u32>)>> {
     let status = cluster.leader_status().await.ok_or("no leader")?;
     let leader = status.leader.ok_or("no leader")?;
-    let node = cluster
+    let followers: Vec<_> = cluster
         .running()
         .into_iter()
-        .find(|id| *id != leader && !status.owned_by(&servers.topic, *id).is_empty())
-        .ok_or("no follower owns units")?;
-    Ok((node, status.owned_by(&servers.topic, node)))
+        .filter(|id| *id != leader)
+        .map(|id| (id, status.owned_by(topic, id)))
+        .filter(|(_, owned)| !owned.is_empty())
+        .collect();
+    if followers.is_empty() {
+        return Err(format!("no follower owns partitions of {}", topic.stream).into());
+    }
+    Ok(followers)
 }
 
 /// Asserts that nothing is copied for `quiet` (failing with `why`); returns the downstream
@@ -222,13 +277,187 @@ pub(crate) async fn finish_with_exact_copy(
 
 /// Requires `verify` to report an exact copy, then marks the cluster passed and stops
 /// everything.
-pub(crate) async fn finish_exact(servers: Servers, mut cluster: Cluster) -> TestResult {
+pub(crate) async fn finish_exact(servers: Servers, cluster: Cluster) -> TestResult {
+    pass_if_exact(cluster).await?;
+    servers.shutdown().await;
+    Ok(())
+}
+
+/// Requires `verify` of every flow to report an exact copy, then marks the cluster passed and
+/// stops its nodes.
+pub(crate) async fn pass_if_exact(mut cluster: Cluster) -> TestResult {
     assert!(
         cluster.verify(Duration::from_secs(30)).await?,
         "verify: not exact"
     );
     cluster.passed();
     drop(cluster);
-    servers.shutdown().await;
     Ok(())
+}
+
+/// Requires `verify --flow <flow>` to report an exact copy (every message once, in order,
+/// per partition) within `within` from now, which is `when` (e.g. "after the producer
+/// stopped"); prints its table and how long it took.
+pub(crate) async fn exact_within(
+    cluster: &Cluster,
+    flow: &str,
+    within: Duration,
+    when: &str,
+) -> TestResult {
+    let started = Instant::now();
+    let run = cluster.run_verify_flow(Some(flow), within).await?;
+    println!("{}", run.stdout);
+    let total = run
+        .stdout
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("total: "))
+        .unwrap_or("no total");
+    if !run.exact {
+        return Err(format!(
+            "flow {flow}: not an exact copy {:.0} s {when} ({total})",
+            within.as_secs_f64()
+        )
+        .into());
+    }
+    println!(
+        "flow {flow}: exact {:.2} s {when}",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Waits until the producer has acknowledged `more` messages from now on (it keeps writing
+/// meanwhile); fails when that takes longer than twice its rate says.
+pub(crate) async fn produced_more(producer: &PacedProducer, more: u64) -> TestResult {
+    let target = producer.produced() + more;
+    let deadline = Deadline::new(
+        Duration::from_secs(2 * more / RATE + 30),
+        format!("{more} more messages produced"),
+    );
+    while producer.produced() < target {
+        deadline.check_seeing(|| format!("{} of {target}", producer.produced()))?;
+        tick().await;
+    }
+    Ok(())
+}
+
+/// In-process Iggy servers by cluster alias, for scenarios with more than two clusters or more
+/// than one flow: the first is the source, where the scenario's topics are created.
+pub(crate) struct Regions {
+    /// The servers, the source first.
+    servers: Vec<(&'static str, TestServer)>,
+}
+
+impl Regions {
+    /// Starts a server per alias and creates `topics` on the first.
+    pub(crate) async fn start(aliases: &[&'static str], topics: &[&Topic]) -> TestResult<Self> {
+        let mut servers = Vec::new();
+        for alias in aliases {
+            servers.push((
+                *alias,
+                TestServer::start(TestServerConfig::default()).await?,
+            ));
+        }
+        let regions = Self { servers };
+        let source = connect(&regions.source().connection_string()).await?;
+        for topic in topics {
+            ensure_topic(&source, &topic.stream, &topic.name, topic.partitions).await?;
+        }
+        let _ = source.shutdown().await;
+        Ok(regions)
+    }
+
+    /// The source server.
+    pub(crate) fn source(&self) -> &TestServer {
+        &self.servers[0].1
+    }
+
+    /// The server of `alias`.
+    pub(crate) fn server(&self, alias: &str) -> &TestServer {
+        self.servers
+            .iter()
+            .find(|(a, _)| *a == alias)
+            .map(|(_, s)| s)
+            .unwrap_or_else(|| panic!("no server {alias}"))
+    }
+
+    /// `[clusters.<alias>]` of the server of `alias`, with its `fencing` (`None`: the product
+    /// default, "users").
+    pub(crate) fn entry(&self, alias: &str, fencing: Option<&str>) -> ClusterEntry {
+        ClusterEntry::new(alias, self.server(alias).connection_string()).fencing(fencing)
+    }
+
+    /// Waits until every partition of `topic` on the server of `alias` holds messages.
+    pub(crate) async fn wait_copy_started(&self, alias: &str, topic: &Topic) -> TestResult {
+        let deadline = Deadline::new(
+            Duration::from_secs(30),
+            format!("every partition of {} copied to {alias}", topic.stream),
+        );
+        loop {
+            let counts = topic.counts_on(self.server(alias));
+            if !counts.contains(&0) {
+                return Ok(());
+            }
+            deadline.check_seeing(|| format!("{counts:?}"))?;
+            tick().await;
+        }
+    }
+
+    /// Starts a producer into `topic` on the source.
+    pub(crate) fn produce(&self, topic: &Topic) -> PacedProducer {
+        let url = self.source().connection_string();
+        PacedProducer::start(producer_params(&url, &[topic]))
+    }
+
+    /// Pauses `producer` (which writes into `topic`) and waits until the server of `alias`
+    /// holds every message of `partitions` of `topic` that the source holds (or more: a
+    /// duplicate is for `verify` to report): nothing of them is on its way there. The caller
+    /// resumes the producer.
+    pub(crate) async fn quiesce(
+        &self,
+        producer: &PacedProducer,
+        alias: &str,
+        topic: &Topic,
+        partitions: &[u32],
+    ) -> TestResult {
+        producer.pause();
+        let deadline = Deadline::new(
+            Duration::from_secs(60),
+            format!(
+                "partitions {partitions:?} of {} copied to {alias}",
+                topic.stream
+            ),
+        );
+        // A round of sends under way when the producer paused still lands: wait until its
+        // count stands still over a tick, and the copies caught up with it.
+        let mut produced = producer.produced();
+        loop {
+            tick().await;
+            let (up, down) = (
+                topic.counts_on(self.source()),
+                topic.counts_on(self.server(alias)),
+            );
+            let now = producer.produced();
+            let still = now == produced;
+            produced = now;
+            if still
+                && partitions
+                    .iter()
+                    .all(|p| down[*p as usize] >= up[*p as usize])
+            {
+                return Ok(());
+            }
+            deadline.check_seeing(|| format!("upstream {up:?}, {alias} {down:?}"))?;
+        }
+    }
+
+    /// The end of a scenario: requires `verify` of every flow of `cluster` to report an exact
+    /// copy, marks it passed, and stops it and the servers.
+    pub(crate) async fn finish(self, cluster: Cluster) -> TestResult {
+        pass_if_exact(cluster).await?;
+        for (_, server) in self.servers {
+            server.shutdown().await;
+        }
+        Ok(())
+    }
 }

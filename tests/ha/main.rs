@@ -1,7 +1,8 @@
 //! High-availability scenarios with real OS processes: three (or four) `iggy-replicator run`
-//! nodes over two in-process Iggy servers, with `kill -9`, SIGSTOP/SIGCONT, SIGTERM,
-//! membership changes and server faults, driven by `replicator-harness`. One test binary; the
-//! scenarios run one at a time (see `replicator_harness::serial`).
+//! nodes over in-process Iggy servers (two; three in `topology`), with `kill -9`,
+//! SIGSTOP/SIGCONT, SIGTERM, membership changes and server faults, driven by
+//! `replicator-harness`. One test binary; the scenarios run one at a time (see
+//! `replicator_harness::serial`).
 
 mod chaos;
 mod dr;
@@ -17,4 +18,5 @@ mod restart;
 mod scale;
 mod start;
 mod tls;
+mod topology;
 mod zombie;

@@ -11,8 +11,10 @@ use iggy::prelude::IggyMessage;
 use replicator_harness::Client;
 use replicator_harness::{
     connect, partition_ids, produce_bulk, serial, wait_until, Bulk, Cluster, ClusterSpec,
-    CommandRun, ReplicatorBinary, Servers, TestResult, Topic,
+    CommandRun, FlowEntry, Servers, TestResult, Topic,
 };
+
+use crate::fixture;
 
 const FLOW: &str = "fwd";
 const STREAM: &str = "rs";
@@ -20,19 +22,8 @@ const TOPIC: &str = "events";
 const WAIT: Duration = Duration::from_secs(60);
 
 fn spec(servers: &Servers) -> TestResult<ClusterSpec> {
-    let toml = format!(
-        "[clusters.up]\nurl = \"{}\"\n\n[clusters.down]\nurl = \"{}\"\n\n[[flows]]\nname = \"{FLOW}\"\nsource = \"up\"\ntarget = \"down\"\ninclude = [\"{STREAM}/*\"]\npoll_interval = \"2ms\"\n\n[pipeline]\ndiscovery_interval = \"1s\"\n",
-        servers.upstream.connection_string(),
-        servers.downstream.connection_string(),
-    );
-    Ok(ClusterSpec {
-        binary: ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?,
-        replication_toml: toml,
-        units: 3,
-        log_level: "info",
-        owned_within: WAIT,
-        tls: false,
-    })
+    let flow = FlowEntry::new(FLOW, "up", "down", format!("{STREAM}/*"));
+    fixture::spec_of(&fixture::up_and_down(servers).flow(flow), 3, false)
 }
 
 /// The id of message `seq` of `partition` (never 0, which asks the server for a random one).

@@ -24,7 +24,7 @@ fn latest_keeps_its_start_across_a_handover_before_the_first_commit() -> TestRes
         cluster
             .wait_all_owned(&nodes, Duration::from_secs(60))
             .await?;
-        let (victim, owned) = fixture::owning_follower(&servers, &cluster).await?;
+        let (victim, owned) = fixture::owning_follower(&cluster, &servers.topic).await?;
         // Every writer of the victim has worked out where its partition starts (the end of an
         // empty partition: 0) and told its reader.
         let log = cluster.node(victim)?.log.clone();

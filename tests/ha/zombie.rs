@@ -10,14 +10,8 @@ use replicator_harness::{serial, tick, wait_resumed, Deadline, NodeId, Stalled, 
 
 use crate::fixture::{self, finish_with_exact_copy};
 
-/// The `iggy_replicator_fenced_commits_total` value in a Prometheus text, if present.
-fn fenced_commits(metrics: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find(|l| l.starts_with("iggy_replicator_fenced_commits_total"))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
-}
+/// The counter of commits refused for a stale epoch.
+const FENCED_COMMITS: &str = "iggy_replicator_fenced_commits_total";
 
 #[test]
 fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() -> TestResult {
@@ -25,8 +19,8 @@ fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() ->
         let (servers, mut cluster, producer) = fixture::start(3).await?;
         let lease_expiry = cluster.timing().lease_expiry;
 
-        let (zombie, owned) = fixture::owning_follower(&servers, &cluster).await?;
-        let fenced_before = fenced_commits(&cluster.metrics_of(zombie).await?);
+        let (zombie, owned) = fixture::owning_follower(&cluster, &servers.topic).await?;
+        let fenced_before = cluster.metric_of(zombie, FENCED_COMMITS).await?;
 
         // Freeze the node while it copies (the producer keeps writing): whatever it was doing,
         // its partitions move, and after the thaw it neither writes nor commits under its old
@@ -110,7 +104,7 @@ fn paused_node_loses_its_partitions_writes_nothing_after_resume_and_rejoins() ->
         cluster
             .wait_all_owned(&everyone, Duration::from_secs(30))
             .await?;
-        let fenced_after = fenced_commits(&cluster.metrics_of(zombie).await?);
+        let fenced_after = cluster.metric_of(zombie, FENCED_COMMITS).await?;
         println!(
             "node {zombie} resumed: owns units again after {:.2} s; its fenced commits {fenced_before:?} → {fenced_after:?}",
             rejoined_after.unwrap_or_default().as_secs_f64()

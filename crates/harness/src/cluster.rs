@@ -240,6 +240,12 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// Live units the nodes must own between them from now on ([`ClusterSpec::units`]), after
+    /// a config change that adds or removes flows or partitions.
+    pub fn set_units(&mut self, units: usize) {
+        self.spec.units = units;
+    }
+
     /// The control-plane timing the nodes run with: the control plane's defaults, since their
     /// config sets no timing key (the spec's TOML cannot reach `[cluster]`).
     #[must_use]
@@ -507,6 +513,12 @@ impl Cluster {
         Ok(self.get(id, "/metrics").await?.text().await?)
     }
 
+    /// The value of the sample `name` (e.g. `iggy_replicator_writer_fences_total`, without
+    /// labels) in a node's `/metrics`; `None` while the node does not report it.
+    pub async fn metric_of(&self, id: NodeId, name: &str) -> Result<Option<f64>> {
+        Ok(sample(&self.metrics_of(id).await?, name))
+    }
+
     async fn get(&self, id: NodeId, path: &'static str) -> Result<reqwest::Response> {
         let node = self.node(id)?;
         let response = self
@@ -710,16 +722,22 @@ impl Cluster {
     /// Runs `iggy-replicator verify --config <node config> --wait <wait>` and returns what it
     /// reported.
     pub async fn run_verify(&self, wait: Duration) -> Result<VerifyRun> {
-        let output = self
-            .spec
-            .binary
-            .one_shot()
+        self.run_verify_flow(None, wait).await
+    }
+
+    /// [`Cluster::run_verify`] of one flow (`--flow`), or of every flow for `None`: the others
+    /// are not read (their clusters may be down).
+    pub async fn run_verify_flow(&self, flow: Option<&str>, wait: Duration) -> Result<VerifyRun> {
+        let mut command = self.spec.binary.one_shot();
+        command
             .args(["--log-level", "warn", "verify", "--wait"])
             .arg(format!("{}s", wait.as_secs()))
             .arg("--config")
-            .arg(self.any_config()?)
-            .output()
-            .await?;
+            .arg(self.any_config()?);
+        if let Some(flow) = flow {
+            command.args(["--flow", flow]);
+        }
+        let output = command.output().await?;
         let (stdout, stderr) = (
             String::from_utf8_lossy(&output.stdout).into_owned(),
             String::from_utf8_lossy(&output.stderr).into_owned(),
@@ -740,7 +758,12 @@ impl Cluster {
     /// Runs `verify` like [`Cluster::run_verify`], prints its table and returns whether it
     /// reported an exact copy.
     pub async fn verify(&self, wait: Duration) -> Result<bool> {
-        let run = self.run_verify(wait).await?;
+        self.verify_flow(None, wait).await
+    }
+
+    /// [`Cluster::verify`] of one flow, or of every flow for `None`.
+    pub async fn verify_flow(&self, flow: Option<&str>, wait: Duration) -> Result<bool> {
+        let run = self.run_verify_flow(flow, wait).await?;
         println!("{}", run.stdout);
         if !run.stderr.is_empty() {
             println!("verify stderr: {}", run.stderr);
@@ -767,6 +790,17 @@ impl Cluster {
     }
 }
 
+/// The value of the unlabelled sample `name` in a Prometheus text, if present.
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (metric, value) = l.split_once(' ')?;
+            (metric == name).then(|| value.trim().parse().ok())?
+        })
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         for node in self.nodes.values_mut() {
@@ -786,5 +820,29 @@ impl Drop for Cluster {
             self.dir.disable_cleanup(true);
             eprintln!("kept {}", self.dir.path().display());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sample_is_found_by_its_whole_name() {
+        let text = "# HELP iggy_replicator_writer_fences Writer identities fenced\n\
+                    # TYPE iggy_replicator_writer_fences counter\n\
+                    iggy_replicator_writer_fences_pending 2\n\
+                    iggy_replicator_writer_fences_total 3\n\
+                    iggy_replicator_raft_leader_info{leader=\"2\"} 1\n";
+        assert_eq!(
+            sample(text, "iggy_replicator_writer_fences_total"),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(text, "iggy_replicator_writer_fences_pending"),
+            Some(2.0)
+        );
+        assert_eq!(sample(text, "iggy_replicator_writer_fences"), None);
+        assert_eq!(sample(text, "iggy_replicator_raft_leader_info"), None);
     }
 }

@@ -17,8 +17,9 @@
 //! * `raw_copy`: [`raw_copy`], the benchmarks' baseline: a poll→send loop through the SDK.
 //! * `cluster`: [`Cluster`] of node processes described by a [`ClusterSpec`]; start, kill,
 //!   pause, resume, terminate, restart; `/status`, `/metrics`, `cluster` and `verify` commands.
-//! * `node_config`: [`NodeConfig`] and [`FlowConfig`], a node's config file as an operator
-//!   writes it (also the demo's nodes).
+//! * `node_config`: [`NodeConfig`], [`FlowConfig`] and [`Replication`] (any number of
+//!   clusters and flows), a node's config file as an operator writes it (also the demo's
+//!   nodes).
 //! * `groups`: consumer groups as applications use them ([`store_group_offsets`],
 //!   [`group_offset`], [`message_id_at`], [`translated_exactly`]).
 //! * `status`: [`Status`], the fields of a node's `GET /status` that the tests read.
@@ -55,7 +56,7 @@ pub use groups::{
     append_again, group_next_message, group_offset, message_id_at, store_group_offsets,
     translated_exactly,
 };
-pub use node_config::{FlowConfig, NodeConfig};
+pub use node_config::{ClusterEntry, FlowConfig, FlowEntry, NodeConfig, Replication};
 pub use producer::{
     produce_bulk, Bulk, MessageShape, PacedProducer, ProducerParams, ProducerReport,
 };

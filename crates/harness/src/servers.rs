@@ -12,8 +12,7 @@ use nix::unistd::Pid;
 use replicator_testkit::{IggyVersion, TestServer, TestServerConfig};
 
 use crate::{
-    connect, ensure_topic, partition_messages, tick, Deadline, Endpoint, Error, ReplicatorBinary,
-    Result, Topic,
+    connect, ensure_topic, tick, Deadline, Endpoint, Error, ReplicatorBinary, Result, Topic,
 };
 
 /// Upstream and downstream in-process Iggy servers, with the replicated topic created upstream.
@@ -68,14 +67,7 @@ impl Servers {
     }
 
     fn counts(&self, server: &TestServer) -> Vec<u64> {
-        let Topic {
-            stream,
-            name,
-            partitions,
-        } = &self.topic;
-        (0..*partitions)
-            .map(|p| partition_messages(server, stream, name, p))
-            .collect()
+        self.topic.counts_on(server)
     }
 
     /// Waits until every downstream partition has messages (the copy runs everywhere).

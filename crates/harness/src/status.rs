@@ -41,6 +41,15 @@ pub struct MemberView {
     /// Flows whose config on it differs from the leader's.
     #[serde(default)]
     pub config_disagrees: Vec<String>,
+    /// Whether its lease is alive; known only when reported by the leader.
+    #[serde(default)]
+    pub lease_alive: Option<bool>,
+    /// Incarnation of its writer identity on the fenced targets (fencing only).
+    #[serde(default)]
+    pub writer_incarnation: Option<u64>,
+    /// Whether the leader decided to fence that identity.
+    #[serde(default)]
+    pub fenced: bool,
 }
 
 /// A unit in [`Status`].
@@ -105,10 +114,7 @@ impl Status {
     /// Units `node` owns, as the leader counts them (0 for a non-member).
     #[must_use]
     pub fn units_owned(&self, node: NodeId) -> usize {
-        self.members
-            .iter()
-            .find(|m| m.id == node)
-            .map_or(0, |m| m.units_owned)
+        self.member(node).map_or(0, |m| m.units_owned)
     }
 
     /// Whether the units are spread evenly over `nodes` (counts differ by at most one) with no
@@ -143,6 +149,23 @@ impl Status {
             .iter()
             .filter(|u| u.unit.flow == flow)
             .filter_map(|u| Some((u.unit.partition, u.pending_reset.as_ref()?.reset.next)))
+            .collect()
+    }
+
+    /// A member by id.
+    #[must_use]
+    pub fn member(&self, node: NodeId) -> Option<&MemberView> {
+        self.members.iter().find(|m| m.id == node)
+    }
+
+    /// Owner and grant epoch of every live unit of `flow` (a unit that moved, or was granted
+    /// again, shows another epoch).
+    #[must_use]
+    pub fn grants_of(&self, flow: &str) -> BTreeMap<WorkUnit, (Option<NodeId>, serde_json::Value)> {
+        self.units
+            .iter()
+            .filter(|u| !u.retired && u.unit.flow == flow)
+            .map(|u| (u.unit.clone(), (u.owner, u.epoch.clone())))
             .collect()
     }
 

@@ -79,6 +79,15 @@ impl Topic {
         }
     }
 
+    /// Messages per partition of the topic on an in-process server, by partition id (0 where
+    /// it does not exist yet).
+    #[must_use]
+    pub fn counts_on(&self, server: &TestServer) -> Vec<u64> {
+        (0..self.partitions)
+            .map(|p| partition_messages(server, &self.stream, &self.name, p))
+            .collect()
+    }
+
     /// Every partition of the topic, for a producer.
     #[must_use]
     pub fn targets(&self) -> Vec<Target> {

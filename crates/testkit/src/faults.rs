@@ -17,6 +17,18 @@ pub struct Faults {
     pub(crate) inner: Arc<FaultState>,
 }
 
+/// Whether the server answers requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Stall {
+    /// It does.
+    #[default]
+    Off,
+    /// Not before this instant.
+    Until(Instant),
+    /// Not until [`Faults::end_stall`].
+    UntilEnded,
+}
+
 /// One "fail the next N requests of a command" rule.
 #[derive(Debug, Clone, Copy)]
 struct FailRule {
@@ -33,8 +45,9 @@ struct FailRule {
 pub(crate) struct FaultState {
     /// Close new connections right after accept.
     refuse: AtomicBool,
-    /// No request is answered before this instant.
-    stall_until: Mutex<Option<Instant>>,
+    /// Whether requests are answered now (see [`Faults::stall_for`], [`Faults::stall`]); the
+    /// connections waiting in a stall watch it, so that its end lets them go at once.
+    stall: watch::Sender<Stall>,
     /// Delay added before every response.
     latency: Mutex<Option<Duration>>,
     /// Pending "fail the next N" rules, oldest first.
@@ -134,14 +147,25 @@ impl Faults {
     }
 
     /// For `duration` from now, connections are accepted and requests read, but nothing is
-    /// answered; the answers are sent when the stall ends (unless the connection is dropped).
+    /// executed or answered; the requests are handled when the stall ends (unless the
+    /// connection is dropped), in no particular order across connections.
     pub fn stall_for(&self, duration: Duration) {
-        *lock(&self.inner.stall_until) = Some(Instant::now() + duration);
+        self.inner
+            .stall
+            .send_replace(Stall::Until(Instant::now() + duration));
     }
 
-    /// Ends a stall early.
+    /// Like [`Faults::stall_for`], until [`Faults::end_stall`]: a server process frozen by
+    /// SIGSTOP (its clients' connections stay open, new ones are accepted by the kernel,
+    /// nothing is answered) until it is continued.
+    pub fn stall(&self) {
+        self.inner.stall.send_replace(Stall::UntilEnded);
+    }
+
+    /// Ends a stall (early, for [`Faults::stall_for`]): the requests waiting in it are handled
+    /// now.
     pub fn end_stall(&self) {
-        *lock(&self.inner.stall_until) = None;
+        self.inner.stall.send_replace(Stall::Off);
     }
 
     /// Answers the next `count` requests with command code `command` (e.g. 101 SEND_MESSAGES)
@@ -315,16 +339,25 @@ impl FaultState {
 
     /// Waits while a stall is active; returns false when `cancel` fired first.
     pub(crate) async fn wait_stall(&self, cancel: &CancellationToken) -> bool {
+        let mut changed = self.stall.subscribe();
         loop {
-            let until = *lock(&self.stall_until);
-            match until {
-                Some(t) if t > Instant::now() => {
-                    tokio::select! {
-                        () = cancel.cancelled() => return false,
-                        () = tokio::time::sleep_until(t) => {}
-                    }
+            let until = match *changed.borrow_and_update() {
+                Stall::Off => return true,
+                Stall::Until(t) if t <= Instant::now() => return true,
+                Stall::Until(t) => Some(t),
+                Stall::UntilEnded => None,
+            };
+            let deadline = async {
+                match until {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
                 }
-                _ => return true,
+            };
+            tokio::select! {
+                () = cancel.cancelled() => return false,
+                () = deadline => {}
+                // The sender lives as long as `self`, so this never fails.
+                _ = changed.changed() => {}
             }
         }
     }
@@ -485,6 +518,39 @@ mod tests {
         let held = f.inner.hold_send(2, Some(&to(0))).expect("held");
         check!(!held.wait(&cancelled).await, "cancellation ends the wait");
         drop(blocked);
+    }
+
+    #[tokio::test]
+    async fn an_ended_stall_lets_the_requests_waiting_in_it_go_at_once() {
+        let f = Faults::default();
+        let cancel = CancellationToken::new();
+        check!(f.inner.wait_stall(&cancel).await, "no stall: nothing waits");
+        for until_ended in [true, false] {
+            if until_ended {
+                f.stall();
+            } else {
+                f.stall_for(Duration::from_secs(3600));
+            }
+            let inner = Arc::clone(&f.inner);
+            let waiter =
+                tokio::spawn(async move { inner.wait_stall(&CancellationToken::new()).await });
+            let held = tokio::time::timeout(Duration::from_millis(50), async {
+                while !waiter.is_finished() {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await;
+            check!(held.is_err(), "held while stalled");
+            f.end_stall();
+            let went = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+            check!(matches!(went, Ok(Ok(true))), "let go when the stall ended");
+        }
+        f.stall();
+        cancel.cancel();
+        check!(
+            !f.inner.wait_stall(&cancel).await,
+            "cancellation ends the wait"
+        );
     }
 
     #[test]

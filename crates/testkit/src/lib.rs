@@ -25,7 +25,8 @@
 //! * `users`: user accounts, permissions and the server's permission rules, checked on every
 //!   request.
 //! * `faults`, `server`: fault switches (including holding one user's sends between their
-//!   permission check and their append), lifecycle (start, shutdown, restart), retention.
+//!   permission check and their append, and a stall that answers nothing until it ends, as a
+//!   server frozen by SIGSTOP), lifecycle (start, shutdown, restart), retention.
 //! * `persist`: optional data directory (metadata + per-partition append-only logs).
 //! * [`dev_server`]: the standalone `dev-server` command.
 
