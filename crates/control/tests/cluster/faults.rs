@@ -279,7 +279,7 @@ async fn report_large_state(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_state_of_7_mib_reaches_a_restarted_follower_and_a_new_member() -> TestResult {
+async fn a_state_of_9_mib_reaches_a_restarted_follower_and_a_new_member() -> TestResult {
     // Sizes, not speed, are under test: a debug build moving megabytes per entry on a busy
     // machine gets generous timeouts.
     let timing = replicator_control::ControlTiming {
@@ -294,9 +294,9 @@ async fn a_state_of_7_mib_reaches_a_restarted_follower_and_a_new_member() -> Tes
     let follower = follower_of(leader);
     cluster.crash(follower).await;
     let crashed_at_index = cluster.node(leader).metrics().last_log_index.unwrap_or(0);
-    // Three entries of about 2.4 MiB each (above the 2 MiB an HTTP body used to be limited
-    // to), about 7 MiB of state in all; few units keep the leader's rounds cheap.
-    report_large_state(&cluster, leader, (3, 4_000, 600)).await?;
+    // Four entries of about 2.3 MiB each (above the 2 MiB an HTTP body used to be limited
+    // to), about 9 MiB of state in all; few units keep the leader's rounds cheap.
+    report_large_state(&cluster, leader, (4, 3_000, 800)).await?;
     let total = 12_000;
     let mine = cluster.wait_assigned(leader, |a| !a.is_empty()).await?;
     for offset in 0..40 {
