@@ -129,6 +129,9 @@ fn units_of(topics: &[&Topic]) -> usize {
 /// answers again and `fan-b` gets more messages, flow `b` must be exact within
 /// [`EXACT_WITHIN`] of its producer's end too.
 ///
+/// The killed node then restarts, `ap` still down: it must own units of `a` again within
+/// [`OWNED_WITHIN`] (a target's outage does not keep a restarted node from the others).
+///
 /// `fan-b` gets no message while `ap` is down, and everything before was copied: a send to
 /// `ap` that outlives the writer's call timeout would be resent after the thaw, a duplicate
 /// the README documents for Iggy 0.8 ("A send whose outcome is unknown"), not this fault.
@@ -154,6 +157,21 @@ fn one_target_down_holds_back_only_its_own_flow() -> TestResult {
         produced_more(&into_a, 8000).await?;
         let when = "after the producer stopped, ap still down";
         stopped_then_exact(&cluster, into_a, "a", when).await?;
+
+        // Restarted while ap is still down, the node gets its next identity and takes work
+        // on eu again; its old identity's units of b stay held until ap acknowledges.
+        cluster.restart(victim)?;
+        wait_until(
+            "the restarted node owns units of flow a, ap still down",
+            OWNED_WITHIN,
+            || async {
+                cluster
+                    .leader_status()
+                    .await
+                    .is_some_and(|s| !s.owned_by(&a, victim).is_empty())
+            },
+        )
+        .await?;
 
         ap.end_stall();
         into_b.resume();

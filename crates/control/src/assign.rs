@@ -89,7 +89,8 @@ impl Liveness {
 /// What fencing needs now: commands to write with the round, and operations on the targets.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct FenceWork {
-    /// `FenceMember`, `IdentityRevoked` and `SetWriterIdentity` decisions: no target work.
+    /// `FenceMember`, `IdentityRevoked`, `SetWriterIdentity` and `ReplaceFencedIdentity`
+    /// decisions: no target work.
     pub(crate) commands: Vec<ControlCommand>,
     /// (node, incarnation, target): revoke the fenced identity on the target, then commit
     /// `FenceTarget` (which takes the member's units writing there).
@@ -109,7 +110,9 @@ pub(crate) struct FenceWork {
 /// * a usable identity: make sure its user exists on every fenced target (at the start of a
 ///   term, when the config gains a target, for a new identity);
 /// * a live, active, responsive member without an identity, or whose identity was revoked:
-///   its next incarnation (one above every incarnation it ever had);
+///   its next incarnation (one above every incarnation it ever had); one whose fenced
+///   identity some target did not acknowledge yet gets it too (`ReplaceFencedIdentity`),
+///   the old identity's units of those targets held until they do, and its revoke goes on;
 /// * every stale identity: make sure its users are revoked, then retire it.
 pub(crate) fn fence_work(state: &ControlState, lease: &Liveness) -> FenceWork {
     let mut work = FenceWork::default();
@@ -159,6 +162,38 @@ pub(crate) fn fence_work(state: &ControlState, lease: &Liveness) -> FenceWork {
             work.commands
                 .push(ControlCommand::IdentityRevoked { node, incarnation });
         }
+        work.revoke
+            .extend(missing.iter().map(|t| (node, incarnation, (*t).to_owned())));
+        // Live again (restarted, or back from a freeze) while a target is still to
+        // acknowledge: the next identity now, so that one target's outage does not keep the
+        // member from the others; what the old one held there stays held.
+        let member_ok = state.members.get(&node).is_some_and(|m| {
+            m.state == MemberState::Active
+                && lease.live.contains(&node)
+                && !lease.unresponsive.contains(&node)
+        });
+        if member_ok && !missing.is_empty() {
+            work.commands.push(ControlCommand::ReplaceFencedIdentity {
+                node,
+                fenced: incarnation,
+                incarnation: highest_incarnation(state, node) + 1,
+                held_flows: missing
+                    .iter()
+                    .flat_map(|t| lease.topology.flows_into(t))
+                    .collect(),
+            });
+        }
+    }
+    for ((node, incarnation), acknowledged) in state.pending_revokes() {
+        let missing: Vec<&str> = targets
+            .iter()
+            .filter(|t| !acknowledged.contains(*t))
+            .copied()
+            .collect();
+        if missing.is_empty() {
+            work.commands
+                .push(ControlCommand::IdentityRevoked { node, incarnation });
+        }
         work.revoke.extend(
             missing
                 .into_iter()
@@ -173,23 +208,28 @@ pub(crate) fn fence_work(state: &ControlState, lease: &Liveness) -> FenceWork {
         {
             continue;
         }
-        let highest = state
-            .stale_identities
-            .iter()
-            .filter(|(n, _)| n == node)
-            .map(|(_, i)| *i)
-            .chain(state.identities.get(node).map(|i| i.incarnation))
-            .chain(state.retired_incarnations.get(node).copied())
-            .max()
-            .unwrap_or(0);
         work.commands.push(ControlCommand::SetWriterIdentity {
             node: *node,
-            incarnation: highest + 1,
+            incarnation: highest_incarnation(state, *node) + 1,
             password: String::new(),
         });
     }
     work.retire = state.stale_identities.iter().copied().collect();
     work
+}
+
+/// The highest incarnation `node` ever had: current, replaced, stale or retired.
+fn highest_incarnation(state: &ControlState, node: NodeId) -> u64 {
+    state
+        .stale_identities
+        .iter()
+        .chain(&state.revoke_pending)
+        .filter(|(n, _)| *n == node)
+        .map(|(_, i)| *i)
+        .chain(state.identities.get(&node).map(|i| i.incarnation))
+        .chain(state.retired_incarnations.get(&node).copied())
+        .max()
+        .unwrap_or(0)
 }
 
 /// Computes one assignment round (at most [`MAX_COMMANDS_PER_ROUND`] commands).
@@ -232,7 +272,7 @@ fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
             active_units += 1;
         }
         let Some(owner) = rec.owner else {
-            if !idle {
+            if !idle && !state.is_held(unit) {
                 free.push(unit);
             }
             continue;
@@ -284,11 +324,28 @@ fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
     }
 
     let quotas = quotas(active_units, &load);
+    let quota_of = |node: &NodeId| quotas.get(node).copied().unwrap_or(0);
+    let below_quota: Vec<NodeId> = load
+        .iter()
+        .filter(|(id, units)| units.len() < quota_of(id))
+        .map(|(id, _)| *id)
+        .collect();
     for (node, units) in &load {
-        let quota = quotas.get(node).copied().unwrap_or(0);
-        // Release the last units in unit order: deterministic, and keeps a member's low
-        // partitions where they are.
-        for unit in units.iter().skip(quota) {
+        // Release the last units in unit order (deterministic, and keeps a member's low
+        // partitions where they are), among those a member below its quota may take: a unit
+        // nobody short of work may take (its target is down for them, their config differs)
+        // would only come back here, round after round.
+        let excess = units.len().saturating_sub(quota_of(node));
+        let movable = units
+            .iter()
+            .rev()
+            .filter(|unit| {
+                below_quota
+                    .iter()
+                    .any(|other| other != node && may_take(*other, unit))
+            })
+            .take(excess);
+        for unit in movable {
             out.push(ControlCommand::RequestRelease {
                 unit: (*unit).clone(),
                 epoch: state.units.get(*unit).map(|r| r.epoch).unwrap_or_default(),

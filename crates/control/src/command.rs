@@ -229,6 +229,22 @@ pub(crate) enum ControlCommand {
         /// The identity revoked everywhere.
         incarnation: u64,
     },
+    /// Leader only: the member, fenced and live again, gets its next identity before every
+    /// fenced target acknowledged the old one's revoke (a target may be down for hours; the
+    /// member works on the others meanwhile). The old identity's revoke goes on, target by
+    /// target; its units of `held_flows` (those writing to a target that did not acknowledge
+    /// yet) are held, granted to nobody, until that target's `FenceTarget` for the old
+    /// identity frees them.
+    ReplaceFencedIdentity {
+        /// The member.
+        node: NodeId,
+        /// The fenced identity replaced (its revoke is still pending somewhere).
+        fenced: u64,
+        /// The next incarnation (one above every incarnation the member ever had).
+        incarnation: u64,
+        /// Flows writing to a fenced target that did not acknowledge `fenced`'s revoke yet.
+        held_flows: Vec<String>,
+    },
 }
 
 impl ControlCommand {
@@ -245,6 +261,7 @@ impl ControlCommand {
             | ControlCommand::Revoke { .. }
             | ControlCommand::FenceAcknowledged { .. }
             | ControlCommand::FenceTarget { .. }
+            | ControlCommand::ReplaceFencedIdentity { .. }
             | ControlCommand::SetFlowPaused { .. } => true,
             // Only units without an owner are reset; a config changes who may get units, which
             // the next assignment round acts on.
@@ -322,6 +339,8 @@ pub(crate) enum Rejection {
     /// A start recorded for a history that a start is recorded for already, or that has
     /// confirmed progress.
     StartKnown,
+    /// The unit is held for a replaced identity's revoke (`ReplaceFencedIdentity`).
+    HeldForRevoke,
 }
 
 /// The result of applying one log entry.
@@ -560,6 +579,15 @@ mod tests {
                 },
                 "150304",
             ),
+            (
+                ControlCommand::ReplaceFencedIdentity {
+                    node: 3,
+                    fenced: 4,
+                    incarnation: 5,
+                    held_flows: vec!["b".into()],
+                },
+                "16030405010162",
+            ),
         ]
     }
 
@@ -604,9 +632,10 @@ mod tests {
             ControlCommand::ResetTopicOffsets { .. } => 19,
             ControlCommand::FenceTarget { .. } => 20,
             ControlCommand::IdentityRevoked { .. } => 21,
+            ControlCommand::ReplaceFencedIdentity { .. } => 22,
         };
         let indexes: Vec<usize> = golden().iter().map(|(c, _)| count(c)).collect();
-        assert2::check!(indexes == (0..=21).collect::<Vec<_>>());
+        assert2::check!(indexes == (0..=22).collect::<Vec<_>>());
     }
 
     #[test]

@@ -108,6 +108,14 @@ pub(crate) struct ControlState {
     /// Per fenced identity (node, incarnation): the target clusters that acknowledged its
     /// revoke (`FenceTarget`). Dropped when the node gets its next identity or is removed.
     pub(crate) target_revokes: BTreeMap<(NodeId, u64), BTreeSet<String>>,
+    /// Fenced identities replaced (`ReplaceFencedIdentity`) before every fenced target
+    /// acknowledged their revoke: the leader goes on revoking them target by target
+    /// (`FenceTarget`), then `IdentityRevoked` moves them to `stale_identities`.
+    pub(crate) revoke_pending: BTreeSet<(NodeId, u64)>,
+    /// Units a replaced identity (node, incarnation) held on a target that did not
+    /// acknowledge its revoke yet: owned by nobody and granted to nobody until that target's
+    /// `FenceTarget` for the identity frees them, since a stale writer may still reach it.
+    pub(crate) held_units: BTreeMap<WorkUnit, (NodeId, u64)>,
 }
 
 /// An operator's offset reset of one unit (see `ControlCommand::ResetOffsets`).
@@ -209,6 +217,9 @@ impl ControlState {
                 if rec.owner.is_some() {
                     return Ignored(Rejection::AlreadyOwned);
                 }
+                if self.held_units.contains_key(unit) {
+                    return Ignored(Rejection::HeldForRevoke);
+                }
                 // Every grant is at a later index than the unit's previous grant (a batch holds
                 // at most one successful grant per unit because the second finds it owned).
                 rec.owner = Some(*node);
@@ -296,6 +307,15 @@ impl ControlState {
                 flows,
             } => self.fence_target(index, *node, *incarnation, target, flows),
             ControlCommand::IdentityRevoked { node, incarnation } => {
+                if self.revoke_pending.remove(&(*node, *incarnation)) {
+                    // Replaced earlier: its user is retired like any replaced identity's, and
+                    // whatever it still held (a flow the config dropped meanwhile) is free.
+                    self.stale_identities.insert((*node, *incarnation));
+                    self.target_revokes.remove(&(*node, *incarnation));
+                    self.held_units
+                        .retain(|_, held| *held != (*node, *incarnation));
+                    return Done;
+                }
                 match self.identities.get_mut(node) {
                     Some(identity) if identity.incarnation == *incarnation && identity.fenced => {
                         identity.revoked = true;
@@ -304,6 +324,12 @@ impl ControlState {
                     _ => Ignored(Rejection::StaleIncarnation),
                 }
             }
+            ControlCommand::ReplaceFencedIdentity {
+                node,
+                fenced,
+                incarnation,
+                held_flows,
+            } => self.replace_fenced_identity(*node, *fenced, *incarnation, held_flows),
             ControlCommand::ForgetIdentity { node, incarnation } => {
                 if self.stale_identities.remove(&(*node, *incarnation)) {
                     let highest = self.retired_incarnations.entry(*node).or_insert(0);
@@ -558,6 +584,50 @@ impl ControlState {
         ControlResponse::Done
     }
 
+    /// `ControlCommand::ReplaceFencedIdentity`: `node`'s identity `fenced` (fenced, not revoked
+    /// everywhere) gives way to `incarnation`; its units of `held_flows` are held until their
+    /// target acknowledges `fenced`'s revoke. Its other units stay with the node: those of
+    /// unfenced targets are safe with the node's new run as with any restart (the lease
+    /// guards them), and those of acknowledged targets were already taken.
+    fn replace_fenced_identity(
+        &mut self,
+        node: NodeId,
+        fenced: u64,
+        incarnation: u64,
+        held_flows: &[String],
+    ) -> ControlResponse {
+        if !self.members.contains_key(&node) {
+            return ControlResponse::Ignored(Rejection::UnknownMember);
+        }
+        match self.identities.get(&node) {
+            Some(i) if i.incarnation == fenced && i.fenced && !i.revoked => {}
+            _ => return ControlResponse::Ignored(Rejection::StaleIncarnation),
+        }
+        if incarnation <= fenced {
+            return ControlResponse::Ignored(Rejection::StaleIncarnation);
+        }
+        self.revoke_pending.insert((node, fenced));
+        for (unit, rec) in self
+            .units
+            .iter_mut()
+            .filter(|(u, r)| r.owner == Some(node) && held_flows.contains(&u.flow))
+        {
+            rec.owner = None;
+            rec.release_requested = false;
+            self.held_units.insert(unit.clone(), (node, fenced));
+        }
+        self.identities.insert(
+            node,
+            IdentityRecord {
+                incarnation,
+                password: String::new(),
+                fenced: false,
+                revoked: false,
+            },
+        );
+        ControlResponse::Done
+    }
+
     /// Records that `target` acknowledged the revoke of `node`'s identity `incarnation`
     /// (fenced before), and takes the node's units of `flows` (those writing to `target`):
     /// whatever the node still has in flight there is refused, so they can go to others at
@@ -571,14 +641,22 @@ impl ControlState {
         target: &str,
         flows: &[String],
     ) -> ControlResponse {
-        match self.identities.get(&node) {
-            Some(identity) if identity.incarnation == incarnation && identity.fenced => {}
+        let current = match self.identities.get(&node) {
+            Some(identity) if identity.incarnation == incarnation && identity.fenced => true,
+            _ if self.revoke_pending.contains(&(node, incarnation)) => false,
             _ => return ControlResponse::Ignored(Rejection::StaleIncarnation),
-        }
+        };
         self.target_revokes
             .entry((node, incarnation))
             .or_default()
             .insert(target.to_owned());
+        if !current {
+            // Replaced: the node's units now are its new identity's; only what the old one
+            // held there is freed.
+            self.held_units
+                .retain(|unit, held| *held != (node, incarnation) || !flows.contains(&unit.flow));
+            return ControlResponse::Done;
+        }
         let mut took = false;
         for (_, rec) in self
             .units
@@ -644,6 +722,19 @@ impl ControlState {
                     .get(&(node, i.incarnation))
                     .is_some_and(|t| t.contains(target))
         })
+    }
+
+    /// The replaced identities whose revoke is still pending, with the targets that
+    /// acknowledged it so far.
+    pub(crate) fn pending_revokes(&self) -> impl Iterator<Item = ((NodeId, u64), BTreeSet<&str>)> {
+        self.revoke_pending
+            .iter()
+            .map(|(node, inc)| ((*node, *inc), self.revoked_targets(*node, *inc)))
+    }
+
+    /// Whether `unit` is held for a replaced identity's revoke (granted to nobody).
+    pub(crate) fn is_held(&self, unit: &WorkUnit) -> bool {
+        self.held_units.contains_key(unit)
     }
 
     /// The targets that acknowledged the revoke of `node`'s identity `incarnation`.
@@ -728,7 +819,7 @@ impl ControlState {
             .collect()
     }
 
-    /// Units that are reported (not retired), not paused and have no owner.
+    /// Units that are reported (not retired), not paused and have no owner (held ones too).
     pub(crate) fn unowned_units(&self) -> usize {
         self.units
             .iter()

@@ -66,8 +66,9 @@ impl SmData {
 
 /// `ControlState` fields added after the first release, all collections at its end:
 /// `identities`, `stale_identities`, `retired_incarnations`, `paused_flows`, `pending_resets`,
-/// `config_digests`, `recorded_starts`, `reset_topics`, `target_revokes`.
-const FIELDS_ADDED_SINCE_FIRST_RELEASE: usize = 9;
+/// `config_digests`, `recorded_starts`, `reset_topics`, `target_revokes`, `revoke_pending`,
+/// `held_units`.
+const FIELDS_ADDED_SINCE_FIRST_RELEASE: usize = 11;
 
 /// A snapshot as stored in sled.
 #[derive(Serialize, Deserialize)]

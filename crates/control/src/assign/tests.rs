@@ -437,7 +437,17 @@ fn with_fencing_a_failed_owner_is_fenced_instead_of_revoked() {
     check!(granted_to(&plan(&s, &lease)).is_empty());
     let back = fencing_over(&s, &[1, 2], &[]);
     check!(revokes(&fence_work(&s, &back)) == vec![(1, 3, "t")]);
-    check!(fence_work(&s, &back).commands.is_empty());
+    // Responsive again before `t` acknowledged: its next identity, the old one's units of
+    // `t` held (tested below); this round does not write it, to follow the plain path.
+    check!(
+        fence_work(&s, &back).commands
+            == vec![ControlCommand::ReplaceFencedIdentity {
+                node: 1,
+                fenced: 3,
+                incarnation: 4,
+                held_flows: vec!["f".into()],
+            }]
+    );
     check!(!plan(&s, &back)
         .iter()
         .any(|c| matches!(c, ControlCommand::RequestRelease { .. })));
@@ -767,4 +777,121 @@ fn a_member_whose_config_changed_is_asked_its_units_back() {
         );
     }
     check!(granted_to(&round_from(&s, &[1, 2], 1)) == BTreeSet::from([1]));
+}
+
+#[test]
+fn a_member_back_while_a_target_is_down_gets_its_next_identity_and_the_old_ones_units_there_stay_held(
+) {
+    let (mut s, topology) = three_flows();
+    let b0 = WorkUnit::new("b", "s", "t", 0);
+    s.apply(30, &fence_member(1, 1));
+    s.apply(31, &ControlCommand::fence_target(1, 1, "eu", &["a"]));
+    // Node 1 renews again (restarted, or back from a freeze); `ap` still does not answer.
+    let back = |s: &ControlState| Liveness {
+        topology: topology.clone(),
+        ensured: all_ensured(s, &topology),
+        ..fencing_over(s, &[1, 2], &[])
+    };
+    let work = fence_work(&s, &back(&s));
+    let replace = ControlCommand::ReplaceFencedIdentity {
+        node: 1,
+        fenced: 1,
+        incarnation: 2,
+        held_flows: vec!["b".into()],
+    };
+    check!(work.commands == vec![replace.clone()]);
+    check!(revokes(&work) == vec![(1, 1, "ap")]);
+    s.apply(32, &replace);
+    check!(s
+        .writer_login(1, &crate::identity::test_passwords())
+        .is_some());
+    // b0 is held for `ap`: owned by nobody and granted to nobody; c0 (an unfenced target)
+    // stays with node 1's new run.
+    check!(owned_by(&s, 1) == BTreeSet::from(["c0".into()]));
+    check!(s.is_held(&b0));
+    let cmds = plan(&s, &back(&s));
+    check!(!cmds
+        .iter()
+        .any(|c| matches!(c, ControlCommand::Grant { unit, .. } if unit.flow == "b")));
+    check!(cmds
+        .iter()
+        .any(|c| matches!(c, ControlCommand::Grant { unit, .. } if unit.flow == "a")));
+    // The old identity's revoke goes on; `ap`'s acknowledgement frees b0, then the old
+    // identity is revoked everywhere and retired like any replaced one.
+    check!(revokes(&fence_work(&s, &back(&s))) == vec![(1, 1, "ap")]);
+    s.apply(33, &ControlCommand::fence_target(1, 1, "ap", &["b"]));
+    check!(!s.is_held(&b0));
+    let work = fence_work(&s, &back(&s));
+    check!(work.commands.contains(&ControlCommand::IdentityRevoked {
+        node: 1,
+        incarnation: 1
+    }));
+    check!(revokes(&work).is_empty());
+    s.apply(34, &ControlCommand::Batch(work.commands));
+    check!(s.stale_identities.contains(&(1, 1)));
+    check!(s.revoke_pending.is_empty());
+    check!(s.identities.get(&1).map(|i| (i.incarnation, i.fenced)) == Some((2, false)));
+}
+
+#[test]
+fn the_next_incarnation_is_above_a_replaced_one_still_being_revoked() {
+    let (mut s, topology) = three_flows();
+    s.apply(30, &fence_member(1, 1));
+    s.apply(
+        31,
+        &ControlCommand::ReplaceFencedIdentity {
+            node: 1,
+            fenced: 1,
+            incarnation: 2,
+            held_flows: vec!["a".into(), "b".into()],
+        },
+    );
+    // Fenced again before any target acknowledged the first revoke.
+    s.apply(32, &fence_member(1, 2));
+    let lease = Liveness {
+        topology: topology.clone(),
+        ensured: all_ensured(&s, &topology),
+        ..fencing_over(&s, &[1, 2], &[])
+    };
+    let work = fence_work(&s, &lease);
+    check!(work.commands.iter().any(|c| matches!(
+        c,
+        ControlCommand::ReplaceFencedIdentity {
+            node: 1,
+            fenced: 2,
+            incarnation: 3,
+            ..
+        }
+    )));
+    check!(revokes(&work) == vec![(1, 2, "ap"), (1, 2, "eu"), (1, 1, "ap"), (1, 1, "eu")]);
+}
+
+#[test]
+fn a_member_that_may_not_write_to_a_target_is_not_given_that_targets_units_by_release() {
+    let (mut s, _) = three_flows();
+    // `c`, the last flow in unit order, writes to `ap` here.
+    let topology = FenceTopology::new([
+        ("a".to_owned(), Some("eu".to_owned())),
+        ("b".to_owned(), None),
+        ("c".to_owned(), Some("ap".to_owned())),
+    ]);
+    s.apply(40, &register(3));
+    with_identity(&mut s, 3, 1);
+    // Node 3's user could not be made on `ap` (down): it may take units of `a` and `b` only.
+    let mut ensured = all_ensured(&s, &topology);
+    ensured.remove(&("ap".to_owned(), 3, 1));
+    let lease = Liveness {
+        topology,
+        ensured,
+        ..fencing_over(&s, &[1, 2, 3], &[])
+    };
+    let released: Vec<String> = plan(&s, &lease)
+        .iter()
+        .filter_map(|c| match c {
+            ControlCommand::RequestRelease { unit, .. } => Some(unit.flow.clone()),
+            _ => None,
+        })
+        .collect();
+    check!(!released.is_empty());
+    check!(released.iter().all(|f| f != "c"), "released {released:?}");
 }

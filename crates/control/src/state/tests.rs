@@ -450,6 +450,61 @@ fn a_targets_acknowledgement_takes_only_the_units_writing_there() {
     check!(!s.unrevoked_on(1, "ap"));
 }
 
+fn replace(node: NodeId, fenced: u64, incarnation: u64, held: &[&str]) -> ControlCommand {
+    ControlCommand::ReplaceFencedIdentity {
+        node,
+        fenced,
+        incarnation,
+        held_flows: held.iter().map(|f| (*f).to_owned()).collect(),
+    }
+}
+
+#[test]
+fn a_replaced_identitys_units_on_an_unacknowledged_target_are_held_until_it_acknowledges() {
+    let mut s = setup();
+    s.apply(11, &grant(1, 1));
+    s.apply(12, &identity(1, 4));
+    // Only a fenced identity is replaced, only upwards, only by a member.
+    check!(
+        s.apply(13, &replace(1, 4, 5, &["f"]))
+            == ControlResponse::Ignored(Rejection::StaleIncarnation)
+    );
+    s.apply(14, &fence(1, 4));
+    check!(
+        s.apply(15, &replace(1, 4, 4, &["f"]))
+            == ControlResponse::Ignored(Rejection::StaleIncarnation)
+    );
+    check!(
+        s.apply(16, &replace(9, 4, 5, &["f"]))
+            == ControlResponse::Ignored(Rejection::UnknownMember)
+    );
+    check!(s.apply(17, &replace(1, 4, 5, &["f"])) == ControlResponse::Done);
+    check!(s.assignments_of(1).is_empty());
+    check!(s.is_held(&unit(0)) && s.is_held(&unit(1)));
+    check!(s.writer_login(1, &test_passwords()).is_some());
+    // Nobody gets a held unit; a stale commit of the old run is fenced.
+    check!(s.apply(18, &grant(0, 2)) == ControlResponse::Ignored(Rejection::HeldForRevoke));
+    check!(matches!(
+        commit_as(&mut s, 19, 1, commit(10, 5, 1)),
+        CommitOutcome::Fenced { .. }
+    ));
+    // The new identity gets unit 2; the old identity's acknowledgement on `eu` frees only
+    // what the old one held, never the new identity's units.
+    s.apply(20, &grant(2, 1));
+    check!(s.apply(21, &ControlCommand::fence_target(1, 4, "eu", &["f"])) == ControlResponse::Done);
+    check!(!s.is_held(&unit(0)) && !s.is_held(&unit(1)));
+    check!(s.assignments_of(1).len() == 1);
+    check!(s.apply(22, &grant(0, 2)) == ControlResponse::Granted { epoch: Epoch(22) });
+    // Revoked everywhere: retired like any replaced identity.
+    check!(s.apply(23, &revoked(1, 4)) == ControlResponse::Done);
+    check!(s.stale_identities.contains(&(1, 4)));
+    check!(s.revoke_pending.is_empty() && s.held_units.is_empty());
+    check!(
+        s.apply(24, &ControlCommand::fence_target(1, 4, "ap", &["f"]))
+            == ControlResponse::Ignored(Rejection::StaleIncarnation)
+    );
+}
+
 #[test]
 fn an_earlier_versions_fence_acknowledgement_still_takes_all_units() {
     let mut s = setup();
