@@ -19,10 +19,14 @@ pub(crate) const PAYLOAD_BYTES: usize = 256;
 /// Messages per send when filling a topic (also the replicator's default batch size).
 pub(crate) const FILL_BATCH: u64 = 1000;
 
-/// The two Iggy servers of a run, and the binary the nodes run.
+/// The two Iggy servers of a run, and the binaries the nodes and the tools run.
 pub(crate) struct Endpoints {
-    /// The `iggy-replicator` executable (nodes, `verify`, dev servers).
+    /// This build's `iggy-replicator` executable (dev servers).
     pub(crate) binary: ReplicatorBinary,
+    /// The executable the replicator nodes (and their `verify`) run: `BENCH_NODE_BINARY`, to
+    /// measure another build (an older commit) with this build's scenarios and servers, or
+    /// this build's.
+    pub(crate) nodes: ReplicatorBinary,
     /// The source cluster: its connection string and generation, as the replicator nodes and
     /// the benchmark's own tools (filling, watching, the raw loop) reach it.
     pub(crate) upstream: Endpoint,
@@ -38,6 +42,12 @@ impl Endpoints {
     /// the generations of `BENCH_IGGY_VERSIONS`.
     pub(crate) async fn from_env() -> TestResult<Self> {
         let binary = ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?;
+        let nodes = match std::env::var_os("BENCH_NODE_BINARY") {
+            Some(path) => {
+                ReplicatorBinary::new(path).map_err(|e| format!("BENCH_NODE_BINARY: {e}"))?
+            }
+            None => binary.clone(),
+        };
         let (up_version, down_version) = versions_from_env()?;
         match (
             std::env::var("BENCH_SOURCE_URL"),
@@ -61,6 +71,7 @@ impl Endpoints {
                 }
                 Ok(Self {
                     binary,
+                    nodes,
                     upstream,
                     downstream,
                     servers: Vec::new(),
@@ -74,6 +85,7 @@ impl Endpoints {
                     downstream: down.endpoint().clone(),
                     servers: vec![up, down],
                     binary,
+                    nodes,
                 })
             }
             _ => Err("set both BENCH_SOURCE_URL and BENCH_TARGET_URL, or neither".into()),
@@ -251,7 +263,7 @@ pub(crate) fn replication_spec(
     let (connections, provenance) = (settings.connections, settings.provenance);
     let fencing = &settings.fencing;
     ClusterSpec {
-        binary: endpoints.binary.clone(),
+        binary: endpoints.nodes.clone(),
         replication_toml: format!(
             r#"[clusters.{source_alias}]
 url = "{up}"

@@ -16,11 +16,16 @@
 //!   instances at low traffic, 50 × `kill -9` of the Raft leader; p50/p99/max of the time until
 //!   the survivors agree on a new leader and until every unit is owned again, the slowest kill,
 //!   then an exact `verify`. A kill that stalls past 60 s fails the run at that kill.
+//! - `topology` (only by name: about 5 minutes): failover where several targets and flows
+//!   meet, on three dev servers of its own: a target down while nodes are killed, a flow added
+//!   by reload, fenced and unfenced targets mixed under kills.
 //!
 //! ```text
 //! cargo bench --bench replication                      # the default scenarios
 //! cargo bench --bench replication -- catchup latency   # some of them
 //! BENCH_LEADER_KILLS=3 cargo bench --bench replication -- leader-kills
+//! BENCH_NODE_BINARY=/old/target/release/iggy-replicator \
+//!   cargo bench --bench replication -- topology       # an older build's nodes
 //! BENCH_SOURCE_URL=iggy://user:pass@10.0.0.1:8090 \
 //! BENCH_TARGET_URL=iggy://user:pass@10.0.0.2:8090 \
 //!   cargo bench --bench replication -- catchup         # against real Iggy servers
@@ -43,6 +48,7 @@ mod metrics;
 mod report;
 mod scale;
 mod settings;
+mod topology;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -56,7 +62,14 @@ use crate::settings::Settings;
 const DEFAULT_SCENARIOS: [&str; 4] = ["catchup", "latency", "failover", "scale"];
 /// Every scenario that can be named; the ones not in [`DEFAULT_SCENARIOS`] take too long for
 /// every run.
-const SCENARIOS: [&str; 5] = ["catchup", "latency", "failover", "scale", "leader-kills"];
+const SCENARIOS: [&str; 6] = [
+    "catchup",
+    "latency",
+    "failover",
+    "scale",
+    "leader-kills",
+    "topology",
+];
 
 fn main() -> ExitCode {
     // `cargo bench` passes `--bench`; anything else starting with `-` is ignored the same way.
@@ -108,6 +121,9 @@ async fn run(chosen: &[String], settings: &Settings) -> TestResult {
     println!("# iggy-replicator benchmarks\n");
     println!("- servers: {}", endpoints.describe());
     println!("- machine: {}", settings::machine());
+    if endpoints.nodes.path() != endpoints.binary.path() {
+        println!("- nodes run: {}", endpoints.nodes.path().display());
+    }
     println!("- settings: {settings}\n");
     for scenario in chosen {
         match scenario.as_str() {
@@ -116,6 +132,7 @@ async fn run(chosen: &[String], settings: &Settings) -> TestResult {
             "failover" => failover::run(&endpoints, settings).await?,
             "scale" => scale::run(&endpoints, settings).await?,
             "leader-kills" => leader_kills::run(&endpoints, settings).await?,
+            "topology" => topology::run(&endpoints, settings).await?,
             other => return Err(format!("unknown scenario {other}").into()),
         }
     }

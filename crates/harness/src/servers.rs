@@ -248,6 +248,29 @@ impl DevServer {
         self.child.id()
     }
 
+    /// Stops the process (SIGSTOP): its connections stay open and nothing answers, as when a
+    /// server's host freezes. [`DevServer::thaw`] lets it go on; dropping it kills it anyway.
+    pub fn freeze(&self) -> Result<()> {
+        self.signal(Signal::SIGSTOP)
+    }
+
+    /// Continues a [`DevServer::freeze`]d process (SIGCONT).
+    pub fn thaw(&self) -> Result<()> {
+        self.signal(Signal::SIGCONT)
+    }
+
+    fn signal(&self, signal: Signal) -> Result<()> {
+        if self.reaped {
+            return Err(Error::Setup(format!(
+                "the dev server (pid {}) is gone: no {signal}",
+                self.child.id()
+            )));
+        }
+        let pid = i32::try_from(self.child.id())
+            .map_err(|_| Error::Setup(format!("pid {} out of range", self.child.id())))?;
+        Ok(kill(Pid::from_raw(pid), signal)?)
+    }
+
     /// Kills the process by its pid and reaps it, once.
     fn kill(&mut self) {
         if std::mem::replace(&mut self.reaped, true) {
