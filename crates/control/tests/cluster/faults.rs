@@ -287,6 +287,9 @@ async fn a_state_of_9_mib_reaches_a_restarted_follower_and_a_new_member() -> Tes
         logs_to_keep_after_snapshot: 5,
         rpc_timeout: Duration::from_secs(10),
         write_timeout: Duration::from_secs(60),
+        // Adding the member waits until it installed the snapshot (`add_member` within the
+        // drain timeout), which a loaded machine may take long for.
+        drain_timeout: Duration::from_secs(120),
         ..fast_timing()
     };
     let mut cluster = TestCluster::start(3, timing).await?;
@@ -312,7 +315,7 @@ async fn a_state_of_9_mib_reaches_a_restarted_follower_and_a_new_member() -> Tes
         .await?;
     cluster.restart(follower).await?;
     let unit = mine[0].unit.clone();
-    wait_until("the follower caught up", Duration::from_secs(60), || {
+    wait_until("the follower caught up", Duration::from_secs(120), || {
         cluster.confirmed(follower, &unit) == Some(39)
     })
     .await?;
@@ -324,7 +327,7 @@ async fn a_state_of_9_mib_reaches_a_restarted_follower_and_a_new_member() -> Tes
         .node(leader)
         .add_member(4, addr, "127.0.0.1:9004".into())
         .await?;
-    wait_until("the new member caught up", Duration::from_secs(60), || {
+    wait_until("the new member caught up", Duration::from_secs(120), || {
         cluster.confirmed(4, &unit) == Some(39)
     })
     .await?;
