@@ -131,9 +131,15 @@ impl Cluster {
     /// Closes every connection and refuses to open new ones: calls fail with
     /// [`Error::WriterRetired`] from now on.
     pub(crate) async fn retire(&self) {
+        self.refuse_calls();
+        self.close().await;
+    }
+
+    /// The part of [`Cluster::retire`] that takes effect at once: every call from now on
+    /// fails with [`Error::WriterRetired`]; the open connections stay until `close`.
+    pub(crate) fn refuse_calls(&self) {
         self.retired
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        self.close().await;
     }
 
     /// The cluster alias.

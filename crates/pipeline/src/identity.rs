@@ -179,7 +179,13 @@ pub(crate) async fn follow<C: ControlPlane>(
                         }
                     }
                     for old in retired {
-                        old.retire().await;
+                        // Its calls fail from now on; closing its connections may wait for a
+                        // connect in progress to an unreachable target (the connect timeout),
+                        // which must not hold up writing as the next identity elsewhere.
+                        old.refuse_calls();
+                        tokio::spawn(tracing::Instrument::in_current_span(async move {
+                            old.close().await
+                        }));
                     }
                     applied = Some(login);
                 }
