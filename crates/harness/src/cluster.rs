@@ -62,8 +62,17 @@ impl Placement {
     }
 }
 
-/// A free loopback address: binds port 0 and releases it for the node process to bind.
+/// A free loopback address for a node process to bind later. Tried first at random below
+/// Linux's ephemeral range (32768 and up by default): a port the OS handed out for port 0 is
+/// in that range, where any outgoing connection of the machine may take it before the node
+/// binds it (seen as "Address already in use" on a busy machine). Port 0 is the fallback.
 pub fn free_addr() -> Result<SocketAddr> {
+    for _ in 0..50 {
+        let port = rand::random::<u16>() % 12_000 + 20_000;
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            return Ok(listener.local_addr()?);
+        }
+    }
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?)
 }
