@@ -209,21 +209,6 @@ impl RunningNode {
         );
         info!(node = config.node.id, raft = %raft_addr, api = %api_addr, "starting node; admin API serving");
 
-        // A cluster that answers in the other Iggy generation would only ever time out: say so
-        // now, naming the key, instead of retrying forever.
-        let clusters = pipeline_params(config).clusters;
-        let probe = check_generations(&clusters, PROBE_TIMEOUT);
-        let mismatches = tokio::select! {
-            () = stop.cancelled() => {
-                admin.shutdown().await;
-                return Ok(None);
-            }
-            mismatches = probe => mismatches,
-        };
-        if let Some(failure) = generation_failure(&mismatches) {
-            admin.shutdown().await;
-            return Err(failure);
-        }
         let fence = match TargetFence::new(&pipeline_params(config)) {
             Ok(fence) => fence.map(Arc::new),
             Err(e) => {
@@ -231,21 +216,35 @@ impl RunningNode {
                 return Err(Failure::config(format!("clusters: {e}")));
             }
         };
-        if let Some(fence) = &fence {
-            // A target that does not answer soon is checked by the leader's first fence
-            // instead (its failures show in status and metrics); a stop request wins.
-            let targets = fenced_targets(&pipeline_params(config));
-            let checked = tokio::select! {
-                () = stop.cancelled() => {
-                    admin.shutdown().await;
-                    return Ok(None);
-                }
-                checked = check_fence_rights(fence, &targets) => checked,
-            };
-            if let Err(e) = checked {
-                admin.shutdown().await;
-                return Err(Failure::config(e.to_string()).with_hint(FENCE_RIGHTS_HINT));
+        // Two checks of the clusters, at once (a frozen cluster costs each its timeout; one
+        // after the other they held the start for both): a cluster that answers in the other
+        // Iggy generation would only ever time out, so say so now, naming the key; and the
+        // fenced targets' users must have the rights the fence needs. A target that does not
+        // answer soon is checked by the leader's first fence instead (its failures show in
+        // status and metrics). A stop request wins.
+        let clusters = pipeline_params(config).clusters;
+        let probe = check_generations(&clusters, PROBE_TIMEOUT);
+        let targets = fenced_targets(&pipeline_params(config));
+        let rights = async {
+            match &fence {
+                Some(fence) => check_fence_rights(fence, &targets).await,
+                None => Ok(()),
             }
+        };
+        let (mismatches, checked) = tokio::select! {
+            () = stop.cancelled() => {
+                admin.shutdown().await;
+                return Ok(None);
+            }
+            both = async { tokio::join!(probe, rights) } => both,
+        };
+        if let Some(failure) = generation_failure(&mismatches) {
+            admin.shutdown().await;
+            return Err(failure);
+        }
+        if let Err(e) = checked {
+            admin.shutdown().await;
+            return Err(Failure::config(e.to_string()).with_hint(FENCE_RIGHTS_HINT));
         }
         let fencing = fencing(fence.clone(), &pipeline_params(config));
         let params = control_params(config, raft_addr, Some(raft), fencing);

@@ -61,13 +61,29 @@ async fn answers(version: IggyVersion, connection_string: &str, wait: Duration) 
     answered
 }
 
-/// Probes one cluster.
+/// Probes one cluster: both generations at once, so that a server that answers neither (down,
+/// frozen) costs one `wait`, not two; a server that answers the configured one decides at once.
 pub async fn probe(cluster: &ClusterParams, wait: Duration) -> Spoken {
     let configured = cluster.iggy_version;
-    if answers(configured, &cluster.connection_string, wait).await {
+    let configured_probe = answers(configured, &cluster.connection_string, wait);
+    let other_probe = answers(other(configured), &cluster.connection_string, wait);
+    tokio::pin!(configured_probe, other_probe);
+    let mut other_answered = None;
+    let configured_answered = loop {
+        tokio::select! {
+            answered = &mut configured_probe => break answered,
+            answered = &mut other_probe, if other_answered.is_none() => {
+                other_answered = Some(answered);
+            }
+        }
+    };
+    if configured_answered {
         return Spoken::Configured;
     }
-    let other_answered = answers(other(configured), &cluster.connection_string, wait).await;
+    let other_answered = match other_answered {
+        Some(answered) => answered,
+        None => other_probe.await,
+    };
     verdict(configured, false, other_answered)
 }
 
