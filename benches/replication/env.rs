@@ -8,7 +8,7 @@ use bytes::Bytes;
 use iggy::prelude::IggyMessage;
 use replicator_harness::{
     connect, delete_stream, ensure_topic, produce_bulk, Bulk, Cluster, ClusterSpec, DevServer,
-    Endpoint, ReplicatorBinary, TestResult,
+    Endpoint, NodeId, ReplicatorBinary, TestResult,
 };
 
 use crate::settings::Settings;
@@ -307,6 +307,22 @@ pub(crate) fn run_name(what: &str) -> String {
 pub(crate) async fn wait_balanced(cluster: &Cluster, within: Duration) -> TestResult {
     cluster.wait_balanced(&cluster.running(), within).await?;
     Ok(())
+}
+
+/// Starts the killed `victim` again and waits until `nodes` (the victim among them) own every
+/// unit, spread evenly: the steady state the next failover round starts from.
+pub(crate) async fn restart_and_rebalance(
+    cluster: &mut Cluster,
+    victim: NodeId,
+    nodes: &[NodeId],
+) -> TestResult {
+    cluster.restart(victim)?;
+    let mut everyone = nodes.to_vec();
+    everyone.sort_unstable();
+    cluster
+        .wait_all_owned(&everyone, Duration::from_secs(120))
+        .await?;
+    wait_balanced(cluster, Duration::from_secs(120)).await
 }
 
 /// Creates `topics` (each with `partitions` partitions) in `stream` upstream, starts three

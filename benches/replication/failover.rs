@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use replicator_harness::{TestResult, Topic, Watch};
 
-use crate::env::{cleaned_up, run_name, start_three_nodes, wait_balanced, Endpoints};
+use crate::env::{cleaned_up, restart_and_rebalance, run_name, start_three_nodes, Endpoints};
 use crate::load::paced;
 use crate::report::{median_range, secs};
 use crate::settings::Settings;
@@ -62,13 +62,7 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
         if role == "leader" {
             leader_times.push(resumed.all.as_secs_f64());
         }
-        cluster.restart(victim)?;
-        let mut everyone = running.clone();
-        everyone.sort_unstable();
-        cluster
-            .wait_all_owned(&everyone, Duration::from_secs(120))
-            .await?;
-        wait_balanced(&cluster, Duration::from_secs(120)).await?;
+        restart_and_rebalance(&mut cluster, victim, &running).await?;
     }
     let produced = producer.stop().await?.produced;
     watch

@@ -24,11 +24,11 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use replicator_harness::{
-    connect, ensure_topic, wait_resumed, Cluster, ClusterEntry, ClusterSpec, DevServer, Endpoint,
-    FlowEntry, NodeId, Replication, Stalled, Status, TestResult, Topic, Watch,
+    connect, ensure_topic, wait_resumed, wait_until, Cluster, ClusterEntry, ClusterSpec, DevServer,
+    Endpoint, FlowEntry, NodeId, Replication, Stalled, Status, TestResult, Topic, Watch,
 };
 
-use crate::env::{fill, wait_balanced, Endpoints};
+use crate::env::{fill, restart_and_rebalance, wait_balanced, Endpoints};
 use crate::load::paced;
 use crate::report::{median_range, secs};
 use crate::settings::Settings;
@@ -280,9 +280,9 @@ async fn target_down(endpoints: &Endpoints, settings: &Settings) -> TestResult {
 
 /// Waits until every unit of `topic` is owned and the restarted `node` renews again.
 async fn wait_owned(cluster: &Cluster, topic: &Topic, node: NodeId) -> TestResult {
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        if let Some(status) = cluster.leader_status().await {
+    let what = format!("node {node} back and {} owned", topic.stream);
+    wait_until(&what, WITHIN, || async {
+        cluster.leader_status().await.is_some_and(|status| {
             let owned = status
                 .owners(topic)
                 .values()
@@ -291,15 +291,11 @@ async fn wait_owned(cluster: &Cluster, topic: &Topic, node: NodeId) -> TestResul
             let back = status
                 .member(node)
                 .is_some_and(|m| m.lease_alive == Some(true) && !m.fenced);
-            if owned == topic.partitions as usize && back {
-                return Ok(());
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(format!("node {node} back and {} owned", topic.stream).into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            owned == topic.partitions as usize && back
+        })
+    })
+    .await?;
+    Ok(())
 }
 
 /// The "reload" part (see the module).
@@ -451,13 +447,7 @@ async fn mixed(endpoints: &Endpoints, settings: &Settings) -> TestResult {
         if !owned_u.is_empty() {
             open_times.push(tu.as_secs_f64());
         }
-        cluster.restart(victim)?;
-        let mut everyone = running.clone();
-        everyone.sort_unstable();
-        cluster
-            .wait_all_owned(&everyone, Duration::from_secs(120))
-            .await?;
-        wait_balanced(&cluster, Duration::from_secs(120)).await?;
+        restart_and_rebalance(&mut cluster, victim, &running).await?;
     }
     let produced = producer.stop().await?.produced;
     on_fenced.close().await;

@@ -102,6 +102,32 @@ pub(crate) struct FenceWork {
     pub(crate) retire: Vec<(NodeId, u64)>,
 }
 
+impl FenceWork {
+    /// Carries on the revoke of the fenced identity (`node`, `incarnation`): a revoke on each
+    /// of `targets` not in `acknowledged`, or `IdentityRevoked` once there is none. Returns
+    /// the targets still to acknowledge.
+    fn carry_on_revoke<'t>(
+        &mut self,
+        node: NodeId,
+        incarnation: u64,
+        targets: &BTreeSet<&'t str>,
+        acknowledged: &BTreeSet<&str>,
+    ) -> Vec<&'t str> {
+        let missing: Vec<&'t str> = targets
+            .iter()
+            .filter(|t| !acknowledged.contains(*t))
+            .copied()
+            .collect();
+        if missing.is_empty() {
+            self.commands
+                .push(ControlCommand::IdentityRevoked { node, incarnation });
+        }
+        self.revoke
+            .extend(missing.iter().map(|t| (node, incarnation, (*t).to_owned())));
+        missing
+    }
+}
+
 /// The work fencing needs now (nothing with fencing off):
 /// * a member that stopped renewing (unresponsive, or its lease expired) and owns units
 ///   writing to a fenced target while its identity has rights: fence it (`FenceMember`);
@@ -153,17 +179,7 @@ pub(crate) fn fence_work(state: &ControlState, lease: &Liveness) -> FenceWork {
         }
         // A fence decided by this leader or an earlier one is carried on, target by target.
         let acknowledged = state.revoked_targets(node, incarnation);
-        let missing: Vec<&str> = targets
-            .iter()
-            .filter(|t| !acknowledged.contains(*t))
-            .copied()
-            .collect();
-        if missing.is_empty() {
-            work.commands
-                .push(ControlCommand::IdentityRevoked { node, incarnation });
-        }
-        work.revoke
-            .extend(missing.iter().map(|t| (node, incarnation, (*t).to_owned())));
+        let missing = work.carry_on_revoke(node, incarnation, &targets, &acknowledged);
         // Live again (restarted, or back from a freeze) while a target is still to
         // acknowledge: the next identity now, so that one target's outage does not keep the
         // member from the others; what the old one held there stays held.
@@ -185,20 +201,7 @@ pub(crate) fn fence_work(state: &ControlState, lease: &Liveness) -> FenceWork {
         }
     }
     for ((node, incarnation), acknowledged) in state.pending_revokes() {
-        let missing: Vec<&str> = targets
-            .iter()
-            .filter(|t| !acknowledged.contains(*t))
-            .copied()
-            .collect();
-        if missing.is_empty() {
-            work.commands
-                .push(ControlCommand::IdentityRevoked { node, incarnation });
-        }
-        work.revoke.extend(
-            missing
-                .into_iter()
-                .map(|t| (node, incarnation, t.to_owned())),
-        );
+        work.carry_on_revoke(node, incarnation, &targets, &acknowledged);
     }
     for (node, member) in &state.members {
         if state.has_unrevoked_identity(*node)

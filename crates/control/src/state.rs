@@ -607,14 +607,8 @@ impl ControlState {
             return ControlResponse::Ignored(Rejection::StaleIncarnation);
         }
         self.revoke_pending.insert((node, fenced));
-        for (unit, rec) in self
-            .units
-            .iter_mut()
-            .filter(|(u, r)| r.owner == Some(node) && held_flows.contains(&u.flow))
-        {
-            rec.owner = None;
-            rec.release_requested = false;
-            self.held_units.insert(unit.clone(), (node, fenced));
+        for unit in self.take_units(node, held_flows) {
+            self.held_units.insert(unit, (node, fenced));
         }
         self.identities.insert(
             node,
@@ -657,22 +651,25 @@ impl ControlState {
                 .retain(|unit, held| *held != (node, incarnation) || !flows.contains(&unit.flow));
             return ControlResponse::Done;
         }
-        let mut took = false;
-        for (_, rec) in self
-            .units
-            .iter_mut()
-            .filter(|(u, r)| r.owner == Some(node) && flows.contains(&u.flow))
-        {
-            rec.owner = None;
-            rec.release_requested = false;
-            took = true;
-        }
-        if took {
+        if !self.take_units(node, flows).is_empty() {
             if let Some(member) = self.members.get_mut(&node) {
                 member.last_revoke_index = index;
             }
         }
         ControlResponse::Done
+    }
+
+    /// Takes `node`'s units of `flows` from it (unowned, no release pending); returns them.
+    fn take_units(&mut self, node: NodeId, flows: &[String]) -> Vec<WorkUnit> {
+        self.units
+            .iter_mut()
+            .filter(|(u, r)| r.owner == Some(node) && flows.contains(&u.flow))
+            .map(|(unit, rec)| {
+                rec.owner = None;
+                rec.release_requested = false;
+                unit.clone()
+            })
+            .collect()
     }
 
     /// As leaders of earlier versions wrote it (`ControlCommand::FenceAcknowledged`): records

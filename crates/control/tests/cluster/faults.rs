@@ -83,18 +83,8 @@ async fn restarted_follower_catches_up_through_a_snapshot() -> TestResult {
     let follower = follower_of(leader);
     cluster.crash(follower).await;
     let crashed_at_index = cluster.node(leader).metrics().last_log_index.unwrap_or(0);
-    for offset in 0..60 {
-        cluster
-            .node(leader)
-            .commit(vec![commit(&mine[0], offset)])
-            .await?;
-    }
-    cluster
-        .wait_metrics("leader purged past the follower", leader, |m| {
-            m.purged_index.is_some_and(|p| p > crashed_at_index)
-        })
-        .await?;
-    cluster.restart(follower).await?;
+    let commits = (&mine[0], 60, crashed_at_index);
+    commit_until_purged_then_restart(&mut cluster, (leader, follower), commits).await?;
     let unit = mine[0].unit.clone();
     wait_until("follower caught up", Duration::from_secs(10), || {
         cluster.confirmed(follower, &unit) == Some(59)
@@ -260,6 +250,28 @@ async fn a_drain_without_quorum_gives_up_promptly() -> TestResult {
     Ok(())
 }
 
+/// Commits offsets `0..n` of `assignment` at `leader`, waits until the leader purged its log
+/// past `crashed_at_index` (where the crashed `follower` stopped), and restarts the follower:
+/// it can catch up only through a snapshot.
+async fn commit_until_purged_then_restart(
+    cluster: &mut TestCluster,
+    (leader, follower): (NodeId, NodeId),
+    (assignment, n, crashed_at_index): (&replicator_model::Assignment, u64, u64),
+) -> TestResult {
+    for offset in 0..n {
+        cluster
+            .node(leader)
+            .commit(vec![commit(assignment, offset)])
+            .await?;
+    }
+    cluster
+        .wait_metrics("leader purged past the follower", leader, |m| {
+            m.purged_index.is_some_and(|p| p > crashed_at_index)
+        })
+        .await?;
+    cluster.restart(follower).await
+}
+
 /// `flows` flows of `per_flow` units each whose stream names are `name_len` characters: a
 /// state of about `flows × per_flow × name_len` bytes, each flow's report one entry.
 async fn report_large_state(
@@ -302,18 +314,8 @@ async fn a_state_of_9_mib_reaches_a_restarted_follower_and_a_new_member() -> Tes
     report_large_state(&cluster, leader, (4, 3_000, 800)).await?;
     let total = 12_000;
     let mine = cluster.wait_assigned(leader, |a| !a.is_empty()).await?;
-    for offset in 0..40 {
-        cluster
-            .node(leader)
-            .commit(vec![commit(&mine[0], offset)])
-            .await?;
-    }
-    cluster
-        .wait_metrics("leader purged past the follower", leader, |m| {
-            m.purged_index.is_some_and(|p| p > crashed_at_index)
-        })
-        .await?;
-    cluster.restart(follower).await?;
+    let commits = (&mine[0], 40, crashed_at_index);
+    commit_until_purged_then_restart(&mut cluster, (leader, follower), commits).await?;
     let unit = mine[0].unit.clone();
     wait_until("the follower caught up", Duration::from_secs(120), || {
         cluster.confirmed(follower, &unit) == Some(39)
