@@ -418,6 +418,9 @@ pub(crate) struct StatusView {
     pub(crate) term: u64,
     /// Last applied log index.
     pub(crate) applied_index: Option<u64>,
+    /// The cluster's feature level (README, "Upgrading").
+    #[serde(default)]
+    pub(crate) feature_level: u32,
     /// Members with liveness and writer identity.
     pub(crate) members: Vec<MemberStatus>,
     /// Writer fences the leader is waiting for (their members' units wait); 0 on followers.
@@ -626,6 +629,7 @@ pub(crate) fn status_view(
         leader: cluster.leader,
         term: cluster.term,
         applied_index: cluster.applied_index,
+        feature_level: cluster.feature_level,
         members: cluster.members,
         fences_pending: cluster.fences_pending,
         fence_error: cluster.fence_error,

@@ -365,6 +365,21 @@ fn render_members(view: &StatusView) -> String {
         view.term,
         view.node
     );
+    // An upgrade in progress: some member supports more than the cluster runs at, so the
+    // level rises once the others do.
+    let level = view.feature_level;
+    if view.members.iter().any(|m| m.supported_level > Some(level)) {
+        let waiting: Vec<String> = view
+            .members
+            .iter()
+            .filter(|m| m.supported_level.is_none_or(|l| l <= level))
+            .map(|m| m.id.to_string())
+            .collect();
+        out.push_str(&format!(
+            "feature level {level}: upgrade in progress, raised once node(s) {} support more\n",
+            waiting.join(", ")
+        ));
+    }
     if view.fences_pending > 0 {
         out.push_str(&format!(
             "writer fences pending: {} (their members' partitions wait)\n",

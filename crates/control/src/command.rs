@@ -245,6 +245,20 @@ pub(crate) enum ControlCommand {
         /// Flows writing to a fenced target that did not acknowledge `fenced`'s revoke yet.
         held_flows: Vec<String>,
     },
+    /// Sent by a node for itself, once registered and whenever the state names another
+    /// level for it: the highest feature level its build supports (see `format`).
+    PublishFeatures {
+        /// The node.
+        node: NodeId,
+        /// The highest feature level it reads and writes.
+        level: u32,
+    },
+    /// Leader only: the cluster runs at feature level `level` from now on. Applies only above
+    /// the current level and when every member published a level at or above it.
+    RaiseFeatureLevel {
+        /// The new level.
+        level: u32,
+    },
 }
 
 impl ControlCommand {
@@ -276,6 +290,9 @@ impl ControlCommand {
             | ControlCommand::RenewLease { .. }
             | ControlCommand::CommitOffsets { .. }
             | ControlCommand::RemoveMember { .. } => false,
+            ControlCommand::PublishFeatures { .. } | ControlCommand::RaiseFeatureLevel { .. } => {
+                false
+            }
             ControlCommand::Batch(cmds) => cmds.iter().any(ControlCommand::changes_assignments),
         }
     }
@@ -341,6 +358,8 @@ pub(crate) enum Rejection {
     StartKnown,
     /// The unit is held for a replaced identity's revoke (`ReplaceFencedIdentity`).
     HeldForRevoke,
+    /// A feature level at or below the cluster's, or above what a member supports.
+    FeatureLevel,
 }
 
 /// The result of applying one log entry.
@@ -403,7 +422,7 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use replicator_model::UnitCounters;
 
     use super::*;
@@ -414,7 +433,7 @@ mod tests {
 
     /// Every variant, in declaration order, with its pinned encoding. A failure here means the
     /// log format changed: existing data dirs would decode differently.
-    fn golden() -> Vec<(ControlCommand, &'static str)> {
+    pub(crate) fn golden() -> Vec<(ControlCommand, &'static str)> {
         vec![
             (
                 ControlCommand::RegisterMember {
@@ -588,6 +607,11 @@ mod tests {
                 },
                 "16030405010162",
             ),
+            (
+                ControlCommand::PublishFeatures { node: 2, level: 1 },
+                "170201",
+            ),
+            (ControlCommand::RaiseFeatureLevel { level: 1 }, "1801"),
         ]
     }
 
@@ -633,9 +657,11 @@ mod tests {
             ControlCommand::FenceTarget { .. } => 20,
             ControlCommand::IdentityRevoked { .. } => 21,
             ControlCommand::ReplaceFencedIdentity { .. } => 22,
+            ControlCommand::PublishFeatures { .. } => 23,
+            ControlCommand::RaiseFeatureLevel { .. } => 24,
         };
         let indexes: Vec<usize> = golden().iter().map(|(c, _)| count(c)).collect();
-        assert2::check!(indexes == (0..=22).collect::<Vec<_>>());
+        assert2::check!(indexes == (0..=24).collect::<Vec<_>>());
     }
 
     #[test]

@@ -28,6 +28,7 @@ mod command;
 mod data_dir;
 mod error;
 mod fence;
+mod format;
 mod identity;
 mod lease;
 mod log_store;
@@ -48,6 +49,7 @@ pub use api::{
 };
 pub use error::{Error, Result};
 pub use fence::{FenceFuture, FenceTopology, Fencing, WriterFence};
+pub use format::SUPPORTED_LEVEL as SUPPORTED_FEATURE_LEVEL;
 pub use params::{ClusterSecret, ControlParams, ControlTiming};
 pub use state::MemberState;
 pub use tls::TlsFiles;

@@ -17,13 +17,15 @@ use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{
-    AnyError, Entry, LogId, OptionalSend, RaftLogId, StorageError, StorageIOError, Vote,
+    AnyError, Entry, EntryPayload, LogId, OptionalSend, RaftLogId, StorageError, StorageIOError,
+    Vote,
 };
 use replicator_model::NodeId;
 
 use crate::command::{decode, encode};
 use crate::data_dir::{self, KEY_COMMITTED, KEY_PURGED, KEY_VOTE, TREE_LOGS, TREE_META};
 use crate::error::{Error, Result};
+use crate::format;
 use crate::TypeConfig;
 
 type StorageResult<T> = std::result::Result<T, StorageError<NodeId>>;
@@ -54,6 +56,21 @@ fn key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
 
+/// A log entry as stored: behind a header naming the format its command needs (see `format`).
+pub(crate) fn encode_entry(entry: &Entry<TypeConfig>) -> Result<Vec<u8>> {
+    let format = match &entry.payload {
+        EntryPayload::Normal(cmd) => cmd.level(),
+        EntryPayload::Blank | EntryPayload::Membership(_) => format::BASELINE_LEVEL,
+    };
+    Ok(format::seal(format, &encode("log entry", entry)?))
+}
+
+/// A stored log entry of any format this build reads.
+pub(crate) fn decode_entry(bytes: &[u8]) -> Result<Entry<TypeConfig>> {
+    let (_, payload) = format::open("log entry", bytes)?;
+    decode("log entry", payload)
+}
+
 impl LogStore {
     /// Opens the trees and checks that every stored value decodes, naming `dir` otherwise.
     pub(crate) fn open(db: &sled::Db, dir: &Path) -> Result<Self> {
@@ -80,8 +97,7 @@ impl LogStore {
             .map_err(|e| corrupt("purged id", &e))?;
         for item in [store.logs.first(), store.logs.last()] {
             if let Some((_, v)) = item.map_err(|e| corrupt("log", &e))? {
-                decode::<Entry<TypeConfig>>("log entry", &v)
-                    .map_err(|e| corrupt("log entry", &e))?;
+                decode_entry(&v).map_err(|e| corrupt("log entry", &e))?;
             }
         }
         Ok(store)
@@ -183,10 +199,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let mut out = Vec::new();
         for item in self.logs.range::<[u8; 8], _>((start, end)) {
             let (_, v) = item.map_err(|e| StorageIOError::read_logs(any(e)))?;
-            out.push(
-                decode::<Entry<TypeConfig>>("log entry", &v)
-                    .map_err(|e| StorageIOError::read_logs(any(e)))?,
-            );
+            out.push(decode_entry(&v).map_err(|e| StorageIOError::read_logs(any(e)))?);
         }
         Ok(out)
     }
@@ -210,10 +223,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
                 break;
             }
             bytes += v.len();
-            out.push(
-                decode::<Entry<TypeConfig>>("log entry", &v)
-                    .map_err(|e| StorageIOError::read_logs(any(e)))?,
-            );
+            out.push(decode_entry(&v).map_err(|e| StorageIOError::read_logs(any(e)))?);
         }
         Ok(out)
     }
@@ -232,7 +242,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| StorageIOError::read_logs(any(e)))?
         {
             Some((_, v)) => Some(
-                *decode::<Entry<TypeConfig>>("log entry", &v)
+                *decode_entry(&v)
                     .map_err(|e| StorageIOError::read_logs(any(e)))?
                     .get_log_id(),
             ),
@@ -283,8 +293,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut batch = sled::Batch::default();
         for entry in entries {
-            let bytes =
-                encode("log entry", &entry).map_err(|e| StorageIOError::write_logs(any(e)))?;
+            let bytes = encode_entry(&entry).map_err(|e| StorageIOError::write_logs(any(e)))?;
             batch.insert(&key(entry.get_log_id().index), bytes);
         }
         self.logs
@@ -339,9 +348,7 @@ mod tests {
 
     fn insert(store: &LogStore, entries: &[Entry<TypeConfig>]) -> TestResult {
         for e in entries {
-            store
-                .logs
-                .insert(key(e.log_id.index), encode("log entry", e)?)?;
+            store.logs.insert(key(e.log_id.index), encode_entry(e)?)?;
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ use crate::api::admin;
 use crate::assign;
 use crate::command::{ControlCommand, ControlResponse, Rejection};
 use crate::error::{Error, Result};
+use crate::format;
 use crate::lease::{owner_lease_until, LeaderView};
 use crate::network::auth::{InboundGuard, Signer};
 use crate::network::client::PeerClient;
@@ -347,6 +348,7 @@ impl NodeInner {
         within: Duration,
     ) -> Result<(u64, ControlResponse)> {
         Self::check_entry_size(cmd)?;
+        self.check_feature_level(cmd)?;
         self.route(Routed::Write(cmd), within).await
     }
 
@@ -362,6 +364,19 @@ impl NodeInner {
             return Err(Error::InvalidParams(format!(
                 "a control-plane entry of {bytes} bytes is above the limit of {} (too many units in one flow?)",
                 crate::network::MAX_ENTRY_BYTES
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses a command the cluster's feature level does not allow yet: a member of an
+    /// older release could not read it (callers pick the command by the level first).
+    fn check_feature_level(&self, cmd: &ControlCommand) -> Result<()> {
+        let (needed, cluster) = (cmd.level(), self.shared.read().state.feature_level());
+        if needed > cluster {
+            return Err(Error::InvalidParams(format!(
+                "this command needs feature level {needed}, the cluster runs at {cluster} \
+                 until every member supports it"
             )));
         }
         Ok(())
@@ -422,6 +437,14 @@ impl NodeInner {
             .is_none_or(|m| m.raft_addr != self.raft_addr || m.api_addr != self.api_addr)
     }
 
+    /// Whether this member's published feature level is missing or not this build's (the
+    /// node was upgraded or rolled back since it last published).
+    fn needs_feature_publication(&self) -> bool {
+        let data = self.shared.read();
+        data.state.members.contains_key(&self.id)
+            && data.state.member_levels.get(&self.id) != Some(&format::SUPPORTED_LEVEL)
+    }
+
     fn extend_lease(&self, until: std::time::Instant) {
         let mut lease = self
             .lease
@@ -455,6 +478,22 @@ pub(crate) async fn run_lease_renewer(node: Arc<NodeInner>) {
                 Err(e) => tracing::warn!(node = %node.id, error = %e, "registration failed"),
             }
             continue;
+        }
+        if node.needs_feature_publication() {
+            let cmd = ControlCommand::PublishFeatures {
+                node: node.id,
+                level: format::SUPPORTED_LEVEL,
+            };
+            match node.write_within(&cmd, timing.lease_expiry).await {
+                Ok(_) => tracing::info!(
+                    node = %node.id,
+                    level = format::SUPPORTED_LEVEL,
+                    "published the highest feature level this build supports"
+                ),
+                Err(e) => {
+                    tracing::warn!(node = %node.id, error = %e, "publishing the feature level failed")
+                }
+            }
         }
         let sent = std::time::Instant::now();
         let cmd = ControlCommand::RenewLease { node: node.id };
@@ -767,8 +806,17 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                 lease.topology = node.fence_topology();
                 lease.ensured = node.fencing.ensured(term);
             }
+            // A level every member supports, never above this build's own.
+            let raise = data
+                .state
+                .level_to_raise()
+                .filter(|level| *level <= format::SUPPORTED_LEVEL)
+                .map(|level| ControlCommand::RaiseFeatureLevel { level });
             (
-                assign::plan(&data.state, &lease),
+                raise
+                    .into_iter()
+                    .chain(assign::plan(&data.state, &lease))
+                    .collect::<Vec<_>>(),
                 assign::fence_work(&data.state, &lease),
             )
         };

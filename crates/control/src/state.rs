@@ -116,6 +116,11 @@ pub(crate) struct ControlState {
     /// acknowledge its revoke yet: owned by nobody and granted to nobody until that target's
     /// `FenceTarget` for the identity frees them, since a stale writer may still reach it.
     pub(crate) held_units: BTreeMap<WorkUnit, (NodeId, u64)>,
+    /// The cluster's feature level (`RaiseFeatureLevel`); 0 before the first raise, which
+    /// counts as `format::BASELINE_LEVEL`.
+    pub(crate) feature_level: u32,
+    /// The highest feature level each member's build supports (`PublishFeatures`).
+    pub(crate) member_levels: BTreeMap<NodeId, u32>,
 }
 
 /// An operator's offset reset of one unit (see `ControlCommand::ResetOffsets`).
@@ -277,6 +282,7 @@ impl ControlState {
                 }
                 self.members.remove(node);
                 self.config_digests.remove(node);
+                self.member_levels.remove(node);
                 if let Some(identity) = self.identities.remove(node) {
                     self.stale_identities.insert((*node, identity.incarnation));
                     self.target_revokes.remove(&(*node, identity.incarnation));
@@ -306,6 +312,23 @@ impl ControlState {
                 target,
                 flows,
             } => self.fence_target(index, *node, *incarnation, target, flows),
+            ControlCommand::PublishFeatures { node, level } => {
+                if !self.members.contains_key(node) {
+                    return Ignored(Rejection::UnknownMember);
+                }
+                self.member_levels.insert(*node, *level);
+                Done
+            }
+            ControlCommand::RaiseFeatureLevel { level } => {
+                // A member that published a lower level since the leader decided (a node
+                // rolled back to an older release) keeps the level where it is.
+                if self.level_to_raise().is_some_and(|most| *level <= most) {
+                    self.feature_level = *level;
+                    Done
+                } else {
+                    Ignored(Rejection::FeatureLevel)
+                }
+            }
             ControlCommand::IdentityRevoked { node, incarnation } => {
                 if self.revoke_pending.remove(&(*node, *incarnation)) {
                     // Replaced earlier: its user is retired like any replaced identity's, and

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use crate::command::{decode, encode, ControlResponse};
 use crate::data_dir::{self, KEY_SNAPSHOT, TREE_SNAPSHOT};
 use crate::error::{Error, Result};
+use crate::format;
 use crate::identity::WriterPasswords;
 use crate::state::ControlState;
 use crate::{MemberNode, TypeConfig};
@@ -44,17 +45,32 @@ pub(crate) struct SmData {
 }
 
 impl SmData {
-    /// Decodes snapshot data, also as written by older versions. Every field `ControlState`
-    /// gained since the first release is a collection appended at its end (the end of
-    /// `SmData` too), and bincode writes an empty collection as one zero byte: a snapshot of an
-    /// older shape is the current shape with those newest collections empty, once a zero byte
-    /// per missing field is appended.
-    fn decode(bytes: &[u8]) -> Result<SmData> {
+    /// Encodes the state for a snapshot, in the format of the cluster's feature level (which
+    /// every member reads).
+    pub(crate) fn encode(&self) -> Result<Vec<u8>> {
+        let format = self.state.feature_level();
+        Ok(format::seal(format, &encode("snapshot data", self)?))
+    }
+
+    /// Decodes snapshot data of any format this build reads (see `format`).
+    pub(crate) fn decode(bytes: &[u8]) -> Result<SmData> {
+        match format::open("snapshot data", bytes)? {
+            (0, legacy) => Self::decode_unversioned(legacy),
+            (_, payload) => decode::<SmData>("snapshot data", payload),
+        }
+    }
+
+    /// Decodes snapshot data written before formats were versioned. Every field
+    /// `ControlState` gained since then is at its end (the end of `SmData` too) and encodes
+    /// as one zero byte when empty (a collection) or zero (a number): data of an older shape
+    /// is the current shape with those fields empty, once a zero byte per missing field is
+    /// appended.
+    fn decode_unversioned(bytes: &[u8]) -> Result<SmData> {
         let current = decode::<SmData>("snapshot data", bytes);
         if current.is_ok() {
             return current;
         }
-        (1..=FIELDS_ADDED_SINCE_FIRST_RELEASE)
+        (1..=FIELDS_ADDED_SINCE_UNVERSIONED)
             .find_map(|missing| {
                 let mut padded = bytes.to_vec();
                 padded.resize(bytes.len() + missing, 0);
@@ -64,11 +80,11 @@ impl SmData {
     }
 }
 
-/// `ControlState` fields added after the first release, all collections at its end:
+/// `ControlState` fields added while snapshots had no format header, all at its end:
 /// `identities`, `stale_identities`, `retired_incarnations`, `paused_flows`, `pending_resets`,
 /// `config_digests`, `recorded_starts`, `reset_topics`, `target_revokes`, `revoke_pending`,
-/// `held_units`.
-const FIELDS_ADDED_SINCE_FIRST_RELEASE: usize = 11;
+/// `held_units`, and, with the header, `feature_level` and `member_levels`.
+const FIELDS_ADDED_SINCE_UNVERSIONED: usize = 13;
 
 /// A snapshot as stored in sled.
 #[derive(Serialize, Deserialize)]
@@ -224,7 +240,8 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
         let (data, last_applied, last_membership) = {
             let sm = self.shared.read();
-            let bytes = encode("snapshot data", &*sm)
+            let bytes = sm
+                .encode()
                 .map_err(|e| StorageIOError::read_state_machine(any(e)))?;
             (bytes, sm.last_applied, sm.last_membership.clone())
         };
@@ -375,6 +392,8 @@ mod tests {
         // And the current shape round-trips.
         let again = encode("snapshot data", &data).expect("encodes");
         assert2::check!(SmData::decode(&again).expect("decodes").state == data.state);
+        let sealed = data.encode().expect("encodes");
+        assert2::check!(SmData::decode(&sealed).expect("decodes").state == data.state);
     }
 
     #[test]

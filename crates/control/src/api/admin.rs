@@ -37,6 +37,9 @@ pub struct ClusterStatus {
     /// Flows an operator paused (`flow pause`, `flow promote`), by name.
     #[serde(default)]
     pub paused_flows: Vec<PausedFlow>,
+    /// The cluster's feature level: what every member may write (README, "Upgrading").
+    #[serde(default)]
+    pub feature_level: u32,
 }
 
 /// A paused flow in [`ClusterStatus`].
@@ -78,6 +81,9 @@ pub struct MemberStatus {
     /// has): it gets no unit of them (see `flows_disagreeing`).
     #[serde(default)]
     pub config_disagrees: Vec<String>,
+    /// The highest feature level its build supports, once it published it.
+    #[serde(default)]
+    pub supported_level: Option<u32>,
 }
 
 /// One unit in [`ClusterStatus`].
@@ -195,6 +201,7 @@ pub(crate) fn build_status(i: StatusInputs<'_>) -> ClusterStatus {
                     .current_leader
                     .map(|leader| flows_disagreeing(i.state, leader, id))
                     .unwrap_or_default(),
+                supported_level: i.state.member_levels.get(&id).copied(),
             }
         })
         .collect();
@@ -236,6 +243,7 @@ pub(crate) fn build_status(i: StatusInputs<'_>) -> ClusterStatus {
                 at_unix_ms: p.at_unix_ms,
             })
             .collect(),
+        feature_level: i.state.feature_level(),
     }
 }
 

@@ -49,6 +49,21 @@ async fn three_nodes_elect_a_leader_assign_evenly_and_commit() -> TestResult {
         .members
         .iter()
         .all(|m| m.voter && m.lease_alive == Some(true)));
+    // Every member publishes the feature level its build supports; the cluster runs at the
+    // lowest of them.
+    let level = replicator_control::SUPPORTED_FEATURE_LEVEL;
+    let leader_node = cluster.node(leader);
+    wait_until_async(
+        "every member published its level",
+        Duration::from_secs(20),
+        || async {
+            leader_node.status().await.is_ok_and(|s| {
+                s.feature_level == level
+                    && s.members.iter().all(|m| m.supported_level == Some(level))
+            })
+        },
+    )
+    .await?;
     // The commit index the log store saved is never behind what was applied.
     for node in cluster.nodes.values() {
         let m = node.metrics();
