@@ -317,8 +317,7 @@ impl RunningNode {
             }
         }
         let (old_digests, new_digests) = (flow_digests(&self.config), flow_digests(&new));
-        let pipeline_changed =
-            format!("{:?}", self.config.pipeline) != format!("{:?}", new.pipeline);
+        let pipeline_changed = self.config.pipeline != new.pipeline;
         let report = ReloadReport::between(&old_digests, &new_digests, pipeline_changed);
         if report.is_noop() {
             return Ok(report);

@@ -109,30 +109,18 @@ impl ReloadReport {
 }
 
 /// What in `new` only a restart applies, one reason per section or cluster (empty: the reload
-/// can apply it). The sections are compared with their secrets, which `Debug` hides.
+/// can apply it). Sections compare with their secrets.
 pub(crate) fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
     let mut reasons = Vec::new();
-    if format!("{:?}", old.node) != format!("{:?}", new.node) {
+    if old.node != new.node {
         reasons.push("[node] changed".to_owned());
     }
-    let cluster = |c: &Config| {
-        format!(
-            "{:?} {} {:?}",
-            c.cluster,
-            c.cluster.secret.expose(),
-            c.cluster
-                .admin_token
-                .as_ref()
-                .map(|t| t.expose().to_owned())
-        )
-    };
-    if cluster(old) != cluster(new) {
+    if old.cluster != new.cluster {
         reasons.push("[cluster] changed".to_owned());
     }
     let aliases: BTreeSet<&String> = old.clusters.keys().chain(new.clusters.keys()).collect();
     for alias in aliases {
-        let text = |c: &Config| c.clusters.get(alias).map(|x| x.settings_text());
-        if text(old) != text(new) {
+        if old.clusters.get(alias) != new.clusters.get(alias) {
             reasons.push(format!("[clusters.{alias}] added, removed or changed"));
         }
     }

@@ -7,9 +7,18 @@
 //! node with another password reaches the cluster as another user) and the residency
 //! policies. Node-local settings (`[node]`, `[cluster]`, `[pipeline]`) are not part of it: they
 //! may differ between nodes without changing what is copied.
+//!
+//! Members of different releases run side by side during a rolling upgrade, so the digest
+//! must not change with the release: it is taken over a canonical text of the settings (sorted
+//! `key = value` lines of their serialized form) that leaves out every setting at its default.
+//! A setting a later release adds is at its default in every config written before it, so it
+//! changes no digest; and a default written out explicitly digests like one left out.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use crate::{Config, FlowConfig, IggyClusterConfig};
 
@@ -28,14 +37,37 @@ pub fn flow_digests(config: &Config) -> BTreeMap<String, String> {
 }
 
 fn flow_digest(config: &Config, flow: &FlowConfig) -> String {
-    // `Debug` writes every field (secrets redacted), so a field added later is covered
-    // without touching this; the credentials are added in clear, since `Debug` hides them.
-    let mut text = format!("{flow:?}\n");
-    for alias in [&flow.source, &flow.target] {
-        cluster_text(&mut text, alias, config.clusters.get(alias));
+    let mut text = String::new();
+    let flow_defaults: FlowConfig = defaults("name = \"\"\nsource = \"\"\ntarget = \"\"");
+    section(&mut text, "flow", flow, &flow_defaults);
+    let cluster_defaults: IggyClusterConfig = defaults("url = \"\"");
+    for (role, alias) in [("source", &flow.source), ("target", &flow.target)] {
+        match config.clusters.get(alias) {
+            Some(cluster) => {
+                section(
+                    &mut text,
+                    &format!("{role} {alias}"),
+                    cluster,
+                    &cluster_defaults,
+                );
+                // In clear: `url` is not serialized, and two passwords are two users.
+                let _ = writeln!(text, "{role} {alias}.url = {:?}", cluster.url.expose());
+            }
+            None => {
+                let _ = writeln!(text, "{role} {alias} missing");
+            }
+        }
     }
     // All of them: which ones bear on the flow depends on topics discovered at run time.
-    let _ = writeln!(text, "{:?}", config.policies);
+    for policy in &config.policies {
+        let no_defaults = BTreeMap::<String, String>::new();
+        section(
+            &mut text,
+            &format!("policy {}", policy.name),
+            policy,
+            &no_defaults,
+        );
+    }
     let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
     digest
         .as_ref()
@@ -49,9 +81,29 @@ fn flow_digest(config: &Config, flow: &FlowConfig) -> String {
         .collect()
 }
 
-fn cluster_text(text: &mut String, alias: &str, cluster: Option<&IggyClusterConfig>) {
-    let settings = cluster.map(IggyClusterConfig::settings_text);
-    let _ = writeln!(text, "{alias}: {settings:?}");
+/// A section with only its required keys set (`required`, TOML): every other setting at its
+/// default.
+fn defaults<T: DeserializeOwned>(required: &str) -> T {
+    toml::from_str(required).expect("a section with only its required keys parses")
+}
+
+/// Appends one sorted `name.key = value` line per setting of `value` that differs from
+/// `defaults` (an empty map: every setting counts).
+fn section<T: Serialize, D: Serialize>(text: &mut String, name: &str, value: &T, defaults: &D) {
+    let defaults = table(defaults);
+    for (key, value) in table(value) {
+        if defaults.get(&key) != Some(&value) {
+            let _ = writeln!(text, "{name}.{key} = {value}");
+        }
+    }
+}
+
+/// The serialized settings of a section, sorted by key (whatever order the serializer keeps).
+fn table<T: Serialize>(value: &T) -> BTreeMap<String, toml::Value> {
+    match toml::Value::try_from(value) {
+        Ok(toml::Value::Table(t)) => t.into_iter().collect(),
+        _ => BTreeMap::new(),
+    }
 }
 
 #[cfg(test)]
@@ -75,6 +127,27 @@ mod tests {
         };
         check!(digests(&base) == digests(&other_node));
         check!(digests(&base)["us-to-eu"].len() == DIGEST_HEX_CHARS);
+    }
+
+    #[test]
+    fn a_setting_written_at_its_default_digests_like_one_left_out() {
+        // What a later release's new setting looks like to the digest: at its default.
+        let base = digests(&MinimalConfig::default());
+        let explicit = MinimalConfig {
+            flow_extra: "batch_size = 1000\nidle_poll_interval = \"100ms\"\nprovenance = true"
+                .into(),
+            eu_extra: "connections = 4\nfencing = \"users\"".into(),
+            ..MinimalConfig::default()
+        };
+        check!(digests(&explicit) == base);
+    }
+
+    #[test]
+    fn the_digest_is_pinned_across_releases() {
+        // Members of two releases compare their digests during a rolling upgrade: a change
+        // here makes every member of the new release disagree with the others, and lose its
+        // partitions until the last member is upgraded.
+        check!(digests(&MinimalConfig::default())["us-to-eu"] == "0b7c98c241ef5ca6");
     }
 
     #[test]

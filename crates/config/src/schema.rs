@@ -10,7 +10,7 @@ use replicator_model::{
     heartbeat_topic_parts, zones_allow, IggyVersion, InitialOffset, Naming, NodeId,
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TOPIC,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::Problem;
 use crate::secret::{ClusterUrl, Secret};
@@ -40,7 +40,7 @@ pub struct Config {
 }
 
 /// `[node]`: the identity and addresses of this instance.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     /// Node id, unique in the cluster and stable across restarts. Required. Example: `1`.
@@ -78,7 +78,7 @@ pub struct ApiTlsConfig {
 }
 
 /// `[cluster]`: the replicator cluster (the Raft group).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
     /// Shared secret that signs every Raft RPC (it never travels). Required, at least 16
@@ -141,11 +141,13 @@ fn check_readable(problems: &mut Vec<Problem>, section: &str, files: &[(&str, Op
 }
 
 /// `[clusters.<alias>]`: one Iggy cluster.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct IggyClusterConfig {
     /// Iggy TCP connection string with credentials, as the SDK takes it.
     /// Required. Example: `"iggy://replicator:${IGGY_PASSWORD}@10.1.0.1:8090?nodelay=true"`.
+    // Not serialized: the digest adds it in clear, nothing else serializes the section.
+    #[serde(skip_serializing)]
     pub url: ClusterUrl,
     /// TCP connections this instance opens to the cluster; partitions are spread over them
     /// (the SDK runs one request at a time per connection, so more connections let polls and
@@ -179,17 +181,8 @@ pub struct IggyClusterConfig {
     pub zones: Vec<String>,
 }
 
-impl IggyClusterConfig {
-    /// Every setting of the section, the credentials in `url` included (`Debug` hides them):
-    /// what two configs are compared by (config digests, what a reload may apply).
-    #[must_use]
-    pub fn settings_text(&self) -> String {
-        format!("{self:?} {}", self.url.expose())
-    }
-}
-
 /// `clusters.<alias>.fencing`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FencingMode {
     /// Writer users, revoked before a failed instance's partitions move.
@@ -200,7 +193,7 @@ pub enum FencingMode {
 }
 
 /// `[[flows]]`: one direction of replication between two aliases.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FlowConfig {
     /// Unique flow name; part of every work unit's identity. Required. Example: `"us-to-eu"`.
@@ -278,7 +271,7 @@ pub struct FlowConfig {
 
 /// `[[policies]]`: a residency policy. Topics it selects are never copied to a target cluster
 /// outside its allowed zones (README "Residency policies").
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {
     /// Unique policy name, shown where the policy stops a topic. Required. Example:
@@ -295,7 +288,7 @@ pub struct PolicyConfig {
 }
 
 /// `initial_offset`: a word or a number in TOML.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum InitialOffsetSetting {
     /// `"earliest"` or `"latest"`.
@@ -323,7 +316,7 @@ impl InitialOffsetSetting {
 }
 
 /// `[pipeline]`: tuning shared by all flows.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
     /// How often upstream is listed for new topics and partitions. Default: `"5s"`.
