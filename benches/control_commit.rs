@@ -11,7 +11,7 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use replicator_control::{ClusterSecret, Control, ControlParams, ControlTiming};
-use replicator_model::{OffsetCommit, UnitCounters, WorkUnit};
+use replicator_model::{CommitCounters, ProgressCommit, UnitCounters, WorkUnit};
 
 type BenchResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -142,16 +142,16 @@ async fn run(s: Scenario) -> BenchResult {
                 let mut offset = 0u64;
                 while Instant::now() < end {
                     tick.tick().await;
-                    let commit = OffsetCommit {
+                    let commit = ProgressCommit {
                         unit: a.unit.clone(),
                         epoch: a.epoch,
                         offset,
                         topic_created_at: 1,
-                        counters: UnitCounters {
+                        counters: CommitCounters::Since(UnitCounters {
                             messages: 100,
                             bytes: 10_000,
                             ..Default::default()
-                        },
+                        }),
                     };
                     let t = Instant::now();
                     match node.commit(vec![commit]).await {

@@ -200,6 +200,7 @@ impl Demo {
                 admin_token: None,
                 tls: None,
                 initial_members: &raft_addrs,
+                cluster_extra: "",
             }
             .toml(&replication);
             let config = replicator_config::parse_str(&text, &format!("demo node {id}"), |_| None)

@@ -16,7 +16,7 @@ use replicator_control::{
     TlsFiles, WriterFence,
 };
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, UnitReset, UnitStart, WorkUnit,
+    Assignment, CommitOutcome, Epoch, ProgressCommit, UnitProgress, UnitReset, UnitStart, WorkUnit,
 };
 use replicator_model::{NodeId, WriterLogin};
 use replicator_pipeline::{
@@ -37,6 +37,9 @@ pub(crate) fn control_timing(config: &Config) -> ControlTiming {
     }
     if let Some(heartbeat) = cluster.heartbeat_interval {
         timing.heartbeat_interval = heartbeat;
+    }
+    if let Some(after) = cluster.forget_retired_after {
+        timing.forget_retired_after = after;
     }
     if let Some(election) = cluster.election_timeout {
         timing.election_timeout_min = election;
@@ -241,9 +244,13 @@ impl ControlPlane for RaftControl {
         }
     }
 
+    fn counts_totals(&self) -> bool {
+        self.0.counts_totals()
+    }
+
     fn commit(
         &self,
-        commits: Vec<OffsetCommit>,
+        commits: Vec<ProgressCommit>,
     ) -> impl Future<Output = Result<Vec<CommitOutcome>, ControlError>> + Send {
         let control = self.0.clone();
         async move { control.commit(commits).await.map_err(control_error) }

@@ -289,6 +289,7 @@ provenance = {provenance}
             up_version = endpoints.upstream.iggy_version,
             down_version = endpoints.downstream.iggy_version,
         ),
+        cluster_toml: String::new(),
         units,
         log_level: "warn",
         owned_within: Duration::from_secs(300),

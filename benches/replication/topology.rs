@@ -119,6 +119,7 @@ async fn three_nodes(
     let spec = ClusterSpec {
         binary: endpoints.nodes.clone(),
         replication_toml: replication.toml(),
+        cluster_toml: String::new(),
         units,
         log_level: "warn",
         owned_within: Duration::from_secs(120),

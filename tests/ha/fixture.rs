@@ -58,6 +58,7 @@ pub(crate) fn spec_of(
     Ok(ClusterSpec {
         binary: ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?,
         replication_toml: replication.toml(),
+        cluster_toml: String::new(),
         units,
         log_level: "info",
         owned_within: Duration::from_secs(60),
@@ -154,7 +155,7 @@ pub(crate) async fn launch_idle(n: u64, flow_extra: &str) -> TestResult<(Servers
 }
 
 /// `n` loopback placements, ids 1..=n.
-fn loopback(n: u64) -> TestResult<BTreeMap<NodeId, Placement>> {
+pub(crate) fn loopback(n: u64) -> TestResult<BTreeMap<NodeId, Placement>> {
     (1..=n).map(|id| Ok((id, Placement::loopback()?))).collect()
 }
 

@@ -5,6 +5,7 @@
 //! `replicator_harness::serial`).
 
 mod chaos;
+mod churn;
 mod dr;
 mod failover;
 mod fence;

@@ -106,6 +106,11 @@ pub struct ClusterConfig {
     /// Default: the control plane's. Example: `"400ms"`.
     #[serde(default, with = "humantime_serde")]
     pub election_timeout: Option<Duration>,
+    /// How long a partition no longer discovered (its topic deleted, its flow removed from
+    /// every member's config) keeps its confirmed offset in the control plane before it is
+    /// forgotten. Default: the control plane's. Example: `"10m"`.
+    #[serde(default, with = "humantime_serde")]
+    pub forget_retired_after: Option<Duration>,
     /// Mutual TLS between members (`[cluster.tls]`). Default: none: Raft RPCs are plain HTTP
     /// (signed, but readable on the wire), and `run` warns about it at start.
     #[serde(default)]

@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use replicator_model::{CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, UnitStart, WorkUnit};
+use replicator_model::{
+    CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, ProgressCommit, UnitStart, WorkUnit,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -259,6 +261,22 @@ pub(crate) enum ControlCommand {
         /// The new level.
         level: u32,
     },
+    /// `CommitOffsets` whose counters may be a writer session's totals, which count once
+    /// however often the entry is applied (feature level 2).
+    CommitProgress {
+        /// The committing node; must own every unit under the given epochs.
+        node: NodeId,
+        /// The commits, each answered by one `CommitOutcome` in the same order.
+        commits: Vec<ProgressCommit>,
+    },
+    /// Leader only: the units leave the state (feature level 2). Applies to each unit that is
+    /// retired, owned by nobody and not held, and drops what the state kept about it: a unit
+    /// of a deleted topic or of a flow no member runs any more. A unit reported again later
+    /// starts like a new one (its resume point then comes from the downstream tail).
+    ForgetUnits {
+        /// The units.
+        units: Vec<WorkUnit>,
+    },
 }
 
 impl ControlCommand {
@@ -289,7 +307,10 @@ impl ControlCommand {
             | ControlCommand::LeaveMember { .. }
             | ControlCommand::RenewLease { .. }
             | ControlCommand::CommitOffsets { .. }
+            | ControlCommand::CommitProgress { .. }
             | ControlCommand::RemoveMember { .. } => false,
+            // Only units nobody owns leave.
+            ControlCommand::ForgetUnits { .. } => false,
             ControlCommand::PublishFeatures { .. } | ControlCommand::RaiseFeatureLevel { .. } => {
                 false
             }
@@ -423,7 +444,7 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use replicator_model::UnitCounters;
+    use replicator_model::{CommitCounters, UnitCounters};
 
     use super::*;
 
@@ -612,6 +633,42 @@ pub(crate) mod tests {
                 "170201",
             ),
             (ControlCommand::RaiseFeatureLevel { level: 1 }, "1801"),
+            (
+                ControlCommand::CommitProgress {
+                    node: 9,
+                    commits: vec![
+                        ProgressCommit {
+                            unit: unit(),
+                            epoch: Epoch(10),
+                            offset: 11,
+                            topic_created_at: 12,
+                            counters: CommitCounters::Totals {
+                                session: 13,
+                                totals: UnitCounters {
+                                    messages: 1,
+                                    bytes: 2,
+                                    errors: 3,
+                                    gaps: 4,
+                                },
+                            },
+                        },
+                        ProgressCommit {
+                            unit: unit(),
+                            epoch: Epoch(10),
+                            offset: 14,
+                            topic_created_at: 12,
+                            counters: CommitCounters::Since(UnitCounters::default()),
+                        },
+                    ],
+                },
+                "190902016601730174010a0b0c010d01020304016601730174010a0e0c0000000000",
+            ),
+            (
+                ControlCommand::ForgetUnits {
+                    units: vec![unit()],
+                },
+                "1a0101660173017401",
+            ),
         ]
     }
 
@@ -659,9 +716,11 @@ pub(crate) mod tests {
             ControlCommand::ReplaceFencedIdentity { .. } => 22,
             ControlCommand::PublishFeatures { .. } => 23,
             ControlCommand::RaiseFeatureLevel { .. } => 24,
+            ControlCommand::CommitProgress { .. } => 25,
+            ControlCommand::ForgetUnits { .. } => 26,
         };
         let indexes: Vec<usize> = golden().iter().map(|(c, _)| count(c)).collect();
-        assert2::check!(indexes == (0..=24).collect::<Vec<_>>());
+        assert2::check!(indexes == (0..=26).collect::<Vec<_>>());
     }
 
     #[test]

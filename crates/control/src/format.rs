@@ -13,6 +13,7 @@
 //! | level | release | adds |
 //! |---|---|---|
 //! | 1 | v0.1.0 | every command up to `RaiseFeatureLevel`, the snapshot of that release |
+//! | 2 | v0.2.0 | `CommitProgress` (session totals: counters that count once), `ForgetUnits`; the snapshot gains `session_counters` |
 //!
 //! A state that never recorded a level (written before levels existed) is at level 1. Data
 //! without a format header was written before formats were versioned: it reads as format 0
@@ -23,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::state::ControlState;
 
 /// The highest feature level this build reads and writes.
-pub const SUPPORTED_LEVEL: u32 = 1;
+pub const SUPPORTED_LEVEL: u32 = 2;
 
 /// The level of a state that never recorded one: the first release's.
 pub(crate) const BASELINE_LEVEL: u32 = 1;
@@ -75,8 +76,32 @@ impl ControlCommand {
                 .map(ControlCommand::level)
                 .max()
                 .unwrap_or(BASELINE_LEVEL),
+            ControlCommand::CommitProgress { .. } | ControlCommand::ForgetUnits { .. } => 2,
             _ => BASELINE_LEVEL,
         }
+    }
+}
+
+/// The bincode of a `SmData` of the current shape as snapshot `format` has it. Format 1 is
+/// format 2 without `ControlState::session_counters`, its last field, which is empty at level
+/// 1 (only level-2 commands fill it, and `SmData::encode` clears it otherwise) and then encodes
+/// as one zero byte.
+pub(crate) fn snapshot_payload(format: u32, mut current: Vec<u8>) -> Vec<u8> {
+    if format == 1 {
+        debug_assert_eq!(current.last(), Some(&0), "session_counters not empty");
+        current.pop();
+    }
+    current
+}
+
+/// A snapshot payload of `format` in the current shape (see [`snapshot_payload`]).
+pub(crate) fn current_snapshot_payload(format: u32, payload: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if format == 1 {
+        let mut current = payload.to_vec();
+        current.push(0);
+        std::borrow::Cow::Owned(current)
+    } else {
+        std::borrow::Cow::Borrowed(payload)
     }
 }
 

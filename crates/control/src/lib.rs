@@ -35,6 +35,7 @@ mod log_store;
 mod network;
 mod node;
 mod params;
+mod retention;
 mod state;
 mod state_machine;
 pub mod tls;

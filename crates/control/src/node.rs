@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, Raft, ServerState};
-use replicator_model::{CommitOutcome, NodeId, OffsetCommit};
+use replicator_model::{CommitOutcome, NodeId, ProgressCommit};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -24,6 +24,7 @@ use crate::network::auth::{InboundGuard, Signer};
 use crate::network::client::PeerClient;
 use crate::network::{paths, FaultSwitch, ManageRequest, WriteReply};
 use crate::params::ControlTiming;
+use crate::retention::Retention;
 use crate::state_machine::Shared;
 use crate::{ClusterStatus, MemberNode, TypeConfig};
 
@@ -40,7 +41,7 @@ pub(crate) struct Counters {
 pub(crate) enum BatchRequest {
     /// `Control::commit`: offsets of one caller, answered with one outcome per commit.
     Commits {
-        commits: Vec<OffsetCommit>,
+        commits: Vec<ProgressCommit>,
         reply: oneshot::Sender<Result<Vec<CommitOutcome>>>,
     },
     /// One more command of this node, answered with its own response: `Control::release` (a
@@ -596,19 +597,37 @@ enum Waiting {
     Command(oneshot::Sender<Result<ControlResponse>>),
 }
 
-/// The entry for `commits` and `commands`: a plain `CommitOffsets` when there is no other
+/// The commit command of `commits` at the cluster's feature `level`: `CommitProgress` from
+/// level 2, `CommitOffsets` below (whose counters are only ever `Since`: writers send totals
+/// only at level 2, see `Control::counts_totals`).
+fn commit_command(node: NodeId, commits: Vec<ProgressCommit>, level: u32) -> ControlCommand {
+    if level >= 2 {
+        ControlCommand::CommitProgress { node, commits }
+    } else {
+        ControlCommand::CommitOffsets {
+            node,
+            commits: commits
+                .iter()
+                .map(ProgressCommit::to_offset_commit)
+                .collect(),
+        }
+    }
+}
+
+/// The entry for `commits` and `commands`: a plain commit command when there is no other
 /// command (the common case), otherwise a `Batch` with the commits first.
 fn batch_command(
     node: NodeId,
-    commits: Vec<OffsetCommit>,
+    commits: Vec<ProgressCommit>,
     commands: Vec<ControlCommand>,
+    level: u32,
 ) -> ControlCommand {
     if commands.is_empty() {
-        return ControlCommand::CommitOffsets { node, commits };
+        return commit_command(node, commits, level);
     }
     let mut cmds = Vec::with_capacity(commands.len() + 1);
     if !commits.is_empty() {
-        cmds.push(ControlCommand::CommitOffsets { node, commits });
+        cmds.push(commit_command(node, commits, level));
     }
     cmds.extend(commands);
     ControlCommand::Batch(cmds)
@@ -669,7 +688,10 @@ async fn write_batch(node: Arc<NodeInner>, requests: Vec<BatchRequest>) {
         }
     }
     let (commit_count, command_count) = (commits.len(), commands.len());
-    let result = node.write(&batch_command(node.id, commits, commands)).await;
+    let level = node.shared.read().state.feature_level();
+    let result = node
+        .write(&batch_command(node.id, commits, commands, level))
+        .await;
     node.counters.commit_batches.fetch_add(1, Ordering::Relaxed);
     let split = match result {
         Ok((_, response)) => split_response(response.clone(), commit_count, command_count)
@@ -735,6 +757,8 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
     let mut known_leader: Option<(Option<NodeId>, u64)> = None;
     // The last leader other than this node, which a new view spares no grace.
     let mut previous_leader: Option<NodeId> = None;
+    // What this node, while it leads, saw become forgettable when.
+    let mut retention = Retention::default();
     loop {
         tokio::select! {
             () = node.cancel.cancelled() => return,
@@ -768,6 +792,7 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
         }
         if !leading {
             if view.take().is_some() {
+                retention = Retention::default();
                 tracing::info!(node = %node.id, term, "assignment loop stops: not the leader");
                 *node
                     .leader_view
@@ -812,9 +837,11 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                 .level_to_raise()
                 .filter(|level| *level <= format::SUPPORTED_LEVEL)
                 .map(|level| ControlCommand::RaiseFeatureLevel { level });
+            let removed = retention.round(&data.state, now, timing.forget_retired_after);
             (
                 raise
                     .into_iter()
+                    .chain(removed)
                     .chain(assign::plan(&data.state, &lease))
                     .collect::<Vec<_>>(),
                 assign::fence_work(&data.state, &lease),
@@ -872,13 +899,16 @@ mod tests {
         }
     }
 
-    fn commit(p: u32) -> OffsetCommit {
-        OffsetCommit {
+    fn commit(p: u32) -> ProgressCommit {
+        ProgressCommit {
             unit: WorkUnit::new("f", "s", "t", p),
             epoch: Epoch(3),
             offset: 9,
             topic_created_at: 1,
-            counters: replicator_model::UnitCounters::default(),
+            counters: replicator_model::CommitCounters::Totals {
+                session: 7,
+                totals: replicator_model::UnitCounters::default(),
+            },
         }
     }
 
@@ -899,10 +929,16 @@ mod tests {
 
     #[test]
     fn commits_alone_stay_one_commit_entry() {
-        let cmd = batch_command(1, vec![commit(0), commit(1)], Vec::new());
+        let cmd = batch_command(1, vec![commit(0), commit(1)], Vec::new(), 2);
+        check!(
+            matches!(cmd, ControlCommand::CommitProgress { node: 1, ref commits } if commits.len() == 2)
+        );
+        // Below level 2 the same commits take the level-1 form.
+        let cmd = batch_command(1, vec![commit(0), commit(1)], Vec::new(), 1);
         check!(
             matches!(cmd, ControlCommand::CommitOffsets { node: 1, ref commits } if commits.len() == 2)
         );
+        check!(cmd.level() == 1);
         let split = split_response(
             ControlResponse::Commits(vec![CommitOutcome::Committed; 2]),
             2,
@@ -913,12 +949,12 @@ mod tests {
 
     #[test]
     fn releases_ride_in_one_batch_after_the_commits() {
-        let cmd = batch_command(1, vec![commit(0)], vec![release(1), release(2)]);
+        let cmd = batch_command(1, vec![commit(0)], vec![release(1), release(2)], 2);
         let ControlCommand::Batch(cmds) = cmd else {
             panic!("expected a batch");
         };
         check!(cmds.len() == 3);
-        check!(matches!(cmds[0], ControlCommand::CommitOffsets { .. }));
+        check!(matches!(cmds[0], ControlCommand::CommitProgress { .. }));
         let response = ControlResponse::Batch(vec![
             ControlResponse::Commits(vec![CommitOutcome::Committed]),
             ControlResponse::Done,
@@ -929,7 +965,7 @@ mod tests {
         check!(outcomes == vec![CommitOutcome::Committed]);
         check!(answers.len() == 2);
         // Releases without commits.
-        let ControlCommand::Batch(cmds) = batch_command(1, Vec::new(), vec![release(1)]) else {
+        let ControlCommand::Batch(cmds) = batch_command(1, Vec::new(), vec![release(1)], 2) else {
             panic!("expected a batch");
         };
         check!(cmds.len() == 1);

@@ -93,6 +93,11 @@ pub struct ControlTiming {
     /// it fences the member and moves its units (instead of waiting out `lease_expiry`).
     /// Default 600 ms: two renewal periods, so one late renewal does not fence a live member.
     pub fence_after: Duration,
+    /// How long a unit stays in the state once it is retired and owned by nobody (a partition
+    /// of a deleted topic or of a flow no member runs) before the leader forgets it, with
+    /// its confirmed offset (at feature level 2). Default 10 min: a topic excluded and
+    /// included again within that keeps its offset.
+    pub forget_retired_after: Duration,
 }
 
 impl Default for ControlTiming {
@@ -115,6 +120,7 @@ impl Default for ControlTiming {
             logs_to_keep_after_snapshot: 500,
             drain_timeout: Duration::from_secs(30),
             fence_after: Duration::from_millis(600),
+            forget_retired_after: Duration::from_secs(600),
         }
     }
 }

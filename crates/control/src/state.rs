@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset, UnitProgress,
-    UnitStart, WorkUnit, WriterLogin,
+    Assignment, CommitCounters, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset,
+    ProgressCommit, SessionCounters, UnitProgress, UnitStart, WorkUnit, WriterLogin,
 };
 use serde::{Deserialize, Serialize};
 
@@ -121,6 +121,9 @@ pub(crate) struct ControlState {
     pub(crate) feature_level: u32,
     /// The highest feature level each member's build supports (`PublishFeatures`).
     pub(crate) member_levels: BTreeMap<NodeId, u32>,
+    /// Per unit, the totals its current grant's writer sessions committed
+    /// (`CommitCounters::Totals`). Must stay the last field (see `format::snapshot_payload`).
+    pub(crate) session_counters: BTreeMap<WorkUnit, SessionCounters>,
 }
 
 /// An operator's offset reset of one unit (see `ControlCommand::ResetOffsets`).
@@ -271,8 +274,20 @@ impl ControlState {
                 Done
             }
             ControlCommand::CommitOffsets { node, commits } => ControlResponse::Commits(
+                commits
+                    .iter()
+                    .map(|c| self.commit_one(*node, &progress_commit(c)))
+                    .collect(),
+            ),
+            ControlCommand::CommitProgress { node, commits } => ControlResponse::Commits(
                 commits.iter().map(|c| self.commit_one(*node, c)).collect(),
             ),
+            ControlCommand::ForgetUnits { units } => {
+                for unit in units {
+                    self.forget_unit(unit);
+                }
+                Done
+            }
             ControlCommand::RemoveMember { node } => {
                 if !self.members.contains_key(node) {
                     return Ignored(Rejection::UnknownMember);
@@ -798,7 +813,58 @@ impl ControlState {
         ControlResponse::Done
     }
 
-    fn commit_one(&mut self, node: NodeId, c: &OffsetCommit) -> CommitOutcome {
+    /// Drops `unit` from the state if it is retired, unowned and not held
+    /// (`ControlCommand::ForgetUnits`).
+    fn forget_unit(&mut self, unit: &WorkUnit) {
+        let forgettable = self
+            .units
+            .get(unit)
+            .is_some_and(|r| r.retired && r.owner.is_none())
+            && !self.held_units.contains_key(unit);
+        if forgettable {
+            self.units.remove(unit);
+            self.pending_resets.remove(unit);
+            self.reset_topics.remove(unit);
+            self.recorded_starts.remove(unit);
+            self.session_counters.remove(unit);
+        }
+    }
+
+    /// Units that may leave the state (`ControlCommand::ForgetUnits`): retired, owned by
+    /// nobody, not held.
+    pub(crate) fn forgettable_units(&self) -> impl Iterator<Item = &WorkUnit> {
+        self.units
+            .iter()
+            .filter(|(u, r)| r.retired && r.owner.is_none() && !self.held_units.contains_key(*u))
+            .map(|(u, _)| u)
+    }
+
+    /// Flows whose units are not all retired although no member runs them: every member
+    /// published its config (`PublishConfig`) and none has the flow (it was removed by a
+    /// reload everywhere). The leader reports them empty, which retires their units.
+    pub(crate) fn flows_nobody_runs(&self) -> BTreeSet<&str> {
+        let all_published = !self.members.is_empty()
+            && self
+                .members
+                .keys()
+                .all(|n| self.config_digests.contains_key(n));
+        if !all_published {
+            return BTreeSet::new();
+        }
+        self.units
+            .iter()
+            .filter(|(_, r)| !r.retired)
+            .map(|(u, _)| u.flow.as_str())
+            .filter(|flow| {
+                !self
+                    .config_digests
+                    .values()
+                    .any(|digests| digests.contains_key(*flow))
+            })
+            .collect()
+    }
+
+    fn commit_one(&mut self, node: NodeId, c: &ProgressCommit) -> CommitOutcome {
         let Some(rec) = self.units.get_mut(&c.unit) else {
             return CommitOutcome::Fenced { current: None };
         };
@@ -816,7 +882,15 @@ impl ControlState {
             // Offsets never move backwards within one topic generation.
             p.confirmed = p.confirmed.max(Some(c.offset));
         }
-        p.counters.add(&c.counters);
+        let copied = match &c.counters {
+            CommitCounters::Since(since) => *since,
+            CommitCounters::Totals { session, totals } => self
+                .session_counters
+                .entry(c.unit.clone())
+                .or_default()
+                .record(c.epoch, *session, totals),
+        };
+        p.counters.add(&copied);
         // The owner started where the reset (or the recorded start) said (units are reset only
         // while unowned): its commits are the unit's progress from now on.
         self.pending_resets.remove(&c.unit);
@@ -852,6 +926,17 @@ impl ControlState {
         self.units
             .get(unit)
             .is_some_and(|r| r.owner == Some(node) && r.epoch == epoch)
+    }
+}
+
+/// A level-1 commit as the level-2 one it amounts to.
+fn progress_commit(c: &OffsetCommit) -> ProgressCommit {
+    ProgressCommit {
+        unit: c.unit.clone(),
+        epoch: c.epoch,
+        offset: c.offset,
+        topic_created_at: c.topic_created_at,
+        counters: CommitCounters::Since(c.counters),
     }
 }
 

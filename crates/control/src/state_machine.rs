@@ -49,14 +49,30 @@ impl SmData {
     /// every member reads).
     pub(crate) fn encode(&self) -> Result<Vec<u8>> {
         let format = self.state.feature_level();
-        Ok(format::seal(format, &encode("snapshot data", self)?))
+        let payload = if format < 2 && !self.state.session_counters.is_empty() {
+            // Only level-2 commands fill it, so this does not happen; if it did, format 1
+            // could not carry it, and the counters' dedup only loses its memory (a retried
+            // commit may count twice, as it did at level 1).
+            let mut without = self.clone();
+            without.state.session_counters.clear();
+            encode("snapshot data", &without)?
+        } else {
+            encode("snapshot data", self)?
+        };
+        Ok(format::seal(
+            format,
+            &format::snapshot_payload(format, payload),
+        ))
     }
 
     /// Decodes snapshot data of any format this build reads (see `format`).
     pub(crate) fn decode(bytes: &[u8]) -> Result<SmData> {
         match format::open("snapshot data", bytes)? {
             (0, legacy) => Self::decode_unversioned(legacy),
-            (_, payload) => decode::<SmData>("snapshot data", payload),
+            (format, payload) => decode::<SmData>(
+                "snapshot data",
+                &format::current_snapshot_payload(format, payload),
+            ),
         }
     }
 
@@ -83,8 +99,9 @@ impl SmData {
 /// `ControlState` fields added while snapshots had no format header, all at its end:
 /// `identities`, `stale_identities`, `retired_incarnations`, `paused_flows`, `pending_resets`,
 /// `config_digests`, `recorded_starts`, `reset_topics`, `target_revokes`, `revoke_pending`,
-/// `held_units`, and, with the header, `feature_level` and `member_levels`.
-const FIELDS_ADDED_SINCE_UNVERSIONED: usize = 13;
+/// `held_units`, and, with the header, `feature_level`, `member_levels` and
+/// `session_counters`.
+const FIELDS_ADDED_SINCE_UNVERSIONED: usize = 14;
 
 /// A snapshot as stored in sled.
 #[derive(Serialize, Deserialize)]

@@ -25,6 +25,8 @@ pub struct ClusterSpec {
     /// `[clusters.*]`, `[[flows]]` and `[pipeline]` TOML, appended to every node's config
     /// after its `[node]` and `[cluster]` sections.
     pub replication_toml: String,
+    /// More `[cluster]` keys, e.g. `forget_retired_after = "1s"` (empty: the defaults).
+    pub cluster_toml: String,
     /// Live units the nodes must own between them before a start returns, e.g. 16.
     pub units: usize,
     /// `--log-level` of the node processes, e.g. `"info"`.
@@ -317,6 +319,7 @@ impl Cluster {
             admin_token: Some(&self.admin_token),
             tls,
             initial_members: &self.initial,
+            cluster_extra: &self.spec.cluster_toml,
         }
         .toml(&self.spec.replication_toml)
     }
@@ -451,12 +454,21 @@ impl Cluster {
 
     /// Starts a stopped node's process again with the same config and data dir.
     pub fn restart(&mut self, id: NodeId) -> Result<()> {
-        let (binary, log_level) = (self.spec.binary.clone(), self.spec.log_level);
+        let binary = self.spec.binary.clone();
+        self.restart_with(id, &binary)
+    }
+
+    /// [`Cluster::restart`] with another executable: one step of a rolling upgrade. From now
+    /// on it is also the executable of later restarts and of the commands run against the
+    /// cluster (`verify`, `flow`, `cluster`).
+    pub fn restart_with(&mut self, id: NodeId, binary: &ReplicatorBinary) -> Result<()> {
+        self.spec.binary = binary.clone();
+        let log_level = self.spec.log_level;
         let node = self.node_mut(id)?;
         if node.child.is_some() {
             return Err(Error::StillRunning(id));
         }
-        node.spawn(&binary, log_level)
+        node.spawn(binary, log_level)
     }
 
     /// Rewrites node `id`'s config file with `replication_toml` in place of the replication

@@ -28,6 +28,8 @@ pub struct NodeConfig<'a> {
     pub tls: Option<&'a crate::NodeTls>,
     /// `cluster.initial_members`: the bootstrap members' Raft addresses by node id.
     pub initial_members: &'a BTreeMap<NodeId, SocketAddr>,
+    /// More `[cluster]` keys, one per line (may be empty).
+    pub cluster_extra: &'a str,
 }
 
 impl NodeConfig<'_> {
@@ -74,6 +76,7 @@ api_addr = "{api_bind}"
 [cluster]
 secret = "{secret}"
 {admin_token}{tls}initial_members = {{ {members} }}
+{cluster_extra}
 
 {replication}"#,
             id = self.id,
@@ -81,6 +84,7 @@ secret = "{secret}"
             raft_addr = self.raft_addr,
             api_bind = self.api_bind,
             secret = self.secret,
+            cluster_extra = self.cluster_extra,
         )
     }
 }

@@ -22,6 +22,9 @@ pub struct Status {
     /// Flows paused by `flow pause` or `flow promote`.
     #[serde(default)]
     pub paused_flows: Vec<PausedView>,
+    /// The cluster's feature level (0 from a release before levels).
+    #[serde(default)]
+    pub feature_level: u32,
 }
 
 /// A paused flow in [`Status`].
@@ -50,6 +53,9 @@ pub struct MemberView {
     /// Whether the leader decided to fence that identity.
     #[serde(default)]
     pub fenced: bool,
+    /// The highest feature level its release supports, once it published it.
+    #[serde(default)]
+    pub supported_level: Option<u32>,
 }
 
 /// A unit in [`Status`].

@@ -22,7 +22,7 @@ pub use flow::{
 };
 pub use iggy_version::IggyVersion;
 pub use unit::{
-    Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset, UnitCounters,
-    UnitProgress, UnitReset, UnitStart, WorkUnit,
+    Assignment, CommitCounters, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset,
+    ProgressCommit, SessionCounters, UnitCounters, UnitProgress, UnitReset, UnitStart, WorkUnit,
 };
 pub use writer::{writer_username, WriterLogin};

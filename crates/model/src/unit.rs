@@ -105,6 +105,110 @@ impl UnitCounters {
         self.errors = self.errors.saturating_add(other.errors);
         self.gaps = self.gaps.saturating_add(other.gaps);
     }
+
+    /// Raises each counter to `other`'s where that is higher; returns by how much they rose.
+    fn raise_to(&mut self, other: &UnitCounters) -> UnitCounters {
+        let rise = |mine: &mut u64, theirs: u64| {
+            let by = theirs.saturating_sub(*mine);
+            *mine = (*mine).max(theirs);
+            by
+        };
+        UnitCounters {
+            messages: rise(&mut self.messages, other.messages),
+            bytes: rise(&mut self.bytes, other.bytes),
+            errors: rise(&mut self.errors, other.errors),
+            gaps: rise(&mut self.gaps, other.gaps),
+        }
+    }
+}
+
+/// How the counters of one commit count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommitCounters {
+    /// What the writer copied since its previous confirmed commit: added as they are, so a
+    /// commit applied twice (a retried write) counts twice. What writer sessions that started
+    /// below feature level 2 send.
+    Since(UnitCounters),
+    /// Everything one writer session copied so far: each counter is raised to it (see
+    /// [`SessionCounters`]), so a commit applied twice, or late, counts once.
+    Totals {
+        /// The writer session (a random number each writer start draws).
+        session: u64,
+        /// Its totals since it started.
+        totals: UnitCounters,
+    },
+}
+
+/// A writer's commit: every upstream message of `unit` up to `offset` is downstream (as
+/// [`OffsetCommit`]), and what it copied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgressCommit {
+    /// The unit whose progress moves.
+    pub unit: WorkUnit,
+    /// The epoch of the writer's grant; a commit under any other epoch is fenced.
+    pub epoch: Epoch,
+    /// Last upstream offset written downstream.
+    pub offset: Offset,
+    /// The upstream history the offset belongs to (see [`OffsetCommit::topic_created_at`]).
+    pub topic_created_at: u64,
+    /// What was copied.
+    pub counters: CommitCounters,
+}
+
+impl ProgressCommit {
+    /// The same commit as an [`OffsetCommit`], the form of feature level 1. Totals have no
+    /// such form: they count nothing there (they are only sent at level 2 and above).
+    #[must_use]
+    pub fn to_offset_commit(&self) -> OffsetCommit {
+        OffsetCommit {
+            unit: self.unit.clone(),
+            epoch: self.epoch,
+            offset: self.offset,
+            topic_created_at: self.topic_created_at,
+            counters: match self.counters {
+                CommitCounters::Since(c) => c,
+                CommitCounters::Totals { .. } => UnitCounters::default(),
+            },
+        }
+    }
+}
+
+/// The totals of the writer sessions of a unit's current grant, each as far as its commits
+/// confirmed it: what makes [`CommitCounters::Totals`] count once however often a commit is
+/// applied.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SessionCounters {
+    /// The grant the sessions write under; a commit of another grant starts over.
+    pub epoch: Epoch,
+    /// Sessions, oldest first, at most [`SessionCounters::MAX_SESSIONS`].
+    pub sessions: Vec<(u64, UnitCounters)>,
+}
+
+impl SessionCounters {
+    /// Sessions kept per grant. A writer restarts under the same grant after a failed pair or
+    /// a config reload; a session's commit is in flight for a few seconds at most, so only a
+    /// session older than this many restarts of one grant could count a late commit again.
+    pub const MAX_SESSIONS: usize = 8;
+
+    /// Records that `session` of the grant `epoch` copied `totals` so far; returns what that
+    /// adds to the unit's counters (nothing for a commit applied before, or overtaken).
+    pub fn record(&mut self, epoch: Epoch, session: u64, totals: &UnitCounters) -> UnitCounters {
+        if self.epoch != epoch {
+            self.epoch = epoch;
+            self.sessions.clear();
+        }
+        let at = match self.sessions.iter().position(|(s, _)| *s == session) {
+            Some(at) => at,
+            None => {
+                if self.sessions.len() == Self::MAX_SESSIONS {
+                    self.sessions.remove(0);
+                }
+                self.sessions.push((session, UnitCounters::default()));
+                self.sessions.len() - 1
+            }
+        };
+        self.sessions[at].1.raise_to(totals)
+    }
 }
 
 /// A writer's claim that every upstream message of `unit` up to and including
@@ -172,6 +276,43 @@ mod tests {
         });
         assert_eq!(total.messages, u64::MAX);
         assert_eq!((total.bytes, total.errors, total.gaps), (7, 1, 2));
+    }
+
+    #[test]
+    fn session_totals_count_once_however_often_and_late_they_arrive() {
+        let totals = |messages| UnitCounters {
+            messages,
+            ..Default::default()
+        };
+        let mut s = SessionCounters::default();
+        assert_eq!(s.record(Epoch(5), 1, &totals(10)).messages, 10);
+        assert_eq!(
+            s.record(Epoch(5), 1, &totals(10)).messages,
+            0,
+            "applied twice"
+        );
+        assert_eq!(s.record(Epoch(5), 1, &totals(25)).messages, 15);
+        assert_eq!(
+            s.record(Epoch(5), 1, &totals(20)).messages,
+            0,
+            "late, overtaken"
+        );
+        // A restarted writer of the same grant counts from zero, beside the first.
+        assert_eq!(s.record(Epoch(5), 2, &totals(4)).messages, 4);
+        assert_eq!(s.record(Epoch(5), 1, &totals(25)).messages, 0);
+        // A new grant starts over.
+        assert_eq!(s.record(Epoch(9), 1, &totals(3)).messages, 3);
+        assert_eq!(s.sessions.len(), 1);
+    }
+
+    #[test]
+    fn sessions_of_one_grant_are_bounded() {
+        let mut s = SessionCounters::default();
+        for session in 0..20 {
+            s.record(Epoch(1), session, &UnitCounters::default());
+        }
+        assert_eq!(s.sessions.len(), SessionCounters::MAX_SESSIONS);
+        assert_eq!(s.sessions[0].0, 20 - SessionCounters::MAX_SESSIONS as u64);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::time::Instant;
 
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, UnitReset, UnitStart, WorkUnit,
+    Assignment, CommitOutcome, Epoch, ProgressCommit, UnitProgress, UnitReset, UnitStart, WorkUnit,
     WriterLogin,
 };
 use tokio::sync::watch;
@@ -90,11 +90,19 @@ pub trait ControlPlane: Clone + Send + Sync + 'static {
         start: UnitStart,
     ) -> impl Future<Output = Result<bool, ControlError>> + Send;
 
+    /// Whether a writer starting now sends its session's totals
+    /// ([`CommitCounters::Totals`](replicator_model::CommitCounters), which count once however
+    /// often a commit is applied) rather than what it copied since its previous commit. Once
+    /// true, never false again. The default never does.
+    fn counts_totals(&self) -> bool {
+        false
+    }
+
     /// Commits offsets (the implementation may batch them with other callers'); one outcome per
     /// commit, in order.
     fn commit(
         &self,
-        commits: Vec<OffsetCommit>,
+        commits: Vec<ProgressCommit>,
     ) -> impl Future<Output = Result<Vec<CommitOutcome>, ControlError>> + Send;
 
     /// Reports the full set of units discovered for a flow; units no longer present are retired

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, OffsetCommit, UnitProgress, UnitReset, UnitStart, WorkUnit,
+    Assignment, CommitCounters, CommitOutcome, Epoch, ProgressCommit, SessionCounters,
+    UnitProgress, UnitReset, UnitStart, WorkUnit,
 };
 use tokio::sync::watch;
 
@@ -36,6 +37,8 @@ struct UnitEntry {
     reset: Option<UnitReset>,
     /// The start its first owner recorded, until the first commit.
     start: Option<UnitStart>,
+    /// The totals its current grant's writer sessions committed.
+    sessions: SessionCounters,
 }
 
 /// Everything behind the lock.
@@ -96,7 +99,7 @@ impl State {
     }
 
     /// Applies one commit.
-    fn commit(&mut self, c: &OffsetCommit) -> CommitOutcome {
+    fn commit(&mut self, c: &ProgressCommit) -> CommitOutcome {
         let Some(entry) = self.units.get_mut(&c.unit) else {
             return CommitOutcome::Fenced { current: None };
         };
@@ -113,7 +116,13 @@ impl State {
         } else {
             p.confirmed = Some(p.confirmed.map_or(c.offset, |old| old.max(c.offset)));
         }
-        p.counters.add(&c.counters);
+        let copied = match &c.counters {
+            CommitCounters::Since(since) => *since,
+            CommitCounters::Totals { session, totals } => {
+                entry.sessions.record(c.epoch, *session, totals)
+            }
+        };
+        p.counters.add(&copied);
         entry.reset = None;
         entry.start = None;
         CommitOutcome::Committed
@@ -305,7 +314,14 @@ impl ControlPlane for InMemoryControl {
         })
     }
 
-    async fn commit(&self, commits: Vec<OffsetCommit>) -> Result<Vec<CommitOutcome>, ControlError> {
+    fn counts_totals(&self) -> bool {
+        true
+    }
+
+    async fn commit(
+        &self,
+        commits: Vec<ProgressCommit>,
+    ) -> Result<Vec<CommitOutcome>, ControlError> {
         Ok(self.mutate(|s| commits.iter().map(|c| s.commit(c)).collect()))
     }
 
@@ -353,16 +369,16 @@ mod tests {
         WorkUnit::new("f", "s", "t", p)
     }
 
-    fn commit(u: &WorkUnit, epoch: Epoch, offset: u64, created: u64) -> OffsetCommit {
-        OffsetCommit {
+    fn commit(u: &WorkUnit, epoch: Epoch, offset: u64, created: u64) -> ProgressCommit {
+        ProgressCommit {
             unit: u.clone(),
             epoch,
             offset,
             topic_created_at: created,
-            counters: UnitCounters {
+            counters: CommitCounters::Since(UnitCounters {
                 messages: 1,
                 ..Default::default()
-            },
+            }),
         }
     }
 
@@ -500,7 +516,7 @@ mod tests {
             }
             async fn commit(
                 &self,
-                commits: Vec<OffsetCommit>,
+                commits: Vec<ProgressCommit>,
             ) -> Result<Vec<CommitOutcome>, ControlError> {
                 self.0.commit(commits).await
             }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use openraft::Raft;
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, UnitProgress, UnitReset,
+    Assignment, CommitOutcome, Epoch, NodeId, Offset, ProgressCommit, UnitProgress, UnitReset,
     UnitStart, WorkUnit, WriterLogin,
 };
 use tokio::sync::{mpsc, oneshot, watch};
@@ -300,12 +300,20 @@ impl Control {
 
     /// Commits offsets; batched with other callers into one Raft entry per batch interval and
     /// forwarded to the leader. One outcome per commit, in order.
-    pub async fn commit(&self, commits: Vec<OffsetCommit>) -> Result<Vec<CommitOutcome>> {
+    pub async fn commit(&self, commits: Vec<ProgressCommit>) -> Result<Vec<CommitOutcome>> {
         if commits.is_empty() {
             return Ok(Vec::new());
         }
         self.batched(|reply| BatchRequest::Commits { commits, reply })
             .await
+    }
+
+    /// Whether a writer session starting now commits its totals (`CommitCounters::Totals`,
+    /// which count once however often a commit is applied): from feature level 2 on, which
+    /// is never lowered. A session keeps the form it started with.
+    #[must_use]
+    pub fn counts_totals(&self) -> bool {
+        self.inner.shared.read().state.feature_level() >= 2
     }
 
     /// Queues a request for the commit batcher and waits for its answer.

@@ -726,3 +726,84 @@ fn a_reset_names_its_topic_until_the_first_commit_and_an_older_reset_names_none(
     check!(commit_as(&mut s, 26, 2, commit(25, 3, 9)) == CommitOutcome::Committed);
     check!(s.pending_resets.is_empty() && s.reset_topics.is_empty());
 }
+
+/// `node` commits `offset` of unit 0 under `epoch`, with `session`'s totals of `messages`.
+fn progress(epoch: u64, offset: u64, session: u64, messages: u64) -> ControlCommand {
+    ControlCommand::CommitProgress {
+        node: 1,
+        commits: vec![replicator_model::ProgressCommit {
+            unit: unit(0),
+            epoch: Epoch(epoch),
+            offset,
+            topic_created_at: 1,
+            counters: replicator_model::CommitCounters::Totals {
+                session,
+                totals: UnitCounters {
+                    messages,
+                    ..Default::default()
+                },
+            },
+        }],
+    }
+}
+
+#[test]
+fn session_totals_count_once_when_a_commit_entry_is_applied_twice_or_late() {
+    let mut s = setup();
+    let messages = |s: &ControlState| s.units[&unit(0)].progress.counters.messages;
+    s.apply(11, &progress(10, 5, 7, 6));
+    // A retried write lands the same entry again, then a late one arrives after a newer one.
+    s.apply(12, &progress(10, 5, 7, 6));
+    s.apply(13, &progress(10, 9, 7, 10));
+    s.apply(14, &progress(10, 8, 7, 8));
+    check!(messages(&s) == 10);
+    check!(s.units[&unit(0)].progress.confirmed == Some(9));
+    // The writer restarted under the same grant: a new session counts from zero.
+    s.apply(15, &progress(10, 12, 8, 3));
+    check!(messages(&s) == 13);
+    // The level-1 form still adds what it carries.
+    commit_as(&mut s, 16, 1, commit(10, 13, 1));
+    check!(messages(&s) == 15);
+}
+
+#[test]
+fn forgetting_takes_only_retired_unowned_unheld_units_and_everything_kept_about_them() {
+    let mut s = setup();
+    s.apply(11, &progress(10, 5, 7, 6));
+    // Units 0 (owned) and 1, 2 leave discovery; 1 has a recorded start and a reset.
+    s.apply(12, &report(vec![]));
+    s.recorded_starts.insert(
+        unit(1),
+        UnitStart {
+            next: 3,
+            topic_created_at: 1,
+        },
+    );
+    s.held_units.insert(unit(2), (2, 1));
+    s.apply(
+        13,
+        &ControlCommand::ForgetUnits {
+            units: vec![unit(0), unit(1), unit(2), unit(9)],
+        },
+    );
+    check!(
+        s.units.contains_key(&unit(0)),
+        "owned: its owner still commits"
+    );
+    check!(!s.units.contains_key(&unit(1)));
+    check!(!s.recorded_starts.contains_key(&unit(1)));
+    check!(s.units.contains_key(&unit(2)), "held for a revoke");
+    // Released, then forgotten with its session counters.
+    s.apply(14, &release(10, 1));
+    s.apply(
+        15,
+        &ControlCommand::ForgetUnits {
+            units: vec![unit(0)],
+        },
+    );
+    check!(!s.units.contains_key(&unit(0)));
+    check!(s.session_counters.is_empty());
+    // Reported again, it starts like a new unit.
+    s.apply(16, &report(vec![unit(0)]));
+    check!(s.units[&unit(0)].progress == UnitProgress::default());
+}

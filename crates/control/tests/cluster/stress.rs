@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use replicator_control::{Control, ControlTiming};
-use replicator_model::{NodeId, OffsetCommit, WorkUnit};
+use replicator_model::{NodeId, ProgressCommit, WorkUnit};
 use tokio::task::JoinHandle;
 
 use crate::util::{wait_until_async, TestCluster, TestResult};
@@ -27,17 +27,11 @@ fn spawn_committer(control: Control) -> JoinHandle<()> {
         let mut offset = 0u64;
         loop {
             offset += 1;
-            let commits: Vec<OffsetCommit> = control
+            let commits: Vec<ProgressCommit> = control
                 .assignments()
                 .borrow()
                 .iter()
-                .map(|a| OffsetCommit {
-                    unit: a.unit.clone(),
-                    epoch: a.epoch,
-                    offset,
-                    topic_created_at: 1,
-                    counters: replicator_model::UnitCounters::default(),
-                })
+                .map(|a| crate::util::commit(a, offset))
                 .collect();
             // Fenced or failed commits are expected around a kill.
             let _ = control.commit(commits).await;

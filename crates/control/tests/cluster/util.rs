@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use replicator_control::{
     ClusterSecret, Control, ControlMetrics, ControlParams, ControlTiming, Fencing, TlsFiles,
 };
-use replicator_model::{Assignment, NodeId, OffsetCommit, UnitCounters, WorkUnit};
+use replicator_model::{
+    Assignment, CommitCounters, NodeId, ProgressCommit, UnitCounters, WorkUnit,
+};
 use tokio::task::JoinHandle;
 
 pub(crate) type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -409,12 +411,12 @@ pub(crate) fn units(flow: &str, n: u32) -> Vec<WorkUnit> {
 }
 
 /// A commit of `offset` for `a`'s unit under `a`'s epoch (topic created at 1, no counters).
-pub(crate) fn commit(a: &Assignment, offset: u64) -> OffsetCommit {
-    OffsetCommit {
+pub(crate) fn commit(a: &Assignment, offset: u64) -> ProgressCommit {
+    ProgressCommit {
         unit: a.unit.clone(),
         epoch: a.epoch,
         offset,
         topic_created_at: 1,
-        counters: UnitCounters::default(),
+        counters: CommitCounters::Since(UnitCounters::default()),
     }
 }

@@ -5,10 +5,15 @@
 //! and runs the one commit the tracker hands out at a time. A busy unit commits at most once per
 //! `commit_interval` (Raft entries follow units × 10/s, not batches); a stopping one commits at
 //! once.
+//!
+//! What a commit counts: the counters since the previous confirmed commit, or, for a writer
+//! session that counts totals (feature level 2), everything the session copied, which the
+//! control plane applies with a maximum per session so that a commit applied twice or late
+//! counts once.
 
 use std::time::{Duration, Instant};
 
-use replicator_model::{CommitOutcome, Epoch, Offset, UnitCounters};
+use replicator_model::{CommitCounters, CommitOutcome, Epoch, Offset, UnitCounters};
 
 use crate::control::ControlError;
 
@@ -16,14 +21,15 @@ use crate::control::ControlError;
 /// control plane is not asked again after every batch.
 pub(super) const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(250);
 
-/// One commit to make: everything up to `offset` is downstream, plus the counters since the
-/// previous commit.
+/// One commit to make: everything up to `offset` is downstream, plus what was copied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct CommitRequest {
     /// Last upstream offset downstream.
     pub(super) offset: Offset,
+    /// What the commit counts.
+    pub(super) counters: CommitCounters,
     /// Counters taken out of the pending ones; they go back if the commit fails.
-    pub(super) counters: UnitCounters,
+    taken: UnitCounters,
 }
 
 /// What the writer does once a commit answered.
@@ -50,6 +56,10 @@ pub(super) struct CommitTracker {
     committed: Option<Offset>,
     /// Counters not yet handed to a commit.
     pending: UnitCounters,
+    /// The writer session, when it commits totals.
+    session: Option<u64>,
+    /// Everything this session counted (sent with every commit when it commits totals).
+    totals: UnitCounters,
     /// The commit in flight (at most one), until it is settled.
     in_flight: Option<CommitRequest>,
     /// No commit starts before this, except the final one.
@@ -57,13 +67,17 @@ pub(super) struct CommitTracker {
 }
 
 impl CommitTracker {
-    /// A tracker with nothing written; the first commit is not held back.
-    pub(super) fn new(interval: Duration, now: Instant) -> Self {
+    /// A tracker with nothing written; the first commit is not held back. `session`: the
+    /// writer session's number when it commits totals, `None` when it commits counters since
+    /// the previous commit.
+    pub(super) fn new(interval: Duration, now: Instant, session: Option<u64>) -> Self {
         Self {
             interval,
             written: None,
             committed: None,
             pending: UnitCounters::default(),
+            session,
+            totals: UnitCounters::default(),
             in_flight: None,
             next_at: now,
         }
@@ -90,18 +104,32 @@ impl CommitTracker {
 
     /// `messages` messages of `bytes` bytes were acknowledged downstream.
     pub(super) fn sent(&mut self, messages: u64, bytes: u64) {
-        self.pending.messages += messages;
-        self.pending.bytes += bytes;
+        self.count(UnitCounters {
+            messages,
+            bytes,
+            ..Default::default()
+        });
     }
 
     /// A batch came after offsets lost to retention.
     pub(super) fn gap(&mut self) {
-        self.pending.gaps += 1;
+        self.count(UnitCounters {
+            gaps: 1,
+            ..Default::default()
+        });
     }
 
     /// A failure the writer retries.
     pub(super) fn error(&mut self) {
-        self.pending.errors += 1;
+        self.count(UnitCounters {
+            errors: 1,
+            ..Default::default()
+        });
+    }
+
+    fn count(&mut self, what: UnitCounters) {
+        self.pending.add(&what);
+        self.totals.add(&what);
     }
 
     /// Whether there is progress or counters the control plane has not confirmed yet. Nothing
@@ -139,9 +167,18 @@ impl CommitTracker {
         }
         let offset = self.written?;
         self.next_at = now + self.interval;
+        let taken = std::mem::take(&mut self.pending);
+        let counters = match self.session {
+            Some(session) => CommitCounters::Totals {
+                session,
+                totals: self.totals,
+            },
+            None => CommitCounters::Since(taken),
+        };
         let request = CommitRequest {
             offset,
-            counters: std::mem::take(&mut self.pending),
+            counters,
+            taken,
         };
         self.in_flight = Some(request);
         Some(request)
@@ -165,11 +202,11 @@ impl CommitTracker {
             }
             Ok([CommitOutcome::Fenced { current }, ..]) => Settled::Fenced { current: *current },
             Ok([]) => {
-                self.pending.add(&request.counters);
+                self.pending.add(&request.taken);
                 Settled::Continue
             }
             Err(_) => {
-                self.pending.add(&request.counters);
+                self.pending.add(&request.taken);
                 self.next_at = self.next_at.max(now + COMMIT_RETRY_DELAY);
                 Settled::Continue
             }
@@ -202,7 +239,7 @@ mod tests {
 
     /// A tracker at `t0` that resumed with `written` downstream and `committed` confirmed.
     fn tracker(t0: Instant, written: Option<Offset>, committed: Option<Offset>) -> CommitTracker {
-        let mut t = CommitTracker::new(INTERVAL, t0);
+        let mut t = CommitTracker::new(INTERVAL, t0, None);
         t.resumed(written, committed);
         t
     }
@@ -217,7 +254,7 @@ mod tests {
         check!(t.start_final(t0).is_none());
         t.covered(Some(4));
         let request = t.start_if_due(t0);
-        check!(request.map(|r| (r.offset, r.counters.errors)) == Some((4, 1)));
+        check!(request.map(|r| (r.offset, r.taken.errors)) == Some((4, 1)));
     }
 
     #[test]
@@ -246,7 +283,7 @@ mod tests {
         check!(t.start_if_due(t0 + ms(99)).is_none());
         // Exactly at the interval it is due (`<` → `<=` would hold it back one batch longer).
         let second = t.start_if_due(t0 + INTERVAL);
-        check!(second.map(|r| (r.offset, r.counters.messages)) == Some((19, 10)));
+        check!(second.map(|r| (r.offset, r.taken.messages)) == Some((19, 10)));
     }
 
     #[test]
@@ -281,9 +318,9 @@ mod tests {
         t.sent(5, 500);
         t.gap();
         let request = t.start_if_due(t0).expect("due");
-        check!(request.counters.messages == 5);
-        check!(request.counters.bytes == 500);
-        check!(request.counters.gaps == 1);
+        check!(request.taken.messages == 5);
+        check!(request.taken.bytes == 500);
+        check!(request.taken.gaps == 1);
         check!(t.settle(t0, Ok(&committed())) == Settled::Continue);
         check!(t.due_at().is_none());
         check!(t.start_final(t0 + ms(500)).is_none());
@@ -296,7 +333,7 @@ mod tests {
         t.error();
         let request = t.start_if_due(t0).expect("due");
         check!(request.offset == 4);
-        check!(request.counters.errors == 1);
+        check!(request.taken.errors == 1);
     }
 
     #[test]
@@ -316,8 +353,8 @@ mod tests {
             .expect("due");
         check!(retry.offset == 4);
         // The failed commit's counters and the ones since, each counted once.
-        check!(retry.counters.messages == 6);
-        check!(retry.counters.bytes == 600);
+        check!(retry.taken.messages == 6);
+        check!(retry.taken.bytes == 600);
     }
 
     #[test]
@@ -328,7 +365,7 @@ mod tests {
         assert!(t.start_if_due(t0).is_some());
         check!(t.settle(t0, Ok(&[])) == Settled::Continue);
         let retry = t.start_if_due(t0 + INTERVAL).expect("due");
-        check!(retry.counters.messages == 3);
+        check!(retry.taken.messages == 3);
     }
 
     #[test]
@@ -353,5 +390,49 @@ mod tests {
         t.covered(Some(4));
         t.covered(None);
         check!(t.written() == Some(10));
+    }
+
+    #[test]
+    fn a_session_counting_totals_sends_them_whole_with_every_commit() {
+        let t0 = Instant::now();
+        let mut t = CommitTracker::new(INTERVAL, t0, Some(77));
+        t.resumed(Some(0), Some(0));
+        t.sent(10, 100);
+        t.covered(Some(9));
+        let first = t.start_if_due(t0).expect("due");
+        let totals = |messages, bytes| CommitCounters::Totals {
+            session: 77,
+            totals: UnitCounters {
+                messages,
+                bytes,
+                ..Default::default()
+            },
+        };
+        check!(first.counters == totals(10, 100));
+        // Failed: the next commit carries the same totals plus what came since, never less.
+        t.settle(t0, Err(&failure()));
+        t.sent(5, 50);
+        t.covered(Some(14));
+        let retry = t.start_if_due(t0 + COMMIT_RETRY_DELAY).expect("due");
+        check!(retry.counters == totals(15, 150));
+        t.settle(t0 + COMMIT_RETRY_DELAY, Ok(&committed()));
+        t.sent(1, 10);
+        t.covered(Some(15));
+        let next = t
+            .start_if_due(t0 + COMMIT_RETRY_DELAY + INTERVAL)
+            .expect("due");
+        check!(next.counters == totals(16, 160));
+    }
+
+    #[test]
+    fn a_session_counting_since_the_previous_commit_sends_what_it_took() {
+        let t0 = Instant::now();
+        let mut t = CommitTracker::new(INTERVAL, t0, None);
+        t.resumed(Some(0), Some(0));
+        t.sent(3, 30);
+        t.covered(Some(3));
+        let request = t.start_if_due(t0).expect("due");
+        check!(request.counters == CommitCounters::Since(request.taken));
+        check!(request.taken.messages == 3);
     }
 }

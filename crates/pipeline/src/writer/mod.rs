@@ -33,7 +33,9 @@ use std::time::{Duration, Instant};
 use iggy::prelude::Partitioning;
 use iggy::prelude::PollingStrategy;
 use iggy::prelude::{Consumer, Identifier, IggyMessage, IggyTimestamp};
-use replicator_model::{Assignment, CommitOutcome, Offset, OffsetCommit, UnitProgress, UnitStart};
+use replicator_model::{
+    Assignment, CommitOutcome, Offset, ProgressCommit, UnitProgress, UnitStart,
+};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -82,7 +84,11 @@ pub(crate) async fn run<C: ControlPlane>(args: WriterArgs<C>) -> Result<&'static
     let mut writer = Writer {
         assignments: shared.control.assignments(),
         backoff: Backoff::new(shared.tuning.backoff, shared.seed ^ 0x5eed),
-        commits: CommitTracker::new(shared.tuning.commit_interval, Instant::now()),
+        commits: CommitTracker::new(
+            shared.tuning.commit_interval,
+            Instant::now(),
+            shared.control.counts_totals().then(rand::random),
+        ),
         shared,
         rx,
         stop,
@@ -595,7 +601,7 @@ impl<C: ControlPlane> Writer<C> {
     }
 
     fn call_commit(&mut self, request: CommitRequest) {
-        let commit = OffsetCommit {
+        let commit = ProgressCommit {
             unit: self.shared.unit.clone(),
             epoch: self.shared.epoch,
             offset: request.offset,

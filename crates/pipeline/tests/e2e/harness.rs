@@ -17,7 +17,7 @@ use iggy::prelude::{HeaderKey, HeaderValue, IggyMessage};
 use replicator_harness::Client;
 use replicator_harness::{connect, produce_bulk, Bulk, Endpoint};
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, IggyVersion, OffsetCommit, UnitProgress, UnitReset,
+    Assignment, CommitOutcome, Epoch, IggyVersion, ProgressCommit, UnitProgress, UnitReset,
     UnitStart, WorkUnit, WriterLogin,
 };
 use replicator_pipeline::verify::{verify, VerifyParams, VerifyReport};
@@ -404,9 +404,12 @@ impl<I: Intercept> ControlPlane for Intercepted<I> {
     fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
         self.hooks.writer_login()
     }
+    fn counts_totals(&self) -> bool {
+        self.inner.counts_totals()
+    }
     fn commit(
         &self,
-        commits: Vec<OffsetCommit>,
+        commits: Vec<ProgressCommit>,
     ) -> impl Future<Output = Result<Vec<CommitOutcome>, ControlError>> + Send {
         let (hold, inner) = (self.hooks.before_commit(), self.inner.clone());
         async move {
