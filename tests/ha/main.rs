@@ -20,4 +20,5 @@ mod scale;
 mod start;
 mod tls;
 mod topology;
+mod upgrade;
 mod zombie;
