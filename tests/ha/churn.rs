@@ -86,12 +86,15 @@ fn the_state_returns_to_its_size_after_100_topics_come_and_go() -> TestResult {
                 .is_ok_and(|units| units.iter().all(|n| *n == base_units))
         })
         .await?;
-        let status = cluster.leader_status().await.ok_or("no leader")?;
+        let status = cluster
+            .wait_leader_status("every partition owned".into(), WAIT, |s| {
+                s.all_units_owned_by_any_of(&[1, 2, 3], base_units)
+            })
+            .await?;
         assert!(
             status.units.iter().all(|u| !u.retired),
             "only the live topic's units are left"
         );
-        assert!(status.all_units_owned_by_any_of(&[1, 2, 3], base_units));
         finish_with_exact_copy(producer, servers, cluster).await
     })
 }

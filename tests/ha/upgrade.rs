@@ -40,28 +40,31 @@ fn a_rolling_upgrade_from_the_last_release_keeps_the_copy_exact() -> TestResult 
         let mut cluster = Cluster::launch(spec, fixture::loopback(3)?).await?;
         let producer = fixture::produce_into(&urls.0);
         servers.wait_copy_started(Duration::from_secs(30)).await?;
-        let status = cluster.leader_status().await.ok_or("no leader")?;
+        let status = cluster
+            .wait_leader_status("a leader".into(), WAIT, |_| true)
+            .await?;
         let released_level = status.feature_level;
         println!("released build: feature level {released_level}");
-        wait_until("every member published its level", WAIT, || async {
-            cluster.leader_status().await.is_some_and(|s| {
+        cluster
+            .wait_leader_status("every member published its level".into(), WAIT, |s| {
                 s.members.len() == 3
                     && s.members
                         .iter()
                         .all(|m| m.supported_level == Some(released_level))
             })
-        })
-        .await?;
+            .await?;
         // A release of the same level (a fix release) upgrades without a raise.
         assert!(released_level <= SUPPORTED_FEATURE_LEVEL);
 
         let mut upgraded = Vec::new();
         for step in 1..=3 {
             // The node that leads now: the hardest one to take away.
+            // (An election may be running: a restarted node can call one before the leader's
+            // heartbeats reach it.)
             let leader = cluster
-                .leader_status()
-                .await
-                .and_then(|s| s.leader)
+                .wait_leader_status("a leader".into(), WAIT, |_| true)
+                .await?
+                .leader
                 .filter(|l| !upgraded.contains(l))
                 .or_else(|| {
                     cluster
@@ -80,15 +83,20 @@ fn a_rolling_upgrade_from_the_last_release_keeps_the_copy_exact() -> TestResult 
             upgraded.push(leader);
             println!("step {step}: node {leader} runs this build");
 
-            wait_until("every partition owned by a running node", WAIT, || async {
-                cluster
-                    .leader_status()
-                    .await
-                    .is_some_and(|s| s.all_units_owned_by_any_of(&[1, 2, 3], units))
-            })
-            .await?;
+            cluster
+                .wait_leader_status(
+                    "every partition owned by a running node".into(),
+                    WAIT,
+                    |s| s.all_units_owned_by_any_of(&[1, 2, 3], units),
+                )
+                .await?;
             wait_copy_moves(&servers, &format!("step {step}")).await?;
-            let status = cluster.leader_status().await.ok_or("no leader")?;
+            let status = cluster
+                .wait_leader_status(format!("node {leader}'s level published"), WAIT, |s| {
+                    s.member(leader)
+                        .is_some_and(|m| m.supported_level == Some(SUPPORTED_FEATURE_LEVEL))
+                })
+                .await?;
             let member = status
                 .member(leader)
                 .ok_or("the upgraded node is no member")?;
@@ -102,22 +110,23 @@ fn a_rolling_upgrade_from_the_last_release_keeps_the_copy_exact() -> TestResult 
             }
         }
 
-        wait_until(
-            &format!("the cluster raised to feature level {SUPPORTED_FEATURE_LEVEL}"),
-            WAIT,
-            || async {
-                cluster
-                    .leader_status()
-                    .await
-                    .is_some_and(|s| s.feature_level == SUPPORTED_FEATURE_LEVEL)
-            },
-        )
-        .await?;
+        cluster
+            .wait_leader_status(
+                format!("the cluster raised to feature level {SUPPORTED_FEATURE_LEVEL}"),
+                WAIT,
+                |s| s.feature_level == SUPPORTED_FEATURE_LEVEL,
+            )
+            .await?;
         // Copy on at the new level (its commits take the new form) before the check.
         wait_copy_moves(&servers, "at the new level").await?;
         for node in [1, 2, 3] {
-            let level = cluster.status_of(node).await?.feature_level;
-            assert_eq!(level, SUPPORTED_FEATURE_LEVEL, "node {node}'s view");
+            wait_until(&format!("node {node} applied the raise"), WAIT, || async {
+                cluster
+                    .status_of(node)
+                    .await
+                    .is_ok_and(|s| s.feature_level == SUPPORTED_FEATURE_LEVEL)
+            })
+            .await?;
         }
         finish_with_exact_copy(producer, servers, cluster).await
     })

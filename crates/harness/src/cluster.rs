@@ -606,7 +606,9 @@ impl Cluster {
     }
 
     /// Polls the leader's status until `done` holds; the error names the last status seen.
-    async fn wait_leader_status(
+    /// Waits until the leader's status satisfies `done` (a status read while an election runs
+    /// has no leader and waits too); returns that status.
+    pub async fn wait_leader_status(
         &self,
         what: String,
         within: Duration,
