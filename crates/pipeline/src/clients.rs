@@ -40,7 +40,6 @@ struct Slot {
     turn: Mutex<()>,
 }
 
-/// The connections of this instance to one cluster.
 /// The connections of this instance to one Iggy cluster (`clusters.<alias>`), for metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionState {
@@ -52,6 +51,7 @@ pub struct ConnectionState {
     pub configured: usize,
 }
 
+/// The connections of this instance to one cluster.
 pub(crate) struct Cluster {
     /// Alias, for errors and logs.
     alias: String,
@@ -64,7 +64,7 @@ pub(crate) struct Cluster {
     open: std::sync::atomic::AtomicUsize,
     /// Bound of every call.
     timeout: Duration,
-    /// Per-topic activity watchers of the readers reading from this cluster (kept here because
+    /// Per-stream activity watchers of the readers reading from this cluster (kept here because
     /// every unit of the instance shares the cluster, and so that `close` ends them).
     activity: ActivityRegistry,
     /// Set by `retire`: no connection is opened any more (a writer identity that was fenced or
@@ -147,7 +147,6 @@ impl Cluster {
         &self.alias
     }
 
-    /// The per-topic activity watchers of the readers reading from this cluster.
     /// How many of its connections are open now, of how many configured.
     pub(crate) fn connection_state(&self) -> ConnectionState {
         ConnectionState {
@@ -157,6 +156,7 @@ impl Cluster {
         }
     }
 
+    /// The per-stream activity watchers of the readers reading from this cluster.
     pub(crate) fn activity(&self) -> &ActivityRegistry {
         &self.activity
     }
