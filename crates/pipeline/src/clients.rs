@@ -70,7 +70,8 @@ pub(crate) struct Cluster {
     /// Set by `retire`: no connection is opened any more (a writer identity that was fenced or
     /// replaced must never log in again).
     retired: std::sync::atomic::AtomicBool,
-    /// Told when a login is refused with invalid credentials (writer identities only).
+    /// Told when a login is refused with invalid credentials or an inactive user (writer
+    /// identities only).
     login_refused: Option<Arc<tokio::sync::Notify>>,
 }
 
@@ -122,7 +123,8 @@ impl Cluster {
     }
 
     /// Notifies `refused` whenever the cluster refuses the login of a new connection with
-    /// invalid credentials (a writer identity whose user is missing or has another password).
+    /// invalid credentials or as an inactive user (a writer identity whose user is missing, has
+    /// another password, or was revoked).
     pub(crate) fn notify_login_refused(mut self, refused: Arc<tokio::sync::Notify>) -> Self {
         self.login_refused = Some(refused);
         self
@@ -181,7 +183,13 @@ impl Cluster {
             Ok(Ok(())) => {}
             Ok(Err(source)) => {
                 shutdown(&client).await;
-                if matches!(source, IggyError::InvalidCredentials) {
+                // A missing user or a wrong password, or a user the target keeps inactive (an
+                // earlier replicator cluster with the same `writer_user_prefix` revoked it):
+                // this identity will never log in there.
+                if matches!(
+                    source,
+                    IggyError::InvalidCredentials | IggyError::UserInactive
+                ) {
                     if let Some(refused) = &self.login_refused {
                         refused.notify_one();
                     }
