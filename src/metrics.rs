@@ -535,6 +535,38 @@ fn encode_control(
         "Index of the last Raft log entry applied on this node",
         c.and_then(|c| c.last_applied).map(gauge),
     )?;
+    scalar(
+        e,
+        "raft_snapshot_index",
+        "Index of the last Raft log entry in this node's latest snapshot",
+        c.and_then(|c| c.snapshot_index).map(gauge),
+    )?;
+    scalar(
+        e,
+        "raft_purged_index",
+        "Index of the last Raft log entry this node purged: a member behind it catches up by snapshot",
+        c.and_then(|c| c.purged_index).map(gauge),
+    )?;
+    scalar(
+        e,
+        "raft_snapshot_bytes",
+        "Encoded size of this node's latest Raft snapshot (built, installed or loaded at start)",
+        c.and_then(|c| c.snapshot_bytes).map(gauge),
+    )?;
+    scalar(
+        e,
+        "raft_snapshot_build_seconds",
+        "How long this node took to build its latest Raft snapshot (applies wait while it encodes)",
+        c.and_then(|c| c.snapshot_build)
+            .map(|d| ConstGauge::new(d.as_secs_f64())),
+    )?;
+    scalar(
+        e,
+        "raft_snapshot_install_seconds",
+        "How long this node took to install the latest Raft snapshot the leader sent, after its transfer",
+        c.and_then(|c| c.snapshot_install)
+            .map(|d| ConstGauge::new(d.as_secs_f64())),
+    )?;
     let counters: [CounterOf<ControlMetrics>; 4] = [
         (
             "lease_renewals",
@@ -586,8 +618,11 @@ mod tests {
             last_log_index: Some(12),
             last_applied: Some(10),
             commit_index: Some(11),
-            snapshot_index: None,
+            snapshot_index: Some(9),
             purged_index: None,
+            snapshot_bytes: Some(4096),
+            snapshot_build: Some(Duration::from_millis(250)),
+            snapshot_install: None,
             lease_renewals: 7,
             fenced_commits: 2,
             commit_batches: 3,
@@ -669,6 +704,9 @@ mod tests {
             "iggy_replicator_raft_leader_info{leader=\"2\"} 1",
             "iggy_replicator_raft_commit_index 11",
             "iggy_replicator_raft_applied_index 10",
+            "iggy_replicator_raft_snapshot_index 9",
+            "iggy_replicator_raft_snapshot_bytes 4096",
+            "iggy_replicator_raft_snapshot_build_seconds 0.25",
             "iggy_replicator_units_unowned 5",
             "iggy_replicator_lease_renewals_total 7",
             "iggy_replicator_fenced_commits_total 2",
@@ -676,6 +714,10 @@ mod tests {
         ] {
             assert!(leader.contains(&expected), "{expected} in {leader:?}");
         }
+        assert!(
+            !leader.iter().any(|l| l.contains("snapshot_install")),
+            "no install sample before a snapshot was installed: {leader:?}"
+        );
         let follower = metrics.render(Snapshot {
             control: Some(control(1, Some(2))),
             ..Snapshot::default()
@@ -893,6 +935,11 @@ mod tests {
                 ("raft_leader_info", "gauge"),
                 ("raft_commit_index", "gauge"),
                 ("raft_applied_index", "gauge"),
+                ("raft_snapshot_index", "gauge"),
+                ("raft_purged_index", "gauge"),
+                ("raft_snapshot_bytes", "gauge"),
+                ("raft_snapshot_build_seconds", "gauge"),
+                ("raft_snapshot_install_seconds", "gauge"),
                 ("lease_renewals", "counter"),
                 ("fenced_commits", "counter"),
                 ("writer_fences", "counter"),

@@ -229,10 +229,10 @@ pub struct FlowConfig {
     pub poll_interval: Duration,
     /// How quickly a partition that went idle notices new messages. The pause after an empty
     /// poll doubles from `poll_interval`; once it would reach this value the partition stops
-    /// polling and waits for its topic's watcher, which reads the topic's metadata (one
-    /// request per topic) every `idle_poll_interval` and wakes exactly the partitions that
-    /// grew. Default: `"100ms"`; at most 10 s. Set it to `poll_interval` (or less) to poll
-    /// every partition at one pace instead.
+    /// polling and waits for its stream's watcher, which lists the stream (one request per
+    /// stream) every `idle_poll_interval`, reads the partitions of the topics whose totals
+    /// moved, and wakes exactly the partitions that grew. Default: `"100ms"`; at most 10 s. Set
+    /// it to `poll_interval` (or less) to poll every partition at one pace instead.
     #[serde(default = "default_idle_poll_interval", with = "humantime_serde")]
     pub idle_poll_interval: Duration,
     /// Add provenance headers (source alias, source offset, origin) to copied messages; they

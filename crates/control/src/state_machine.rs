@@ -124,6 +124,22 @@ pub(crate) struct Shared {
     writer_login: watch::Sender<Option<WriterLogin>>,
     /// Derives the identities' passwords (never in the state).
     pub(crate) passwords: WriterPasswords,
+    /// Size and durations of this node's latest snapshots, for metrics.
+    snapshot_figures: std::sync::Mutex<SnapshotFigures>,
+}
+
+/// What this node knows about its latest snapshots (metrics: how large the state has grown and
+/// what a snapshot costs the leader that builds it and the follower that installs it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SnapshotFigures {
+    /// Encoded size of the latest snapshot built, installed or loaded at start.
+    pub(crate) bytes: Option<u64>,
+    /// How long building the latest snapshot here took (encoding under the state's read lock,
+    /// which holds back applies, then persisting).
+    pub(crate) build: Option<std::time::Duration>,
+    /// How long installing the latest snapshot received from the leader took (decoding,
+    /// persisting, swapping the state); its transfer comes before and is not included.
+    pub(crate) install: Option<std::time::Duration>,
 }
 
 impl Shared {
@@ -135,7 +151,26 @@ impl Shared {
             assignments: watch::channel(Vec::new()).0,
             applied: watch::channel(0).0,
             writer_login: watch::channel(None).0,
+            snapshot_figures: std::sync::Mutex::default(),
         })
+    }
+
+    /// Size and durations of this node's latest snapshots.
+    pub(crate) fn snapshot_figures(&self) -> SnapshotFigures {
+        *self
+            .snapshot_figures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Updates the snapshot figures.
+    fn note_snapshot(&self, update: impl FnOnce(&mut SnapshotFigures)) {
+        update(
+            &mut self
+                .snapshot_figures
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
     }
 
     /// Reads the applied state.
@@ -229,6 +264,8 @@ impl StateMachineStore {
         };
         if let Some(stored) = sm.read_stored().map_err(|e| corrupt(&e))? {
             let data = SmData::decode(&stored.data).map_err(|e| corrupt(&e))?;
+            let bytes = stored.data.len() as u64;
+            sm.shared.note_snapshot(|f| f.bytes = Some(bytes));
             *sm.shared.write() = data;
             sm.shared.publish();
         }
@@ -255,6 +292,7 @@ impl StateMachineStore {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
+        let started = std::time::Instant::now();
         let (data, last_applied, last_membership) = {
             let sm = self.shared.read();
             let bytes = sm
@@ -279,6 +317,11 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         self.persist(&stored)
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(stored.meta.signature()), e))?;
+        let (bytes, took) = (stored.data.len() as u64, started.elapsed());
+        self.shared.note_snapshot(|f| {
+            f.bytes = Some(bytes);
+            f.build = Some(took);
+        });
         Ok(Snapshot {
             meta: stored.meta,
             snapshot: Box::new(Cursor::new(stored.data)),
@@ -337,6 +380,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMeta<NodeId, MemberNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> StorageResult<()> {
+        let started = std::time::Instant::now();
         let bytes = snapshot.into_inner();
         let data = SmData::decode(&bytes)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), any(e)))?;
@@ -353,6 +397,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             state: data.state,
         };
         self.shared.publish();
+        let (bytes, took) = (stored.data.len() as u64, started.elapsed());
+        self.shared.note_snapshot(|f| {
+            f.bytes = Some(bytes);
+            f.install = Some(took);
+        });
         Ok(())
     }
 
@@ -370,6 +419,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+
+    use assert2::check;
 
     use super::*;
     use crate::state::{MemberRecord, MemberState};
@@ -492,5 +543,45 @@ mod tests {
     fn corrupt_snapshot_data_is_an_error() {
         // An invalid option tag where `last_applied` starts: no padding makes it decode.
         assert!(SmData::decode(&[0xff; 3]).is_err());
+    }
+
+    /// A state machine on its own sled data dir under `dir`.
+    fn store(dir: &Path) -> Result<StateMachineStore> {
+        let db = crate::data_dir::open(dir)?;
+        let shared = Shared::new(1, crate::identity::test_passwords());
+        StateMachineStore::open(&db, dir, shared)
+    }
+
+    #[tokio::test]
+    async fn snapshot_figures_follow_the_latest_build_install_and_load(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let (a, b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+        let mut leader = store(a.path())?;
+        check!(leader.shared.snapshot_figures() == SnapshotFigures::default());
+        let built = leader.build_snapshot().await?;
+        let sealed = built.snapshot.into_inner();
+        let figures = leader.shared.snapshot_figures();
+        check!(
+            figures.bytes == Some(sealed.len() as u64),
+            "the sealed size"
+        );
+        check!(figures.build.is_some());
+        check!(figures.install.is_none());
+
+        let mut follower = store(b.path())?;
+        let transferred = Box::new(Cursor::new(sealed.clone()));
+        follower.install_snapshot(&built.meta, transferred).await?;
+        let figures = follower.shared.snapshot_figures();
+        check!(figures.bytes == Some(sealed.len() as u64));
+        check!(figures.install.is_some());
+        check!(figures.build.is_none());
+        drop(follower);
+
+        // A restart knows the size of the snapshot it loaded, and no durations yet.
+        let restarted = store(b.path())?;
+        let figures = restarted.shared.snapshot_figures();
+        check!(figures.bytes == Some(sealed.len() as u64));
+        check!(figures.build.is_none() && figures.install.is_none());
+        Ok(())
     }
 }

@@ -1,29 +1,57 @@
-//! Per-topic activity watchers: while readers of a topic are idle, one metadata request per
-//! topic and `idle_poll_interval` replaces one poll per idle partition and interval.
+//! Per-stream activity watchers: while readers of a stream are idle, one stream listing per
+//! `idle_poll_interval`, and one topic request per topic whose totals moved, replace one poll
+//! per idle partition and interval.
 //!
 //! Iggy 0.8 has no long-poll, so a caught-up reader can only learn about a new message by asking.
-//! Asking per partition made 1,000 idle partitions cost 10,000 polls per second. But a topic's
-//! metadata (`get_topic`) already lists every partition's `current_offset` and
-//! `messages_count`, so one request tells all readers of the topic on this node which of them
-//! have something to read. A reader whose partition stayed empty long enough subscribes to its
-//! topic's [`TopicActivity`] with its next offset (see `reader::idle_wait`) and awaits the
-//! [`Subscription`] together with its stop token and a safety-net timer; while the topic has
-//! subscribers, one task fetches the metadata every interval and wakes exactly the subscribers
-//! whose partition holds a message they have not read ([`should_wake`]). A woken subscriber is
-//! removed: it polls, and subscribes again once it is idle again. The task ends when no
-//! subscriber is left, and starts again with the next one.
+//! Asking per partition made 1,000 idle partitions cost 10,000 polls per second. A topic's
+//! metadata (`get_topic`) lists every partition's `current_offset` and `messages_count`, so one
+//! request tells all readers of the topic on this node which of them have something to read;
+//! but one such request per topic and interval still grew with the topics (at 100 topics a
+//! quarter of a core per instance, BENCHMARKS section 8). A stream's details (`get_stream`) list
+//! every topic of the stream with its totals (`messages_count`, `size`, partition count, id and
+//! creation time) in one answer. So a round lists the stream once, and asks for the partitions
+//! only of the topics whose totals moved since a subscriber last looked: an idle stream costs
+//! one small request per interval, however many topics it has.
 //!
-//! Metadata is only a hint. Whatever it cannot vouch for (the topic is missing, was recreated,
-//! lost partitions, or the request failed) wakes every subscriber, so that the readers find out
-//! by polling; and readers still poll on their own every so often (the reader's safety net).
+//! A reader whose partition stayed empty long enough subscribes to its stream's
+//! [`StreamActivity`] with its topic, partition and next offset, and with the number of the
+//! last listing that had completed before its empty poll was sent ([`StreamActivity::listed`],
+//! see `reader::idle_wait`); it awaits the [`Subscription`] together with its stop token and a
+//! safety-net timer. While the stream has subscribers, one task lists it every interval and
+//! records in which listing each topic's totals last moved ([`Changes`]); a topic with a
+//! subscriber that has not looked since that listing is fetched ([`plan`]), and exactly the
+//! subscribers whose partition holds a message they have not read are woken ([`should_wake`]).
+//! The others are marked as having looked at this listing. A woken subscriber is removed: it
+//! polls, and subscribes again once it is idle again. The task ends when no subscriber is left,
+//! and starts again with the next one.
+//!
+//! Why a topic whose totals did not move can be skipped: a subscriber's empty poll was sent
+//! after its listing had completed, so a message it did not see was appended after that listing
+//! and raises its topic's `messages_count` and `size` in a later one; some listing in between
+//! then differs from the one before it, which is a move after the subscriber's listing. The
+//! totals come back to the same values only if messages were removed meanwhile with exactly the
+//! same count and bytes (retention deleting a segment, a purge) while the partition count, id
+//! and creation time stayed too. That wake is then missed, and the reader's own safety-net poll
+//! finds the message: a late copy, never a lost one, since metadata only decides when a reader
+//! polls, never what it reads. The argument needs the totals never to count a message before a
+//! poll can return it, and they do not: Iggy 0.8 adds a batch to its partition's statistics in
+//! the same synchronous step (on the partition's shard) that appends it to the journal polls
+//! read, Iggy 0.9 right after it advanced the offset polls read up to (its per-topic sums,
+//! which `get_stream` answers with, are raised by the same increments). Totals that lag (Iggy
+//! calls them "inconsistent") only delay a wake.
+//!
+//! Metadata is only a hint. Whatever it cannot vouch for (the stream or topic is missing, the
+//! topic was recreated or lost partitions, a request failed) wakes every subscriber concerned, so
+//! that the readers find out by polling; and readers still poll on their own every so often (the
+//! reader's safety net).
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use iggy::prelude::{Identifier, TopicDetails};
+use iggy::prelude::{Identifier, StreamDetails, TopicDetails};
 use replicator_model::Offset;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -33,21 +61,21 @@ use tracing::Instrument;
 use crate::clients::Cluster;
 use crate::stats::Observer;
 
-/// What tells two topic watchers apart: the flow (which fixes the source cluster and the idle
-/// interval), the upstream stream and the upstream topic. Two flows reading the same source
-/// topic get one watcher each: one more request per interval, but each keeps its own interval.
-type TopicKey = (String, String, String);
+/// What tells two stream watchers apart: the flow (which fixes the source cluster and the idle
+/// interval) and the upstream stream. Two flows reading the same source stream get one watcher
+/// each: one more listing per interval, but each keeps its own interval.
+type StreamKey = (String, String);
 
 /// The activity watchers of one source cluster, created lazily by the first idle reader of each
-/// topic. It lives in the [`Cluster`], which every unit reading from that cluster on this node
+/// stream. It lives in the [`Cluster`], which every unit reading from that cluster on this node
 /// shares, so that `Cluster::close` (the last step of both `Pipeline::shutdown` and
 /// `Pipeline::crash`) also ends the watchers' tasks.
 #[derive(Default)]
 pub(crate) struct ActivityRegistry {
-    /// Watchers by topic. Weak: a watcher lives as long as a reader (or its own running task)
+    /// Watchers by stream. Weak: a watcher lives as long as a reader (or its own running task)
     /// holds it; dead entries are dropped whenever an entry is added, so the map stays bounded
-    /// by the topics with live readers.
-    topics: Mutex<HashMap<TopicKey, Weak<TopicActivity>>>,
+    /// by the streams with live readers.
+    streams: Mutex<HashMap<StreamKey, Weak<StreamActivity>>>,
     /// Set by [`ActivityRegistry::close`]: watchers created afterwards never start a task.
     closed: AtomicBool,
 }
@@ -58,11 +86,9 @@ pub(crate) struct WatchParams {
     pub(crate) flow: String,
     /// Upstream stream name.
     pub(crate) stream: String,
-    /// Upstream topic name.
-    pub(crate) topic: String,
-    /// Named identifiers of the stream and the topic (already validated by the reader).
-    pub(crate) ids: (Identifier, Identifier),
-    /// Pause between two metadata requests: the flow's `idle_poll_interval`.
+    /// Named identifier of the stream (already validated by the reader).
+    pub(crate) stream_id: Identifier,
+    /// Pause between two rounds: the flow's `idle_poll_interval`.
     pub(crate) interval: Duration,
     /// Where failed metadata requests are counted (by error kind, under the flow).
     pub(crate) observer: Observer,
@@ -73,7 +99,7 @@ impl ActivityRegistry {
     /// (the readers' own safety-net polls still run). Called when the cluster is closed.
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
-        let watchers: Vec<Arc<TopicActivity>> = lock(&self.topics)
+        let watchers: Vec<Arc<StreamActivity>> = lock(&self.streams)
             .values()
             .filter_map(Weak::upgrade)
             .collect();
@@ -86,74 +112,85 @@ impl ActivityRegistry {
     }
 }
 
-/// The watcher of `params`' topic on `source`, created if no reader holds one yet.
-pub(crate) fn watch(source: &Arc<Cluster>, params: WatchParams) -> Arc<TopicActivity> {
+/// The watcher of `params`' stream on `source`, created if no reader holds one yet.
+pub(crate) fn watch(source: &Arc<Cluster>, params: WatchParams) -> Arc<StreamActivity> {
     let registry = source.activity();
-    let key = (
-        params.flow.clone(),
-        params.stream.clone(),
-        params.topic.clone(),
-    );
-    let mut topics = lock(&registry.topics);
-    if let Some(existing) = topics.get(&key).and_then(Weak::upgrade) {
+    let key = (params.flow.clone(), params.stream.clone());
+    let mut streams = lock(&registry.streams);
+    if let Some(existing) = streams.get(&key).and_then(Weak::upgrade) {
         return existing;
     }
-    topics.retain(|_, w| w.strong_count() > 0);
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (&params.stream, &params.topic).hash(&mut hasher);
+    streams.retain(|_, w| w.strong_count() > 0);
     let span = tracing::info_span!(
         parent: None,
         "activity",
         cluster = %source.alias(),
         flow = %params.flow,
         stream = %params.stream,
-        topic = %params.topic,
     );
-    let watcher = Arc::new(TopicActivity {
+    let watcher = Arc::new(StreamActivity {
         source: source.clone(),
-        slot: hasher.finish() as usize,
-        ids: params.ids,
+        slot: slot_of(&(&params.stream,)),
+        stream: params.stream,
+        stream_id: params.stream_id,
         flow: params.flow,
         interval: params.interval,
         observer: params.observer,
         degraded: AtomicBool::new(false),
+        listed: AtomicU64::new(0),
         span,
         state: Mutex::new(WatchState::default()),
     });
-    topics.insert(key, Arc::downgrade(&watcher));
+    streams.insert(key, Arc::downgrade(&watcher));
     watcher
 }
 
-/// The watcher of one topic: its subscribers and the task that wakes them.
-pub(crate) struct TopicActivity {
+/// A connection slot chosen by hashing `key`, so that the watchers of different streams (and
+/// their topic requests) spread over the connections like the readers do.
+fn slot_of(key: &impl Hash) -> usize {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish() as usize
+}
+
+/// The watcher of one stream: its subscribers by topic and the task that wakes them.
+pub(crate) struct StreamActivity {
     /// The source cluster.
     source: Arc<Cluster>,
-    /// Connection slot of the metadata requests (a hash of the topic, so that the watchers of
-    /// different topics spread over the connections like the readers do).
+    /// Connection slot of the stream listings.
     slot: usize,
-    /// Named identifiers of the upstream stream and topic.
-    ids: (Identifier, Identifier),
+    /// Upstream stream name.
+    stream: String,
+    /// Named identifier of the upstream stream.
+    stream_id: Identifier,
     /// Flow name, for the error counts.
     flow: String,
-    /// Pause between two metadata requests.
+    /// Pause between two rounds.
     interval: Duration,
     /// Receives the kinds of failed metadata requests.
     observer: Observer,
-    /// Set while the metadata requests fail: subscribers then poll every interval on their
-    /// own (the per-partition polling of before), cleared by the next successful request.
+    /// Set while metadata requests fail: subscribers then poll every interval on their own
+    /// (the per-partition polling of before), cleared by the next round without failure.
     degraded: AtomicBool,
-    /// The task's span: cluster, flow, stream, topic.
+    /// Successful stream listings so far: the number of the latest one. Raised only once the
+    /// listing's answer arrived and was recorded, so a reader that reads `n` before sending a
+    /// poll knows that listing `n` saw the stream no later than its poll does.
+    listed: AtomicU64,
+    /// The task's span: cluster, flow, stream.
     span: tracing::Span,
-    /// Subscribers and task. A std mutex: it is held for a few map operations, never across an
-    /// await, and readers subscribe from inside their (synchronous) decision paths.
+    /// Subscribers, recorded totals and task. A std mutex: it is held for a few map operations,
+    /// never across an await, and readers subscribe from inside their (synchronous) decision
+    /// paths.
     state: Mutex<WatchState>,
 }
 
-/// Mutable part of a [`TopicActivity`].
+/// Mutable part of a [`StreamActivity`].
 #[derive(Default)]
 struct WatchState {
-    /// Idle readers waiting for their partition to grow, by ticket.
-    waiters: HashMap<u64, Waiter>,
+    /// Topics with subscribers now, or listed in the latest listing after they had some.
+    topics: HashMap<String, TopicWatch>,
+    /// Totals of the latest listing and when each topic last moved.
+    changes: Changes,
     /// Source of tickets.
     next_ticket: u64,
     /// Whether the task runs (it clears this itself, under the lock, when it finds no waiter).
@@ -161,7 +198,16 @@ struct WatchState {
     /// The task, aborted by `ActivityRegistry::close`; replaced when a new one starts after the
     /// previous one ended by itself.
     task: Option<JoinHandle<()>>,
-    /// Id and creation time of the topic as first listed; another one means it was recreated.
+}
+
+/// The subscribers of one topic.
+struct TopicWatch {
+    /// Named identifier of the topic, for its `get_topic` (given by its first subscriber).
+    id: Identifier,
+    /// Idle readers waiting for their partition to grow, by ticket.
+    waiters: HashMap<u64, Waiter>,
+    /// Id and creation time of the topic in the latest listing or fetch that held it (`None`
+    /// until one did); another one later means it was recreated.
     identity: Option<TopicIdentity>,
 }
 
@@ -171,6 +217,10 @@ struct Waiter {
     partition: u32,
     /// The next offset it would poll.
     next: Offset,
+    /// The latest listing after which nothing it has not read was in its partition: the last
+    /// listing completed before its empty poll, or one whose topic request found nothing new
+    /// for it. `None`: unknown (it polled before it had the watcher), so the next round looks.
+    checked: Option<u64>,
     /// Where the wake-up goes (one at most: a woken waiter is removed).
     wake: oneshot::Sender<()>,
 }
@@ -179,7 +229,8 @@ struct Waiter {
 /// message the reader has not read. Dropping it withdraws it (a reader that polls for another
 /// reason, or stops), a no-op once it was woken.
 pub(crate) struct Subscription {
-    watcher: Arc<TopicActivity>,
+    watcher: Arc<StreamActivity>,
+    topic: String,
     ticket: u64,
     woken: oneshot::Receiver<()>,
 }
@@ -196,28 +247,60 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        lock(&self.watcher.state).waiters.remove(&self.ticket);
+        if let Some(topic) = lock(&self.watcher.state).topics.get_mut(&self.topic) {
+            topic.waiters.remove(&self.ticket);
+        }
     }
 }
 
-impl TopicActivity {
+/// One idle reader's place, as it subscribes.
+pub(crate) struct Idle<'a> {
+    /// Upstream topic name (as the stream listing names it).
+    pub(crate) topic: &'a str,
+    /// Its named identifier.
+    pub(crate) topic_id: &'a Identifier,
+    /// The reader's partition.
+    pub(crate) partition: u32,
+    /// The next offset it would poll.
+    pub(crate) next: Offset,
+    /// [`StreamActivity::listed`] as read right before its empty poll was sent (`None` if it
+    /// had no watcher then).
+    pub(crate) listed_before_poll: Option<u64>,
+}
+
+impl StreamActivity {
     /// Whether metadata requests are failing (the reader then polls every interval itself).
     pub(crate) fn degraded(&self) -> bool {
         self.degraded.load(Ordering::Relaxed)
     }
 
-    /// Subscribes an idle reader: woken once `partition` holds a message at or after `next`.
-    /// Starts the watcher's task if it does not run.
-    pub(crate) fn subscribe(self: &Arc<Self>, partition: u32, next: Offset) -> Subscription {
+    /// The number of the latest successful stream listing (0 before the first). A reader reads
+    /// it right before it sends a poll, and subscribes with it if the poll finds nothing.
+    pub(crate) fn listed(&self) -> u64 {
+        self.listed.load(Ordering::SeqCst)
+    }
+
+    /// Subscribes an idle reader: woken once its partition holds a message at or after its
+    /// next offset. Starts the watcher's task if it does not run.
+    pub(crate) fn subscribe(self: &Arc<Self>, idle: Idle<'_>) -> Subscription {
         let (wake, woken) = oneshot::channel();
         let mut state = lock(&self.state);
         let ticket = state.next_ticket;
         state.next_ticket = ticket.wrapping_add(1);
-        state.waiters.insert(
+        let topic = state
+            .topics
+            .entry(idle.topic.to_owned())
+            .or_insert_with(|| TopicWatch {
+                id: idle.topic_id.clone(),
+                waiters: HashMap::new(),
+                identity: None,
+            });
+        topic.waiters.insert(
             ticket,
             Waiter {
-                partition,
-                next,
+                partition: idle.partition,
+                next: idle.next,
+                checked: idle.listed_before_poll,
                 wake,
             },
         );
@@ -234,6 +317,7 @@ impl TopicActivity {
         drop(state);
         Subscription {
             watcher: self.clone(),
+            topic: idle.topic.to_owned(),
             ticket,
             woken,
         }
@@ -244,74 +328,163 @@ impl TopicActivity {
     /// running under the same lock a new subscriber takes.
     fn keep_running(&self) -> bool {
         let mut state = lock(&self.state);
-        if state.waiters.is_empty() {
+        if state.topics.values().all(|t| t.waiters.is_empty()) {
             state.running = false;
             return false;
         }
         true
     }
 
-    /// Fetches the topic's metadata. A failure is counted, logged once per failure streak, and
-    /// turns on the degraded mode.
-    async fn fetch(&self) -> Option<Listing> {
-        let (stream, topic) = self.ids.clone();
+    /// Counts and logs a failed metadata request (once per failure streak) and turns on the
+    /// degraded mode.
+    fn failed(&self, op: &str, err: &crate::error::Error) {
+        self.observer.0.error(&self.flow, err.kind());
+        if !self.degraded.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                error = %err,
+                op,
+                "stream metadata unavailable; idle partitions are polled one by one"
+            );
+        }
+    }
+
+    /// Lists the stream: `Ok(None)` when it is missing, `Err` when the request failed.
+    async fn list(&self) -> Result<Option<Vec<(String, TopicTotals)>>, ()> {
+        let stream = self.stream_id.clone();
         let result = self
             .source
-            .call(self.slot, "get_topic", |c| async move {
-                c.get_topic(&stream, &topic).await
+            .call(self.slot, "get_stream", |c| async move {
+                c.get_stream(&stream).await
             })
             .await;
         match result {
-            Ok(details) => {
-                if self.degraded.swap(false, Ordering::Relaxed) {
-                    tracing::info!("topic metadata available again");
-                }
-                // A missing topic is no failure of ours: the woken readers will find out.
-                details.as_ref().map(Listing::of)
-            }
+            Ok(details) => Ok(details.as_ref().map(TopicTotals::of_stream)),
             Err(err) => {
-                self.observer.0.error(&self.flow, err.kind());
-                if !self.degraded.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        error = %err,
-                        "topic metadata unavailable; idle partitions are polled one by one"
-                    );
-                }
-                None
+                self.failed("get_stream", &err);
+                Err(())
             }
         }
     }
 
-    /// Wakes (and unsubscribes) the subscribers `listing` says have something to read.
-    fn wake(&self, listing: Option<Listing>) {
+    /// Fetches one topic's partitions: `Ok(None)` when it is missing, `Err` when the request
+    /// failed.
+    async fn fetch(&self, topic: &str, id: Identifier) -> Result<Option<Listing>, ()> {
+        let stream = self.stream_id.clone();
+        let result = self
+            .source
+            .call(
+                slot_of(&(&self.stream, topic)),
+                "get_topic",
+                |c| async move { c.get_topic(&stream, &id).await },
+            )
+            .await;
+        match result {
+            Ok(details) => Ok(details.as_ref().map(Listing::of)),
+            Err(err) => {
+                self.failed("get_topic", &err);
+                Err(())
+            }
+        }
+    }
+
+    /// Applies one stream listing (`None`: the stream is missing or the request failed, and
+    /// every subscriber is woken). Returns the listing's number and the topics to fetch; wakes
+    /// the subscribers of topics the listing does not hold.
+    fn on_listing(
+        &self,
+        listing: Option<Vec<(String, TopicTotals)>>,
+    ) -> (u64, Vec<(String, Identifier)>) {
+        let mut woken = Vec::new();
+        let mut fetch = Vec::new();
+        let round;
+        {
+            let mut state = lock(&self.state);
+            let state = &mut *state;
+            match listing {
+                None => {
+                    round = self.listed();
+                    for topic in state.topics.values_mut() {
+                        woken.extend(topic.waiters.drain().map(|(_, w)| w.wake));
+                    }
+                }
+                Some(listing) => {
+                    round = self.listed().wrapping_add(1);
+                    state.changes.record(round, listing);
+                    self.listed.store(round, Ordering::SeqCst);
+                    let changes = &state.changes;
+                    state.topics.retain(|name, topic| {
+                        let moved_at = changes.moved_at(name);
+                        let listed = changes.identity(name);
+                        let replaced = replaced(topic.identity, listed);
+                        if listed.is_some() {
+                            topic.identity = listed;
+                        }
+                        let checked = topic.waiters.values().map(|w| w.checked);
+                        match plan(moved_at, replaced, checked) {
+                            Plan::WakeAll => {
+                                woken.extend(topic.waiters.drain().map(|(_, w)| w.wake));
+                            }
+                            Plan::Fetch => fetch.push((name.clone(), topic.id.clone())),
+                            Plan::Wait => {}
+                        }
+                        // A topic the listing lost keeps nothing worth keeping once nobody
+                        // waits: its recreation shows as a new topic, which is fetched.
+                        moved_at.is_some() || !topic.waiters.is_empty()
+                    });
+                }
+            }
+        }
+        wake_all(woken);
+        (round, fetch)
+    }
+
+    /// Applies the partitions of `topic` fetched after listing `round` (`None`: missing or the
+    /// request failed): wakes the subscribers they show something to read (everyone, if they
+    /// cannot vouch for anything), and marks the others as having looked at `round`.
+    fn on_topic(&self, round: u64, topic: &str, listing: Option<Listing>) {
         let woken: Vec<oneshot::Sender<()>> = {
             let mut state = lock(&self.state);
-            let view = TopicView::new(state.identity, listing);
+            let Some(watch) = state.topics.get_mut(topic) else {
+                return;
+            };
+            let view = TopicView::new(watch.identity, listing);
             if let TopicView::Listed { identity, .. } | TopicView::Replaced { identity } = &view {
-                state.identity = Some(*identity);
+                watch.identity = Some(*identity);
             }
-            let (due, waiting): (HashMap<u64, Waiter>, _) = std::mem::take(&mut state.waiters)
-                .into_iter()
-                .partition(|(_, w)| should_wake(&view, w.partition, w.next));
-            state.waiters = waiting;
+            let (due, mut waiting): (HashMap<u64, Waiter>, HashMap<u64, Waiter>) =
+                std::mem::take(&mut watch.waiters)
+                    .into_iter()
+                    .partition(|(_, w)| should_wake(&view, w.partition, w.next));
+            // Nothing new for them as late as this fetch, which came after listing `round`:
+            // whatever arrives from now on moves a later listing.
+            for waiter in waiting.values_mut() {
+                waiter.checked = Some(waiter.checked.map_or(round, |c| c.max(round)));
+            }
+            watch.waiters = waiting;
             due.into_values().map(|w| w.wake).collect()
         };
-        if !woken.is_empty() {
-            tracing::debug!(readers = woken.len(), "waking idle readers");
-        }
-        for wake in woken {
-            // A reader that stopped meanwhile has nothing to wake.
-            let _ = wake.send(());
-        }
+        wake_all(woken);
     }
 }
 
-/// The watcher's loop: one metadata request per interval while anybody waits. The first request
-/// comes one interval after the start: the subscriber that started it has just polled.
-async fn run(watcher: Arc<TopicActivity>) {
+/// Sends the wake-ups.
+fn wake_all(woken: Vec<oneshot::Sender<()>>) {
+    if !woken.is_empty() {
+        tracing::debug!(readers = woken.len(), "waking idle readers");
+    }
+    for wake in woken {
+        // A reader that stopped meanwhile has nothing to wake.
+        let _ = wake.send(());
+    }
+}
+
+/// The watcher's loop: one stream listing per interval while anybody waits, then a topic
+/// request for each topic [`plan`] says to look at. The first round comes one interval after
+/// the start: the subscriber that started it has just polled.
+async fn run(watcher: Arc<StreamActivity>) {
     let start = tokio::time::Instant::now() + watcher.interval;
     let mut tick = tokio::time::interval_at(start, watcher.interval);
-    // After a slow request, wait a whole interval again rather than catching up in a burst.
+    // After a slow round, wait a whole interval again rather than catching up in a burst.
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -319,8 +492,138 @@ async fn run(watcher: Arc<TopicActivity>) {
             tracing::debug!("no idle reader left; watcher stops");
             return;
         }
-        let listing = watcher.fetch().await;
-        watcher.wake(listing);
+        let listing = watcher.list().await;
+        let mut ok = listing.is_ok();
+        let (round, fetch) = watcher.on_listing(listing.ok().flatten());
+        for (topic, id) in fetch {
+            let listing = watcher.fetch(&topic, id).await;
+            ok &= listing.is_ok();
+            watcher.on_topic(round, &topic, listing.ok().flatten());
+        }
+        if ok && watcher.degraded.swap(false, Ordering::Relaxed) {
+            tracing::info!("stream metadata available again");
+        }
+    }
+}
+
+/// What a stream listing says about one topic: every figure whose change a round notices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TopicTotals {
+    /// Id and creation time (another one: recreated).
+    pub(crate) identity: TopicIdentity,
+    /// Partition count (added or lost partitions).
+    pub(crate) partitions: u32,
+    /// Messages stored in all partitions.
+    pub(crate) messages_count: u64,
+    /// Bytes stored in all partitions (moves also when retention removes what as many new
+    /// messages replace, unless their bytes match too).
+    pub(crate) size_bytes: u64,
+}
+
+impl TopicTotals {
+    /// The totals of every topic of a stream, by topic name.
+    fn of_stream(details: &StreamDetails) -> Vec<(String, TopicTotals)> {
+        details
+            .topics
+            .iter()
+            .map(|t| {
+                let totals = TopicTotals {
+                    identity: TopicIdentity {
+                        id: t.id,
+                        created_at: t.created_at.as_micros(),
+                    },
+                    partitions: t.partitions_count,
+                    messages_count: t.messages_count,
+                    size_bytes: t.size.as_bytes_u64(),
+                };
+                (t.name.clone(), totals)
+            })
+            .collect()
+    }
+}
+
+/// The totals of each topic in the latest listing, and the listing in which they last moved.
+#[derive(Debug, Default)]
+pub(crate) struct Changes {
+    /// By topic name.
+    topics: HashMap<String, Moved>,
+}
+
+/// One topic in [`Changes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Moved {
+    /// Its totals in the latest listing.
+    totals: TopicTotals,
+    /// The number of the listing in which they last differed from the listing before.
+    at: u64,
+}
+
+impl Changes {
+    /// Records listing `round`: a topic whose totals differ from the previous listing's, or that
+    /// the previous listing did not hold, moved at `round`; topics it does not hold are
+    /// forgotten.
+    pub(crate) fn record(&mut self, round: u64, listed: Vec<(String, TopicTotals)>) {
+        let mut next = HashMap::with_capacity(listed.len());
+        for (name, totals) in listed {
+            let at = match self.topics.get(&name) {
+                Some(before) if before.totals == totals => before.at,
+                _ => round,
+            };
+            next.insert(name, Moved { totals, at });
+        }
+        self.topics = next;
+    }
+
+    /// The listing in which `topic` last moved; `None` when the latest listing did not hold it.
+    pub(crate) fn moved_at(&self, topic: &str) -> Option<u64> {
+        self.topics.get(topic).map(|m| m.at)
+    }
+
+    /// The identity of `topic` in the latest listing; `None` when it did not hold it.
+    pub(crate) fn identity(&self, topic: &str) -> Option<TopicIdentity> {
+        self.topics.get(topic).map(|m| m.totals.identity)
+    }
+}
+
+/// Whether a topic known as `known` (`None`: not seen yet) and now listed as `listed` (`None`:
+/// not listed) was deleted and created again in between: its subscribers' offsets belong to
+/// the old one.
+pub(crate) fn replaced(known: Option<TopicIdentity>, listed: Option<TopicIdentity>) -> bool {
+    matches!((known, listed), (Some(k), Some(l)) if k != l)
+}
+
+/// What a round does for the subscribers of one topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// The listing does not hold the topic, or holds another topic of that name (recreated):
+    /// everybody polls (and finds out).
+    WakeAll,
+    /// Fetch the topic's partitions and wake by partition.
+    Fetch,
+    /// Nothing moved since every subscriber last looked.
+    Wait,
+}
+
+/// What a round does for the subscribers of a topic that last moved in listing `moved_at`
+/// (`None`: the latest listing does not hold it) and that the listing shows `replaced` (see
+/// [`replaced`]), given the listing each subscriber last looked at (`checked`, `None`:
+/// unknown). A subscriber that looked at the listing in which the topic last moved, or a later
+/// one, has seen everything the totals can tell.
+pub(crate) fn plan(
+    moved_at: Option<u64>,
+    replaced: bool,
+    checked: impl IntoIterator<Item = Option<u64>>,
+) -> Plan {
+    let Some(moved_at) = moved_at.filter(|_| !replaced) else {
+        return Plan::WakeAll;
+    };
+    if checked
+        .into_iter()
+        .any(|c| c.is_none_or(|looked| looked < moved_at))
+    {
+        Plan::Fetch
+    } else {
+        Plan::Wait
     }
 }
 
@@ -471,8 +774,9 @@ mod tests {
         TopicView::new(Some(TOPIC), Some(listing))
     }
 
-    /// A watcher whose task never starts (its registry is closed): tests call `wake`.
-    fn watcher() -> Arc<TopicActivity> {
+    /// A watcher whose task never starts (its registry is closed): tests call `on_listing` and
+    /// `on_topic` as the task would.
+    fn watcher() -> Arc<StreamActivity> {
         let timeout = Duration::from_secs(1);
         let cluster = Cluster::new(
             "us",
@@ -487,43 +791,267 @@ mod tests {
         let params = WatchParams {
             flow: "f".into(),
             stream: "s".into(),
-            topic: "t".into(),
-            ids: (
-                Identifier::named("s").expect("valid"),
-                Identifier::named("t").expect("valid"),
-            ),
+            stream_id: Identifier::named("s").expect("valid"),
             interval: Duration::from_millis(100),
             observer: Observer::default(),
         };
         watch(&cluster, params)
     }
 
-    fn waiters(watcher: &TopicActivity) -> usize {
-        lock(&watcher.state).waiters.len()
+    /// Subscribes the idle reader of `topic`/`partition` at `next`, which polled after listing
+    /// `listed_before_poll`.
+    fn idle(
+        watcher: &Arc<StreamActivity>,
+        topic: &str,
+        partition: u32,
+        next: Offset,
+        listed_before_poll: Option<u64>,
+    ) -> Subscription {
+        let id = Identifier::named(topic).expect("valid");
+        watcher.subscribe(Idle {
+            topic,
+            topic_id: &id,
+            partition,
+            next,
+            listed_before_poll,
+        })
+    }
+
+    fn waiters(watcher: &StreamActivity) -> usize {
+        lock(&watcher.state)
+            .topics
+            .values()
+            .map(|t| t.waiters.len())
+            .sum()
+    }
+
+    fn totals(messages_count: u64, size_bytes: u64) -> TopicTotals {
+        TopicTotals {
+            identity: TOPIC,
+            partitions: 3,
+            messages_count,
+            size_bytes,
+        }
+    }
+
+    /// Whether `subscription` was woken (without waiting: wake-ups are sent synchronously).
+    fn was_woken(subscription: &mut Subscription) -> bool {
+        subscription.woken.try_recv().is_ok()
+    }
+
+    fn fetched(fetch: &[(String, Identifier)]) -> Vec<&str> {
+        fetch.iter().map(|(name, _)| name.as_str()).collect()
     }
 
     #[tokio::test]
     async fn a_woken_subscriber_is_removed_and_a_dropped_one_withdrawn() {
         let watcher = watcher();
-        let mut due = watcher.subscribe(0, 5);
-        let stopped = watcher.subscribe(1, 5);
-        let idle = watcher.subscribe(2, 5);
+        let mut due = idle(&watcher, "t", 0, 5, None);
+        let stopped = idle(&watcher, "t", 1, 5, None);
+        let quiet = idle(&watcher, "t", 2, 5, None);
         check!(waiters(&watcher) == 3);
         // A reader that stops (or is aborted) drops its subscription.
         drop(stopped);
         check!(waiters(&watcher) == 2);
+        let (round, fetch) = watcher.on_listing(Some(vec![("t".into(), totals(21, 2100))]));
+        check!(fetched(&fetch) == ["t"]);
         let listing = Listing {
             identity: TOPIC,
             partitions: vec![(0, mark(5, 6)), (1, mark(9, 10)), (2, mark(4, 5))],
         };
-        watcher.wake(Some(listing));
-        let woken = tokio::time::timeout(Duration::from_secs(5), due.woken()).await;
-        check!(woken.is_ok());
+        watcher.on_topic(round, "t", Some(listing));
+        check!(was_woken(&mut due));
         // Partition 2 has nothing from offset 5 on: still waiting.
         check!(waiters(&watcher) == 1);
         check!(watcher.keep_running());
-        drop(idle);
+        drop(quiet);
         check!(!watcher.keep_running());
+    }
+
+    #[tokio::test]
+    async fn an_idle_stream_costs_one_listing_and_a_moved_topic_one_fetch() {
+        let watcher = watcher();
+        let quiet = totals(10, 1000);
+        let listing = |a: TopicTotals, b: TopicTotals| Some(vec![("a".into(), a), ("b".into(), b)]);
+        // Listing 1 is the first this watcher sees: both topics count as moved.
+        let (round, fetch) = watcher.on_listing(listing(quiet, quiet));
+        check!(round == 1 && watcher.listed() == 1);
+        check!(fetch.is_empty(), "no subscriber yet: nothing to fetch");
+        // Two readers went idle after listing 1 (their polls were sent after it completed).
+        let mut a = idle(&watcher, "a", 0, 10, Some(1));
+        let mut b = idle(&watcher, "b", 0, 10, Some(1));
+        let (round, fetch) = watcher.on_listing(listing(quiet, quiet));
+        check!(round == 2);
+        check!(fetch.is_empty(), "nothing moved since they looked");
+        // A message arrives in topic a.
+        let (round, fetch) = watcher.on_listing(listing(totals(11, 1100), quiet));
+        check!(fetched(&fetch) == ["a"]);
+        let grown = Listing {
+            identity: TOPIC,
+            partitions: vec![(0, mark(10, 11))],
+        };
+        watcher.on_topic(round, "a", Some(grown));
+        check!(was_woken(&mut a));
+        check!(!was_woken(&mut b));
+        // A new subscriber of a whose poll went out before listing 3 (it read 2) is looked at
+        // although the totals stay: listing 3 moved a after its listing.
+        let mut late = idle(&watcher, "a", 1, 0, Some(2));
+        let (round, fetch) = watcher.on_listing(listing(totals(11, 1100), quiet));
+        check!(fetched(&fetch) == ["a"]);
+        let unchanged = Listing {
+            identity: TOPIC,
+            partitions: vec![(0, mark(10, 11)), (1, mark(0, 0))],
+        };
+        watcher.on_topic(round, "a", Some(unchanged));
+        check!(!was_woken(&mut late));
+        // Checked now: the next listing with the same totals fetches nothing.
+        let (_, fetch) = watcher.on_listing(listing(totals(11, 1100), quiet));
+        check!(fetch.is_empty());
+        check!(waiters(&watcher) == 2);
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_polled_before_any_listing_is_looked_at_in_the_next_round() {
+        let watcher = watcher();
+        watcher.on_listing(Some(vec![("t".into(), totals(1, 100))]));
+        watcher.on_listing(Some(vec![("t".into(), totals(1, 100))]));
+        // No listing number (it had no watcher when it polled), or one from before the topic
+        // last moved: its message may be counted in totals that no longer move.
+        let _unknown = idle(&watcher, "t", 0, 1, None);
+        let (_, fetch) = watcher.on_listing(Some(vec![("t".into(), totals(1, 100))]));
+        check!(fetched(&fetch) == ["t"]);
+    }
+
+    #[tokio::test]
+    async fn a_topic_recreated_between_two_listings_wakes_its_subscribers_without_a_fetch() {
+        let watcher = watcher();
+        let quiet = totals(10, 1000);
+        watcher.on_listing(Some(vec![("t".into(), quiet)]));
+        let mut a = idle(&watcher, "t", 0, 10, Some(1));
+        let mut b = idle(&watcher, "t", 1, 10, Some(1));
+        // Listing 2 is the first to see the topic since it had subscribers: its identity.
+        let (_, fetch) = watcher.on_listing(Some(vec![("t".into(), quiet)]));
+        check!(fetch.is_empty());
+        // Deleted and created again under the same name: the readers' offsets belong to the
+        // old topic, and a fetch of the new one (lower offsets) would wake neither.
+        let recreated = TopicTotals {
+            identity: TopicIdentity {
+                id: TOPIC.id,
+                created_at: TOPIC.created_at + 1,
+            },
+            ..totals(0, 0)
+        };
+        let (_, fetch) = watcher.on_listing(Some(vec![("t".into(), recreated)]));
+        check!(fetch.is_empty());
+        check!(was_woken(&mut a) && was_woken(&mut b));
+        // The new identity is the known one from now on: its subscribers wait for growth.
+        let mut c = idle(&watcher, "t", 0, 0, Some(3));
+        let (_, fetch) = watcher.on_listing(Some(vec![("t".into(), recreated)]));
+        check!(fetch.is_empty());
+        check!(!was_woken(&mut c));
+    }
+
+    #[tokio::test]
+    async fn a_missing_stream_or_topic_or_a_failed_request_wakes_their_subscribers() {
+        let watcher = watcher();
+        let listing = || Some(vec![("t".into(), totals(1, 100))]);
+        watcher.on_listing(listing());
+        // The stream is missing or its listing failed: everybody polls.
+        let mut t = idle(&watcher, "t", 0, 1, Some(1));
+        let mut gone = idle(&watcher, "gone", 0, 1, Some(1));
+        let (round, fetch) = watcher.on_listing(None);
+        check!(round == 1 && fetch.is_empty());
+        check!(was_woken(&mut t) && was_woken(&mut gone));
+        // A topic the listing does not hold: its subscribers poll, the others wait.
+        let mut t = idle(&watcher, "t", 0, 1, Some(1));
+        let mut gone = idle(&watcher, "gone", 0, 1, Some(1));
+        let (round, fetch) = watcher.on_listing(listing());
+        check!(round == 2 && fetch.is_empty());
+        check!(was_woken(&mut gone) && !was_woken(&mut t));
+        // Its entry goes with its last subscriber.
+        check!(!lock(&watcher.state).topics.contains_key("gone"));
+        // A topic request that failed (or found the topic missing) wakes its subscribers.
+        let _newcomer = idle(&watcher, "t", 1, 0, None);
+        let (round, fetch) = watcher.on_listing(listing());
+        check!(fetched(&fetch) == ["t"]);
+        watcher.on_topic(round, "t", None);
+        check!(was_woken(&mut t));
+        check!(waiters(&watcher) == 0);
+    }
+
+    #[test]
+    fn a_topic_moved_when_any_of_its_totals_differ_from_the_previous_listing() {
+        let mut changes = Changes::default();
+        let base = totals(100, 10_000);
+        changes.record(1, vec![("t".into(), base)]);
+        check!(changes.moved_at("t") == Some(1));
+        check!(changes.identity("t") == Some(TOPIC));
+        check!(changes.identity("u") == None);
+        changes.record(2, vec![("t".into(), base)]);
+        check!(changes.moved_at("t") == Some(1), "equal totals: not moved");
+        // Retention removed messages that as many new ones replaced, with other bytes.
+        changes.record(3, vec![("t".into(), totals(100, 10_001))]);
+        check!(changes.moved_at("t") == Some(3));
+        let more_partitions = TopicTotals {
+            partitions: 4,
+            ..totals(100, 10_001)
+        };
+        changes.record(4, vec![("t".into(), more_partitions)]);
+        check!(changes.moved_at("t") == Some(4));
+        let recreated = TopicTotals {
+            identity: TopicIdentity {
+                id: TOPIC.id,
+                created_at: TOPIC.created_at + 1,
+            },
+            ..more_partitions
+        };
+        changes.record(5, vec![("t".into(), recreated)]);
+        check!(changes.moved_at("t") == Some(5));
+        // Gone from the listing: forgotten; back again: moved.
+        changes.record(6, vec![]);
+        check!(changes.moved_at("t") == None);
+        changes.record(7, vec![("t".into(), recreated)]);
+        check!(changes.moved_at("t") == Some(7));
+    }
+
+    #[test]
+    fn a_topic_is_fetched_while_a_subscriber_has_not_looked_since_it_last_moved() {
+        // Looked at the listing of the move or later: nothing to learn.
+        check!(plan(Some(5), false, [Some(5), Some(7)]) == Plan::Wait);
+        // `<` → `<=` would fetch every topic of every round again.
+        check!(plan(Some(5), false, [Some(5)]) == Plan::Wait);
+        check!(plan(Some(5), false, [Some(7), Some(4)]) == Plan::Fetch);
+        // Polled before it had a watcher: the round cannot tell what its poll saw.
+        check!(plan(Some(5), false, [Some(9), None]) == Plan::Fetch);
+        check!(plan(Some(5), false, [None]) == Plan::Fetch);
+        check!(
+            plan(Some(5), false, []) == Plan::Wait,
+            "no subscriber: no request"
+        );
+        // Not listed, or listed as another topic of the same name: everybody polls, also
+        // subscribers that looked after the move.
+        check!(plan(None, false, [Some(9)]) == Plan::WakeAll);
+        check!(plan(Some(5), true, [Some(9)]) == Plan::WakeAll);
+        check!(plan(Some(5), true, []) == Plan::WakeAll);
+    }
+
+    #[test]
+    fn a_topic_listed_with_another_id_or_creation_time_than_known_was_replaced() {
+        let recreated = TopicIdentity {
+            id: TOPIC.id,
+            created_at: TOPIC.created_at + 1,
+        };
+        let renumbered = TopicIdentity {
+            id: TOPIC.id + 1,
+            ..TOPIC
+        };
+        check!(replaced(Some(TOPIC), Some(recreated)));
+        check!(replaced(Some(TOPIC), Some(renumbered)));
+        check!(!replaced(Some(TOPIC), Some(TOPIC)));
+        // Nothing known yet (the first listing of a new subscriber's topic), or not listed
+        // (which `plan` handles on its own): nothing to compare.
+        check!(!replaced(None, Some(TOPIC)));
+        check!(!replaced(Some(TOPIC), None));
     }
 
     #[test]

@@ -40,7 +40,6 @@ struct Slot {
     turn: Mutex<()>,
 }
 
-/// The connections of this instance to one cluster.
 /// The connections of this instance to one Iggy cluster (`clusters.<alias>`), for metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionState {
@@ -52,6 +51,7 @@ pub struct ConnectionState {
     pub configured: usize,
 }
 
+/// The connections of this instance to one cluster.
 pub(crate) struct Cluster {
     /// Alias, for errors and logs.
     alias: String,
@@ -64,13 +64,14 @@ pub(crate) struct Cluster {
     open: std::sync::atomic::AtomicUsize,
     /// Bound of every call.
     timeout: Duration,
-    /// Per-topic activity watchers of the readers reading from this cluster (kept here because
+    /// Per-stream activity watchers of the readers reading from this cluster (kept here because
     /// every unit of the instance shares the cluster, and so that `close` ends them).
     activity: ActivityRegistry,
     /// Set by `retire`: no connection is opened any more (a writer identity that was fenced or
     /// replaced must never log in again).
     retired: std::sync::atomic::AtomicBool,
-    /// Told when a login is refused with invalid credentials (writer identities only).
+    /// Told when a login is refused with invalid credentials or an inactive user (writer
+    /// identities only).
     login_refused: Option<Arc<tokio::sync::Notify>>,
 }
 
@@ -122,7 +123,8 @@ impl Cluster {
     }
 
     /// Notifies `refused` whenever the cluster refuses the login of a new connection with
-    /// invalid credentials (a writer identity whose user is missing or has another password).
+    /// invalid credentials or as an inactive user (a writer identity whose user is missing, has
+    /// another password, or was revoked).
     pub(crate) fn notify_login_refused(mut self, refused: Arc<tokio::sync::Notify>) -> Self {
         self.login_refused = Some(refused);
         self
@@ -147,7 +149,6 @@ impl Cluster {
         &self.alias
     }
 
-    /// The per-topic activity watchers of the readers reading from this cluster.
     /// How many of its connections are open now, of how many configured.
     pub(crate) fn connection_state(&self) -> ConnectionState {
         ConnectionState {
@@ -157,6 +158,7 @@ impl Cluster {
         }
     }
 
+    /// The per-stream activity watchers of the readers reading from this cluster.
     pub(crate) fn activity(&self) -> &ActivityRegistry {
         &self.activity
     }
@@ -181,7 +183,13 @@ impl Cluster {
             Ok(Ok(())) => {}
             Ok(Err(source)) => {
                 shutdown(&client).await;
-                if matches!(source, IggyError::InvalidCredentials) {
+                // A missing user or a wrong password, or a user the target keeps inactive (an
+                // earlier replicator cluster with the same `writer_user_prefix` revoked it):
+                // this identity will never log in there.
+                if matches!(
+                    source,
+                    IggyError::InvalidCredentials | IggyError::UserInactive
+                ) {
                     if let Some(refused) = &self.login_refused {
                         refused.notify_one();
                     }

@@ -152,7 +152,8 @@ const MIN_ABANDON_INTERVAL: Duration = Duration::from_secs(30);
 /// Follows this node's writer identity until `cancel`: every change swaps the fenced targets'
 /// connections and retires the old ones. When a fenced target refuses the current identity's
 /// login (its user is missing there, e.g. the target lost its data, or was created under
-/// another cluster secret), retrying cannot help: the identity is given up through `control`,
+/// another cluster secret, or is inactive, revoked by an earlier replicator cluster that used
+/// the same `writer_user_prefix`), retrying cannot help: the identity is given up through `control`,
 /// so that the leader fences it and provisions the next one, whose users it creates.
 pub(crate) async fn follow<C: ControlPlane>(
     targets: Arc<WriterTargets>,

@@ -4,7 +4,7 @@
 //!
 //! A caught-up reader polls again after `poll_interval`, then ever more slowly (see
 //! [`idle_wait`]); once its partition counts as idle it stops polling on a timer and waits for
-//! its topic's activity watcher (`activity`), which wakes it when metadata shows a message it
+//! its stream's activity watcher (`activity`), which wakes it when metadata shows a message it
 //! has not read, with a slow safety-net poll in case the metadata is wrong.
 //!
 //! A poll answer whose partition end (`current_offset`) is below what the reader already read
@@ -27,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::activity::{self, TopicActivity, WatchParams};
+use crate::activity::{self, Idle, StreamActivity, WatchParams};
 use crate::backoff::{with_jitter, Backoff};
 use crate::control::ControlPlane;
 use crate::error::{Error, Result};
@@ -78,6 +78,7 @@ pub(crate) async fn run<C: ControlPlane>(args: ReaderArgs<C>) -> Result<&'static
         next,
         empty_polls: 0,
         activity: None,
+        listed_before_poll: None,
     };
     reader.run().await
 }
@@ -95,9 +96,14 @@ struct Reader<C> {
     backoff: Backoff,
     /// Empty polls in a row (they set how the reader waits for its next poll, see [`idle_wait`]).
     empty_polls: u32,
-    /// The activity watcher of the unit's topic, fetched from the source cluster's registry the
+    /// The activity watcher of the unit's stream, fetched from the source cluster's registry the
     /// first time the partition goes idle.
-    activity: Option<Arc<TopicActivity>>,
+    activity: Option<Arc<StreamActivity>>,
+    /// The watcher's [`StreamActivity::listed`] as read right before the latest poll was sent
+    /// (`None` before the reader had a watcher): what the reader subscribes with when that poll
+    /// found nothing, so that the watcher knows which listings came too early to show what the
+    /// poll missed.
+    listed_before_poll: Option<u64>,
     /// Jitter of the safety-net polls, seeded from the pair's seed.
     rng: StdRng,
 }
@@ -161,7 +167,7 @@ impl<C: ControlPlane> Reader<C> {
         }
     }
 
-    /// Waits as [`idle_wait`] says after an empty poll: a pause, or the topic's activity
+    /// Waits as [`idle_wait`] says after an empty poll: a pause, or the stream's activity
     /// watcher with a safety-net timer; `false` when the pair was stopped meanwhile.
     async fn wait_idle(&mut self) -> bool {
         let degraded = self.activity.as_ref().is_some_and(|a| a.degraded());
@@ -178,15 +184,20 @@ impl<C: ControlPlane> Reader<C> {
                 WatchParams {
                     flow: shared.unit.flow.clone(),
                     stream: shared.unit.stream.clone(),
-                    topic: shared.unit.topic.clone(),
-                    ids: (ids.0.clone(), ids.1.clone()),
+                    stream_id: ids.0.clone(),
                     interval: shared.flow.idle_poll_interval,
                     observer: shared.tuning.observer.clone(),
                 },
             )
         });
         // Withdrawn when dropped, whichever of the three comes first.
-        let mut subscription = activity.subscribe(shared.unit.partition, self.next.offset);
+        let mut subscription = activity.subscribe(Idle {
+            topic: &shared.unit.topic,
+            topic_id: &ids.1,
+            partition: shared.unit.partition,
+            next: self.next.offset,
+            listed_before_poll: self.listed_before_poll,
+        });
         tokio::select! {
             biased;
             () = self.stop.cancelled() => false,
@@ -202,6 +213,9 @@ impl<C: ControlPlane> Reader<C> {
         let (stream, topic, consumer) = self.ids.clone();
         let partition = shared.unit.partition;
         let count = shared.flow.batch_size;
+        // Before the request goes out: a listing counted here saw the partition no later than
+        // this poll does (see `activity`).
+        self.listed_before_poll = self.activity.as_ref().map(|a| a.listed());
         let started = Instant::now();
         let polled = shared
             .source
@@ -303,7 +317,7 @@ fn idle_pause(flow: &crate::params::FlowParams, empty_polls: u32) -> Duration {
 enum IdleWait {
     /// Poll again after this pause.
     Pause(Duration),
-    /// Subscribe to the topic's activity watcher and poll when it wakes the reader, or after
+    /// Subscribe to the stream's activity watcher and poll when it wakes the reader, or after
     /// this safety-net delay at the latest.
     Watch(Duration),
 }
@@ -311,12 +325,13 @@ enum IdleWait {
 /// The safety-net poll of a watched partition comes after 50–100 % of this many
 /// `idle_poll_interval`s (5–10 s with the default 100 ms). The watcher is the normal way to
 /// notice a new message; this bounds the delay when its metadata is wrong or late: Iggy builds
-/// these figures from statistics it calls "inconsistent" (eventually consistent), and a topic
-/// recreated before the watcher first listed it, with lower offsets, does not look like growth
-/// (discovery restarts its units within a `discovery_interval` anyway). At 1,000 idle
-/// partitions it costs 100–200 polls per second across the cluster instead of the 10,000 of one
-/// poll per `idle_poll_interval`. The jitter keeps partitions that went idle together from
-/// polling together.
+/// these figures from statistics it calls "inconsistent" (eventually consistent), a topic whose
+/// totals came back to the previous listing's values (messages removed as exactly as many
+/// arrived) does not look moved, and a topic recreated before the watcher first listed it, with
+/// lower offsets, does not look like growth (discovery restarts its units within a
+/// `discovery_interval` anyway). At 1,000 idle partitions it costs 100–200 polls per second
+/// across the cluster instead of the 10,000 of one poll per `idle_poll_interval`. The jitter
+/// keeps partitions that went idle together from polling together.
 const WATCHED_POLL_FACTOR: u32 = 100;
 
 /// How a caught-up reader waits after its `empty_polls`-th empty poll in a row: pauses as in

@@ -872,11 +872,26 @@ async fn sent_messages_get_offsets_one_timestamp_ids_and_checksums() -> TestResu
     let stream = client.get_stream(&name(s)).await?.expect("stream");
     check!(stream.messages_count == 4);
     check!(stream.size.as_bytes_u64() == expected_size);
+    // Each topic of the stream answer carries its own totals (idle readers' watchers compare
+    // them from one listing to the next).
+    let listed = stream.topics.iter().find(|t| t.name == *topic);
+    let listed = listed.expect("the topic in its stream");
+    check!(listed.id == details.id);
+    check!(listed.messages_count == 4);
+    check!(listed.size.as_bytes_u64() == expected_size);
+    check!(listed.partitions_count == details.partitions_count);
+    check!(listed.created_at == details.created_at);
 
     send_to(client, s, topic, 0, vec![msg("e")]).await?;
     let next = poll(client, s, topic, Some(0), PollingStrategy::offset(4), 10).await?;
     check!(offsets(&next) == vec![4]);
     check!(next.messages[0].header.timestamp >= ts);
+    // A message that a poll returns is already in the stream listing's totals of its topic.
+    let stream = client.get_stream(&name(s)).await?.expect("stream");
+    let listed = stream.topics.iter().find(|t| t.name == *topic);
+    let listed = listed.expect("the topic in its stream");
+    check!(listed.messages_count == 5);
+    check!(listed.size.as_bytes_u64() > expected_size);
     f.finish().await
 }
 

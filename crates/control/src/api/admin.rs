@@ -138,6 +138,13 @@ pub struct ControlMetrics {
     pub snapshot_index: Option<u64>,
     /// Last purged log index (entries up to it exist only in the snapshot).
     pub purged_index: Option<u64>,
+    /// Encoded size of this node's latest snapshot (built, installed or loaded at start).
+    pub snapshot_bytes: Option<u64>,
+    /// How long this node took to build its latest snapshot (none built since start: `None`).
+    pub snapshot_build: Option<std::time::Duration>,
+    /// How long this node took to install the latest snapshot the leader sent it, after the
+    /// transfer (none installed since start: `None`).
+    pub snapshot_install: Option<std::time::Duration>,
     /// Successful lease renewals since start.
     pub lease_renewals: u64,
     /// Commits answered `Fenced` since start.

@@ -701,6 +701,7 @@ impl Control {
             )
         };
         let c = &self.inner.counters;
+        let snapshot = self.inner.shared.snapshot_figures();
         ControlMetrics {
             node: self.inner.id,
             term: m.current_term,
@@ -711,6 +712,9 @@ impl Control {
             commit_index: self.inner.committed.load(Ordering::Relaxed).checked_sub(1),
             snapshot_index: m.snapshot.map(|l| l.index),
             purged_index: m.purged.map(|l| l.index),
+            snapshot_bytes: snapshot.bytes,
+            snapshot_build: snapshot.build,
+            snapshot_install: snapshot.install,
             lease_renewals: c.lease_renewals.load(Ordering::Relaxed),
             fenced_commits: c.fenced_commits.load(Ordering::Relaxed),
             commit_batches: c.commit_batches.load(Ordering::Relaxed),

@@ -3,13 +3,13 @@
 use std::time::Duration;
 
 use iggy::prelude::{GlobalPermissions, Permissions, UserStatus};
-use replicator_model::{WorkUnit, WriterLogin};
+use replicator_model::{IggyVersion, WorkUnit, WriterLogin};
 use replicator_pipeline::verify::{verify, VerifyParams};
 use replicator_pipeline::{ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams};
 
 use crate::harness::{
     assert_exact, client, cluster_params, count, create_topic, flow, generations, node_id, produce,
-    server, wait_confirmed, wait_until, Env, FixedLogin, Intercepted, TestResult,
+    server, wait_confirmed, wait_until, Env, FixedLogin, Intercepted, NextLogin, TestResult,
 };
 
 /// What a writer user may do: send, poll and read topics, nothing else.
@@ -140,6 +140,67 @@ async fn two_way_flows(fenced_prefix: Option<&str>) -> TestResult {
     back_params.source_version = env.eu.iggy_version();
     back_params.target_version = env.us.iggy_version();
     assert_exact(&verify(&back_params).await?);
+    pipeline.shutdown().await;
+    Ok(())
+}
+
+/// A writer user the target keeps inactive (an earlier replicator cluster with the same prefix
+/// revoked it, and a new cluster starts again at incarnation 1) refuses every login with
+/// `UserInactive`: the node gives that identity up for the next one instead of retrying it
+/// forever with none of its partitions copied. Iggy 0.8 targets only: SDK 0.11 reports a
+/// refused 0.9 sign-in (inactive or unknown user alike) as a lost connection, which the node
+/// cannot tell from a network failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_user_left_inactive_on_the_target_is_given_up_for_the_next_one() -> TestResult {
+    if generations().1 != IggyVersion::V0_8 {
+        println!("note: skipped: a refused 0.9 sign-in is not told apart from a lost connection");
+        return Ok(());
+    }
+    let env = Env::start().await?;
+    let (us, eu) = (client(&env.us).await?, client(&env.eu).await?);
+    create_topic(&us, "inactive", "t", 2).await?;
+    produce(&us, "inactive", "t", 2, 0..100, 100).await?;
+    let f = flow("f", &["inactive/*"]);
+    let mut params = env.params(f.clone());
+    let login = |incarnation: u64| WriterLogin {
+        node: params.node_id,
+        incarnation,
+        password: format!("writer-password-{incarnation}"),
+    };
+    let (revoked, next) = (login(1), login(2));
+    for (l, status) in [
+        (&revoked, UserStatus::Inactive),
+        (&next, UserStatus::Active),
+    ] {
+        eu.create_user(
+            &l.username("repl"),
+            &l.password,
+            status,
+            Some(writer_rights()),
+        )
+        .await?;
+    }
+    params
+        .clusters
+        .get_mut("eu")
+        .ok_or("no eu cluster")?
+        .writer_user_prefix = Some("repl".to_owned());
+    let hooks = NextLogin::new(revoked, next);
+    let abandoned = hooks.abandoned.clone();
+    let control = Intercepted {
+        inner: InMemoryControl::new(),
+        hooks,
+    };
+    let pipeline = Pipeline::start(params, control).await?;
+    for partition in 0..2 {
+        env.wait_downstream("inactive", "t", partition, 100).await?;
+    }
+    let given_up = abandoned
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    assert!(given_up == vec![1], "given up: {given_up:?}");
+    assert_exact(&env.verify(&f, Duration::from_secs(10)).await?);
     pipeline.shutdown().await;
     Ok(())
 }

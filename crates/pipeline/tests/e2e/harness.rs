@@ -326,6 +326,13 @@ pub(crate) trait Intercept: Clone + Send + Sync + 'static {
         watch::channel(None).1
     }
 
+    /// The pipeline gives up writer identity `incarnation` (default: as if it were not the
+    /// current one).
+    fn abandon(&self, incarnation: u64) -> impl Future<Output = Result<bool, ControlError>> + Send {
+        let _ = incarnation;
+        async { Ok(false) }
+    }
+
     /// The unit set discovery reports, as it reaches [`InMemoryControl`] (default: as is).
     fn reported(&self, units: Vec<WorkUnit>) -> Vec<WorkUnit> {
         units
@@ -346,6 +353,46 @@ impl FixedLogin {
 impl Intercept for FixedLogin {
     fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
         self.0.subscribe()
+    }
+}
+
+/// A writer identity that is replaced by the next one when the pipeline gives it up, as the
+/// control plane's leader does; remembers what was given up.
+#[derive(Clone)]
+pub(crate) struct NextLogin {
+    current: Arc<watch::Sender<Option<WriterLogin>>>,
+    next: WriterLogin,
+    /// The incarnations given up, in order.
+    pub(crate) abandoned: Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+impl NextLogin {
+    /// Writes as `first` until it is given up, then as `next`.
+    pub(crate) fn new(first: WriterLogin, next: WriterLogin) -> Self {
+        Self {
+            current: Arc::new(watch::channel(Some(first)).0),
+            next,
+            abandoned: Arc::default(),
+        }
+    }
+}
+
+impl Intercept for NextLogin {
+    fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
+        self.current.subscribe()
+    }
+
+    fn abandon(&self, incarnation: u64) -> impl Future<Output = Result<bool, ControlError>> + Send {
+        let current = self.current.borrow().as_ref().map(|l| l.incarnation);
+        let taken = current == Some(incarnation);
+        if taken {
+            self.abandoned
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(incarnation);
+            self.current.send_replace(Some(self.next.clone()));
+        }
+        async move { Ok(taken) }
     }
 }
 
@@ -406,6 +453,12 @@ impl<I: Intercept> ControlPlane for Intercepted<I> {
     }
     fn counts_totals(&self) -> bool {
         self.inner.counts_totals()
+    }
+    fn abandon_writer_identity(
+        &self,
+        incarnation: u64,
+    ) -> impl Future<Output = Result<bool, ControlError>> + Send {
+        self.hooks.abandon(incarnation)
     }
     fn commit(
         &self,

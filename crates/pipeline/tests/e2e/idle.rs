@@ -1,6 +1,7 @@
 //! Idle partitions: once caught up for a while, readers stop polling one by one and wait for
-//! their topic's activity watcher, which asks for the topic's metadata once per
-//! `idle_poll_interval` and wakes exactly the readers whose partition grew.
+//! their stream's activity watcher, which lists the stream once per `idle_poll_interval`, asks
+//! for a topic's partitions only when its totals moved, and wakes exactly the readers whose
+//! partition grew.
 
 use std::time::Duration;
 
@@ -15,13 +16,15 @@ use crate::harness::{
 
 /// Command code of POLL_MESSAGES (what an idle reader used to send every interval).
 const POLL_MESSAGES: u32 = 100;
-/// Command code of GET_TOPIC (what the activity watcher sends once per interval).
+/// Command code of GET_STREAM (what the activity watcher sends once per interval).
+const GET_STREAM: u32 = 200;
+/// Command code of GET_TOPIC (what the activity watcher sends for a topic whose totals moved).
 const GET_TOPIC: u32 = 300;
 /// Partitions of the test topic.
 const PARTITIONS: u32 = 50;
 
 /// Params for `flow` with discovery out of the way: its first round (at start) sets everything
-/// up, and later rounds would add GET_TOPIC requests to the ones counted here.
+/// up, and later rounds would add GET_STREAM and GET_TOPIC requests to the ones counted here.
 fn quiet_params(env: &Env, flow: FlowParams) -> PipelineParams {
     let mut p = env.params(flow);
     p.discovery_interval = Duration::from_secs(600);
@@ -77,17 +80,17 @@ async fn start_watched(
     Ok((env, up, f, pipeline))
 }
 
-/// Waits until upstream saw `rounds` GET_TOPIC requests in a row without a single POLL_MESSAGES
-/// in between: every reader then waits for the watcher (a reader still in its short pauses
-/// polls at least once per `idle_poll_interval`, the watcher's period).
+/// Waits until upstream saw `rounds` GET_STREAM requests (watcher rounds) in a row without a
+/// single POLL_MESSAGES in between: every reader then waits for the watcher (a reader still in
+/// its short pauses polls at least once per `idle_poll_interval`, the watcher's period).
 async fn wait_until_readers_watch(server: &TestServer, rounds: u64) -> TestResult {
     let faults = server.faults();
-    let mut mark = (faults.requests(POLL_MESSAGES), faults.requests(GET_TOPIC));
+    let mut mark = (faults.requests(POLL_MESSAGES), faults.requests(GET_STREAM));
     wait_until(
         "idle readers wait for the watcher",
         Duration::from_secs(60),
         || {
-            let now = (faults.requests(POLL_MESSAGES), faults.requests(GET_TOPIC));
+            let now = (faults.requests(POLL_MESSAGES), faults.requests(GET_STREAM));
             let quiet = now.0 == mark.0 && now.1 >= mark.1 + rounds;
             if now.0 != mark.0 {
                 mark = now;
@@ -99,19 +102,27 @@ async fn wait_until_readers_watch(server: &TestServer, rounds: u64) -> TestResul
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_partitions_stop_polling_and_one_metadata_request_per_round_replaces_them(
-) -> TestResult {
+async fn idle_partitions_stop_polling_and_one_stream_listing_per_round_replaces_them() -> TestResult
+{
     // Default idle interval (100 ms): per-partition polling would make 10 polls per partition
     // and second, about 1,000 over the window below.
     let (env, _up, _, pipeline) = start_watched("quiet", None).await?;
     wait_until_readers_watch(&env.us, 3).await?;
     let faults = env.us.faults();
-    let (polls, rounds) = (faults.requests(POLL_MESSAGES), faults.requests(GET_TOPIC));
+    let (polls, rounds) = (faults.requests(POLL_MESSAGES), faults.requests(GET_STREAM));
+    let topic_requests = faults.requests(GET_TOPIC);
     wait_until("20 watcher rounds", Duration::from_secs(60), || async {
-        faults.requests(GET_TOPIC) >= rounds + 20
+        faults.requests(GET_STREAM) >= rounds + 20
     })
     .await?;
     let polled = faults.requests(POLL_MESSAGES) - polls;
+    // Nothing moved: the topic's partitions are never asked for (a safety-net poll subscribes
+    // again with the listing it read before polling, which came after the topic's last move).
+    let fetched = faults.requests(GET_TOPIC) - topic_requests;
+    assert!(
+        fetched == 0,
+        "{fetched} GET_TOPIC in 20 rounds of an idle topic"
+    );
     // Only the safety net polls a watched partition, at most once per 5 s: at most one poll per
     // partition over 20 rounds (2 s), where per-partition polling made about 20.
     assert!(
@@ -145,14 +156,14 @@ async fn watched_idle_partitions_copy_a_new_message_after_the_watcher_wakes_thei
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failing_topic_metadata_falls_back_to_polling_each_partition_until_it_recovers(
+async fn failing_stream_metadata_falls_back_to_polling_each_partition_until_it_recovers(
 ) -> TestResult {
     let (env, up, f, pipeline) = start_watched("fallback", Some(Duration::from_secs(1))).await?;
     wait_until_readers_watch(&env.us, 2).await?;
-    // GET_TOPIC now fails (status 5, FeatureUnavailable): the readers poll on their own again,
+    // GET_STREAM now fails (status 5, FeatureUnavailable): the readers poll on their own again,
     // every idle interval, although their safety net is 50–100 s away.
     let faults = env.us.faults();
-    faults.fail_next(GET_TOPIC, 5, u32::MAX);
+    faults.fail_next(GET_STREAM, 5, u32::MAX);
     let polls = faults.requests(POLL_MESSAGES);
     wait_until(
         "every partition polled again, twice",
