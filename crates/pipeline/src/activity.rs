@@ -31,9 +31,10 @@
 //! then differs from the one before it, which is a move after the subscriber's listing. The
 //! totals come back to the same values only if messages were removed meanwhile with exactly the
 //! same count and bytes (retention deleting a segment, a purge) while the partition count, id
-//! and creation time stayed too. That wake is then missed, and the reader's own safety-net poll
-//! finds the message: a late copy, never a lost one, since metadata only decides when a reader
-//! polls, never what it reads. The argument needs the totals never to count a message before a
+//! and creation time stayed too. That wake is then late: every [`SWEEP_ROUNDS`] listings a
+//! round fetches every topic with subscribers whether it moved or not, and the readers still
+//! poll on their own now and then (the reader's safety net). A late copy, never a lost one,
+//! since metadata only decides when a reader polls, never what it reads. The argument needs the totals never to count a message before a
 //! poll can return it, and they do not: Iggy 0.8 adds a batch to its partition's statistics in
 //! the same synchronous step (on the partition's shard) that appends it to the journal polls
 //! read, Iggy 0.9 right after it advanced the offset polls read up to (its per-topic sums,
@@ -47,7 +48,7 @@
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -78,6 +79,9 @@ pub(crate) struct ActivityRegistry {
     streams: Mutex<HashMap<StreamKey, Weak<StreamActivity>>>,
     /// Set by [`ActivityRegistry::close`]: watchers created afterwards never start a task.
     closed: AtomicBool,
+    /// Subscriptions alive over every watcher of the cluster: the readers of this instance
+    /// waiting for a watcher of it (they spread their safety-net polls by it).
+    watched: AtomicUsize,
 }
 
 /// Everything a watcher needs, given by the reader that creates it.
@@ -250,6 +254,8 @@ impl Drop for Subscription {
         if let Some(topic) = lock(&self.watcher.state).topics.get_mut(&self.topic) {
             topic.waiters.remove(&self.ticket);
         }
+        let watched = &self.watcher.source.activity().watched;
+        watched.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -278,6 +284,11 @@ impl StreamActivity {
     /// it right before it sends a poll, and subscribes with it if the poll finds nothing.
     pub(crate) fn listed(&self) -> u64 {
         self.listed.load(Ordering::SeqCst)
+    }
+
+    /// How many readers of this instance wait for a watcher of the source cluster now.
+    pub(crate) fn watched(&self) -> usize {
+        self.source.activity().watched.load(Ordering::Relaxed)
     }
 
     /// Subscribes an idle reader: woken once its partition holds a message at or after its
@@ -315,6 +326,9 @@ impl StreamActivity {
             state.task = Some(tokio::spawn(run(watcher).instrument(span)));
         }
         drop(state);
+        // Given back by the subscription's drop.
+        let watched = &self.source.activity().watched;
+        watched.fetch_add(1, Ordering::Relaxed);
         Subscription {
             watcher: self.clone(),
             topic: idle.topic.to_owned(),
@@ -412,6 +426,7 @@ impl StreamActivity {
                     state.changes.record(round, listing);
                     self.listed.store(round, Ordering::SeqCst);
                     let changes = &state.changes;
+                    let sweep = round % SWEEP_ROUNDS == 0;
                     state.topics.retain(|name, topic| {
                         let moved_at = changes.moved_at(name);
                         let listed = changes.identity(name);
@@ -420,7 +435,12 @@ impl StreamActivity {
                             topic.identity = listed;
                         }
                         let checked = topic.waiters.values().map(|w| w.checked);
-                        match plan(moved_at, replaced, checked) {
+                        let seen = TopicRound {
+                            moved_at,
+                            replaced,
+                            sweep,
+                        };
+                        match plan(seen, checked) {
                             Plan::WakeAll => {
                                 woken.extend(topic.waiters.drain().map(|(_, w)| w.wake));
                             }
@@ -592,6 +612,25 @@ pub(crate) fn replaced(known: Option<TopicIdentity>, listed: Option<TopicIdentit
     matches!((known, listed), (Some(k), Some(l)) if k != l)
 }
 
+/// Every this many listings (10 s with the default `idle_poll_interval`) a round fetches every
+/// topic that has subscribers, moved or not: totals that came back to the values of the listing
+/// before (retention removed as many messages and bytes as arrived in between) hide a new
+/// message from the listings, not from the partition figures of a fetch. The delay of such a
+/// wake stays as short as the readers' own safety net was before it was stretched, at one topic
+/// request per topic with subscribers per sweep.
+const SWEEP_ROUNDS: u64 = 100;
+
+/// What a listing says about one topic, for [`plan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TopicRound {
+    /// The listing in which the topic last moved (`None`: the latest listing does not hold it).
+    pub(crate) moved_at: Option<u64>,
+    /// The listing holds another topic of that name than the one known (see [`replaced`]).
+    pub(crate) replaced: bool,
+    /// A sweep round ([`SWEEP_ROUNDS`]): look whatever moved.
+    pub(crate) sweep: bool,
+}
+
 /// What a round does for the subscribers of one topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Plan {
@@ -604,23 +643,19 @@ pub(crate) enum Plan {
     Wait,
 }
 
-/// What a round does for the subscribers of a topic that last moved in listing `moved_at`
-/// (`None`: the latest listing does not hold it) and that the listing shows `replaced` (see
-/// [`replaced`]), given the listing each subscriber last looked at (`checked`, `None`:
-/// unknown). A subscriber that looked at the listing in which the topic last moved, or a later
-/// one, has seen everything the totals can tell.
-pub(crate) fn plan(
-    moved_at: Option<u64>,
-    replaced: bool,
-    checked: impl IntoIterator<Item = Option<u64>>,
-) -> Plan {
-    let Some(moved_at) = moved_at.filter(|_| !replaced) else {
+/// What a round does for the subscribers of a topic the listing shows as `seen`, given the
+/// listing each subscriber last looked at (`checked`, `None`: unknown). A subscriber that
+/// looked at the listing in which the topic last moved, or a later one, has seen everything
+/// the totals can tell; a sweep looks anyway.
+pub(crate) fn plan(seen: TopicRound, checked: impl IntoIterator<Item = Option<u64>>) -> Plan {
+    let Some(moved_at) = seen.moved_at.filter(|_| !seen.replaced) else {
         return Plan::WakeAll;
     };
-    if checked
-        .into_iter()
-        .any(|c| c.is_none_or(|looked| looked < moved_at))
-    {
+    let mut checked = checked.into_iter().peekable();
+    if checked.peek().is_none() {
+        return Plan::Wait;
+    }
+    if seen.sweep || checked.any(|c| c.is_none_or(|looked| looked < moved_at)) {
         Plan::Fetch
     } else {
         Plan::Wait
@@ -850,9 +885,11 @@ mod tests {
         let stopped = idle(&watcher, "t", 1, 5, None);
         let quiet = idle(&watcher, "t", 2, 5, None);
         check!(waiters(&watcher) == 3);
+        check!(watcher.watched() == 3);
         // A reader that stops (or is aborted) drops its subscription.
         drop(stopped);
         check!(waiters(&watcher) == 2);
+        check!(watcher.watched() == 2);
         let (round, fetch) = watcher.on_listing(Some(vec![("t".into(), totals(21, 2100))]));
         check!(fetched(&fetch) == ["t"]);
         let listing = Listing {
@@ -863,6 +900,10 @@ mod tests {
         check!(was_woken(&mut due));
         // Partition 2 has nothing from offset 5 on: still waiting.
         check!(waiters(&watcher) == 1);
+        // A woken reader counts as watched until it drops its subscription (and polls).
+        check!(watcher.watched() == 2);
+        drop(due);
+        check!(watcher.watched() == 1);
         check!(watcher.keep_running());
         drop(quiet);
         check!(!watcher.keep_running());
@@ -952,6 +993,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn every_hundredth_listing_fetches_a_watched_topic_that_did_not_move() {
+        let watcher = watcher();
+        let same = || Some(vec![("t".into(), totals(7, 700))]);
+        watcher.on_listing(same());
+        let _quiet = idle(&watcher, "t", 0, 7, Some(1));
+        // Totals that came back to the same values hide a message from the listings: the
+        // sweep looks at the partitions anyway, and only then.
+        let swept: Vec<u64> = (2..=SWEEP_ROUNDS * 2)
+            .filter_map(|_| {
+                let (round, fetch) = watcher.on_listing(same());
+                (!fetch.is_empty()).then_some(round)
+            })
+            .collect();
+        check!(swept == [SWEEP_ROUNDS, SWEEP_ROUNDS * 2]);
+    }
+
+    #[tokio::test]
     async fn a_missing_stream_or_topic_or_a_failed_request_wakes_their_subscribers() {
         let watcher = watcher();
         let listing = || Some(vec![("t".into(), totals(1, 100))]);
@@ -1014,25 +1072,53 @@ mod tests {
         check!(changes.moved_at("t") == Some(7));
     }
 
+    /// A round of a topic that last moved in listing `moved_at`, neither replaced nor swept.
+    fn moved(moved_at: Option<u64>) -> TopicRound {
+        TopicRound {
+            moved_at,
+            replaced: false,
+            sweep: false,
+        }
+    }
+
     #[test]
     fn a_topic_is_fetched_while_a_subscriber_has_not_looked_since_it_last_moved() {
         // Looked at the listing of the move or later: nothing to learn.
-        check!(plan(Some(5), false, [Some(5), Some(7)]) == Plan::Wait);
+        check!(plan(moved(Some(5)), [Some(5), Some(7)]) == Plan::Wait);
         // `<` → `<=` would fetch every topic of every round again.
-        check!(plan(Some(5), false, [Some(5)]) == Plan::Wait);
-        check!(plan(Some(5), false, [Some(7), Some(4)]) == Plan::Fetch);
+        check!(plan(moved(Some(5)), [Some(5)]) == Plan::Wait);
+        check!(plan(moved(Some(5)), [Some(7), Some(4)]) == Plan::Fetch);
         // Polled before it had a watcher: the round cannot tell what its poll saw.
-        check!(plan(Some(5), false, [Some(9), None]) == Plan::Fetch);
-        check!(plan(Some(5), false, [None]) == Plan::Fetch);
+        check!(plan(moved(Some(5)), [Some(9), None]) == Plan::Fetch);
+        check!(plan(moved(Some(5)), [None]) == Plan::Fetch);
         check!(
-            plan(Some(5), false, []) == Plan::Wait,
+            plan(moved(Some(5)), []) == Plan::Wait,
             "no subscriber: no request"
         );
         // Not listed, or listed as another topic of the same name: everybody polls, also
         // subscribers that looked after the move.
-        check!(plan(None, false, [Some(9)]) == Plan::WakeAll);
-        check!(plan(Some(5), true, [Some(9)]) == Plan::WakeAll);
-        check!(plan(Some(5), true, []) == Plan::WakeAll);
+        check!(plan(moved(None), [Some(9)]) == Plan::WakeAll);
+        let replaced = TopicRound {
+            replaced: true,
+            ..moved(Some(5))
+        };
+        check!(plan(replaced, [Some(9)]) == Plan::WakeAll);
+        check!(plan(replaced, []) == Plan::WakeAll);
+    }
+
+    #[test]
+    fn a_sweep_fetches_every_topic_with_subscribers_whatever_moved() {
+        let sweep = TopicRound {
+            sweep: true,
+            ..moved(Some(5))
+        };
+        check!(plan(sweep, [Some(9)]) == Plan::Fetch);
+        check!(plan(sweep, []) == Plan::Wait, "no subscriber: no request");
+        let gone = TopicRound {
+            sweep: true,
+            ..moved(None)
+        };
+        check!(plan(gone, [Some(9)]) == Plan::WakeAll);
     }
 
     #[test]

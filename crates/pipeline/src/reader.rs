@@ -170,9 +170,13 @@ impl<C: ControlPlane> Reader<C> {
     /// Waits as [`idle_wait`] says after an empty poll: a pause, or the stream's activity
     /// watcher with a safety-net timer; `false` when the pair was stopped meanwhile.
     async fn wait_idle(&mut self) -> bool {
-        let degraded = self.activity.as_ref().is_some_and(|a| a.degraded());
+        let watcher = Watcher {
+            degraded: self.activity.as_ref().is_some_and(|a| a.degraded()),
+            // Counting this reader, about to subscribe.
+            watched: self.activity.as_ref().map_or(0, |a| a.watched()) + 1,
+        };
         let jitter = self.rng.gen::<f64>();
-        let cap = match idle_wait(&self.shared.flow, self.empty_polls, degraded, jitter) {
+        let cap = match idle_wait(&self.shared.flow, self.empty_polls, watcher, jitter) {
             IdleWait::Pause(delay) => return self.pause(delay).await,
             IdleWait::Watch(cap) => cap,
         };
@@ -323,40 +327,61 @@ enum IdleWait {
 }
 
 /// The safety-net poll of a watched partition comes after 50–100 % of this many
-/// `idle_poll_interval`s (5–10 s with the default 100 ms). The watcher is the normal way to
-/// notice a new message; this bounds the delay when its metadata is wrong or late: Iggy builds
-/// these figures from statistics it calls "inconsistent" (eventually consistent), a topic whose
-/// totals came back to the previous listing's values (messages removed as exactly as many
-/// arrived) does not look moved, and a topic recreated before the watcher first listed it, with
-/// lower offsets, does not look like growth (discovery restarts its units within a
-/// `discovery_interval` anyway). At 1,000 idle partitions it costs 100–200 polls per second
-/// across the cluster instead of the 10,000 of one poll per `idle_poll_interval`. The jitter
-/// keeps partitions that went idle together from polling together.
+/// `idle_poll_interval`s (5–10 s with the default 100 ms) at the least; see
+/// [`SAFETY_NET_POLLS_PER_SECOND`] for more watched partitions. The watcher is the normal way to
+/// notice a new message, and its periodic sweep (`activity`) catches a topic whose totals came
+/// back to the previous listing's values; this bounds the delay when the metadata itself is
+/// wrong: Iggy builds these figures from statistics it calls "inconsistent" (eventually
+/// consistent), and a topic recreated before the watcher first listed it, with lower offsets,
+/// does not look like growth (discovery restarts its units within a `discovery_interval`
+/// anyway). The jitter keeps partitions that went idle together from polling together.
 const WATCHED_POLL_FACTOR: u32 = 100;
+
+/// About how many safety-net polls per second the watched partitions of one instance make to
+/// one source cluster, at most: with more watched partitions than this many per
+/// `WATCHED_POLL_FACTOR` × `idle_poll_interval`, each one's safety net is stretched (3,300
+/// watched partitions: 33–66 s; 33,000: 5.5–11 min). Without the bound the safety net alone
+/// grew with the partitions: 440 polls per second per instance at 10,000 idle partitions over
+/// three instances, more than the watchers and everything else idle together.
+const SAFETY_NET_POLLS_PER_SECOND: f64 = 50.0;
+
+/// What a reader knows of its stream's watcher when it goes idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Watcher {
+    /// Its metadata requests are failing (`StreamActivity::degraded`).
+    degraded: bool,
+    /// Readers of this instance waiting for a watcher of the source cluster, this one included
+    /// (`StreamActivity::watched`).
+    watched: usize,
+}
 
 /// How a caught-up reader waits after its `empty_polls`-th empty poll in a row: pauses as in
 /// [`idle_pause`] while they are shorter than `idle_poll_interval` (a partition that drained for
 /// a moment keeps its latency), then the activity watcher, with a safety-net poll after
-/// `WATCHED_POLL_FACTOR` × `idle_poll_interval` scaled by `jitter` (in `[0, 1)`, to 50–100 %).
-/// While the watcher's metadata requests fail (`degraded`) the safety net is one
-/// `idle_poll_interval`: per-partition polling as before, until metadata is back. A flow whose
-/// `idle_poll_interval` is not above `poll_interval` asked for every partition to be polled at
-/// the same pace and never uses the watcher.
+/// `WATCHED_POLL_FACTOR` × `idle_poll_interval`, or after the time that spreads the `watched`
+/// readers' safety nets to [`SAFETY_NET_POLLS_PER_SECOND`] if that is longer, scaled by
+/// `jitter` (in `[0, 1)`, to 50–100 %). While the watcher's metadata requests fail
+/// (`degraded`) the safety net is one `idle_poll_interval`: per-partition polling as before,
+/// until metadata is back. A flow whose `idle_poll_interval` is not above `poll_interval` asked
+/// for every partition to be polled at the same pace and never uses the watcher.
 fn idle_wait(
     flow: &crate::params::FlowParams,
     empty_polls: u32,
-    degraded: bool,
+    watcher: Watcher,
     jitter: f64,
 ) -> IdleWait {
     let pause = idle_pause(flow, empty_polls);
     if flow.idle_poll_interval <= flow.poll_interval || pause < flow.idle_poll_interval {
         return IdleWait::Pause(pause);
     }
-    if degraded {
+    if watcher.degraded {
         return IdleWait::Watch(flow.idle_poll_interval);
     }
-    let cap = flow.idle_poll_interval.saturating_mul(WATCHED_POLL_FACTOR);
-    IdleWait::Watch(with_jitter(cap, jitter))
+    let least = flow.idle_poll_interval.saturating_mul(WATCHED_POLL_FACTOR);
+    // The mean wait of 75 % of `spread` makes the polls come a third above the rate: a bound,
+    // not a target.
+    let spread = Duration::from_secs_f64(watcher.watched as f64 / SAFETY_NET_POLLS_PER_SECOND);
+    IdleWait::Watch(with_jitter(least.max(spread), jitter))
 }
 
 #[cfg(test)]
@@ -408,24 +433,62 @@ mod tests {
         let mut flow = crate::params::FlowParams::new("f", "a", "b", vec!["*/*".into()]);
         flow.poll_interval = Duration::from_millis(5);
         flow.idle_poll_interval = Duration::from_millis(100);
+        let few = Watcher {
+            degraded: false,
+            watched: 16,
+        };
         // A partition that drains for a moment keeps the pauses of before (latency under load);
         // 5, 10, 20, 40, 80 ms are still timed polls.
         let pauses: Vec<IdleWait> = (QUIET_POLLS..QUIET_POLLS + 5)
-            .map(|n| idle_wait(&flow, n, false, 0.5))
+            .map(|n| idle_wait(&flow, n, few, 0.5))
             .collect();
         check!(pauses == [5, 10, 20, 40, 80].map(|ms| IdleWait::Pause(Duration::from_millis(ms))));
         check!((1..QUIET_POLLS)
-            .all(|n| idle_wait(&flow, n, false, 0.5) == IdleWait::Pause(flow.poll_interval)));
+            .all(|n| idle_wait(&flow, n, few, 0.5) == IdleWait::Pause(flow.poll_interval)));
         // Where the pause would reach `idle_poll_interval`, the watcher takes over; the safety
         // net is 5–10 s (100 × 100 ms, jittered to 50–100 %).
         let idle = QUIET_POLLS + 5;
-        check!(idle_wait(&flow, idle, false, 0.0) == IdleWait::Watch(Duration::from_secs(5)));
-        check!(idle_wait(&flow, idle, false, 1.0) == IdleWait::Watch(Duration::from_secs(10)));
-        check!(idle_wait(&flow, u32::MAX, false, 1.0) == IdleWait::Watch(Duration::from_secs(10)));
+        check!(idle_wait(&flow, idle, few, 0.0) == IdleWait::Watch(Duration::from_secs(5)));
+        check!(idle_wait(&flow, idle, few, 1.0) == IdleWait::Watch(Duration::from_secs(10)));
+        check!(idle_wait(&flow, u32::MAX, few, 1.0) == IdleWait::Watch(Duration::from_secs(10)));
         // Metadata failing: poll every idle interval, as before the watcher.
-        check!(idle_wait(&flow, idle, true, 1.0) == IdleWait::Watch(flow.idle_poll_interval));
+        let degraded = Watcher {
+            degraded: true,
+            ..few
+        };
+        check!(idle_wait(&flow, idle, degraded, 1.0) == IdleWait::Watch(flow.idle_poll_interval));
         // An idle interval not above the poll interval means: always poll at that pace.
-        flow.idle_poll_interval = flow.poll_interval;
-        check!(idle_wait(&flow, u32::MAX, false, 1.0) == IdleWait::Pause(flow.poll_interval));
+        let mut each = flow.clone();
+        each.idle_poll_interval = flow.poll_interval;
+        check!(idle_wait(&each, u32::MAX, few, 1.0) == IdleWait::Pause(flow.poll_interval));
+    }
+
+    #[test]
+    fn many_watched_partitions_stretch_their_safety_nets_to_a_bounded_poll_rate() {
+        let mut flow = crate::params::FlowParams::new("f", "a", "b", vec!["*/*".into()]);
+        flow.poll_interval = Duration::from_millis(5);
+        flow.idle_poll_interval = Duration::from_millis(100);
+        let idle = QUIET_POLLS + 5;
+        let watched = |watched| Watcher {
+            degraded: false,
+            watched,
+        };
+        // Up to 500 watched partitions (50 per second over the 10 s least) keep 5–10 s.
+        check!(
+            idle_wait(&flow, idle, watched(500), 1.0) == IdleWait::Watch(Duration::from_secs(10))
+        );
+        // 3,300: 66 s at most, so that they poll about 50 times a second, not 440.
+        check!(
+            idle_wait(&flow, idle, watched(3_300), 1.0) == IdleWait::Watch(Duration::from_secs(66))
+        );
+        check!(
+            idle_wait(&flow, idle, watched(3_300), 0.0) == IdleWait::Watch(Duration::from_secs(33))
+        );
+        // Failing metadata still polls every idle interval, however many wait.
+        let degraded = Watcher {
+            degraded: true,
+            watched: 3_300,
+        };
+        check!(idle_wait(&flow, idle, degraded, 1.0) == IdleWait::Watch(flow.idle_poll_interval));
     }
 }

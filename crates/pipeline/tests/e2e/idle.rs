@@ -116,11 +116,12 @@ async fn idle_partitions_stop_polling_and_one_stream_listing_per_round_replaces_
     })
     .await?;
     let polled = faults.requests(POLL_MESSAGES) - polls;
-    // Nothing moved: the topic's partitions are never asked for (a safety-net poll subscribes
-    // again with the listing it read before polling, which came after the topic's last move).
+    // Nothing moved: the topic's partitions are asked for only by the watcher's sweep, once
+    // per 100 rounds (a safety-net poll subscribes again with the listing it read before
+    // polling, which came after the topic's last move).
     let fetched = faults.requests(GET_TOPIC) - topic_requests;
     assert!(
-        fetched == 0,
+        fetched <= 1,
         "{fetched} GET_TOPIC in 20 rounds of an idle topic"
     );
     // Only the safety net polls a watched partition, at most once per 5 s: at most one poll per
