@@ -330,7 +330,7 @@ fn dispatch<C: ControlPlane>(
                 if still_assigned {
                     start_pair(myself, state, &unit, epoch, backoff);
                 }
-                reconcile(myself, state);
+                reconcile_units(myself, state, [unit]);
             }
         }
         CoordinatorMsg::TopicRecreated {
@@ -438,12 +438,12 @@ fn task_ended<C: ControlPlane>(
     match next {
         AfterPair::Remove => {
             state.slots.remove(unit);
-            reconcile(myself, state);
+            reconcile_units(myself, state, [unit.clone()]);
         }
         AfterPair::Release(epoch) => {
             state.slots.remove(unit);
             request_release(myself, state, unit, epoch);
-            reconcile(myself, state);
+            reconcile_units(myself, state, [unit.clone()]);
         }
         AfterPair::Restart { reset_backoff } => {
             if reset_backoff {
@@ -500,15 +500,31 @@ fn stop_pair(slot: &mut Slot, release: bool) {
     }
 }
 
-/// Brings the running pairs in line with the assignments.
+/// Brings the running pairs in line with the assignments: after a message that may change any
+/// unit's (new assignments, a drain).
 fn reconcile<C: ControlPlane>(myself: &ActorRef<CoordinatorMsg>, state: &mut CoordinatorState<C>) {
-    let draining = state.drain.is_on();
     let units: BTreeSet<WorkUnit> = state
         .desired
         .keys()
         .chain(state.slots.keys())
         .cloned()
         .collect();
+    reconcile_units(myself, state, units);
+}
+
+/// Brings the pairs of `units` in line with the assignments, and leaves the others as they
+/// are: a message about one unit's pair (it ended, its restart is due) reconciles that unit
+/// only. Every other unit is where the last [`reconcile`] put it, since nothing else changes
+/// what is decided for it; a full pass per pair end made a start, or a restart storm, at tens
+/// of thousands of units quadratic (the coordinator then spent most of a core cloning and
+/// comparing unit names).
+fn reconcile_units<C: ControlPlane>(
+    myself: &ActorRef<CoordinatorMsg>,
+    state: &mut CoordinatorState<C>,
+    units: impl IntoIterator<Item = WorkUnit>,
+) {
+    let draining = state.drain.is_on();
+    let mut seen = Vec::new();
     for unit in units {
         let view = state.slots.get(&unit).map(|s| (s.epoch, s.kind()));
         // A unit the drain keeps is stopped as if it were no longer ours, and not released.
@@ -536,21 +552,19 @@ fn reconcile<C: ControlPlane>(myself: &ActorRef<CoordinatorMsg>, state: &mut Coo
             }
             Action::Release(epoch) => request_release(myself, state, &unit, epoch),
         }
+        seen.push(unit);
     }
     // A new epoch for a unit whose old pair just went away starts on the next pass.
-    let startable: Vec<(WorkUnit, Epoch)> = state
-        .desired
-        .values()
-        .filter(|a| {
+    for unit in seen {
+        let startable = state.desired.get(&unit).filter(|a| {
             !draining
                 && !a.release_requested
                 && !state.slots.contains_key(&a.unit)
                 && !handing_back(state, &a.unit, a.epoch)
-        })
-        .map(|a| (a.unit.clone(), a.epoch))
-        .collect();
-    for (unit, epoch) in startable {
-        start_pair(myself, state, &unit, epoch, None);
+        });
+        if let Some(epoch) = startable.map(|a| a.epoch) {
+            start_pair(myself, state, &unit, epoch, None);
+        }
     }
     finish_drain_if_done(state);
 }
