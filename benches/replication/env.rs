@@ -250,7 +250,9 @@ pub(crate) fn total_cpu(pids: &[u32]) -> f64 {
 /// The replication config of a benchmark cluster: one flow from `source_alias` (the upstream
 /// server) to `dst` (the downstream server) over `include`, product defaults otherwise.
 /// `prefix` names downstream streams `<source_alias>.<stream>`, so that several variants can
-/// copy one upstream topic side by side.
+/// copy one upstream topic side by side. Every cluster gets writer users of its own prefix
+/// (`bench-<random>`): the clusters of one run share the target, and a cluster that starts again
+/// at incarnation 1 would otherwise meet the users an earlier one revoked there.
 pub(crate) fn replication_spec(
     endpoints: &Endpoints,
     source_alias: &str,
@@ -262,6 +264,7 @@ pub(crate) fn replication_spec(
     let naming = if prefix { "prefix" } else { "identity" };
     let (connections, provenance) = (settings.connections, settings.provenance);
     let fencing = &settings.fencing;
+    let writers = format!("bench-{:06x}", rand::random::<u32>() & 0xff_ffff);
     ClusterSpec {
         binary: endpoints.nodes.clone(),
         replication_toml: format!(
@@ -275,6 +278,7 @@ url = "{down}"
 iggy_version = "{down_version}"
 connections = {connections}
 fencing = "{fencing}"
+writer_user_prefix = "{writers}"
 
 [[flows]]
 name = "bench"
