@@ -1,14 +1,18 @@
 //! Partition scale: three instances carrying 16 partitions and then `BENCH_SCALE_TOPICS` ×
 //! `BENCH_SCALE_PARTITIONS` (default 1,000) partitions at the same low traffic: time to assign
-//! every unit, RSS and CPU when idle and under load, Raft entries per second, and the time to
-//! reassign every unit after the leader is killed.
+//! every unit, RSS and CPU when idle and under load, Raft entries per second, how long a
+//! restarted follower takes to be current (from the log, then by snapshot after the leader
+//! purged its log past the follower), the snapshot's size and build and install times, and the
+//! time to reassign every unit after the leader is killed.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use replicator_harness::{Cluster, NodeId, TestResult};
 
-use crate::env::{cleaned_up, cpu_seconds, rss_bytes, run_name, start_three_nodes, Endpoints};
+use crate::env::{
+    cleaned_up, cpu_seconds, rss_bytes, run_name, start_three_nodes, wait_balanced, Endpoints,
+};
 use crate::load::{paced, targets};
 use crate::metrics::applied_index;
 use crate::report::{mib, secs};
@@ -33,7 +37,25 @@ struct Row {
     assign_all: Duration,
     idle: Window,
     load: Window,
+    /// `None` with `BENCH_SCALE_RESTARTS=0`.
+    restarts: Option<Restarts>,
     reassign_after_leader_kill: Duration,
+}
+
+/// A follower restarted under load, twice.
+#[derive(Debug, Clone, Default)]
+struct Restarts {
+    /// Killed, restarted 5 s later: from its start to its applied index reaching the leader's
+    /// at the start (catch-up from the leader's log).
+    from_log: Duration,
+    /// Killed, restarted once the leader purged its log past the follower: the same, by
+    /// snapshot.
+    by_snapshot: Duration,
+    /// The follower's `raft_snapshot_install_seconds` after that.
+    install: Option<f64>,
+    /// The leader's `raft_snapshot_bytes` and `raft_snapshot_build_seconds` then.
+    snapshot_bytes: Option<f64>,
+    build: Option<f64>,
 }
 
 pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResult {
@@ -75,6 +97,26 @@ pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResul
         );
     }
     println!();
+    if rows.iter().all(|r| r.restarts.is_none()) {
+        return Ok(());
+    }
+    println!("| layout | snapshot size (MiB) | snapshot build on the leader (s) | restarted follower current, from the log (s) | restarted follower current, by snapshot (s) | of which snapshot install after transfer (s) |");
+    println!("|---|---|---|---|---|---|");
+    for row in &rows {
+        let Some(r) = &row.restarts else { continue };
+        let opt = |v: Option<f64>, f: fn(f64) -> String| v.map_or_else(|| "–".to_owned(), f);
+        println!(
+            "| {} ({} partitions) | {} | {} | {} | {} | {} |",
+            row.layout,
+            row.partitions,
+            opt(r.snapshot_bytes, |b| mib(b as u64)),
+            opt(r.build, |s| format!("{s:.3}")),
+            secs(r.from_log),
+            secs(r.by_snapshot),
+            opt(r.install, |s| format!("{s:.3}")),
+        );
+    }
+    println!();
     Ok(())
 }
 
@@ -100,7 +142,14 @@ async fn measure(
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     let load = sample(&cluster, window).await?;
+    // Under the same load, which keeps the leader writing entries.
+    let restarts = if settings.scale_restarts {
+        Some(restart_follower(&mut cluster).await?)
+    } else {
+        None
+    };
     producer.stop().await?;
+    wait_balanced(&cluster, Duration::from_secs(300)).await?;
 
     let status = cluster.leader_status().await.ok_or("no leader")?;
     let leader = status.leader.ok_or("no leader")?;
@@ -118,6 +167,7 @@ async fn measure(
         assign_all,
         idle,
         load,
+        restarts,
         reassign_after_leader_kill: reassign,
     })
 }
@@ -144,4 +194,105 @@ async fn sample(cluster: &Cluster, window: Duration) -> TestResult<Window> {
         out.rss.insert(*id, rss_bytes(*pid).unwrap_or_default());
     }
     Ok(out)
+}
+
+/// Restarts a follower twice (see [`Restarts`]) and measures until it is current each time.
+async fn restart_follower(cluster: &mut Cluster) -> TestResult<Restarts> {
+    let leader = cluster
+        .leader_status()
+        .await
+        .and_then(|s| s.leader)
+        .ok_or("no leader")?;
+    let follower = *cluster
+        .running()
+        .iter()
+        .find(|id| **id != leader)
+        .ok_or("no follower")?;
+    cluster.kill(follower)?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let from_log = restart_until_current(cluster, leader, follower).await?;
+    // Ready again before it goes down a second time.
+    wait_balanced(cluster, Duration::from_secs(300)).await?;
+
+    cluster.kill(follower)?;
+    // Whatever the follower had acknowledged is committed with the third node's help within
+    // moments; the leader's commit index then is at or past the follower's log.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let behind = raft_index(cluster, leader, "iggy_replicator_raft_commit_index")
+        .await
+        .ok_or("the leader reports no commit index")?;
+    poll_until(
+        "the leader purged its log past the stopped follower",
+        Duration::from_secs(600),
+        || async {
+            raft_index(cluster, leader, "iggy_replicator_raft_purged_index")
+                .await
+                .is_some_and(|purged| purged > behind)
+        },
+    )
+    .await?;
+    let by_snapshot = restart_until_current(cluster, leader, follower).await?;
+    let cluster = &*cluster;
+    let metric = |node, name| async move { cluster.metric_of(node, name).await.ok().flatten() };
+    let install = metric(follower, "iggy_replicator_raft_snapshot_install_seconds").await;
+    if install.is_none() {
+        return Err("the restarted follower caught up without installing a snapshot".into());
+    }
+    Ok(Restarts {
+        from_log,
+        by_snapshot,
+        install,
+        snapshot_bytes: metric(leader, "iggy_replicator_raft_snapshot_bytes").await,
+        build: metric(leader, "iggy_replicator_raft_snapshot_build_seconds").await,
+    })
+}
+
+/// Starts the stopped `follower` and waits until its applied index reaches the one `leader`
+/// had applied at its start; returns how long that took.
+async fn restart_until_current(
+    cluster: &mut Cluster,
+    leader: NodeId,
+    follower: NodeId,
+) -> TestResult<Duration> {
+    let target = raft_index(cluster, leader, "iggy_replicator_raft_applied_index")
+        .await
+        .ok_or("the leader reports no applied index")?;
+    cluster.restart(follower)?;
+    let started = Instant::now();
+    let cluster = &*cluster;
+    poll_until(
+        "the restarted follower applied what the leader had",
+        Duration::from_secs(600),
+        || async {
+            raft_index(cluster, follower, "iggy_replicator_raft_applied_index")
+                .await
+                .is_some_and(|applied| applied >= target)
+        },
+    )
+    .await?;
+    Ok(started.elapsed())
+}
+
+/// Polls `condition` every 100 ms until it holds, or fails once `within` has passed: more
+/// slowly than `wait_until`, because every poll renders a node's whole `/metrics`, which lists
+/// every unit it owns.
+async fn poll_until<F, Fut>(what: &str, within: Duration, mut condition: F) -> TestResult
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !condition().await {
+        if Instant::now() > deadline {
+            return Err(format!("timed out waiting for {what}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// A Raft index gauge of `node`'s `/metrics`; `None` while it does not answer or report it.
+async fn raft_index(cluster: &Cluster, node: NodeId, name: &str) -> Option<u64> {
+    let value = cluster.metric_of(node, name).await.ok().flatten()?;
+    Some(value as u64)
 }

@@ -37,6 +37,10 @@ pub(crate) struct Settings {
     pub(crate) provenance: bool,
     /// `BENCH_SAMPLE_SECONDS`: CPU and Raft sampling window of the scale scenario (default 10).
     pub(crate) sample_seconds: u64,
+    /// `BENCH_SCALE_RESTARTS`: `0` skips the scale scenario's follower restarts (they need the
+    /// snapshot metrics, which nodes built before them, run with `BENCH_NODE_BINARY`, lack);
+    /// default 1.
+    pub(crate) scale_restarts: bool,
     /// `BENCH_LEADER_KILLS`: `kill -9` rounds of the Raft leader in the leader-kills scenario
     /// (default 50); its traffic is `BENCH_SCALE_RATE`.
     pub(crate) leader_kills: u32,
@@ -78,6 +82,7 @@ impl Settings {
             scale_partitions: var_u32("BENCH_SCALE_PARTITIONS", 20)?.max(1),
             scale_rate: var("BENCH_SCALE_RATE", 2_000)?,
             sample_seconds: var("BENCH_SAMPLE_SECONDS", 10)?.max(1),
+            scale_restarts: var("BENCH_SCALE_RESTARTS", 1)? != 0,
             provenance: var("BENCH_PROVENANCE", 1)? != 0,
             leader_kills: var_u32("BENCH_LEADER_KILLS", 50)?,
             kill_topics: var_u32("BENCH_KILL_TOPICS", 10)?.max(1),
@@ -96,7 +101,7 @@ impl fmt::Display for Settings {
         write!(
             f,
             "messages={} rounds={} connections={} rates={:?} latency_seconds={} failovers={} \
-             failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} provenance={} \
+             failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} scale_restarts={} provenance={} \
              leader_kills={} kill_layout={}x{} fencing={}",
             self.messages,
             self.rounds,
@@ -110,6 +115,7 @@ impl fmt::Display for Settings {
             self.scale_partitions,
             self.scale_rate,
             self.sample_seconds,
+            self.scale_restarts,
             self.provenance,
             self.leader_kills,
             self.kill_topics,
