@@ -437,6 +437,9 @@ pub(crate) struct StatusView {
     /// This node's consumer-group sync, per flow that syncs groups.
     #[serde(default)]
     pub(crate) consumer_groups: Vec<FlowGroupsView>,
+    /// This node's user and topic-settings sync, per flow whose rounds ran here.
+    #[serde(default)]
+    pub(crate) metadata_sync: Vec<FlowMetadataView>,
     /// This node's heartbeats per flow (flows with heartbeats on).
     #[serde(default)]
     pub(crate) heartbeats: Vec<HeartbeatView>,
@@ -519,6 +522,49 @@ impl FlowGroupsView {
             last_run_unix_ms: s.last.at_unix_ms,
             offsets: s.last.offsets.iter().map(Into::into).collect(),
             skipped: s.last.skipped.iter().map(Into::into).collect(),
+            errors: s.last.errors.clone(),
+        }
+    }
+}
+
+/// One flow's metadata sync (users, topic settings) on the answering node, in
+/// [`StatusView`]: the node that owns the flow's first partition runs the rounds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct FlowMetadataView {
+    /// The node.
+    pub(crate) node: NodeId,
+    /// The flow.
+    pub(crate) flow: String,
+    /// Rounds this node ran since it started.
+    pub(crate) runs: u64,
+    /// Rounds with an error.
+    pub(crate) failed_runs: u64,
+    /// Users created, changed or deleted on the target since the node started.
+    pub(crate) users_changed: u64,
+    /// Topic updates applied on the target since the node started.
+    pub(crate) settings_applied: u64,
+    /// When the latest round ended, Unix milliseconds.
+    pub(crate) last_run_unix_ms: u64,
+    /// The users the latest round checked.
+    pub(crate) users: Vec<replicator_pipeline::UserReport>,
+    /// The topics' settings on the target after the latest round, with what still differs.
+    pub(crate) topics: Vec<replicator_pipeline::TopicSettingsReport>,
+    /// Errors of the latest round.
+    pub(crate) errors: Vec<String>,
+}
+
+impl FlowMetadataView {
+    fn new(node: NodeId, flow: &str, s: &replicator_pipeline::MetadataSyncState) -> Self {
+        Self {
+            node,
+            flow: flow.to_owned(),
+            runs: s.runs,
+            failed_runs: s.failed_runs,
+            users_changed: s.users_changed,
+            settings_applied: s.settings_applied,
+            last_run_unix_ms: s.last.at_unix_ms,
+            users: s.last.users.clone(),
+            topics: s.last.topics.clone(),
             errors: s.last.errors.clone(),
         }
     }
@@ -639,6 +685,7 @@ pub(crate) fn status_view(
             .iter()
             .map(|(flow, s)| FlowGroupsView::new(node, flow, s))
             .collect(),
+        metadata_sync: Vec::new(),
         heartbeats: Vec::new(),
         blocked_topics: Vec::new(),
     }
@@ -680,6 +727,13 @@ async fn status(State(state): State<AdminState>) -> Response {
                 .map(|c| c.group_sync_state())
                 .unwrap_or_default();
             let mut view = status_view(control.node_id(), cluster, &local, &groups);
+            view.metadata_sync = state
+                .cutover()
+                .map(|c| c.metadata_sync_state())
+                .unwrap_or_default()
+                .iter()
+                .map(|(flow, s)| FlowMetadataView::new(view.node, flow, s))
+                .collect();
             view.heartbeats = state
                 .parts
                 .heartbeats()
@@ -726,6 +780,10 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         groups: state
             .cutover()
             .map(|c| c.group_sync_state())
+            .unwrap_or_default(),
+        metadata: state
+            .cutover()
+            .map(|c| c.metadata_sync_state())
             .unwrap_or_default(),
         paused: control_plane.map_or_else(Vec::new, |c| {
             state

@@ -384,6 +384,7 @@ impl Demo {
             "us-to-eu",
             Duration::from_secs(60),
             &BTreeMap::new(),
+            &BTreeMap::new(),
         )
         .await
         .map_err(|e| failed("promote", &e))?;

@@ -8,9 +8,12 @@
 //! 1. wait until every partition of the flow is copied (upstream end = confirmed offset + 1),
 //!    or the deadline passes (the source may be gone: what was copied is what there is);
 //! 2. pause the flow and wait until no unit of it is owned any more (every writer stopped);
-//! 3. one last consumer-group sync over all its partitions, from this node;
+//! 3. one last consumer-group sync over all its partitions, and one last metadata sync round
+//!    (users, topic settings), from this node; then the users `--activate-users` gives
+//!    passwords for are activated on the target;
 //! 4. answer a per-partition report: upstream end, last upstream offset copied, downstream
-//!    end, messages not copied (the RPO), and every group's translated offsets.
+//!    end, messages not copied (the RPO), every group's translated offsets, the users and
+//!    topic settings checked, and the users activated.
 //!
 //! The CLI prints the report and exits 0 when everything was copied, 3 otherwise.
 
@@ -23,7 +26,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use replicator_control::Control;
 use replicator_model::WorkUnit;
-use replicator_pipeline::{Cutover, GroupOffset, GroupSkip, UnitExtents};
+use replicator_pipeline::{
+    ActivationOutcome, Cutover, GroupOffset, GroupSkip, TopicSettingsReport, UnitExtents,
+    UserActivation, UserReport,
+};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -67,8 +73,9 @@ pub(crate) enum FlowCommand {
         call: MutationArgs,
     },
     /// Cut over to the target: wait until everything is copied, pause the flow, sync its
-    /// consumer groups a last time, and print what was copied per partition. Exit 0 when
-    /// everything was copied, 3 when the deadline passed with messages not copied.
+    /// consumer groups, users and topic settings a last time, activate the users given
+    /// passwords, and print what was copied per partition. Exit 0 when everything was copied,
+    /// 3 when the deadline passed with messages not copied or a step failed.
     #[command(
         after_help = "Examples:\n  REPLICATOR_TOKEN=... iggy-replicator flow promote us-to-eu --api 10.0.0.1:7180\n  REPLICATOR_TOKEN=... iggy-replicator flow promote us-to-eu --timeout 5m --json"
     )]
@@ -83,6 +90,11 @@ pub(crate) enum FlowCommand {
         /// Print the report as JSON instead of tables.
         #[arg(long)]
         json: bool,
+        /// A TOML file of `user = "password"` lines: each synced user it names is activated
+        /// on the target with that password (README "Disaster recovery"). The passwords go to
+        /// the node over the admin API (use its TLS) and from there to the target only.
+        #[arg(long, value_name = "FILE")]
+        activate_users: Option<std::path::PathBuf>,
     },
     /// Move where partitions of a paused flow resume: skip a backlog (`--to latest`), start
     /// at an offset, or copy a range again (`--allow-duplicates`). Recorded in the control
@@ -98,6 +110,48 @@ pub(crate) enum FlowCommand {
 pub(crate) struct PromoteRequest {
     /// How long to wait for the copy to complete, in milliseconds.
     pub(crate) timeout_ms: u64,
+    /// Users to activate on the target, with their passwords.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) activate_users: BTreeMap<String, Password>,
+}
+
+/// A password on its way to the target: never printed.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub(crate) struct Password(pub(crate) String);
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("****")
+    }
+}
+
+/// Reads an `--activate-users` file: a TOML table of user names to passwords.
+fn read_activation_file(path: &std::path::Path) -> Result<BTreeMap<String, Password>, Failure> {
+    let hint = "the file holds lines like `app-billing = \"the password\"`";
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Failure::config(format!("cannot read {}: {e}", path.display())).with_hint(hint)
+    })?;
+    // The error names the line, never the value (it may be a password).
+    let users: BTreeMap<String, String> = toml::from_str(&text).map_err(|e| {
+        let at = e
+            .span()
+            .map(|s| format!(" at line {}", text[..s.start].lines().count().max(1)))
+            .unwrap_or_default();
+        Failure::config(format!(
+            "{}: not a table of user = \"password\" lines{at}",
+            path.display()
+        ))
+        .with_hint(hint)
+    })?;
+    if let Some((name, _)) = users.iter().find(|(_, p)| p.is_empty()) {
+        return Err(Failure::config(format!(
+            "{}: the password of {name} is empty",
+            path.display()
+        ))
+        .with_hint(hint));
+    }
+    Ok(users.into_iter().map(|(u, p)| (u, Password(p))).collect())
 }
 
 /// The answer of `POST /flows/{name}/promote`.
@@ -113,7 +167,16 @@ pub(crate) struct PromoteReport {
     pub(crate) groups: Vec<GroupView>,
     /// Groups the final sync left alone (members on the target), and why.
     pub(crate) groups_skipped: Vec<GroupSkipView>,
-    /// Problems: partitions that could not be read, group sync errors.
+    /// The users the final metadata sync checked, and where each stands.
+    #[serde(default)]
+    pub(crate) users: Vec<UserReport>,
+    /// The users `--activate-users` named, and what was done.
+    #[serde(default)]
+    pub(crate) users_activated: Vec<UserActivation>,
+    /// The flow's topics' settings on the target after the final metadata sync.
+    #[serde(default)]
+    pub(crate) topic_settings: Vec<TopicSettingsReport>,
+    /// Problems: partitions that could not be read, group, user or settings sync errors.
     pub(crate) errors: Vec<String>,
 }
 
@@ -286,7 +349,12 @@ pub(crate) async fn promote(
     let timeout = Duration::from_millis(body.timeout_ms);
     info!(flow = %name, ?timeout, "promote requested");
     let last_seen = state.last_seen_upstream_ends();
-    match run_promote(&control, &cutover, &name, timeout, &last_seen).await {
+    let passwords: BTreeMap<String, String> = body
+        .activate_users
+        .into_iter()
+        .map(|(user, p)| (user, p.0))
+        .collect();
+    match run_promote(&control, &cutover, &name, timeout, &last_seen, &passwords).await {
         Ok(report) => Json(report).into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -357,6 +425,7 @@ pub(crate) async fn run_promote(
     flow: &str,
     timeout: Duration,
     last_seen: &BTreeMap<WorkUnit, u64>,
+    passwords: &BTreeMap<String, String>,
 ) -> Result<PromoteReport, String> {
     let deadline = Instant::now() + timeout;
     // 1. Wait for the copy to reach the end of every partition.
@@ -397,6 +466,7 @@ pub(crate) async fn run_promote(
         tokio::time::sleep(PROMOTE_GROUP_RETRY).await;
         groups = cutover.sync_groups(flow, ids.clone()).await;
     }
+    let metadata = cutover.sync_metadata(flow, passwords).await;
     let mut partitions = Vec::new();
     for ((unit, confirmed), e) in units.iter().zip(&extents) {
         for (side, result) in [("upstream", &e.upstream), ("downstream", &e.downstream)] {
@@ -435,6 +505,14 @@ pub(crate) async fn run_promote(
         }
         None => (Vec::new(), Vec::new()),
     };
+    let (users, users_activated, topic_settings) = match metadata {
+        Some((report, activated, activation_errors)) => {
+            errors.extend(report.errors.iter().map(|e| format!("metadata sync: {e}")));
+            errors.extend(activation_errors);
+            (report.users, activated, report.topics)
+        }
+        None => (Vec::new(), Vec::new(), Vec::new()),
+    };
     let complete = !partitions.is_empty()
         && partitions
             .iter()
@@ -449,6 +527,9 @@ pub(crate) async fn run_promote(
         partitions,
         groups: group_views,
         groups_skipped: skipped,
+        users,
+        users_activated,
+        topic_settings,
         errors,
     })
 }
@@ -477,9 +558,14 @@ pub(crate) async fn run(command: FlowCommand) -> Result<(), Failure> {
             call,
             timeout,
             json,
+            activate_users,
         } => {
             let body = PromoteRequest {
                 timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                activate_users: match activate_users {
+                    Some(path) => read_activation_file(&path)?,
+                    None => BTreeMap::new(),
+                },
             };
             // The call lasts the timeout, the drain and the final sync.
             let (report, answer): (PromoteReport, _) = call
@@ -603,8 +689,44 @@ pub(crate) fn render(report: &PromoteReport) -> String {
             s.group, s.stream, s.topic, s.reason
         );
     }
+    for u in &report.users_activated {
+        let _ = writeln!(out, "user {}: {}", u.name, activation_text(u.outcome));
+    }
+    let kept: Vec<&UserReport> = report
+        .users
+        .iter()
+        .filter(|u| !u.not_translated.is_empty())
+        .collect();
+    for u in kept {
+        let _ = writeln!(
+            out,
+            "user {}: permissions not on the target: {}",
+            u.name,
+            u.not_translated.join("; ")
+        );
+    }
+    for t in &report.topic_settings {
+        for d in &t.differences {
+            let _ = writeln!(
+                out,
+                "topic {}/{}: {} differs (upstream {}, target {})",
+                t.stream, t.topic, d.setting, d.upstream, d.target
+            );
+        }
+    }
     for e in &report.errors {
         let _ = writeln!(out, "problem: {e}");
     }
     out
+}
+
+fn activation_text(outcome: ActivationOutcome) -> &'static str {
+    match outcome {
+        ActivationOutcome::Activated => "activated on the target with the given password",
+        ActivationOutcome::AlreadyActive => "already active on the target (password unchanged)",
+        ActivationOutcome::InactiveUpstream => "inactive upstream, left inactive",
+        ActivationOutcome::NotSynced => "not a user this flow syncs, left alone",
+        ActivationOutcome::Unknown => "not on the target and the source cannot be read",
+        ActivationOutcome::Failed => "activation failed (see the problems below)",
+    }
 }

@@ -146,6 +146,8 @@ pub(crate) struct Snapshot {
     pub(crate) connections: Vec<replicator_pipeline::ConnectionState>,
     /// Every flow's consumer-group sync on this node (flows that sync groups only).
     pub(crate) groups: BTreeMap<String, replicator_pipeline::FlowSyncState>,
+    /// Every flow's user and topic-settings sync on this node (flows whose rounds ran here).
+    pub(crate) metadata: BTreeMap<String, replicator_pipeline::MetadataSyncState>,
     /// Every configured flow and whether it is paused; empty while the control plane starts.
     pub(crate) paused: Vec<(String, bool)>,
     /// This node's heartbeat counts per flow (flows with heartbeats on); empty while the
@@ -263,6 +265,7 @@ impl Collector for Scrape {
             ready,
             connections,
             groups,
+            metadata,
             paused,
             heartbeats,
             residency,
@@ -301,6 +304,7 @@ impl Collector for Scrape {
         )?;
         encode_units(e, units, owned)?;
         encode_groups(e, groups)?;
+        encode_metadata(e, metadata)?;
         labelled(
             e,
             "flow_paused",
@@ -320,6 +324,65 @@ impl Collector for Scrape {
         )?;
         encode_control(e, control.as_ref())
     }
+}
+
+/// The user and topic-settings sync families (README "Disaster recovery"), of the flows whose
+/// rounds ran on this node.
+fn encode_metadata(
+    e: &mut DescriptorEncoder,
+    flows: &BTreeMap<String, replicator_pipeline::MetadataSyncState>,
+) -> Result<(), std::fmt::Error> {
+    let counters: [CounterOf<replicator_pipeline::MetadataSyncState>; 4] = [
+        (
+            "metadata_sync_runs",
+            "User and topic-settings sync rounds this node ran",
+            |s| s.runs,
+        ),
+        (
+            "metadata_sync_failures",
+            "User and topic-settings sync rounds with at least one error (each is retried next round)",
+            |s| s.failed_runs,
+        ),
+        (
+            "users_synced",
+            "Users this node created, changed or deleted on the target",
+            |s| s.users_changed,
+        ),
+        (
+            "topic_settings_synced",
+            "Topic settings updates this node applied on the target",
+            |s| s.settings_applied,
+        ),
+    ];
+    counter_families(
+        e,
+        &counters,
+        flows.iter().map(|(flow, s)| (flow_labels(flow), s)),
+    )?;
+    labelled(
+        e,
+        "user_sync_drift",
+        "Users of the latest round the target does not match and the sync cannot fix: conflicts, failures, users deleted upstream but kept",
+        flows
+            .iter()
+            .map(|(flow, s)| (flow_labels(flow), gauge(s.user_drift()))),
+    )?;
+    labelled(
+        e,
+        "topic_settings_drift",
+        "Topics of the latest round whose settings on the target differ from upstream other than on purpose: extra partitions, failed updates",
+        flows
+            .iter()
+            .map(|(flow, s)| (flow_labels(flow), gauge(s.settings_drift()))),
+    )?;
+    labelled(
+        e,
+        "metadata_sync_age_seconds",
+        "Seconds since this node's latest user and topic-settings sync round of the flow ended",
+        flows
+            .iter()
+            .map(|(flow, s)| (flow_labels(flow), gauge(age_seconds(s.last.at_unix_ms)))),
+    )
 }
 
 /// The consumer-group sync families (README "Disaster recovery").
@@ -357,20 +420,22 @@ fn encode_groups(
             .iter()
             .map(|(flow, s)| (flow_labels(flow), gauge(s.last.skipped.len() as u64))),
     )?;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     labelled(
         e,
         "consumer_group_sync_age_seconds",
         "Seconds since this node's latest consumer-group sync round of the flow ended",
-        groups.iter().map(|(flow, s)| {
-            (
-                flow_labels(flow),
-                gauge(now_ms.saturating_sub(s.last.at_unix_ms) / 1000),
-            )
-        }),
+        groups
+            .iter()
+            .map(|(flow, s)| (flow_labels(flow), gauge(age_seconds(s.last.at_unix_ms)))),
     )
+}
+
+/// Whole seconds from `at_unix_ms` to now (0 for a time in the future).
+fn age_seconds(at_unix_ms: u64) -> u64 {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    now_ms.saturating_sub(at_unix_ms) / 1000
 }
 
 /// The per-flow heartbeat families.
@@ -775,6 +840,23 @@ mod tests {
                     },
                 },
             )]),
+            metadata: BTreeMap::from([(
+                "us-to-eu".to_owned(),
+                replicator_pipeline::MetadataSyncState {
+                    runs: 4,
+                    failed_runs: 1,
+                    users_changed: 2,
+                    settings_applied: 3,
+                    last: replicator_pipeline::MetadataSyncReport {
+                        users: vec![replicator_pipeline::UserReport {
+                            name: "app".into(),
+                            state: replicator_pipeline::UserSyncState::RemovedUpstream,
+                            not_translated: Vec::new(),
+                        }],
+                        ..Default::default()
+                    },
+                },
+            )]),
             paused: vec![("us-to-eu".to_owned(), true)],
             heartbeats: Vec::new(),
             residency: Vec::new(),
@@ -793,6 +875,12 @@ mod tests {
             "iggy_replicator_consumer_group_sync_failures_total{flow=\"us-to-eu\"} 1",
             "iggy_replicator_consumer_group_offsets_synced_total{flow=\"us-to-eu\"} 7",
             "iggy_replicator_consumer_groups_skipped{flow=\"us-to-eu\"} 1",
+            "iggy_replicator_metadata_sync_runs_total{flow=\"us-to-eu\"} 4",
+            "iggy_replicator_metadata_sync_failures_total{flow=\"us-to-eu\"} 1",
+            "iggy_replicator_users_synced_total{flow=\"us-to-eu\"} 2",
+            "iggy_replicator_topic_settings_synced_total{flow=\"us-to-eu\"} 3",
+            "iggy_replicator_user_sync_drift{flow=\"us-to-eu\"} 1",
+            "iggy_replicator_topic_settings_drift{flow=\"us-to-eu\"} 0",
             "iggy_replicator_flow_paused{flow=\"us-to-eu\"} 1",
         ] {
             assert!(lines.contains(&expected), "{expected} in {lines:?}");
@@ -923,6 +1011,13 @@ mod tests {
                 ("consumer_group_offsets_synced", "counter"),
                 ("consumer_groups_skipped", "gauge"),
                 ("consumer_group_sync_age_seconds", "gauge"),
+                ("metadata_sync_runs", "counter"),
+                ("metadata_sync_failures", "counter"),
+                ("users_synced", "counter"),
+                ("topic_settings_synced", "counter"),
+                ("user_sync_drift", "gauge"),
+                ("topic_settings_drift", "gauge"),
+                ("metadata_sync_age_seconds", "gauge"),
                 ("flow_paused", "gauge"),
                 ("heartbeats_sent", "counter"),
                 ("heartbeat_failures", "counter"),

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use replicator_model::NodeId;
 
-use crate::admin::{AddMember, BlockedTopicView, FlowGroupsView, LiveView, StatusView};
+use crate::admin::{
+    AddMember, BlockedTopicView, FlowGroupsView, FlowMetadataView, LiveView, StatusView,
+};
 use crate::exit::Failure;
 
 /// Where the admin API is and how to reach it.
@@ -300,9 +302,10 @@ pub(crate) async fn status(api: ApiArgs, watch: bool, interval: Duration) -> Res
         let view = fetch_status(&client, &api.api).await?;
         let live = collect_live(&client, &view).await;
         let table = format!(
-            "{}{}{}",
+            "{}{}{}{}",
             render_units(&view, &live.units),
             render_groups(&live.groups),
+            render_metadata(&live.metadata),
             render_blocked(&live.blocked)
         );
         if watch {
@@ -328,6 +331,8 @@ struct Live {
     units: BTreeMap<String, LiveView>,
     /// Consumer-group sync per member and flow.
     groups: Vec<FlowGroupsView>,
+    /// User and topic-settings sync per member and flow.
+    metadata: Vec<FlowMetadataView>,
     /// Topics residency policies keep from the flows' targets, per member.
     blocked: Vec<BlockedTopicView>,
 }
@@ -343,6 +348,7 @@ async fn collect_live(client: &ApiClient, view: &StatusView) -> Live {
             }
         }
         live.groups.extend(v.consumer_groups.iter().cloned());
+        live.metadata.extend(v.metadata_sync.iter().cloned());
         live.blocked.extend(v.blocked_topics.iter().cloned());
     };
     collect(view);
@@ -491,6 +497,57 @@ fn render_groups(groups: &[FlowGroupsView]) -> String {
         }
         for e in &g.errors {
             out.push_str(&format!("{:<10} {:>5} sync error: {e}\n", g.flow, g.node));
+        }
+    }
+    out
+}
+
+/// Every member's user and topic-settings sync: one summary line per flow, then what the
+/// target still does not match (users left alone or gone upstream, permissions with no place
+/// on the target, topic settings that differ) and the latest errors.
+fn render_metadata(flows: &[FlowMetadataView]) -> String {
+    let mut out = String::new();
+    for m in flows {
+        let in_sync = m
+            .users
+            .iter()
+            .filter(|u| u.state != replicator_pipeline::UserSyncState::RemovedUpstream)
+            .count();
+        out.push_str(&format!(
+            "\nflow {} metadata sync on node {}: {} user(s), {} topic(s), synced {}\n",
+            m.flow,
+            m.node,
+            in_sync,
+            m.topics.len(),
+            ago(m.last_run_unix_ms)
+        ));
+        for u in &m.users {
+            if u.state != replicator_pipeline::UserSyncState::InSync || !u.not_translated.is_empty()
+            {
+                let state = serde_json::to_value(u.state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                out.push_str(&format!("  user {}: {state}", u.name));
+                if !u.not_translated.is_empty() {
+                    out.push_str(&format!(
+                        " (not on the target: {})",
+                        u.not_translated.join("; ")
+                    ));
+                }
+                out.push('\n');
+            }
+        }
+        for t in &m.topics {
+            for d in &t.differences {
+                out.push_str(&format!(
+                    "  topic {}/{}: {} differs (upstream {}, target {})\n",
+                    t.stream, t.topic, d.setting, d.upstream, d.target
+                ));
+            }
+        }
+        for e in &m.errors {
+            out.push_str(&format!("  sync error: {e}\n"));
         }
     }
     out

@@ -150,6 +150,10 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
             params.max_in_flight_batches = flow.max_in_flight_batches;
             params.consumer_groups = flow.consumer_groups.clone();
             params.consumer_group_sync_interval = flow.consumer_group_sync_interval;
+            params.users = flow.users.clone();
+            params.delete_users_removed_upstream = flow.delete_users_removed_upstream;
+            params.keep_target_settings = flow.keep_target_settings.iter().copied().collect();
+            params.metadata_sync_interval = flow.metadata_sync_interval;
             params.max_messages_per_second = flow.max_messages_per_second;
             params.max_bytes_per_second = flow.max_bytes_per_second;
             params.heartbeat_interval = flow.heartbeat_interval;

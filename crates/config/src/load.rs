@@ -188,6 +188,12 @@ mod tests {
         );
         assert_eq!(flow.heartbeat_interval, Duration::from_secs(1));
         assert_eq!(flow.heartbeat_topic, "replicator/heartbeats");
+        assert!(flow.users.is_empty() && flow.keep_target_settings.is_empty());
+        assert!(!flow.delete_users_removed_upstream);
+        assert_eq!(
+            flow.metadata_sync_interval,
+            replicator_model::DEFAULT_METADATA_SYNC_INTERVAL
+        );
         assert_eq!(config.pipeline.discovery_interval, Duration::from_secs(5));
         assert_eq!(config.initial_members().len(), 3);
     }
@@ -273,7 +279,7 @@ mod tests {
             .replace("connections = 2", "connections = 0")
             .replace(
                 "poll_interval = \"10ms\"",
-                "poll_interval = \"10ms\"\nidle_poll_interval = \"11s\"\nconsumer_groups = [\"ok-*\", \"bad[\"]\nconsumer_group_sync_interval = \"10ms\"\nmax_bytes_per_second = 0",
+                "poll_interval = \"10ms\"\nidle_poll_interval = \"11s\"\nconsumer_groups = [\"ok-*\", \"bad[\"]\nconsumer_group_sync_interval = \"10ms\"\nmax_bytes_per_second = 0\nusers = [\"app-*\", \"x[\"]\nmetadata_sync_interval = \"10ms\"",
             );
         let keys =
             problem_keys(parse_str(&text, "t", env(&[("SECRET", "short")])).expect_err("invalid"));
@@ -288,6 +294,8 @@ mod tests {
             "flows[0].consumer_groups[1]",
             "flows[0].consumer_group_sync_interval",
             "flows[0].max_bytes_per_second",
+            "flows[0].users[1]",
+            "flows[0].metadata_sync_interval",
         ] {
             assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
         }

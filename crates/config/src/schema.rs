@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use replicator_model::{
-    heartbeat_topic_parts, zones_allow, IggyVersion, InitialOffset, Naming, NodeId,
+    heartbeat_topic_parts, zones_allow, IggyVersion, InitialOffset, Naming, NodeId, TopicSetting,
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TOPIC,
 };
 use serde::{Deserialize, Serialize};
@@ -251,6 +251,25 @@ pub struct FlowConfig {
     /// [`replicator_model::DEFAULT_GROUP_SYNC_INTERVAL`] (`"5s"`); 100 ms to 1 h.
     #[serde(default = "default_group_sync_interval", with = "humantime_serde")]
     pub consumer_group_sync_interval: Duration,
+    /// Glob patterns on user names whose users are synced to the target: created there
+    /// inactive, with their permissions translated to the target's streams and topics, kept in
+    /// sync, and activated by `flow promote --activate-users` (README "Disaster recovery").
+    /// Default: `[]` (none). Example: `["app-*", "billing"]`.
+    #[serde(default)]
+    pub users: Vec<String>,
+    /// Whether a synced user deleted upstream is deleted on the target too (only while it is
+    /// inactive there); otherwise it is reported. Default: `false`.
+    #[serde(default)]
+    pub delete_users_removed_upstream: bool,
+    /// Topic settings the target keeps as they are there instead of following upstream:
+    /// any of `"message_expiry"`, `"max_topic_size"`, `"compression"`. Default: `[]` (all
+    /// follow upstream). Example: `["message_expiry"]`.
+    #[serde(default)]
+    pub keep_target_settings: Vec<TopicSetting>,
+    /// How often users and topic settings are synced. Default:
+    /// [`replicator_model::DEFAULT_METADATA_SYNC_INTERVAL`] (`"30s"`); 1 s to 1 day.
+    #[serde(default = "default_metadata_sync_interval", with = "humantime_serde")]
+    pub metadata_sync_interval: Duration,
     /// Messages per second the whole replicator cluster may copy for this flow, split among the
     /// instances by their share of the flow's partitions (README "Runtime control"). Default:
     /// unlimited. Example: `50000`.
@@ -374,6 +393,9 @@ fn default_in_flight() -> usize {
 }
 fn default_group_sync_interval() -> Duration {
     replicator_model::DEFAULT_GROUP_SYNC_INTERVAL
+}
+fn default_metadata_sync_interval() -> Duration {
+    replicator_model::DEFAULT_METADATA_SYNC_INTERVAL
 }
 fn default_heartbeat_interval() -> Duration {
     DEFAULT_HEARTBEAT_INTERVAL
@@ -826,6 +848,22 @@ impl FlowConfig {
             problems.push(Problem::new(
                 format!("{key}.consumer_group_sync_interval"),
                 "must be between 100ms and 1h",
+            ));
+        }
+        for (index, pattern) in self.users.iter().enumerate() {
+            if let Err(e) = globset::Glob::new(pattern) {
+                problems.push(Problem::new(
+                    format!("{key}.users[{index}]"),
+                    format!("invalid pattern {pattern:?}: {}", e.kind()),
+                ));
+            }
+        }
+        if !(Duration::from_secs(1)..=Duration::from_secs(86_400))
+            .contains(&self.metadata_sync_interval)
+        {
+            problems.push(Problem::new(
+                format!("{key}.metadata_sync_interval"),
+                "must be between 1s and 1d",
             ));
         }
         if let Err(reason) = heartbeat_topic_parts(&self.heartbeat_topic) {

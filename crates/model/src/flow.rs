@@ -11,6 +11,47 @@ use crate::Offset;
 /// (`flows[].consumer_group_sync_interval`) unless configured.
 pub const DEFAULT_GROUP_SYNC_INTERVAL: Duration = Duration::from_secs(5);
 
+/// How often a flow syncs its users and its topics' settings to the target
+/// (`flows[].metadata_sync_interval`) unless configured.
+pub const DEFAULT_METADATA_SYNC_INTERVAL: Duration = Duration::from_secs(30);
+
+/// A topic setting the metadata sync keeps equal on the target unless the flow keeps the
+/// target's own (`flows[].keep_target_settings`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TopicSetting {
+    /// How long messages are kept.
+    MessageExpiry,
+    /// The most bytes the topic may hold.
+    MaxTopicSize,
+    /// The compression algorithm.
+    Compression,
+}
+
+impl TopicSetting {
+    /// Every setting, in the order status lists them.
+    pub const ALL: [TopicSetting; 3] = [
+        TopicSetting::MessageExpiry,
+        TopicSetting::MaxTopicSize,
+        TopicSetting::Compression,
+    ];
+
+    /// The name the config and status use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TopicSetting::MessageExpiry => "message_expiry",
+            TopicSetting::MaxTopicSize => "max_topic_size",
+            TopicSetting::Compression => "compression",
+        }
+    }
+}
+
+impl std::fmt::Display for TopicSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// How downstream stream names are derived from upstream ones (topics keep their names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -15,11 +15,11 @@ mod iggy_version;
 mod unit;
 mod writer;
 
-pub use flow::DEFAULT_GROUP_SYNC_INTERVAL;
 pub use flow::{
     heartbeat_topic_parts, zones_allow, InitialOffset, Naming, DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TOPIC,
 };
+pub use flow::{TopicSetting, DEFAULT_GROUP_SYNC_INTERVAL, DEFAULT_METADATA_SYNC_INTERVAL};
 pub use iggy_version::IggyVersion;
 pub use unit::{
     Assignment, CommitCounters, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset,

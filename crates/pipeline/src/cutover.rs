@@ -10,6 +10,9 @@ use replicator_model::{Offset, WorkUnit};
 use crate::clients::Cluster;
 use crate::groups::{FlowSyncState, GroupSyncRegistry, GroupSyncReport, SyncFn};
 use crate::mapping::downstream_stream;
+use crate::metadata::{
+    MetadataSync, MetadataSyncRegistry, MetadataSyncReport, MetadataSyncState, UserActivation,
+};
 use crate::params::FlowParams;
 use crate::unit::named;
 
@@ -60,6 +63,8 @@ pub struct Cutover {
     pub(crate) clusters: BTreeMap<String, Arc<Cluster>>,
     pub(crate) syncs: BTreeMap<String, SyncFn>,
     pub(crate) registry: GroupSyncRegistry,
+    pub(crate) metadata: BTreeMap<String, Arc<MetadataSync>>,
+    pub(crate) metadata_registry: MetadataSyncRegistry,
 }
 
 impl Cutover {
@@ -197,6 +202,28 @@ impl Cutover {
     pub async fn sync_groups(&self, flow: &str, units: Vec<WorkUnit>) -> Option<GroupSyncReport> {
         let sync = self.syncs.get(flow)?.clone();
         Some(sync(units).await)
+    }
+
+    /// One metadata sync round of `flow` from this node (recorded like a periodic round), then
+    /// the activation of the users `passwords` names (user name to password); `None` when this
+    /// node does not run the flow. Passwords go to the target only.
+    pub async fn sync_metadata(
+        &self,
+        flow: &str,
+        passwords: &BTreeMap<String, String>,
+    ) -> Option<(MetadataSyncReport, Vec<UserActivation>, Vec<String>)> {
+        let sync = self.metadata.get(flow)?;
+        let report = sync.round().await;
+        self.metadata_registry
+            .update(flow, |s| s.add(report.clone()));
+        let (activated, errors) = sync.activate(passwords).await;
+        Some((report, activated, errors))
+    }
+
+    /// Every flow's metadata sync state on this node (flows whose rounds ran here).
+    #[must_use]
+    pub fn metadata_sync_state(&self) -> BTreeMap<String, MetadataSyncState> {
+        self.metadata_registry.snapshot()
     }
 
     /// Every flow's consumer-group sync state on this node.

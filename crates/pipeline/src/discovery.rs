@@ -43,6 +43,8 @@ pub(crate) struct DiscoveryParams<C> {
     pub(crate) cancel: CancellationToken,
     /// Set to the flow's unit count after every round (the throttle's share of it).
     pub(crate) units_seen: Arc<std::sync::atomic::AtomicUsize>,
+    /// Set to the flow's smallest unit after every round (its owner runs the metadata sync).
+    pub(crate) first_unit: crate::metadata::FirstUnit,
 }
 
 /// One upstream topic as discovery sees it.
@@ -66,6 +68,10 @@ pub(crate) async fn run<C: ControlPlane>(p: DiscoveryParams<C>) {
                 Ok(units) => {
                     p.units_seen
                         .store(units.len(), std::sync::atomic::Ordering::Relaxed);
+                    *p.first_unit
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        units.iter().min().cloned();
                     if let Err(err) = p.control.report_units(&p.flow.name, units).await {
                         tracing::warn!(error = %err, "reporting units failed");
                     }

@@ -44,6 +44,7 @@ mod identity;
 mod liveness;
 mod mapping;
 mod memory;
+mod metadata;
 mod offsets;
 mod params;
 mod pipeline;
@@ -68,6 +69,11 @@ pub use heartbeat::{HeartbeatRecord, HeartbeatStats, HEARTBEAT_HEADER};
 pub use liveness::Liveness;
 pub use mapping::{downstream_stream, Selector};
 pub use memory::{InMemoryControl, InMemoryLease};
+pub use metadata::settings::SettingDifference;
+pub use metadata::users::{ActivationOutcome, UserSyncState};
+pub use metadata::{
+    MetadataSyncReport, MetadataSyncState, TopicSettingsReport, UserActivation, UserReport,
+};
 pub use offsets::Gap;
 pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams, PolicyParams};
 pub use pipeline::Pipeline;

@@ -115,6 +115,19 @@ pub(crate) fn build_globs(field: &str, globs: &[String]) -> Result<GlobSet, (Str
         .map_err(|e| (field.to_owned(), e.kind().to_string()))
 }
 
+/// Compiles globs on plain names, such as group or user names (`*` matches any run of
+/// characters); on error returns the field (`users[2]`) and the reason.
+pub(crate) fn name_globs(field: &str, globs: &[String]) -> Result<GlobSet, (String, String)> {
+    let mut set = GlobSetBuilder::new();
+    for (i, pattern) in globs.iter().enumerate() {
+        let glob = globset::Glob::new(pattern)
+            .map_err(|e| (format!("{field}[{i}]"), e.kind().to_string()))?;
+        set.add(glob);
+    }
+    set.build()
+        .map_err(|e| (field.to_owned(), e.kind().to_string()))
+}
+
 /// Downstream stream name of an upstream stream under `naming` (topics keep their names).
 pub fn downstream_stream(naming: Naming, source_alias: &str, stream: &str) -> String {
     match naming {

@@ -1,10 +1,13 @@
 //! Resolved inputs of the pipeline. The binary builds these from validated config; tests build them
 //! directly. Nothing in here is read from files or the environment.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use replicator_model::{IggyVersion, InitialOffset, Naming, NodeId, DEFAULT_GROUP_SYNC_INTERVAL};
+use replicator_model::{
+    IggyVersion, InitialOffset, Naming, NodeId, TopicSetting, DEFAULT_GROUP_SYNC_INTERVAL,
+    DEFAULT_METADATA_SYNC_INTERVAL,
+};
 
 use crate::error::{Error, Result};
 
@@ -161,6 +164,14 @@ impl PipelineParams {
                     return Err(invalid(format!("flows[{i}].{field}"), "must be at least 1"));
                 }
             }
+            crate::metadata::user_selector(&flow.users)
+                .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
+            if flow.metadata_sync_interval.is_zero() {
+                return Err(invalid(
+                    format!("flows[{i}].metadata_sync_interval"),
+                    "must be above zero",
+                ));
+            }
             if !flow.consumer_groups.is_empty() && flow.consumer_group_sync_interval.is_zero() {
                 return Err(invalid(
                     format!("flows[{i}].consumer_group_sync_interval"),
@@ -270,6 +281,18 @@ pub struct FlowParams {
     pub consumer_groups: Vec<String>,
     /// Period of the consumer-group sync (`flows[].consumer_group_sync_interval`), e.g. 5 s.
     pub consumer_group_sync_interval: Duration,
+    /// Globs on user names whose users are synced to the target (`flows[].users`), e.g.
+    /// `["app-*"]`; empty: no user sync (see `metadata`).
+    pub users: Vec<String>,
+    /// Whether a synced user deleted upstream is deleted on the target while inactive there
+    /// (`flows[].delete_users_removed_upstream`); otherwise it is only reported.
+    pub delete_users_removed_upstream: bool,
+    /// Topic settings the target keeps (`flows[].keep_target_settings`); the others follow
+    /// upstream.
+    pub keep_target_settings: BTreeSet<TopicSetting>,
+    /// Period of the user and topic-settings sync (`flows[].metadata_sync_interval`), e.g.
+    /// 30 s (the default, [`replicator_model::DEFAULT_METADATA_SYNC_INTERVAL`]).
+    pub metadata_sync_interval: Duration,
     /// Messages per second the whole replicator cluster may copy for this flow
     /// (`flows[].max_messages_per_second`), split among instances by their share of the
     /// flow's partitions, e.g. `Some(50_000)`; `None`: unlimited.
@@ -312,6 +335,10 @@ impl FlowParams {
             max_in_flight_batches: 2,
             consumer_groups: Vec::new(),
             consumer_group_sync_interval: DEFAULT_GROUP_SYNC_INTERVAL,
+            users: Vec::new(),
+            delete_users_removed_upstream: false,
+            keep_target_settings: BTreeSet::new(),
+            metadata_sync_interval: DEFAULT_METADATA_SYNC_INTERVAL,
             max_messages_per_second: None,
             max_bytes_per_second: None,
             heartbeat_interval: replicator_model::DEFAULT_HEARTBEAT_INTERVAL,

@@ -20,6 +20,7 @@ use crate::groups::{GroupSync, GroupSyncRegistry, OffsetMaps, SyncFn};
 use crate::heartbeat::{self, HeartbeatMeters, HeartbeatParams, HeartbeatStats};
 use crate::liveness::{Liveness, HEARTBEAT_INTERVAL};
 use crate::mapping::Selector;
+use crate::metadata::{MetadataSync, MetadataSyncRegistry};
 use crate::params::PipelineParams;
 use crate::residency::{BlockedTopics, FlowResidency, Residency};
 use crate::stats::{MeterRegistry, UnitStats};
@@ -211,25 +212,50 @@ impl Pipeline {
                 let sync = sync.clone();
                 Box::pin(async move {
                     let report = sync.sync(units).await;
-                    sync.registry.record(report.clone());
+                    sync.registry
+                        .update(&sync.flow.name, |s| s.add(report.clone()));
                     report
                 })
             });
             group_syncs.insert(flow.name.clone(), run_once);
         }
+        let mut selectors = BTreeMap::new();
         for flow in flows.values() {
             let selector = Selector::new(&flow.include, &flow.exclude)
                 .map_err(|(field, reason)| Error::InvalidParams { field, reason })?
                 .reserving(params.heartbeat_topics())
                 .under(residency.get(&flow.name).cloned().unwrap_or_default());
-            let (Some(source), Some(target)) =
-                (clusters.get(&flow.source), clusters.get(&flow.target))
-            else {
+            selectors.insert(flow.name.clone(), selector);
+        }
+        let metadata_registry = MetadataSyncRegistry::default();
+        let mut metadata_syncs = BTreeMap::new();
+        for flow in flows.values() {
+            let (Some(selector), Some(source), Some(target)) = (
+                selectors.get(&flow.name),
+                clusters.get(&flow.source),
+                clusters.get(&flow.target),
+            ) else {
                 continue;
             };
+            let first_unit = crate::metadata::FirstUnit::default();
+            let sync = Arc::new(MetadataSync::new(
+                flow,
+                &flows,
+                &selectors,
+                &params,
+                (source.clone(), target.clone()),
+                metadata_registry.clone(),
+            )?);
+            discovery.push(tokio::spawn(crate::metadata::run(
+                sync.clone(),
+                control.clone(),
+                first_unit.clone(),
+                cancel.clone(),
+            )));
+            metadata_syncs.insert(flow.name.clone(), sync);
             discovery.push(tokio::spawn(discovery::run(DiscoveryParams {
                 flow: flow.clone(),
-                selector,
+                selector: selector.clone(),
                 blocked: blocked.clone(),
                 source: source.clone(),
                 target: target.clone(),
@@ -238,6 +264,7 @@ impl Pipeline {
                 interval: params.discovery_interval,
                 cancel: cancel.clone(),
                 units_seen: units_seen.get(&flow.name).cloned().unwrap_or_default(),
+                first_unit,
             })));
         }
         let mut heartbeats = Vec::new();
@@ -297,6 +324,8 @@ impl Pipeline {
                 clusters: cutover_clusters,
                 syncs: group_syncs,
                 registry: group_registry,
+                metadata: metadata_syncs,
+                metadata_registry,
             },
         })
     }

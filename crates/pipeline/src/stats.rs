@@ -465,3 +465,41 @@ mod tests {
         check!(registry.clone().snapshot(Instant::now()).len() == 2);
     }
 }
+
+/// Per-flow state shared between a flow's task and the readers of status and metrics: the
+/// task updates its flow's entry, readers take a copy of all of them.
+#[derive(Debug)]
+pub(crate) struct FlowStates<S>(
+    std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, S>>>,
+);
+
+impl<S> Clone for FlowStates<S> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<S> Default for FlowStates<S> {
+    fn default() -> Self {
+        Self(std::sync::Arc::default())
+    }
+}
+
+impl<S: Default + Clone> FlowStates<S> {
+    /// Applies `change` to `flow`'s entry (a default one at first).
+    pub(crate) fn update(&self, flow: &str, change: impl FnOnce(&mut S)) {
+        let mut flows = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        change(flows.entry(flow.to_owned()).or_default());
+    }
+
+    /// Every flow's state, by flow name.
+    pub(crate) fn snapshot(&self) -> std::collections::BTreeMap<String, S> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}

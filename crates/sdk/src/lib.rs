@@ -26,7 +26,7 @@ use iggy::prelude::{
 };
 use iggy_common::{
     AutoLogin, ClientInfo, ConnectionString, ConsumerGroup, ConsumerOffsetInfo, Credentials,
-    Identifier, TcpConnectionStringOptions, UserInfoDetails,
+    Identifier, TcpConnectionStringOptions, UserInfo, UserInfoDetails,
 };
 use replicator_model::IggyVersion;
 
@@ -229,6 +229,10 @@ impl Client {
         either!(self, c => c.get_clients().await, c => v09::get_clients(c).await)
     }
 
+    pub async fn get_users(&self) -> Result<Vec<UserInfo>, IggyError> {
+        either!(self, c => c.get_users().await, c => v09::get_users(c).await)
+    }
+
     pub async fn get_user(&self, user: &Identifier) -> Result<Option<UserInfoDetails>, IggyError> {
         either!(self, c => c.get_user(user).await, c => v09::get_user(c, user).await)
     }
@@ -315,6 +319,25 @@ impl Client {
         either!(self,
             c => c.create_topic(stream, name, partitions, compression, replication_factor, expiry, max_size).await,
             c => v09::create_topic(c, stream, name, partitions, compression, expiry, max_size).await)
+    }
+
+    /// Changes a topic's settings (the name stays). On 0.9 the replication factor is not the
+    /// topic's to choose and is ignored, and an expiry or size limit of `ServerDefault` is
+    /// left as the topic has it.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn update_topic(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        name: &str,
+        compression: CompressionAlgorithm,
+        replication_factor: Option<u8>,
+        expiry: IggyExpiry,
+        max_size: MaxTopicSize,
+    ) -> Result<(), IggyError> {
+        either!(self,
+            c => c.update_topic(stream, topic, name, compression, replication_factor, expiry, max_size).await,
+            c => v09::update_topic(c, stream, topic, name, compression, expiry, max_size).await)
     }
 
     pub async fn delete_topic(

@@ -14,7 +14,8 @@ use iggy09::prelude::{
 use iggy09_common as n;
 use iggy_common::{
     ClientInfo, ConsumerGroup, ConsumerGroupInfo, ConsumerGroupMember, ConsumerOffsetInfo,
-    GlobalPermissions, IdKind, Identifier, StreamPermissions, TopicPermissions, UserInfoDetails,
+    GlobalPermissions, IdKind, Identifier, StreamPermissions, TopicPermissions, UserInfo,
+    UserInfoDetails,
 };
 
 use super::{Confirmed, Place};
@@ -428,6 +429,20 @@ pub(super) async fn get_user(
         .transpose()
 }
 
+pub(super) async fn get_users(c: &C) -> Result<Vec<UserInfo>, IggyError> {
+    map(c.get_users().await)?
+        .into_iter()
+        .map(|u| {
+            Ok(UserInfo {
+                id: u.id,
+                created_at: timestamp(u.created_at),
+                status: status_back(u.status)?,
+                username: u.username,
+            })
+        })
+        .collect()
+}
+
 pub(super) async fn create_user(
     c: &C,
     username: &str,
@@ -551,15 +566,12 @@ pub(super) async fn create_topic(
     use iggy09_binary_protocol::{WireDecode as _, WireEncode as _};
     use n::locking::IggyRwLockFn as _;
     use n::BinaryTransport as _;
+    let (compression, expiry, max_size) = topic_options(compression, expiry, max_size)?;
     let options = n::TopicCreateOptions {
         partitions_count: Some(partitions),
-        compression_algorithm: Some(map(n::CompressionAlgorithm::from_code(
-            compression.as_code(),
-        ))?),
-        message_expiry: (expiry != IggyExpiry::ServerDefault)
-            .then(|| n::IggyExpiry::from(u64::from(expiry))),
-        max_topic_size: (max_size != MaxTopicSize::ServerDefault)
-            .then(|| n::MaxTopicSize::from(u64::from(max_size))),
+        compression_algorithm: Some(compression),
+        message_expiry: expiry,
+        max_topic_size: max_size,
         ..n::TopicCreateOptions::default()
     };
     let request = iggy09_binary_protocol::requests::topics::CreateTopicRequest {
@@ -583,6 +595,52 @@ pub(super) async fn create_topic(
     let created = iggy09_binary_protocol::responses::topics::GetTopicResponse::decode_from(&answer)
         .map_err(|_| IggyError::InvalidFormat)?;
     topic_details_back(map(n::TopicDetails::try_from(created))?)
+}
+
+/// The topic settings 0.8 has as fields, as 0.9 options: an expiry or size limit of
+/// `ServerDefault` is no option at all (the server's default applies, or the topic's own stays).
+#[allow(clippy::type_complexity)]
+fn topic_options(
+    compression: CompressionAlgorithm,
+    expiry: IggyExpiry,
+    max_size: MaxTopicSize,
+) -> Result<
+    (
+        n::CompressionAlgorithm,
+        Option<n::IggyExpiry>,
+        Option<n::MaxTopicSize>,
+    ),
+    IggyError,
+> {
+    Ok((
+        map(n::CompressionAlgorithm::from_code(compression.as_code()))?,
+        (expiry != IggyExpiry::ServerDefault).then(|| n::IggyExpiry::from(u64::from(expiry))),
+        (max_size != MaxTopicSize::ServerDefault)
+            .then(|| n::MaxTopicSize::from(u64::from(max_size))),
+    ))
+}
+
+/// Changes a topic's compression, expiry and size limit (the options 0.8 has as fields); an
+/// expiry or size limit of `ServerDefault` leaves the topic's own.
+pub(super) async fn update_topic(
+    c: &C,
+    stream: &Identifier,
+    topic: &Identifier,
+    name: &str,
+    compression: CompressionAlgorithm,
+    expiry: IggyExpiry,
+    max_size: MaxTopicSize,
+) -> Result<(), IggyError> {
+    let (compression, expiry, max_size) = topic_options(compression, expiry, max_size)?;
+    let options = n::TopicUpdateOptions {
+        compression_algorithm: Some(compression),
+        message_expiry: expiry,
+        max_topic_size: max_size,
+        ..n::TopicUpdateOptions::default()
+    };
+    map(c
+        .update_topic(&ident(stream)?, &ident(topic)?, name, &options)
+        .await)
 }
 
 pub(super) async fn create_partitions(

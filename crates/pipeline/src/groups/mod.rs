@@ -165,8 +165,7 @@ pub struct GroupSyncReport {
 
 /// The latest round of every flow on this node, and totals since start (for status and
 /// metrics).
-#[derive(Clone, Default)]
-pub(crate) struct GroupSyncRegistry(Arc<Mutex<BTreeMap<String, FlowSyncState>>>);
+pub(crate) type GroupSyncRegistry = crate::stats::FlowStates<FlowSyncState>;
 
 /// One flow's sync state on this node.
 #[derive(Debug, Clone, Default)]
@@ -181,38 +180,19 @@ pub struct FlowSyncState {
     pub stored: u64,
 }
 
-impl GroupSyncRegistry {
-    pub(crate) fn record(&self, report: GroupSyncReport) {
-        let mut flows = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let state = flows.entry(report.flow.clone()).or_default();
-        state.runs += 1;
-        state.failed_runs += u64::from(!report.errors.is_empty());
-        state.stored += report.stored;
-        state.last = report;
-    }
-
-    /// Every flow's state, by flow name.
-    pub(crate) fn snapshot(&self) -> BTreeMap<String, FlowSyncState> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+impl FlowSyncState {
+    /// Counts `report` in, and keeps it as the latest round.
+    pub(crate) fn add(&mut self, report: GroupSyncReport) {
+        self.runs += 1;
+        self.failed_runs += u64::from(!report.errors.is_empty());
+        self.stored += report.stored;
+        self.last = report;
     }
 }
 
 /// Compiles a flow's group globs (`*` matches any run of characters).
 pub(crate) fn group_selector(globs: &[String]) -> std::result::Result<GlobSet, (String, String)> {
-    let mut set = globset::GlobSetBuilder::new();
-    for (i, pattern) in globs.iter().enumerate() {
-        let glob = globset::Glob::new(pattern)
-            .map_err(|e| (format!("consumer_groups[{i}]"), e.kind().to_string()))?;
-        set.add(glob);
-    }
-    set.build()
-        .map_err(|e| ("consumer_groups".to_owned(), e.kind().to_string()))
+    crate::mapping::name_globs("consumer_groups", globs)
 }
 
 /// What a sync of one flow needs.
@@ -276,7 +256,7 @@ pub(crate) async fn run<C: ControlPlane>(
         for error in &report.errors {
             tracing::warn!(flow = %sync.flow.name, error = %error, "consumer-group sync failed; retrying next round");
         }
-        sync.registry.record(report);
+        sync.registry.update(&sync.flow.name, |s| s.add(report));
     }
 }
 

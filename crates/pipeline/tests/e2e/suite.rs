@@ -10,6 +10,7 @@ pub(crate) mod harness;
 mod heartbeats;
 mod idle;
 mod integrity;
+mod metadata;
 mod release;
 mod reload;
 mod residency;
