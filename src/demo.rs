@@ -73,6 +73,8 @@ struct Demo {
     _temp: Option<tempfile::TempDir>,
     /// Stream created on external servers, deleted at the end.
     external_stream: Option<(String, Vec<Endpoint>)>,
+    /// The application's user: its name and the password it gets on the target at the cutover.
+    app_user: Option<(String, String)>,
 }
 
 /// Runs the demo; `Ok` when the final verification finds an exact copy.
@@ -83,6 +85,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         producer: None,
         _temp: None,
         external_stream: None,
+        app_user: None,
     };
     let outcome = tokio::select! {
         outcome = demo.play(&args) => outcome,
@@ -155,7 +158,9 @@ impl Demo {
 
         let source_client = connect(&source).await?;
         create_topics(&source_client, &stream).await?;
+        let app_user = create_app_user(&source_client, &stream).await?;
         let _ = source_client.shutdown().await;
+        self.app_user = Some(app_user.clone());
         if external {
             self.external_stream = Some((stream.clone(), vec![source.clone(), target.clone()]));
         }
@@ -184,7 +189,8 @@ impl Demo {
             target_fencing: None,
             target_iggy_version: args.migrate.then_some(target_version.as_str()),
             flow_extra: &format!(
-                "consumer_groups = [\"{DEMO_GROUP}\"]\nconsumer_group_sync_interval = \"1s\""
+                "consumer_groups = [\"{DEMO_GROUP}\"]\nconsumer_group_sync_interval = \"1s\"\nusers = [\"{}\"]\nmetadata_sync_interval = \"1s\"",
+                app_user.0
             ),
         }
         .toml();
@@ -378,13 +384,20 @@ impl Demo {
             .pipeline()
             .ok_or_else(|| Failure::runtime("cutover: the node runs no pipeline", "report a bug"))?
             .cutover();
+        let (app_user, app_password) = self
+            .app_user
+            .clone()
+            .ok_or_else(|| Failure::runtime("cutover: no application user", "report a bug"))?;
+        println!(
+            "  the application logs in as user {app_user}, synced to eu (inactive, with its permissions translated); promote activates it with the password the operator gives"
+        );
         let report = crate::flow::run_promote(
             &node.control,
             &cutover,
             "us-to-eu",
             Duration::from_secs(60),
             &BTreeMap::new(),
-            &BTreeMap::new(),
+            &BTreeMap::from([(app_user.clone(), app_password.clone())]),
         )
         .await
         .map_err(|e| failed("promote", &e))?;
@@ -394,11 +407,23 @@ impl Demo {
                 "cutover: promote ended with messages not copied",
             ));
         }
-        // The application now consumes from the target: each partition continues with the
-        // message that follows what it processed upstream.
+        // The application now consumes from the target, as its own user: each partition
+        // continues with the message that follows what it processed upstream.
+        let address = target.url.rsplit_once('@').map_or("", |(_, a)| a);
+        let app = connect(&Endpoint::new(
+            target.iggy_version,
+            format!("iggy://{app_user}:{app_password}@{address}"),
+        ))
+        .await
+        .map_err(|f| {
+            f.with_hint(format!(
+                "the application user {app_user} could not log in on eu after promote"
+            ))
+        })?;
+        println!("  the application logged in on eu as {app_user}");
         let mut continued = Ok(());
         for &(partition, offset) in &processed {
-            let next = group_next_message(&down, (stream, DEMO_TOPIC), DEMO_GROUP, partition)
+            let next = group_next_message(&app, (stream, DEMO_TOPIC), DEMO_GROUP, partition)
                 .await
                 .map_err(|e| failed("reading the group on the target", &e))?;
             let expected = message_id_at(&up, (stream, DEMO_TOPIC), partition, offset + 1)
@@ -419,6 +444,7 @@ impl Demo {
         }
         let _ = up.shutdown().await;
         let _ = down.shutdown().await;
+        let _ = app.shutdown().await;
         continued
     }
 
@@ -585,6 +611,14 @@ impl Demo {
         if let Some((stream, servers)) = self.external_stream.take() {
             for server in servers {
                 let _ = delete_stream(&server, &stream).await;
+                if let Some((user, _)) = &self.app_user {
+                    if let Ok(client) = connect(&server).await {
+                        if let Ok(id) = iggy::prelude::Identifier::named(user) {
+                            let _ = client.delete_user(&id).await;
+                        }
+                        let _ = client.shutdown().await;
+                    }
+                }
             }
         }
         for server in self.servers.drain(..) {
@@ -632,6 +666,58 @@ async fn create_topics(client: &Client, stream: &str) -> Result<(), Failure> {
             })?;
     }
     Ok(())
+}
+
+/// Creates the application's user on the source: it may read the demo stream and consume
+/// [`DEMO_TOPIC`] (stream- and topic-level rights, which the sync translates to the target's
+/// ids). Returns its name and the password it is to get on the target at the cutover.
+async fn create_app_user(client: &Client, stream: &str) -> Result<(String, String), Failure> {
+    use iggy::prelude::{Permissions, StreamPermissions, TopicPermissions, UserStatus};
+    let failed = |e: &dyn std::fmt::Display| {
+        Failure::runtime(
+            format!("cannot create the demo's application user: {e}"),
+            "the source's user needs manage_users",
+        )
+    };
+    let name = format!("{stream}-app");
+    let stream_id = iggy::prelude::Identifier::named(stream).map_err(|e| failed(&e))?;
+    let topic_id = iggy::prelude::Identifier::named(DEMO_TOPIC).map_err(|e| failed(&e))?;
+    let details = client
+        .get_topic(&stream_id, &topic_id)
+        .await
+        .map_err(|e| failed(&e))?
+        .ok_or_else(|| failed(&"the demo topic is missing"))?;
+    let sid = client
+        .get_stream(&stream_id)
+        .await
+        .map_err(|e| failed(&e))?
+        .ok_or_else(|| failed(&"the demo stream is missing"))?
+        .id;
+    let topic = TopicPermissions {
+        read_topic: true,
+        poll_messages: true,
+        ..TopicPermissions::default()
+    };
+    let rights = StreamPermissions {
+        read_stream: true,
+        topics: Some(BTreeMap::from([(details.id as usize, topic)])),
+        ..StreamPermissions::default()
+    };
+    let permissions = Permissions {
+        streams: Some(BTreeMap::from([(sid as usize, rights)])),
+        ..Permissions::default()
+    };
+    let upstream_password = format!("{:032x}", rand::random::<u128>());
+    client
+        .create_user(
+            &name,
+            &upstream_password,
+            UserStatus::Active,
+            Some(permissions),
+        )
+        .await
+        .map_err(|e| failed(&e))?;
+    Ok((name, format!("{:032x}", rand::random::<u128>())))
 }
 
 /// Produces `args.messages` messages at about `args.rate` per second into `stream` at

@@ -768,6 +768,40 @@ async fn topics_resolve_defaults_and_report_partitions() -> TestResult {
     close(t, client).await
 }
 
+/// What the replicator's settings sync relies on: UPDATE_TOPIC changes expiry, size limit and
+/// compression, and both GET_TOPIC and GET_STREAM's topic list report the new values.
+#[tokio::test]
+async fn topic_settings_updates_show_in_topic_and_stream_listings() -> TestResult {
+    let f = Fixture::start("settings", 1).await;
+    let (client, s, topic) = (&f.client, &f.stream, &f.topic);
+    let expiry = IggyExpiry::ExpireDuration(IggyDuration::from(7_200_000_000));
+    client
+        .update_topic(
+            &name(s),
+            &name(topic),
+            topic,
+            CompressionAlgorithm::Gzip,
+            None,
+            expiry,
+            MaxTopicSize::from(50_000_000),
+        )
+        .await?;
+    let details = topic_details(client, s, topic).await?;
+    check!(u64::from(details.message_expiry) == 7_200_000_000);
+    check!(u64::from(details.max_topic_size) == 50_000_000);
+    check!(details.compression_algorithm == CompressionAlgorithm::Gzip);
+    let listed = client.get_stream(&name(s)).await?.expect("stream");
+    let t = listed
+        .topics
+        .iter()
+        .find(|t| &t.name == topic)
+        .expect("topic");
+    check!(u64::from(t.message_expiry) == 7_200_000_000);
+    check!(u64::from(t.max_topic_size) == 50_000_000);
+    check!(t.compression_algorithm == CompressionAlgorithm::Gzip);
+    f.finish().await
+}
+
 #[tokio::test]
 async fn partitions_are_added_after_the_last_and_removed_from_the_end() -> TestResult {
     let f = Fixture::start("parts", 2).await;
@@ -1603,6 +1637,62 @@ async fn non_root_users_log_in_and_their_sessions_are_listed() -> TestResult {
     check!(identity.user_id == user.id);
     by_number.shutdown().await?;
     delete_users(&root, &[user.id]).await;
+    close(t, root).await
+}
+
+/// What the replicator's user sync relies on: nested stream and topic permissions round-trip
+/// exactly through GET_USER, GET_USERS lists status, and a user deleted and created again
+/// under its name (the only way to give it a password nobody knew) logs in with the new one.
+#[tokio::test]
+async fn a_user_created_again_under_its_name_logs_in_with_the_new_password() -> TestResult {
+    let _users = USERS.lock().await;
+    let (t, root) = Target::connected().await;
+    let username = unique("synced");
+    let mut rights = on_topic(0, 0, |p| {
+        p.read_topic = true;
+        p.poll_messages = true;
+    });
+    rights.global.read_streams = true;
+    if let Some(stream) = rights.streams.as_mut().and_then(|s| s.get_mut(&0)) {
+        stream.send_messages = true;
+    }
+    let first = root
+        .create_user(
+            &username,
+            "random-first",
+            UserStatus::Inactive,
+            Some(rights.clone()),
+        )
+        .await?;
+    let listed = root.get_users().await?;
+    let entry = listed
+        .iter()
+        .find(|u| u.username == username)
+        .expect("listed");
+    check!(entry.status == UserStatus::Inactive);
+    check!(
+        root.get_user(&num(first.id))
+            .await?
+            .expect("user")
+            .permissions
+            == Some(rights.clone())
+    );
+    root.delete_user(&num(first.id)).await?;
+    let second = root
+        .create_user(
+            &username,
+            PASSWORD,
+            UserStatus::Active,
+            Some(rights.clone()),
+        )
+        .await?;
+    let by_name = root.get_user(&name(&username)).await?.expect("user");
+    check!(by_name.id == second.id && by_name.permissions == Some(rights));
+    let anonymous = t.anonymous_client().await;
+    check!(code(anonymous.login_user(&username, "random-first").await) == 42);
+    check!(anonymous.login_user(&username, PASSWORD).await?.user_id == second.id);
+    anonymous.shutdown().await?;
+    delete_users(&root, &[second.id]).await;
     close(t, root).await
 }
 
