@@ -21,4 +21,5 @@ mod start;
 mod tls;
 mod topology;
 mod upgrade;
+mod users;
 mod zombie;

@@ -267,7 +267,7 @@ pub struct FlowConfig {
     #[serde(default)]
     pub keep_target_settings: Vec<TopicSetting>,
     /// How often users and topic settings are synced. Default:
-    /// [`replicator_model::DEFAULT_METADATA_SYNC_INTERVAL`] (`"30s"`); 1 s to 1 day.
+    /// [`replicator_model::DEFAULT_METADATA_SYNC_INTERVAL`] (`"30s"`); 100 ms to 1 day.
     #[serde(default = "default_metadata_sync_interval", with = "humantime_serde")]
     pub metadata_sync_interval: Duration,
     /// Messages per second the whole replicator cluster may copy for this flow, split among the
@@ -858,12 +858,12 @@ impl FlowConfig {
                 ));
             }
         }
-        if !(Duration::from_secs(1)..=Duration::from_secs(86_400))
+        if !(Duration::from_millis(100)..=Duration::from_secs(86_400))
             .contains(&self.metadata_sync_interval)
         {
             problems.push(Problem::new(
                 format!("{key}.metadata_sync_interval"),
-                "must be between 1s and 1d",
+                "must be between 100ms and 1d",
             ));
         }
         if let Err(reason) = heartbeat_topic_parts(&self.heartbeat_topic) {
