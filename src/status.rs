@@ -661,6 +661,62 @@ mod tests {
         );
     }
 
+    #[test]
+    fn metadata_sync_renders_a_summary_and_only_what_differs() {
+        use replicator_pipeline::{
+            SettingDifference, TopicSettingsReport, UserReport, UserSyncState,
+        };
+        let user = |name: &str, state, not_translated: Vec<String>| UserReport {
+            name: name.to_owned(),
+            state,
+            not_translated,
+        };
+        let view = FlowMetadataView {
+            node: 2,
+            flow: "us-to-eu".to_owned(),
+            runs: 3,
+            failed_runs: 0,
+            users_changed: 1,
+            settings_applied: 1,
+            last_run_unix_ms: 0,
+            users: vec![
+                user("app-a", UserSyncState::InSync, Vec::new()),
+                user(
+                    "app-b",
+                    UserSyncState::InSync,
+                    vec!["stream audit: no flow to this target copies it".into()],
+                ),
+                user("app-c", UserSyncState::RemovedUpstream, Vec::new()),
+            ],
+            topics: vec![TopicSettingsReport {
+                stream: "orders".into(),
+                topic: "created".into(),
+                settings: BTreeMap::new(),
+                changed: Vec::new(),
+                differences: vec![SettingDifference {
+                    setting: "message_expiry".into(),
+                    upstream: "2h".into(),
+                    target: "1h".into(),
+                    kept: true,
+                }],
+            }],
+            errors: vec!["users: get_users failed".into()],
+        };
+        let text = render_metadata(&[view]);
+        let lines: Vec<&str> = text.lines().skip(1).collect();
+        assert!(lines[0]
+            .starts_with("flow us-to-eu metadata sync on node 2: 2 user(s), 1 topic(s), synced "));
+        assert_eq!(
+            &lines[1..],
+            [
+                "  user app-b: in_sync (not on the target: stream audit: no flow to this target copies it)",
+                "  user app-c: removed_upstream",
+                "  topic orders/created: message_expiry differs (upstream 2h, target 1h)",
+                "  sync error: users: get_users failed",
+            ]
+        );
+    }
+
     type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
     /// A CA and a certificate it signed for `san`: (CA PEM, cert PEM, key PEM).

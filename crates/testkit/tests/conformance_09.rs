@@ -756,6 +756,74 @@ async fn consumer_offsets_store_read_and_delete() -> TestResult {
     Ok(())
 }
 
+/// What the replicator's user sync relies on: nested stream and topic permissions round-trip
+/// exactly, GET_USERS lists an inactive user as such, and a user deleted and created again
+/// under its name (how promote gives it a password) logs in with the new password only.
+#[tokio::test]
+async fn a_user_created_again_under_its_name_logs_in_with_the_new_password() -> TestResult {
+    let t = Target::new().await;
+    let root = t.client().await;
+    let (sid, tid) = stream_and_topic(&t, &root, 1).await?;
+    let name = unique("synced");
+    let consume = TopicPermissions {
+        read_topic: true,
+        poll_messages: true,
+        ..TopicPermissions::default()
+    };
+    let mut topics = std::collections::BTreeMap::new();
+    topics.insert(tid.get_u32_value()? as usize, consume);
+    let mut streams = std::collections::BTreeMap::new();
+    streams.insert(
+        sid.get_u32_value()? as usize,
+        StreamPermissions {
+            read_stream: true,
+            topics: Some(topics),
+            ..StreamPermissions::default()
+        },
+    );
+    let rights = Permissions {
+        global: GlobalPermissions {
+            read_streams: true,
+            ..GlobalPermissions::default()
+        },
+        streams: Some(streams),
+    };
+    let first = root
+        .create_user(
+            &name,
+            "random-first",
+            UserStatus::Inactive,
+            Some(rights.clone()),
+        )
+        .await?;
+    let listed = root.get_users().await?;
+    let entry = listed.iter().find(|u| u.username == name).expect("listed");
+    check!(entry.status == UserStatus::Inactive);
+    let uid = Identifier::numeric(first.id)?;
+    check!(root.get_user(&uid).await?.expect("user").permissions == Some(rights.clone()));
+    root.delete_user(&uid).await?;
+    let second = root
+        .create_user(
+            &name,
+            "on-the-target",
+            UserStatus::Active,
+            Some(rights.clone()),
+        )
+        .await?;
+    let by_name = root
+        .get_user(&Identifier::named(&name)?)
+        .await?
+        .expect("user");
+    check!(by_name.id == second.id && by_name.permissions == Some(rights));
+    check!(t.client_as(&name, "random-first").await.is_err());
+    let app = t.client_as(&name, "on-the-target").await?;
+    check!(app.get_me().await?.user_id == Some(second.id));
+    app.shutdown().await?;
+    root.delete_user(&Identifier::numeric(second.id)?).await?;
+    root.delete_stream(&sid).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn users_and_permissions_fence_a_writer() -> TestResult {
     let t = Target::new().await;
