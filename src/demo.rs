@@ -834,10 +834,10 @@ fn print_migration_steps() {
          (README, \"Migrating from Iggy 0.8 to 0.9\"):\n\
          1. start the new 0.9 cluster; give the replicator a user there that manages streams, topics and users\n\
          2. configure: [clusters.old] iggy_version = \"0.8\", [clusters.new] iggy_version = \"0.9\",\n   \
-            [[flows]] source = \"old\", target = \"new\", consumer_groups = [\"*\"]\n\
+            [[flows]] source = \"old\", target = \"new\", consumer_groups = [\"*\"], users = [\"*\"]\n\
          3. iggy-replicator run --config replicator.toml on each member; `status --api <member>` shows the lag\n\
          4. iggy-replicator verify --config replicator.toml, any time: a message-by-message comparison\n\
-         5. stop the producers on 0.8, then REPLICATOR_TOKEN=... iggy-replicator flow promote <flow> --api <member>\n\
-         6. point the consumers at 0.9 (each group continues with its next message), then the producers"
+         5. stop the producers on 0.8, then REPLICATOR_TOKEN=... iggy-replicator flow promote <flow> --api <member> --activate-users users.toml\n\
+         6. point the consumers at 0.9, as their own users (each group continues with its next message), then the producers"
     );
 }

@@ -144,12 +144,14 @@ fn read_activation_file(path: &std::path::Path) -> Result<BTreeMap<String, Passw
         ))
         .with_hint(hint)
     })?;
-    if let Some((name, _)) = users.iter().find(|(_, p)| p.is_empty()) {
-        return Err(Failure::config(format!(
-            "{}: the password of {name} is empty",
-            path.display()
-        ))
-        .with_hint(hint));
+    for (name, password) in &users {
+        if let Some(problem) = replicator_pipeline::password_problem(password) {
+            return Err(Failure::config(format!(
+                "{}: the password of {name}: {problem}",
+                path.display()
+            ))
+            .with_hint(hint));
+        }
     }
     Ok(users.into_iter().map(|(u, p)| (u, Password(p))).collect())
 }
@@ -727,6 +729,9 @@ fn activation_text(outcome: ActivationOutcome) -> &'static str {
         ActivationOutcome::InactiveUpstream => "inactive upstream, left inactive",
         ActivationOutcome::NotSynced => "not a user this flow syncs, left alone",
         ActivationOutcome::Unknown => "not on the target and the source cannot be read",
+        ActivationOutcome::InvalidPassword => {
+            "left as it was: Iggy refuses the password given (too short or too long)"
+        }
         ActivationOutcome::Failed => "activation failed (see the problems below)",
     }
 }

@@ -64,6 +64,12 @@ fn assert_migrated(output: &Output) {
         "{stdout}"
     );
     assert!(stdout.contains("the group continues on eu"), "{stdout}");
+    // The application's user was synced, activated by promote, and logged in on the target.
+    assert!(stdout.contains("activated on the target"), "{stdout}");
+    assert!(
+        stdout.contains("the application logged in on eu as"),
+        "{stdout}"
+    );
     assert!(stdout.contains("→ exact"), "{stdout}");
     assert!(
         stdout.contains("Migrating from Iggy 0.8 to 0.9"),

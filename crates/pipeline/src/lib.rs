@@ -70,7 +70,7 @@ pub use liveness::Liveness;
 pub use mapping::{downstream_stream, Selector};
 pub use memory::{InMemoryControl, InMemoryLease};
 pub use metadata::settings::SettingDifference;
-pub use metadata::users::{ActivationOutcome, UserSyncState};
+pub use metadata::users::{password_problem, ActivationOutcome, UserSyncState};
 pub use metadata::{
     MetadataSyncReport, MetadataSyncState, TopicSettingsReport, UserActivation, UserReport,
 };

@@ -756,6 +756,35 @@ async fn consumer_offsets_store_read_and_delete() -> TestResult {
     Ok(())
 }
 
+/// A size cap below the topic's segment size is refused on update (1019, as at creation), and
+/// nothing of that update applies: the replicator's settings sync then sends each setting on
+/// its own, so one refused cap does not hold back an expiry.
+#[tokio::test]
+async fn an_update_below_one_segment_is_refused_and_changes_nothing() -> TestResult {
+    let t = Target::new().await;
+    let root = t.client().await;
+    let (sid, tid) = stream_and_topic(&t, &root, 1).await?;
+    let name = root.get_topic(&sid, &tid).await?.expect("topic").name;
+    let update = TopicUpdateOptions {
+        message_expiry: Some(IggyExpiry::from_str("2h")?),
+        max_topic_size: Some(MaxTopicSize::from_str("1MiB")?),
+        ..TopicUpdateOptions::default()
+    };
+    let refused = root.update_topic(&sid, &tid, &name, &update).await;
+    check!(refused.as_ref().err().map(IggyError::as_code) == Some(1019));
+    let topic = root.get_topic(&sid, &tid).await?.expect("topic");
+    check!(topic.message_expiry != IggyExpiry::from_str("2h")?);
+    let expiry_only = TopicUpdateOptions {
+        message_expiry: Some(IggyExpiry::from_str("2h")?),
+        ..TopicUpdateOptions::default()
+    };
+    root.update_topic(&sid, &tid, &name, &expiry_only).await?;
+    let topic = root.get_topic(&sid, &tid).await?.expect("topic");
+    check!(topic.message_expiry == IggyExpiry::from_str("2h")?);
+    root.delete_stream(&sid).await?;
+    Ok(())
+}
+
 /// What the replicator's user sync relies on: nested stream and topic permissions round-trip
 /// exactly, GET_USERS lists an inactive user as such, and a user deleted and created again
 /// under its name (how promote gives it a password) logs in with the new password only.

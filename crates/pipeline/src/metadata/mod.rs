@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use globset::GlobSet;
 use iggy::prelude::{Identifier, UserStatus};
 use rand::distributions::{Alphanumeric, DistString};
-use replicator_model::{Naming, WorkUnit};
+use replicator_model::{Naming, TopicSetting, WorkUnit};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -203,7 +203,7 @@ pub struct TopicSettingsReport {
     pub settings: BTreeMap<String, String>,
     /// Settings this round changed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub changed: Vec<String>,
+    pub changed: Vec<TopicSetting>,
     /// Differences left: settings the flow keeps, more partitions on the target, or an update
     /// that failed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -487,31 +487,47 @@ impl MetadataSync {
                 };
                 let mut now = has;
                 if let Some(update) = plan.update {
+                    let mut refused = Vec::new();
                     match self
                         .update_topic(sid, tid, &topic.name, there, update)
                         .await
                     {
                         Ok(()) => {
-                            tracing::info!(stream = %down_stream, topic = %topic.name, changed = ?plan.changed, "topic settings applied on the target");
                             now = update;
-                            entry.changed =
-                                plan.changed.iter().map(|s| s.as_str().to_owned()).collect();
+                            entry.changed = plan.changed.clone();
                         }
-                        Err(e) => {
-                            report.errors.push(format!(
-                                "topic {down_stream}/{}: update: {}",
-                                topic.name,
-                                describe(&e)
-                            ));
-                            entry.differences.extend(plan.changed.iter().map(|&s| {
-                                SettingDifference {
-                                    setting: s.as_str().to_owned(),
-                                    upstream: wanted.render(s),
-                                    target: has.render(s),
-                                    kept: false,
+                        // One setting the target refuses (a 0.9 server refuses a size cap
+                        // below the topic's segment size) must not hold back the others:
+                        // each is tried on its own.
+                        Err(_) if plan.changed.len() > 1 => {
+                            for &setting in &plan.changed {
+                                let one = now.with(setting, &wanted);
+                                match self.update_topic(sid, tid, &topic.name, there, one).await {
+                                    Ok(()) => {
+                                        now = one;
+                                        entry.changed.push(setting);
+                                    }
+                                    Err(e) => refused.push((setting, e)),
                                 }
-                            }));
+                            }
                         }
+                        Err(e) => refused.extend(plan.changed.first().map(|&s| (s, e))),
+                    }
+                    for (setting, e) in refused {
+                        report.errors.push(format!(
+                            "topic {down_stream}/{}: update of {setting}: {}",
+                            topic.name,
+                            describe(&e)
+                        ));
+                        entry.differences.push(SettingDifference {
+                            setting: setting.as_str().to_owned(),
+                            upstream: wanted.render(setting),
+                            target: has.render(setting),
+                            kept: false,
+                        });
+                    }
+                    if !entry.changed.is_empty() {
+                        tracing::info!(stream = %down_stream, topic = %topic.name, changed = ?entry.changed, "topic settings applied on the target");
                     }
                 }
                 if there.partitions > topic.partitions {
@@ -787,6 +803,7 @@ impl MetadataSync {
                 && !self.rivals.iter().any(|g| g.is_match(name.as_str()));
             let decision = users::activation(
                 synced,
+                password,
                 upstream.is_some(),
                 upstream.as_ref().and_then(|u| u.get(name)),
                 target.get(name),

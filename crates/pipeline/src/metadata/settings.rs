@@ -35,6 +35,16 @@ impl TopicSettings {
         }
     }
 
+    /// `self` with `setting` taken from `from`.
+    pub(crate) fn with(mut self, setting: TopicSetting, from: &Self) -> Self {
+        match setting {
+            TopicSetting::MessageExpiry => self.message_expiry = from.message_expiry,
+            TopicSetting::MaxTopicSize => self.max_topic_size = from.max_topic_size,
+            TopicSetting::Compression => self.compression = from.compression,
+        }
+        self
+    }
+
     /// Whether `setting` is the same in both. A server answers the value it stores, so two
     /// equal values compare equal whatever generation reports them.
     fn same(&self, other: &Self, setting: TopicSetting) -> bool {
@@ -110,11 +120,7 @@ pub(crate) fn plan(
             });
             continue;
         }
-        match setting {
-            TopicSetting::MessageExpiry => wanted.message_expiry = upstream.message_expiry,
-            TopicSetting::MaxTopicSize => wanted.max_topic_size = upstream.max_topic_size,
-            TopicSetting::Compression => wanted.compression = upstream.compression,
-        }
+        wanted = wanted.with(setting, upstream);
         changed.push(setting);
     }
     SettingsPlan {

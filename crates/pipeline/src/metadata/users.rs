@@ -214,6 +214,19 @@ pub(crate) fn plan(
     }
 }
 
+/// Why Iggy would refuse `password` for a user (its length, as the SDKs check it before they
+/// send), or `None`. Checked before a synced user's inactive copy is replaced, so that a
+/// refused password never costs the copy.
+pub fn password_problem(password: &str) -> Option<String> {
+    use iggy_common::defaults::{MAX_PASSWORD_LENGTH, MIN_PASSWORD_LENGTH};
+    let length = password.chars().count();
+    (!(MIN_PASSWORD_LENGTH..=MAX_PASSWORD_LENGTH).contains(&length)).then(|| {
+        format!(
+            "a password must have {MIN_PASSWORD_LENGTH} to {MAX_PASSWORD_LENGTH} characters, this one has {length}"
+        )
+    })
+}
+
 /// What `flow promote --activate-users` does with one user it was given a password for.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Activation {
@@ -241,6 +254,8 @@ pub enum ActivationOutcome {
     NotSynced,
     /// Neither on the target nor readable upstream: nothing to create it from.
     Unknown,
+    /// The password given is one Iggy refuses (see [`password_problem`]): nothing changed.
+    InvalidPassword,
     /// The change failed (see the report's errors).
     Failed,
 }
@@ -249,12 +264,16 @@ pub enum ActivationOutcome {
 /// cannot be read (`source_read` false), in which case the target's copy is all there is.
 pub(crate) fn activation(
     synced: bool,
+    password: &str,
     source_read: bool,
     upstream: Option<&UserCopy>,
     target: Option<&UserCopy>,
 ) -> Activation {
     if !synced {
         return Activation::Leave(ActivationOutcome::NotSynced);
+    }
+    if password_problem(password).is_some() {
+        return Activation::Leave(ActivationOutcome::InvalidPassword);
     }
     if upstream.is_some_and(|u| u.status == UserStatus::Inactive) {
         return Activation::Leave(ActivationOutcome::InactiveUpstream);
@@ -465,26 +484,37 @@ mod tests {
         let p = Some(perms(vec![]));
         let up = user(UserStatus::Active, p.clone());
         let down = user(UserStatus::Inactive, None);
+        let pw = "a-password";
         assert!(
-            activation(false, true, Some(&up), Some(&down))
+            activation(false, pw, true, Some(&up), Some(&down))
                 == Activation::Leave(ActivationOutcome::NotSynced)
         );
-        assert!(activation(true, true, Some(&up), Some(&down)) == Activation::Replace(p.clone()));
-        assert!(activation(true, true, Some(&up), None) == Activation::Create(p.clone()));
+        // A password Iggy would refuse never costs the inactive copy.
+        assert!(
+            activation(true, "ab", true, Some(&up), Some(&down))
+                == Activation::Leave(ActivationOutcome::InvalidPassword)
+        );
+        assert!(password_problem("ab").is_some() && password_problem(&"x".repeat(101)).is_some());
+        assert!(password_problem("abc").is_none());
+        assert!(
+            activation(true, pw, true, Some(&up), Some(&down)) == Activation::Replace(p.clone())
+        );
+        assert!(activation(true, pw, true, Some(&up), None) == Activation::Create(p.clone()));
         let up_off = user(UserStatus::Inactive, None);
         assert!(
-            activation(true, true, Some(&up_off), Some(&down))
+            activation(true, pw, true, Some(&up_off), Some(&down))
                 == Activation::Leave(ActivationOutcome::InactiveUpstream)
         );
         // The source is gone: the target's copy is what there is.
         let down_p = user(UserStatus::Inactive, p.clone());
-        assert!(activation(true, false, None, Some(&down_p)) == Activation::Replace(p));
+        assert!(activation(true, pw, false, None, Some(&down_p)) == Activation::Replace(p));
         assert!(
-            activation(true, false, None, None) == Activation::Leave(ActivationOutcome::Unknown)
+            activation(true, pw, false, None, None)
+                == Activation::Leave(ActivationOutcome::Unknown)
         );
         let live = user(UserStatus::Active, None);
         assert!(
-            activation(true, false, None, Some(&live))
+            activation(true, pw, false, None, Some(&live))
                 == Activation::Leave(ActivationOutcome::AlreadyActive)
         );
     }

@@ -139,7 +139,8 @@ async fn users_and_topic_settings_follow_upstream_and_promote_activates_a_user()
         before.compression_algorithm,
         None,
         hours(2),
-        MaxTopicSize::from(50_000_000),
+        // At least one segment: a 0.9 source refuses a smaller cap.
+        MaxTopicSize::from(5 * 1024 * 1024 * 1024),
     )
     .await?;
     wait_until("permissions and expiry on the target", WAIT, || async {
@@ -255,6 +256,96 @@ async fn users_and_topic_settings_follow_upstream_and_promote_activates_a_user()
     })
     .await?;
     assert!(down.get_user(&name).await?.is_some());
+    pipeline.shutdown().await;
+    Ok(())
+}
+
+/// A setting the target refuses does not hold back the others: a size cap below one segment
+/// (which an Iggy 0.9 target refuses on update; 0.8 takes it) is reported as a difference,
+/// while the expiry and compression changed with it arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_setting_does_not_hold_back_the_others() -> TestResult {
+    let env = Env::start().await?;
+    let up = client(&env.us).await?;
+    let down = client(&env.eu).await?;
+    create_topic(&up, "caps", "t", 1).await?;
+    let mut f = flow("caps", &["caps/*"]);
+    f.metadata_sync_interval = Duration::from_millis(300);
+    let pipeline = Pipeline::start(
+        env.params(f.clone()),
+        replicator_pipeline::InMemoryControl::new(),
+    )
+    .await?;
+    let (s, t) = (Identifier::named("caps")?, Identifier::named("t")?);
+    wait_until("the topic on the target", WAIT, || async {
+        matches!(down.get_topic(&s, &t).await, Ok(Some(_)))
+    })
+    .await?;
+    // A 0.9 source refuses such a cap itself; there the whole update arrives.
+    let cap = match env.us.iggy_version() {
+        replicator_model::IggyVersion::V0_8 => 1_048_576,
+        _ => 5 * 1024 * 1024 * 1024,
+    };
+    up.update_topic(
+        &s,
+        &t,
+        "t",
+        iggy::prelude::CompressionAlgorithm::Gzip,
+        None,
+        hours(3),
+        MaxTopicSize::from(cap),
+    )
+    .await?;
+    wait_until("expiry and compression on the target", WAIT, || async {
+        down.get_topic(&s, &t)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|d| {
+                u64::from(d.message_expiry) == u64::from(hours(3))
+                    && d.compression_algorithm == iggy::prelude::CompressionAlgorithm::Gzip
+            })
+    })
+    .await?;
+    let cutover = pipeline.cutover();
+    let refused = |st: &replicator_pipeline::MetadataSyncState| {
+        st.last.topics.iter().any(|t| {
+            t.differences
+                .iter()
+                .any(|d| d.setting == "max_topic_size" && !d.kept)
+        })
+    };
+    let down_size = down
+        .get_topic(&s, &t)
+        .await?
+        .ok_or("no topic")?
+        .max_topic_size;
+    if env.eu.iggy_version() == replicator_model::IggyVersion::V0_8 || cap > 1_048_576 {
+        wait_until("the cap on the target", WAIT, || async {
+            down.get_topic(&s, &t)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|d| u64::from(d.max_topic_size) == cap)
+        })
+        .await?;
+    } else {
+        assert!(u64::from(down_size) != cap);
+        wait_until("the refused cap reported", WAIT, || async {
+            cutover
+                .metadata_sync_state()
+                .get("caps")
+                .is_some_and(refused)
+        })
+        .await?;
+        let state = cutover.metadata_sync_state()["caps"].clone();
+        assert!(state.settings_drift() == 1, "{state:?}");
+        assert!(state
+            .last
+            .errors
+            .iter()
+            .any(|e| e.contains("max_topic_size")));
+    }
     pipeline.shutdown().await;
     Ok(())
 }

@@ -318,15 +318,33 @@ fn update_topic(shared: &Shared, session: &mut Session, body: &[u8]) -> Reply {
             let stream = meta.streams.get(sid)?;
             let tid = stream.find_topic(ident(&request.topic_id))?;
             let topic = stream.topics.get(tid)?;
+            // The topic's resolved segment size: its explicit option, else the server's.
+            let segment_size = WireOptions::from_slice(&topic.options)
+                .ok()
+                .and_then(|o| TopicCreateOptions::parse(&o).ok())
+                .and_then(|o| o.segment_size)
+                .map_or(shared.config.segment_size, |s| s.as_bytes_u64());
             Some((
                 tid,
                 topic.compression,
                 topic.message_expiry,
                 topic.max_topic_size,
+                segment_size,
             ))
         })
     };
-    let (_, compression, expiry, size) = current.unwrap_or((0, 1, 0, 0));
+    let (_, compression, expiry, size, segment_size) =
+        current.unwrap_or((0, 1, 0, 0, shared.config.segment_size));
+    // A cap below one segment could never be kept: the server refuses it before anything
+    // changes (ServerDefault and Unlimited pass), on update as at creation.
+    if let Some(cap) = update.max_topic_size {
+        if cap != MaxTopicSize::ServerDefault && cap.as_bytes_u64() < segment_size {
+            return Err(error_code(&IggyError::InvalidTopicSize(
+                cap,
+                IggyByteSize::from(segment_size),
+            )));
+        }
+    }
     let mut payload = encode08(&v08::requests::topics::UpdateTopicRequest {
         stream_id: ident08(&request.stream_id)?,
         topic_id: ident08(&request.topic_id)?,
