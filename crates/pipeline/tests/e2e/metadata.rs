@@ -349,3 +349,50 @@ async fn a_refused_setting_does_not_hold_back_the_others() -> TestResult {
     pipeline.shutdown().await;
     Ok(())
 }
+
+/// `users = ["*"]` never syncs the replicator's own users: the root, the user the
+/// connections log in as, and writer identities (by their prefix, of any cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replicators_own_users_are_never_synced() -> TestResult {
+    let env = Env::start().await?;
+    let up = client(&env.us).await?;
+    let down = client(&env.eu).await?;
+    create_topic(&up, "own", "t", 1).await?;
+    for name in ["app-x", "iggy-replicator-n9-i1"] {
+        up.create_user(name, "upstream-secret", UserStatus::Active, None)
+            .await?;
+    }
+    let mut f = flow("own", &["own/*"]);
+    f.users = vec!["*".into()];
+    f.metadata_sync_interval = Duration::from_millis(300);
+    let mut params = env.params(f);
+    // Writer identities are named after the prefix of the cluster they write to; `us` has one
+    // here although no flow writes to it.
+    if let Some(us) = params.clusters.get_mut("us") {
+        us.writer_user_prefix = Some("iggy-replicator".into());
+    }
+    let pipeline = Pipeline::start(params, replicator_pipeline::InMemoryControl::new()).await?;
+    let cutover = pipeline.cutover();
+    wait_until("a round that synced app-x", WAIT, || async {
+        cutover
+            .metadata_sync_state()
+            .get("own")
+            .is_some_and(|s| s.last.users.iter().any(|u| u.name == "app-x"))
+    })
+    .await?;
+    let state = cutover.metadata_sync_state()["own"].clone();
+    let names: Vec<&str> = state.last.users.iter().map(|u| u.name.as_str()).collect();
+    assert!(names == vec!["app-x"], "{names:?}");
+    assert!(down
+        .get_user(&Identifier::named("iggy-replicator-n9-i1")?)
+        .await?
+        .is_none());
+    // The root of the target is as it was: active.
+    let root = down
+        .get_user(&Identifier::numeric(0)?)
+        .await?
+        .ok_or("no root")?;
+    assert!(root.status == UserStatus::Active);
+    pipeline.shutdown().await;
+    Ok(())
+}
