@@ -162,6 +162,19 @@ mod tests {
     }
 
     #[test]
+    fn a_url_may_name_several_seed_addresses_each_with_a_port() {
+        let seeds = valid().replace(
+            "127.0.0.1:8090",
+            "10.0.0.1:8090, 10.0.0.2:8090,10.0.0.3:8090",
+        );
+        parse_with_secret(&seeds, "0123456789abcdef").expect("several seeds");
+        let portless = valid().replace("127.0.0.1:8090", "10.0.0.1:8090,10.0.0.2");
+        let keys =
+            problem_keys(parse_with_secret(&portless, "0123456789abcdef").expect_err("no port"));
+        assert_eq!(keys, vec!["clusters.us.url".to_owned()]);
+    }
+
+    #[test]
     fn valid_file_parses_with_defaults_and_substitution() {
         let config = parse_with_secret(&valid(), "0123456789abcdef").expect("valid");
         assert_eq!(config.cluster.secret.expose(), "0123456789abcdef");

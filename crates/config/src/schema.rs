@@ -960,11 +960,15 @@ fn check_url(url: &str) -> Result<(), String> {
             "must start with iggy:// or iggy+tcp:// (TCP is the supported transport)".into(),
         );
     }
-    let normalised = url.replacen("iggy+tcp://", "iggy://", 1);
-    ConnectionString::<TcpConnectionStringOptions>::new(&normalised)
-        .map(|_| ())
-        .map_err(|_| {
-            "is not a valid Iggy connection string; expected iggy://user:password@host:port[?options]"
-                .into()
-        })
+    // Several seed addresses (`host1:port,host2:port`) share the credentials and options;
+    // each must make a valid connection string of its own.
+    for seed in replicator_model::seed_urls(url) {
+        let normalised = seed.replacen("iggy+tcp://", "iggy://", 1);
+        ConnectionString::<TcpConnectionStringOptions>::new(&normalised).map_err(|_| {
+            "is not a valid Iggy connection string; expected \
+             iggy://user:password@host:port[,host:port...][?options]"
+                .to_owned()
+        })?;
+    }
+    Ok(())
 }

@@ -118,11 +118,21 @@ pub struct Target {
 /// about 40 ms.
 pub async fn connect(server: impl Into<Endpoint>) -> Result<Client> {
     let server = server.into();
-    let client = ClientConfig::parse_reconnecting(server.iggy_version, &server.url)
-        .map_err(Error::InvalidUrl)?
-        .client()?;
-    client.connect().await?;
-    Ok(client)
+    // A cluster named by several seed addresses: the first that lets us in.
+    let mut failure = None;
+    for seed in replicator_model::seed_urls(&server.url) {
+        let client = ClientConfig::parse_reconnecting(server.iggy_version, &seed)
+            .map_err(Error::InvalidUrl)?
+            .client()?;
+        match client.connect().await {
+            Ok(()) => return Ok(client),
+            Err(e) => {
+                let _ = client.shutdown().await;
+                failure = Some(e);
+            }
+        }
+    }
+    Err(failure.map_or(Error::InvalidUrl("no address"), Error::from))
 }
 
 /// Creates `stream` if it is missing and `stream/topic` with `partitions` partitions if it is

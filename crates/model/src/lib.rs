@@ -10,11 +10,13 @@
 //! plane both depend on it, and on nothing of each other.
 #![warn(missing_docs)]
 
+mod cluster_url;
 mod flow;
 mod iggy_version;
 mod unit;
 mod writer;
 
+pub use cluster_url::seed_urls;
 pub use flow::{
     heartbeat_topic_parts, zones_allow, InitialOffset, Naming, DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TOPIC,

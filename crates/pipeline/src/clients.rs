@@ -55,9 +55,11 @@ pub struct ConnectionState {
 pub(crate) struct Cluster {
     /// Alias, for errors and logs.
     alias: String,
-    /// Client configuration parsed once from the connection string, for the cluster's
-    /// generation.
-    config: ClientConfig,
+    /// Client configuration of each seed address of the connection string, parsed once, for the
+    /// cluster's generation (see [`replicator_model::seed_urls`]).
+    seeds: Vec<ClientConfig>,
+    /// The seed that connected last: new connections try it first, then the others in turn.
+    preferred_seed: std::sync::atomic::AtomicUsize,
     /// Connection slots; callers pick one by a stable hash (e.g. the partition id).
     slots: Vec<Slot>,
     /// Slots holding an open connection now (for the connection-state metric).
@@ -74,6 +76,10 @@ pub(crate) struct Cluster {
     /// identities only).
     login_refused: Option<Arc<tokio::sync::Notify>>,
 }
+
+/// How long connecting and logging in through one seed address may take when the cluster
+/// has others to try (with one, the operation timeout bounds it).
+const SEED_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Cluster {
     /// Parses the connection string (TCP only) for the cluster's protocol generation and
@@ -93,10 +99,15 @@ impl Cluster {
         if !matches!(scheme, "iggy" | "iggy+tcp") {
             return Err(invalid("only iggy:// and iggy+tcp:// (TCP) are supported"));
         }
-        let config = ClientConfig::parse(iggy_version, connection_string).map_err(invalid)?;
+        let seeds = replicator_model::seed_urls(connection_string)
+            .iter()
+            .map(|seed| ClientConfig::parse(iggy_version, seed))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(invalid)?;
         Ok(Self {
             alias: alias.to_owned(),
-            config,
+            seeds,
+            preferred_seed: std::sync::atomic::AtomicUsize::new(0),
             slots: (0..connections.max(1)).map(|_| Slot::default()).collect(),
             open: std::sync::atomic::AtomicUsize::new(0),
             timeout,
@@ -118,7 +129,9 @@ impl Cluster {
         password: &str,
     ) -> Result<Self> {
         let mut cluster = Self::new(alias, iggy_version, connection_string, connections, timeout)?;
-        cluster.config = cluster.config.with_login(username, password);
+        for seed in &mut cluster.seeds {
+            *seed = seed.with_login(username, password);
+        }
         Ok(cluster)
     }
 
@@ -175,35 +188,7 @@ impl Cluster {
         if let Some(conn) = &guard.0 {
             return Ok(conn.clone());
         }
-        let client = self
-            .config
-            .client()
-            .map_err(|source| self.err("connect", source))?;
-        match tokio::time::timeout(self.timeout, client.connect()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(source)) => {
-                shutdown(&client).await;
-                // A missing user or a wrong password, or a user the target keeps inactive (an
-                // earlier replicator cluster with the same `writer_user_prefix` revoked it):
-                // this identity will never log in there.
-                if matches!(
-                    source,
-                    IggyError::InvalidCredentials | IggyError::UserInactive
-                ) {
-                    if let Some(refused) = &self.login_refused {
-                        refused.notify_one();
-                    }
-                }
-                return Err(self.err("connect", source));
-            }
-            Err(_) => {
-                shutdown(&client).await;
-                return Err(Error::Timeout {
-                    cluster: self.alias.clone(),
-                    op: "connect".into(),
-                });
-            }
-        }
+        let client = self.connect_to_a_seed().await?;
         guard.1 += 1;
         let conn = Conn {
             client: Arc::new(client),
@@ -214,6 +199,66 @@ impl Cluster {
         self.open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(cluster = %self.alias, slot, "connected");
         Ok(conn)
+    }
+
+    /// A new connection (logged in), from the seed that connected last or else the next one
+    /// that does: a replica that is down or slow costs one bounded try, not the cluster.
+    /// Credentials a seed refuses are the cluster's: they end the search.
+    async fn connect_to_a_seed(&self) -> Result<Client> {
+        let count = self.seeds.len();
+        // With several seeds a dead one must not cost a whole operation timeout.
+        let bound = if count > 1 {
+            self.timeout.min(SEED_CONNECT_TIMEOUT)
+        } else {
+            self.timeout
+        };
+        let first = self
+            .preferred_seed
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let mut failure = None;
+        for k in 0..count {
+            let seed = (first + k) % count;
+            let client = self.seeds[seed]
+                .client()
+                .map_err(|source| self.err("connect", source))?;
+            match tokio::time::timeout(bound, client.connect()).await {
+                Ok(Ok(())) => {
+                    if seed != first {
+                        tracing::info!(cluster = %self.alias, seed, "connected through another seed address");
+                    }
+                    self.preferred_seed
+                        .store(seed, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(client);
+                }
+                Ok(Err(source)) => {
+                    shutdown(&client).await;
+                    // A missing user or a wrong password, or a user the target keeps inactive
+                    // (an earlier replicator cluster with the same `writer_user_prefix` revoked
+                    // it): this identity will never log in there.
+                    if matches!(
+                        source,
+                        IggyError::InvalidCredentials | IggyError::UserInactive
+                    ) {
+                        if let Some(refused) = &self.login_refused {
+                            refused.notify_one();
+                        }
+                        return Err(self.err("connect", source));
+                    }
+                    failure = Some(self.err("connect", source));
+                }
+                Err(_) => {
+                    shutdown(&client).await;
+                    failure = Some(Error::Timeout {
+                        cluster: self.alias.clone(),
+                        op: "connect".into(),
+                    });
+                }
+            }
+        }
+        Err(failure.unwrap_or_else(|| Error::Timeout {
+            cluster: self.alias.clone(),
+            op: "connect".into(),
+        }))
     }
 
     /// Drops `conn` if it is still the slot's current connection.

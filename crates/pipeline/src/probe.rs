@@ -44,8 +44,19 @@ fn other(version: IggyVersion) -> IggyVersion {
     }
 }
 
-/// Whether the server at `connection_string` answers a PING in `version` within `wait`.
+/// Whether a server at one of the seed addresses of `connection_string` answers a PING in
+/// `version` within `wait` (each address in turn).
 async fn answers(version: IggyVersion, connection_string: &str, wait: Duration) -> bool {
+    for seed in replicator_model::seed_urls(connection_string) {
+        if answers_at(version, &seed, wait).await {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether the server at the one address of `connection_string` answers a PING in `version`.
+async fn answers_at(version: IggyVersion, connection_string: &str, wait: Duration) -> bool {
     let Ok(config) = ClientConfig::parse(version, connection_string) else {
         return false;
     };

@@ -245,3 +245,34 @@ async fn unavailable_upstream_does_not_stop_other_flows() -> TestResult {
     ap.shutdown().await;
     Ok(())
 }
+
+/// A cluster named by several seed addresses is reached through the next one when the first
+/// answers nothing (a replica that is down): the copy runs, and verify (which connects on its
+/// own) reads both sides through the seeds too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_first_seed_address_is_passed_over() -> TestResult {
+    let (env, up, f) = Env::seeded("seeds", "t", 2, 0..300, 100).await?;
+    // A port nothing listens on: connections to it are refused.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let mut params = env.params(f.clone());
+    for cluster in params.clusters.values_mut() {
+        let (credentials, live) = cluster
+            .connection_string
+            .rsplit_once('@')
+            .ok_or("no address")?;
+        cluster.connection_string = format!("{credentials}@{dead},{live}");
+    }
+    let clusters = params.clusters.clone();
+    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
+    env.wait_downstream("seeds", "t", 0, 300).await?;
+    env.wait_downstream("seeds", "t", 1, 300).await?;
+    produce(&up, "seeds", "t", 2, 300..400, 100).await?;
+    let mut check = env.verify_params(f, Duration::from_secs(30));
+    check.source_connection = clusters["us"].connection_string.clone();
+    check.target_connection = clusters["eu"].connection_string.clone();
+    let report = verify(&check).await?;
+    assert_exact(&report);
+    assert!(report.downstream_total() == 800);
+    pipeline.shutdown().await;
+    Ok(())
+}
