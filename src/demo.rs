@@ -188,6 +188,9 @@ impl Demo {
             include: &format!("{stream}/*"),
             target_fencing: None,
             target_iggy_version: args.migrate.then_some(target_version.as_str()),
+            // On external servers, writer users of this run's own (a server keeps them after
+            // the run, with passwords derived from this run's secret; deleted at the end).
+            target_writer_user_prefix: external.then_some(stream.as_str()),
             flow_extra: &format!(
                 "consumer_groups = [\"{DEMO_GROUP}\"]\nconsumer_group_sync_interval = \"1s\"\nusers = [\"{}\"]\nmetadata_sync_interval = \"1s\"",
                 app_user.0
@@ -611,13 +614,21 @@ impl Demo {
         if let Some((stream, servers)) = self.external_stream.take() {
             for server in servers {
                 let _ = delete_stream(&server, &stream).await;
-                if let Some((user, _)) = &self.app_user {
-                    if let Ok(client) = connect(&server).await {
-                        if let Ok(id) = iggy::prelude::Identifier::named(user) {
-                            let _ = client.delete_user(&id).await;
+                if let Ok(client) = connect(&server).await {
+                    // The application's user and this run's writer users (named after the
+                    // stream: `<stream>-n<node>-i<incarnation>`).
+                    if let Ok(users) = client.get_users().await {
+                        let app = self.app_user.as_ref().map(|(name, _)| name.as_str());
+                        for user in users.iter().filter(|u| {
+                            Some(u.username.as_str()) == app
+                                || replicator_model::is_writer_username(&stream, &u.username)
+                        }) {
+                            if let Ok(id) = iggy::prelude::Identifier::numeric(user.id) {
+                                let _ = client.delete_user(&id).await;
+                            }
                         }
-                        let _ = client.shutdown().await;
                     }
+                    let _ = client.shutdown().await;
                 }
             }
         }

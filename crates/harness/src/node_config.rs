@@ -111,6 +111,8 @@ pub struct FlowConfig<'a> {
     pub target_fencing: Option<&'a str>,
     /// The target cluster's `iggy_version` (`"0.8"` or `"0.9"`); `None` keeps the default.
     pub target_iggy_version: Option<&'a str>,
+    /// The target cluster's `writer_user_prefix`; `None` keeps the default.
+    pub target_writer_user_prefix: Option<&'a str>,
     /// More lines of the `[[flows]]` table, e.g. `consumer_groups = ["billing"]`; may be empty.
     pub flow_extra: &'a str,
 }
@@ -122,6 +124,7 @@ impl FlowConfig<'_> {
         let mut target = ClusterEntry::new(self.target_alias, self.target_url);
         target.fencing = self.target_fencing.map(str::to_owned);
         target.iggy_version = self.target_iggy_version.map(str::to_owned);
+        target.writer_user_prefix = self.target_writer_user_prefix.map(str::to_owned);
         Replication::default()
             .cluster(ClusterEntry::new(self.source_alias, self.source_url))
             .cluster(target)
@@ -149,6 +152,8 @@ pub struct ClusterEntry {
     pub fencing: Option<String>,
     /// `iggy_version` (`"0.8"` or `"0.9"`); `None` keeps the default.
     pub iggy_version: Option<String>,
+    /// `writer_user_prefix`; `None` keeps the product default.
+    pub writer_user_prefix: Option<String>,
 }
 
 impl ClusterEntry {
@@ -159,6 +164,7 @@ impl ClusterEntry {
             url: url.into(),
             fencing: None,
             iggy_version: None,
+            writer_user_prefix: None,
         }
     }
 
@@ -248,11 +254,12 @@ impl Replication {
         let mut out = String::new();
         for c in &self.clusters {
             out.push_str(&format!(
-                "[clusters.{alias}]\nurl = \"{url}\"\n{fencing}{iggy_version}\n",
+                "[clusters.{alias}]\nurl = \"{url}\"\n{fencing}{iggy_version}{writers}\n",
                 alias = c.alias,
                 url = c.url,
                 fencing = line("fencing", &c.fencing),
                 iggy_version = line("iggy_version", &c.iggy_version),
+                writers = line("writer_user_prefix", &c.writer_user_prefix),
             ));
         }
         for f in &self.flows {
@@ -288,6 +295,7 @@ mod tests {
             target_url: "iggy://iggy:iggy@127.0.0.1:2",
             include: "ha/*",
             target_fencing: Some("off"),
+            target_writer_user_prefix: None,
             target_iggy_version: None,
             flow_extra: "batch_size = 50\n",
         }

@@ -27,4 +27,4 @@ pub use unit::{
     Assignment, CommitCounters, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset,
     ProgressCommit, SessionCounters, UnitCounters, UnitProgress, UnitReset, UnitStart, WorkUnit,
 };
-pub use writer::{writer_username, WriterLogin};
+pub use writer::{is_writer_username, writer_username, WriterLogin};

@@ -37,6 +37,18 @@ pub fn writer_username(prefix: &str, node: NodeId, incarnation: u64) -> String {
     format!("{prefix}-n{node}-i{incarnation}")
 }
 
+/// Whether `name` is a writer identity's user name under `prefix` (as [`writer_username`]
+/// makes them: `<prefix>-n<node>-i<incarnation>`).
+#[must_use]
+pub fn is_writer_username(prefix: &str, name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(prefix).and_then(|r| r.strip_prefix("-n")) else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    rest.split_once("-i")
+        .is_some_and(|(node, incarnation)| digits(node) && digits(incarnation))
+}
+
 impl fmt::Debug for WriterLogin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WriterLogin")
@@ -44,6 +56,23 @@ impl fmt::Debug for WriterLogin {
             .field("incarnation", &self.incarnation)
             .field("password", &"****")
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod writer_name_tests {
+    use super::*;
+
+    #[test]
+    fn writer_user_names_are_told_from_other_users_of_the_prefix() {
+        assert!(is_writer_username(
+            "demo-1",
+            &writer_username("demo-1", 3, 12)
+        ));
+        assert!(!is_writer_username("demo-1", "demo-1-app"));
+        assert!(!is_writer_username("demo-1", "demo-1-n3"));
+        assert!(!is_writer_username("demo-1", "demo-1-nx-i2"));
+        assert!(!is_writer_username("demo", "demo-1-n3-i2"));
     }
 }
 

@@ -584,7 +584,7 @@ impl MetadataSync {
             && !self
                 .writer_prefixes
                 .iter()
-                .any(|p| name.starts_with(&format!("{p}-")))
+                .any(|p| replicator_model::is_writer_username(p, name))
     }
 
     /// The names of the root and of the user the connection logs in as, on `cluster`.
