@@ -60,6 +60,12 @@ pub(crate) struct Cluster {
     seeds: Vec<ClientConfig>,
     /// The seed that connected last: new connections try it first, then the others in turn.
     preferred_seed: std::sync::atomic::AtomicUsize,
+    /// The `host:port` of each seed (to tell advertised nodes that are not seeds).
+    seed_addresses: Vec<String>,
+    /// The nodes a replicated (0.9) cluster advertised at the last connect, as `ip:port`: tried
+    /// after the configured seeds, so that the one configured address going down is not the
+    /// end of the cluster for us.
+    roster: std::sync::Mutex<Vec<String>>,
     /// Connection slots; callers pick one by a stable hash (e.g. the partition id).
     slots: Vec<Slot>,
     /// Slots holding an open connection now (for the connection-state metric).
@@ -81,6 +87,9 @@ pub(crate) struct Cluster {
 /// has others to try (with one, the operation timeout bounds it).
 const SEED_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long asking a new connection for the cluster's nodes may take.
+const ROSTER_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl Cluster {
     /// Parses the connection string (TCP only) for the cluster's protocol generation and
     /// prepares `connections` lazy slots.
@@ -99,7 +108,16 @@ impl Cluster {
         if !matches!(scheme, "iggy" | "iggy+tcp") {
             return Err(invalid("only iggy:// and iggy+tcp:// (TCP) are supported"));
         }
-        let seeds = replicator_model::seed_urls(connection_string)
+        let seed_urls = replicator_model::seed_urls(connection_string);
+        let seed_addresses = seed_urls
+            .iter()
+            .map(|url| {
+                let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+                let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+                rest.split('?').next().unwrap_or_default().to_owned()
+            })
+            .collect();
+        let seeds = seed_urls
             .iter()
             .map(|seed| ClientConfig::parse(iggy_version, seed))
             .collect::<std::result::Result<Vec<_>, _>>()
@@ -108,6 +126,8 @@ impl Cluster {
             alias: alias.to_owned(),
             seeds,
             preferred_seed: std::sync::atomic::AtomicUsize::new(0),
+            seed_addresses,
+            roster: std::sync::Mutex::default(),
             slots: (0..connections.max(1)).map(|_| Slot::default()).collect(),
             open: std::sync::atomic::AtomicUsize::new(0),
             timeout,
@@ -206,35 +226,63 @@ impl Cluster {
     /// Credentials a seed refuses are the cluster's: they end the search.
     async fn connect_to_a_seed(&self) -> Result<Client> {
         let count = self.seeds.len();
-        // With several seeds a dead one must not cost a whole operation timeout.
-        let bound = if count > 1 {
+        let first = self
+            .preferred_seed
+            .load(std::sync::atomic::Ordering::Relaxed);
+        // The configured seeds from the one that connected last, then the advertised nodes
+        // that are not among them.
+        let mut tries: Vec<(Option<usize>, ClientConfig)> = (0..count)
+            .map(|k| (first + k) % count)
+            .map(|seed| (Some(seed), self.seeds[seed].clone()))
+            .collect();
+        let roster = self
+            .roster
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        for address in roster {
+            if !self.seed_addresses.contains(&address) {
+                tries.push((None, self.seeds[first % count].at(&address)));
+            }
+        }
+        // With other ways in, a dead one must not cost a whole operation timeout.
+        let bound = if tries.len() > 1 {
             self.timeout.min(SEED_CONNECT_TIMEOUT)
         } else {
             self.timeout
         };
-        let first = self
-            .preferred_seed
-            .load(std::sync::atomic::Ordering::Relaxed);
         let mut failure = None;
-        for k in 0..count {
-            let seed = (first + k) % count;
-            let client = self.seeds[seed]
+        for (seed, config) in tries {
+            let client = config
                 .client()
                 .map_err(|source| self.err("connect", source))?;
             match tokio::time::timeout(bound, client.connect()).await {
                 Ok(Ok(())) => {
-                    if seed != first {
-                        tracing::info!(cluster = %self.alias, seed, "connected through another seed address");
+                    match seed {
+                        Some(seed) if seed != first => {
+                            tracing::info!(cluster = %self.alias, seed, "connected through another seed address");
+                        }
+                        None => tracing::info!(
+                            cluster = %self.alias,
+                            "connected through a node the cluster advertised"
+                        ),
+                        Some(_) => {}
                     }
-                    self.preferred_seed
-                        .store(seed, std::sync::atomic::Ordering::Relaxed);
+                    if let Some(seed) = seed {
+                        self.preferred_seed
+                            .store(seed, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    if config.replicated() {
+                        self.learn_roster(&client).await;
+                    }
                     return Ok(client);
                 }
                 Ok(Err(source)) => {
                     shutdown(&client).await;
                     // A missing user or a wrong password, or a user the target keeps inactive
                     // (an earlier replicator cluster with the same `writer_user_prefix` revoked
-                    // it): this identity will never log in there.
+                    // it): this identity will never log in there. Credentials are the
+                    // cluster's: no other node will take them either.
                     if matches!(
                         source,
                         IggyError::InvalidCredentials | IggyError::UserInactive
@@ -259,6 +307,20 @@ impl Cluster {
             cluster: self.alias.clone(),
             op: "connect".into(),
         }))
+    }
+
+    /// Remembers the nodes the cluster advertises (asked on the new connection `client`,
+    /// briefly; a cluster that does not answer keeps the roster it had).
+    async fn learn_roster(&self, client: &Client) {
+        let asked = tokio::time::timeout(ROSTER_TIMEOUT, client.cluster_addresses()).await;
+        if let Ok(Ok(addresses)) = asked {
+            if !addresses.is_empty() {
+                *self
+                    .roster
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = addresses;
+            }
+        }
     }
 
     /// Drops `conn` if it is still the slot's current connection.

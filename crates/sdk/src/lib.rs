@@ -24,6 +24,7 @@ use iggy::prelude::{
     StreamDetails, SystemClient as _, TcpClient, TcpClientConfig, TopicClient as _, TopicDetails,
     UserClient as _, UserStatus,
 };
+use iggy_common::ClusterClient as _;
 use iggy_common::{
     AutoLogin, ClientInfo, ConnectionString, ConsumerGroup, ConsumerOffsetInfo, Credentials,
     Identifier, TcpConnectionStringOptions, UserInfo, UserInfoDetails,
@@ -111,6 +112,29 @@ impl ClientConfig {
                 Self::V09(Arc::new(config))
             }
         }
+    }
+
+    /// The same, at `address` (`host:port`) instead of the connection string's address: a
+    /// replica of the same cluster, with the same credentials and options.
+    pub fn at(&self, address: &str) -> Self {
+        match self {
+            Self::V08(config) => {
+                let mut config = (**config).clone();
+                config.server_address = address.to_owned();
+                Self::V08(Arc::new(config))
+            }
+            Self::V09(config) => {
+                let mut config = (**config).clone();
+                config.server_address = address.to_owned();
+                Self::V09(Arc::new(config))
+            }
+        }
+    }
+
+    /// Whether the cluster's generation replicates (Iggy 0.9): the nodes it advertises are
+    /// other ways in when the configured addresses fail. An Iggy 0.8 server is one node.
+    pub fn replicated(&self) -> bool {
+        matches!(self, Self::V09(_))
     }
 
     /// The same, connecting without logging in (PING is answered before a login).
@@ -219,6 +243,30 @@ impl Client {
 
     pub async fn ping(&self) -> Result<(), IggyError> {
         either!(self, c => c.ping().await, c => v09::ping(c).await)
+    }
+
+    /// The TCP addresses (`ip:port`) of the cluster's nodes as the server advertises them
+    /// (nodes without a usable address left out).
+    pub async fn cluster_addresses(&self) -> Result<Vec<String>, IggyError> {
+        let nodes: Vec<(String, u16)> = either!(self,
+            c => c.get_cluster_metadata().await.map(|m| m.nodes.into_iter().map(|n| (n.ip, n.endpoints.tcp)).collect())?,
+            c => v09::cluster_nodes(c).await?);
+        Ok(nodes
+            .into_iter()
+            .filter(|(ip, port)| {
+                *port != 0
+                    && ip
+                        .parse::<std::net::IpAddr>()
+                        .map_or(!ip.is_empty(), |a| !a.is_unspecified())
+            })
+            .map(|(ip, port)| {
+                if ip.contains(':') {
+                    format!("[{ip}]:{port}")
+                } else {
+                    format!("{ip}:{port}")
+                }
+            })
+            .collect())
     }
 
     pub async fn get_me(&self) -> Result<ClientInfoDetails, IggyError> {

@@ -8,8 +8,9 @@ use iggy::prelude::{
     TopicDetails, UserStatus,
 };
 use iggy09::prelude::{
-    Client as _, ConsumerGroupClient as _, ConsumerOffsetClient as _, MessageClient as _,
-    PartitionClient as _, StreamClient as _, SystemClient as _, TopicClient as _, UserClient as _,
+    Client as _, ClusterClient as _, ConsumerGroupClient as _, ConsumerOffsetClient as _,
+    MessageClient as _, PartitionClient as _, StreamClient as _, SystemClient as _,
+    TopicClient as _, UserClient as _,
 };
 use iggy09_common as n;
 use iggy_common::{
@@ -427,6 +428,15 @@ pub(super) async fn get_user(
     map(c.get_user(&ident(user)?).await)?
         .map(user_back)
         .transpose()
+}
+
+/// The nodes of the cluster as (ip, tcp port).
+pub(super) async fn cluster_nodes(c: &C) -> Result<Vec<(String, u16)>, IggyError> {
+    Ok(map(c.get_cluster_metadata().await)?
+        .nodes
+        .into_iter()
+        .map(|n| (n.ip, n.endpoints.tcp))
+        .collect())
 }
 
 pub(super) async fn get_users(c: &C) -> Result<Vec<UserInfo>, IggyError> {
