@@ -118,9 +118,26 @@ pub struct Target {
 /// about 40 ms.
 pub async fn connect(server: impl Into<Endpoint>) -> Result<Client> {
     let server = server.into();
-    // A cluster named by several seed addresses: the first that lets us in.
+    // A cluster named by several seed addresses: the first that lets us in, found without the
+    // SDK's reconnect (which would keep trying a seed that is down), then connected to with it.
+    let mut seeds = replicator_model::seed_urls(&server.url);
+    if seeds.len() > 1 {
+        for (index, seed) in seeds.iter().enumerate() {
+            let probe = ClientConfig::parse(server.iggy_version, seed)
+                .map_err(Error::InvalidUrl)?
+                .client()?;
+            let up = tokio::time::timeout(std::time::Duration::from_secs(10), probe.connect())
+                .await
+                .is_ok_and(|r| r.is_ok());
+            let _ = probe.shutdown().await;
+            if up {
+                seeds.rotate_left(index);
+                break;
+            }
+        }
+    }
     let mut failure = None;
-    for seed in replicator_model::seed_urls(&server.url) {
+    for seed in seeds {
         let client = ClientConfig::parse_reconnecting(server.iggy_version, &seed)
             .map_err(Error::InvalidUrl)?
             .client()?;
