@@ -78,6 +78,48 @@ async fn produce(up: &Client, range: std::ops::Range<u64>) -> TestResult {
     Ok(())
 }
 
+/// The password promote gives the application's user on the target.
+const TARGET_PASSWORD: &str = "on-the-target";
+
+/// `flow promote fwd --timeout T --activate-users FILE` through the leader, with a file that
+/// names the application's user; asserts the exit code and the user's activation.
+async fn promote_activating(cluster: &Cluster, timeout: &str, code: i32) -> TestResult {
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(file.path(), format!("{APP} = \"{TARGET_PASSWORD}\"\n"))?;
+    let path = file.path().to_string_lossy().into_owned();
+    let run = cluster
+        .flow_once(&[
+            "promote",
+            "fwd",
+            "--timeout",
+            timeout,
+            "--activate-users",
+            &path,
+        ])
+        .await?;
+    println!("{}{}", run.stdout, run.stderr);
+    assert_eq!(run.code, Some(code), "promote: {}", run.stderr);
+    assert!(
+        run.stdout
+            .contains(&format!("user {APP}: activated on the target")),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains(TARGET_PASSWORD), "no password printed");
+    Ok(())
+}
+
+/// The application, logged in as its own user on the target.
+async fn app_on_the_target(servers: &Servers, target: IggyVersion) -> TestResult<Client> {
+    let url = servers.downstream.connection_string();
+    let address = url.rsplit_once('@').map(|(_, a)| a).ok_or("no address")?;
+    Ok(connect(&Endpoint::new(
+        target,
+        format!("iggy://{APP}:{TARGET_PASSWORD}@{address}"),
+    ))
+    .await?)
+}
+
 async fn app_user_continues_on_the_target(target: IggyVersion) -> TestResult {
     let down_config = TestServerConfig {
         iggy_version: target,
@@ -188,41 +230,10 @@ async fn app_user_continues_on_the_target(target: IggyVersion) -> TestResult {
     cluster.restart(runner)?;
 
     // Cut over, activating the application's user with the password the operator chose.
-    let file = tempfile::NamedTempFile::new()?;
-    std::fs::write(file.path(), format!("{APP} = \"on-the-target\"\n"))?;
-    let path = file.path().to_string_lossy().into_owned();
-    let run = cluster
-        .flow_once(&[
-            "promote",
-            "fwd",
-            "--timeout",
-            "60s",
-            "--activate-users",
-            &path,
-        ])
-        .await?;
-    println!("{}{}", run.stdout, run.stderr);
-    assert_eq!(run.code, Some(0), "promote: {}", run.stderr);
-    assert!(
-        run.stdout
-            .contains(&format!("user {APP}: activated on the target")),
-        "{}",
-        run.stdout
-    );
-    assert!(!run.stdout.contains("on-the-target"), "no password printed");
+    promote_activating(&cluster, "60s", 0).await?;
 
     // The application logs in on the target as itself and continues where it was.
-    let address = servers
-        .downstream
-        .connection_string()
-        .rsplit_once('@')
-        .map(|(_, a)| a.to_owned())
-        .ok_or("no address")?;
-    let app = connect(&Endpoint::new(
-        target,
-        format!("iggy://{APP}:on-the-target@{address}"),
-    ))
-    .await?;
+    let app = app_on_the_target(&servers, target).await?;
     for &(partition, offset) in &consumed {
         let next = group_next_message(&app, (STREAM, TOPIC), "billing", partition).await?;
         let want = message_id_at(&up, (STREAM, TOPIC), partition, offset + 1).await?;
@@ -279,34 +290,8 @@ fn without_the_source_promote_activates_the_targets_copy_of_the_user() -> TestRe
         let faults = servers.upstream.faults();
         faults.refuse_connections(true);
         faults.drop_connections();
-        let file = tempfile::NamedTempFile::new()?;
-        std::fs::write(file.path(), format!("{APP} = \"on-the-target\"\n"))?;
-        let path = file.path().to_string_lossy().into_owned();
-        let run = cluster
-            .flow_once(&[
-                "promote",
-                "fwd",
-                "--timeout",
-                "3s",
-                "--activate-users",
-                &path,
-            ])
-            .await?;
-        println!("{}{}", run.stdout, run.stderr);
-        assert_eq!(run.code, Some(3), "the source is gone: {}", run.stderr);
-        assert!(
-            run.stdout
-                .contains(&format!("user {APP}: activated on the target")),
-            "{}",
-            run.stdout
-        );
-        let address = servers
-            .downstream
-            .connection_string()
-            .rsplit_once('@')
-            .map(|(_, a)| a.to_owned())
-            .ok_or("no address")?;
-        let app = connect(format!("iggy://{APP}:on-the-target@{address}")).await?;
+        promote_activating(&cluster, "3s", 3).await?;
+        let app = app_on_the_target(&servers, IggyVersion::V0_8).await?;
         let polled = app
             .poll_messages(
                 &id(STREAM)?,

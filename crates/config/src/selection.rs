@@ -329,13 +329,9 @@ fn witness(trail: &[(Option<usize>, u8)], mut index: usize) -> String {
 /// The host:port addresses of an Iggy connection string (lower case), to tell whether two
 /// aliases name the same cluster.
 pub(crate) fn addresses(url: &str) -> Vec<String> {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let rest = rest.split(['?', '/']).next().unwrap_or_default();
-    let hosts = rest.rsplit_once('@').map_or(rest, |(_, hosts)| hosts);
-    let mut list: Vec<String> = hosts
-        .split(',')
-        .map(|h| h.trim().to_ascii_lowercase())
-        .filter(|h| !h.is_empty())
+    let mut list: Vec<String> = replicator_model::seed_addresses(url)
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
         .collect();
     list.sort();
     list.dedup();

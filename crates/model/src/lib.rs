@@ -16,7 +16,7 @@ mod iggy_version;
 mod unit;
 mod writer;
 
-pub use cluster_url::seed_urls;
+pub use cluster_url::{seed_addresses, seed_urls};
 pub use flow::{
     heartbeat_topic_parts, zones_allow, InitialOffset, Naming, DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TOPIC,

@@ -108,16 +108,8 @@ impl Cluster {
         if !matches!(scheme, "iggy" | "iggy+tcp") {
             return Err(invalid("only iggy:// and iggy+tcp:// (TCP) are supported"));
         }
-        let seed_urls = replicator_model::seed_urls(connection_string);
-        let seed_addresses = seed_urls
-            .iter()
-            .map(|url| {
-                let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
-                let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
-                rest.split('?').next().unwrap_or_default().to_owned()
-            })
-            .collect();
-        let seeds = seed_urls
+        let seed_addresses = replicator_model::seed_addresses(connection_string);
+        let seeds = replicator_model::seed_urls(connection_string)
             .iter()
             .map(|seed| ClientConfig::parse(iggy_version, seed))
             .collect::<std::result::Result<Vec<_>, _>>()

@@ -260,8 +260,8 @@ pub(crate) async fn run<C: ControlPlane>(
     }
 }
 
-/// Millis since the Unix epoch.
-fn now_ms() -> u64 {
+/// Millis since the Unix epoch (when a sync round ended; also the metadata sync's).
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

@@ -24,10 +24,11 @@ pub(crate) mod users;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use globset::GlobSet;
 use iggy::prelude::{Identifier, UserStatus};
+use iggy_common::UserInfo;
 use rand::distributions::{Alphanumeric, DistString};
 use replicator_model::{Naming, TopicSetting, WorkUnit};
 use serde::{Deserialize, Serialize};
@@ -86,10 +87,7 @@ impl Catalog {
 
     /// The id of `stream/topic`.
     pub(crate) fn topic_id(&self, stream: &str, topic: &str) -> Option<u32> {
-        let s = self.streams.get(&self.stream_id(stream)?)?;
-        s.topics
-            .iter()
-            .find_map(|(id, t)| (t.name == topic).then_some(*id))
+        self.topic(stream, topic).map(|(_, id, _)| id)
     }
 
     /// `stream/topic` with its ids.
@@ -429,14 +427,15 @@ fn describe(e: &Error) -> String {
     text
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// The users one side has, with permissions, by name (protected users left out).
 type Users = BTreeMap<String, UserCopy>;
+
+/// One cluster's users, listed once per round.
+struct Listing {
+    users: Vec<UserInfo>,
+    /// The root's name and the name of the user the connection logs in as: never synced.
+    own: BTreeSet<String>,
+}
 
 impl MetadataSync {
     /// One round: topic settings, then users. Never fails: what went wrong is in the report.
@@ -459,7 +458,7 @@ impl MetadataSync {
             }
             (Err(e), _) | (_, Err(e)) => report.errors.push(describe(&e)),
         }
-        report.at_unix_ms = now_ms();
+        report.at_unix_ms = crate::groups::now_ms();
         report
     }
 
@@ -587,37 +586,37 @@ impl MetadataSync {
                 .any(|p| replicator_model::is_writer_username(p, name))
     }
 
-    /// The names of the root and of the user the connection logs in as, on `cluster`.
-    async fn protected_on(cluster: &Cluster) -> Result<BTreeSet<String>> {
+    /// Every user of `cluster` (one listing serves both the replicator's own names and the
+    /// users the flow selects).
+    async fn list(cluster: &Cluster) -> Result<Listing> {
         let me = cluster
             .call(0, "get_me", |c| async move { c.get_me().await })
             .await?;
         let users = cluster
             .call(0, "get_users", |c| async move { c.get_users().await })
             .await?;
-        let own = me.user_id.unwrap_or(ROOT_USER_ID);
-        Ok(users
-            .into_iter()
-            .filter(|u| u.id == own || u.id == ROOT_USER_ID)
-            .map(|u| u.username)
-            .collect())
+        let own_id = me.user_id.unwrap_or(ROOT_USER_ID);
+        let own = users
+            .iter()
+            .filter(|u| u.id == own_id || u.id == ROOT_USER_ID)
+            .map(|u| u.username.clone())
+            .collect();
+        Ok(Listing { users, own })
     }
 
-    /// The users of `cluster` the flow selects, with their permissions (upstream ones
-    /// translated to the target when `translate_to` is given).
+    /// The users of `cluster` (listed in `listed`) the flow selects, with their permissions
+    /// (upstream ones translated to the target when `translate_to` is given).
     async fn users_of(
         &self,
         cluster: &Cluster,
+        listed: &[UserInfo],
         protected: &BTreeSet<String>,
         translate_to: Option<(&Catalog, &Catalog)>,
         not_translated: &mut BTreeMap<String, Vec<String>>,
     ) -> Result<Users> {
-        let listed = cluster
-            .call(0, "get_users", |c| async move { c.get_users().await })
-            .await?;
         let mut users = Users::new();
         for user in listed
-            .into_iter()
+            .iter()
             .filter(|u| self.selects(&u.username, protected))
         {
             let id = Identifier::numeric(user.id).map_err(|e| iggy_error(cluster, "id", e))?;
@@ -635,7 +634,7 @@ impl MetadataSync {
                 None => details.permissions,
             };
             users.insert(
-                user.username,
+                user.username.clone(),
                 UserCopy {
                     id: details.id,
                     status: details.status,
@@ -652,19 +651,30 @@ impl MetadataSync {
         down: &Catalog,
         report: &mut MetadataSyncReport,
     ) -> Result<()> {
-        let mut protected = Self::protected_on(&self.source).await?;
-        protected.extend(Self::protected_on(&self.target).await?);
+        let (up_listing, down_listing) = (
+            Self::list(&self.source).await?,
+            Self::list(&self.target).await?,
+        );
+        let protected: BTreeSet<String> =
+            up_listing.own.union(&down_listing.own).cloned().collect();
         let mut not_translated = BTreeMap::new();
         let upstream = self
             .users_of(
                 &self.source,
+                &up_listing.users,
                 &protected,
                 Some((up, down)),
                 &mut not_translated,
             )
             .await?;
         let target = self
-            .users_of(&self.target, &protected, None, &mut BTreeMap::new())
+            .users_of(
+                &self.target,
+                &down_listing.users,
+                &protected,
+                None,
+                &mut BTreeMap::new(),
+            )
             .await?;
         let names: BTreeSet<&String> = upstream.keys().chain(target.keys()).collect();
         for name in names {
@@ -761,25 +771,27 @@ impl MetadataSync {
         if passwords.is_empty() {
             return (done, errors);
         }
-        let mut protected = match Self::protected_on(&self.target).await {
-            Ok(p) => p,
+        let down_listing = match Self::list(&self.target).await {
+            Ok(listing) => listing,
             Err(e) => {
                 errors.push(format!("activate users: {}", describe(&e)));
                 return (done, errors);
             }
         };
-        if let Ok(more) = Self::protected_on(&self.source).await {
-            protected.extend(more);
-        }
         // The source may be gone (that is what a failover is for): then the target's copies
         // are what there is.
+        let up_listing = Self::list(&self.source).await.ok();
+        let mut protected = down_listing.own.clone();
+        protected.extend(up_listing.iter().flat_map(|l| l.own.iter().cloned()));
         let upstream = match (
+            up_listing,
             Catalog::read(&self.source).await,
             Catalog::read(&self.target).await,
         ) {
-            (Ok(up), Ok(down)) => self
+            (Some(listing), Ok(up), Ok(down)) => self
                 .users_of(
                     &self.source,
+                    &listing.users,
                     &protected,
                     Some((&up, &down)),
                     &mut BTreeMap::new(),
@@ -789,7 +801,13 @@ impl MetadataSync {
             _ => None,
         };
         let target = match self
-            .users_of(&self.target, &protected, None, &mut BTreeMap::new())
+            .users_of(
+                &self.target,
+                &down_listing.users,
+                &protected,
+                None,
+                &mut BTreeMap::new(),
+            )
             .await
         {
             Ok(t) => t,
