@@ -32,11 +32,16 @@
 //! on the lease alone, by rule 1, whatever happened to the member's identity.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
 use replicator_model::{NodeId, WorkUnit};
 
 use crate::command::ControlCommand;
 use crate::fence::{EnsuredUsers, FenceTopology};
+use crate::format;
+use crate::lease::LeaderView;
+use crate::params::ControlTiming;
+use crate::retention::Retention;
 use crate::state::{ControlState, MemberState};
 
 /// Most commands in one assignment round: keeps a round's log entry small (about 40 bytes a
@@ -233,6 +238,70 @@ fn highest_incarnation(state: &ControlState, node: NodeId) -> u64 {
         .chain(state.retired_incarnations.get(&node).copied())
         .max()
         .unwrap_or(0)
+}
+
+/// What a leader's round needs besides the state and its own memory.
+#[derive(Debug)]
+pub(crate) struct RoundContext<'a> {
+    /// The leader's clock, read once the state is locked (see `run_assigner`).
+    pub(crate) now: Instant,
+    /// The cluster's timings.
+    pub(crate) timing: &'a ControlTiming,
+    /// The leading node: its published config is the reference.
+    pub(crate) leader: NodeId,
+    /// With fencing on: which flows write to which fenced target, and the identities whose
+    /// user this leader ensured on a target in its term.
+    pub(crate) fencing: Option<(FenceTopology, EnsuredUsers)>,
+}
+
+/// One whole round of the leader: it observes the renewals in `state` on its `view`, judges
+/// the leases, and returns the commands to write as one batch (fence decisions first: a
+/// round's grants never depend on them, and a revoke starts only once its decision is
+/// applied) and the work on the targets for the fence tracker. The one home of what a round
+/// does: the node's assignment loop and the simulator (`sim_support`) both run it.
+pub(crate) fn round(
+    state: &ControlState,
+    view: &mut LeaderView,
+    retention: &mut Retention,
+    cx: RoundContext<'_>,
+) -> (Vec<ControlCommand>, FenceWork) {
+    let RoundContext {
+        now,
+        timing,
+        leader,
+        fencing,
+    } = cx;
+    view.observe(&state.members, now);
+    // With fencing on, a member that missed its renewals for `fence_after` is fenced; only its
+    // units writing to a fenced target move on that, the others wait for the lease.
+    let fence_after = fencing.as_ref().map(|_| timing.fence_after);
+    let mut lease = view.liveness(
+        now,
+        timing.lease_expiry,
+        timing.election_grace(),
+        fence_after,
+    );
+    lease.config_reference = Some(leader);
+    if let Some((topology, ensured)) = fencing {
+        lease.topology = topology;
+        lease.ensured = ensured;
+    }
+    // A level every member supports, never above this build's own.
+    let raise = state
+        .level_to_raise()
+        .filter(|level| *level <= format::SUPPORTED_LEVEL)
+        .map(|level| ControlCommand::RaiseFeatureLevel { level });
+    let removed = retention.round(state, now, timing.forget_retired_after);
+    let work = fence_work(state, &lease);
+    let cmds = work
+        .commands
+        .iter()
+        .cloned()
+        .chain(raise)
+        .chain(removed)
+        .chain(plan(state, &lease))
+        .collect();
+    (cmds, work)
 }
 
 /// Computes one assignment round (at most [`MAX_COMMANDS_PER_ROUND`] commands).

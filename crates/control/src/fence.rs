@@ -114,7 +114,7 @@ pub(crate) type EnsuredUsers = BTreeSet<(String, NodeId, u64)>;
 
 /// One operation on a target.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum FenceOp {
+pub(crate) enum FenceOp {
     Revoke {
         node: NodeId,
         incarnation: u64,
@@ -189,33 +189,66 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Starts a task for every target operation of `work` not already running (leader, term
 /// `term`); its commands are written by the caller with the round.
 pub(crate) fn start(node: &Arc<NodeInner>, fencing: &Fencing, term: u64, work: FenceWork) {
-    let revokes = work
-        .revoke
-        .into_iter()
-        .map(|(node, incarnation, target)| FenceOp::Revoke {
-            node,
-            incarnation,
-            target,
-        });
-    let ensures = work
-        .ensure
-        .into_iter()
-        .map(|(node, incarnation, target)| FenceOp::Ensure {
-            node,
-            incarnation,
-            target,
-        });
-    let retires = work
-        .retire
-        .into_iter()
-        .map(|(node, incarnation)| FenceOp::Retire { node, incarnation });
-    for op in revokes.chain(ensures).chain(retires) {
+    for op in work.ops() {
         if !lock(&node.fencing.in_flight).insert(op.clone()) {
             continue;
         }
         let span = tracing::info_span!("fence_op", node = %node.id, term, op = ?op);
         let task = run(node.clone(), fencing.fence.clone(), op, term);
         tokio::spawn(tracing::Instrument::instrument(task, span));
+    }
+}
+
+impl FenceWork {
+    /// The operations on the targets, revokes first.
+    pub(crate) fn ops(self) -> impl Iterator<Item = FenceOp> {
+        let revokes = self
+            .revoke
+            .into_iter()
+            .map(|(node, incarnation, target)| FenceOp::Revoke {
+                node,
+                incarnation,
+                target,
+            });
+        let ensures = self
+            .ensure
+            .into_iter()
+            .map(|(node, incarnation, target)| FenceOp::Ensure {
+                node,
+                incarnation,
+                target,
+            });
+        let retires = self
+            .retire
+            .into_iter()
+            .map(|(node, incarnation)| FenceOp::Retire { node, incarnation });
+        revokes.chain(ensures).chain(retires)
+    }
+}
+
+impl FenceOp {
+    /// What the leader commits once the targets acknowledged this operation (`None` for an
+    /// ensure, which only this leader's memory records). The flows of a revoked target are
+    /// the ones writing there now: a reload between the decision and this commit changes
+    /// which units the acknowledgement frees, never which target it is about.
+    pub(crate) fn acknowledged(&self, topology: &FenceTopology) -> Option<ControlCommand> {
+        match self {
+            FenceOp::Revoke {
+                node,
+                incarnation,
+                target,
+            } => Some(ControlCommand::FenceTarget {
+                node: *node,
+                incarnation: *incarnation,
+                target: target.clone(),
+                flows: topology.flows_into(target),
+            }),
+            FenceOp::Ensure { .. } => None,
+            FenceOp::Retire { node, incarnation } => Some(ControlCommand::ForgetIdentity {
+                node: *node,
+                incarnation: *incarnation,
+            }),
+        }
     }
 }
 
@@ -296,18 +329,7 @@ async fn attempt(
             node: member,
             incarnation,
             target,
-        } => {
-            fence.revoke(target, *member, *incarnation).await?;
-            // The flows writing there now: a reload between the decision and this commit
-            // changes which units the acknowledgement frees, never which target it is about.
-            let flows = node.fence_topology().flows_into(target);
-            Ok(Some(ControlCommand::FenceTarget {
-                node: *member,
-                incarnation: *incarnation,
-                target: target.clone(),
-                flows,
-            }))
-        }
+        } => fence.revoke(target, *member, *incarnation).await?,
         FenceOp::Ensure {
             node: member,
             incarnation,
@@ -326,7 +348,6 @@ async fn attempt(
                 }
             };
             fence.ensure(target, &login).await?;
-            Ok(None)
         }
         FenceOp::Retire {
             node: member,
@@ -341,12 +362,9 @@ async fn attempt(
             for target in &targets {
                 fence.revoke(target, *member, *incarnation).await?;
             }
-            Ok(Some(ControlCommand::ForgetIdentity {
-                node: *member,
-                incarnation: *incarnation,
-            }))
         }
     }
+    Ok(op.acknowledged(&node.fence_topology()))
 }
 
 #[cfg(test)]

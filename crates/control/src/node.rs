@@ -127,12 +127,6 @@ impl NodeInner {
             && m.current_term == term
     }
 
-    /// How long a member may miss its renewals before the leader fences it (with fencing on).
-    /// Only units writing to a fenced target move on it; the others wait for the lease.
-    fn fence_after(&self) -> Option<Duration> {
-        self.fence.as_ref().map(|_| self.timing.fence_after)
-    }
-
     /// Which flows write to which fenced target now.
     pub(crate) fn fence_topology(&self) -> crate::fence::FenceTopology {
         self.fence_topology
@@ -819,38 +813,25 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             // waited for the lock must not be stamped earlier than it was seen, or the leader
             // could count its lease out before the owner does.
             let now = std::time::Instant::now();
-            current.observe(&data.state.members, now);
-            let mut lease = current.liveness(
-                now,
-                timing.lease_expiry,
-                timing.election_grace(),
-                node.fence_after(),
-            );
-            lease.config_reference = Some(node.id);
-            if lease.fencing {
-                lease.topology = node.fence_topology();
-                lease.ensured = node.fencing.ensured(term);
-            }
-            // A level every member supports, never above this build's own.
-            let raise = data
-                .state
-                .level_to_raise()
-                .filter(|level| *level <= format::SUPPORTED_LEVEL)
-                .map(|level| ControlCommand::RaiseFeatureLevel { level });
-            let removed = retention.round(&data.state, now, timing.forget_retired_after);
-            (
-                raise
-                    .into_iter()
-                    .chain(removed)
-                    .chain(assign::plan(&data.state, &lease))
-                    .collect::<Vec<_>>(),
-                assign::fence_work(&data.state, &lease),
+            let fencing = node
+                .fence
+                .as_ref()
+                .map(|_| (node.fence_topology(), node.fencing.ensured(term)));
+            assign::round(
+                &data.state,
+                &mut current,
+                &mut retention,
+                assign::RoundContext {
+                    now,
+                    timing: &timing,
+                    leader: node.id,
+                    fencing,
+                },
             )
         };
         // Fence decisions go first: a round's grants never depend on them, and a revoke
         // starts only once its decision is applied (the next round, woken at once).
         let decided = !fence_work.commands.is_empty();
-        let cmds: Vec<ControlCommand> = fence_work.commands.iter().cloned().chain(cmds).collect();
         if let Some(fencing) = &node.fence {
             crate::fence::start(&node, fencing, term, fence_work);
         }
