@@ -67,7 +67,7 @@ impl StateMachine {
     /// `i` of `units` to member `i % members + 1`.
     pub fn open(dir: &Path, members: u64, units: &[WorkUnit]) -> Result<Self> {
         let db = data_dir::open(dir)?;
-        let shared = Shared::new(NODE, test_passwords());
+        let shared = Shared::new(NODE, test_passwords(), 0);
         let sm = StateMachineStore::open(&db, dir, shared.clone())?;
         let mut this = Self { sm, shared };
         let members = members.max(1);

@@ -15,6 +15,7 @@
 //! - `api`: the public [`Control`] handle and the [`ClusterStatus`] it reports.
 //! - `fence`: fencing failed members at the target clusters (the leader's side).
 //! - `tls`: mutual TLS between members ([`TlsFiles`]), reloaded when the files change.
+//! - `sim_support`: what the deterministic simulator (`crates/sim`) drives (not a stable API).
 //!
 //! # Never two owners
 //! How leases, revokes and epochs keep a unit from having two writers is argued once, in the
@@ -92,6 +93,9 @@ pub(crate) fn raft_config(timing: &ControlTiming) -> Result<openraft::Config> {
 
 #[doc(hidden)]
 pub mod bench_support;
+
+#[doc(hidden)]
+pub mod sim_support;
 
 #[cfg(test)]
 mod storage_suite;

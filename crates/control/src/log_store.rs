@@ -130,6 +130,20 @@ impl LogStore {
         Ok(true)
     }
 
+    /// The index of the last entry in the log (or of the last purged one; 0 for none): what
+    /// an earlier process of this node may have applied.
+    pub(crate) fn last_index(&self) -> Result<u64> {
+        if let Some((_, v)) = self.logs.last().map_err(|e| Error::Codec {
+            what: "log",
+            reason: e.to_string(),
+        })? {
+            return Ok(decode_entry(&v)?.get_log_id().index);
+        }
+        Ok(self
+            .read_meta::<LogId<NodeId>>(KEY_PURGED)?
+            .map_or(0, |l| l.index))
+    }
+
     /// The commit index as openraft last saved it (`None` before any), shared for metrics.
     pub(crate) fn committed_index(&self) -> Arc<AtomicU64> {
         self.committed.clone()

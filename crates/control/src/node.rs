@@ -490,6 +490,27 @@ pub(crate) async fn run_lease_renewer(node: Arc<NodeInner>) {
                 }
             }
         }
+        if let Some(incarnation) = node.shared.inherited_to_abandon() {
+            // The identity an earlier process of this node wrote with: fenced before this
+            // process writes (see `identity::Inheritance`); the next one follows at once.
+            let cmd = ControlCommand::FenceMember {
+                node: node.id,
+                incarnation,
+            };
+            match node.write_within(&cmd, timing.lease_expiry).await {
+                Ok(_) => tracing::info!(
+                    node = %node.id,
+                    incarnation,
+                    "gave up the writer identity of this node's previous process"
+                ),
+                Err(e) => tracing::warn!(
+                    node = %node.id,
+                    incarnation,
+                    error = %e,
+                    "giving up the previous process's writer identity failed"
+                ),
+            }
+        }
         let sent = std::time::Instant::now();
         let cmd = ControlCommand::RenewLease { node: node.id };
         match node.write_within(&cmd, timing.lease_expiry).await {
@@ -594,7 +615,11 @@ enum Waiting {
 /// The commit command of `commits` at the cluster's feature `level`: `CommitProgress` from
 /// level 2, `CommitOffsets` below (whose counters are only ever `Since`: writers send totals
 /// only at level 2, see `Control::counts_totals`).
-fn commit_command(node: NodeId, commits: Vec<ProgressCommit>, level: u32) -> ControlCommand {
+pub(crate) fn commit_command(
+    node: NodeId,
+    commits: Vec<ProgressCommit>,
+    level: u32,
+) -> ControlCommand {
     if level >= 2 {
         ControlCommand::CommitProgress { node, commits }
     } else {

@@ -747,6 +747,13 @@ impl ControlState {
             .map(|i| passwords.login(node, i.incarnation, &i.password))
     }
 
+    /// `node`'s current writer identity: (incarnation, fenced).
+    pub(crate) fn identity_of(&self, node: NodeId) -> Option<(u64, bool)> {
+        self.identities
+            .get(&node)
+            .map(|i| (i.incarnation, i.fenced))
+    }
+
     /// Whether `node`'s current identity may still have rights on the target cluster `target`:
     /// it has one, not revoked everywhere, and `target` did not acknowledge its revoke.
     pub(crate) fn unrevoked_on(&self, node: NodeId, target: &str) -> bool {

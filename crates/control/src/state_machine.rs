@@ -23,7 +23,7 @@ use crate::command::{decode, encode, ControlResponse};
 use crate::data_dir::{self, KEY_SNAPSHOT, TREE_SNAPSHOT};
 use crate::error::{Error, Result};
 use crate::format;
-use crate::identity::WriterPasswords;
+use crate::identity::{Inheritance, WriterPasswords};
 use crate::state::ControlState;
 use crate::{MemberNode, TypeConfig};
 
@@ -122,6 +122,8 @@ pub(crate) struct Shared {
     applied: watch::Sender<u64>,
     /// This node's usable writer identity (fencing), re-published when it changes.
     writer_login: watch::Sender<Option<WriterLogin>>,
+    /// Which identity this process inherited from an earlier one and must not write as.
+    inheritance: std::sync::Mutex<Inheritance>,
     /// Derives the identities' passwords (never in the state).
     pub(crate) passwords: WriterPasswords,
     /// Size and durations of this node's latest snapshots, for metrics.
@@ -143,10 +145,12 @@ pub(crate) struct SnapshotFigures {
 }
 
 impl Shared {
-    pub(crate) fn new(node: NodeId, passwords: WriterPasswords) -> Arc<Self> {
+    /// The shared state of a process whose log ended at `start_index` when it started.
+    pub(crate) fn new(node: NodeId, passwords: WriterPasswords, start_index: u64) -> Arc<Self> {
         Arc::new(Self {
             node,
             passwords,
+            inheritance: std::sync::Mutex::new(Inheritance::new(start_index)),
             data: RwLock::new(SmData::default()),
             assignments: watch::channel(Vec::new()).0,
             applied: watch::channel(0).0,
@@ -188,6 +192,19 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn lock_inheritance(&self) -> std::sync::MutexGuard<'_, Inheritance> {
+        self.inheritance
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The identity an earlier process of this node held that this one must give up (see
+    /// [`Inheritance`]), while it is still current and unfenced.
+    pub(crate) fn inherited_to_abandon(&self) -> Option<u64> {
+        let current = self.read().state.identity_of(self.node);
+        self.lock_inheritance().to_abandon(current)
+    }
+
     pub(crate) fn subscribe_assignments(&self) -> watch::Receiver<Vec<Assignment>> {
         self.assignments.subscribe()
     }
@@ -211,10 +228,17 @@ impl Shared {
     fn publish_applied(&self, assignments_may_differ: bool) {
         let (mine, applied, login) = {
             let data = self.read();
+            let applied = data.last_applied.map_or(0, |l| l.index);
+            let current = data.state.identity_of(self.node);
+            let mut inheritance = self.lock_inheritance();
+            inheritance.observe(applied, current);
+            let usable = inheritance.usable(current);
             (
                 assignments_may_differ.then(|| data.state.assignments_of(self.node)),
-                data.last_applied.map_or(0, |l| l.index),
-                data.state.writer_login(self.node, &self.passwords),
+                applied,
+                data.state
+                    .writer_login(self.node, &self.passwords)
+                    .filter(|l| Some(l.incarnation) == usable),
             )
         };
         // Before the assignments: a grant made under a new identity must never reach the
@@ -548,7 +572,7 @@ mod tests {
     /// A state machine on its own sled data dir under `dir`.
     fn store(dir: &Path) -> Result<StateMachineStore> {
         let db = crate::data_dir::open(dir)?;
-        let shared = Shared::new(1, crate::identity::test_passwords());
+        let shared = Shared::new(1, crate::identity::test_passwords(), 0);
         StateMachineStore::open(&db, dir, shared)
     }
 

@@ -25,7 +25,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
         let sm = StateMachineStore::open(
             &db,
             dir.path(),
-            Shared::new(1, crate::identity::test_passwords()),
+            Shared::new(1, crate::identity::test_passwords(), 0),
         )
         .map_err(fail)?;
         Ok((dir, log, sm))

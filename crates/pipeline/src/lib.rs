@@ -24,6 +24,8 @@
 //! - [`ControlPlane`] is the narrow interface to the control plane; [`InMemoryControl`]
 //!   implements it for a single node without Raft.
 //! - [`verify`] compares a flow's source and target partitions message by message.
+//! - `sim_support`: the writer's pure cores as the deterministic simulator (`crates/sim`)
+//!   drives them (not a stable API).
 //!
 //! The pipeline knows nothing of Raft, sled or openraft (the binary adapts the control crate to
 //! [`ControlPlane`]) and reads no config files.
@@ -84,3 +86,6 @@ pub use writer::LandedMismatch;
 
 #[doc(hidden)]
 pub mod bench_support;
+
+#[doc(hidden)]
+pub mod sim_support;

@@ -80,7 +80,10 @@ impl Control {
         if log_store.forget_own_leadership(node_id).await? {
             tracing::info!(node = %node_id, "was the leader before the restart; rejoining as a follower");
         }
-        let shared = Shared::new(node_id, WriterPasswords::new(&secret));
+        // Whatever an earlier process of this node applied is in the log now: its identity
+        // is given up before this process writes (see `identity::Inheritance`).
+        let start_index = log_store.last_index()?;
+        let shared = Shared::new(node_id, WriterPasswords::new(&secret), start_index);
         let state_machine = StateMachineStore::open(&db, &data_dir, shared.clone())?;
 
         let listen_err = |source| Error::Listen {

@@ -19,22 +19,22 @@ use crate::control::ControlError;
 
 /// How long after a failed commit call the next commit may start, so that an unavailable
 /// control plane is not asked again after every batch.
-pub(super) const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(250);
+pub(crate) const COMMIT_RETRY_DELAY: Duration = Duration::from_millis(250);
 
 /// One commit to make: everything up to `offset` is downstream, plus what was copied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct CommitRequest {
+pub(crate) struct CommitRequest {
     /// Last upstream offset downstream.
-    pub(super) offset: Offset,
+    pub(crate) offset: Offset,
     /// What the commit counts.
-    pub(super) counters: CommitCounters,
+    pub(crate) counters: CommitCounters,
     /// Counters taken out of the pending ones; they go back if the commit fails.
     taken: UnitCounters,
 }
 
 /// What the writer does once a commit answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Settled {
+pub(crate) enum Settled {
     /// Confirmed, or failed and kept for the next commit: carry on.
     Continue,
     /// The unit is owned under another epoch (`current`) or by nobody: stop at once, since
@@ -47,7 +47,7 @@ pub(super) enum Settled {
 
 /// Written, committed and pending progress of one writer.
 #[derive(Debug)]
-pub(super) struct CommitTracker {
+pub(crate) struct CommitTracker {
     /// Shortest time between two commits that are not final.
     interval: Duration,
     /// Last upstream offset known to be downstream (sent, or found in the tail).
@@ -70,7 +70,7 @@ impl CommitTracker {
     /// A tracker with nothing written; the first commit is not held back. `session`: the
     /// writer session's number when it commits totals, `None` when it commits counters since
     /// the previous commit.
-    pub(super) fn new(interval: Duration, now: Instant, session: Option<u64>) -> Self {
+    pub(crate) fn new(interval: Duration, now: Instant, session: Option<u64>) -> Self {
         Self {
             interval,
             written: None,
@@ -86,24 +86,24 @@ impl CommitTracker {
     /// Where the writer resumed: `written` is downstream (confirmed or found in the tail),
     /// `committed` confirmed. A tail beyond the confirmed offset is committed with the next
     /// commit.
-    pub(super) fn resumed(&mut self, written: Option<Offset>, committed: Option<Offset>) {
+    pub(crate) fn resumed(&mut self, written: Option<Offset>, committed: Option<Offset>) {
         self.written = written;
         self.committed = committed;
     }
 
     /// The last upstream offset known to be downstream: a batch drops what is up to it.
-    pub(super) fn written(&self) -> Option<Offset> {
+    pub(crate) fn written(&self) -> Option<Offset> {
         self.written
     }
 
     /// Downstream holds everything up to `offset` (a batch sent or skipped as a whole, or
     /// what a tail re-read found). Never moves back.
-    pub(super) fn covered(&mut self, offset: Option<Offset>) {
+    pub(crate) fn covered(&mut self, offset: Option<Offset>) {
         self.written = self.written.max(offset);
     }
 
     /// `messages` messages of `bytes` bytes were acknowledged downstream.
-    pub(super) fn sent(&mut self, messages: u64, bytes: u64) {
+    pub(crate) fn sent(&mut self, messages: u64, bytes: u64) {
         self.count(UnitCounters {
             messages,
             bytes,
@@ -112,7 +112,7 @@ impl CommitTracker {
     }
 
     /// A batch came after offsets lost to retention.
-    pub(super) fn gap(&mut self) {
+    pub(crate) fn gap(&mut self) {
         self.count(UnitCounters {
             gaps: 1,
             ..Default::default()
@@ -120,7 +120,7 @@ impl CommitTracker {
     }
 
     /// A failure the writer retries.
-    pub(super) fn error(&mut self) {
+    pub(crate) fn error(&mut self) {
         self.count(UnitCounters {
             errors: 1,
             ..Default::default()
@@ -142,13 +142,13 @@ impl CommitTracker {
     /// When a commit held back by the interval becomes due; `None` while one is in flight or
     /// there is nothing to commit. An idle writer waits for this, so progress is confirmed
     /// also when no further batch comes.
-    pub(super) fn due_at(&self) -> Option<Instant> {
+    pub(crate) fn due_at(&self) -> Option<Instant> {
         (self.in_flight.is_none() && self.has_uncommitted()).then_some(self.next_at)
     }
 
     /// The commit to start at `now`, if one is due: none in flight, something to confirm, and
     /// the interval since the previous one has passed.
-    pub(super) fn start_if_due(&mut self, now: Instant) -> Option<CommitRequest> {
+    pub(crate) fn start_if_due(&mut self, now: Instant) -> Option<CommitRequest> {
         if now < self.next_at {
             return None;
         }
@@ -157,7 +157,7 @@ impl CommitTracker {
 
     /// The final commit of a stopping writer: as [`CommitTracker::start_if_due`], without
     /// waiting for the interval.
-    pub(super) fn start_final(&mut self, now: Instant) -> Option<CommitRequest> {
+    pub(crate) fn start_final(&mut self, now: Instant) -> Option<CommitRequest> {
         self.start(now)
     }
 
@@ -187,7 +187,7 @@ impl CommitTracker {
     /// Applies the answer to the commit in flight: a confirmation moves `committed` (never
     /// back); a failed call or an empty answer gives the counters back for the next commit,
     /// which a failed call also delays by [`COMMIT_RETRY_DELAY`]; a fence stops the writer.
-    pub(super) fn settle(
+    pub(crate) fn settle(
         &mut self,
         now: Instant,
         answer: Result<&[CommitOutcome], &ControlError>,

@@ -19,11 +19,11 @@
 //!
 //! A send in progress is never abandoned half-way (only `crash` aborts the task).
 
-mod commit;
+pub(crate) mod commit;
 mod landed;
 mod prepare;
-mod resume;
-mod send;
+pub(crate) mod resume;
+pub(crate) mod send;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -18,16 +18,16 @@ const TAIL_CHUNK: u32 = 1000;
 
 /// The upstream partition's extent, from `get_topic`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct PartitionExtent {
+pub(crate) struct PartitionExtent {
     /// Messages stored (0 = empty).
-    pub(super) messages_count: u64,
+    pub(crate) messages_count: u64,
     /// Offset of the last message (meaningless when empty).
-    pub(super) current_offset: Offset,
+    pub(crate) current_offset: Offset,
 }
 
 impl PartitionExtent {
     /// The offset the next appended message gets.
-    pub(super) fn next_offset(&self) -> Offset {
+    pub(crate) fn next_offset(&self) -> Offset {
         if self.messages_count == 0 {
             0
         } else {
@@ -74,7 +74,7 @@ pub(crate) fn reference(progress: Option<UnitProgress>, created_at: u64) -> Opti
 
 /// Whether the upstream message at a tail hit's offset is still the one copied there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum TailCheck {
+pub(crate) enum TailCheck {
     /// Same id, origin timestamp, payload and user headers.
     Same,
     /// Upstream holds another message at that offset: its history was reset and refilled.
@@ -85,69 +85,69 @@ pub(super) enum TailCheck {
 
 /// What a starting writer found out before it decides where to resume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct ResumeFacts {
+pub(crate) struct ResumeFacts {
     /// The unit's confirmed progress, `None` if it was never committed.
-    pub(super) progress: Option<UnitProgress>,
+    pub(crate) progress: Option<UnitProgress>,
     /// Creation time (µs) of the upstream topic as it is now.
-    pub(super) created_at: u64,
+    pub(crate) created_at: u64,
     /// What the scan of the downstream tail found ([`TailScan`]); `None` when provenance is
     /// off.
-    pub(super) tail: Option<TailOutcome>,
+    pub(crate) tail: Option<TailOutcome>,
     /// For a hit: whether upstream still holds the message copied there.
-    pub(super) tail_check: TailCheck,
+    pub(crate) tail_check: TailCheck,
     /// The flow's start for a unit without progress.
-    pub(super) initial: InitialOffset,
+    pub(crate) initial: InitialOffset,
     /// The upstream partition now.
-    pub(super) extent: PartitionExtent,
+    pub(crate) extent: PartitionExtent,
     /// Where an operator reset the unit (`flow reset`), if no owner took it up yet.
-    pub(super) reset: Option<OffsetReset>,
+    pub(crate) reset: Option<OffsetReset>,
     /// Where an earlier owner's copy started, when nothing was confirmed since.
-    pub(super) recorded: Option<UnitStart>,
+    pub(crate) recorded: Option<UnitStart>,
 }
 
 /// Confirmed offsets the downstream partition no longer holds (inclusive range): the target
 /// acknowledged them and lost them (Iggy 0.8 acknowledges before it persists).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct DownstreamLoss {
+pub(crate) struct DownstreamLoss {
     /// First lost offset: one after the last message of ours found downstream, or the start of
     /// the history when none of it is left.
-    pub(super) from: Offset,
+    pub(crate) from: Offset,
     /// The confirmed offset.
-    pub(super) to: Offset,
+    pub(crate) to: Offset,
 }
 
 /// Where a unit resumes and what its writer starts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct ResumePlan {
+pub(crate) struct ResumePlan {
     /// Where the reader starts.
-    pub(super) from: ReadFrom,
+    pub(crate) from: ReadFrom,
     /// The history copied: stamped on every message and committed with every offset.
-    pub(super) incarnation: Incarnation,
+    pub(crate) incarnation: Incarnation,
     /// The confirmed offset of that history.
-    pub(super) confirmed: Option<Offset>,
+    pub(crate) confirmed: Option<Offset>,
     /// The last offset of that history known downstream: the highest of `confirmed` and the
     /// tail, or the tail alone after a downstream loss.
-    pub(super) written: Option<Offset>,
+    pub(crate) written: Option<Offset>,
     /// A confirmed offset of an earlier incarnation of the topic (deleted and created again),
     /// which no longer counts: the unit starts that topic from the initial offset.
-    pub(super) forgotten: Option<Offset>,
+    pub(crate) forgotten: Option<Offset>,
     /// The unit's last position when the upstream partition turned out to be reset (purged):
     /// the unit copies the partition's new history from offset 0 under the next incarnation.
-    pub(super) reset: Option<Position>,
+    pub(crate) reset: Option<Position>,
     /// Confirmed offsets the target lost: they are copied again (`from` is their first).
-    pub(super) loss: Option<DownstreamLoss>,
+    pub(crate) loss: Option<DownstreamLoss>,
     /// The tail scan stopped at its bound without finding a message of ours: writes of an
     /// earlier owner further back that were never confirmed are copied again.
-    pub(super) scan_exhausted: bool,
+    pub(crate) scan_exhausted: bool,
     /// The start was worked out from the flow's initial offset just now: record it before
     /// the first poll, so that the next owner starts there too (`latest` moves).
-    pub(super) record: bool,
+    pub(crate) record: bool,
 }
 
 /// The upstream partition was reset more often than labels can count
 /// ([`Incarnation::MAX_GENERATION`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct ResetsExhausted;
+pub(crate) struct ResetsExhausted;
 
 /// Decides where a unit resumes.
 ///
@@ -170,7 +170,7 @@ pub(super) struct ResetsExhausted;
 /// * Otherwise the unit resumes after its position; without one at the flow's initial offset
 ///   (and then a first polled offset above it is not a gap: the server clamps to what it
 ///   retains).
-pub(super) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
+pub(crate) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
     let topic = Incarnation::first(facts.created_at);
     let confirmed = reference(facts.progress, facts.created_at);
     let forgotten = match facts.progress {

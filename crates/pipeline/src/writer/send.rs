@@ -8,7 +8,7 @@ use replicator_model::{Assignment, Epoch, WorkUnit};
 
 /// Why a writer may not send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum SendVeto {
+pub(crate) enum SendVeto {
     /// The unit is no longer assigned to this node under the writer's epoch: stop.
     EpochNotCurrent,
     /// The node's lease is missing or ends within the safety margin: hold the batch and look
@@ -23,7 +23,7 @@ pub(super) enum SendVeto {
 /// send through, and only with more than `margin` left (a send must land before the lease
 /// ends). When it vetoes, this node's assignments (`epoch_current`, read afterwards) tell a
 /// unit that moved away from a lease not valid long enough.
-pub(super) fn send_verdict(
+pub(crate) fn send_verdict(
     now: Instant,
     lease_for_epoch: Option<Instant>,
     margin: Duration,
@@ -37,7 +37,7 @@ pub(super) fn send_verdict(
 }
 
 /// Whether `unit` is assigned under `epoch` in `assignments`.
-pub(super) fn epoch_is_current(assignments: &[Assignment], unit: &WorkUnit, epoch: Epoch) -> bool {
+pub(crate) fn epoch_is_current(assignments: &[Assignment], unit: &WorkUnit, epoch: Epoch) -> bool {
     assignments
         .iter()
         .any(|a| a.epoch == epoch && a.unit == *unit)

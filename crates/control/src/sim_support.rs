@@ -1,0 +1,343 @@
+//! What the deterministic simulator (`crates/sim`) drives. **Not a stable API**: it exists only
+//! so that the simulator runs this crate's real protocol code (the state machine's `apply`, the
+//! leader's assignment round with its lease judgement and fence decisions, the fence
+//! operations' outcomes) under simulated time, network and failures. It wraps crate-private
+//! types without changing their behaviour and may change or disappear with any commit.
+//!
+//! What is not here is what the simulator stands in for: openraft (a committed log that every
+//! member applies in order) and the IO around the leader's tasks.
+
+use std::time::Instant;
+
+use replicator_model::{
+    Assignment, CommitOutcome, Epoch, NodeId, ProgressCommit, UnitProgress, WorkUnit,
+};
+
+use crate::assign::{self, RoundContext};
+use crate::command::{ControlCommand, ControlResponse};
+use crate::fence::{EnsuredUsers, FenceOp, FenceTopology};
+use crate::lease::{owner_lease_until, LeaderView};
+use crate::params::ControlTiming;
+use crate::retention::Retention;
+use crate::state::ControlState;
+
+/// One command of the replicated log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command(ControlCommand);
+
+impl Command {
+    /// `node` registers itself as an active member (its first write).
+    pub fn register(node: NodeId) -> Self {
+        Self(ControlCommand::RegisterMember {
+            node,
+            raft_addr: format!("sim-{node}:raft"),
+            api_addr: format!("sim-{node}:api"),
+        })
+    }
+
+    /// `node` publishes the highest feature level its build supports.
+    pub fn publish_features(node: NodeId) -> Self {
+        Self(ControlCommand::PublishFeatures {
+            node,
+            level: crate::format::SUPPORTED_LEVEL,
+        })
+    }
+
+    /// `node` renews its lease.
+    pub fn renew(node: NodeId) -> Self {
+        Self(ControlCommand::RenewLease { node })
+    }
+
+    /// Discovery's full unit set of `flow`.
+    pub fn report_units(flow: &str, units: Vec<WorkUnit>) -> Self {
+        Self(ControlCommand::ReportUnits {
+            flow: flow.to_owned(),
+            units,
+        })
+    }
+
+    /// `node`'s commits, in the form the cluster's feature `level` takes (as the node's commit
+    /// batcher writes them).
+    pub fn commit(node: NodeId, commits: Vec<ProgressCommit>, level: u32) -> Self {
+        Self(crate::node::commit_command(node, commits, level))
+    }
+
+    /// `node` hands `unit` (granted under `epoch`) back.
+    pub fn release(node: NodeId, unit: WorkUnit, epoch: Epoch) -> Self {
+        Self(ControlCommand::Release { unit, epoch, node })
+    }
+
+    /// `node` gives its writer identity `incarnation` up (fenced like a failed member's).
+    pub fn fence_member(node: NodeId, incarnation: u64) -> Self {
+        Self(ControlCommand::FenceMember { node, incarnation })
+    }
+
+    /// An assignment round's commands as the one entry the leader writes.
+    fn batch(cmds: Vec<ControlCommand>) -> Self {
+        Self(ControlCommand::Batch(cmds))
+    }
+}
+
+/// What applying a command answered, as far as a member's tasks look at it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// A lease renewal was recorded; `revoked_since_previous`: do not extend on it.
+    Renewed {
+        /// A revoke of the node's units was applied since its previous renewal.
+        revoked_since_previous: bool,
+    },
+    /// One outcome per commit.
+    Commits(Vec<CommitOutcome>),
+    /// Anything else (applied or ignored).
+    Other,
+}
+
+/// The replicated state of one member: the real `ControlState` and its `apply`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State(ControlState);
+
+impl State {
+    /// Applies `cmd` written at log `index`.
+    pub fn apply(&mut self, index: u64, cmd: &Command) -> Answer {
+        match self.0.apply(index, &cmd.0) {
+            ControlResponse::Renewed {
+                revoked_since_previous,
+            } => Answer::Renewed {
+                revoked_since_previous,
+            },
+            ControlResponse::Commits(outcomes) => Answer::Commits(outcomes),
+            _ => Answer::Other,
+        }
+    }
+
+    /// `node`'s units, with their epochs and whether the leader wants them back.
+    pub fn assignments_of(&self, node: NodeId) -> Vec<Assignment> {
+        self.0.assignments_of(node)
+    }
+
+    /// Every unit's owner and epoch.
+    pub fn owners(&self) -> Vec<(WorkUnit, Option<NodeId>, Epoch)> {
+        self.0
+            .units
+            .iter()
+            .map(|(u, r)| (u.clone(), r.owner, r.epoch))
+            .collect()
+    }
+
+    /// A unit's confirmed progress.
+    pub fn progress(&self, unit: &WorkUnit) -> Option<UnitProgress> {
+        self.0.units.get(unit).map(|r| r.progress)
+    }
+
+    /// `node`'s current writer identity: (incarnation, fenced).
+    pub fn identity(&self, node: NodeId) -> Option<(u64, bool)> {
+        self.0.identity_of(node)
+    }
+
+    /// The cluster's feature level.
+    pub fn feature_level(&self) -> u32 {
+        self.0.feature_level()
+    }
+
+    /// Whether `node` is a member.
+    pub fn is_member(&self, node: NodeId) -> bool {
+        self.0.members.contains_key(&node)
+    }
+}
+
+/// Which writer identity a process may write as (`identity::Inheritance`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inheritance(crate::identity::Inheritance);
+
+impl Inheritance {
+    /// A process whose log ended at `start_index` when it started.
+    pub fn new(start_index: u64) -> Self {
+        Self(crate::identity::Inheritance::new(start_index))
+    }
+
+    /// After applying up to `applied` (the process's state is `state`).
+    pub fn observe(&mut self, applied: u64, state: &State, node: NodeId) {
+        self.0.observe(applied, state.0.identity_of(node));
+    }
+
+    /// The incarnation the process may write as.
+    pub fn usable(&self, state: &State, node: NodeId) -> Option<u64> {
+        self.0.usable(state.0.identity_of(node))
+    }
+
+    /// The inherited identity to give up.
+    pub fn to_abandon(&self, state: &State, node: NodeId) -> Option<u64> {
+        self.0.to_abandon(state.0.identity_of(node))
+    }
+}
+
+/// A member's record of when it saw each member's renewal applied (what a new leader carries
+/// on from), kept while it follows.
+#[derive(Debug, Clone)]
+pub struct Observer(LeaderView);
+
+impl Default for Observer {
+    fn default() -> Self {
+        Self(LeaderView::new(0))
+    }
+}
+
+impl Observer {
+    /// Records the renewals in `state` at `now`.
+    pub fn observe(&mut self, state: &State, now: Instant) {
+        self.0.observe(&state.0.members, now);
+    }
+}
+
+/// One operation on a target the leader's fence tracker runs.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TargetOp {
+    /// Take the identity's rights on `target` away (create it without rights if missing).
+    Revoke {
+        /// The member.
+        node: NodeId,
+        /// Its fenced identity.
+        incarnation: u64,
+        /// The target.
+        target: String,
+    },
+    /// Make sure the identity's user exists on `target` (never change an existing one).
+    Ensure {
+        /// The member.
+        node: NodeId,
+        /// Its identity.
+        incarnation: u64,
+        /// The target.
+        target: String,
+    },
+    /// Revoke the stale identity on every fenced target, then forget it.
+    Retire {
+        /// The member.
+        node: NodeId,
+        /// The stale identity.
+        incarnation: u64,
+    },
+}
+
+impl TargetOp {
+    fn from_op(op: FenceOp) -> Self {
+        match op {
+            FenceOp::Revoke {
+                node,
+                incarnation,
+                target,
+            } => Self::Revoke {
+                node,
+                incarnation,
+                target,
+            },
+            FenceOp::Ensure {
+                node,
+                incarnation,
+                target,
+            } => Self::Ensure {
+                node,
+                incarnation,
+                target,
+            },
+            FenceOp::Retire { node, incarnation } => Self::Retire { node, incarnation },
+        }
+    }
+
+    fn to_op(&self) -> FenceOp {
+        match self.clone() {
+            Self::Revoke {
+                node,
+                incarnation,
+                target,
+            } => FenceOp::Revoke {
+                node,
+                incarnation,
+                target,
+            },
+            Self::Ensure {
+                node,
+                incarnation,
+                target,
+            } => FenceOp::Ensure {
+                node,
+                incarnation,
+                target,
+            },
+            Self::Retire { node, incarnation } => FenceOp::Retire { node, incarnation },
+        }
+    }
+
+    /// What the leader commits once the targets acknowledged the operation.
+    pub fn acknowledged(&self, topology: &FenceTopology) -> Option<Command> {
+        self.to_op().acknowledged(topology).map(Command)
+    }
+}
+
+/// The leader's memory over one term: its lease view, what it saw become forgettable, and the
+/// identities it ensured on the targets.
+#[derive(Debug)]
+pub struct Leader {
+    view: LeaderView,
+    retention: Retention,
+    ensured: EnsuredUsers,
+    /// The leading node.
+    pub node: NodeId,
+}
+
+impl Leader {
+    /// A leader of `term` carrying on from what `observed` recorded while it followed.
+    pub fn carry_on(
+        node: NodeId,
+        term: u64,
+        observed: &Observer,
+        now: Instant,
+        previous_leader: Option<NodeId>,
+    ) -> Self {
+        Self {
+            view: LeaderView::carry_on(term, &observed.0, now, previous_leader),
+            retention: Retention::default(),
+            ensured: EnsuredUsers::default(),
+            node,
+        }
+    }
+
+    /// The target acknowledged that `node`'s identity `incarnation` exists there.
+    pub fn ensured(&mut self, target: &str, node: NodeId, incarnation: u64) {
+        self.ensured.insert((target.to_owned(), node, incarnation));
+    }
+
+    /// One assignment round (the node's `run_assigner` runs the same function): the entry to
+    /// write (if any) and the target operations to run.
+    pub fn round(
+        &mut self,
+        state: &State,
+        now: Instant,
+        timing: &ControlTiming,
+        topology: &FenceTopology,
+    ) -> (Option<Command>, Vec<TargetOp>) {
+        let (cmds, work) = assign::round(
+            &state.0,
+            &mut self.view,
+            &mut self.retention,
+            RoundContext {
+                now,
+                timing,
+                leader: self.node,
+                fencing: Some((topology.clone(), self.ensured.clone())),
+            },
+        );
+        let ops = work.ops().map(TargetOp::from_op).collect();
+        ((!cmds.is_empty()).then(|| Command::batch(cmds)), ops)
+    }
+}
+
+/// Until when an owner may write after a renewal it sent at `sent` was committed and applied.
+pub fn lease_until(sent: Instant, timing: &ControlTiming) -> Instant {
+    owner_lease_until(sent, timing.lease_expiry, timing.lease_safety_margin)
+}
+
+/// The default timings (the one home of the defaults is `ControlTiming::default`).
+pub fn default_timing() -> ControlTiming {
+    ControlTiming::default()
+}

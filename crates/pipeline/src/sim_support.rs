@@ -1,0 +1,311 @@
+//! What the deterministic simulator (`crates/sim`) drives. **Not a stable API**: it exists only
+//! so that the simulator's writers decide with this crate's real pure cores (the resume plan and
+//! the tail scan, the send check, the commit tracker, the consumer-group offset map) under
+//! simulated time, targets and failures. It wraps crate-private types without changing their
+//! behaviour and may change or disappear with any commit.
+
+use std::time::{Duration, Instant};
+
+use replicator_model::{CommitCounters, CommitOutcome, InitialOffset, Offset, UnitProgress};
+
+use crate::groups::translate::{Copied, Lookup, OffsetMap as Map};
+use crate::writer::commit::{CommitTracker as Tracker, Settled};
+use crate::writer::resume::{
+    self, PartitionExtent, Position, ResumeFacts, TailCheck, TailEntry, TailOutcome, TailPoll,
+    TailStep,
+};
+use crate::writer::send::{send_verdict, SendVeto};
+use crate::ControlError;
+
+/// The documented defaults a writer works with (the one home is [`crate::PipelineParams::new`]).
+#[derive(Debug, Clone, Copy)]
+pub struct WriterDefaults {
+    /// A writer sends only while its lease is valid for at least this long.
+    pub lease_safety_margin: Duration,
+    /// Shortest time between two commits of one unit.
+    pub commit_interval: Duration,
+    /// How far back a writer without a confirmed offset scans the downstream tail.
+    pub tail_scan_window: u32,
+}
+
+impl Default for WriterDefaults {
+    fn default() -> Self {
+        let p = crate::PipelineParams::new(0, Default::default(), Vec::new());
+        Self {
+            lease_safety_margin: p.lease_safety_margin,
+            commit_interval: p.commit_interval,
+            tail_scan_window: p.tail_scan_window,
+        }
+    }
+}
+
+/// Why a writer may not send now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Veto {
+    /// The unit is no longer this node's under the writer's epoch: stop.
+    EpochNotCurrent,
+    /// The lease ends within the margin: hold the batch, look again shortly.
+    LeaseExpiring,
+}
+
+/// The writer's check before every send (`writer::send::send_verdict`).
+pub fn may_send(
+    now: Instant,
+    lease_for_epoch: Option<Instant>,
+    margin: Duration,
+    epoch_current: bool,
+) -> Result<(), Veto> {
+    send_verdict(now, lease_for_epoch, margin, || epoch_current).map_err(|v| match v {
+        SendVeto::EpochNotCurrent => Veto::EpochNotCurrent,
+        SendVeto::LeaseExpiring => Veto::LeaseExpiring,
+    })
+}
+
+/// A downstream message as the tail scan reads it: its offset and, when this flow wrote it,
+/// the upstream offset it copies (history 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// Downstream offset.
+    pub offset: Offset,
+    /// Upstream offset (`repl-offset`), if it is a copy of ours.
+    pub upstream: Option<Offset>,
+}
+
+/// The page the tail scan wants next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Page {
+    /// The newest `count` messages.
+    Last {
+        /// How many.
+        count: u32,
+    },
+    /// Up to `count` messages from `offset` on.
+    From {
+        /// First downstream offset.
+        offset: Offset,
+        /// How many.
+        count: u32,
+    },
+}
+
+impl Page {
+    fn of(poll: TailPoll) -> Self {
+        match poll {
+            TailPoll::Last { count } => Self::Last { count },
+            TailPoll::From { offset, count } => Self::From { offset, count },
+        }
+    }
+}
+
+/// What a finished tail scan found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tail(TailOutcome);
+
+impl Tail {
+    /// The newest copy of ours: (downstream offset, upstream offset).
+    pub fn hit(&self) -> Option<(Offset, Offset)> {
+        match self.0 {
+            TailOutcome::Hit(h) => Some((h.downstream, h.position.offset)),
+            TailOutcome::Absent(_) => None,
+        }
+    }
+
+    /// The downstream partition is empty.
+    pub fn empty(&self) -> bool {
+        matches!(self.0, TailOutcome::Absent(resume::ScanEnd::Empty))
+    }
+}
+
+/// The writer's backwards scan of the downstream partition (`writer::resume::TailScan`).
+#[derive(Debug)]
+pub struct TailScan(resume::TailScan);
+
+impl TailScan {
+    /// A scan bounded by `window` unless `confirmed` (an upstream offset of history 0) is
+    /// given, and its first page.
+    pub fn start(window: u32, confirmed: Option<Offset>) -> (Self, Page) {
+        let reference = confirmed.map(|offset| Position {
+            generation: 0,
+            offset,
+        });
+        let (scan, poll) = resume::TailScan::start(window, reference);
+        (Self(scan), Page::of(poll))
+    }
+
+    /// Takes the page asked for (ascending offsets): the next page, or what the scan found.
+    pub fn feed(&mut self, page: &[Seen]) -> Result<Tail, Page> {
+        let entries: Vec<TailEntry> = page
+            .iter()
+            .map(|s| TailEntry {
+                offset: s.offset,
+                ours: s.upstream.map(|offset| Position {
+                    generation: 0,
+                    offset,
+                }),
+            })
+            .collect();
+        match self.0.feed(&entries) {
+            TailStep::Poll(poll) => Err(Page::of(poll)),
+            TailStep::Done(outcome) => Ok(Tail(outcome)),
+        }
+    }
+}
+
+/// Where a unit resumes (`writer::resume::plan`, for an upstream partition that was never
+/// reset, provenance on, no operator reset, initial offset `earliest`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume {
+    /// The first upstream offset the reader polls.
+    pub from: Offset,
+    /// The last upstream offset known downstream.
+    pub written: Option<Offset>,
+    /// The confirmed offset.
+    pub confirmed: Option<Offset>,
+    /// The target lost confirmed messages: they are copied again.
+    pub loss: bool,
+    /// The label the unit stamps and commits with.
+    pub label: u64,
+}
+
+/// Decides where a unit resumes from its confirmed `progress`, the upstream topic's
+/// `created_at`, the tail found and the upstream partition's extent (`messages`, `last`).
+pub fn resume(
+    progress: Option<UnitProgress>,
+    created_at: u64,
+    tail: Tail,
+    messages: u64,
+    last: Offset,
+) -> Resume {
+    let plan = resume::plan(&ResumeFacts {
+        progress,
+        created_at,
+        tail: Some(tail.0),
+        // The simulated upstream never refills a history: the copy at the tail is the same.
+        tail_check: if tail.hit().is_some() {
+            TailCheck::Same
+        } else {
+            TailCheck::Unknown
+        },
+        initial: InitialOffset::Earliest,
+        extent: PartitionExtent {
+            messages_count: messages,
+            current_offset: last,
+        },
+        reset: None,
+        recorded: None,
+    })
+    .expect("the simulated upstream is never reset");
+    Resume {
+        from: plan.from.offset,
+        written: plan.written,
+        confirmed: plan.confirmed,
+        loss: plan.loss.is_some(),
+        label: plan.incarnation.label(),
+    }
+}
+
+/// The writer's commit bookkeeping (`writer::commit::CommitTracker`).
+#[derive(Debug)]
+pub struct CommitTracker(Tracker);
+
+impl CommitTracker {
+    /// A tracker at `now`; `session` when the writer commits totals (feature level 2).
+    pub fn new(interval: Duration, now: Instant, session: Option<u64>) -> Self {
+        Self(Tracker::new(interval, now, session))
+    }
+
+    /// Where the writer resumed.
+    pub fn resumed(&mut self, written: Option<Offset>, committed: Option<Offset>) {
+        self.0.resumed(written, committed);
+    }
+
+    /// The last upstream offset known downstream.
+    pub fn written(&self) -> Option<Offset> {
+        self.0.written()
+    }
+
+    /// Downstream holds everything up to `offset`.
+    pub fn covered(&mut self, offset: Option<Offset>) {
+        self.0.covered(offset);
+    }
+
+    /// `messages` were acknowledged downstream.
+    pub fn sent(&mut self, messages: u64) {
+        self.0.sent(messages, messages * 100);
+    }
+
+    /// A failure the writer retries.
+    pub fn error(&mut self) {
+        self.0.error();
+    }
+
+    /// When the next commit is due, if any.
+    pub fn due_at(&self) -> Option<Instant> {
+        self.0.due_at()
+    }
+
+    /// The commit to start now, if due: (offset, counters).
+    pub fn start_if_due(&mut self, now: Instant) -> Option<(Offset, CommitCounters)> {
+        self.0.start_if_due(now).map(|r| (r.offset, r.counters))
+    }
+
+    /// The final commit of a stopping writer.
+    pub fn start_final(&mut self, now: Instant) -> Option<(Offset, CommitCounters)> {
+        self.0.start_final(now).map(|r| (r.offset, r.counters))
+    }
+
+    /// The answer to the commit in flight (`None`: the call failed). `true`: fenced, stop.
+    pub fn settle(&mut self, now: Instant, answer: Option<&[CommitOutcome]>) -> bool {
+        let failure = ControlError {
+            reason: "no answer".to_owned(),
+            transient: true,
+        };
+        let answer = answer.ok_or(&failure);
+        matches!(self.0.settle(now, answer), Settled::Fenced { .. })
+    }
+}
+
+/// A writer's sends since it resumed, for the consumer-group sync
+/// (`groups::translate::OffsetMap`).
+#[derive(Debug, Clone)]
+pub struct OffsetMap(Map);
+
+impl OffsetMap {
+    /// A map for a writer resuming history `label` with the downstream partition's next
+    /// offset at `next_down`.
+    pub fn new(label: u64, next_down: Offset, copied_before: bool) -> Self {
+        Self(Map::new(label, next_down, copied_before))
+    }
+
+    /// Messages acknowledged downstream, by upstream offset, in send order.
+    pub fn sent(&mut self, upstream: impl IntoIterator<Item = Offset>) {
+        self.0.sent(upstream);
+    }
+
+    /// A send failed and may have been appended.
+    pub fn unsure(&mut self) {
+        self.0.unsure();
+    }
+
+    /// The tail re-read after an unsure send found `last` (down, up) and the partition's next
+    /// offset `next_down`.
+    pub fn resynced(&mut self, last: Option<(Offset, Offset)>, next_down: Offset) {
+        self.0
+            .resynced(last.map(|(down, up)| Copied { down, up }), next_down);
+    }
+
+    /// The newest copy recorded: (downstream offset, upstream offset). The group sync checks it
+    /// against the downstream partition before it translates with the map.
+    pub fn newest(&self) -> Option<(Offset, Offset)> {
+        self.0.newest().map(|c| (c.down, c.up))
+    }
+
+    /// The copy of upstream offset `up`, or of the last copied offset before it, if the map
+    /// knows it: (downstream offset, upstream offset).
+    pub fn lookup(&self, up: Offset) -> Option<(Offset, Offset)> {
+        match self.0.lookup(up) {
+            Lookup::Found(c) => Some((c.down, c.up)),
+            Lookup::NotCopied | Lookup::Unknown => None,
+        }
+    }
+}
