@@ -20,7 +20,7 @@
 //! A send in progress is never abandoned half-way (only `crash` aborts the task).
 
 pub(crate) mod commit;
-mod landed;
+pub(crate) mod landed;
 mod prepare;
 pub(crate) mod resume;
 pub(crate) mod send;
@@ -138,9 +138,12 @@ struct Writer<C> {
     backoff: Backoff,
     /// Where this writer records what it sent, when its flow syncs consumer groups.
     offset_map: Option<SharedOffsetMap>,
-    /// The upstream offset of the last message this writer's sends were acknowledged for
-    /// (skipped messages excluded): a tail re-read that finds less means the target lost
-    /// acknowledged messages.
+    /// The upstream offset of the last message of ours known to be downstream: the tail the
+    /// resume found, then the last one this writer's sends were acknowledged for (skipped
+    /// messages excluded). A tail re-read that finds less means the target lost messages it
+    /// had acknowledged, also when this writer had not sent anything yet (found by the
+    /// simulator, seed 194: a target restarted between the resume and the first send, without
+    /// the copies the resume had found, and the writer went on after them, leaving a hole).
     last_copied: Option<Offset>,
 }
 
@@ -384,6 +387,14 @@ impl<C: ControlPlane> Writer<C> {
         }
         self.recopy_until = plan.loss.map(|loss| loss.to);
         self.topic_created_at = plan.incarnation.label();
+        self.last_copied = match tail {
+            Some(TailOutcome::Hit(hit))
+                if hit.position.generation == plan.incarnation.generation =>
+            {
+                Some(hit.position.offset)
+            }
+            _ => None,
+        };
         if crate::groups::enabled(&shared.flow) {
             let copied_before =
                 plan.written.is_some() || progress.is_some_and(|p| p.confirmed.is_some());

@@ -270,6 +270,41 @@ async fn messages_the_target_lost_under_a_running_writer_are_copied_again() -> T
     Ok(())
 }
 
+/// Found by the simulator (seed 194): the target loses the copies a writer's resume found
+/// before the writer sent anything. The tail it re-reads after its first failed send is below
+/// what the resume found, which is a loss as much as losing its own sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_the_target_lost_after_a_resume_and_before_the_first_send_are_copied_again(
+) -> TestResult {
+    let (env, up, f) = Env::seeded("resumeloss", "t", 1, 0..50, 50).await?;
+    let unit = WorkUnit::new("resumeloss", "resumeloss", "t", 0);
+    let (control, first) = env.run(&f).await?;
+    wait_confirmed(&control, &unit, 49, Duration::from_secs(30)).await?;
+    first.shutdown().await;
+    // A new writer resumes after the 50 copies it finds and waits for more.
+    let second = Pipeline::start(env.params(f.clone()), control.clone()).await?;
+    wait_until("the writer resumed", Duration::from_secs(30), || async {
+        stats_of(&second, &unit)
+            .await
+            .is_ok_and(|s| s.lag == Some(0))
+    })
+    .await?;
+    // The target restarts without its newest 20 messages: its connections drop.
+    let down = client(&env.eu).await?;
+    let mut kept = messages(&down, "resumeloss", "t", 0, 30).await?;
+    let (stream, topic) = (Identifier::named("resumeloss")?, Identifier::named("t")?);
+    down.purge_topic(&stream, &topic).await?;
+    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &mut kept)
+        .await?;
+    env.eu.faults().drop_connections();
+    produce(&up, "resumeloss", "t", 1, 50..60, 10).await?;
+    env.wait_downstream("resumeloss", "t", 0, 60).await?;
+    wait_confirmed(&control, &unit, 59, Duration::from_secs(30)).await?;
+    assert_exact(&env.verify(&f, Duration::from_secs(10)).await?);
+    second.shutdown().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_emptied_downstream_partition_with_a_confirmed_offset_is_copied_again() -> TestResult {
     let (env, _up, f, unit, control, first) = copied("emptied").await?;
