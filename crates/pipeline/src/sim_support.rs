@@ -1,7 +1,7 @@
 //! What the deterministic simulator (`crates/sim`) drives. **Not a stable API**: it exists only
 //! so that the simulator's writers decide with this crate's real pure cores (the resume plan and
 //! the tail scan, the send check, the commit tracker, the consumer-group offset map) under
-//! simulated time, targets and failures. It wraps crate-private types without changing their
+//! simulated time, targets and failures (and the landed check of Iggy 0.9 confirmations). It wraps crate-private types without changing their
 //! behaviour and may change or disappear with any commit.
 
 use std::time::{Duration, Instant};
@@ -10,6 +10,7 @@ use replicator_model::{CommitCounters, CommitOutcome, InitialOffset, Offset, Uni
 
 use crate::groups::translate::{Copied, Lookup, OffsetMap as Map};
 use crate::writer::commit::{CommitTracker as Tracker, Settled};
+use crate::writer::landed::LandedCheck as Landed;
 use crate::writer::resume::{
     self, PartitionExtent, Position, ResumeFacts, TailCheck, TailEntry, TailOutcome, TailPoll,
     TailStep,
@@ -262,6 +263,35 @@ impl CommitTracker {
         };
         let answer = answer.ok_or(&failure);
         matches!(self.0.settle(now, answer), Settled::Fenced { .. })
+    }
+}
+
+/// Where the target says a writer's sends landed (`writer::landed::LandedCheck`): each send an
+/// Iggy 0.9 target confirms must start where the writer's previous one ended.
+#[derive(Debug, Default)]
+pub struct LandedCheck(Landed);
+
+impl LandedCheck {
+    /// The confirmation of one send of `messages` to `partition`: where its first message
+    /// landed (`None`: a target that confirms nothing, Iggy 0.8). `false`: it landed elsewhere
+    /// than after the previous send, which the writer handles as an unknown outcome.
+    pub fn confirm(&mut self, partition: u32, base_offset: Option<u64>, messages: u32) -> bool {
+        let confirmed: Vec<replicator_sdk::Confirmed> = base_offset
+            .map(|base_offset| replicator_sdk::Confirmed {
+                places: vec![replicator_sdk::Place {
+                    partition,
+                    base_offset,
+                }],
+                messages,
+            })
+            .into_iter()
+            .collect();
+        self.0.confirm(partition, &confirmed).is_ok()
+    }
+
+    /// The writer re-read the tail, or a send failed.
+    pub fn forget(&mut self) {
+        self.0.forget();
     }
 }
 

@@ -13,7 +13,9 @@
 //!   prefix of its upstream);
 //! - confirmed offsets never move backwards, nor past what a target acknowledged;
 //! - a translated group offset is the copy of the group's offset or of an earlier message;
-//! - once the faults end, every unit is owned, copied and confirmed within [`SETTLE_WITHIN`];
+//! - while a quorum and its target are up, a unit without a live owner is owned again within
+//!   [`OWNED_WITHIN`]; once the faults end, every unit is owned, copied and confirmed within
+//!   [`SETTLE_WITHIN`];
 //! - every member that applied the whole log holds the same state.
 //!
 //! `cargo test -p replicator-sim` runs a few hundred seeds; the `replicator-sim` binary runs
@@ -25,7 +27,7 @@ mod target;
 mod world;
 
 pub use schedule::{Fault, FaultKind, Ms, Schedule, FAULTS_FROM, FAULTS_UNTIL};
-pub use world::{Stats, Violation, World, MEMBERS, SETTLE_WITHIN, TARGETS};
+pub use world::{Stats, Violation, World, MEMBERS, OWNED_WITHIN, SETTLE_WITHIN, TARGETS};
 
 /// A failed seed: what broke, the schedule that broke it, the run's recent history.
 #[derive(Debug, Clone)]

@@ -41,6 +41,7 @@ fn main() -> ExitCode {
                 totals.refused_sends += stats.refused_sends;
                 totals.unknown_outcomes += stats.unknown_outcomes;
                 totals.downstream_losses += stats.downstream_losses;
+                totals.landed_mismatches += stats.landed_mismatches;
                 totals.translations += stats.translations;
                 totals.settled_after = totals.settled_after.max(stats.settled_after);
             }
@@ -53,7 +54,7 @@ fn main() -> ExitCode {
     println!(
         "{} seeds, {faults} faults, {failed} failed, in {:.1?}; entries {}, elections {}, \
          fences {}, refused stale sends {}, unknown outcomes {}, downstream losses {}, \
-         translations checked {}, slowest settle {} ms",
+         landed mismatches {}, translations checked {}, slowest settle {} ms",
         seeds.len(),
         started.elapsed(),
         totals.entries,
@@ -62,6 +63,7 @@ fn main() -> ExitCode {
         totals.refused_sends,
         totals.unknown_outcomes,
         totals.downstream_losses,
+        totals.landed_mismatches,
         totals.translations,
         totals.settled_after
     );

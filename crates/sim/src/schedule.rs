@@ -73,6 +73,12 @@ pub enum FaultKind {
         /// Percent of answers lost.
         percent: u8,
     },
+    /// Members' writes reach the control plane twice with this percentage, the second copy up
+    /// to 300 ms later (a forwarded write retried after its answer was lost: two entries).
+    DuplicateControlWrites {
+        /// Percent of writes duplicated.
+        percent: u8,
+    },
     /// Sends to the target take up to `max_ms` longer (a slow network or a busy server).
     SlowTarget {
         /// The target's index.
@@ -127,7 +133,7 @@ impl Schedule {
                 let for_ms = rng.gen_range(100..=longest);
                 let member = rng.gen_range(1..=MEMBERS);
                 let target = rng.gen_range(0..TARGETS);
-                let kind = match rng.gen_range(0..10) {
+                let kind = match rng.gen_range(0..11) {
                     0 => FaultKind::Crash { member },
                     1 => FaultKind::CrashLeader,
                     2 => FaultKind::Freeze { member },
@@ -147,6 +153,9 @@ impl Schedule {
                     8 => FaultKind::SlowTarget {
                         target,
                         max_ms: rng.gen_range(100..=3_000),
+                    },
+                    9 => FaultKind::DuplicateControlWrites {
+                        percent: rng.gen_range(10..=60),
                     },
                     _ => FaultKind::Freeze { member },
                 };

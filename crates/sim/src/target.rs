@@ -68,16 +68,23 @@ pub(crate) enum Violation {
 pub(crate) struct Target {
     pub(crate) name: String,
     pub(crate) up: bool,
+    /// Answers a send with where it landed, as an Iggy 0.9 server does (0.8 answers nothing).
+    pub(crate) confirms: bool,
     users: BTreeMap<Identity, User>,
     partitions: BTreeMap<WorkUnit, Partition>,
     next_flush: Ms,
 }
 
 impl Target {
-    pub(crate) fn new(name: &str, units: impl IntoIterator<Item = WorkUnit>) -> Self {
+    pub(crate) fn new(
+        name: &str,
+        confirms: bool,
+        units: impl IntoIterator<Item = WorkUnit>,
+    ) -> Self {
         Self {
             name: name.to_owned(),
             up: true,
+            confirms,
             users: BTreeMap::new(),
             partitions: units
                 .into_iter()
@@ -164,16 +171,18 @@ impl Target {
         Ok(self.partitions[unit].messages.len() as u64)
     }
 
-    /// A send arriving: appended if `who` may send. Checks the invariants on what it accepts.
+    /// A send arriving: appended if `who` may send; the offset its first message got. Checks
+    /// the invariants on what it accepts.
     pub(crate) fn append(
         &mut self,
         who: Identity,
         unit: &WorkUnit,
         session: u64,
         upstream: &[u64],
-    ) -> Result<Result<(), Violation>, Refusal> {
+    ) -> Result<Result<u64, Violation>, Refusal> {
         self.permitted(who)?;
         let p = self.partitions.get_mut(unit).expect("known unit");
+        let base = p.messages.len() as u64;
         let mut verdict = Ok(());
         if p.sessions.last() != Some(&session) {
             if p.sessions.contains(&session) {
@@ -199,7 +208,7 @@ impl Target {
             });
         }
         p.high_water = p.high_water.max(p.messages.len());
-        Ok(verdict)
+        Ok(verdict.map(|()| base))
     }
 
     /// What an observer (not a writer) sees: the partition's messages.
@@ -223,9 +232,9 @@ mod tests {
 
     #[test]
     fn a_revoked_user_is_refused_and_a_late_ensure_does_not_give_rights_back() {
-        let mut t = Target::new("t", [unit()]);
+        let mut t = Target::new("t", false, [unit()]);
         t.ensure((1, 1)).unwrap();
-        assert_eq!(t.append((1, 1), &unit(), 7, &[0]), Ok(Ok(())));
+        assert_eq!(t.append((1, 1), &unit(), 7, &[0]), Ok(Ok(0)));
         t.revoke((1, 1)).unwrap();
         assert_eq!(t.append((1, 1), &unit(), 7, &[1]), Err(Refusal::Denied));
         t.ensure((1, 1)).unwrap();
@@ -238,9 +247,9 @@ mod tests {
 
     #[test]
     fn duplicates_holes_and_interleaved_writers_are_caught() {
-        let mut t = Target::new("t", [unit()]);
+        let mut t = Target::new("t", false, [unit()]);
         t.ensure((1, 1)).unwrap();
-        assert_eq!(t.append((1, 1), &unit(), 1, &[0, 1]), Ok(Ok(())));
+        assert_eq!(t.append((1, 1), &unit(), 1, &[0, 1]), Ok(Ok(0)));
         assert!(matches!(
             t.append((1, 1), &unit(), 2, &[1]),
             Ok(Err(Violation::NotNext {
@@ -257,7 +266,7 @@ mod tests {
 
     #[test]
     fn a_restart_with_loss_keeps_only_what_was_flushed() {
-        let mut t = Target::new("t", [unit()]);
+        let mut t = Target::new("t", false, [unit()]);
         t.ensure((1, 1)).unwrap();
         t.append((1, 1), &unit(), 1, &[0, 1]).unwrap().unwrap();
         t.tick(FLUSH_EVERY);

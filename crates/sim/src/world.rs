@@ -23,7 +23,8 @@ use replicator_control::sim_support::{
 use replicator_control::{ControlTiming, FenceTopology};
 use replicator_model::{CommitCounters, CommitOutcome, Epoch, NodeId, ProgressCommit, WorkUnit};
 use replicator_pipeline::sim_support::{
-    may_send, resume, CommitTracker, OffsetMap, Page, Seen, Tail, TailScan, Veto, WriterDefaults,
+    may_send, resume, CommitTracker, LandedCheck, OffsetMap, Page, Seen, Tail, TailScan, Veto,
+    WriterDefaults,
 };
 
 use crate::schedule::{FaultKind, Ms, Schedule, FAULTS_UNTIL};
@@ -53,6 +54,10 @@ const LEASE_RECHECK: Ms = 20;
 const ANSWER_TIMEOUT: Ms = 500;
 /// How long a writer waits for a send's answer that was lost (a broken connection).
 const SEND_TIMEOUT: Ms = 1_000;
+/// While a quorum and a unit's target are up (and the leader reaches the target), a unit
+/// without a live owner is owned again within this long: generous against the timings (a
+/// fence takes `fence_after` and a few round trips, an election under a second).
+pub const OWNED_WITHIN: Ms = 10_000;
 
 /// A broken invariant, when, and what the run looked like just before.
 #[derive(Debug, Clone)]
@@ -80,6 +85,8 @@ pub struct Stats {
     pub unknown_outcomes: u64,
     /// Writers that found their target lost what it had acknowledged.
     pub downstream_losses: u64,
+    /// Sends a 0.9 target confirmed elsewhere than after the writer's previous one.
+    pub landed_mismatches: u64,
     /// Group offsets translated and checked.
     pub translations: u64,
     /// Simulated ms until everything was copied after the heal.
@@ -133,7 +140,8 @@ enum Event {
         run: u64,
         unit: WorkUnit,
         session: u64,
-        ok: bool,
+        /// Accepted, and where it landed if the target says (Iggy 0.9).
+        landed: Option<Option<u64>>,
     },
     /// A leader's fence operation reaches the targets.
     FenceArrive {
@@ -191,6 +199,8 @@ struct Writer {
     retry_at: Ms,
     /// The target's restart count when this writer last read it (its connection).
     connection: u64,
+    /// Where the target said the previous sends landed (0.9 confirmations).
+    landed: LandedCheck,
 }
 
 impl Writer {
@@ -218,6 +228,7 @@ impl Writer {
             commit_in_flight: false,
             retry_at,
             connection: 0,
+            landed: LandedCheck::default(),
         }
     }
 }
@@ -337,6 +348,8 @@ pub struct World {
     started: BTreeSet<usize>,
     /// Crashed members and when they start again.
     down_until: BTreeMap<NodeId, Ms>,
+    /// Units without a live owner while they could have one, since when.
+    orphaned: BTreeMap<WorkUnit, Ms>,
     trace: VecDeque<String>,
     /// Whether members give up an inherited identity (the node's behaviour; off only to show
     /// what the simulator found without it).
@@ -365,8 +378,10 @@ impl World {
             .iter()
             .enumerate()
             .map(|(i, (_, t, _))| {
+                // The second target speaks 0.9: it confirms where each send landed.
                 Target::new(
                     t,
+                    i == 1,
                     units
                         .iter()
                         .filter(|(_, ti)| *ti == i)
@@ -401,6 +416,7 @@ impl World {
             seq: 0,
             started: BTreeSet::new(),
             down_until: BTreeMap::new(),
+            orphaned: BTreeMap::new(),
             trace: VecDeque::new(),
             inherit: true,
             stats: Stats::default(),
@@ -729,6 +745,26 @@ impl World {
         }
         let delay = self.rng.gen_range(1..=8);
         let term = matches!(purpose, Purpose::Round).then_some(self.term);
+        // A member's write forwarded twice (the leader's own rounds are not retried).
+        let twice = term.is_none()
+            && self.lost(|k| match k {
+                FaultKind::DuplicateControlWrites { percent } => Some(*percent),
+                _ => None,
+            });
+        if twice {
+            let later = delay + self.rng.gen_range(1..=300);
+            self.schedule_event(
+                later,
+                Event::Commit {
+                    from,
+                    run,
+                    cmd: cmd.clone(),
+                    // Nobody waits for the copy's answer.
+                    purpose: Purpose::Report,
+                    term,
+                },
+            );
+        }
         self.schedule_event(
             delay,
             Event::Commit {
@@ -849,6 +885,35 @@ impl World {
             let units: Vec<WorkUnit> = self.members[&id].writers.keys().cloned().collect();
             for unit in units {
                 self.writer_step(id, &unit)?;
+            }
+        }
+        self.check_ownership()
+    }
+
+    /// Invariant 5 during the run: while a quorum leads, the unit's target is up and the
+    /// leader reaches it, a unit whose owner is dead, frozen or cut off (or that has none) is
+    /// owned again within [`OWNED_WITHIN`].
+    fn check_ownership(&mut self) -> Result<(), Violation> {
+        let leader = self.leader.filter(|l| self.has_majority(*l));
+        let owners = self.canonical.owners();
+        for (unit, ti) in &self.units {
+            let owner = owners
+                .iter()
+                .find(|(u, _, _)| u == unit)
+                .and_then(|(_, o, _)| *o);
+            let live_owner =
+                owner.is_some_and(|o| self.members[&o].active(self.now) && !self.isolated(o));
+            let could = leader.is_some_and(|l| self.targets[*ti].up && !self.cut(l, *ti));
+            if could && !live_owner {
+                let since = *self.orphaned.entry(unit.clone()).or_insert(self.now);
+                if self.now - since > OWNED_WITHIN {
+                    return Err(self.fail(format!(
+                        "{unit}: without a live owner for {} ms while a quorum and its target were up (owner {owner:?})",
+                        self.now - since
+                    )));
+                }
+            } else {
+                self.orphaned.remove(unit);
             }
         }
         Ok(())
@@ -1168,6 +1233,8 @@ impl World {
                         w.map = Some(OffsetMap::new(plan.label, next_down, copied_before));
                         w.label = plan.label;
                         w.read_at = plan.from;
+                        // As the writer does: the tail found is the last copy known downstream.
+                        w.last_copied = tail.hit().map(|(_, up)| up);
                         w.identity = Some(who);
                         w.connection = self.restarts[ti];
                         w.phase = Phase::Copying;
@@ -1240,6 +1307,7 @@ impl World {
                             if let Some(map) = &mut w.map {
                                 map.resynced(hit, next_down);
                             }
+                            w.landed.forget();
                             w.resync = false;
                             w.connection = self.restarts[ti];
                         }
@@ -1386,7 +1454,7 @@ impl World {
                 }
                 if self.cut(from, send.target) {
                     self.stats.unknown_outcomes += 1;
-                    self.answer_send(&send, false, SEND_TIMEOUT);
+                    self.answer_send(&send, None, SEND_TIMEOUT);
                     return Ok(());
                 }
                 let delay = self.target_delay(send.target);
@@ -1401,8 +1469,9 @@ impl World {
                 } else {
                     target.append(send.who, &send.unit, send.session, &send.upstream)
                 };
-                let ok = match outcome {
-                    Ok(Ok(())) => true,
+                let confirms = target.confirms;
+                let landed = match outcome {
+                    Ok(Ok(base)) => Some(confirms.then_some(base)),
                     Ok(Err(v)) => {
                         return Err(self.fail(match v {
                             TargetViolation::TwoWriters { unit, session } => format!(
@@ -1421,9 +1490,9 @@ impl World {
                     }
                     Err(Refusal::Denied) => {
                         self.stats.refused_sends += 1;
-                        false
+                        None
                     }
-                    Err(Refusal::Down) => false,
+                    Err(Refusal::Down) => None,
                 };
                 let lost = self.lost(|k| match k {
                     FaultKind::LoseTargetAnswers { target, percent } if *target == send.target => {
@@ -1433,10 +1502,10 @@ impl World {
                 }) || self.cut(send.from, send.target);
                 if lost {
                     self.stats.unknown_outcomes += 1;
-                    self.answer_send(&send, false, SEND_TIMEOUT);
+                    self.answer_send(&send, None, SEND_TIMEOUT);
                 } else {
                     let delay = self.rng.gen_range(1..=10);
-                    self.answer_send(&send, ok, delay);
+                    self.answer_send(&send, landed, delay);
                 }
                 Ok(())
             }
@@ -1445,18 +1514,18 @@ impl World {
                 run,
                 unit,
                 session,
-                ok,
+                landed,
             } => {
                 if self.deferred(to, run, |to| Event::SendAnswer {
                     to,
                     run,
                     unit: unit.clone(),
                     session,
-                    ok,
+                    landed,
                 }) {
                     return Ok(());
                 }
-                self.send_answer(to, &unit, session, ok);
+                self.send_answer(to, &unit, session, landed);
                 Ok(())
             }
             Event::FenceArrive {
@@ -1538,7 +1607,7 @@ impl World {
         false
     }
 
-    fn answer_send(&mut self, send: &Send, ok: bool, delay: Ms) {
+    fn answer_send(&mut self, send: &Send, landed: Option<Option<u64>>, delay: Ms) {
         self.schedule_event(
             delay,
             Event::SendAnswer {
@@ -1546,19 +1615,37 @@ impl World {
                 run: send.run,
                 unit: send.unit.clone(),
                 session: send.session,
-                ok,
+                landed,
             },
         );
     }
 
-    fn send_answer(&mut self, to: NodeId, unit: &WorkUnit, session: u64, ok: bool) {
+    fn send_answer(
+        &mut self,
+        to: NodeId,
+        unit: &WorkUnit,
+        session: u64,
+        landed: Option<Option<u64>>,
+    ) {
         let now = self.now;
         let m = self.members.get_mut(&to).expect("member");
         let Some(w) = m.writers.get_mut(unit).filter(|w| w.session == session) else {
             return;
         };
         let batch = w.in_flight.take();
-        match (ok, batch) {
+        // A send that landed elsewhere than after the previous one is handled as one whose
+        // outcome is unknown (`Error::UnexpectedAppend`).
+        let fits = match (&landed, &batch) {
+            (Some(base), Some(batch)) => {
+                let fits = w.landed.confirm(unit.partition, *base, batch.len() as u32);
+                if !fits {
+                    self.stats.landed_mismatches += 1;
+                }
+                fits
+            }
+            _ => false,
+        };
+        match (fits, batch) {
             (true, Some(batch)) => {
                 let last = *batch.last().expect("a send is never empty");
                 if let Some(map) = &mut w.map {

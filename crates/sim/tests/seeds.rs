@@ -79,6 +79,35 @@ fn a_restarted_member_never_writes_as_its_previous_process() {
     );
 }
 
+/// Seed 194, shrunk: a target restarts without its unflushed tail between a writer's resume
+/// and its first send. The writer's tail re-read found less than the resume had found, and it
+/// sent on after the copies it believed were there, leaving a hole. (The writer now counts the
+/// resume's tail as its last copy; the pipeline's e2e test
+/// `copies_the_target_lost_after_a_resume_and_before_the_first_send_are_copied_again` shows
+/// the same on the real writer.)
+#[test]
+fn copies_a_target_lost_before_a_writers_first_send_are_copied_again() {
+    let schedule = Schedule {
+        faults: vec![
+            Fault {
+                at: 10_402,
+                for_ms: 2_663,
+                kind: FaultKind::LoseControlAnswers { percent: 28 },
+            },
+            Fault {
+                at: 13_731,
+                for_ms: 4_342,
+                kind: FaultKind::TargetDown {
+                    target: 0,
+                    lose_tail: true,
+                },
+            },
+        ],
+    };
+    let stats = run_with(194, schedule).unwrap_or_else(|f| panic!("{f}"));
+    assert!(stats.downstream_losses > 0, "{stats:?}");
+}
+
 #[test]
 fn a_seed_replays_exactly() {
     let a = run(42).expect("seed 42 passes");

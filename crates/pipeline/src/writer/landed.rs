@@ -11,7 +11,7 @@ use replicator_sdk::Confirmed;
 
 /// What the confirmations of one writer's sends said so far.
 #[derive(Debug, Default)]
-pub(super) struct LandedCheck {
+pub(crate) struct LandedCheck {
     /// The offset the next confirmed send must start at; `None` until a confirmation told
     /// (after a start, a tail re-read, or an answer without a confirmation).
     next: Option<u64>,
@@ -45,7 +45,7 @@ impl LandedCheck {
     /// Checks the confirmations of one send to `partition` (one entry per request the send
     /// took, in order; none on Iggy 0.8). After a mismatch the check starts over, as after
     /// [`LandedCheck::forget`].
-    pub(super) fn confirm(
+    pub(crate) fn confirm(
         &mut self,
         partition: u32,
         sends: &[Confirmed],
@@ -86,7 +86,7 @@ impl LandedCheck {
     }
 
     /// Forgets where the next send must start: the writer re-read the tail, or a send failed.
-    pub(super) fn forget(&mut self) {
+    pub(crate) fn forget(&mut self) {
         self.next = None;
     }
 }
