@@ -28,7 +28,8 @@ use crate::config::{IggyVersion, TestServerConfig};
 use crate::error::{Error, Result};
 use crate::faults::Faults;
 use crate::handlers::Shared;
-use crate::server::{bind, open_shared, rebind, spawn_listener, Running};
+use crate::server::{bind, open_shared, rebind, spawn_listener, with_partition, Running};
+use crate::PartitionInfo;
 use iggy09_binary_protocol::consensus::Operation;
 use iggy09_common::{ClusterNodeRole, ClusterNodeStatus, IggyError};
 use std::net::SocketAddr;
@@ -400,6 +401,17 @@ impl TestCluster {
         ));
         self.cluster.roster().start(index);
         Ok(())
+    }
+
+    /// Numbers of a partition addressed by stream and topic name (what every replica holds:
+    /// the replicas share one state).
+    pub fn partition_info(
+        &self,
+        stream: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<PartitionInfo> {
+        with_partition(&self.shared, stream, topic, partition, PartitionInfo::of)
     }
 
     /// Whether replica `index` runs.

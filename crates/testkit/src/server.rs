@@ -84,6 +84,19 @@ pub struct PartitionInfo {
     pub segments_count: u32,
 }
 
+impl PartitionInfo {
+    /// The numbers of `log`.
+    pub(crate) fn of(log: &mut crate::log::PartitionLog) -> Self {
+        PartitionInfo {
+            messages_count: log.messages_count(),
+            current_offset: log.current_offset(),
+            first_offset: log.first_offset(),
+            size_bytes: log.size_bytes(),
+            segments_count: log.segments().len() as u32,
+        }
+    }
+}
+
 /// Retention hooks of a server; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Retention {
@@ -144,15 +157,7 @@ impl TestServer {
         topic: &str,
         partition: u32,
     ) -> Result<PartitionInfo> {
-        with_partition(&self.shared, stream, topic, partition, |log| {
-            PartitionInfo {
-                messages_count: log.messages_count(),
-                current_offset: log.current_offset(),
-                first_offset: log.first_offset(),
-                size_bytes: log.size_bytes(),
-                segments_count: log.segments().len() as u32,
-            }
-        })
+        with_partition(&self.shared, stream, topic, partition, PartitionInfo::of)
     }
 
     /// Stops the listener and every connection and waits for their tasks.
@@ -314,7 +319,8 @@ async fn accept_loop(
     while connections.join_next().await.is_some() {}
 }
 
-fn with_partition<T>(
+/// Runs `f` on partition `partition` of `stream/topic` (by name) in `shared`.
+pub(crate) fn with_partition<T>(
     shared: &Shared,
     stream: &str,
     topic: &str,
