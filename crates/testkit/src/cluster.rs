@@ -20,9 +20,11 @@
 //!   `Leader`, the others `Follower`, with its TCP port and 0 for the transports it does not run.
 //!
 //! The primary is the replica of index `view % replicas`. Stopping it (`kill`) is a view change:
-//! the view moves on to the next running replica, at once (a real cluster takes about one
-//! heartbeat timeout to elect, see `crates/testkit/README.md`). A restarted replica comes back as
-//! a backup.
+//! the view moves on to the next running replica, at once. A real cluster takes about one
+//! heartbeat timeout to elect; `kill_without_view_change` and `view_change` model that window,
+//! in which the roster still names the dead primary and a backup refuses a login (after
+//! checking its credentials) with 58 in the result section, as a real backup whose forward to
+//! the primary finds no route does. A restarted replica comes back as a backup.
 
 use crate::config::{IggyVersion, TestServerConfig};
 use crate::error::{Error, Result};
@@ -33,7 +35,7 @@ use crate::PartitionInfo;
 use iggy09_binary_protocol::consensus::Operation;
 use iggy09_common::{ClusterNodeRole, ClusterNodeStatus, IggyError};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The cluster name every replica reports (the real server's `cluster.name` default).
@@ -78,14 +80,24 @@ impl Roster {
         self.running.get(index).copied().unwrap_or(false)
     }
 
-    /// Replica `index` stops. If it was the primary, the view moves on to the next view whose
-    /// primary runs (a view change); with no replica left running the view stays.
-    pub(crate) fn stop(&mut self, index: usize) {
-        let was_primary = self.primary() == Some(index);
+    /// The replica the view names primary, running or not: the `Leader` of the roster answer
+    /// (between a primary's death and the view change, a dead one).
+    pub(crate) fn leader(&self) -> Option<usize> {
+        self.index_of(self.view)
+    }
+
+    /// Replica `index` stops and nothing else happens yet: if it was the primary, the others
+    /// are left in its view without a primary until [`Roster::elect`].
+    pub(crate) fn halt(&mut self, index: usize) {
         if let Some(running) = self.running.get_mut(index) {
             *running = false;
         }
-        if !was_primary || !self.running.contains(&true) {
+    }
+
+    /// The view change a dead primary causes: the view moves on to the next view whose primary
+    /// runs. Nothing changes while the primary runs or when no replica runs.
+    pub(crate) fn elect(&mut self) {
+        if self.primary().is_some() || !self.running.contains(&true) {
             return;
         }
         let mut view = self.view + 1;
@@ -122,18 +134,34 @@ pub(crate) enum ReplicaAnswer {
     Rejected(u32),
 }
 
-/// The answer of a replica that is (`primary`) or is not the primary to a request naming
-/// `operation` (and, for reads, `code`). `not_committed` is the pending "answer one metadata
-/// write `TransientNotCommitted`" switch; a primary that answers so clears it.
+/// What a replica is in the current view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// The primary of the view, running.
+    Primary,
+    /// A backup whose view's primary runs (it forwards logins there).
+    Backup,
+    /// A backup whose view's primary is gone, before the view change: a login it forwards
+    /// finds no route (on the real cluster, for about one heartbeat timeout).
+    Orphan,
+}
+
+/// The answer of a replica in `role` to a request naming `operation` (and, for reads,
+/// `code`). `not_committed` is the pending "answer one metadata write `TransientNotCommitted`"
+/// switch; a primary that answers so clears it.
 pub(crate) fn answer(
-    primary: bool,
+    role: Role,
     operation: Operation,
     code: Option<u32>,
     not_committed: &mut bool,
 ) -> ReplicaAnswer {
     let not_accepted = IggyError::TransientNotAccepted.as_code();
+    let primary = role == Role::Primary;
     match operation {
         Operation::NonReplicated if code == Some(GET_CLUSTER_METADATA) => ReplicaAnswer::Roster,
+        // A backup authenticates a login and forwards it; with no primary to forward to, it is
+        // refused as never admitted.
+        Operation::Register if role == Role::Orphan => ReplicaAnswer::Rejected(not_accepted),
         // Reads are local; logins and logouts are forwarded by a backup to the primary.
         Operation::NonReplicated | Operation::Register | Operation::Logout => ReplicaAnswer::Serve,
         op if op.is_partition() && !primary => ReplicaAnswer::Status(not_accepted),
@@ -155,6 +183,8 @@ pub(crate) struct ClusterState {
     addrs: Vec<SocketAddr>,
     /// Set by [`TestCluster::answer_not_committed_once`], cleared by the write it refuses.
     not_committed: AtomicBool,
+    /// Logins refused because the view's primary was gone ([`TestCluster::logins_refused`]).
+    logins_refused: AtomicU64,
 }
 
 impl ClusterState {
@@ -174,19 +204,40 @@ pub(crate) struct Seat {
 }
 
 impl Seat {
+    /// This replica's role in the current view.
+    fn role(&self) -> Role {
+        match self.cluster.roster().primary() {
+            Some(primary) if primary == self.index => Role::Primary,
+            Some(_) => Role::Backup,
+            None => Role::Orphan,
+        }
+    }
+
     /// What this replica does with a request naming `operation` (and `code` for reads).
     pub(crate) fn answer(&self, operation: Operation, code: Option<u32>) -> ReplicaAnswer {
-        let primary = self.cluster.roster().primary() == Some(self.index);
+        let role = self.role();
         let mut not_committed = false;
-        if primary && operation.is_metadata() {
+        if role == Role::Primary && operation.is_metadata() {
             not_committed = self.cluster.not_committed.swap(false, Ordering::SeqCst);
         }
-        let verdict = answer(primary, operation, code, &mut not_committed);
+        let verdict = answer(role, operation, code, &mut not_committed);
         if not_committed {
             // Not taken after all: leave it for the next write.
             self.cluster.not_committed.store(true, Ordering::SeqCst);
         }
         verdict
+    }
+
+    /// The code a register whose credentials this replica accepted is refused with, if it is
+    /// (the primary it would forward the register to is gone); counted.
+    pub(crate) fn refuses_register(&self) -> Option<u32> {
+        match self.answer(Operation::Register, None) {
+            ReplicaAnswer::Rejected(code) => {
+                self.cluster.logins_refused.fetch_add(1, Ordering::Relaxed);
+                Some(code)
+            }
+            _ => None,
+        }
     }
 
     /// The GET_CLUSTER_METADATA answer of this replica, in SDK 0.11's encoding.
@@ -195,7 +246,7 @@ impl Seat {
             ClusterMetadataResponse, ClusterNodeResponse,
         };
         use iggy09_binary_protocol::WireEncode;
-        let primary = self.cluster.roster().primary();
+        let leader = self.cluster.roster().leader();
         let nodes = self
             .cluster
             .addrs
@@ -208,7 +259,7 @@ impl Seat {
                 quic_port: 0,
                 http_port: 0,
                 websocket_port: 0,
-                role: if primary == Some(i) {
+                role: if leader == Some(i) {
                     ClusterNodeRole::Leader as u8
                 } else {
                     ClusterNodeRole::Follower as u8
@@ -280,6 +331,7 @@ impl TestCluster {
             roster: Mutex::new(Roster::new(replicas)),
             addrs: listeners.iter().map(|(_, addr)| *addr).collect(),
             not_committed: AtomicBool::new(false),
+            logins_refused: AtomicU64::new(0),
         });
         let replicas = listeners
             .into_iter()
@@ -363,18 +415,43 @@ impl TestCluster {
 
     /// Stops replica `index` as a `kill -9` would: its listener closes and every connection to
     /// it drops. If it was the primary, the next running replica becomes primary (a view
-    /// change). Stopping a stopped replica does nothing.
+    /// change) at once. Stopping a stopped replica does nothing.
+    ///
+    /// # Panics
+    /// When `index` is not a replica of this cluster.
+    pub async fn kill(&mut self, index: usize) {
+        self.kill_without_view_change(index).await;
+        self.view_change();
+    }
+
+    /// Stops replica `index` like [`TestCluster::kill`], but if it was the primary the others
+    /// stay in its view, without a primary, until [`TestCluster::view_change`]: the window a
+    /// real cluster has before it elects (about one heartbeat timeout). Meanwhile the roster
+    /// still names the dead replica `Leader`, and a backup refuses a login it authenticated as
+    /// not accepted (58), as well as every write.
     ///
     /// # Panics
     /// When `index` is not a replica of this cluster.
     #[tracing::instrument(skip_all, fields(replica = index))]
-    pub async fn kill(&mut self, index: usize) {
+    pub async fn kill_without_view_change(&mut self, index: usize) {
         // Out of the roster first, so that no connection it still serves sees it as primary.
-        self.cluster.roster().stop(index);
+        self.cluster.roster().halt(index);
         if let Some(running) = self.replicas[index].running.take() {
             running.stop().await;
         }
         tracing::info!(view = self.view(), primary = ?self.primary(), "replica stopped");
+    }
+
+    /// The view change after a primary's death: the next running replica becomes primary.
+    /// Nothing happens while the primary runs.
+    pub fn view_change(&self) {
+        self.cluster.roster().elect();
+        tracing::info!(view = self.view(), primary = ?self.primary(), "view");
+    }
+
+    /// How many logins the backups refused because the primary was gone.
+    pub fn logins_refused(&self) -> u64 {
+        self.cluster.logins_refused.load(Ordering::Relaxed)
     }
 
     /// Starts replica `index` again on its old port; it serves as a backup of the current view.
@@ -434,6 +511,12 @@ mod tests {
     use super::*;
     use assert2::check;
 
+    /// A `kill`: the replica stops, then the view changes if it was the primary.
+    fn stop(roster: &mut Roster, index: usize) {
+        roster.halt(index);
+        roster.elect();
+    }
+
     #[test]
     fn replica_zero_is_the_first_primary() {
         let roster = Roster::new(3);
@@ -444,15 +527,15 @@ mod tests {
     #[test]
     fn stopping_the_primary_moves_the_view_to_the_next_running_replica() {
         let mut roster = Roster::new(3);
-        roster.stop(0);
+        stop(&mut roster, 0);
         check!(roster.view() == 1);
         check!(roster.primary() == Some(1));
         // With 0 back and 2 down, the failure of 1 skips view 2 (whose primary, 2, is down) for
         // view 3 (replica 0).
         roster.start(0);
-        roster.stop(2);
+        stop(&mut roster, 2);
         check!(roster.view() == 1);
-        roster.stop(1);
+        stop(&mut roster, 1);
         check!(roster.view() == 3);
         check!(roster.primary() == Some(0));
     }
@@ -460,7 +543,7 @@ mod tests {
     #[test]
     fn stopping_a_backup_changes_no_view() {
         let mut roster = Roster::new(3);
-        roster.stop(1);
+        stop(&mut roster, 1);
         check!(roster.view() == 0);
         check!(roster.primary() == Some(0));
         check!(!roster.is_running(1));
@@ -469,7 +552,7 @@ mod tests {
     #[test]
     fn a_restarted_primary_comes_back_as_a_backup() {
         let mut roster = Roster::new(3);
-        roster.stop(0);
+        stop(&mut roster, 0);
         roster.start(0);
         check!(roster.primary() == Some(1));
         check!(roster.is_running(0));
@@ -478,8 +561,8 @@ mod tests {
     #[test]
     fn with_every_replica_stopped_there_is_no_primary_and_the_view_stays() {
         let mut roster = Roster::new(2);
-        roster.stop(1);
-        roster.stop(0);
+        stop(&mut roster, 1);
+        stop(&mut roster, 0);
         check!(roster.primary() == None);
         check!(roster.view() == 0);
         roster.start(0);
@@ -498,7 +581,7 @@ mod tests {
     #[test]
     fn a_backup_serves_reads_and_logins_and_refuses_writes_as_not_accepted() {
         let mut pending = false;
-        let mut backup = |op, code| answer(false, op, code, &mut pending);
+        let mut backup = |op, code| answer(Role::Backup, op, code, &mut pending);
         check!(backup(Operation::NonReplicated, Some(10)) == ReplicaAnswer::Serve);
         check!(backup(Operation::Register, None) == ReplicaAnswer::Serve);
         check!(backup(Operation::Logout, None) == ReplicaAnswer::Serve);
@@ -513,9 +596,9 @@ mod tests {
     #[test]
     fn every_replica_answers_the_roster_itself() {
         let mut pending = false;
-        for primary in [true, false] {
+        for role in [Role::Primary, Role::Backup, Role::Orphan] {
             check!(
-                answer(primary, Operation::NonReplicated, Some(12), &mut pending)
+                answer(role, Operation::NonReplicated, Some(12), &mut pending)
                     == ReplicaAnswer::Roster
             );
         }
@@ -525,33 +608,86 @@ mod tests {
     fn the_primary_serves_writes_and_answers_one_not_committed_when_asked() {
         let mut pending = false;
         check!(
-            answer(true, Operation::CreateStream, Some(202), &mut pending) == ReplicaAnswer::Serve
+            answer(
+                Role::Primary,
+                Operation::CreateStream,
+                Some(202),
+                &mut pending
+            ) == ReplicaAnswer::Serve
         );
         check!(
-            answer(true, Operation::SendMessages, Some(101), &mut pending) == ReplicaAnswer::Serve
+            answer(
+                Role::Primary,
+                Operation::SendMessages,
+                Some(101),
+                &mut pending
+            ) == ReplicaAnswer::Serve
         );
         pending = true;
         // A send is a partition operation: the switch is for the metadata plane's prepares.
         check!(
-            answer(true, Operation::SendMessages, Some(101), &mut pending) == ReplicaAnswer::Serve
+            answer(
+                Role::Primary,
+                Operation::SendMessages,
+                Some(101),
+                &mut pending
+            ) == ReplicaAnswer::Serve
         );
         check!(pending);
         check!(
-            answer(true, Operation::CreateStream, Some(202), &mut pending)
-                == ReplicaAnswer::Rejected(NOT_COMMITTED)
+            answer(
+                Role::Primary,
+                Operation::CreateStream,
+                Some(202),
+                &mut pending
+            ) == ReplicaAnswer::Rejected(NOT_COMMITTED)
         );
         check!(!pending);
         check!(
-            answer(true, Operation::CreateStream, Some(202), &mut pending) == ReplicaAnswer::Serve
+            answer(
+                Role::Primary,
+                Operation::CreateStream,
+                Some(202),
+                &mut pending
+            ) == ReplicaAnswer::Serve
         );
+    }
+
+    #[test]
+    fn without_a_primary_a_backup_refuses_logins_but_still_serves_reads() {
+        let mut pending = false;
+        let mut orphan = |op, code| answer(Role::Orphan, op, code, &mut pending);
+        check!(orphan(Operation::Register, None) == ReplicaAnswer::Rejected(NOT_ACCEPTED));
+        check!(orphan(Operation::NonReplicated, Some(10)) == ReplicaAnswer::Serve);
+        check!(orphan(Operation::CreateStream, Some(202)) == ReplicaAnswer::Rejected(NOT_ACCEPTED));
+        check!(orphan(Operation::SendMessages, Some(101)) == ReplicaAnswer::Status(NOT_ACCEPTED));
+    }
+
+    #[test]
+    fn a_halted_primary_stays_leader_until_the_election() {
+        let mut roster = Roster::new(3);
+        roster.halt(0);
+        check!(roster.primary() == None);
+        check!(roster.leader() == Some(0));
+        check!(roster.view() == 0);
+        roster.elect();
+        check!(roster.primary() == Some(1));
+        check!(roster.leader() == Some(1));
+        // An election with a running primary changes nothing.
+        roster.elect();
+        check!(roster.view() == 1);
     }
 
     #[test]
     fn a_backup_leaves_the_not_committed_switch_for_the_primary() {
         let mut pending = true;
         check!(
-            answer(false, Operation::CreateStream, Some(202), &mut pending)
-                == ReplicaAnswer::Rejected(NOT_ACCEPTED)
+            answer(
+                Role::Backup,
+                Operation::CreateStream,
+                Some(202),
+                &mut pending
+            ) == ReplicaAnswer::Rejected(NOT_ACCEPTED)
         );
         check!(pending);
     }

@@ -31,6 +31,8 @@ const GET_CLUSTER_METADATA: u32 = 12;
 const GET_STREAMS: u32 = 201;
 /// CREATE_STREAM.
 const CREATE_STREAM: u32 = 202;
+/// Unauthenticated: a read before any login.
+const UNAUTHENTICATED: u32 = 40;
 
 /// The cluster a test talks to: a real one named by the environment, or an in-process one.
 struct Target {
@@ -382,5 +384,64 @@ async fn a_write_answered_not_committed_is_replayed_by_the_sdk_and_applied_once(
     check!(faults.requests(CREATE_STREAM) - before == 2);
     let streams = client.get_streams().await?;
     check!(streams.iter().filter(|s| s.name == name).count() == 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn before_the_view_change_a_backup_refuses_logins_as_not_accepted() -> TestResult {
+    let Some(mut t) = Target::new().await else {
+        return Ok(());
+    };
+    if t.in_process("before_the_view_change_a_backup_refuses_logins")
+        .is_none()
+    {
+        return Ok(());
+    }
+    // Logged in before the primary dies: a connection that can still read the roster (a new
+    // one cannot log in to read it until the view change).
+    let mut before = t.raw(1).await;
+    let cluster = t.cluster.as_mut().expect("in process");
+    cluster.kill_without_view_change(0).await;
+    check!(cluster.primary() == None);
+    // The roster still names the dead primary.
+    let roster = roster_of(&mut before).await;
+    let leader = roster
+        .nodes
+        .iter()
+        .position(|n| n.role == ClusterNodeRole::Leader as u8);
+    check!(leader == Some(0));
+    let mut raw = Raw::connect(&t.addresses[1]).await;
+    let body = Raw::register_body(IGGY_PROTOCOL_VERSION, &t.root.0, &t.root.1);
+    let answer = raw.send(Operation::Register, 0, &body, true).await;
+    let Frame::Reply { status, body } = &answer else {
+        panic!("a register on a backup without a primary answered {answer:?}");
+    };
+    check!(*status == 0);
+    check!(result_code(body) == Some(NOT_ACCEPTED));
+    // Not logged in: a read is refused as before any login.
+    match raw
+        .send(Operation::NonReplicated, GET_STREAMS, &[], false)
+        .await
+    {
+        Frame::Reply { status, .. } => {
+            check!(status == UNAUTHENTICATED);
+        }
+        other => panic!("GET_STREAMS answered {other:?}"),
+    }
+    // Wrong credentials are still refused as such (checked before the forward).
+    let mut other = Raw::connect(&t.addresses[2]).await;
+    let wrong = other
+        .register(IGGY_PROTOCOL_VERSION, &t.root.0, "not-the-password")
+        .await;
+    check!(matches!(wrong, Err(Frame::Eviction(_))));
+    let cluster = t.cluster.as_ref().expect("in process");
+    check!(cluster.logins_refused() == 1);
+    cluster.view_change();
+    check!(cluster.primary() == Some(1));
+    let mut raw = Raw::connect(&t.addresses[2]).await;
+    check!(raw
+        .register(IGGY_PROTOCOL_VERSION, &t.root.0, &t.root.1)
+        .await
+        .is_ok());
     Ok(())
 }
