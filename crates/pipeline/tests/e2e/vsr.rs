@@ -196,3 +196,78 @@ async fn the_sources_primary_dying_mid_copy_leaves_an_exact_copy() -> TestResult
     pipeline.shutdown().await;
     Ok(())
 }
+
+/// The target's primary dies and the cluster takes its time to elect (as a real one does, for
+/// about a heartbeat timeout): meanwhile the backups refuse the writers' logins as not
+/// accepted. The writers keep trying through the seeds, and once the view changes the copy
+/// resumes and ends exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logins_refused_before_the_targets_election_are_retried_until_it() -> TestResult {
+    let Some((us, mut eu)) = cluster_target().await? else {
+        return Ok(());
+    };
+    let up = client(&us).await?;
+    create_topic(&up, "vsr", "t", 2).await?;
+    produce(&up, "vsr", "t", 2, 0..300, 100).await?;
+    let f = flow("vsr", &["vsr/*"]);
+    let (us_params, eu_params) = (crate::harness::cluster_params(&us), cluster_params_of(&eu));
+    let params = tuned_params(clusters(us_params.clone(), eu_params.clone()), f.clone());
+    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
+    wait_target(&eu, 0, 300).await?;
+    wait_target(&eu, 1, 300).await?;
+
+    let primary = eu.primary().ok_or("the target has no primary")?;
+    eu.kill_without_view_change(primary).await;
+    produce(&up, "vsr", "t", 2, 300..400, 100).await?;
+    wait_until("a writer's login refused by a backup", CATCH_UP, || async {
+        eu.logins_refused() >= 2
+    })
+    .await?;
+    let started = std::time::Instant::now();
+    eu.view_change();
+    wait_target(&eu, 0, 400).await?;
+    wait_target(&eu, 1, 400).await?;
+    eprintln!("caught up {:?} after the view change", started.elapsed());
+    assert2::check!(verify_exact(f, &us_params, &eu_params).await? == 800);
+    pipeline.shutdown().await;
+    Ok(())
+}
+
+/// The replica of the target's first seed address is frozen (a process stopped with SIGSTOP: it
+/// accepts connections and answers nothing), a backup the cluster does not need. A login there
+/// is given up after the per-seed bound and not waited for any further; the replicator goes on
+/// through the next seed, and the copy ends exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_first_seed_replica_is_passed_over() -> TestResult {
+    let Some((us, eu)) = cluster_target().await? else {
+        return Ok(());
+    };
+    let addrs = eu.addrs();
+    let frozen = 2;
+    eu.faults(frozen).stall();
+    let up = client(&us).await?;
+    create_topic(&up, "vsr", "t", 2).await?;
+    produce(&up, "vsr", "t", 2, 0..300, 100).await?;
+    let f = flow("vsr", &["vsr/*"]);
+    let us_params = crate::harness::cluster_params(&us);
+    // The frozen replica first, then the others.
+    let mut eu_params = cluster_params_of(&eu);
+    eu_params.connection_string =
+        format!("iggy://iggy:iggy@{},{},{}", addrs[2], addrs[0], addrs[1]);
+    let params = tuned_params(clusters(us_params.clone(), eu_params.clone()), f.clone());
+    let started = std::time::Instant::now();
+    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
+    wait_target(&eu, 0, 300).await?;
+    wait_target(&eu, 1, 300).await?;
+    eprintln!("copied {:?} after the start", started.elapsed());
+    produce(&up, "vsr", "t", 2, 300..400, 100).await?;
+    wait_target(&eu, 0, 400).await?;
+    wait_target(&eu, 1, 400).await?;
+    // Verify reaches the cluster through a replica that answers.
+    let mut check_params = eu_params.clone();
+    check_params.connection_string = eu.connection_string();
+    assert2::check!(verify_exact(f, &us_params, &check_params).await? == 800);
+    eu.faults(frozen).clear();
+    pipeline.shutdown().await;
+    Ok(())
+}
