@@ -107,6 +107,27 @@ impl Roster {
         self.view = view;
     }
 
+    /// A view change that passes over the running primary (it was cut off from the others for
+    /// a heartbeat timeout, or stepped down): the view moves to the next view whose primary
+    /// runs, and the old primary serves on as a backup. Nothing changes with fewer than two
+    /// replicas running.
+    pub(crate) fn demote(&mut self) {
+        let Some(primary) = self.primary() else {
+            return;
+        };
+        if self.running.iter().filter(|r| **r).count() < 2 {
+            return;
+        }
+        let mut view = self.view + 1;
+        while self
+            .index_of(view)
+            .is_some_and(|i| i == primary || !self.running[i])
+        {
+            view += 1;
+        }
+        self.view = view;
+    }
+
     /// Replica `index` runs again, as a backup of the current view (a restarted replica never
     /// takes back a primaryship the cluster moved on from).
     pub(crate) fn start(&mut self, index: usize) {
@@ -449,6 +470,16 @@ impl TestCluster {
         tracing::info!(view = self.view(), primary = ?self.primary(), "view");
     }
 
+    /// A view change while the primary runs on (it was cut off from the others long enough
+    /// for them to elect, and then rejoined as a backup): the next running replica becomes
+    /// primary, and the connections to the old one stay open; from now on it refuses their
+    /// writes as a backup does (58), and its roster answer names the new primary, which is what
+    /// a client checks to move. Nothing happens with fewer than two replicas running.
+    pub fn demote_primary(&self) {
+        self.cluster.roster().demote();
+        tracing::info!(view = self.view(), primary = ?self.primary(), "primary demoted");
+    }
+
     /// How many logins the backups refused because the primary was gone.
     pub fn logins_refused(&self) -> u64 {
         self.cluster.logins_refused.load(Ordering::Relaxed)
@@ -676,6 +707,23 @@ mod tests {
         // An election with a running primary changes nothing.
         roster.elect();
         check!(roster.view() == 1);
+    }
+
+    #[test]
+    fn a_demoted_primary_runs_on_as_a_backup() {
+        let mut roster = Roster::new(3);
+        roster.demote();
+        check!(roster.primary() == Some(1));
+        check!(roster.is_running(0));
+        // With 2 down, the next demotion passes over it back to 0.
+        roster.halt(2);
+        roster.demote();
+        check!(roster.view() == 3);
+        check!(roster.primary() == Some(0));
+        // Alone, a primary stays one.
+        roster.halt(1);
+        roster.demote();
+        check!(roster.primary() == Some(0));
     }
 
     #[test]

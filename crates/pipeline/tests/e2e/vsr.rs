@@ -17,6 +17,9 @@ use crate::harness::{
     tuned_params, wait_until, TestResult,
 };
 
+/// SEND_MESSAGES.
+const SEND_MESSAGES: u32 = 101;
+
 /// How long a copy may take to catch up on a busy machine.
 const CATCH_UP: Duration = Duration::from_secs(60);
 
@@ -268,6 +271,40 @@ async fn a_frozen_first_seed_replica_is_passed_over() -> TestResult {
     check_params.connection_string = eu.connection_string();
     assert2::check!(verify_exact(f, &us_params, &check_params).await? == 800);
     eu.faults(frozen).clear();
+    pipeline.shutdown().await;
+    Ok(())
+}
+
+/// The target's primary is demoted while it runs on (a view change it was not part of): the
+/// writers' connections to it stay open, and it now refuses their sends as a backup (58). The
+/// SDK finds the new primary in the roster or the writer reconnects through the seeds; either
+/// way the copy ends exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_primary_demoted_under_open_connections_leaves_an_exact_copy() -> TestResult {
+    let Some((us, eu)) = cluster_target().await? else {
+        return Ok(());
+    };
+    let up = client(&us).await?;
+    create_topic(&up, "vsr", "t", 2).await?;
+    produce(&up, "vsr", "t", 2, 0..300, 100).await?;
+    let f = flow("vsr", &["vsr/*"]);
+    let (us_params, eu_params) = (crate::harness::cluster_params(&us), cluster_params_of(&eu));
+    let params = tuned_params(clusters(us_params.clone(), eu_params.clone()), f.clone());
+    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
+    wait_target(&eu, 0, 300).await?;
+    wait_target(&eu, 1, 300).await?;
+
+    let old = eu.primary().ok_or("the target has no primary")?;
+    let sends_before = eu.faults(old).requests(SEND_MESSAGES);
+    eu.demote_primary();
+    assert2::assert!(eu.primary() != Some(old));
+    assert2::assert!(eu.is_running(old));
+    produce(&up, "vsr", "t", 2, 300..600, 100).await?;
+    wait_target(&eu, 0, 600).await?;
+    wait_target(&eu, 1, 600).await?;
+    // The demoted primary was still asked (and refused) before the writers moved.
+    assert2::check!(eu.faults(old).requests(SEND_MESSAGES) > sends_before);
+    assert2::check!(verify_exact(f, &us_params, &eu_params).await? == 1200);
     pipeline.shutdown().await;
     Ok(())
 }
