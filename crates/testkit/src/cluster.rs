@@ -237,16 +237,12 @@ impl Seat {
     /// What this replica does with a request naming `operation` (and `code` for reads).
     pub(crate) fn answer(&self, operation: Operation, code: Option<u32>) -> ReplicaAnswer {
         let role = self.role();
-        let mut not_committed = false;
-        if role == Role::Primary && operation.is_metadata() {
-            not_committed = self.cluster.not_committed.swap(false, Ordering::SeqCst);
-        }
-        let verdict = answer(role, operation, code, &mut not_committed);
-        if not_committed {
-            // Not taken after all: leave it for the next write.
-            self.cluster.not_committed.store(true, Ordering::SeqCst);
-        }
-        verdict
+        // Only a metadata write on the primary takes the switch, and `answer` then always
+        // answers it 57: taken here, it is consumed.
+        let mut not_committed = role == Role::Primary
+            && operation.is_metadata()
+            && self.cluster.not_committed.swap(false, Ordering::SeqCst);
+        answer(role, operation, code, &mut not_committed)
     }
 
     /// The code a register whose credentials this replica accepted is refused with, if it is
