@@ -16,7 +16,7 @@ use tokio::sync::Mutex;
 
 use crate::activity::ActivityRegistry;
 use crate::error::{Error, Result};
-use replicator_sdk::{Client, ClientConfig};
+use replicator_sdk::{Client, ClientConfig, InFlight};
 
 /// An established connection as handed to callers.
 #[derive(Clone)]
@@ -270,7 +270,7 @@ impl Cluster {
                     return Ok(client);
                 }
                 Ok(Err(source)) => {
-                    shutdown(&client).await;
+                    shutdown(&client, InFlight::Login).await;
                     // A missing user or a wrong password, or a user the target keeps inactive
                     // (an earlier replicator cluster with the same `writer_user_prefix` revoked
                     // it): this identity will never log in there. Credentials are the
@@ -287,7 +287,7 @@ impl Cluster {
                     failure = Some(self.err("connect", source));
                 }
                 Err(_) => {
-                    shutdown(&client).await;
+                    shutdown(&client, InFlight::Login).await;
                     failure = Some(Error::Timeout {
                         cluster: self.alias.clone(),
                         op: "connect".into(),
@@ -326,7 +326,7 @@ impl Cluster {
             guard.0 = None;
             drop(guard);
             self.open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-            shutdown(&conn.client).await;
+            shutdown(&conn.client, InFlight::Requests).await;
         }
     }
 
@@ -338,7 +338,7 @@ impl Cluster {
             let conn = slot.current.lock().await.0.take();
             if let Some(conn) = conn {
                 self.open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                shutdown(&conn.client).await;
+                shutdown(&conn.client, InFlight::Requests).await;
             }
         }
     }
@@ -406,11 +406,13 @@ impl Cluster {
 }
 
 /// Shuts an SDK client down (stops its heartbeat), bounded so a wedged socket cannot hang us.
-/// The bound is the client's own: a 0.9 client's shutdown waits until a request it may still
-/// be replaying has ended, so that a writer re-reads the target's tail only once its previous
-/// send can no longer land behind it.
-async fn shutdown(client: &Client) {
-    let _ = tokio::time::timeout(client.shutdown_budget(), client.shutdown()).await;
+/// The bound is sized to what may be `in_flight`: a 0.9 connection that was in use is given
+/// until a request it may still be replaying has ended, so that a writer re-reads the target's
+/// tail only once its previous send can no longer land behind it; a login that was given up is
+/// not waited for (it cannot land data, and waiting for it held the next seed address back for
+/// the SDK's whole 30 s response budget).
+async fn shutdown(client: &Client, in_flight: InFlight) {
+    let _ = tokio::time::timeout(client.shutdown_budget(in_flight), client.shutdown()).await;
 }
 
 #[cfg(test)]

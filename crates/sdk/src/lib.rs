@@ -31,6 +31,35 @@ use iggy_common::{
 };
 use replicator_model::IggyVersion;
 
+/// What a client being shut down may still have in flight; it sizes the wait for its shutdown
+/// ([`Client::shutdown_budget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlight {
+    /// Requests of a connection that was in use, a send among them. SDK 0.11 replays a request
+    /// the server answered `TransientNotCommitted` on the same session until it gets another
+    /// answer or its 30 s response budget ends, also after the caller gave up on it, and its
+    /// shutdown waits for that: a caller that must know such a request can no longer land (a
+    /// writer about to re-read the target's tail and send again) waits that long.
+    Requests,
+    /// Only its own connect and login, given up (a replica that does not answer, a cluster
+    /// still electing its primary). Nothing of the caller's can land behind a login (a
+    /// register that commits late binds a session nobody uses, and the server drops it with
+    /// the connection), so the shutdown is not waited for beyond a short bound: the login
+    /// ends by itself, within SDK 0.11's response budget, in the SDK's own task.
+    Login,
+}
+
+/// [`Client::shutdown_budget`] for a client of `version`.
+fn shutdown_budget(version: IggyVersion, in_flight: InFlight) -> Duration {
+    /// Closing a socket and stopping a heartbeat, when nothing is waited for.
+    const CLOSE: Duration = Duration::from_secs(2);
+    match (version, in_flight) {
+        (IggyVersion::V0_9, InFlight::Requests) => v09::RESPONSE_BUDGET + CLOSE,
+        // SDK 0.10 never replays: a given-up request holds nothing.
+        (IggyVersion::V0_8, _) | (_, InFlight::Login) => CLOSE,
+    }
+}
+
 /// How to open connections to one cluster, parsed once from its connection string.
 #[derive(Clone)]
 pub enum ClientConfig {
@@ -223,22 +252,19 @@ impl Client {
     }
 
     /// Stops the client (its heartbeat included). On 0.9 it waits for the request in flight,
-    /// if any, to end (see [`Client::shutdown_budget`]).
+    /// if any, to end (see [`InFlight`]).
     pub async fn shutdown(&self) -> Result<(), IggyError> {
         either!(self, c => c.shutdown().await, c => v09::shutdown(c).await)
     }
 
-    /// How long [`Client::shutdown`] may have to wait for a request still in flight. SDK 0.11
-    /// replays a request the server answered `TransientNotCommitted` on the same session until
-    /// it gets another answer or its 30 s response budget ends, also after the caller gave up
-    /// on it, and its shutdown waits for that. A caller that must know such a request can no
-    /// longer land (a writer about to re-read the target's tail and send again) waits this
-    /// long. SDK 0.10 never replays: a given-up request holds nothing.
-    pub fn shutdown_budget(&self) -> Duration {
-        match self {
-            Self::V08(_) => Duration::from_secs(2),
-            Self::V09(_) => v09::RESPONSE_BUDGET + Duration::from_secs(2),
-        }
+    /// How long [`Client::shutdown`] may be given for what the client may still have
+    /// `in_flight` (see [`InFlight`]).
+    pub fn shutdown_budget(&self, in_flight: InFlight) -> Duration {
+        let version = match self {
+            Self::V08(_) => IggyVersion::V0_8,
+            Self::V09(_) => IggyVersion::V0_9,
+        };
+        shutdown_budget(version, in_flight)
     }
 
     pub async fn ping(&self) -> Result<(), IggyError> {
@@ -529,5 +555,35 @@ impl Client {
         either!(self,
             c => c.store_consumer_offset(consumer, stream, topic, partition, offset).await,
             c => v09::store_consumer_offset(c, consumer, stream, topic, partition, offset).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use assert2::check;
+
+    #[test]
+    fn a_09_connection_in_use_is_given_the_sdks_whole_response_budget() {
+        // Shorter, and a send the SDK still replays could land after the writer re-read the
+        // target's tail.
+        check!(shutdown_budget(IggyVersion::V0_9, InFlight::Requests) > v09::RESPONSE_BUDGET);
+    }
+
+    #[test]
+    fn a_given_up_login_is_not_waited_for() {
+        // A login that got no answer was held for the whole 30 s response budget before the
+        // next seed address was tried.
+        for version in [IggyVersion::V0_8, IggyVersion::V0_9] {
+            check!(shutdown_budget(version, InFlight::Login) < v09::RESPONSE_BUDGET / 10);
+        }
+    }
+
+    #[test]
+    fn an_08_client_holds_nothing_it_gave_up() {
+        check!(
+            shutdown_budget(IggyVersion::V0_8, InFlight::Requests)
+                == shutdown_budget(IggyVersion::V0_8, InFlight::Login)
+        );
     }
 }

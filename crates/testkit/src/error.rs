@@ -42,6 +42,17 @@ pub enum Error {
         /// Partition id.
         partition: u32,
     },
+    /// A [`crate::TestCluster`] was asked for with no replica or for a generation without
+    /// clustering (only 0.9 has it).
+    #[error(
+        "a test cluster needs Iggy 0.9 and at least one replica, not {version} with {replicas}"
+    )]
+    NotAClusterConfig {
+        /// The generation the config asked for.
+        version: crate::IggyVersion,
+        /// The number of replicas asked for.
+        replicas: usize,
+    },
 }
 
 impl Error {

@@ -28,10 +28,13 @@
 //!   permission check and their append, and a stall that answers nothing until it ends, as a
 //!   server frozen by SIGSTOP), lifecycle (start, shutdown, restart), retention.
 //! * `persist`: optional data directory (metadata + per-partition append-only logs).
+//! * `cluster`: [`TestCluster`], several 0.9 replicas (one listener each) over one state, with
+//!   a primary, the backups' refusals, the roster answer and view changes.
 //! * [`dev_server`]: the standalone `dev-server` command.
 
 #![warn(missing_docs)]
 
+mod cluster;
 mod config;
 mod connection;
 pub mod dev_server;
@@ -47,6 +50,7 @@ mod state;
 mod users;
 mod wire;
 
+pub use cluster::TestCluster;
 pub use config::{IggyVersion, TestServerConfig, DEFAULT_SEGMENT_SIZE};
 pub use error::{Error, Result};
 pub use faults::{Faults, SendHold};

@@ -1,6 +1,7 @@
 //! The server handle: listener lifecycle (start, shutdown, restart on the same port), the
 //! retention hooks and the periodic retention cleaner.
 
+use crate::cluster::Seat;
 use crate::config::{IggyVersion, TestServerConfig};
 use crate::connection;
 use crate::error::{Error, Result};
@@ -35,7 +36,7 @@ pub struct TestServer {
 
 /// A task and the token that stops it.
 #[derive(Debug)]
-struct Running {
+pub(crate) struct Running {
     /// Cancels the task and everything under it.
     stop: CancellationToken,
     /// The task, awaited on stop.
@@ -43,7 +44,13 @@ struct Running {
 }
 
 impl Running {
-    async fn stop(self) {
+    /// Cancels the task without waiting for it (a drop).
+    pub(crate) fn cancel(&self) {
+        self.stop.cancel();
+    }
+
+    /// Cancels the task and waits for it.
+    pub(crate) async fn stop(self) {
         self.stop.cancel();
         if let Err(e) = self.task.await {
             tracing::warn!(error = %e, "server task ended abnormally");
@@ -77,6 +84,19 @@ pub struct PartitionInfo {
     pub segments_count: u32,
 }
 
+impl PartitionInfo {
+    /// The numbers of `log`.
+    pub(crate) fn of(log: &mut crate::log::PartitionLog) -> Self {
+        PartitionInfo {
+            messages_count: log.messages_count(),
+            current_offset: log.current_offset(),
+            first_offset: log.first_offset(),
+            size_bytes: log.size_bytes(),
+            segments_count: log.segments().len() as u32,
+        }
+    }
+}
+
 /// Retention hooks of a server; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Retention {
@@ -89,37 +109,11 @@ impl TestServer {
     /// directory holds first.
     #[tracing::instrument(skip_all, fields(bind = %config.bind), err)]
     pub async fn start(config: TestServerConfig) -> Result<TestServer> {
-        let (store, state) = match &config.data_dir {
-            Some(dir) => {
-                let (store, state) = Store::open(dir, config.segment_size)?;
-                (Some(store), state)
-            }
-            None => (None, State::default()),
-        };
-        write(&state.meta).users.ensure_root(
-            &config.root_username,
-            &config.root_password,
-            now_micros(),
-        );
-        let listener = TcpListener::bind(config.bind)
-            .await
-            .map_err(|source| Error::Bind {
-                addr: config.bind,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| Error::Bind {
-            addr: config.bind,
-            source,
-        })?;
+        let (listener, addr) = bind(config.bind).await?;
         let cleaner_interval = config.cleaner_interval;
-        let shared = Arc::new(Shared {
-            state: Arc::new(state),
-            config,
-            started_at: now_micros(),
-            store,
-        });
+        let shared = open_shared(config)?;
         let faults = Faults::default();
-        let running = spawn_listener(listener, &shared, &faults.inner);
+        let running = spawn_listener(listener, &shared, &faults.inner, None);
         let cleaner = cleaner_interval.map(|every| spawn_cleaner(&shared, every));
         tracing::info!(addr = %addr, "iggy-compatible server listening");
         Ok(TestServer {
@@ -163,15 +157,7 @@ impl TestServer {
         topic: &str,
         partition: u32,
     ) -> Result<PartitionInfo> {
-        with_partition(&self.shared, stream, topic, partition, |log| {
-            PartitionInfo {
-                messages_count: log.messages_count(),
-                current_offset: log.current_offset(),
-                first_offset: log.first_offset(),
-                size_bytes: log.size_bytes(),
-                segments_count: log.segments().len() as u32,
-            }
-        })
+        with_partition(&self.shared, stream, topic, partition, PartitionInfo::of)
     }
 
     /// Stops the listener and every connection and waits for their tasks.
@@ -195,7 +181,12 @@ impl TestServer {
         }
         write(&self.shared.state.meta).users.rebuild_index();
         let listener = rebind(self.addr).await?;
-        self.running = Some(spawn_listener(listener, &self.shared, &self.faults.inner));
+        self.running = Some(spawn_listener(
+            listener,
+            &self.shared,
+            &self.faults.inner,
+            None,
+        ));
         Ok(())
     }
 
@@ -205,8 +196,42 @@ impl TestServer {
     }
 }
 
+/// The state, config and storage a server (or every replica of a test cluster) serves: with
+/// `config.data_dir` set, what the directory holds; the configured root user when it has none.
+pub(crate) fn open_shared(config: TestServerConfig) -> Result<Arc<Shared>> {
+    let (store, state) = match &config.data_dir {
+        Some(dir) => {
+            let (store, state) = Store::open(dir, config.segment_size)?;
+            (Some(store), state)
+        }
+        None => (None, State::default()),
+    };
+    write(&state.meta).users.ensure_root(
+        &config.root_username,
+        &config.root_password,
+        now_micros(),
+    );
+    Ok(Arc::new(Shared {
+        state: Arc::new(state),
+        config,
+        started_at: now_micros(),
+        store,
+    }))
+}
+
+/// Binds `addr` (port 0: a free port) and returns the listener with the address it got.
+pub(crate) async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| Error::Bind { addr, source })?;
+    Ok((listener, bound))
+}
+
 /// Binds `addr` again after a restart, retrying while the old socket lingers.
-async fn rebind(addr: SocketAddr) -> Result<TcpListener> {
+pub(crate) async fn rebind(addr: SocketAddr) -> Result<TcpListener> {
     let deadline = tokio::time::Instant::now() + REBIND_BUDGET;
     loop {
         match TcpListener::bind(addr).await {
@@ -222,11 +247,13 @@ async fn rebind(addr: SocketAddr) -> Result<TcpListener> {
     }
 }
 
-/// Serves `listener` in the server's generation.
-fn spawn_listener(
+/// Serves `listener` in the server's generation; `seat` makes it one replica of a test cluster
+/// (0.9 only).
+pub(crate) fn spawn_listener(
     listener: TcpListener,
     shared: &Arc<Shared>,
     faults: &Arc<FaultState>,
+    seat: Option<Seat>,
 ) -> Running {
     let stop = CancellationToken::new();
     faults.start_generation(&stop);
@@ -234,6 +261,7 @@ fn spawn_listener(
         listener,
         Arc::clone(shared),
         Arc::clone(faults),
+        seat,
         stop.clone(),
     ));
     Running { stop, task }
@@ -243,6 +271,7 @@ async fn accept_loop(
     listener: TcpListener,
     shared: Arc<Shared>,
     faults: Arc<FaultState>,
+    seat: Option<Seat>,
     stop: CancellationToken,
 ) {
     let version = shared.config.iggy_version;
@@ -268,8 +297,14 @@ async fn accept_loop(
                     match version {
                         IggyVersion::V0_8 => connections
                             .spawn(connection::serve(stream, peer, shared, faults, cancel)),
-                        IggyVersion::V0_9 => connections
-                            .spawn(crate::ng::serve(stream, peer, shared, faults, cancel)),
+                        IggyVersion::V0_9 => connections.spawn(crate::ng::serve(
+                            stream,
+                            peer,
+                            shared,
+                            faults,
+                            seat.clone(),
+                            cancel,
+                        )),
                     };
                 }
                 Err(e) => {
@@ -284,7 +319,8 @@ async fn accept_loop(
     while connections.join_next().await.is_some() {}
 }
 
-fn with_partition<T>(
+/// Runs `f` on partition `partition` of `stream/topic` (by name) in `shared`.
+pub(crate) fn with_partition<T>(
     shared: &Shared,
     stream: &str,
     topic: &str,

@@ -176,15 +176,7 @@ impl Env {
 
     /// Params for one flow `us → eu` selecting `include`, tuned for fast tests.
     pub(crate) fn params(&self, flow: FlowParams) -> PipelineParams {
-        let mut p = PipelineParams::new(node_id(), self.clusters(), vec![flow]);
-        p.discovery_interval = Duration::from_millis(200);
-        p.backoff = BackoffParams {
-            initial: Duration::from_millis(50),
-            max: Duration::from_millis(500),
-        };
-        p.operation_timeout = Duration::from_secs(3);
-        p.shutdown_timeout = Duration::from_secs(15);
-        p
+        tuned_params(self.clusters(), flow)
     }
 
     /// Verify params for `flow`, waiting up to `wait` for the copy to become exact.
@@ -208,6 +200,22 @@ impl Env {
     ) -> TestResult<VerifyReport> {
         Ok(verify(&self.verify_params(flow.clone(), wait)).await?)
     }
+}
+
+/// Params for one flow between `clusters`, tuned for fast tests.
+pub(crate) fn tuned_params(
+    clusters: BTreeMap<String, ClusterParams>,
+    flow: FlowParams,
+) -> PipelineParams {
+    let mut p = PipelineParams::new(node_id(), clusters, vec![flow]);
+    p.discovery_interval = Duration::from_millis(200);
+    p.backoff = BackoffParams {
+        initial: Duration::from_millis(50),
+        max: Duration::from_millis(500),
+    };
+    p.operation_timeout = Duration::from_secs(3);
+    p.shutdown_timeout = Duration::from_secs(15);
+    p
 }
 
 /// The default test flow `us → eu` over `include`.

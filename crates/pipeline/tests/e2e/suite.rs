@@ -16,3 +16,4 @@ mod reload;
 mod residency;
 mod throttle;
 mod topics;
+mod vsr;

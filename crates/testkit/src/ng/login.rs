@@ -89,8 +89,25 @@ fn log_in(
     out: &mut Vec<u8>,
 ) -> Result<Answer, u32> {
     let mut scratch = Vec::new();
+    let before = session.inner.user_id;
     handle(shared, &mut session.inner, code, payload, &mut scratch)?;
     let user_id = session.inner.user_id.ok_or(status::UNAUTHENTICATED)?;
+    // A backup authenticates a register itself, then forwards it to the primary; with the
+    // primary gone (before the view change) the forward fails and the register is refused as
+    // transient, the connection left as it was.
+    if let Some(refusal) = session
+        .seat
+        .as_ref()
+        .and_then(|seat| seat.refuses_register())
+    {
+        session.inner.user_id = before;
+        // A registry entry removed meanwhile (the user was deleted) is no error here.
+        let _ = shared
+            .state
+            .set_client_user(session.inner.client_id, before);
+        frame::result_rejected(out, refusal);
+        return Ok(super::OK);
+    }
     let bound = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     session.bound = Some(bound);
     let response = LoginRegisterResponse {

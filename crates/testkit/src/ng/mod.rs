@@ -12,6 +12,10 @@
 //!   differ (options blocks, message batches, the ack byte of offset writes) the two crates'
 //!   typed codecs convert it field by field.
 //!
+//! A connection to one replica of a [`crate::TestCluster`] carries that replica's `Seat`: after
+//! the session gate it decides whether the replica serves a request, refuses it as a backup, or
+//! answers the roster (`crate::cluster`).
+//!
 //! Requests on a connection are strictly sequential, as with the 0.8 codec, and each frame is
 //! read whole before it is judged.
 
@@ -20,6 +24,7 @@ mod login;
 mod messages;
 mod translate;
 
+use crate::cluster::{ReplicaAnswer, Seat};
 use crate::connection::{buffers, fill, release_large, respond};
 use crate::faults::FaultState;
 use crate::handlers::{send_destination, Session, Shared};
@@ -44,6 +49,8 @@ pub(crate) struct NgSession {
     pub(crate) inner: Session,
     /// The session bound by the last successful register, if any.
     pub(crate) bound: Option<u64>,
+    /// The replica this connection reached, when the server is one of a test cluster.
+    pub(crate) seat: Option<Seat>,
 }
 
 /// What the server does with one request.
@@ -69,11 +76,13 @@ pub(crate) async fn serve(
     peer: SocketAddr,
     shared: Arc<Shared>,
     faults: Arc<FaultState>,
+    seat: Option<Seat>,
     cancel: CancellationToken,
 ) {
     let mut session = NgSession {
         inner: Session::open(&shared, &stream, peer),
         bound: None,
+        seat,
     };
     if let Err(e) = run(&mut stream, &mut session, &shared, &faults, &cancel).await {
         tracing::debug!(peer = %peer, error = %e, "0.9 connection closed with error");
@@ -208,6 +217,20 @@ fn dispatch(
         } else {
             Answer::Evict(EvictionReason::NoSession)
         };
+    }
+    if let Some(seat) = &session.seat {
+        match seat.answer(header.operation, Some(code)) {
+            ReplicaAnswer::Serve => {}
+            ReplicaAnswer::Roster => {
+                out.extend_from_slice(&seat.roster_answer());
+                return OK;
+            }
+            ReplicaAnswer::Status(code) => return Answer::Reply(code),
+            ReplicaAnswer::Rejected(code) => {
+                frame::result_rejected(out, code);
+                return OK;
+            }
+        }
     }
     let framed = frame::result_framed(header);
     if framed {
