@@ -114,19 +114,31 @@ pub(crate) type EnsuredUsers = BTreeSet<(String, NodeId, u64)>;
 
 /// One operation on a target.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum FenceOp {
+pub enum FenceOp {
+    /// Take the identity's rights on `target` away (create its user without rights if it is
+    /// missing), then commit `FenceTarget`.
     Revoke {
+        /// The member.
         node: NodeId,
+        /// Its fenced identity.
         incarnation: u64,
+        /// The target cluster.
         target: String,
     },
+    /// Make sure the identity's user exists on `target` (never change an existing one).
     Ensure {
+        /// The member.
         node: NodeId,
+        /// Its identity.
         incarnation: u64,
+        /// The target cluster.
         target: String,
     },
+    /// Revoke the stale identity on every fenced target, then commit `ForgetIdentity`.
     Retire {
+        /// The member.
         node: NodeId,
+        /// The stale identity.
         incarnation: u64,
     },
 }

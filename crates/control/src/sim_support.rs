@@ -15,7 +15,7 @@ use replicator_model::{
 
 use crate::assign::{self, RoundContext};
 use crate::command::{ControlCommand, ControlResponse};
-use crate::fence::{EnsuredUsers, FenceOp, FenceTopology};
+use crate::fence::{EnsuredUsers, FenceTopology};
 use crate::lease::{owner_lease_until, LeaderView};
 use crate::params::ControlTiming;
 use crate::retention::Retention;
@@ -190,88 +190,11 @@ impl Observer {
 }
 
 /// One operation on a target the leader's fence tracker runs.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum TargetOp {
-    /// Take the identity's rights on `target` away (create it without rights if missing).
-    Revoke {
-        /// The member.
-        node: NodeId,
-        /// Its fenced identity.
-        incarnation: u64,
-        /// The target.
-        target: String,
-    },
-    /// Make sure the identity's user exists on `target` (never change an existing one).
-    Ensure {
-        /// The member.
-        node: NodeId,
-        /// Its identity.
-        incarnation: u64,
-        /// The target.
-        target: String,
-    },
-    /// Revoke the stale identity on every fenced target, then forget it.
-    Retire {
-        /// The member.
-        node: NodeId,
-        /// The stale identity.
-        incarnation: u64,
-    },
-}
+pub use crate::fence::FenceOp as TargetOp;
 
-impl TargetOp {
-    fn from_op(op: FenceOp) -> Self {
-        match op {
-            FenceOp::Revoke {
-                node,
-                incarnation,
-                target,
-            } => Self::Revoke {
-                node,
-                incarnation,
-                target,
-            },
-            FenceOp::Ensure {
-                node,
-                incarnation,
-                target,
-            } => Self::Ensure {
-                node,
-                incarnation,
-                target,
-            },
-            FenceOp::Retire { node, incarnation } => Self::Retire { node, incarnation },
-        }
-    }
-
-    fn to_op(&self) -> FenceOp {
-        match self.clone() {
-            Self::Revoke {
-                node,
-                incarnation,
-                target,
-            } => FenceOp::Revoke {
-                node,
-                incarnation,
-                target,
-            },
-            Self::Ensure {
-                node,
-                incarnation,
-                target,
-            } => FenceOp::Ensure {
-                node,
-                incarnation,
-                target,
-            },
-            Self::Retire { node, incarnation } => FenceOp::Retire { node, incarnation },
-        }
-    }
-
-    /// What the leader commits once the targets acknowledged the operation.
-    pub fn acknowledged(&self, topology: &FenceTopology) -> Option<Command> {
-        self.to_op().acknowledged(topology).map(Command)
-    }
+/// What the leader commits once the targets acknowledged `op`.
+pub fn acknowledged(op: &TargetOp, topology: &FenceTopology) -> Option<Command> {
+    op.acknowledged(topology).map(Command)
 }
 
 /// The leader's memory over one term: its lease view, what it saw become forgettable, and the
@@ -327,7 +250,7 @@ impl Leader {
                 fencing: Some((topology.clone(), self.ensured.clone())),
             },
         );
-        let ops = work.ops().map(TargetOp::from_op).collect();
+        let ops = work.ops().collect();
         ((!cmds.is_empty()).then(|| Command::batch(cmds)), ops)
     }
 }

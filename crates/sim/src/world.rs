@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use replicator_control::sim_support::{
-    lease_until, Answer, Command, Inheritance, Leader, Observer, State, TargetOp,
+    acknowledged, lease_until, Answer, Command, Inheritance, Leader, Observer, State, TargetOp,
 };
 use replicator_control::{ControlTiming, FenceTopology};
 use replicator_model::{CommitCounters, CommitOutcome, Epoch, NodeId, ProgressCommit, WorkUnit};
@@ -1580,7 +1580,7 @@ impl World {
                             l.ensured(target, *node, *incarnation);
                         }
                     }
-                } else if let Some(cmd) = op.acknowledged(&self.topology) {
+                } else if let Some(cmd) = acknowledged(&op, &self.topology) {
                     if matches!(op, TargetOp::Revoke { .. }) {
                         self.stats.fences += 1;
                         self.note(format!("fenced on the target: {op:?}"));
@@ -1668,33 +1668,37 @@ impl World {
         }
     }
 
+    /// Runs a leader's fence operation on the targets it names (all of them for a retire);
+    /// `false` if one is down or cut off from the leader.
     fn run_fence_op(&mut self, leader: NodeId, op: &TargetOp) -> bool {
-        let index = |name: &str| self.targets.iter().position(|t| t.name == name);
-        match op {
+        let (who, target, revoke) = match op {
             TargetOp::Revoke {
                 node,
                 incarnation,
                 target,
-            } => {
-                let Some(ti) = index(target) else {
-                    return false;
-                };
-                !self.cut(leader, ti) && self.targets[ti].revoke((*node, *incarnation)).is_ok()
-            }
+            } => ((*node, *incarnation), Some(target), true),
             TargetOp::Ensure {
                 node,
                 incarnation,
                 target,
-            } => {
-                let Some(ti) = index(target) else {
-                    return false;
-                };
-                !self.cut(leader, ti) && self.targets[ti].ensure((*node, *incarnation)).is_ok()
-            }
-            TargetOp::Retire { node, incarnation } => (0..TARGETS).all(|ti| {
-                !self.cut(leader, ti) && self.targets[ti].revoke((*node, *incarnation)).is_ok()
-            }),
-        }
+            } => ((*node, *incarnation), Some(target), false),
+            TargetOp::Retire { node, incarnation } => ((*node, *incarnation), None, true),
+        };
+        let targets: Vec<usize> = match target {
+            Some(name) => match self.targets.iter().position(|t| &t.name == name) {
+                Some(ti) => vec![ti],
+                None => return false,
+            },
+            None => (0..TARGETS).collect(),
+        };
+        targets.into_iter().all(|ti| {
+            !self.cut(leader, ti)
+                && if revoke {
+                    self.targets[ti].revoke(who).is_ok()
+                } else {
+                    self.targets[ti].ensure(who).is_ok()
+                }
+        })
     }
 
     fn control_answer(&mut self, to: NodeId, purpose: Purpose, answer: Option<(u64, Answer)>) {
