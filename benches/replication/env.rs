@@ -261,6 +261,29 @@ pub(crate) fn replication_spec(
     settings: &Settings,
     units: usize,
 ) -> ClusterSpec {
+    let target = endpoints.downstream.clone();
+    replication_spec_to(
+        endpoints,
+        &target,
+        source_alias,
+        include,
+        prefix,
+        settings,
+        units,
+    )
+}
+
+/// [`replication_spec`] with `target` as the cluster `dst` instead of the run's downstream
+/// server (e.g. an in-process clustered 0.9 target named by every replica's address).
+pub(crate) fn replication_spec_to(
+    endpoints: &Endpoints,
+    target: &Endpoint,
+    source_alias: &str,
+    include: &str,
+    prefix: bool,
+    settings: &Settings,
+    units: usize,
+) -> ClusterSpec {
     let naming = if prefix { "prefix" } else { "identity" };
     let (connections, provenance) = (settings.connections, settings.provenance);
     let fencing = &settings.fencing;
@@ -289,9 +312,9 @@ naming = "{naming}"
 provenance = {provenance}
 "#,
             up = endpoints.upstream.url,
-            down = endpoints.downstream.url,
+            down = target.url,
             up_version = endpoints.upstream.iggy_version,
-            down_version = endpoints.downstream.iggy_version,
+            down_version = target.iggy_version,
         ),
         cluster_toml: String::new(),
         units,

@@ -19,11 +19,17 @@
 //! - `topology` (only by name: about 5 minutes): failover where several targets and flows
 //!   meet, on three dev servers of its own: a target down while nodes are killed, a flow added
 //!   by reload, fenced and unfenced targets mixed under kills.
+//! - `vsr-failover` (only by name: under a minute): the target is an in-process three-replica
+//!   Iggy 0.9 cluster (`TestCluster`) named by every replica's address, whatever the run's
+//!   servers; 10 × kill of its primary (a view change) while three instances copy `BENCH_FAILOVER_RATE` msg/s
+//!   into it; p50 and max of the time from the kill until the target's copy advances again
+//!   (first partition, every partition), then an exact `verify`.
 //!
 //! ```text
 //! cargo bench --bench replication                      # the default scenarios
 //! cargo bench --bench replication -- catchup latency   # some of them
 //! BENCH_LEADER_KILLS=3 cargo bench --bench replication -- leader-kills
+//! cargo bench --bench replication -- vsr-failover     # the 0.9 target's primary killed
 //! BENCH_NODE_BINARY=/old/target/release/iggy-replicator \
 //!   cargo bench --bench replication -- topology       # an older build's nodes
 //! BENCH_SOURCE_URL=iggy://user:pass@10.0.0.1:8090 \
@@ -49,6 +55,7 @@ mod report;
 mod scale;
 mod settings;
 mod topology;
+mod vsr_failover;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -62,13 +69,14 @@ use crate::settings::Settings;
 const DEFAULT_SCENARIOS: [&str; 4] = ["catchup", "latency", "failover", "scale"];
 /// Every scenario that can be named; the ones not in [`DEFAULT_SCENARIOS`] take too long for
 /// every run.
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 7] = [
     "catchup",
     "latency",
     "failover",
     "scale",
     "leader-kills",
     "topology",
+    "vsr-failover",
 ];
 
 fn main() -> ExitCode {
@@ -133,6 +141,7 @@ async fn run(chosen: &[String], settings: &Settings) -> TestResult {
             "scale" => scale::run(&endpoints, settings).await?,
             "leader-kills" => leader_kills::run(&endpoints, settings).await?,
             "topology" => topology::run(&endpoints, settings).await?,
+            "vsr-failover" => vsr_failover::run(&endpoints, settings).await?,
             other => return Err(format!("unknown scenario {other}").into()),
         }
     }

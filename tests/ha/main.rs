@@ -1,5 +1,6 @@
 //! High-availability scenarios with real OS processes: three (or four) `iggy-replicator run`
-//! nodes over in-process Iggy servers (two; three in `topology`), with `kill -9`,
+//! nodes over in-process Iggy servers (two; three in `topology`; a three-replica 0.9 cluster
+//! as the target in `vsr`), with `kill -9`,
 //! SIGSTOP/SIGCONT, SIGTERM, membership changes and server faults, driven by
 //! `replicator-harness`. One test binary; the scenarios run one at a time (see
 //! `replicator_harness::serial`).
@@ -22,4 +23,5 @@ mod tls;
 mod topology;
 mod upgrade;
 mod users;
+mod vsr;
 mod zombie;

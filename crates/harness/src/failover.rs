@@ -5,6 +5,8 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use replicator_testkit::TestCluster;
+
 use crate::{Cluster, Deadline, Error, NodeId, Result, Servers, Status, Topic, Watch};
 
 /// Where [`wait_resumed`] reads how many messages each downstream partition holds.
@@ -22,6 +24,23 @@ impl DownstreamCounts for Servers {
 impl DownstreamCounts for Watch {
     async fn counts_now(&self) -> Result<Vec<u64>> {
         self.counts().await
+    }
+}
+
+/// A topic on an in-process clustered 0.9 target ([`TestCluster`]), counted in process for
+/// [`wait_resumed`]: the count needs no connection, so it goes on while the target's replicas
+/// are killed and restarted.
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterTopic<'a> {
+    /// The target cluster.
+    pub cluster: &'a TestCluster,
+    /// The topic counted on it.
+    pub topic: &'a Topic,
+}
+
+impl DownstreamCounts for ClusterTopic<'_> {
+    async fn counts_now(&self) -> Result<Vec<u64>> {
+        Ok(self.topic.counts_on_cluster(self.cluster))
     }
 }
 

@@ -24,7 +24,8 @@
 //!   [`group_offset`], [`message_id_at`], [`translated_exactly`]).
 //! * `status`: [`Status`], the fields of a node's `GET /status` that the tests read.
 //! * `failover`: [`Cluster::kill_and_wait_resumed`] and [`wait_resumed`], "kill, then wait
-//!   until the victim's partitions are written again".
+//!   until the victim's partitions are written again", downstream on a [`Servers`] pair, through
+//!   a [`Watch`], or on a clustered 0.9 target ([`ClusterTopic`]).
 //! * `wait`: [`Deadline`], [`wait_until`], [`tick`] and [`serial`], the polling and scenario
 //!   runners.
 //!
@@ -51,7 +52,7 @@ mod wait;
 pub use binary::ReplicatorBinary;
 pub use cluster::{free_addr, Cluster, ClusterSpec, CommandRun, Node, Placement, VerifyRun};
 pub use error::{Error, Result};
-pub use failover::{wait_resumed, DownstreamCounts, Killed, Resumption, Stalled};
+pub use failover::{wait_resumed, ClusterTopic, DownstreamCounts, Killed, Resumption, Stalled};
 pub use groups::{
     append_again, group_next_message, group_offset, message_id_at, store_group_offsets,
     translated_exactly,

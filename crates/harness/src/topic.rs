@@ -8,7 +8,7 @@ use iggy::prelude::PollingStrategy;
 use iggy::prelude::{CompressionAlgorithm, Consumer, Identifier, IggyExpiry, MaxTopicSize};
 use replicator_model::IggyVersion;
 use replicator_sdk::{Client, ClientConfig};
-use replicator_testkit::TestServer;
+use replicator_testkit::{TestCluster, TestServer};
 
 use crate::{Deadline, Error, Result};
 
@@ -85,6 +85,20 @@ impl Topic {
     pub fn counts_on(&self, server: &TestServer) -> Vec<u64> {
         (0..self.partitions)
             .map(|p| partition_messages(server, &self.stream, &self.name, p))
+            .collect()
+    }
+
+    /// Messages per partition of the topic on an in-process clustered 0.9 test double (its
+    /// replicas share one state, so the count goes on through their kills and view changes),
+    /// by partition id (0 where it does not exist yet).
+    #[must_use]
+    pub fn counts_on_cluster(&self, cluster: &TestCluster) -> Vec<u64> {
+        (0..self.partitions)
+            .map(|p| {
+                cluster
+                    .partition_info(&self.stream, &self.name, p)
+                    .map_or(0, |info| info.messages_count)
+            })
             .collect()
     }
 
