@@ -152,6 +152,7 @@ fn every_toml_file_in_deploy_loads_with_the_real_loader() -> TestResult {
         "deploy/examples/one-way.toml",
         "deploy/examples/two-way.toml",
         "deploy/examples/fan-out.toml",
+        "deploy/examples/to-0.9-cluster.toml",
     ] {
         if !loaded.contains(expected) {
             problems.push(format!("{expected} is missing"));
@@ -224,5 +225,12 @@ fn example_configs_describe_their_topologies() -> TestResult {
             ("us".to_owned(), "ap".to_owned())
         ]
     );
+
+    // An Iggy 0.9 cluster is named by every replica's address.
+    let to_cluster = example("to-0.9-cluster.toml")?;
+    assert_eq!(route(&to_cluster), [("old".to_owned(), "new".to_owned())]);
+    let new = &to_cluster.clusters["new"];
+    assert_eq!(new.iggy_version, replicator_model::IggyVersion::V0_9);
+    assert_eq!(replicator_model::seed_urls(new.url.expose()).len(), 3);
     Ok(())
 }
