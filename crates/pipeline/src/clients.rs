@@ -316,7 +316,7 @@ impl Cluster {
     }
 
     /// Drops `conn` if it is still the slot's current connection.
-    async fn invalidate(&self, conn: &Conn) {
+    async fn invalidate(&self, conn: &Conn, in_flight: InFlight) {
         let mut guard = self.slots[conn.slot].current.lock().await;
         if guard
             .0
@@ -326,7 +326,7 @@ impl Cluster {
             guard.0 = None;
             drop(guard);
             self.open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-            shutdown(&conn.client, InFlight::Requests).await;
+            shutdown(&conn.client, in_flight).await;
         }
     }
 
@@ -399,9 +399,20 @@ impl Cluster {
             },
         };
         if err.poisons_connection() {
-            self.invalidate(&conn).await;
+            self.invalidate(&conn, in_flight_of(op)).await;
         }
         Err(err)
+    }
+}
+
+/// What a connection whose call `op` failed may still have in flight: a read (metadata, a
+/// poll at an explicit offset, a ping), whose replay changes nothing, or a request that may
+/// still land (every write: a send, an offset store, a user or topic change).
+fn in_flight_of(op: &str) -> InFlight {
+    if op.starts_with("get_") || op == "poll_messages" || op == "ping" {
+        InFlight::Read
+    } else {
+        InFlight::Requests
     }
 }
 
@@ -420,6 +431,27 @@ mod tests {
     use assert2::check;
 
     use super::*;
+
+    #[test]
+    fn only_a_failed_write_keeps_its_connection_until_a_replay_could_land() {
+        for op in [
+            "send_messages",
+            "store_consumer_offset",
+            "create_topic",
+            "update_user",
+        ] {
+            check!(in_flight_of(op) == InFlight::Requests, "{op}");
+        }
+        for op in [
+            "poll_messages",
+            "get_topic",
+            "get_stream",
+            "get_streams",
+            "ping",
+        ] {
+            check!(in_flight_of(op) == InFlight::Read, "{op}");
+        }
+    }
 
     #[test]
     fn only_tcp_connection_strings_are_accepted() {

@@ -47,6 +47,11 @@ pub enum InFlight {
     /// the connection), so the shutdown is not waited for beyond a short bound: the login
     /// ends by itself, within SDK 0.11's response budget, in the SDK's own task.
     Login,
+    /// A request that only reads (a poll at an explicit offset, a metadata query) was the last
+    /// one: a replay of it changes nothing on the server, so nothing waits for it either.
+    /// (Waiting held the connection's slot, and every other caller of it, for the SDK's whole
+    /// response budget after a timed-out poll.)
+    Read,
 }
 
 /// [`Client::shutdown_budget`] for a client of `version`.
@@ -56,7 +61,7 @@ fn shutdown_budget(version: IggyVersion, in_flight: InFlight) -> Duration {
     match (version, in_flight) {
         (IggyVersion::V0_9, InFlight::Requests) => v09::RESPONSE_BUDGET + CLOSE,
         // SDK 0.10 never replays: a given-up request holds nothing.
-        (IggyVersion::V0_8, _) | (_, InFlight::Login) => CLOSE,
+        (IggyVersion::V0_8, _) | (_, InFlight::Login | InFlight::Read) => CLOSE,
     }
 }
 
@@ -571,11 +576,13 @@ mod tests {
     }
 
     #[test]
-    fn a_given_up_login_is_not_waited_for() {
+    fn a_given_up_login_or_read_is_not_waited_for() {
         // A login that got no answer was held for the whole 30 s response budget before the
-        // next seed address was tried.
+        // next seed address was tried; a timed-out poll held its slot as long.
         for version in [IggyVersion::V0_8, IggyVersion::V0_9] {
-            check!(shutdown_budget(version, InFlight::Login) < v09::RESPONSE_BUDGET / 10);
+            for in_flight in [InFlight::Login, InFlight::Read] {
+                check!(shutdown_budget(version, in_flight) < v09::RESPONSE_BUDGET / 10);
+            }
         }
     }
 
