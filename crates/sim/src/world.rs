@@ -110,6 +110,8 @@ enum Purpose {
     },
     Release,
     Abandon,
+    /// The second copy of a write committed twice: nobody waits for its answer.
+    Duplicate,
 }
 
 #[derive(Debug)]
@@ -729,18 +731,10 @@ impl World {
         let reachable = self
             .leader
             .is_some_and(|l| self.reach(from, l) && self.has_majority(l));
-        let lost = self.lost(|k| match k {
-            FaultKind::LoseControlAnswers { percent } => Some(*percent),
-            _ => None,
-        });
+        // Drawn whether or not the leader is reachable: a seed's random stream stays the same.
+        let lost = self.control_answer_lost();
         if !reachable || lost {
-            let answer = Event::ControlAnswer {
-                to: from,
-                run,
-                purpose,
-                answer: None,
-            };
-            self.schedule_event(ANSWER_TIMEOUT, answer);
+            self.write_failed(from, run, purpose);
             return;
         }
         let delay = self.rng.gen_range(1..=8);
@@ -759,8 +753,7 @@ impl World {
                     from,
                     run,
                     cmd: cmd.clone(),
-                    // Nobody waits for the copy's answer.
-                    purpose: Purpose::Report,
+                    purpose: Purpose::Duplicate,
                     term,
                 },
             );
@@ -777,6 +770,26 @@ impl World {
         );
     }
 
+    /// A write that did not commit (no leader reachable, or lost): its writer hears so after
+    /// `ANSWER_TIMEOUT`.
+    fn write_failed(&mut self, from: NodeId, run: u64, purpose: Purpose) {
+        let answer = Event::ControlAnswer {
+            to: from,
+            run,
+            purpose,
+            answer: None,
+        };
+        self.schedule_event(ANSWER_TIMEOUT, answer);
+    }
+
+    /// Whether a write or its answer is lost now (`FaultKind::LoseControlAnswers`).
+    fn control_answer_lost(&mut self) -> bool {
+        self.lost(|k| match k {
+            FaultKind::LoseControlAnswers { percent } => Some(*percent),
+            _ => None,
+        })
+    }
+
     fn commit(
         &mut self,
         from: NodeId,
@@ -788,13 +801,7 @@ impl World {
         let committed = self.leader.is_some_and(|l| self.has_majority(l))
             && term.is_none_or(|t| t == self.term && self.leader == Some(from));
         if !committed {
-            let answer = Event::ControlAnswer {
-                to: from,
-                run,
-                purpose,
-                answer: None,
-            };
-            self.schedule_event(ANSWER_TIMEOUT, answer);
+            self.write_failed(from, run, purpose);
             return Ok(());
         }
         self.log.push(cmd.clone());
@@ -802,11 +809,7 @@ impl World {
         self.stats.entries += 1;
         let answer = self.canonical.apply(index, &cmd);
         self.check_progress()?;
-        let lost = self.lost(|k| match k {
-            FaultKind::LoseControlAnswers { percent } => Some(*percent),
-            _ => None,
-        });
-        let (delay, answer) = if lost {
+        let (delay, answer) = if self.control_answer_lost() {
             (ANSWER_TIMEOUT, None)
         } else {
             (self.rng.gen_range(1..=8), Some((index, answer)))
@@ -1750,7 +1753,11 @@ impl World {
                 }
             }
             Purpose::Abandon => m.abandon_in_flight = false,
-            Purpose::Report | Purpose::Round | Purpose::FenceAck | Purpose::Release => {}
+            Purpose::Report
+            | Purpose::Round
+            | Purpose::FenceAck
+            | Purpose::Release
+            | Purpose::Duplicate => {}
         }
     }
 }
