@@ -38,6 +38,28 @@ struct Slot {
     /// per connection anyway; taking the turn here first lets `call_checked` run its check
     /// after any wait for the connection, immediately before the request is written.
     turn: Mutex<()>,
+    /// The build of the connection whose call was dropped before its answer came (0: none):
+    /// its answer may still arrive and would be read as the next call's, so the next caller
+    /// drops the connection first. A call is dropped so when the task making it is aborted (a
+    /// unit's actors killed with their flow actor, a drain that ran out of time).
+    abandoned: std::sync::atomic::AtomicU64,
+}
+
+/// Marks the connection's call abandoned if the call is dropped before it finished.
+struct CallGuard<'a> {
+    slot: &'a Slot,
+    generation: u64,
+    finished: bool,
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.slot
+                .abandoned
+                .store(self.generation, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
 }
 
 /// The connections of this instance to one Iggy cluster (`clusters.<alias>`), for metrics.
@@ -384,12 +406,29 @@ impl Cluster {
         F: FnOnce(Arc<Client>) -> Fut,
         Fut: Future<Output = std::result::Result<T, IggyError>>,
     {
-        let conn = self.get(slot).await?;
-        let _turn = self.slots[conn.slot].turn.lock().await;
+        let (conn, _turn) = loop {
+            let conn = self.get(slot).await?;
+            let turn = self.slots[conn.slot].turn.lock().await;
+            let abandoned = self.slots[conn.slot]
+                .abandoned
+                .load(std::sync::atomic::Ordering::SeqCst);
+            if abandoned != conn.generation {
+                break (conn, turn);
+            }
+            drop(turn);
+            tracing::debug!(cluster = %self.alias, slot = conn.slot, "a call on the connection was abandoned; reconnecting");
+            self.invalidate(&conn, InFlight::Requests).await;
+        };
         if let Err(veto) = check() {
             return Ok(Err(veto));
         }
+        let mut guard = CallGuard {
+            slot: &self.slots[conn.slot],
+            generation: conn.generation,
+            finished: false,
+        };
         let result = tokio::time::timeout(self.timeout, f(conn.client.clone())).await;
+        guard.finished = true;
         let err = match result {
             Ok(Ok(value)) => return Ok(Ok(value)),
             Ok(Err(source)) => self.err(op, source),

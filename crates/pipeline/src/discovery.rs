@@ -8,14 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iggy::prelude::{CompressionAlgorithm, Identifier, IggyError, IggyExpiry, MaxTopicSize, Topic};
-use ractor::ActorRef;
 use replicator_model::WorkUnit;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
-use crate::coordinator::CoordinatorMsg;
+use crate::coordinator::{CoordinatorHandle, CoordinatorMsg};
 use crate::error::{Error, Result};
 use crate::mapping::{downstream_stream, Choice, Selector};
 use crate::params::FlowParams;
@@ -36,7 +35,7 @@ pub(crate) struct DiscoveryParams<C> {
     /// Control plane (receives the unit set).
     pub(crate) control: C,
     /// Told about recreated topics.
-    pub(crate) coordinator: ActorRef<CoordinatorMsg>,
+    pub(crate) coordinator: CoordinatorHandle,
     /// Pause between rounds.
     pub(crate) interval: Duration,
     /// Ends the loop.
@@ -144,7 +143,7 @@ async fn discover_once<C: ControlPlane>(
                     stream = %key.0, topic = %key.1,
                     "upstream topic recreated; its units restart from the initial offset"
                 );
-                let _ = p.coordinator.send_message(CoordinatorMsg::TopicRecreated {
+                p.coordinator.send(CoordinatorMsg::TopicRecreated {
                     flow: p.flow.name.clone(),
                     stream: key.0.clone(),
                     topic: key.1.clone(),

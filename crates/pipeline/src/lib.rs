@@ -5,9 +5,9 @@
 //! # Layout
 //! - [`Pipeline`] starts, stops ([`Pipeline::shutdown`]) and kills ([`Pipeline::crash`]) an
 //!   instance and exposes per-unit [`UnitStats`].
-//! - `coordinator`, the data plane's one actor, follows this node's assignments and supervises
-//!   one reader/writer pair per unit: two plain tokio tasks under a cancellation token of the
-//!   pair, which report their end to it by message.
+//! - `coordinator`, the data path's supervision tree of actors: a supervisor restarts the
+//!   coordinator, which follows this node's assignments and supervises one actor per flow,
+//!   which supervises a reader actor and a writer actor per unit (see its module doc).
 //! - `reader` polls one upstream partition at explicit offsets; batches go to the writer through
 //!   a bounded channel, never through a mailbox; once its partition is idle it waits for
 //!   `activity`, a per-topic watcher that reads topic metadata instead of every partition.

@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clients::{Cluster, ConnectionState};
 use crate::control::ControlPlane;
-use crate::coordinator::{Coordinator, CoordinatorArgs, CoordinatorMsg};
+use crate::coordinator::{CoordinatorArgs, CoordinatorHandle, CoordinatorMsg};
+use crate::coordinator::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::cutover::Cutover;
 use crate::discovery::{self, DiscoveryParams};
 use crate::error::{Error, Result};
@@ -29,8 +30,11 @@ use crate::unit::UnitTuning;
 
 /// A running pipeline instance.
 pub struct Pipeline {
-    coordinator: ActorRef<CoordinatorMsg>,
-    coordinator_task: JoinHandle<()>,
+    /// The root of the data path's actor tree (see `crate::coordinator`).
+    supervisor: ActorRef<SupervisorMsg>,
+    supervisor_task: JoinHandle<()>,
+    /// The coordinator running now, under the supervisor.
+    coordinator: CoordinatorHandle,
     /// One discovery loop per flow, one heartbeat task per flow with heartbeats on, and the
     /// coordinator's watchdog (see [`Liveness`]).
     discovery: Vec<JoinHandle<()>>,
@@ -39,7 +43,7 @@ pub struct Pipeline {
     cancel: CancellationToken,
     /// The task following this node's writer identity, and its stop (after the drain).
     identity: (JoinHandle<()>, CancellationToken),
-    /// Yields `None` once every task the coordinator spawned is gone (nothing is ever sent).
+    /// Yields `None` once every task the actor tree started is gone (nothing is ever sent).
     tasks_gone: mpsc::Receiver<()>,
     /// Connections, closed at the end.
     clusters: Vec<Arc<Cluster>>,
@@ -58,8 +62,10 @@ pub struct Pipeline {
 }
 
 /// Sends the coordinator a heartbeat every [`HEARTBEAT_INTERVAL`] until `cancel`.
+/// (While the coordinator is being restarted nobody answers: the heartbeat stays outstanding
+/// until the next coordinator answers one.)
 async fn watchdog(
-    coordinator: ActorRef<CoordinatorMsg>,
+    coordinator: CoordinatorHandle,
     liveness: Arc<Liveness>,
     cancel: CancellationToken,
 ) {
@@ -70,9 +76,7 @@ async fn watchdog(
             _ = tick.tick() => {}
         }
         liveness.sent(Instant::now());
-        if coordinator.cast(CoordinatorMsg::Heartbeat).is_err() {
-            return;
-        }
+        coordinator.send(CoordinatorMsg::Heartbeat);
     }
 }
 
@@ -146,28 +150,32 @@ impl Pipeline {
             })
             .collect();
         let (alive, tasks_gone) = mpsc::channel(1);
-        let name = format!("coordinator/n{}", params.node_id);
-        let (coordinator, coordinator_task) = Coordinator::<C>::spawn(
-            Some(name.clone()),
-            Coordinator::new(),
-            CoordinatorArgs {
-                node_id: params.node_id,
-                control: control.clone(),
-                flows: flows.clone(),
-                clusters: clusters.clone(),
-                writers: writers.clone(),
-                tuning,
-                meters: meters.clone(),
-                alive,
-                liveness: liveness.clone(),
-                offset_maps: offset_maps.clone(),
-                throttles,
-                residency: residency.clone(),
+        let coordinator = CoordinatorHandle::default();
+        let coordinator_args = CoordinatorArgs {
+            node_id: params.node_id,
+            control: control.clone(),
+            flows: flows.clone(),
+            clusters: clusters.clone(),
+            writers: writers.clone(),
+            tuning,
+            meters: meters.clone(),
+            alive,
+            liveness: liveness.clone(),
+            offset_maps: offset_maps.clone(),
+            throttles,
+            residency: residency.clone(),
+        };
+        let (supervisor, supervisor_task) = Actor::spawn(
+            None,
+            Supervisor::<C>::new(),
+            SupervisorArgs {
+                coordinator: coordinator_args,
+                handle: coordinator.clone(),
             },
         )
         .await
         .map_err(|e| Error::Actor {
-            name,
+            name: format!("supervisor/n{}", params.node_id),
             reason: e.to_string(),
         })?;
         let cancel = CancellationToken::new();
@@ -307,8 +315,9 @@ impl Pipeline {
         tracing::info!(flows = flows.len(), "pipeline started");
         let cutover_clusters = clusters.clone();
         Ok(Self {
+            supervisor,
+            supervisor_task,
             coordinator,
-            coordinator_task,
             discovery,
             cancel,
             identity: (identity, identity_cancel),
@@ -390,6 +399,24 @@ impl Pipeline {
         move || meters.snapshot(Instant::now())
     }
 
+    /// Kills every actor `depth` levels under the root of the data path's actor tree (1: the
+    /// coordinator, 2: the flow actors, 3: the units' readers and writers), as a crash of that
+    /// part would, and returns how many it killed. For tests of the supervision.
+    #[doc(hidden)]
+    pub fn kill_actors_for_tests(&self, depth: usize) -> usize {
+        let mut level = vec![self.supervisor.get_cell()];
+        for _ in 0..depth {
+            level = level
+                .iter()
+                .flat_map(ractor::ActorCell::get_children)
+                .collect();
+        }
+        for actor in &level {
+            actor.kill();
+        }
+        level.len()
+    }
+
     /// Graceful stop (SIGTERM): stop discovery, stop reading, finish in-flight writes, commit,
     /// release every unit, then close the connections. Bounded by the shutdown timeout, after
     /// which whatever still runs is aborted (the coordinator aborts its tasks as it stops).
@@ -407,17 +434,21 @@ impl Pipeline {
         for task in self.discovery {
             let _ = task.await;
         }
-        let drained = call_t!(
-            self.coordinator,
-            CoordinatorMsg::Drain,
-            self.shutdown_timeout.as_millis() as u64,
-            keep
-        );
-        if let Err(err) = drained {
-            tracing::warn!(error = %err, "drain did not finish in time; aborting the rest");
+        // No coordinator runs while it is being restarted: its units stopped with it.
+        if let Some(coordinator) = self.coordinator.current() {
+            let drained = call_t!(
+                coordinator,
+                CoordinatorMsg::Drain,
+                self.shutdown_timeout.as_millis() as u64,
+                keep
+            );
+            if let Err(err) = drained {
+                tracing::warn!(error = %err, "drain did not finish in time; aborting the rest");
+            }
         }
-        self.coordinator.stop(Some("shutdown".into()));
-        let _ = self.coordinator_task.await;
+        // Stopping the root kills what is left of the tree under it.
+        self.supervisor.stop(Some("shutdown".into()));
+        let _ = self.supervisor_task.await;
         let _ = self.tasks_gone.recv().await;
         self.identity.1.cancel();
         let _ = self.identity.0.await;
@@ -434,9 +465,10 @@ impl Pipeline {
         for task in &self.discovery {
             task.abort();
         }
-        // Its state, dropped without `post_stop`, aborts the unit and release tasks.
-        self.coordinator.kill();
-        let _ = self.coordinator_task.await;
+        // Killing the root kills the whole tree; the dropped states abort the unit loops and
+        // release tasks.
+        self.supervisor.kill();
+        let _ = self.supervisor_task.await;
         let _ = self.tasks_gone.recv().await;
         for task in self.discovery {
             let _ = task.await;

@@ -1,4 +1,4 @@
-//! What the coordinator does with one unit: the pure decisions behind `reconcile` (start,
+//! What a flow actor does with one unit: the pure decisions behind `reconcile` (start,
 //! stop, cancel a restart, release) and behind the end of a pair (forget, release, restart).
 
 use std::time::Duration;
@@ -70,7 +70,7 @@ pub(super) fn decide(
 pub(super) enum Ended {
     /// The pair stopped by itself (a task failed, or stopped on a fence or a stale epoch).
     ByItself,
-    /// The coordinator stopped it; `release` hands the unit back afterwards.
+    /// The flow actor stopped it; `release` hands the unit back afterwards.
     Stopped {
         /// Release after the final commit.
         release: bool,

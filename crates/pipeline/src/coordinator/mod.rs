@@ -1,53 +1,60 @@
-//! The coordinator of one pipeline instance: follows this node's assignments, runs one
-//! reader/writer pair per assigned unit, stops pairs cleanly when units are revoked or
-//! released, and restarts pairs that ended by themselves with bounded exponential backoff plus
-//! jitter.
+//! The data path's supervision tree on one instance:
 //!
-//! It is the data plane's one actor, because its mailbox really carries intents from several
-//! senders: the assignment watcher, discovery, `Pipeline::shutdown`, its own timers, release
-//! tasks, and the ends of the unit tasks it supervises. Readers and writers are plain tokio
-//! tasks (see `pair`): each runs one loop under its pair's `CancellationToken`, a child of the
-//! coordinator's, and reports how it ended as [`CoordinatorMsg::UnitTaskEnded`].
+//! ```text
+//! Supervisor (supervisor.rs)       restarts the coordinator; gives up after a burst of failures
+//! └─ Coordinator (this file)       the one consumer of this node's assignments
+//!    └─ Flow, one per flow (flow.rs)         runs, stops, restarts and hands back units
+//!       ├─ reader actor, one per unit (pair.rs)  ─┐ one bounded channel per pair,
+//!       └─ writer actor, one per unit (pair.rs)  ─┘ handed to both by the flow actor
+//! ```
 //!
-//! Its handlers never wait: a unit is handed back by a release task of its own, at most one per
-//! unit, which reports as [`CoordinatorMsg::Released`] (see `release`); statistics are read from
-//! the shared [`MeterRegistry`], not through the mailbox. What to do with a unit is decided by
-//! pure functions (`decide`, and `release` for hand-backs).
+//! Every child is spawned linked (`spawn_linked`): how it ended reaches its parent as a
+//! ractor supervision event, and the parent decides what follows. A reader or writer that
+//! ended by itself is restarted with its pair after a backoff (`decide`); a flow actor that
+//! failed is restarted by the coordinator after a backoff, and picks its units up again from
+//! the assignments (its pairs died with it, as in a crash: writers resume from the target's
+//! tail); a failed coordinator is restarted by the supervisor. When an actor dies, ractor
+//! kills everything under it.
+//!
+//! The coordinator follows the assignments and splits them by flow; it also carries the
+//! drain of `Pipeline::shutdown` to every flow actor and the recreated topics discovery
+//! reports. Its mailbox is the one the liveness watchdog checks (`crate::liveness`). No
+//! handler in the tree waits on the network: pairs run their loops as tasks of their own
+//! (see `pair`), hand-backs run as release tasks (see `release`), and what to do with a unit is
+//! decided by pure functions (`decide`, `release`).
 
 mod decide;
+mod flow;
 mod pair;
 mod release;
+mod supervisor;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
+use ractor::{
+    Actor, ActorId, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort, SupervisionEvent,
+};
 use replicator_model::{Assignment, Epoch, NodeId, WorkUnit};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use self::decide::{after_pair_gone, decide, Action, AfterPair, Ended, PhaseKind};
-use self::pair::{Pair, Report, Role, TaskEnd};
-use self::release::{keep_release, request_release, retry_release, spawn_release};
-use self::release::{released, ReleaseSlot, ReleaseState, RetryPlan};
+use self::flow::{Flow, FlowArgs, FlowMsg};
+pub(crate) use self::supervisor::{CoordinatorHandle, Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
-use crate::control::{ControlError, ControlPlane};
+use crate::control::ControlPlane;
 use crate::liveness::Liveness;
-use crate::mapping::downstream_stream;
 use crate::params::FlowParams;
-use crate::reader::{self, ReaderArgs};
-use crate::stats::{MeterRegistry, UnitMeters};
-use crate::unit::{UnitShared, UnitTuning};
-use crate::writer::{self, WriterArgs};
+use crate::stats::MeterRegistry;
+use crate::unit::UnitTuning;
 
-/// Held by every task the coordinator spawns (unit tasks, release tasks). Nothing is ever sent
-/// on it: `Pipeline` waits until the last clone is dropped, so that `shutdown` and `crash`
-/// return only once none of those tasks runs any more.
+/// Held by every task the tree starts (reader and writer loops, release tasks). Nothing is
+/// ever sent on it: `Pipeline` waits until the last clone is dropped, so that `shutdown` and
+/// `crash` return only once none of those tasks runs any more.
 pub(crate) type Alive = mpsc::Sender<()>;
 
 /// The coordinator actor (all state lives in [`CoordinatorState`]).
@@ -63,13 +70,6 @@ impl<C> Coordinator<C> {
 pub(crate) enum CoordinatorMsg {
     /// From the coordinator's assignment watcher: this node's current assignments. No reply.
     Assignments(Vec<Assignment>),
-    /// From a backoff timer of the coordinator: restart the unit's pair if still assigned under
-    /// `epoch`. No reply.
-    RestartDue {
-        unit: WorkUnit,
-        /// The epoch the ended pair ran under.
-        epoch: Epoch,
-    },
     /// From discovery: the upstream topic was deleted and recreated; restart its running units
     /// (they resume from the initial offset). No reply.
     TopicRecreated {
@@ -78,33 +78,19 @@ pub(crate) enum CoordinatorMsg {
         topic: String,
     },
     /// From `Pipeline::shutdown`: stop every unit cleanly (final commit, then release); replies
-    /// when every unit is stopped and every release was attempted. Units of the flows in the
-    /// set (a config reload keeps them) stop after their final commit without a release: the
-    /// node keeps them, and the next pipeline starts them again under the same epoch.
+    /// when every flow actor drained. Units of the flows in the set (a config reload keeps
+    /// them) stop after their final commit without a release: the node keeps them, and the
+    /// next pipeline starts them again under the same epoch.
     Drain(BTreeSet<String>, RpcReplyPort<()>),
-    /// From a release task of the coordinator: handing `unit` back under `epoch` finished with
-    /// `result`. No reply.
-    Released {
-        unit: WorkUnit,
-        epoch: Epoch,
-        result: Result<(), ControlError>,
-    },
-    /// From a retry timer of the coordinator: try the failed release of `unit` under `epoch`
-    /// again if the leader still asks for it. No reply.
-    ReleaseRetryDue { unit: WorkUnit, epoch: Epoch },
-    /// From a reader or writer task of pair `pair` of `unit`, as it ends (also when it
-    /// panicked): how it ended. No reply.
-    UnitTaskEnded {
-        unit: WorkUnit,
-        pair: u64,
-        role: Role,
-        end: TaskEnd,
-    },
+    /// From a backoff timer of the coordinator: start the flow actor of `flow` again (it
+    /// failed). No reply.
+    FlowRestartDue { flow: String },
     /// From the pipeline's watchdog: proves the mailbox is being handled. No reply.
     Heartbeat,
 }
 
-/// Everything the coordinator needs to start pairs.
+/// Everything the coordinator needs to start its flow actors (kept by the supervisor, which
+/// starts a new coordinator with the same).
 pub(crate) struct CoordinatorArgs<C> {
     pub(crate) node_id: NodeId,
     pub(crate) control: C,
@@ -117,7 +103,7 @@ pub(crate) struct CoordinatorArgs<C> {
     pub(crate) tuning: UnitTuning,
     /// Where the meters of every started unit are registered (shared with `Pipeline::stats`).
     pub(crate) meters: MeterRegistry,
-    /// Cloned into every task the coordinator spawns (see [`Alive`]).
+    /// Cloned into every task the tree starts (see [`Alive`]).
     pub(crate) alive: Alive,
     /// Marked on every heartbeat handled (see [`crate::liveness`]).
     pub(crate) liveness: Arc<Liveness>,
@@ -129,98 +115,56 @@ pub(crate) struct CoordinatorArgs<C> {
     pub(crate) residency: BTreeMap<String, Arc<crate::residency::Residency>>,
 }
 
-/// What runs for a unit this node works on.
-enum Phase {
-    /// The pair runs, or stops once asked (see [`Pair::ending`]).
-    Running(Pair),
-    /// The pair ended by itself and restarts when the timer fires.
-    Waiting {
-        /// Held for its drop: dropping the slot (a cancelled restart) aborts the timer.
-        _timer: AbortOnDrop<Result<(), MessagingErr<CoordinatorMsg>>>,
-    },
+impl<C: Clone> Clone for CoordinatorArgs<C> {
+    fn clone(&self) -> Self {
+        Self {
+            node_id: self.node_id,
+            control: self.control.clone(),
+            flows: self.flows.clone(),
+            clusters: self.clusters.clone(),
+            writers: self.writers.clone(),
+            tuning: self.tuning.clone(),
+            meters: self.meters.clone(),
+            alive: self.alive.clone(),
+            liveness: self.liveness.clone(),
+            offset_maps: self.offset_maps.clone(),
+            throttles: self.throttles.clone(),
+            residency: self.residency.clone(),
+        }
+    }
 }
 
-/// A unit this node is working on.
-struct Slot {
-    /// Epoch of the pair.
-    epoch: Epoch,
-    phase: Phase,
-    /// Restart backoff (kept across restarts of the same epoch).
+/// One flow's actor as the coordinator supervises it.
+struct FlowChild {
+    /// The running actor; `None` while its restart waits for the timer.
+    actor: Option<ActorRef<FlowMsg>>,
+    /// Restart backoff (reset when the actor had run long).
     backoff: Backoff,
-    /// When the current pair started (a pair that ran long enough resets the backoff).
+    /// When the current actor started.
     started: Instant,
-}
-
-impl Slot {
-    /// The phase without its handles, for [`decide()`].
-    fn kind(&self) -> PhaseKind {
-        match &self.phase {
-            Phase::Running(pair) if pair.ending == Ended::ByItself => PhaseKind::Running,
-            Phase::Running(_) => PhaseKind::Stopping,
-            Phase::Waiting { .. } => PhaseKind::Waiting,
-        }
-    }
-}
-
-/// Whether `Pipeline::shutdown` asked the coordinator to drain.
-enum Drain {
-    /// Not asked: pairs follow the assignments.
-    Off,
-    /// Draining: nothing starts, everything stops and is released; the reply goes out once no
-    /// pair runs and no release is in flight.
-    Pending(RpcReplyPort<()>),
-    /// Draining, and the reply went out.
-    Done,
-}
-
-impl Drain {
-    fn is_on(&self) -> bool {
-        !matches!(self, Drain::Off)
-    }
-
-    /// Sends the reply if it is still due.
-    fn answer(&mut self) {
-        match std::mem::replace(self, Drain::Done) {
-            Drain::Pending(reply) => {
-                let _ = reply.send(());
-            }
-            other => *self = other,
-        }
-    }
-}
-
-/// A task handle that aborts its task when dropped (also when the coordinator is killed and
-/// its state dropped without `post_stop`).
-struct AbortOnDrop<T>(JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    /// The restart timer while waiting (dropping it cancels the restart).
+    _timer: Option<AbortOnDrop<Result<(), MessagingErr<CoordinatorMsg>>>>,
 }
 
 /// Runtime state of the coordinator.
 pub(crate) struct CoordinatorState<C> {
     args: CoordinatorArgs<C>,
-    /// Latest assignments of this node, by unit.
-    desired: BTreeMap<WorkUnit, Assignment>,
-    /// Units being worked on.
-    slots: BTreeMap<WorkUnit, Slot>,
-    /// Hand-backs in flight, done (until the assignments catch up) or waiting for a retry.
-    releases: BTreeMap<WorkUnit, ReleaseSlot>,
-    drain: Drain,
-    /// Flows whose units the drain keeps (stops without handing back).
-    kept_flows: BTreeSet<String>,
-    /// Parent of every pair's stop token; cancelled when the coordinator stops.
-    units: CancellationToken,
+    /// The flow actors, by flow name.
+    flows: BTreeMap<String, FlowChild>,
+    /// Flow names by actor id, for supervision events.
+    by_id: HashMap<ActorId, String>,
+    /// Latest assignments of this node, by flow (every flow present, maybe with none).
+    desired: BTreeMap<String, Vec<Assignment>>,
+    /// Whether `Pipeline::shutdown` asked for a drain (no flow actor restarts then).
+    draining: bool,
+    /// Waits for every flow actor's drain, then answers the drain.
+    _drain: Option<AbortOnDrop<()>>,
     /// Forwards assignment changes into the mailbox (held for its drop, which ends it).
     _watcher: AbortOnDrop<()>,
     /// Flows already warned about as unknown.
     warned_flows: BTreeSet<String>,
     /// Counter mixed into jitter seeds.
     seeds: u64,
-    /// The last pair id handed out.
-    pairs: u64,
     /// The coordinator's span (node).
     span: tracing::Span,
 }
@@ -240,12 +184,13 @@ impl<C: ControlPlane> Actor for Coordinator<C> {
         // A unit granted before this node's writer identity arrived waits for it: a swap of
         // the writers' connections re-sends the assignments, which starts it.
         let mut writers = args.writers.subscribe();
+        let me = myself.clone();
         let watcher = tokio::spawn(
             async move {
                 loop {
                     let current = rx.borrow_and_update().clone();
                     writers.borrow_and_update();
-                    if myself
+                    if me
                         .send_message(CoordinatorMsg::Assignments(current))
                         .is_err()
                     {
@@ -259,32 +204,23 @@ impl<C: ControlPlane> Actor for Coordinator<C> {
             }
             .instrument(span.clone()),
         );
-        Ok(CoordinatorState {
+        let mut state = CoordinatorState {
             seeds: args.node_id.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            desired: args.flows.keys().map(|f| (f.clone(), Vec::new())).collect(),
             args,
-            desired: BTreeMap::new(),
-            slots: BTreeMap::new(),
-            releases: BTreeMap::new(),
-            drain: Drain::Off,
-            kept_flows: BTreeSet::new(),
-            units: CancellationToken::new(),
+            flows: BTreeMap::new(),
+            by_id: HashMap::new(),
+            draining: false,
+            _drain: None,
             _watcher: AbortOnDrop(watcher),
             warned_flows: BTreeSet::new(),
-            pairs: 0,
             span,
-        })
-    }
-
-    async fn post_stop(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        // Only after a drain that ran out of time is anything left: aborted, not drained.
-        state.units.cancel();
-        state.slots.clear();
-        state.releases.clear();
-        Ok(())
+        };
+        let names: Vec<String> = state.args.flows.keys().cloned().collect();
+        for name in names {
+            spawn_flow(&myself, &mut state, &name).await?;
+        }
+        Ok(state)
     }
 
     async fn handle(
@@ -294,43 +230,82 @@ impl<C: ControlPlane> Actor for Coordinator<C> {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         let span = state.span.clone();
-        span.in_scope(|| dispatch(&myself, state, msg));
+        dispatch(&myself, state, msg).instrument(span).await
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some((id, failure)) = ChildEnd::of(event) else {
+            return Ok(());
+        };
+        let Some(name) = state.by_id.remove(&id) else {
+            return Ok(());
+        };
+        let span = state.span.clone();
+        let _entered = span.enter();
+        let Some(child) = state.flows.get_mut(&name) else {
+            return Ok(());
+        };
+        child.actor = None;
+        if state.draining {
+            // Its drain reply went with it; the drain goes on without it.
+            tracing::warn!(flow = %name, outcome = %failure, "flow actor ended while draining");
+            return Ok(());
+        }
+        if child.started.elapsed() >= decide::BACKOFF_RESET_AFTER {
+            child.backoff.reset();
+        }
+        let delay = child.backoff.next_delay();
+        tracing::error!(
+            flow = %name, outcome = %failure, backoff = ?delay,
+            "flow actor ended unexpectedly (its units stopped with it); restarting it after backoff"
+        );
+        let flow = name.clone();
+        let timer = myself.send_after(delay, move || CoordinatorMsg::FlowRestartDue { flow });
+        child._timer = Some(AbortOnDrop(timer));
         Ok(())
     }
 }
 
-/// Handles one message; never waits (see the module doc).
-fn dispatch<C: ControlPlane>(
+/// Handles one message; never waits on the network (see the module doc). Fails only when a
+/// flow actor cannot be spawned (the runtime is going away): the supervisor then decides.
+async fn dispatch<C: ControlPlane>(
     myself: &ActorRef<CoordinatorMsg>,
     state: &mut CoordinatorState<C>,
     msg: CoordinatorMsg,
-) {
+) -> Result<(), ActorProcessingErr> {
     match msg {
         CoordinatorMsg::Heartbeat => state.args.liveness.answered(),
         CoordinatorMsg::Assignments(list) => {
-            state.desired = list.into_iter().map(|a| (a.unit.clone(), a)).collect();
-            let desired = &state.desired;
-            state
-                .releases
-                .retain(|unit, r| keep_release(r.state, desired.get(unit)));
-            reconcile(myself, state);
-        }
-        CoordinatorMsg::RestartDue { unit, epoch } => {
-            let due = state
-                .slots
-                .get(&unit)
-                .is_some_and(|s| s.epoch == epoch && matches!(s.phase, Phase::Waiting { .. }));
-            if due {
-                let still_assigned = !state.drain.is_on()
-                    && state
-                        .desired
-                        .get(&unit)
-                        .is_some_and(|a| a.epoch == epoch && !a.release_requested);
-                let backoff = state.slots.remove(&unit).map(|s| s.backoff);
-                if still_assigned {
-                    start_pair(myself, state, &unit, epoch, backoff);
+            let mut by_flow: BTreeMap<String, Vec<Assignment>> = state
+                .args
+                .flows
+                .keys()
+                .map(|f| (f.clone(), Vec::new()))
+                .collect();
+            for a in list {
+                match by_flow.get_mut(&a.unit.flow) {
+                    Some(units) => units.push(a),
+                    None => {
+                        if state.warned_flows.insert(a.unit.flow.clone()) {
+                            tracing::warn!(
+                                flow = %a.unit.flow,
+                                "assigned a unit of a flow this node does not run"
+                            );
+                        }
+                    }
                 }
-                reconcile_units(myself, state, [unit]);
+            }
+            for (name, units) in by_flow {
+                if let Some(actor) = state.flows.get(&name).and_then(|c| c.actor.as_ref()) {
+                    // A flow actor that is gone restarts with the latest assignments.
+                    let _ = actor.send_message(FlowMsg::Assignments(units.clone()));
+                }
+                state.desired.insert(name, units);
             }
         }
         CoordinatorMsg::TopicRecreated {
@@ -338,351 +313,155 @@ fn dispatch<C: ControlPlane>(
             stream,
             topic,
         } => {
-            for (unit, slot) in state.slots.iter_mut() {
-                if unit.flow == flow && unit.stream == stream && unit.topic == topic {
-                    stop_pair(slot, false);
-                }
+            if let Some(actor) = state.flows.get(&flow).and_then(|c| c.actor.as_ref()) {
+                let _ = actor.send_message(FlowMsg::TopicRecreated { stream, topic });
             }
         }
         CoordinatorMsg::Drain(keep, reply) => {
-            state.drain = Drain::Pending(reply);
-            state.kept_flows = keep;
-            // A drain attempts every release once more, also those that failed before.
-            state
-                .releases
-                .retain(|_, r| !matches!(r.state, ReleaseState::Failed { .. }));
-            reconcile(myself, state);
-        }
-        CoordinatorMsg::Released {
-            unit,
-            epoch,
-            result,
-        } => {
-            released(myself, state, unit, epoch, result);
-            finish_drain_if_done(state);
-        }
-        CoordinatorMsg::ReleaseRetryDue { unit, epoch } => {
-            let current = state.releases.get(&unit).map(|r| r.state);
-            let draining = state.drain.is_on();
-            match retry_release(current, epoch, state.desired.get(&unit), draining) {
-                RetryPlan::Spawn => spawn_release(myself, state, &unit, epoch),
-                RetryPlan::Forget => {
-                    state.releases.remove(&unit);
-                }
-                RetryPlan::Nothing => {}
-            }
-        }
-        CoordinatorMsg::UnitTaskEnded {
-            unit,
-            pair,
-            role,
-            end,
-        } => task_ended(myself, state, &unit, pair, role, end),
-    }
-}
-
-/// Clears an ended task from its pair and acts once the pair is gone.
-fn task_ended<C: ControlPlane>(
-    myself: &ActorRef<CoordinatorMsg>,
-    state: &mut CoordinatorState<C>,
-    unit: &WorkUnit,
-    pair_id: u64,
-    role: Role,
-    end: TaskEnd,
-) {
-    let Some(slot) = state.slots.get_mut(unit) else {
-        return;
-    };
-    let Phase::Running(pair) = &mut slot.phase else {
-        return;
-    };
-    if pair.id != pair_id {
-        return;
-    }
-    match &end {
-        TaskEnd::Stopped(reason) => {
-            tracing::debug!(%unit, role = ?role, reason, "unit task ended");
-        }
-        TaskEnd::Failed(err) => tracing::warn!(
-            flow = %unit.flow, stream = %unit.stream, topic = %unit.topic,
-            partition = unit.partition, epoch = %slot.epoch, role = ?role, error = %err,
-            "unit task failed"
-        ),
-        TaskEnd::Panicked => tracing::error!(
-            flow = %unit.flow, stream = %unit.stream, topic = %unit.topic,
-            partition = unit.partition, epoch = %slot.epoch, role = ?role,
-            "unit task panicked"
-        ),
-    }
-    pair.failed |= !matches!(end, TaskEnd::Stopped(_));
-    match role {
-        Role::Reader => pair.reader = None,
-        Role::Writer => {
-            pair.writer = None;
-            // A writer that ended leaves its reader without a consumer: stop it too. A reader
-            // that ended closes the channel, so its writer drains, commits and ends by itself.
-            pair.stop.cancel();
-        }
-    }
-    if pair.reader.is_some() || pair.writer.is_some() {
-        return;
-    }
-    let (epoch, ending, failed) = (slot.epoch, pair.ending, pair.failed);
-    let next = after_pair_gone(
-        ending,
-        epoch,
-        state.desired.get(unit),
-        state.drain.is_on(),
-        slot.started.elapsed(),
-    );
-    match next {
-        AfterPair::Remove => {
-            state.slots.remove(unit);
-            reconcile_units(myself, state, [unit.clone()]);
-        }
-        AfterPair::Release(epoch) => {
-            state.slots.remove(unit);
-            request_release(myself, state, unit, epoch);
-            reconcile_units(myself, state, [unit.clone()]);
-        }
-        AfterPair::Restart { reset_backoff } => {
-            if reset_backoff {
-                slot.backoff.reset();
-            }
-            let delay = slot.backoff.next_delay();
-            if let Some(m) = state.args.meters.get(unit) {
-                m.restarted();
-            }
-            tracing::warn!(
-                flow = %unit.flow, stream = %unit.stream, topic = %unit.topic,
-                partition = unit.partition, epoch = %epoch, failed, backoff = ?delay,
-                "unit pair ended unexpectedly, restarting after backoff"
-            );
-            let (u, e) = (unit.clone(), epoch);
-            let timer = myself.send_after(delay, move || CoordinatorMsg::RestartDue {
-                unit: u,
-                epoch: e,
-            });
-            slot.phase = Phase::Waiting {
-                _timer: AbortOnDrop(timer),
-            };
-        }
-    }
-}
-
-/// Answers a pending drain once no pair runs and no release is in flight.
-fn finish_drain_if_done<C>(state: &mut CoordinatorState<C>) {
-    let releasing = state
-        .releases
-        .values()
-        .any(|r| matches!(r.state, ReleaseState::InFlight { .. }));
-    if state.slots.is_empty() && !releasing {
-        state.drain.answer();
-    }
-}
-
-/// Whether `epoch` of `unit` is being or has been handed back: no pair starts under it.
-fn handing_back<C>(state: &CoordinatorState<C>, unit: &WorkUnit, epoch: Epoch) -> bool {
-    state
-        .releases
-        .get(unit)
-        .is_some_and(|r| r.state.covers(epoch))
-}
-
-/// Asks a running pair to stop cleanly: the reader stops at once, the writer sends what is
-/// queued, makes its final commit and ends.
-fn stop_pair(slot: &mut Slot, release: bool) {
-    if let Phase::Running(pair) = &mut slot.phase {
-        if pair.ending == Ended::ByItself {
-            pair.ending = Ended::Stopped { release };
-            pair.stop.cancel();
-        }
-    }
-}
-
-/// Brings the running pairs in line with the assignments: after a message that may change any
-/// unit's (new assignments, a drain).
-fn reconcile<C: ControlPlane>(myself: &ActorRef<CoordinatorMsg>, state: &mut CoordinatorState<C>) {
-    let units: BTreeSet<WorkUnit> = state
-        .desired
-        .keys()
-        .chain(state.slots.keys())
-        .cloned()
-        .collect();
-    reconcile_units(myself, state, units);
-}
-
-/// Brings the pairs of `units` in line with the assignments, and leaves the others as they
-/// are: a message about one unit's pair (it ended, its restart is due) reconciles that unit
-/// only. Every other unit is where the last [`reconcile`] put it, since nothing else changes
-/// what is decided for it; a full pass per pair end made a start, or a restart storm, at tens
-/// of thousands of units quadratic (the coordinator then spent most of a core cloning and
-/// comparing unit names).
-fn reconcile_units<C: ControlPlane>(
-    myself: &ActorRef<CoordinatorMsg>,
-    state: &mut CoordinatorState<C>,
-    units: impl IntoIterator<Item = WorkUnit>,
-) {
-    let draining = state.drain.is_on();
-    let mut seen = Vec::new();
-    for unit in units {
-        let view = state.slots.get(&unit).map(|s| (s.epoch, s.kind()));
-        // A unit the drain keeps is stopped as if it were no longer ours, and not released.
-        let desired = state
-            .desired
-            .get(&unit)
-            .filter(|_| !(draining && state.kept_flows.contains(&unit.flow)));
-        match decide(view, desired, draining) {
-            Action::Nothing => {}
-            Action::Start(epoch) if handing_back(state, &unit, epoch) => {}
-            Action::Start(epoch) => start_pair(myself, state, &unit, epoch, None),
-            Action::Stop { release } => {
-                if let Some(slot) = state.slots.get_mut(&unit) {
-                    tracing::info!(%unit, epoch = %slot.epoch, release, "stopping unit");
-                    stop_pair(slot, release);
-                }
-            }
-            Action::Cancel { release } => {
-                // Dropping the slot aborts its restart timer.
-                if let Some(slot) = state.slots.remove(&unit) {
-                    if release {
-                        request_release(myself, state, &unit, slot.epoch);
+            state.draining = true;
+            let mut drained = Vec::new();
+            for (name, child) in &mut state.flows {
+                // A restart still waiting is cancelled: nothing of that flow runs.
+                child._timer = None;
+                if let Some(actor) = &child.actor {
+                    let (tx, rx) = oneshot::channel();
+                    let drain = FlowMsg::Drain {
+                        keep: keep.contains(name),
+                        reply: tx.into(),
+                    };
+                    if actor.send_message(drain).is_ok() {
+                        drained.push(rx);
                     }
                 }
             }
-            Action::Release(epoch) => request_release(myself, state, &unit, epoch),
+            // A flow actor that dies while draining drops its reply: it is done too.
+            let task = tokio::spawn(async move {
+                for rx in drained {
+                    let _ = rx.await;
+                }
+                let _ = reply.send(());
+            });
+            state._drain = Some(AbortOnDrop(task));
         }
-        seen.push(unit);
-    }
-    // A new epoch for a unit whose old pair just went away starts on the next pass.
-    for unit in seen {
-        let startable = state.desired.get(&unit).filter(|a| {
-            !draining
-                && !a.release_requested
-                && !state.slots.contains_key(&a.unit)
-                && !handing_back(state, &a.unit, a.epoch)
-        });
-        if let Some(epoch) = startable.map(|a| a.epoch) {
-            start_pair(myself, state, &unit, epoch, None);
+        CoordinatorMsg::FlowRestartDue { flow } => {
+            let waiting = state
+                .flows
+                .get(&flow)
+                .is_some_and(|c| c.actor.is_none() && c._timer.is_some());
+            if waiting && !state.draining {
+                spawn_flow(myself, state, &flow).await?;
+            }
         }
     }
-    finish_drain_if_done(state);
+    Ok(())
 }
 
-/// Spawns the reader and writer tasks of a unit under `epoch`.
-fn start_pair<C: ControlPlane>(
+/// Starts the actor of flow `name`, linked to the coordinator, and hands it the flow's
+/// latest assignments.
+async fn spawn_flow<C: ControlPlane>(
     myself: &ActorRef<CoordinatorMsg>,
     state: &mut CoordinatorState<C>,
-    unit: &WorkUnit,
-    epoch: Epoch,
-    backoff: Option<Backoff>,
-) {
-    if state.slots.contains_key(unit) {
-        return;
-    }
-    let Some(flow) = state.args.flows.get(&unit.flow).cloned() else {
-        if state.warned_flows.insert(unit.flow.clone()) {
-            tracing::warn!(flow = %unit.flow, "assigned a unit of a flow this node does not run");
-        }
-        return;
+    name: &str,
+) -> Result<(), ActorProcessingErr> {
+    let Some(flow) = state.args.flows.get(name).cloned() else {
+        return Ok(());
     };
-    // A unit of a topic a residency policy keeps from the target (granted before the policy
-    // existed; discovery no longer reports it, so it is retired and handed back when asked)
-    // never runs. Discovery records and logs the topic.
-    let blocked = state
-        .args
-        .residency
-        .get(&unit.flow)
-        .and_then(|r| r.blocked_by(&unit.stream, &unit.topic));
-    if let Some(policy) = blocked {
-        tracing::debug!(%unit, policy, "unit of a topic a residency policy blocks: not started");
-        return;
-    }
+    // `Pipeline::start` checked every flow's clusters; params built otherwise run nothing.
     let Some(source) = state.args.clusters.get(&flow.source).cloned() else {
-        return;
+        tracing::error!(flow = %name, source = %flow.source, "flow of an unknown source cluster");
+        return Ok(());
     };
-    let Some(target) = state.args.writers.current(&flow.target) else {
-        tracing::debug!(%unit, "no writer identity for the target yet: the unit waits");
-        return;
-    };
-    state.seeds = state.seeds.wrapping_add(1);
-    let observer = state.args.tuning.observer.clone();
-    let meters = state
-        .args
-        .meters
-        .get_or_insert(unit, || UnitMeters::new(&unit.flow, observer));
-    let span = unit_span(UnitTask::Pair, state.args.node_id, unit, epoch);
-    let shared = Arc::new(UnitShared {
-        unit: unit.clone(),
-        epoch,
-        downstream_stream: downstream_stream(flow.naming, &flow.source, &unit.stream),
-        flow: flow.clone(),
+    state.seeds = state.seeds.wrapping_add(0x1000_0000);
+    let args = &state.args;
+    let flow_args = FlowArgs {
+        node_id: args.node_id,
+        control: args.control.clone(),
         source,
-        target,
-        control: state.args.control.clone(),
-        meters,
-        tuning: state.args.tuning.clone(),
+        writers: args.writers.clone(),
+        tuning: args.tuning.clone(),
+        meters: args.meters.clone(),
+        alive: args.alive.clone(),
+        offset_maps: args.offset_maps.clone(),
+        throttle: args.throttles.get(name).cloned(),
+        residency: args.residency.get(name).cloned(),
         seed: state.seeds,
-        offset_maps: state.args.offset_maps.clone(),
-        throttle: state.args.throttles.get(&unit.flow).cloned(),
+        flow,
+    };
+    let (actor, _) = Actor::spawn_linked(None, Flow::new(), flow_args, myself.get_cell()).await?;
+    state.by_id.insert(actor.get_id(), name.to_owned());
+    if let Some(units) = state.desired.get(name) {
+        let _ = actor.send_message(FlowMsg::Assignments(units.clone()));
+    }
+    let backoff = Backoff::new(state.args.tuning.backoff, state.seeds);
+    let child = state.flows.entry(name.to_owned()).or_insert(FlowChild {
+        actor: None,
+        backoff,
+        started: Instant::now(),
+        _timer: None,
     });
-    let (tx, rx) = mpsc::channel(flow.max_in_flight_batches);
-    let (start_tx, start_rx) = oneshot::channel();
-    state.pairs += 1;
-    let id = state.pairs;
-    let stop = state.units.child_token();
-    let report = |role| Report {
-        coordinator: myself.clone(),
-        unit: unit.clone(),
-        pair: id,
-        role,
-    };
-    let writer = pair::spawn(
-        report(Role::Writer),
-        state.args.alive.clone(),
-        tracing::info_span!(parent: &span, "writer"),
-        writer::run(WriterArgs {
-            shared: shared.clone(),
-            rx,
-            start: start_tx,
-            stop: stop.clone(),
-        }),
-    );
-    let reader = pair::spawn(
-        report(Role::Reader),
-        state.args.alive.clone(),
-        tracing::info_span!(parent: &span, "reader"),
-        reader::run(ReaderArgs {
-            shared,
-            tx,
-            start: start_rx,
-            stop: stop.clone(),
-        }),
-    );
-    let pair = Pair {
-        id,
-        stop,
-        reader: Some(reader),
-        writer: Some(writer),
-        failed: false,
-        ending: Ended::ByItself,
-    };
-    let backoff = backoff.unwrap_or_else(|| Backoff::new(state.args.tuning.backoff, state.seeds));
-    state.slots.insert(
-        unit.clone(),
-        Slot {
-            epoch,
-            phase: Phase::Running(pair),
-            backoff,
-            started: Instant::now(),
-        },
-    );
-    tracing::info!(%unit, epoch = %epoch, "unit started");
+    child.actor = Some(actor);
+    child.started = Instant::now();
+    child._timer = None;
+    Ok(())
+}
+
+/// How a child of the tree ended, as its parent learns it from ractor.
+#[derive(Debug)]
+pub(crate) enum ChildEnd {
+    /// It stopped, with its reason (a unit loop that returned: asked to stop, writer gone,
+    /// drained, fenced, …).
+    Stopped(String),
+    /// It failed with an error (a unit loop that gave up on an error that is not transient or
+    /// outlasted the retry budget).
+    Failed(String),
+    /// Its loop panicked, or it was killed before its loop returned.
+    Panicked,
+}
+
+impl ChildEnd {
+    /// The child and how it ended, if `event` is the end of a child.
+    fn of(event: SupervisionEvent) -> Option<(ActorId, Self)> {
+        match event {
+            SupervisionEvent::ActorTerminated(cell, _, reason) => Some((
+                cell.get_id(),
+                Self::Stopped(reason.unwrap_or_else(|| "stopped".to_owned())),
+            )),
+            SupervisionEvent::ActorFailed(cell, err) => {
+                let end = if err.downcast_ref::<pair::LoopPanicked>().is_some() {
+                    Self::Panicked
+                } else {
+                    Self::Failed(err.to_string())
+                };
+                Some((cell.get_id(), end))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ChildEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Stopped(reason) => write!(f, "stopped ({reason})"),
+            Self::Failed(err) => write!(f, "failed: {err}"),
+            Self::Panicked => f.write_str("panicked"),
+        }
+    }
+}
+
+/// A task handle that aborts its task when dropped (also when an actor of the tree is killed
+/// and its state dropped without `post_stop`).
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// What a span of [`unit_span`] covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum UnitTask {
+enum UnitTaskKind {
     /// The unit's reader and writer (span `unit`).
     Pair,
     /// Handing the unit back (span `release`).
@@ -691,7 +470,7 @@ enum UnitTask {
 
 /// The root span of a task of `unit` under `epoch` on `node`, with the fields every
 /// long-running task carries (node, flow, stream, topic, partition, epoch).
-fn unit_span(task: UnitTask, node: NodeId, unit: &WorkUnit, epoch: Epoch) -> tracing::Span {
+fn unit_span(task: UnitTaskKind, node: NodeId, unit: &WorkUnit, epoch: Epoch) -> tracing::Span {
     // A span's name is part of its static metadata, hence one macro call per name.
     macro_rules! span {
         ($name:literal) => {
@@ -708,15 +487,13 @@ fn unit_span(task: UnitTask, node: NodeId, unit: &WorkUnit, epoch: Epoch) -> tra
         };
     }
     match task {
-        UnitTask::Pair => span!("unit"),
-        UnitTask::Release => span!("release"),
+        UnitTaskKind::Pair => span!("unit"),
+        UnitTaskKind::Release => span!("release"),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use assert2::check;
-
     use super::*;
 
     /// An assignment of unit `f/s/t/0` under `epoch`, for the decision tests.
@@ -726,20 +503,5 @@ mod tests {
             epoch: Epoch(epoch),
             release_requested,
         }
-    }
-
-    #[test]
-    fn a_drain_is_answered_once_and_only_when_asked() {
-        let mut off = Drain::Off;
-        off.answer();
-        check!(!off.is_on());
-        let (tx, mut rx) = oneshot::channel();
-        let mut drain = Drain::Pending(tx.into());
-        check!(drain.is_on());
-        drain.answer();
-        check!(rx.try_recv().is_ok());
-        check!(matches!(drain, Drain::Done));
-        drain.answer();
-        check!(drain.is_on());
     }
 }

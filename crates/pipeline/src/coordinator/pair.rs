@@ -1,109 +1,166 @@
-//! A unit's reader and writer as supervised tasks. Each runs under its pair's stop token and
-//! reports its end to the coordinator exactly once, with its outcome, as
-//! [`CoordinatorMsg::UnitTaskEnded`]: when it returns, and also when it panics (the report then
-//! goes out as the task's future is dropped).
+//! A unit's reader actor and writer actor, children of their flow's actor (`spawn_linked`).
+//!
+//! Each actor owns one loop (`reader::run` or `writer::run`) and runs it as a task of its own:
+//! the loop awaits polls, sends and retries for as long as the unit runs, and an actor's
+//! handler never awaits that long. The actor's mailbox carries the loop's end; the actor then
+//! ends the same way (it stops with the loop's reason, or fails with its error or panic), and
+//! ractor reports that to the flow actor as a supervision event, which decides what follows
+//! (see `decide::after_pair_gone`). Batches go from the reader to the writer over the bounded
+//! channel the flow actor hands both when it starts the pair, never through a mailbox.
+//!
+//! A clean stop goes through the pair's `CancellationToken` (the writer must send what is
+//! queued and make its final commit first); killing the actor, or dropping its state, aborts
+//! the loop at once.
 
 use std::future::Future;
+use std::pin::Pin;
 
-use ractor::ActorRef;
-use replicator_model::WorkUnit;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::decide::Ended;
-use super::{AbortOnDrop, Alive, CoordinatorMsg};
-use crate::error::{Error, Result};
+use super::{AbortOnDrop, Alive};
+use crate::error::Result;
 
-/// Which task of a pair.
+/// Which actor of a pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
     Reader,
     Writer,
 }
 
-/// How a unit task ended.
-#[derive(Debug)]
-pub(crate) enum TaskEnd {
-    /// It returned; the reason (asked to stop, writer gone, drained, fenced, …).
-    Stopped(&'static str),
-    /// It gave up on an error that is not transient or outlasted the retry budget.
-    Failed(Error),
-    /// It ended without returning: it panicked. (An aborted task reports this too, but the
-    /// coordinator aborts unit tasks only when it stops itself, and then reads no report.)
+/// The work of one actor: the unit's reader or writer loop.
+pub(super) type UnitLoop = Pin<Box<dyn Future<Output = Result<&'static str>> + Send>>;
+
+/// The reader or writer actor of one unit (all state lives in [`UnitTaskState`]).
+pub(super) struct UnitTask;
+
+/// What a reader or writer actor starts with.
+pub(super) struct UnitTaskArgs {
+    /// The loop's span (`reader` or `writer` under the unit's).
+    pub(super) span: tracing::Span,
+    /// Held by the loop until it is gone (see [`Alive`]).
+    pub(super) alive: Alive,
+    pub(super) work: UnitLoop,
+}
+
+/// Messages of a reader or writer actor.
+pub(super) enum UnitTaskMsg {
+    /// From its own loop, as the loop ends (also when it panicked). No reply.
+    Ended(LoopEnd),
+}
+
+/// How the loop ended, as its actor learns it.
+pub(super) enum LoopEnd {
+    Returned(Result<&'static str>),
     Panicked,
 }
 
-/// A running reader/writer pair, until both of its tasks reported their end.
+/// The error a reader or writer actor fails with when its loop panicked.
+#[derive(Debug, thiserror::Error)]
+#[error("the loop panicked")]
+pub(super) struct LoopPanicked;
+
+/// State of a reader or writer actor.
+pub(super) struct UnitTaskState {
+    /// The loop; aborted when the actor goes away first (killed with its flow actor).
+    _task: AbortOnDrop<()>,
+}
+
+/// Sends the loop's end to its actor on drop unless the loop returned and sent it itself.
+struct EndGuard(Option<ActorRef<UnitTaskMsg>>);
+
+impl EndGuard {
+    fn send(&mut self, end: LoopEnd) {
+        if let Some(actor) = self.0.take() {
+            // Nobody to tell once the actor is gone (killed with its flow actor).
+            let _ = actor.send_message(UnitTaskMsg::Ended(end));
+        }
+    }
+}
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        self.send(LoopEnd::Panicked);
+    }
+}
+
+impl Actor for UnitTask {
+    type Msg = UnitTaskMsg;
+    type State = UnitTaskState;
+    type Arguments = UnitTaskArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let UnitTaskArgs { span, alive, work } = args;
+        let mut guard = EndGuard(Some(myself));
+        let task = tokio::spawn(
+            async move {
+                let _alive = alive;
+                let end = work.await;
+                guard.send(LoopEnd::Returned(end));
+            }
+            .instrument(span),
+        );
+        Ok(UnitTaskState {
+            _task: AbortOnDrop(task),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        _state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            UnitTaskMsg::Ended(LoopEnd::Returned(Ok(reason))) => {
+                myself.stop(Some(reason.to_owned()));
+                Ok(())
+            }
+            UnitTaskMsg::Ended(LoopEnd::Returned(Err(err))) => Err(Box::new(err)),
+            UnitTaskMsg::Ended(LoopEnd::Panicked) => Err(Box::new(LoopPanicked)),
+        }
+    }
+}
+
+/// A reader or writer actor, killed when dropped (a pair dropped without ending, with its
+/// flow actor's state, takes its actors along).
+pub(super) struct Child(pub(super) ActorRef<UnitTaskMsg>);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.0.kill();
+    }
+}
+
+/// A running reader/writer pair, until both of its actors ended.
 pub(super) struct Pair {
-    /// Tells reports of this pair from those of an earlier pair of the same unit.
+    /// Tells the ends of this pair's actors from those of an earlier pair of the same unit.
     pub(super) id: u64,
-    /// Cancelled to stop the pair (a child of the coordinator's token).
+    /// Cancelled to stop the pair cleanly.
     pub(super) stop: CancellationToken,
-    /// The reader task, until it reported its end.
-    pub(super) reader: Option<AbortOnDrop<()>>,
-    /// The writer task, until it reported its end.
-    pub(super) writer: Option<AbortOnDrop<()>>,
-    /// Whether a task failed or panicked (as opposed to stopping), for the restart log.
+    /// The reader actor, until it ended.
+    pub(super) reader: Option<Child>,
+    /// The writer actor, until it ended.
+    pub(super) writer: Option<Child>,
+    /// Whether an actor failed or panicked (as opposed to stopping), for the restart log.
     pub(super) failed: bool,
-    /// How the pair will have ended once both tasks are gone: by itself, unless the
-    /// coordinator asked it to stop (and whether to release the unit afterwards).
+    /// How the pair will have ended once both actors are gone: by itself, unless the flow
+    /// actor asked it to stop (and whether to release the unit afterwards).
     pub(super) ending: Ended,
 }
 
-/// Where one unit task reports its end.
-pub(super) struct Report {
-    pub(super) coordinator: ActorRef<CoordinatorMsg>,
-    pub(super) unit: WorkUnit,
-    pub(super) pair: u64,
-    pub(super) role: Role,
-}
-
-/// Sends the report on drop unless the task returned and sent it itself.
-struct ReportGuard(Option<Report>);
-
-impl ReportGuard {
-    fn send(&mut self, end: TaskEnd) {
-        if let Some(report) = self.0.take() {
-            // Nobody to tell once the coordinator is gone (crash, or a drain that timed out).
-            let _ = report
-                .coordinator
-                .send_message(CoordinatorMsg::UnitTaskEnded {
-                    unit: report.unit,
-                    pair: report.pair,
-                    role: report.role,
-                    end,
-                });
+impl Pair {
+    /// Forgets the actor of `role`, which ended (killing it again on drop is harmless).
+    pub(super) fn ended(&mut self, role: Role) {
+        match role {
+            Role::Reader => self.reader = None,
+            Role::Writer => self.writer = None,
         }
     }
-}
-
-impl Drop for ReportGuard {
-    fn drop(&mut self) {
-        self.send(TaskEnd::Panicked);
-    }
-}
-
-/// Spawns one task of a pair in `span`. `alive` is held until the task is gone, so that
-/// `Pipeline::shutdown` and `Pipeline::crash` return only once it no longer runs.
-pub(super) fn spawn<F>(
-    report: Report,
-    alive: Alive,
-    span: tracing::Span,
-    task: F,
-) -> AbortOnDrop<()>
-where
-    F: Future<Output = Result<&'static str>> + Send + 'static,
-{
-    let mut guard = ReportGuard(Some(report));
-    AbortOnDrop(tokio::spawn(
-        async move {
-            let _alive = alive;
-            let end = match task.await {
-                Ok(reason) => TaskEnd::Stopped(reason),
-                Err(err) => TaskEnd::Failed(err),
-            };
-            guard.send(end);
-        }
-        .instrument(span),
-    ))
 }

@@ -1,5 +1,5 @@
 //! Handing units back to the control plane (`release`) without ever waiting for it in a
-//! handler: one task per unit at most, which reports with [`CoordinatorMsg::Released`], a newer
+//! handler: one task per unit at most, which reports with [`FlowMsg::Released`], a newer
 //! epoch queued behind the one in flight, failed releases retried after a backoff while the
 //! leader still asks for them. The decisions are pure functions over [`ReleaseState`].
 
@@ -7,7 +7,8 @@ use ractor::ActorRef;
 use replicator_model::{Assignment, Epoch, WorkUnit};
 use tracing::Instrument;
 
-use super::{unit_span, AbortOnDrop, CoordinatorMsg, CoordinatorState, UnitTask};
+use super::flow::{FlowMsg, FlowState};
+use super::{unit_span, AbortOnDrop, UnitTaskKind};
 use crate::backoff::Backoff;
 use crate::control::{ControlError, ControlPlane};
 
@@ -173,10 +174,10 @@ pub(super) fn keep_release(state: ReleaseState, desired: Option<&Assignment>) ->
 /// The hand-back of one unit.
 pub(super) struct ReleaseSlot {
     pub(super) state: ReleaseState,
-    /// The release task in flight; it reports with [`CoordinatorMsg::Released`].
+    /// The release task in flight; it reports with [`FlowMsg::Released`].
     task: Option<AbortOnDrop<()>>,
     /// The retry timer of a failed release.
-    retry: Option<AbortOnDrop<Result<(), ractor::MessagingErr<CoordinatorMsg>>>>,
+    retry: Option<AbortOnDrop<Result<(), ractor::MessagingErr<FlowMsg>>>>,
     /// Retry backoff (reset by a success).
     backoff: Backoff,
 }
@@ -184,8 +185,8 @@ pub(super) struct ReleaseSlot {
 /// Hands `unit` back under `epoch` by a task of its own (at most one per unit; a newer epoch
 /// waits for the one in flight). The handler never waits for the control plane.
 pub(super) fn request_release<C: ControlPlane>(
-    myself: &ActorRef<CoordinatorMsg>,
-    state: &mut CoordinatorState<C>,
+    myself: &ActorRef<FlowMsg>,
+    state: &mut FlowState<C>,
     unit: &WorkUnit,
     epoch: Epoch,
 ) {
@@ -205,24 +206,24 @@ pub(super) fn request_release<C: ControlPlane>(
     }
 }
 
-/// Starts the release task of `unit` under `epoch`; it reports with [`CoordinatorMsg::Released`].
+/// Starts the release task of `unit` under `epoch`; it reports with [`FlowMsg::Released`].
 pub(super) fn spawn_release<C: ControlPlane>(
-    myself: &ActorRef<CoordinatorMsg>,
-    state: &mut CoordinatorState<C>,
+    myself: &ActorRef<FlowMsg>,
+    state: &mut FlowState<C>,
     unit: &WorkUnit,
     epoch: Epoch,
 ) {
     let control = state.args.control.clone();
     let me = myself.clone();
     let alive = state.args.alive.clone();
-    let span = unit_span(UnitTask::Release, state.args.node_id, unit, epoch);
+    let span = unit_span(UnitTaskKind::Release, state.args.node_id, unit, epoch);
     let u = unit.clone();
     let task = tokio::spawn(
         async move {
             let _alive = alive;
             let result = control.release(u.clone(), epoch).await;
-            // The coordinator may be gone (a drain that ran out of time); nobody to tell then.
-            let _ = me.send_message(CoordinatorMsg::Released {
+            // The flow actor may be gone (a drain that ran out of time); nobody to tell then.
+            let _ = me.send_message(FlowMsg::Released {
                 unit: u,
                 epoch,
                 result,
@@ -255,8 +256,8 @@ pub(super) fn spawn_release<C: ControlPlane>(
 
 /// Applies the outcome of a release task: logs it, starts a queued release, arms a retry.
 pub(super) fn released<C: ControlPlane>(
-    myself: &ActorRef<CoordinatorMsg>,
-    state: &mut CoordinatorState<C>,
+    myself: &ActorRef<FlowMsg>,
+    state: &mut FlowState<C>,
     unit: WorkUnit,
     epoch: Epoch,
     result: Result<(), ControlError>,
@@ -286,10 +287,8 @@ pub(super) fn released<C: ControlPlane>(
                 let delay = slot.backoff.next_delay();
                 tracing::debug!(%unit, epoch = %epoch, backoff = ?delay, "release retried after backoff");
                 let u = unit.clone();
-                let timer = myself.send_after(delay, move || CoordinatorMsg::ReleaseRetryDue {
-                    unit: u,
-                    epoch,
-                });
+                let timer =
+                    myself.send_after(delay, move || FlowMsg::ReleaseRetryDue { unit: u, epoch });
                 slot.retry = Some(AbortOnDrop(timer));
             }
         }

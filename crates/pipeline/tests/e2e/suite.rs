@@ -14,6 +14,7 @@ mod metadata;
 mod release;
 mod reload;
 mod residency;
+mod supervision;
 mod throttle;
 mod topics;
 mod vsr;
