@@ -36,7 +36,8 @@ pub struct PipelineParams {
     pub operation_timeout: Duration,
     /// A writer sends only while its lease is valid for at least this long, e.g. 500 ms. It must
     /// exceed the time one send can take, so that a send never lands after the lease ran out.
-    pub lease_safety_margin: Duration,
+    /// The lease it checks is already shortened by the control plane's `lease_drift_margin`.
+    pub send_lease_margin: Duration,
     /// How many downstream messages a starting writer scans back to find the last one it wrote,
     /// e.g. 10 000. Must exceed the number of foreign messages (other producers, reverse flows)
     /// appended to one downstream partition between a crash and the restart.
@@ -70,7 +71,7 @@ impl PipelineParams {
             backoff: BackoffParams::default(),
             retry_budget: Duration::from_secs(30),
             operation_timeout: Duration::from_secs(10),
-            lease_safety_margin: Duration::from_millis(500),
+            send_lease_margin: Duration::from_millis(500),
             tail_scan_window: 10_000,
             shutdown_timeout: Duration::from_secs(30),
             commit_interval: Duration::from_millis(100),
