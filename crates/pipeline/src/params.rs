@@ -24,7 +24,8 @@ pub struct PipelineParams {
     /// Residency policies (`[[policies]]`): no flow writes a topic a policy selects to a target
     /// outside the policy's zones. Default: none.
     pub policies: Vec<PolicyParams>,
-    /// How often each flow re-lists upstream streams and topics, e.g. 5 s (the default).
+    /// How often each flow re-lists upstream streams and topics, e.g. 5 s (the default,
+    /// [`replicator_model::DEFAULT_DISCOVERY_INTERVAL`]).
     pub discovery_interval: Duration,
     /// Backoff for restarting a failed reader/writer pair and for retrying failed Iggy calls.
     pub backoff: BackoffParams,
@@ -67,7 +68,7 @@ impl PipelineParams {
             clusters,
             flows,
             policies: Vec::new(),
-            discovery_interval: Duration::from_secs(5),
+            discovery_interval: replicator_model::DEFAULT_DISCOVERY_INTERVAL,
             backoff: BackoffParams::default(),
             retry_budget: Duration::from_secs(30),
             operation_timeout: Duration::from_secs(10),
@@ -313,8 +314,8 @@ pub struct FlowParams {
 }
 
 impl FlowParams {
-    /// A flow with the default batching (1000 messages, 5 ms, 2 batches in flight), provenance on,
-    /// identity naming, `earliest` start and the default heartbeats.
+    /// A flow with the default batching, polling and provenance (the `DEFAULT_*` constants of
+    /// `replicator_model`), identity naming, `earliest` start and the default heartbeats.
     pub fn new(
         name: impl Into<String>,
         source: impl Into<String>,
@@ -329,11 +330,11 @@ impl FlowParams {
             exclude: Vec::new(),
             naming: Naming::Identity,
             initial_offset: InitialOffset::Earliest,
-            batch_size: 1000,
-            poll_interval: Duration::from_millis(5),
-            idle_poll_interval: Duration::from_millis(100),
-            provenance: true,
-            max_in_flight_batches: 2,
+            batch_size: replicator_model::DEFAULT_BATCH_SIZE,
+            poll_interval: replicator_model::DEFAULT_POLL_INTERVAL,
+            idle_poll_interval: replicator_model::DEFAULT_IDLE_POLL_INTERVAL,
+            provenance: replicator_model::DEFAULT_PROVENANCE,
+            max_in_flight_batches: replicator_model::DEFAULT_MAX_IN_FLIGHT_BATCHES,
             consumer_groups: Vec::new(),
             consumer_group_sync_interval: DEFAULT_GROUP_SYNC_INTERVAL,
             users: Vec::new(),
@@ -380,8 +381,8 @@ pub struct BackoffParams {
 impl Default for BackoffParams {
     fn default() -> Self {
         Self {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(10),
+            initial: replicator_model::DEFAULT_RESTART_BACKOFF_MIN,
+            max: replicator_model::DEFAULT_RESTART_BACKOFF_MAX,
         }
     }
 }
