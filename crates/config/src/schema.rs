@@ -221,25 +221,30 @@ pub struct FlowConfig {
     /// offset number. Default: `"earliest"`.
     #[serde(default)]
     pub initial_offset: InitialOffsetSetting,
-    /// Messages per poll and per send. Default: `1000`; 1 to 100000.
+    /// Messages per poll and per send. Default: [`replicator_model::DEFAULT_BATCH_SIZE`]
+    /// (`1000`); 1 to 100000.
     #[serde(default = "default_batch_size")]
     pub batch_size: u32,
-    /// Pause between polls of a caught-up partition. Default: `"5ms"`; at most 10 s.
+    /// Pause between polls of a caught-up partition. Default:
+    /// [`replicator_model::DEFAULT_POLL_INTERVAL`] (`"5ms"`); at most 10 s.
     #[serde(default = "default_poll_interval", with = "humantime_serde")]
     pub poll_interval: Duration,
     /// How quickly a partition that went idle notices new messages. The pause after an empty
     /// poll doubles from `poll_interval`; once it would reach this value the partition stops
     /// polling and waits for its stream's watcher, which lists the stream (one request per
     /// stream) every `idle_poll_interval`, reads the partitions of the topics whose totals
-    /// moved, and wakes exactly the partitions that grew. Default: `"100ms"`; at most 10 s. Set
+    /// moved, and wakes exactly the partitions that grew. Default:
+    /// [`replicator_model::DEFAULT_IDLE_POLL_INTERVAL`] (`"100ms"`); at most 10 s. Set
     /// it to `poll_interval` (or less) to poll every partition at one pace instead.
     #[serde(default = "default_idle_poll_interval", with = "humantime_serde")]
     pub idle_poll_interval: Duration,
     /// Add provenance headers (source alias, source offset, origin) to copied messages; they
-    /// make resume exact and prevent loops in two-way setups. Default: `true`.
-    #[serde(default = "default_true")]
+    /// make resume exact and prevent loops in two-way setups. Default:
+    /// [`replicator_model::DEFAULT_PROVENANCE`] (`true`).
+    #[serde(default = "default_provenance")]
     pub provenance: bool,
-    /// Batches that may wait between a partition's reader and writer. Default: `2`; 1 to 64.
+    /// Batches that may wait between a partition's reader and writer. Default:
+    /// [`replicator_model::DEFAULT_MAX_IN_FLIGHT_BATCHES`] (`2`); 1 to 64.
     #[serde(default = "default_in_flight")]
     pub max_in_flight_batches: usize,
     /// Glob patterns on consumer-group names whose offsets are translated to the target
@@ -343,13 +348,16 @@ impl InitialOffsetSetting {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
-    /// How often upstream is listed for new topics and partitions. Default: `"5s"`.
+    /// How often upstream is listed for new topics and partitions. Default:
+    /// [`replicator_model::DEFAULT_DISCOVERY_INTERVAL`] (`"5s"`).
     #[serde(default = "default_discovery_interval", with = "humantime_serde")]
     pub discovery_interval: Duration,
-    /// First delay before restarting a failed reader or writer. Default: `"100ms"`.
+    /// First delay before restarting a failed reader or writer. Default:
+    /// [`replicator_model::DEFAULT_RESTART_BACKOFF_MIN`] (`"100ms"`).
     #[serde(default = "default_restart_backoff_min", with = "humantime_serde")]
     pub restart_backoff_min: Duration,
-    /// Longest delay between restarts of a failing reader or writer. Default: `"10s"`.
+    /// Longest delay between restarts of a failing reader or writer. Default:
+    /// [`replicator_model::DEFAULT_RESTART_BACKOFF_MAX`] (`"10s"`).
     #[serde(default = "default_restart_backoff_max", with = "humantime_serde")]
     pub restart_backoff_max: Duration,
 }
@@ -377,19 +385,19 @@ fn default_writer_user_prefix() -> String {
     "iggy-replicator".to_owned()
 }
 fn default_batch_size() -> u32 {
-    1000
+    replicator_model::DEFAULT_BATCH_SIZE
 }
 fn default_idle_poll_interval() -> Duration {
-    Duration::from_millis(100)
+    replicator_model::DEFAULT_IDLE_POLL_INTERVAL
 }
 fn default_poll_interval() -> Duration {
-    Duration::from_millis(5)
+    replicator_model::DEFAULT_POLL_INTERVAL
 }
-fn default_true() -> bool {
-    true
+fn default_provenance() -> bool {
+    replicator_model::DEFAULT_PROVENANCE
 }
 fn default_in_flight() -> usize {
-    2
+    replicator_model::DEFAULT_MAX_IN_FLIGHT_BATCHES
 }
 fn default_group_sync_interval() -> Duration {
     replicator_model::DEFAULT_GROUP_SYNC_INTERVAL
@@ -404,13 +412,13 @@ fn default_heartbeat_topic() -> String {
     DEFAULT_HEARTBEAT_TOPIC.to_owned()
 }
 fn default_discovery_interval() -> Duration {
-    Duration::from_secs(5)
+    replicator_model::DEFAULT_DISCOVERY_INTERVAL
 }
 fn default_restart_backoff_min() -> Duration {
-    Duration::from_millis(100)
+    replicator_model::DEFAULT_RESTART_BACKOFF_MIN
 }
 fn default_restart_backoff_max() -> Duration {
-    Duration::from_secs(10)
+    replicator_model::DEFAULT_RESTART_BACKOFF_MAX
 }
 
 impl Config {

@@ -531,7 +531,7 @@ pub(crate) async fn run_lease_renewer(node: Arc<NodeInner>) {
                     node.extend_lease(owner_lease_until(
                         sent,
                         timing.lease_expiry,
-                        timing.lease_safety_margin,
+                        timing.lease_drift_margin,
                     ));
                     node.counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
                 }

@@ -63,8 +63,11 @@ pub struct ControlTiming {
     pub lease_renew_interval: Duration,
     /// How long a lease lasts after its renewal was sent (owner) or seen (leader). Default 1.5 s.
     pub lease_expiry: Duration,
-    /// Subtracted from the owner's lease to absorb clock-rate differences. Default 200 ms.
-    pub lease_safety_margin: Duration,
+    /// Subtracted from the owner's lease to absorb clock-rate differences between the owner
+    /// (which counts its lease from when it sent the renewal) and the leader (which counts
+    /// from when it saw the renewal applied). Default 200 ms. Not the writer's margin before a
+    /// send (the pipeline's `send_lease_margin`), which is checked on top of it.
+    pub lease_drift_margin: Duration,
     /// How long the commit batcher collects commits into one Raft entry. Default 50 ms: with
     /// `commit_max_in_flight` = 1 a node writes at most ~20 commit entries per second, however
     /// many partitions it copies.
@@ -108,7 +111,7 @@ impl Default for ControlTiming {
             election_timeout_max: Duration::from_millis(600),
             lease_renew_interval: Duration::from_millis(300),
             lease_expiry: Duration::from_millis(1500),
-            lease_safety_margin: Duration::from_millis(200),
+            lease_drift_margin: Duration::from_millis(200),
             commit_batch_interval: Duration::from_millis(50),
             commit_batch_max: 4096,
             commit_queue: 1024,

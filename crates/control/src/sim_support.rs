@@ -257,7 +257,7 @@ impl Leader {
 
 /// Until when an owner may write after a renewal it sent at `sent` was committed and applied.
 pub fn lease_until(sent: Instant, timing: &ControlTiming) -> Instant {
-    owner_lease_until(sent, timing.lease_expiry, timing.lease_safety_margin)
+    owner_lease_until(sent, timing.lease_expiry, timing.lease_drift_margin)
 }
 
 /// The default timings (the one home of the defaults is `ControlTiming::default`).

@@ -1,11 +1,40 @@
-//! Per-flow policies shared by the config loader and the pipeline, and the rule that decides
-//! whether a residency policy lets a flow write to its target.
+//! Per-flow policies shared by the config loader and the pipeline, the defaults both use (each
+//! written here once: the config's `Default:` and `PipelineParams`' constructors read them), and
+//! the rule that decides whether a residency policy lets a flow write to its target.
 
 use serde::{Deserialize, Serialize};
 
 use std::time::Duration;
 
 use crate::Offset;
+
+/// Messages per poll and per send (`flows[].batch_size`) unless configured.
+pub const DEFAULT_BATCH_SIZE: u32 = 1000;
+
+/// Pause between polls of a caught-up partition (`flows[].poll_interval`) unless configured.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Period of the watcher idle partitions wait for (`flows[].idle_poll_interval`) unless
+/// configured.
+pub const DEFAULT_IDLE_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Whether writers add provenance headers (`flows[].provenance`) unless configured.
+pub const DEFAULT_PROVENANCE: bool = true;
+
+/// Batches in flight between a partition's reader and its writer
+/// (`flows[].max_in_flight_batches`) unless configured.
+pub const DEFAULT_MAX_IN_FLIGHT_BATCHES: usize = 2;
+
+/// How often each flow lists upstream streams and topics (`[pipeline].discovery_interval`)
+/// unless configured.
+pub const DEFAULT_DISCOVERY_INTERVAL: Duration = Duration::from_secs(5);
+
+/// First delay of the pipeline's backoff, e.g. before restarting a failed reader or writer
+/// (`[pipeline].restart_backoff_min`) unless configured.
+pub const DEFAULT_RESTART_BACKOFF_MIN: Duration = Duration::from_millis(100);
+
+/// Longest such delay (`[pipeline].restart_backoff_max`) unless configured.
+pub const DEFAULT_RESTART_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// How often a flow syncs its consumer groups' offsets to the target
 /// (`flows[].consumer_group_sync_interval`) unless configured.

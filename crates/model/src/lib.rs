@@ -22,6 +22,11 @@ pub use flow::{
     DEFAULT_HEARTBEAT_TOPIC,
 };
 pub use flow::{TopicSetting, DEFAULT_GROUP_SYNC_INTERVAL, DEFAULT_METADATA_SYNC_INTERVAL};
+pub use flow::{
+    DEFAULT_BATCH_SIZE, DEFAULT_DISCOVERY_INTERVAL, DEFAULT_IDLE_POLL_INTERVAL,
+    DEFAULT_MAX_IN_FLIGHT_BATCHES, DEFAULT_POLL_INTERVAL, DEFAULT_PROVENANCE,
+    DEFAULT_RESTART_BACKOFF_MAX, DEFAULT_RESTART_BACKOFF_MIN,
+};
 pub use iggy_version::IggyVersion;
 pub use unit::{
     Assignment, CommitCounters, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset,

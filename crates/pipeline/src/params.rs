@@ -24,7 +24,8 @@ pub struct PipelineParams {
     /// Residency policies (`[[policies]]`): no flow writes a topic a policy selects to a target
     /// outside the policy's zones. Default: none.
     pub policies: Vec<PolicyParams>,
-    /// How often each flow re-lists upstream streams and topics, e.g. 5 s (the default).
+    /// How often each flow re-lists upstream streams and topics, e.g. 5 s (the default,
+    /// [`replicator_model::DEFAULT_DISCOVERY_INTERVAL`]).
     pub discovery_interval: Duration,
     /// Backoff for restarting a failed reader/writer pair and for retrying failed Iggy calls.
     pub backoff: BackoffParams,
@@ -36,7 +37,8 @@ pub struct PipelineParams {
     pub operation_timeout: Duration,
     /// A writer sends only while its lease is valid for at least this long, e.g. 500 ms. It must
     /// exceed the time one send can take, so that a send never lands after the lease ran out.
-    pub lease_safety_margin: Duration,
+    /// The lease it checks is already shortened by the control plane's `lease_drift_margin`.
+    pub send_lease_margin: Duration,
     /// How many downstream messages a starting writer scans back to find the last one it wrote,
     /// e.g. 10 000. Must exceed the number of foreign messages (other producers, reverse flows)
     /// appended to one downstream partition between a crash and the restart.
@@ -66,11 +68,11 @@ impl PipelineParams {
             clusters,
             flows,
             policies: Vec::new(),
-            discovery_interval: Duration::from_secs(5),
+            discovery_interval: replicator_model::DEFAULT_DISCOVERY_INTERVAL,
             backoff: BackoffParams::default(),
             retry_budget: Duration::from_secs(30),
             operation_timeout: Duration::from_secs(10),
-            lease_safety_margin: Duration::from_millis(500),
+            send_lease_margin: Duration::from_millis(500),
             tail_scan_window: 10_000,
             shutdown_timeout: Duration::from_secs(30),
             commit_interval: Duration::from_millis(100),
@@ -312,8 +314,8 @@ pub struct FlowParams {
 }
 
 impl FlowParams {
-    /// A flow with the default batching (1000 messages, 5 ms, 2 batches in flight), provenance on,
-    /// identity naming, `earliest` start and the default heartbeats.
+    /// A flow with the default batching, polling and provenance (the `DEFAULT_*` constants of
+    /// `replicator_model`), identity naming, `earliest` start and the default heartbeats.
     pub fn new(
         name: impl Into<String>,
         source: impl Into<String>,
@@ -328,11 +330,11 @@ impl FlowParams {
             exclude: Vec::new(),
             naming: Naming::Identity,
             initial_offset: InitialOffset::Earliest,
-            batch_size: 1000,
-            poll_interval: Duration::from_millis(5),
-            idle_poll_interval: Duration::from_millis(100),
-            provenance: true,
-            max_in_flight_batches: 2,
+            batch_size: replicator_model::DEFAULT_BATCH_SIZE,
+            poll_interval: replicator_model::DEFAULT_POLL_INTERVAL,
+            idle_poll_interval: replicator_model::DEFAULT_IDLE_POLL_INTERVAL,
+            provenance: replicator_model::DEFAULT_PROVENANCE,
+            max_in_flight_batches: replicator_model::DEFAULT_MAX_IN_FLIGHT_BATCHES,
             consumer_groups: Vec::new(),
             consumer_group_sync_interval: DEFAULT_GROUP_SYNC_INTERVAL,
             users: Vec::new(),
@@ -379,8 +381,8 @@ pub struct BackoffParams {
 impl Default for BackoffParams {
     fn default() -> Self {
         Self {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(10),
+            initial: replicator_model::DEFAULT_RESTART_BACKOFF_MIN,
+            max: replicator_model::DEFAULT_RESTART_BACKOFF_MAX,
         }
     }
 }

@@ -117,7 +117,7 @@ impl Pipeline {
         let tuning = UnitTuning {
             backoff: params.backoff,
             retry_budget: params.retry_budget,
-            lease_safety_margin: params.lease_safety_margin,
+            send_lease_margin: params.send_lease_margin,
             tail_scan_window: params.tail_scan_window,
             commit_interval: params.commit_interval,
             observer: params.observer.clone(),

@@ -22,7 +22,7 @@ use crate::ControlError;
 #[derive(Debug, Clone, Copy)]
 pub struct WriterDefaults {
     /// A writer sends only while its lease is valid for at least this long.
-    pub lease_safety_margin: Duration,
+    pub send_lease_margin: Duration,
     /// Shortest time between two commits of one unit.
     pub commit_interval: Duration,
     /// How far back a writer without a confirmed offset scans the downstream tail.
@@ -33,7 +33,7 @@ impl Default for WriterDefaults {
     fn default() -> Self {
         let p = crate::PipelineParams::new(0, Default::default(), Vec::new());
         Self {
-            lease_safety_margin: p.lease_safety_margin,
+            send_lease_margin: p.send_lease_margin,
             commit_interval: p.commit_interval,
             tail_scan_window: p.tail_scan_window,
         }

@@ -21,7 +21,7 @@ pub(crate) struct UnitTuning {
     /// error (the coordinator then restarts the pair after a backoff).
     pub(crate) retry_budget: Duration,
     /// Lease margin a writer requires before each send.
-    pub(crate) lease_safety_margin: Duration,
+    pub(crate) send_lease_margin: Duration,
     /// Messages scanned back for the downstream tail.
     pub(crate) tail_scan_window: u32,
     /// Shortest time between two commits of the unit.

@@ -1328,12 +1328,7 @@ impl World {
                     return Ok(true);
                 }
                 let lease_for_epoch = if holds { lease } else { None };
-                match may_send(
-                    now_i,
-                    lease_for_epoch,
-                    self.writer.lease_safety_margin,
-                    holds,
-                ) {
+                match may_send(now_i, lease_for_epoch, self.writer.send_lease_margin, holds) {
                     Err(Veto::EpochNotCurrent) => return Ok(false),
                     Err(Veto::LeaseExpiring) => {
                         w.retry_at = now + LEASE_RECHECK;

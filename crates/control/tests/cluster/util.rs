@@ -40,7 +40,7 @@ pub(crate) fn fast_timing() -> ControlTiming {
         election_timeout_max: Duration::from_millis(500),
         lease_renew_interval: Duration::from_millis(150),
         lease_expiry: Duration::from_millis(1000),
-        lease_safety_margin: Duration::from_millis(100),
+        lease_drift_margin: Duration::from_millis(100),
         commit_batch_interval: Duration::from_millis(2),
         assignment_interval: Duration::from_millis(50),
         write_timeout: Duration::from_secs(3),

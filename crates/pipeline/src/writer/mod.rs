@@ -742,7 +742,7 @@ fn send_check<C: ControlPlane>(
     send_verdict(
         Instant::now(),
         shared.control.lease_valid_for(&shared.unit, shared.epoch),
-        shared.tuning.lease_safety_margin,
+        shared.tuning.send_lease_margin,
         || epoch_is_current(&assignments.borrow(), &shared.unit, shared.epoch),
     )
 }
