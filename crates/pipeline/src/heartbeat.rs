@@ -138,8 +138,10 @@ pub(crate) struct HeartbeatParams<C> {
     pub(crate) flow: Arc<FlowParams>,
     /// This node.
     pub(crate) node: NodeId,
-    /// Assignments (who owns units of the flow) and the lease.
+    /// The lease.
     pub(crate) control: C,
+    /// The flow's assignments on this node (see `FlowAssignments`).
+    pub(crate) assignments: watch::Receiver<Vec<Assignment>>,
     /// The target's admin connection (configured credential): creates the topic.
     pub(crate) admin: Arc<Cluster>,
     /// The writers' connections: heartbeats are sent with the flow's target among them.
@@ -174,7 +176,7 @@ pub(crate) async fn run<C: ControlPlane>(p: HeartbeatParams<C>) {
             return;
         }
         let mut task = Task {
-            assignments: p.control.assignments(),
+            assignments: p.assignments.clone(),
             topic_ready: false,
             seq: 0,
             copied: p.units.flow_messages(&p.flow.name),
@@ -198,7 +200,7 @@ pub(crate) async fn run<C: ControlPlane>(p: HeartbeatParams<C>) {
 /// The state of a running heartbeat task.
 struct Task<C> {
     p: HeartbeatParams<C>,
-    /// This node's assignments.
+    /// The flow's assignments on this node.
     assignments: watch::Receiver<Vec<Assignment>>,
     /// The topic was found or created (reset when a send says it is missing).
     topic_ready: bool,

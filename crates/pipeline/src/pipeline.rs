@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clients::{Cluster, ConnectionState};
 use crate::control::ControlPlane;
-use crate::coordinator::{CoordinatorArgs, CoordinatorHandle, CoordinatorMsg};
+use crate::coordinator::{CoordinatorArgs, CoordinatorHandle, CoordinatorMsg, FlowAssignments};
 use crate::coordinator::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::cutover::Cutover;
 use crate::discovery::{self, DiscoveryParams};
@@ -136,6 +136,7 @@ impl Pipeline {
             .keys()
             .map(|name| (name.clone(), Arc::default()))
             .collect();
+        let flow_assignments = FlowAssignments::new(flows.keys().map(String::as_str));
         let throttles: BTreeMap<String, Arc<FlowThrottle>> = flows
             .values()
             .filter_map(|f| {
@@ -143,7 +144,7 @@ impl Pipeline {
                     &f.name,
                     f.max_messages_per_second,
                     f.max_bytes_per_second,
-                    control.assignments(),
+                    flow_assignments.subscribe(&f.name),
                     units_seen.get(&f.name).cloned().unwrap_or_default(),
                 )?;
                 Some((f.name.clone(), throttle))
@@ -164,6 +165,7 @@ impl Pipeline {
             offset_maps: offset_maps.clone(),
             throttles,
             residency: residency.clone(),
+            flow_assignments: flow_assignments.clone(),
         };
         let (supervisor, supervisor_task) = Actor::spawn(
             None,
@@ -204,6 +206,7 @@ impl Pipeline {
                 source: source.clone(),
                 writers: writers.clone(),
                 control: control.clone(),
+                assignments: flow_assignments.subscribe(&flow.name),
                 maps: offset_maps.clone(),
                 dance: dance.clone(),
                 registry: group_registry.clone(),
@@ -257,6 +260,7 @@ impl Pipeline {
             discovery.push(tokio::spawn(crate::metadata::run(
                 sync.clone(),
                 control.clone(),
+                flow_assignments.subscribe(&flow.name),
                 first_unit.clone(),
                 cancel.clone(),
             )));
@@ -299,6 +303,7 @@ impl Pipeline {
                 flow: flow.clone(),
                 node: params.node_id,
                 control: control.clone(),
+                assignments: flow_assignments.subscribe(&flow.name),
                 admin: admin.clone(),
                 writers: writers.clone(),
                 units: meters_registry.clone(),

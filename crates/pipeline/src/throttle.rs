@@ -85,8 +85,9 @@ pub(crate) struct FlowThrottle {
     flow: String,
     messages: Option<Limit>,
     bytes: Option<Limit>,
-    /// This instance's assignments, and how many units of the flow they held when last
-    /// counted (recounted only when they changed: a wait costs no walk over the units).
+    /// The flow's assignments on this instance (see `FlowAssignments`), and how many units
+    /// they held when last counted (recounted only when they changed: a wait costs no walk
+    /// over the units).
     assignments: Mutex<(watch::Receiver<Vec<Assignment>>, usize)>,
     /// The flow's partitions, as this instance's discovery last counted them.
     total: Arc<AtomicUsize>,

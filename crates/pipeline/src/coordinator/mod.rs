@@ -16,7 +16,8 @@
 //! tail); a failed coordinator is restarted by the supervisor. When an actor dies, ractor
 //! kills everything under it.
 //!
-//! The coordinator follows the assignments and splits them by flow; it also carries the
+//! The coordinator follows the assignments and splits them by flow, for the flow actors and
+//! for the flows' other tasks ([`FlowAssignments`]); it also carries the
 //! drain of `Pipeline::shutdown` to every flow actor and the recreated topics discovery
 //! reports. Its mailbox is the one the liveness watchdog checks (`crate::liveness`). No
 //! handler in the tree waits on the network: pairs run their loops as tasks of their own
@@ -38,7 +39,7 @@ use ractor::{
     Actor, ActorId, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort, SupervisionEvent,
 };
 use replicator_model::{Assignment, Epoch, NodeId, WorkUnit};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
@@ -56,6 +57,46 @@ use crate::unit::UnitTuning;
 /// ever sent on it: `Pipeline` waits until the last clone is dropped, so that `shutdown` and
 /// `crash` return only once none of those tasks runs any more.
 pub(crate) type Alive = mpsc::Sender<()>;
+
+/// This node's assignments split by flow, as the coordinator (their one consumer) publishes
+/// them: what every per-flow task (throttle, heartbeats, consumer-group sync, metadata sync)
+/// reads to know which of the flow's units this node owns, instead of each interpreting the
+/// control plane's whole list. (A writer's check before each send asks the control plane
+/// itself: that check must see a revoke as soon as it is applied.)
+#[derive(Clone)]
+pub(crate) struct FlowAssignments(Arc<BTreeMap<String, watch::Sender<Vec<Assignment>>>>);
+
+impl FlowAssignments {
+    /// Empty views of `flows`, until the coordinator publishes.
+    pub(crate) fn new<'a>(flows: impl IntoIterator<Item = &'a str>) -> Self {
+        let views = flows
+            .into_iter()
+            .map(|f| (f.to_owned(), watch::channel(Vec::new()).0))
+            .collect();
+        Self(Arc::new(views))
+    }
+
+    /// The assignments of `flow` on this node, as they change (none, ever, for a flow the
+    /// node does not run).
+    pub(crate) fn subscribe(&self, flow: &str) -> watch::Receiver<Vec<Assignment>> {
+        self.0
+            .get(flow)
+            .map_or_else(|| watch::channel(Vec::new()).1, watch::Sender::subscribe)
+    }
+
+    /// Publishes the assignments of `flow`; its readers wake only if they changed.
+    fn publish(&self, flow: &str, units: &[Assignment]) {
+        if let Some(view) = self.0.get(flow) {
+            view.send_if_modified(|current| {
+                let changed = current.as_slice() != units;
+                if changed {
+                    *current = units.to_vec();
+                }
+                changed
+            });
+        }
+    }
+}
 
 /// The coordinator actor (all state lives in [`CoordinatorState`]).
 pub(crate) struct Coordinator<C>(PhantomData<fn() -> C>);
@@ -113,6 +154,8 @@ pub(crate) struct CoordinatorArgs<C> {
     pub(crate) throttles: BTreeMap<String, Arc<crate::throttle::FlowThrottle>>,
     /// Each flow's residency, by flow name: no pair starts for a topic it blocks.
     pub(crate) residency: BTreeMap<String, Arc<crate::residency::Residency>>,
+    /// Where the coordinator publishes each flow's assignments.
+    pub(crate) flow_assignments: FlowAssignments,
 }
 
 impl<C: Clone> Clone for CoordinatorArgs<C> {
@@ -130,6 +173,7 @@ impl<C: Clone> Clone for CoordinatorArgs<C> {
             offset_maps: self.offset_maps.clone(),
             throttles: self.throttles.clone(),
             residency: self.residency.clone(),
+            flow_assignments: self.flow_assignments.clone(),
         }
     }
 }
@@ -301,6 +345,7 @@ async fn dispatch<C: ControlPlane>(
                 }
             }
             for (name, units) in by_flow {
+                state.args.flow_assignments.publish(&name, &units);
                 if let Some(actor) = state.flows.get(&name).and_then(|c| c.actor.as_ref()) {
                     // A flow actor that is gone restarts with the latest assignments.
                     let _ = actor.send_message(FlowMsg::Assignments(units.clone()));

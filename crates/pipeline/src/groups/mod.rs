@@ -203,7 +203,10 @@ pub(crate) struct GroupSync<C> {
     pub(crate) groups: GlobSet,
     pub(crate) source: Arc<Cluster>,
     pub(crate) writers: Arc<WriterTargets>,
+    /// Confirmed progress of the units.
     pub(crate) control: C,
+    /// The flow's assignments on this node (see `FlowAssignments`): the units synced.
+    pub(crate) assignments: tokio::sync::watch::Receiver<Vec<replicator_model::Assignment>>,
     pub(crate) maps: OffsetMaps,
     /// One sync dance at a time on this node (see the module docs).
     pub(crate) dance: Arc<tokio::sync::Mutex<()>>,
@@ -239,11 +242,10 @@ pub(crate) async fn run<C: ControlPlane>(
             () = tokio::time::sleep(pause) => {}
         }
         let units: Vec<WorkUnit> = sync
-            .control
-            .assignments()
+            .assignments
             .borrow()
             .iter()
-            .filter(|a| a.unit.flow == sync.flow.name && !a.release_requested)
+            .filter(|a| !a.release_requested)
             .map(|a| a.unit.clone())
             .collect();
         if units.is_empty() {

@@ -368,12 +368,12 @@ impl MetadataSync {
 pub(crate) async fn run<C: ControlPlane>(
     sync: Arc<MetadataSync>,
     control: C,
+    assignments: tokio::sync::watch::Receiver<Vec<replicator_model::Assignment>>,
     first_unit: FirstUnit,
     cancel: CancellationToken,
 ) {
     let span = tracing::info_span!("metadata_sync", flow = %sync.flow.name);
     async move {
-        let assignments = control.assignments();
         let mut was_runner = false;
         loop {
             let first = first_unit
