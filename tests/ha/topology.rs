@@ -572,12 +572,18 @@ fn excess(topic: &Topic, regions: &Regions, alias: &str) -> BTreeMap<u32, u64> {
 const COMMIT_STALL: Duration = Duration::from_secs(2);
 
 /// The commit stall of a leader: with the assignment balanced, both followers are frozen for
-/// [`COMMIT_STALL`] (the leader cannot reach a quorum and nothing commits; it keeps leading
-/// until they thaw, when one of them may start an election), then thawed. No member may be
-/// fenced: every member keeps its writer identity (the same incarnation, never marked fenced),
-/// no node counts a fence (`iggy_replicator_writer_fences_total` does not move), no unit is
-/// granted again (same owner, same epoch), and the copy is exact within [`EXACT_WITHIN`] of the
-/// producer's end (all read after that, seconds after the stall ended).
+/// [`COMMIT_STALL`] (the leader cannot reach a quorum and nothing commits), then thawed. The
+/// copy is exact within [`EXACT_WITHIN`] of the producer's end (all read after that, seconds
+/// after the stall ended), and no member is fenced for the stall itself: every member other
+/// than the stalled leader keeps its writer identity (the same incarnation, never marked
+/// fenced) and its units (same owner, same epoch).
+///
+/// The stalled leader keeps all that too when it is still the leader after the thaw. When a
+/// thawed follower's election came first (likelier the busier the machine: its election timer
+/// ran out while it was frozen), the new leader gives the previous one no grace by design
+/// (`LeaderView::carry_on`: a dead leader's units move at once) and may fence it, since none
+/// of its renewals committed during the stall: then at most that one fence is counted, and
+/// only its identity and units may have changed.
 #[test]
 fn a_leader_whose_commits_stall_fences_no_one() -> TestResult {
     serial(|| async {
@@ -612,36 +618,54 @@ fn a_leader_whose_commits_stall_fences_no_one() -> TestResult {
         );
 
         let after = cluster.leader_status().await.ok_or("no leader")?;
+        let kept_leading = after.leader == Some(leader) && after.term == before.term;
         println!(
             "leader {:?} at term {} after the stall (node {leader} at term {} before)",
             after.leader, after.term, before.term
         );
+        // What must not change: everything while the stalled leader kept leading, and what
+        // is not the previous leader's once another node took over.
+        let spared = |n: NodeId| kept_leading || n != leader;
         let identities = |s: &Status| -> BTreeMap<NodeId, (Option<u64>, bool)> {
             s.members
                 .iter()
+                .filter(|m| spared(m.id))
                 .map(|m| (m.id, (m.writer_incarnation, m.fenced)))
                 .collect()
         };
-        assert_eq!(
-            fences(&cluster).await?,
-            fences_before,
-            "writer fences counted over a commit stall (iggy_replicator_writer_fences_total by node)"
+        let grants = |s: &Status| {
+            let mut grants = s.grants_of("up-to-down");
+            grants.retain(|_, (owner, _)| owner.is_some_and(spared));
+            grants
+        };
+        let counted = |f: &BTreeMap<NodeId, Option<f64>>| -> f64 {
+            f.values().map(|c| c.unwrap_or(0.0)).sum()
+        };
+        let fences_after = fences(&cluster).await?;
+        let new_fences = counted(&fences_after) - counted(&fences_before);
+        assert!(
+            new_fences <= if kept_leading { 0.0 } else { 1.0 },
+            "{new_fences} writer fences counted over a commit stall (iggy_replicator_writer_fences_total by node: {fences_before:?} before, {fences_after:?} after; leader kept: {kept_leading})"
         );
         assert_eq!(
             identities(&after),
             identities(&before),
-            "writer identities (incarnation, fenced) changed over the commit stall"
+            "writer identities (incarnation, fenced) changed over the commit stall (leader kept: {kept_leading})"
         );
-        assert_eq!(
-            after.grants_of("up-to-down"),
-            before.grants_of("up-to-down"),
-            "units changed owner or were granted again over the commit stall"
+        let (granted_before, granted_after) = (grants(&before), grants(&after));
+        let moved: Vec<_> = granted_before
+            .iter()
+            .filter(|(unit, grant)| granted_after.get(*unit) != Some(*grant))
+            .map(|(unit, _)| unit)
+            .collect();
+        assert!(
+            moved.is_empty(),
+            "units changed owner or were granted again over the commit stall (leader kept: {kept_leading}): {moved:?}"
         );
         fixture::finish_exact(servers, cluster).await
     })
 }
 
-/// `iggy_replicator_writer_fences_total` of every node, by node id.
 async fn fences(cluster: &Cluster) -> TestResult<BTreeMap<NodeId, Option<f64>>> {
     let mut fences = BTreeMap::new();
     for node in NODES {
