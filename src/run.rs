@@ -4,7 +4,9 @@
 //! The stop signals are listened for before anything is bound, so a node obeys SIGTERM from
 //! the moment its admin API answers, also while it is still starting (waiting for a quorum,
 //! say): the start is given up and what already started is stopped, in reverse order. A second
-//! signal during a start or a drain ends the process at once, with exit code 1.
+//! signal during a start or a drain ends the process at once, with exit code 1. A pipeline whose
+//! coordinator keeps dying (see `replicator_pipeline::Pipeline::gave_up`) stops the node with
+//! exit code 1 too, for the process supervisor to start it again.
 
 use std::path::Path;
 
@@ -62,9 +64,24 @@ async fn run_node(
         return Ok(());
     };
     loop {
+        // Read again on every turn: a reload replaces the pipeline.
+        let gave_up = node.pipeline().map(replicator_pipeline::Pipeline::gave_up);
         tokio::select! {
             biased;
             () = stop.cancelled() => break,
+            () = async {
+                match gave_up {
+                    Some(gave_up) => gave_up.await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                warn!("the pipeline's coordinator kept dying: stopping the node");
+                node.shutdown().await;
+                return Err(Failure::runtime(
+                    "the pipeline's coordinator kept dying and is not restarted again",
+                    "see the errors logged before; the process supervisor (systemd, Kubernetes) should start the node again",
+                ));
+            }
             Some(()) = recv(&mut hangups) => {
                 info!(config = %config_path.display(), "SIGHUP: reloading the config");
                 let outcome = reload(&mut node, config_path).await;

@@ -35,6 +35,8 @@ pub struct Pipeline {
     supervisor_task: JoinHandle<()>,
     /// The coordinator running now, under the supervisor.
     coordinator: CoordinatorHandle,
+    /// Cancelled when the supervisor gave up on the coordinator.
+    gave_up: CancellationToken,
     /// One discovery loop per flow, one heartbeat task per flow with heartbeats on, and the
     /// coordinator's watchdog (see [`Liveness`]).
     discovery: Vec<JoinHandle<()>>,
@@ -152,6 +154,7 @@ impl Pipeline {
             .collect();
         let (alive, tasks_gone) = mpsc::channel(1);
         let coordinator = CoordinatorHandle::default();
+        let gave_up = CancellationToken::new();
         let coordinator_args = CoordinatorArgs {
             node_id: params.node_id,
             control: control.clone(),
@@ -173,6 +176,7 @@ impl Pipeline {
             SupervisorArgs {
                 coordinator: coordinator_args,
                 handle: coordinator.clone(),
+                gave_up: gave_up.clone(),
             },
         )
         .await
@@ -323,6 +327,7 @@ impl Pipeline {
             supervisor,
             supervisor_task,
             coordinator,
+            gave_up,
             discovery,
             cancel,
             identity: (identity, identity_cancel),
@@ -379,6 +384,14 @@ impl Pipeline {
     ) -> impl Fn() -> Vec<ConnectionState> + Clone + Send + Sync + 'static {
         let clusters = self.clusters.clone();
         move || clusters.iter().map(|c| c.connection_state()).collect()
+    }
+
+    /// Resolves when the pipeline can no longer run: its coordinator died more often than its
+    /// supervisor restarts it (see `crate::coordinator`). The process should then exit, so
+    /// that its own supervisor (systemd, Kubernetes) starts it afresh.
+    pub fn gave_up(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let gave_up = self.gave_up.clone();
+        async move { gave_up.cancelled().await }
     }
 
     /// Whether the coordinator still handles its mailbox (for a liveness probe).

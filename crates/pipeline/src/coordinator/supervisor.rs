@@ -1,8 +1,9 @@
 //! The root of the data path's tree: starts the coordinator linked to itself and starts a new
 //! one when it dies, after a backoff. A coordinator that keeps dying (more than
-//! [`MAX_RESTARTS`] within [`RESTART_WINDOW`]) is not started again: the supervisor stops, no
-//! coordinator answers the liveness watchdog any more, and `/health` fails so that systemd's
-//! watchdog or Kubernetes restarts the process (see `crate::liveness`).
+//! [`MAX_RESTARTS`] within [`RESTART_WINDOW`]) is not started again: the supervisor stops and
+//! says so ([`SupervisorArgs::gave_up`]); `iggy-replicator run` then exits with an error, so
+//! that systemd or Kubernetes restarts the process (and `/health` fails meanwhile: no
+//! coordinator answers the liveness watchdog any more, see `crate::liveness`).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};
@@ -56,6 +57,8 @@ pub(crate) struct SupervisorArgs<C> {
     pub(crate) coordinator: CoordinatorArgs<C>,
     /// Where it publishes the coordinator running now.
     pub(crate) handle: CoordinatorHandle,
+    /// Cancelled when it gives up on the coordinator.
+    pub(crate) gave_up: tokio_util::sync::CancellationToken,
 }
 
 /// Messages of the supervisor.
@@ -136,6 +139,7 @@ impl<C: ControlPlane> Actor for Supervisor<C> {
                     node, outcome = %outcome, restarts = MAX_RESTARTS, window = ?RESTART_WINDOW,
                     "coordinator keeps dying; not restarted again (/health fails from now on)"
                 );
+                state.args.gave_up.cancel();
                 myself.stop(Some("coordinator keeps dying".to_owned()));
             }
             Restart::After => {

@@ -122,3 +122,32 @@ async fn a_writer_that_panics_restarts_with_its_pair_and_the_copy_stays_exact() 
     pipeline.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_that_keeps_dying_is_given_up_and_the_pipeline_says_so() -> TestResult {
+    let (env, _up, f) = Env::seeded("sup-giveup", "t", 1, 0..10, 10).await?;
+    let pipeline = Pipeline::start(env.params(f), InMemoryControl::new()).await?;
+    let gave_up = pipeline.gave_up();
+    tokio::pin!(gave_up);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut kills = 0;
+    loop {
+        tokio::select! {
+            () = &mut gave_up => break,
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not given up after {kills} coordinators killed"
+        );
+        // Every coordinator the supervisor starts again, as soon as it runs.
+        kills += pipeline.kill_actors_for_tests(1);
+    }
+    assert!(kills > 1, "given up after {kills} deaths");
+    assert!(
+        pipeline.kill_actors_for_tests(1) == 0,
+        "a coordinator runs after the give-up"
+    );
+    pipeline.shutdown().await;
+    Ok(())
+}
