@@ -31,7 +31,6 @@
 //! [`ControlPlane`]) and reads no config files.
 #![warn(missing_docs)]
 
-mod activity;
 mod backoff;
 mod clients;
 mod control;
@@ -50,7 +49,6 @@ mod metadata;
 mod offsets;
 mod params;
 mod pipeline;
-mod probe;
 pub mod provenance;
 mod reader;
 mod residency;
@@ -79,7 +77,7 @@ pub use metadata::{
 pub use offsets::Gap;
 pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams, PolicyParams};
 pub use pipeline::Pipeline;
-pub use probe::{check_generations, probe, GenerationMismatch, Spoken, PROBE_TIMEOUT};
+pub use clients::probe::{check_generations, probe, GenerationMismatch, Spoken, PROBE_TIMEOUT};
 pub use residency::{BlockedTopic, FlowResidency};
 pub use stats::{NoObserver, Observer, PipelineObserver, UnitStats};
 pub use writer::LandedMismatch;

@@ -27,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::activity::{self, Idle, StreamActivity, WatchParams};
+use crate::clients::activity::{self, Idle, StreamActivity, WatchParams};
 use crate::backoff::{with_jitter, Backoff};
 use crate::control::ControlPlane;
 use crate::error::{Error, Result};
