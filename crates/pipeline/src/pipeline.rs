@@ -122,7 +122,7 @@ impl Pipeline {
             commit_interval: params.commit_interval,
             observer: params.observer.clone(),
         };
-        let writers = Arc::new(crate::identity::WriterTargets::new(
+        let writers = Arc::new(crate::fencing::identity::WriterTargets::new(
             &params.clusters,
             &clusters,
             params.operation_timeout,
@@ -184,7 +184,7 @@ impl Pipeline {
         let mut discovery = Vec::new();
         // Its own token: the writers' connections must outlive the drain's final sends.
         let identity_cancel = CancellationToken::new();
-        let identity = tokio::spawn(crate::identity::follow(
+        let identity = tokio::spawn(crate::fencing::identity::follow(
             writers.clone(),
             control.clone(),
             identity_cancel.clone(),

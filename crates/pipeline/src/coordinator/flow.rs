@@ -84,7 +84,7 @@ pub(super) struct FlowArgs<C> {
     /// The flow's source cluster.
     pub(super) source: Arc<Cluster>,
     /// The connections writers send with (per target: the node's writer identity when fenced).
-    pub(super) writers: Arc<crate::identity::WriterTargets>,
+    pub(super) writers: Arc<crate::fencing::identity::WriterTargets>,
     pub(super) tuning: UnitTuning,
     /// Where the meters of every started unit are registered (shared with `Pipeline::stats`).
     pub(super) meters: MeterRegistry,

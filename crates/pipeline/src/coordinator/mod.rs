@@ -140,7 +140,7 @@ pub(crate) struct CoordinatorArgs<C> {
     /// Clusters by alias.
     pub(crate) clusters: BTreeMap<String, Arc<Cluster>>,
     /// The connections writers send with (per target: the node's writer identity when fenced).
-    pub(crate) writers: Arc<crate::identity::WriterTargets>,
+    pub(crate) writers: Arc<crate::fencing::identity::WriterTargets>,
     pub(crate) tuning: UnitTuning,
     /// Where the meters of every started unit are registered (shared with `Pipeline::stats`).
     pub(crate) meters: MeterRegistry,

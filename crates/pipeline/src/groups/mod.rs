@@ -35,7 +35,7 @@ use self::translate::{Copied, Lookup, OffsetMap, Search, Step};
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::error::{Error, Result};
-use crate::identity::WriterTargets;
+use crate::fencing::identity::WriterTargets;
 use crate::mapping::downstream_stream;
 use crate::params::FlowParams;
 use crate::provenance::{self, Incarnation};
