@@ -9,7 +9,7 @@ use replicator_model::{Offset, WorkUnit};
 
 use crate::clients::Cluster;
 use crate::groups::{FlowSyncState, GroupSyncRegistry, GroupSyncReport, SyncFn};
-use crate::mapping::downstream_stream;
+use crate::selection::mapping::downstream_stream;
 use crate::metadata::{
     MetadataSync, MetadataSyncRegistry, MetadataSyncReport, MetadataSyncState, UserActivation,
 };

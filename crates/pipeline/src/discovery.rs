@@ -16,9 +16,9 @@ use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::coordinator::{CoordinatorHandle, CoordinatorMsg};
 use crate::error::{Error, Result};
-use crate::mapping::{downstream_stream, Choice, Selector};
+use crate::selection::mapping::{downstream_stream, Choice, Selector};
 use crate::params::FlowParams;
-use crate::residency::{BlockedTopic, BlockedTopics};
+use crate::selection::residency::{BlockedTopic, BlockedTopics};
 
 /// Inputs of one flow's discovery loop.
 pub(crate) struct DiscoveryParams<C> {

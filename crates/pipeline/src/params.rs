@@ -94,13 +94,13 @@ impl PipelineParams {
     pub(crate) fn residency(
         &self,
         flow: &FlowParams,
-    ) -> std::result::Result<crate::residency::Residency, (String, String)> {
+    ) -> std::result::Result<crate::selection::residency::Residency, (String, String)> {
         let zones = self
             .clusters
             .get(&flow.target)
             .map(|c| c.zones.as_slice())
             .unwrap_or_default();
-        crate::residency::Residency::new(&self.policies, zones)
+        crate::selection::residency::Residency::new(&self.policies, zones)
     }
 
     /// Checks cross-references and bounds; returns the first problem with its field path.
@@ -154,7 +154,7 @@ impl PipelineParams {
                     "must be at least 1",
                 ));
             }
-            crate::mapping::Selector::new(&flow.include, &flow.exclude)
+            crate::selection::mapping::Selector::new(&flow.include, &flow.exclude)
                 .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
             crate::groups::group_selector(&flow.consumer_groups)
                 .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
@@ -183,7 +183,7 @@ impl PipelineParams {
             replicator_model::heartbeat_topic_parts(&flow.heartbeat_topic)
                 .map_err(|reason| invalid(format!("flows[{i}].heartbeat_topic"), reason))?;
         }
-        crate::residency::Residency::new(&self.policies, &[])
+        crate::selection::residency::Residency::new(&self.policies, &[])
             .map_err(|(field, reason)| invalid(field, &reason))?;
         if self.tail_scan_window == 0 {
             return Err(invalid("tail_scan_window".into(), "must be at least 1"));

@@ -29,7 +29,7 @@ use super::{unit_span, AbortOnDrop, Alive, ChildEnd, UnitTaskKind};
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
-use crate::mapping::downstream_stream;
+use crate::selection::mapping::downstream_stream;
 use crate::params::FlowParams;
 use crate::reader::{self, ReaderArgs};
 use crate::stats::{MeterRegistry, UnitMeters};
@@ -95,7 +95,7 @@ pub(super) struct FlowArgs<C> {
     /// The flow's throttle, if it has limits.
     pub(super) throttle: Option<Arc<crate::throttle::FlowThrottle>>,
     /// The flow's residency: no pair starts for a topic it blocks.
-    pub(super) residency: Option<Arc<crate::residency::Residency>>,
+    pub(super) residency: Option<Arc<crate::selection::residency::Residency>>,
     /// Seed of the flow's jitter (differs per node and flow, and per restart of the actor).
     pub(super) seed: u64,
 }

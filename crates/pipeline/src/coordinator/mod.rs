@@ -153,7 +153,7 @@ pub(crate) struct CoordinatorArgs<C> {
     /// Throttles of the flows that have limits, by flow name.
     pub(crate) throttles: BTreeMap<String, Arc<crate::throttle::FlowThrottle>>,
     /// Each flow's residency, by flow name: no pair starts for a topic it blocks.
-    pub(crate) residency: BTreeMap<String, Arc<crate::residency::Residency>>,
+    pub(crate) residency: BTreeMap<String, Arc<crate::selection::residency::Residency>>,
     /// Where the coordinator publishes each flow's assignments.
     pub(crate) flow_assignments: FlowAssignments,
 }

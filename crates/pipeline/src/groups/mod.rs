@@ -36,7 +36,7 @@ use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::error::{Error, Result};
 use crate::fencing::identity::WriterTargets;
-use crate::mapping::downstream_stream;
+use crate::selection::mapping::downstream_stream;
 use crate::params::FlowParams;
 use crate::provenance::{self, Incarnation};
 use crate::writer::{confirmed_position, tail_poll, Position, ScanEnd, TailEntry, TailOutcome};
@@ -192,14 +192,14 @@ impl FlowSyncState {
 
 /// Compiles a flow's group globs (`*` matches any run of characters).
 pub(crate) fn group_selector(globs: &[String]) -> std::result::Result<GlobSet, (String, String)> {
-    crate::mapping::name_globs("consumer_groups", globs)
+    crate::selection::globs::name_globs("consumer_groups", globs)
 }
 
 /// What a sync of one flow needs.
 pub(crate) struct GroupSync<C> {
     pub(crate) flow: Arc<FlowParams>,
     /// The flow's residency: groups on the topics it blocks are never touched on the target.
-    pub(crate) residency: Arc<crate::residency::Residency>,
+    pub(crate) residency: Arc<crate::selection::residency::Residency>,
     pub(crate) groups: GlobSet,
     pub(crate) source: Arc<Cluster>,
     pub(crate) writers: Arc<WriterTargets>,

@@ -40,7 +40,7 @@ use self::users::{Activation, ActivationOutcome, UserAction, UserCopy, UserSyncS
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::error::{Error, Result};
-use crate::mapping::{downstream_stream, Selector};
+use crate::selection::mapping::{downstream_stream, Selector};
 use crate::params::{FlowParams, PipelineParams};
 
 /// The root user's id on every Iggy server: never synced.
@@ -51,7 +51,7 @@ const RUNNER_CHECK: Duration = Duration::from_secs(1);
 
 /// Compiles a flow's user globs (`*` matches any run of characters).
 pub(crate) fn user_selector(globs: &[String]) -> std::result::Result<GlobSet, (String, String)> {
-    crate::mapping::name_globs("users", globs)
+    crate::selection::globs::name_globs("users", globs)
 }
 
 /// The streams and topics of one cluster, by id (what permissions name).
