@@ -14,7 +14,7 @@ use crate::metadata::{
     MetadataSync, MetadataSyncRegistry, MetadataSyncReport, MetadataSyncState, UserActivation,
 };
 use crate::params::FlowParams;
-use crate::unit::named;
+use crate::datapath::unit::named;
 
 /// How far one partition reaches on one cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

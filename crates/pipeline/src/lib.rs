@@ -35,6 +35,7 @@ mod backoff;
 mod clients;
 mod control;
 mod coordinator;
+mod datapath;
 mod cutover;
 mod discovery;
 mod error;
@@ -45,16 +46,11 @@ mod liveness;
 mod selection;
 mod memory;
 mod metadata;
-mod offsets;
 mod params;
 mod pipeline;
 pub mod provenance;
-mod reader;
 mod stats;
-mod throttle;
-mod unit;
 pub mod verify;
-mod writer;
 
 pub use backoff::{next_backoff, with_jitter};
 pub use clients::ConnectionState;
@@ -72,13 +68,12 @@ pub use metadata::users::{password_problem, ActivationOutcome, UserSyncState};
 pub use metadata::{
     MetadataSyncReport, MetadataSyncState, TopicSettingsReport, UserActivation, UserReport,
 };
-pub use offsets::Gap;
 pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams, PolicyParams};
 pub use pipeline::Pipeline;
 pub use clients::probe::{check_generations, probe, GenerationMismatch, Spoken, PROBE_TIMEOUT};
 pub use selection::residency::{BlockedTopic, FlowResidency};
-pub use stats::{NoObserver, Observer, PipelineObserver, UnitStats};
-pub use writer::LandedMismatch;
+pub use stats::{Gap, NoObserver, Observer, PipelineObserver, UnitStats};
+pub use datapath::writer::LandedMismatch;
 
 #[doc(hidden)]
 pub mod bench_support;

@@ -17,7 +17,8 @@ use crate::coordinator::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::cutover::Cutover;
 use crate::discovery::{self, DiscoveryParams};
 use crate::error::{Error, Result};
-use crate::groups::{GroupSync, GroupSyncRegistry, OffsetMaps, SyncFn};
+use crate::datapath::offset_maps::OffsetMaps;
+use crate::groups::{GroupSync, GroupSyncRegistry, SyncFn};
 use crate::heartbeat::{self, HeartbeatMeters, HeartbeatParams, HeartbeatStats};
 use crate::liveness::{Liveness, HEARTBEAT_INTERVAL};
 use crate::selection::mapping::Selector;
@@ -25,8 +26,8 @@ use crate::metadata::{MetadataSync, MetadataSyncRegistry};
 use crate::params::PipelineParams;
 use crate::selection::residency::{BlockedTopics, FlowResidency, Residency};
 use crate::stats::{MeterRegistry, UnitStats};
-use crate::throttle::FlowThrottle;
-use crate::unit::UnitTuning;
+use crate::datapath::throttle::FlowThrottle;
+use crate::datapath::unit::UnitTuning;
 
 /// A running pipeline instance.
 pub struct Pipeline {
@@ -192,7 +193,7 @@ impl Pipeline {
         let group_registry = GroupSyncRegistry::default();
         let mut group_syncs: BTreeMap<String, SyncFn> = BTreeMap::new();
         let dance = Arc::new(tokio::sync::Mutex::new(()));
-        for flow in flows.values().filter(|f| crate::groups::enabled(f)) {
+        for flow in flows.values().filter(|f| crate::datapath::offset_maps::enabled(f)) {
             let (Some(source), Ok(groups)) = (
                 clusters.get(&flow.source),
                 crate::groups::group_selector(&flow.consumer_groups),

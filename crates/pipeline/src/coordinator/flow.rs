@@ -31,10 +31,10 @@ use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
 use crate::selection::mapping::downstream_stream;
 use crate::params::FlowParams;
-use crate::reader::{self, ReaderArgs};
+use crate::datapath::reader::{self, ReaderArgs};
 use crate::stats::{MeterRegistry, UnitMeters};
-use crate::unit::{UnitShared, UnitTuning};
-use crate::writer::{self, WriterArgs};
+use crate::datapath::unit::{UnitShared, UnitTuning};
+use crate::datapath::writer::{self, WriterArgs};
 
 /// The actor of one flow (all state lives in [`FlowState`]).
 pub(super) struct Flow<C>(std::marker::PhantomData<fn() -> C>);
@@ -91,9 +91,9 @@ pub(super) struct FlowArgs<C> {
     /// Cloned into every task the flow actor starts (see [`Alive`]).
     pub(super) alive: Alive,
     /// The writers' offset maps (read by the consumer-group sync).
-    pub(super) offset_maps: crate::groups::OffsetMaps,
+    pub(super) offset_maps: crate::datapath::offset_maps::OffsetMaps,
     /// The flow's throttle, if it has limits.
-    pub(super) throttle: Option<Arc<crate::throttle::FlowThrottle>>,
+    pub(super) throttle: Option<Arc<crate::datapath::throttle::FlowThrottle>>,
     /// The flow's residency: no pair starts for a topic it blocks.
     pub(super) residency: Option<Arc<crate::selection::residency::Residency>>,
     /// Seed of the flow's jitter (differs per node and flow, and per restart of the actor).

@@ -51,7 +51,7 @@ use crate::control::ControlPlane;
 use crate::liveness::Liveness;
 use crate::params::FlowParams;
 use crate::stats::MeterRegistry;
-use crate::unit::UnitTuning;
+use crate::datapath::unit::UnitTuning;
 
 /// Held by every task the tree starts (reader and writer loops, release tasks). Nothing is
 /// ever sent on it: `Pipeline` waits until the last clone is dropped, so that `shutdown` and
@@ -149,9 +149,9 @@ pub(crate) struct CoordinatorArgs<C> {
     /// Marked on every heartbeat handled (see [`crate::liveness`]).
     pub(crate) liveness: Arc<Liveness>,
     /// The writers' offset maps (read by the consumer-group sync).
-    pub(crate) offset_maps: crate::groups::OffsetMaps,
+    pub(crate) offset_maps: crate::datapath::offset_maps::OffsetMaps,
     /// Throttles of the flows that have limits, by flow name.
-    pub(crate) throttles: BTreeMap<String, Arc<crate::throttle::FlowThrottle>>,
+    pub(crate) throttles: BTreeMap<String, Arc<crate::datapath::throttle::FlowThrottle>>,
     /// Each flow's residency, by flow name: no pair starts for a topic it blocks.
     pub(crate) residency: BTreeMap<String, Arc<crate::selection::residency::Residency>>,
     /// Where the coordinator publishes each flow's assignments.

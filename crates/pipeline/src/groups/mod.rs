@@ -18,8 +18,6 @@
 //! The target calls go through the writers' connections, logged in as this member's writer
 //! identity on fenced targets: a fenced node cannot move a group's offset either.
 
-pub(crate) mod translate;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
@@ -31,16 +29,17 @@ use iggy::prelude::{Consumer, Identifier, IggyMessage, PollingStrategy};
 use replicator_model::{Offset, WorkUnit};
 use tokio_util::sync::CancellationToken;
 
-use self::translate::{Copied, Lookup, OffsetMap, Search, Step};
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
+use crate::datapath::offset_maps::OffsetMaps;
+use crate::datapath::translate::{Copied, Lookup, Search, Step};
 use crate::error::{Error, Result};
 use crate::fencing::identity::WriterTargets;
 use crate::selection::mapping::downstream_stream;
 use crate::params::FlowParams;
 use crate::provenance::{self, Incarnation};
-use crate::writer::{confirmed_position, tail_poll, Position, ScanEnd, TailEntry, TailOutcome};
-use crate::writer::{TailScan, TailStep};
+use crate::datapath::writer::{confirmed_position, tail_poll, Position, ScanEnd, TailEntry, TailOutcome};
+use crate::datapath::writer::{TailScan, TailStep};
 
 /// Messages one poll of a search reads.
 const SEARCH_PAGE: u64 = 100;
@@ -50,65 +49,6 @@ const SEARCH_POLLS: u32 = 200;
 
 /// Most entries of [`GroupSync::found`] (cleared when full).
 const FOUND_CACHE: usize = 100_000;
-
-/// One writer's [`OffsetMap`], shared with the sync (the writer locks only its own).
-pub(crate) type SharedOffsetMap = Arc<Mutex<OffsetMap>>;
-
-/// Locks a writer's map.
-pub(crate) fn lock_map(map: &SharedOffsetMap) -> std::sync::MutexGuard<'_, OffsetMap> {
-    map.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The writers' [`OffsetMap`]s of this node, by unit (a map outlives its writer until the
-/// unit's next writer resumes: `flow promote` uses the maps of the writers it paused).
-#[derive(Clone, Default)]
-pub(crate) struct OffsetMaps(Arc<Mutex<HashMap<WorkUnit, SharedOffsetMap>>>);
-
-impl OffsetMaps {
-    /// A writer of `unit` resumed: it records its sends in the returned map from now on.
-    pub(crate) fn resumed(&self, unit: &WorkUnit, map: OffsetMap) -> SharedOffsetMap {
-        let map = Arc::new(Mutex::new(map));
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(unit.clone(), map.clone());
-        map
-    }
-
-    /// The map of `unit`'s latest writer.
-    fn get(&self, unit: &WorkUnit) -> Option<SharedOffsetMap> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(unit)
-            .cloned()
-    }
-
-    fn label(&self, unit: &WorkUnit) -> Option<u64> {
-        Some(lock_map(&self.get(unit)?).label())
-    }
-
-    fn newest(&self, unit: &WorkUnit) -> Option<(u64, Copied)> {
-        let map = self.get(unit)?;
-        let map = lock_map(&map);
-        Some((map.label(), map.newest()?))
-    }
-
-    fn lookup(&self, unit: &WorkUnit, label: u64, up: Offset) -> Lookup {
-        match self.get(unit) {
-            Some(map) => {
-                let map = lock_map(&map);
-                if map.label() == label {
-                    map.lookup(up)
-                } else {
-                    Lookup::Unknown
-                }
-            }
-            None => Lookup::Unknown,
-        }
-    }
-}
 
 /// One group's translated offset on one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -897,10 +837,6 @@ enum Stored {
 }
 
 fn ident(name: &str, unit: &WorkUnit) -> Result<Identifier> {
-    crate::unit::named(name, unit)
+    crate::datapath::unit::named(name, unit)
 }
 
-/// Syncing is pointless without provenance (nothing to translate with).
-pub(crate) fn enabled(flow: &FlowParams) -> bool {
-    flow.provenance && !flow.consumer_groups.is_empty()
-}

@@ -31,8 +31,8 @@ use crate::clients::activity::{self, Idle, StreamActivity, WatchParams};
 use crate::backoff::{with_jitter, Backoff};
 use crate::control::ControlPlane;
 use crate::error::{Error, Result};
-use crate::offsets::{detect_gap, ReadFrom};
-use crate::unit::{named, Batch, UnitShared};
+use crate::datapath::offsets::{detect_gap, ReadFrom};
+use crate::datapath::unit::{named, Batch, UnitShared};
 
 /// What the coordinator starts a reader with.
 pub(crate) struct ReaderArgs<C> {

@@ -4,7 +4,7 @@
 use replicator_model::Offset;
 
 use crate::provenance;
-use crate::unit::Batch;
+use crate::datapath::unit::Batch;
 
 /// What [`prepare`] found out about a batch, besides the messages it left in it to send.
 #[derive(Debug)]
