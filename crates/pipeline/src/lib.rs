@@ -41,7 +41,7 @@ mod discovery;
 mod error;
 mod fencing;
 mod groups;
-mod heartbeat;
+
 mod liveness;
 mod selection;
 mod memory;
@@ -59,7 +59,7 @@ pub use cutover::{Cutover, Extent, UnitExtents};
 pub use error::{Error, Result};
 pub use fencing::fence::{FenceSetupError, TargetFence};
 pub use groups::{FlowSyncState, GroupOffset, GroupSkip, GroupSyncReport};
-pub use heartbeat::{HeartbeatRecord, HeartbeatStats, HEARTBEAT_HEADER};
+pub use discovery::heartbeat::{HeartbeatRecord, HeartbeatStats, HEARTBEAT_HEADER};
 pub use liveness::Liveness;
 pub use selection::mapping::{downstream_stream, Selector};
 pub use memory::{InMemoryControl, InMemoryLease};

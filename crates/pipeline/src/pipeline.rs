@@ -19,7 +19,7 @@ use crate::discovery::{self, DiscoveryParams};
 use crate::error::{Error, Result};
 use crate::datapath::offset_maps::OffsetMaps;
 use crate::groups::{GroupSync, GroupSyncRegistry, SyncFn};
-use crate::heartbeat::{self, HeartbeatMeters, HeartbeatParams, HeartbeatStats};
+use crate::discovery::heartbeat::{self, HeartbeatMeters, HeartbeatParams, HeartbeatStats};
 use crate::liveness::{Liveness, HEARTBEAT_INTERVAL};
 use crate::selection::mapping::Selector;
 use crate::metadata::{MetadataSync, MetadataSyncRegistry};
@@ -249,7 +249,7 @@ impl Pipeline {
             ) else {
                 continue;
             };
-            let first_unit = crate::metadata::FirstUnit::default();
+            let first_unit = crate::discovery::FirstUnit::default();
             let sync = Arc::new(MetadataSync::new(
                 flow,
                 &flows,

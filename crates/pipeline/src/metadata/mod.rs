@@ -23,14 +23,14 @@ pub(crate) mod settings;
 pub(crate) mod users;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use globset::GlobSet;
 use iggy::prelude::{Identifier, UserStatus};
 use iggy_common::UserInfo;
 use rand::distributions::{Alphanumeric, DistString};
-use replicator_model::{Naming, TopicSetting, WorkUnit};
+use replicator_model::{Naming, TopicSetting};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -39,6 +39,7 @@ use self::settings::{SettingDifference, TopicSettings};
 use self::users::{Activation, ActivationOutcome, UserAction, UserCopy, UserSyncState};
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
+use crate::discovery::FirstUnit;
 use crate::error::{Error, Result};
 use crate::selection::mapping::{downstream_stream, Selector};
 use crate::params::{FlowParams, PipelineParams};
@@ -289,9 +290,6 @@ impl MetadataSyncState {
         self.last = report;
     }
 }
-
-/// The smallest unit of a flow as its discovery last found it (who runs the flow's rounds).
-pub(crate) type FirstUnit = Arc<Mutex<Option<WorkUnit>>>;
 
 /// What one flow's metadata sync needs.
 pub(crate) struct MetadataSync {
