@@ -36,36 +36,34 @@ mod clients;
 mod control;
 mod coordinator;
 mod datapath;
-mod cutover;
 mod discovery;
 mod error;
 mod fencing;
-mod groups;
 
 mod liveness;
 mod selection;
 mod memory;
-mod metadata;
 mod params;
 mod pipeline;
 pub mod provenance;
 mod stats;
+mod sync;
 pub mod verify;
 
 pub use backoff::{next_backoff, with_jitter};
 pub use clients::ConnectionState;
 pub use control::{ControlError, ControlPlane};
-pub use cutover::{Cutover, Extent, UnitExtents};
+pub use sync::cutover::{Cutover, Extent, UnitExtents};
 pub use error::{Error, Result};
 pub use fencing::fence::{FenceSetupError, TargetFence};
-pub use groups::{FlowSyncState, GroupOffset, GroupSkip, GroupSyncReport};
+pub use sync::groups::{FlowSyncState, GroupOffset, GroupSkip, GroupSyncReport};
 pub use discovery::heartbeat::{HeartbeatRecord, HeartbeatStats, HEARTBEAT_HEADER};
 pub use liveness::Liveness;
 pub use selection::mapping::{downstream_stream, Selector};
 pub use memory::{InMemoryControl, InMemoryLease};
-pub use metadata::settings::SettingDifference;
-pub use metadata::users::{password_problem, ActivationOutcome, UserSyncState};
-pub use metadata::{
+pub use sync::metadata::settings::SettingDifference;
+pub use sync::metadata::users::{password_problem, ActivationOutcome, UserSyncState};
+pub use sync::metadata::{
     MetadataSyncReport, MetadataSyncState, TopicSettingsReport, UserActivation, UserReport,
 };
 pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams, PolicyParams};

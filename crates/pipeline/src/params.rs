@@ -156,7 +156,7 @@ impl PipelineParams {
             }
             crate::selection::mapping::Selector::new(&flow.include, &flow.exclude)
                 .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
-            crate::groups::group_selector(&flow.consumer_groups)
+            crate::sync::groups::group_selector(&flow.consumer_groups)
                 .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
             for (field, limit) in [
                 ("max_messages_per_second", flow.max_messages_per_second),
@@ -166,7 +166,7 @@ impl PipelineParams {
                     return Err(invalid(format!("flows[{i}].{field}"), "must be at least 1"));
                 }
             }
-            crate::metadata::user_selector(&flow.users)
+            crate::sync::metadata::user_selector(&flow.users)
                 .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
             if flow.metadata_sync_interval.is_zero() {
                 return Err(invalid(

@@ -14,15 +14,15 @@ use crate::clients::{Cluster, ConnectionState};
 use crate::control::ControlPlane;
 use crate::coordinator::{CoordinatorArgs, CoordinatorHandle, CoordinatorMsg, FlowAssignments};
 use crate::coordinator::{Supervisor, SupervisorArgs, SupervisorMsg};
-use crate::cutover::Cutover;
+use crate::sync::cutover::Cutover;
 use crate::discovery::{self, DiscoveryParams};
 use crate::error::{Error, Result};
 use crate::datapath::offset_maps::OffsetMaps;
-use crate::groups::{GroupSync, GroupSyncRegistry, SyncFn};
+use crate::sync::groups::{GroupSync, GroupSyncRegistry, SyncFn};
 use crate::discovery::heartbeat::{self, HeartbeatMeters, HeartbeatParams, HeartbeatStats};
 use crate::liveness::{Liveness, HEARTBEAT_INTERVAL};
 use crate::selection::mapping::Selector;
-use crate::metadata::{MetadataSync, MetadataSyncRegistry};
+use crate::sync::metadata::{MetadataSync, MetadataSyncRegistry};
 use crate::params::PipelineParams;
 use crate::selection::residency::{BlockedTopics, FlowResidency, Residency};
 use crate::stats::{MeterRegistry, UnitStats};
@@ -196,7 +196,7 @@ impl Pipeline {
         for flow in flows.values().filter(|f| crate::datapath::offset_maps::enabled(f)) {
             let (Some(source), Ok(groups)) = (
                 clusters.get(&flow.source),
-                crate::groups::group_selector(&flow.consumer_groups),
+                crate::sync::groups::group_selector(&flow.consumer_groups),
             ) else {
                 continue;
             };
@@ -215,7 +215,7 @@ impl Pipeline {
                 tail_scan_window: params.tail_scan_window,
             });
             let seed = (params.node_id << 32) ^ flow.name.len() as u64;
-            discovery.push(tokio::spawn(crate::groups::run(
+            discovery.push(tokio::spawn(crate::sync::groups::run(
                 sync.clone(),
                 seed,
                 cancel.clone(),
@@ -258,7 +258,7 @@ impl Pipeline {
                 (source.clone(), target.clone()),
                 metadata_registry.clone(),
             )?);
-            discovery.push(tokio::spawn(crate::metadata::run(
+            discovery.push(tokio::spawn(crate::sync::metadata::run(
                 sync.clone(),
                 control.clone(),
                 flow_assignments.subscribe(&flow.name),

@@ -456,7 +456,7 @@ impl MetadataSync {
             }
             (Err(e), _) | (_, Err(e)) => report.errors.push(describe(&e)),
         }
-        report.at_unix_ms = crate::groups::now_ms();
+        report.at_unix_ms = crate::sync::groups::now_ms();
         report
     }
 

@@ -297,7 +297,7 @@ pub(crate) fn activation(
 mod tests {
     use super::*;
     use crate::selection::mapping::Selector;
-    use crate::metadata::{CatalogStream, CatalogTopic};
+    use crate::sync::metadata::{CatalogStream, CatalogTopic};
     use iggy::prelude::{GlobalPermissions, TopicPermissions};
     use replicator_model::Naming;
 

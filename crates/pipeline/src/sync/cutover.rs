@@ -8,9 +8,9 @@ use iggy::prelude::{Consumer, PollingStrategy};
 use replicator_model::{Offset, WorkUnit};
 
 use crate::clients::Cluster;
-use crate::groups::{FlowSyncState, GroupSyncRegistry, GroupSyncReport, SyncFn};
+use crate::sync::groups::{FlowSyncState, GroupSyncRegistry, GroupSyncReport, SyncFn};
 use crate::selection::mapping::downstream_stream;
-use crate::metadata::{
+use crate::sync::metadata::{
     MetadataSync, MetadataSyncRegistry, MetadataSyncReport, MetadataSyncState, UserActivation,
 };
 use crate::params::FlowParams;
