@@ -41,37 +41,37 @@ mod error;
 mod fencing;
 
 mod liveness;
-mod selection;
 mod memory;
 mod params;
 mod pipeline;
 pub mod provenance;
+mod selection;
 mod stats;
 mod sync;
 pub mod verify;
 
 pub use backoff::{next_backoff, with_jitter};
+pub use clients::probe::{check_generations, probe, GenerationMismatch, Spoken, PROBE_TIMEOUT};
 pub use clients::ConnectionState;
 pub use control::{ControlError, ControlPlane};
-pub use sync::cutover::{Cutover, Extent, UnitExtents};
+pub use datapath::writer::LandedMismatch;
+pub use discovery::heartbeat::{HeartbeatRecord, HeartbeatStats, HEARTBEAT_HEADER};
 pub use error::{Error, Result};
 pub use fencing::fence::{FenceSetupError, TargetFence};
-pub use sync::groups::{FlowSyncState, GroupOffset, GroupSkip, GroupSyncReport};
-pub use discovery::heartbeat::{HeartbeatRecord, HeartbeatStats, HEARTBEAT_HEADER};
 pub use liveness::Liveness;
-pub use selection::mapping::{downstream_stream, Selector};
 pub use memory::{InMemoryControl, InMemoryLease};
+pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams, PolicyParams};
+pub use pipeline::Pipeline;
+pub use selection::mapping::{downstream_stream, Selector};
+pub use selection::residency::{BlockedTopic, FlowResidency};
+pub use stats::{Gap, NoObserver, Observer, PipelineObserver, UnitStats};
+pub use sync::cutover::{Cutover, Extent, UnitExtents};
+pub use sync::groups::{FlowSyncState, GroupOffset, GroupSkip, GroupSyncReport};
 pub use sync::metadata::settings::SettingDifference;
 pub use sync::metadata::users::{password_problem, ActivationOutcome, UserSyncState};
 pub use sync::metadata::{
     MetadataSyncReport, MetadataSyncState, TopicSettingsReport, UserActivation, UserReport,
 };
-pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams, PolicyParams};
-pub use pipeline::Pipeline;
-pub use clients::probe::{check_generations, probe, GenerationMismatch, Spoken, PROBE_TIMEOUT};
-pub use selection::residency::{BlockedTopic, FlowResidency};
-pub use stats::{Gap, NoObserver, Observer, PipelineObserver, UnitStats};
-pub use datapath::writer::LandedMismatch;
 
 #[doc(hidden)]
 pub mod bench_support;

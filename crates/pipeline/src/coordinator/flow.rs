@@ -29,12 +29,12 @@ use super::{unit_span, AbortOnDrop, Alive, ChildEnd, UnitTaskKind};
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
-use crate::selection::mapping::downstream_stream;
-use crate::params::FlowParams;
 use crate::datapath::reader::{self, ReaderArgs};
-use crate::stats::{MeterRegistry, UnitMeters};
 use crate::datapath::unit::{UnitShared, UnitTuning};
 use crate::datapath::writer::{self, WriterArgs};
+use crate::params::FlowParams;
+use crate::selection::mapping::downstream_stream;
+use crate::stats::{MeterRegistry, UnitMeters};
 
 /// The actor of one flow (all state lives in [`FlowState`]).
 pub(super) struct Flow<C>(std::marker::PhantomData<fn() -> C>);

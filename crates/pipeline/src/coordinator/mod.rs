@@ -48,10 +48,10 @@ pub(crate) use self::supervisor::{CoordinatorHandle, Supervisor, SupervisorArgs,
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
+use crate::datapath::unit::UnitTuning;
 use crate::liveness::Liveness;
 use crate::params::FlowParams;
 use crate::stats::MeterRegistry;
-use crate::datapath::unit::UnitTuning;
 
 /// Held by every task the tree starts (reader and writer loops, release tasks). Nothing is
 /// ever sent on it: `Pipeline` waits until the last clone is dropped, so that `shutdown` and

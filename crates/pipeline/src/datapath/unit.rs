@@ -9,8 +9,8 @@ use replicator_model::{Epoch, Offset, WorkUnit};
 
 use crate::clients::Cluster;
 use crate::error::{Error, Result};
-use crate::stats::Gap;
 use crate::params::{BackoffParams, FlowParams};
+use crate::stats::Gap;
 use crate::stats::UnitMeters;
 
 /// Tunables every unit uses, resolved once from `PipelineParams`.

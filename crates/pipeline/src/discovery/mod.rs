@@ -24,8 +24,8 @@ use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::coordinator::{CoordinatorHandle, CoordinatorMsg};
 use crate::error::{Error, Result};
-use crate::selection::mapping::{downstream_stream, Choice, Selector};
 use crate::params::FlowParams;
+use crate::selection::mapping::{downstream_stream, Choice, Selector};
 use crate::selection::residency::{BlockedTopic, BlockedTopics};
 
 /// The smallest unit of a flow as its discovery last found it (its owner runs the flow's metadata sync rounds).

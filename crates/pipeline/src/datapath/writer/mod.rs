@@ -50,12 +50,12 @@ use self::send::{epoch_is_current, send_verdict, SendVeto};
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
-use crate::error::{Error, Result};
-use crate::datapath::translate::{Copied, OffsetMap};
 use crate::datapath::offset_maps::{lock_map, SharedOffsetMap};
 use crate::datapath::offsets::ReadFrom;
-use crate::provenance::{self, Incarnation};
+use crate::datapath::translate::{Copied, OffsetMap};
 use crate::datapath::unit::{named, Batch, UnitShared};
+use crate::error::{Error, Result};
+use crate::provenance::{self, Incarnation};
 
 /// How long a writer whose lease is not valid long enough waits before looking again.
 const LEASE_RECHECK: Duration = Duration::from_millis(20);

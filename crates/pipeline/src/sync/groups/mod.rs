@@ -33,13 +33,15 @@ use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::datapath::offset_maps::OffsetMaps;
 use crate::datapath::translate::{Copied, Lookup, Search, Step};
+use crate::datapath::writer::{
+    confirmed_position, tail_poll, Position, ScanEnd, TailEntry, TailOutcome,
+};
+use crate::datapath::writer::{TailScan, TailStep};
 use crate::error::{Error, Result};
 use crate::fencing::identity::WriterTargets;
-use crate::selection::mapping::downstream_stream;
 use crate::params::FlowParams;
 use crate::provenance::{self, Incarnation};
-use crate::datapath::writer::{confirmed_position, tail_poll, Position, ScanEnd, TailEntry, TailOutcome};
-use crate::datapath::writer::{TailScan, TailStep};
+use crate::selection::mapping::downstream_stream;
 
 /// Messages one poll of a search reads.
 const SEARCH_PAGE: u64 = 100;
@@ -839,4 +841,3 @@ enum Stored {
 fn ident(name: &str, unit: &WorkUnit) -> Result<Identifier> {
     crate::datapath::unit::named(name, unit)
 }
-

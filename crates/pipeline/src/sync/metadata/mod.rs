@@ -41,8 +41,8 @@ use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::discovery::FirstUnit;
 use crate::error::{Error, Result};
-use crate::selection::mapping::{downstream_stream, Selector};
 use crate::params::{FlowParams, PipelineParams};
+use crate::selection::mapping::{downstream_stream, Selector};
 
 /// The root user's id on every Iggy server: never synced.
 const ROOT_USER_ID: u32 = 0;
