@@ -2,7 +2,7 @@
 //! ([`reader`]) and hands batches through a bounded channel to a writer task that resumes from
 //! the downstream tail, checks its lease and epoch before every send, stamps provenance and
 //! commits offsets ([`writer`], IO around its pure cores). Beside them: what a pair shares and
-//! the batch type ([`unit`]), where a reader starts and what a jump in its offsets means
+//! the batch type ([`unit`](mod@unit)), where a reader starts and what a jump in its offsets means
 //! ([`offsets`]), a flow's rate limiters on this instance ([`throttle`]), and what a writer
 //! sent since it resumed, kept for the consumer-group sync ([`translate`]'s `OffsetMap`, shared
 //! in [`offset_maps`]; the sync's search of a downstream partition is in `translate` too).

@@ -28,7 +28,8 @@ use crate::params::FlowParams;
 use crate::selection::mapping::{downstream_stream, Choice, Selector};
 use crate::selection::residency::{BlockedTopic, BlockedTopics};
 
-/// The smallest unit of a flow as its discovery last found it (its owner runs the flow's metadata sync rounds).
+/// The smallest unit of a flow as its discovery last found it (its owner runs the flow's
+/// metadata sync rounds).
 pub(crate) type FirstUnit = Arc<Mutex<Option<WorkUnit>>>;
 
 /// Inputs of one flow's discovery loop.

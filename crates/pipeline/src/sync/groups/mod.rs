@@ -1,7 +1,7 @@
 //! Consumer-group offset sync: the offsets that selected upstream groups stored, translated
-//! exactly to the downstream partitions (see [`translate`]) and stored for the same groups on
-//! the target, so that a consumer that switches clusters resumes with the message it would have
-//! read next upstream.
+//! exactly to the downstream partitions (see [`translate`](crate::datapath::translate)) and
+//! stored for the same groups on the target, so that a consumer that switches clusters resumes
+//! with the message it would have read next upstream.
 //!
 //! Work is shared like partitions: each node syncs the partitions of the units it owns, every
 //! `flows[].consumer_group_sync_interval` (`run`); `flow promote` syncs a paused flow's every
