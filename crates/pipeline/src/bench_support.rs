@@ -7,13 +7,13 @@ use replicator_model::Offset;
 
 /// A batch as the reader hands it to the writer.
 #[derive(Debug)]
-pub struct Batch(crate::unit::Batch);
+pub struct Batch(crate::datapath::unit::Batch);
 
 impl Batch {
     /// A batch of polled messages (offsets and timestamps set) with no gap before it;
     /// `None` when `messages` is empty.
     pub fn new(messages: Vec<IggyMessage>) -> Option<Self> {
-        crate::unit::Batch::new(messages, None).map(Self)
+        crate::datapath::unit::Batch::new(messages, None).map(Self)
     }
 
     /// The messages: as polled, or once prepared the ones the writer would send.
@@ -42,12 +42,12 @@ pub struct PrepareParams<'a> {
 /// and returns their bytes, or `Err(offset)` of a message whose headers would exceed
 /// Iggy's limit with provenance added.
 pub fn prepare(batch: &mut Batch, p: &PrepareParams<'_>) -> std::result::Result<u64, Offset> {
-    let params = crate::writer::PrepareParams {
+    let params = crate::datapath::writer::PrepareParams {
         last_written: p.last_written,
         source: p.source,
         target: p.target,
         provenance: p.provenance,
         topic_created_at: p.topic_created_at,
     };
-    crate::writer::prepare(&mut batch.0, &params).map(|prepared| prepared.bytes)
+    crate::datapath::writer::prepare(&mut batch.0, &params).map(|prepared| prepared.bytes)
 }

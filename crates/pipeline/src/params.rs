@@ -1,5 +1,9 @@
 //! Resolved inputs of the pipeline. The binary builds these from validated config; tests build them
 //! directly. Nothing in here is read from files or the environment.
+//!
+//! Pure data and defaults, imported by nearly every module: it imports only `stats` (the
+//! observer). The checks that compile the flows' selections, [`PipelineParams::validate`] and
+//! the flows' residency, are in `pipeline.rs`, above the modules whose compilers they call.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -8,8 +12,6 @@ use replicator_model::{
     IggyVersion, InitialOffset, Naming, NodeId, TopicSetting, DEFAULT_GROUP_SYNC_INTERVAL,
     DEFAULT_METADATA_SYNC_INTERVAL,
 };
-
-use crate::error::{Error, Result};
 
 /// Everything `Pipeline::start` needs.
 #[derive(Debug, Clone)]
@@ -87,108 +89,6 @@ impl PipelineParams {
             .iter()
             .map(|f| f.heartbeat_topic.clone())
             .collect()
-    }
-
-    /// The residency of `flow`: the policies that forbid its target, compiled. On error returns
-    /// the field (`policies[0].select[1]`) and the reason.
-    pub(crate) fn residency(
-        &self,
-        flow: &FlowParams,
-    ) -> std::result::Result<crate::residency::Residency, (String, String)> {
-        let zones = self
-            .clusters
-            .get(&flow.target)
-            .map(|c| c.zones.as_slice())
-            .unwrap_or_default();
-        crate::residency::Residency::new(&self.policies, zones)
-    }
-
-    /// Checks cross-references and bounds; returns the first problem with its field path.
-    pub fn validate(&self) -> Result<()> {
-        let invalid = |field: String, reason: &str| Error::InvalidParams {
-            field,
-            reason: reason.to_owned(),
-        };
-        for (alias, cluster) in &self.clusters {
-            if cluster.connections == 0 {
-                return Err(invalid(
-                    format!("clusters.{alias}.connections"),
-                    "must be at least 1",
-                ));
-            }
-        }
-        let mut names = std::collections::BTreeSet::new();
-        for (i, flow) in self.flows.iter().enumerate() {
-            if flow.name.is_empty() || flow.name.contains('/') {
-                return Err(invalid(
-                    format!("flows[{i}].name"),
-                    "must be non-empty without '/'",
-                ));
-            }
-            if !names.insert(flow.name.as_str()) {
-                return Err(invalid(format!("flows[{i}].name"), "duplicate flow name"));
-            }
-            for (field, alias) in [("source", &flow.source), ("target", &flow.target)] {
-                if !self.clusters.contains_key(alias) {
-                    return Err(invalid(
-                        format!("flows[{i}].{field}"),
-                        "unknown cluster alias",
-                    ));
-                }
-            }
-            if flow.source == flow.target {
-                return Err(invalid(
-                    format!("flows[{i}].target"),
-                    "must differ from source",
-                ));
-            }
-            if flow.batch_size == 0 {
-                return Err(invalid(
-                    format!("flows[{i}].batch_size"),
-                    "must be at least 1",
-                ));
-            }
-            if flow.max_in_flight_batches == 0 {
-                return Err(invalid(
-                    format!("flows[{i}].max_in_flight_batches"),
-                    "must be at least 1",
-                ));
-            }
-            crate::mapping::Selector::new(&flow.include, &flow.exclude)
-                .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
-            crate::groups::group_selector(&flow.consumer_groups)
-                .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
-            for (field, limit) in [
-                ("max_messages_per_second", flow.max_messages_per_second),
-                ("max_bytes_per_second", flow.max_bytes_per_second),
-            ] {
-                if limit == Some(0) {
-                    return Err(invalid(format!("flows[{i}].{field}"), "must be at least 1"));
-                }
-            }
-            crate::metadata::user_selector(&flow.users)
-                .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
-            if flow.metadata_sync_interval.is_zero() {
-                return Err(invalid(
-                    format!("flows[{i}].metadata_sync_interval"),
-                    "must be above zero",
-                ));
-            }
-            if !flow.consumer_groups.is_empty() && flow.consumer_group_sync_interval.is_zero() {
-                return Err(invalid(
-                    format!("flows[{i}].consumer_group_sync_interval"),
-                    "must be above zero",
-                ));
-            }
-            replicator_model::heartbeat_topic_parts(&flow.heartbeat_topic)
-                .map_err(|reason| invalid(format!("flows[{i}].heartbeat_topic"), reason))?;
-        }
-        crate::residency::Residency::new(&self.policies, &[])
-            .map_err(|(field, reason)| invalid(field, &reason))?;
-        if self.tail_scan_window == 0 {
-            return Err(invalid("tail_scan_window".into(), "must be at least 1"));
-        }
-        Ok(())
     }
 }
 

@@ -14,19 +14,20 @@ use crate::clients::{Cluster, ConnectionState};
 use crate::control::ControlPlane;
 use crate::coordinator::{CoordinatorArgs, CoordinatorHandle, CoordinatorMsg, FlowAssignments};
 use crate::coordinator::{Supervisor, SupervisorArgs, SupervisorMsg};
-use crate::cutover::Cutover;
+use crate::datapath::offset_maps::OffsetMaps;
+use crate::datapath::throttle::FlowThrottle;
+use crate::datapath::unit::UnitTuning;
+use crate::discovery::heartbeat::{self, HeartbeatMeters, HeartbeatParams, HeartbeatStats};
 use crate::discovery::{self, DiscoveryParams};
 use crate::error::{Error, Result};
-use crate::groups::{GroupSync, GroupSyncRegistry, OffsetMaps, SyncFn};
-use crate::heartbeat::{self, HeartbeatMeters, HeartbeatParams, HeartbeatStats};
 use crate::liveness::{Liveness, HEARTBEAT_INTERVAL};
-use crate::mapping::Selector;
-use crate::metadata::{MetadataSync, MetadataSyncRegistry};
-use crate::params::PipelineParams;
-use crate::residency::{BlockedTopics, FlowResidency, Residency};
+use crate::params::{FlowParams, PipelineParams};
+use crate::selection::mapping::Selector;
+use crate::selection::residency::{BlockedTopics, FlowResidency, Residency};
 use crate::stats::{MeterRegistry, UnitStats};
-use crate::throttle::FlowThrottle;
-use crate::unit::UnitTuning;
+use crate::sync::cutover::Cutover;
+use crate::sync::groups::{GroupSync, GroupSyncRegistry, SyncFn};
+use crate::sync::metadata::{MetadataSync, MetadataSyncRegistry};
 
 /// A running pipeline instance.
 pub struct Pipeline {
@@ -124,7 +125,7 @@ impl Pipeline {
             commit_interval: params.commit_interval,
             observer: params.observer.clone(),
         };
-        let writers = Arc::new(crate::identity::WriterTargets::new(
+        let writers = Arc::new(crate::fencing::identity::WriterTargets::new(
             &params.clusters,
             &clusters,
             params.operation_timeout,
@@ -188,7 +189,7 @@ impl Pipeline {
         let mut discovery = Vec::new();
         // Its own token: the writers' connections must outlive the drain's final sends.
         let identity_cancel = CancellationToken::new();
-        let identity = tokio::spawn(crate::identity::follow(
+        let identity = tokio::spawn(crate::fencing::identity::follow(
             writers.clone(),
             control.clone(),
             identity_cancel.clone(),
@@ -196,10 +197,13 @@ impl Pipeline {
         let group_registry = GroupSyncRegistry::default();
         let mut group_syncs: BTreeMap<String, SyncFn> = BTreeMap::new();
         let dance = Arc::new(tokio::sync::Mutex::new(()));
-        for flow in flows.values().filter(|f| crate::groups::enabled(f)) {
+        for flow in flows
+            .values()
+            .filter(|f| crate::datapath::offset_maps::enabled(f))
+        {
             let (Some(source), Ok(groups)) = (
                 clusters.get(&flow.source),
-                crate::groups::group_selector(&flow.consumer_groups),
+                crate::sync::groups::group_selector(&flow.consumer_groups),
             ) else {
                 continue;
             };
@@ -218,7 +222,7 @@ impl Pipeline {
                 tail_scan_window: params.tail_scan_window,
             });
             let seed = (params.node_id << 32) ^ flow.name.len() as u64;
-            discovery.push(tokio::spawn(crate::groups::run(
+            discovery.push(tokio::spawn(crate::sync::groups::run(
                 sync.clone(),
                 seed,
                 cancel.clone(),
@@ -252,7 +256,7 @@ impl Pipeline {
             ) else {
                 continue;
             };
-            let first_unit = crate::metadata::FirstUnit::default();
+            let first_unit = crate::discovery::FirstUnit::default();
             let sync = Arc::new(MetadataSync::new(
                 flow,
                 &flows,
@@ -261,7 +265,7 @@ impl Pipeline {
                 (source.clone(), target.clone()),
                 metadata_registry.clone(),
             )?);
-            discovery.push(tokio::spawn(crate::metadata::run(
+            discovery.push(tokio::spawn(crate::sync::metadata::run(
                 sync.clone(),
                 control.clone(),
                 flow_assignments.subscribe(&flow.name),
@@ -496,5 +500,111 @@ impl Pipeline {
         for cluster in &self.clusters {
             cluster.close().await;
         }
+    }
+}
+
+/// The checks of [`PipelineParams`] that compile the flows' selections, here rather than in
+/// `params` because the selections' compilers (`selection`, `sync`) sit above `params`.
+impl PipelineParams {
+    /// The residency of `flow`: the policies that forbid its target, compiled. On error returns
+    /// the field (`policies[0].select[1]`) and the reason.
+    pub(crate) fn residency(
+        &self,
+        flow: &FlowParams,
+    ) -> std::result::Result<crate::selection::residency::Residency, (String, String)> {
+        let zones = self
+            .clusters
+            .get(&flow.target)
+            .map(|c| c.zones.as_slice())
+            .unwrap_or_default();
+        crate::selection::residency::Residency::new(&self.policies, zones)
+    }
+
+    /// Checks cross-references and bounds; returns the first problem with its field path.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field: String, reason: &str| Error::InvalidParams {
+            field,
+            reason: reason.to_owned(),
+        };
+        for (alias, cluster) in &self.clusters {
+            if cluster.connections == 0 {
+                return Err(invalid(
+                    format!("clusters.{alias}.connections"),
+                    "must be at least 1",
+                ));
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, flow) in self.flows.iter().enumerate() {
+            if flow.name.is_empty() || flow.name.contains('/') {
+                return Err(invalid(
+                    format!("flows[{i}].name"),
+                    "must be non-empty without '/'",
+                ));
+            }
+            if !names.insert(flow.name.as_str()) {
+                return Err(invalid(format!("flows[{i}].name"), "duplicate flow name"));
+            }
+            for (field, alias) in [("source", &flow.source), ("target", &flow.target)] {
+                if !self.clusters.contains_key(alias) {
+                    return Err(invalid(
+                        format!("flows[{i}].{field}"),
+                        "unknown cluster alias",
+                    ));
+                }
+            }
+            if flow.source == flow.target {
+                return Err(invalid(
+                    format!("flows[{i}].target"),
+                    "must differ from source",
+                ));
+            }
+            if flow.batch_size == 0 {
+                return Err(invalid(
+                    format!("flows[{i}].batch_size"),
+                    "must be at least 1",
+                ));
+            }
+            if flow.max_in_flight_batches == 0 {
+                return Err(invalid(
+                    format!("flows[{i}].max_in_flight_batches"),
+                    "must be at least 1",
+                ));
+            }
+            crate::selection::mapping::Selector::new(&flow.include, &flow.exclude)
+                .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
+            crate::sync::groups::group_selector(&flow.consumer_groups)
+                .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
+            for (field, limit) in [
+                ("max_messages_per_second", flow.max_messages_per_second),
+                ("max_bytes_per_second", flow.max_bytes_per_second),
+            ] {
+                if limit == Some(0) {
+                    return Err(invalid(format!("flows[{i}].{field}"), "must be at least 1"));
+                }
+            }
+            crate::sync::metadata::user_selector(&flow.users)
+                .map_err(|(field, reason)| invalid(format!("flows[{i}].{field}"), &reason))?;
+            if flow.metadata_sync_interval.is_zero() {
+                return Err(invalid(
+                    format!("flows[{i}].metadata_sync_interval"),
+                    "must be above zero",
+                ));
+            }
+            if !flow.consumer_groups.is_empty() && flow.consumer_group_sync_interval.is_zero() {
+                return Err(invalid(
+                    format!("flows[{i}].consumer_group_sync_interval"),
+                    "must be above zero",
+                ));
+            }
+            replicator_model::heartbeat_topic_parts(&flow.heartbeat_topic)
+                .map_err(|reason| invalid(format!("flows[{i}].heartbeat_topic"), reason))?;
+        }
+        crate::selection::residency::Residency::new(&self.policies, &[])
+            .map_err(|(field, reason)| invalid(field, &reason))?;
+        if self.tail_scan_window == 0 {
+            return Err(invalid("tail_scan_window".into(), "must be at least 1"));
+        }
+        Ok(())
     }
 }

@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 
 use replicator_model::{CommitCounters, CommitOutcome, InitialOffset, Offset, UnitProgress};
 
-use crate::groups::translate::{Copied, Lookup, OffsetMap as Map};
-use crate::writer::commit::{CommitTracker as Tracker, Settled};
-use crate::writer::landed::LandedCheck as Landed;
-use crate::writer::resume::{
+use crate::datapath::translate::{Copied, Lookup, OffsetMap as Map};
+use crate::datapath::writer::commit::{CommitTracker as Tracker, Settled};
+use crate::datapath::writer::landed::LandedCheck as Landed;
+use crate::datapath::writer::resume::{
     self, PartitionExtent, Position, ResumeFacts, TailCheck, TailEntry, TailOutcome, TailPoll,
     TailStep,
 };
-use crate::writer::send::{send_verdict, SendVeto};
+use crate::datapath::writer::send::{send_verdict, SendVeto};
 use crate::ControlError;
 
 /// The documented defaults a writer works with (the one home is [`crate::PipelineParams::new`]).

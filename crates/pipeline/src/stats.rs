@@ -12,14 +12,33 @@ use std::time::{Duration, Instant};
 
 use replicator_model::{Epoch, Offset, WorkUnit};
 
-use crate::offsets::Gap;
-
 /// How many latency samples a unit keeps.
 const LATENCY_SAMPLES: usize = 1024;
 /// How many gap events a unit keeps.
 const GAP_EVENTS: usize = 64;
 /// Marker for "no offset yet" in the atomics.
 const NONE: u64 = u64::MAX;
+
+/// Offsets removed by retention before they were copied (inclusive range).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gap {
+    /// First lost offset.
+    pub from: Offset,
+    /// Last lost offset.
+    pub to: Offset,
+}
+
+impl Gap {
+    /// Number of lost offsets.
+    pub fn len(&self) -> u64 {
+        self.to - self.from + 1
+    }
+
+    /// Always `false`: a gap holds at least one offset.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
 
 /// Receives data-path measurements as they happen, so that the binary can feed a metrics
 /// system (Prometheus) without the pipeline knowing it. Every method defaults to doing nothing;

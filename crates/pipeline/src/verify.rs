@@ -16,10 +16,10 @@ use iggy::prelude::{Consumer, Identifier, IggyMessage, PollingStrategy};
 
 use crate::clients::Cluster;
 use crate::error::{Error, Result};
-use crate::mapping::{downstream_stream, Selector};
 use crate::params::FlowParams;
 use crate::provenance;
-use crate::residency::Residency;
+use crate::selection::mapping::{downstream_stream, Selector};
+use crate::selection::residency::Residency;
 
 /// What to verify.
 #[derive(Debug, Clone)]

@@ -29,12 +29,12 @@ use super::{unit_span, AbortOnDrop, Alive, ChildEnd, UnitTaskKind};
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
-use crate::mapping::downstream_stream;
+use crate::datapath::reader::{self, ReaderArgs};
+use crate::datapath::unit::{UnitShared, UnitTuning};
+use crate::datapath::writer::{self, WriterArgs};
 use crate::params::FlowParams;
-use crate::reader::{self, ReaderArgs};
+use crate::selection::mapping::downstream_stream;
 use crate::stats::{MeterRegistry, UnitMeters};
-use crate::unit::{UnitShared, UnitTuning};
-use crate::writer::{self, WriterArgs};
 
 /// The actor of one flow (all state lives in [`FlowState`]).
 pub(super) struct Flow<C>(std::marker::PhantomData<fn() -> C>);
@@ -84,18 +84,18 @@ pub(super) struct FlowArgs<C> {
     /// The flow's source cluster.
     pub(super) source: Arc<Cluster>,
     /// The connections writers send with (per target: the node's writer identity when fenced).
-    pub(super) writers: Arc<crate::identity::WriterTargets>,
+    pub(super) writers: Arc<crate::fencing::identity::WriterTargets>,
     pub(super) tuning: UnitTuning,
     /// Where the meters of every started unit are registered (shared with `Pipeline::stats`).
     pub(super) meters: MeterRegistry,
     /// Cloned into every task the flow actor starts (see [`Alive`]).
     pub(super) alive: Alive,
     /// The writers' offset maps (read by the consumer-group sync).
-    pub(super) offset_maps: crate::groups::OffsetMaps,
+    pub(super) offset_maps: crate::datapath::offset_maps::OffsetMaps,
     /// The flow's throttle, if it has limits.
-    pub(super) throttle: Option<Arc<crate::throttle::FlowThrottle>>,
+    pub(super) throttle: Option<Arc<crate::datapath::throttle::FlowThrottle>>,
     /// The flow's residency: no pair starts for a topic it blocks.
-    pub(super) residency: Option<Arc<crate::residency::Residency>>,
+    pub(super) residency: Option<Arc<crate::selection::residency::Residency>>,
     /// Seed of the flow's jitter (differs per node and flow, and per restart of the actor).
     pub(super) seed: u64,
 }

@@ -48,10 +48,10 @@ pub(crate) use self::supervisor::{CoordinatorHandle, Supervisor, SupervisorArgs,
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
+use crate::datapath::unit::UnitTuning;
 use crate::liveness::Liveness;
 use crate::params::FlowParams;
 use crate::stats::MeterRegistry;
-use crate::unit::UnitTuning;
 
 /// Held by every task the tree starts (reader and writer loops, release tasks). Nothing is
 /// ever sent on it: `Pipeline` waits until the last clone is dropped, so that `shutdown` and
@@ -140,7 +140,7 @@ pub(crate) struct CoordinatorArgs<C> {
     /// Clusters by alias.
     pub(crate) clusters: BTreeMap<String, Arc<Cluster>>,
     /// The connections writers send with (per target: the node's writer identity when fenced).
-    pub(crate) writers: Arc<crate::identity::WriterTargets>,
+    pub(crate) writers: Arc<crate::fencing::identity::WriterTargets>,
     pub(crate) tuning: UnitTuning,
     /// Where the meters of every started unit are registered (shared with `Pipeline::stats`).
     pub(crate) meters: MeterRegistry,
@@ -149,11 +149,11 @@ pub(crate) struct CoordinatorArgs<C> {
     /// Marked on every heartbeat handled (see [`crate::liveness`]).
     pub(crate) liveness: Arc<Liveness>,
     /// The writers' offset maps (read by the consumer-group sync).
-    pub(crate) offset_maps: crate::groups::OffsetMaps,
+    pub(crate) offset_maps: crate::datapath::offset_maps::OffsetMaps,
     /// Throttles of the flows that have limits, by flow name.
-    pub(crate) throttles: BTreeMap<String, Arc<crate::throttle::FlowThrottle>>,
+    pub(crate) throttles: BTreeMap<String, Arc<crate::datapath::throttle::FlowThrottle>>,
     /// Each flow's residency, by flow name: no pair starts for a topic it blocks.
-    pub(crate) residency: BTreeMap<String, Arc<crate::residency::Residency>>,
+    pub(crate) residency: BTreeMap<String, Arc<crate::selection::residency::Residency>>,
     /// Where the coordinator publishes each flow's assignments.
     pub(crate) flow_assignments: FlowAssignments,
 }

@@ -10,7 +10,7 @@
 
 use replicator_model::{InitialOffset, Offset, OffsetReset, UnitProgress, UnitStart};
 
-use crate::offsets::ReadFrom;
+use crate::datapath::offsets::ReadFrom;
 use crate::provenance::Incarnation;
 
 /// Messages per poll while scanning the downstream tail.

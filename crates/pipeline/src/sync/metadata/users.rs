@@ -296,8 +296,8 @@ pub(crate) fn activation(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mapping::Selector;
-    use crate::metadata::{CatalogStream, CatalogTopic};
+    use crate::selection::mapping::Selector;
+    use crate::sync::metadata::{CatalogStream, CatalogTopic};
     use iggy::prelude::{GlobalPermissions, TopicPermissions};
     use replicator_model::Naming;
 

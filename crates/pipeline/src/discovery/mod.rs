@@ -2,9 +2,17 @@
 //! shape downstream (create stream/topic, add partitions), and reports the flow's full unit set
 //! to the control plane. Runs at start and then every discovery interval. A selected topic that
 //! a residency policy forbids on the target is neither mirrored nor reported, only recorded.
+//!
+//! This folder holds the per-flow tasks that create topics on the flow's target beside the
+//! copies' writers: discovery (here, which also tells the coordinator of recreated topics and
+//! records the flow's first unit for the metadata sync, [`FirstUnit`]) and the flow's
+//! heartbeats ([`heartbeat`]: its topic is created like a discovered one, and no glob selects
+//! it).
+
+pub(crate) mod heartbeat;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use iggy::prelude::{CompressionAlgorithm, Identifier, IggyError, IggyExpiry, MaxTopicSize, Topic};
@@ -16,9 +24,13 @@ use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::coordinator::{CoordinatorHandle, CoordinatorMsg};
 use crate::error::{Error, Result};
-use crate::mapping::{downstream_stream, Choice, Selector};
 use crate::params::FlowParams;
-use crate::residency::{BlockedTopic, BlockedTopics};
+use crate::selection::mapping::{downstream_stream, Choice, Selector};
+use crate::selection::residency::{BlockedTopic, BlockedTopics};
+
+/// The smallest unit of a flow as its discovery last found it (its owner runs the flow's
+/// metadata sync rounds).
+pub(crate) type FirstUnit = Arc<Mutex<Option<WorkUnit>>>;
 
 /// Inputs of one flow's discovery loop.
 pub(crate) struct DiscoveryParams<C> {
@@ -43,7 +55,7 @@ pub(crate) struct DiscoveryParams<C> {
     /// Set to the flow's unit count after every round (the throttle's share of it).
     pub(crate) units_seen: Arc<std::sync::atomic::AtomicUsize>,
     /// Set to the flow's smallest unit after every round (its owner runs the metadata sync).
-    pub(crate) first_unit: crate::metadata::FirstUnit,
+    pub(crate) first_unit: FirstUnit,
 }
 
 /// One upstream topic as discovery sees it.

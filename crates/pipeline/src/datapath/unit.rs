@@ -9,8 +9,8 @@ use replicator_model::{Epoch, Offset, WorkUnit};
 
 use crate::clients::Cluster;
 use crate::error::{Error, Result};
-use crate::offsets::Gap;
 use crate::params::{BackoffParams, FlowParams};
+use crate::stats::Gap;
 use crate::stats::UnitMeters;
 
 /// Tunables every unit uses, resolved once from `PipelineParams`.
@@ -46,9 +46,9 @@ pub(crate) struct UnitShared<C> {
     /// Seed for this pair's jitter.
     pub(crate) seed: u64,
     /// Where the writer records what it sent, for the consumer-group sync.
-    pub(crate) offset_maps: crate::groups::OffsetMaps,
+    pub(crate) offset_maps: crate::datapath::offset_maps::OffsetMaps,
     /// The flow's throttle on this instance (`None`: unlimited).
-    pub(crate) throttle: Option<Arc<crate::throttle::FlowThrottle>>,
+    pub(crate) throttle: Option<Arc<crate::datapath::throttle::FlowThrottle>>,
 }
 
 impl<C> UnitShared<C> {

@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
-use globset::{GlobSet, GlobSetBuilder};
+use globset::GlobSet;
 use replicator_model::Naming;
 
-use crate::residency::Residency;
+use super::globs::build_globs;
+use super::residency::Residency;
 
 /// A flow's include/exclude globs, matched against `stream/topic`.
 #[derive(Debug, Clone)]
@@ -98,34 +99,6 @@ impl Selector {
             None => Choice::Copy,
         }
     }
-}
-
-/// Compiles one list of globs on `stream/topic` (`*` and `?` do not cross `/`); on error
-/// returns the field (`include[2]`) and the reason.
-pub(crate) fn build_globs(field: &str, globs: &[String]) -> Result<GlobSet, (String, String)> {
-    let mut set = GlobSetBuilder::new();
-    for (i, pattern) in globs.iter().enumerate() {
-        let glob = globset::GlobBuilder::new(pattern)
-            .literal_separator(true)
-            .build()
-            .map_err(|e| (format!("{field}[{i}]"), e.kind().to_string()))?;
-        set.add(glob);
-    }
-    set.build()
-        .map_err(|e| (field.to_owned(), e.kind().to_string()))
-}
-
-/// Compiles globs on plain names, such as group or user names (`*` matches any run of
-/// characters); on error returns the field (`users[2]`) and the reason.
-pub(crate) fn name_globs(field: &str, globs: &[String]) -> Result<GlobSet, (String, String)> {
-    let mut set = GlobSetBuilder::new();
-    for (i, pattern) in globs.iter().enumerate() {
-        let glob = globset::Glob::new(pattern)
-            .map_err(|e| (format!("{field}[{i}]"), e.kind().to_string()))?;
-        set.add(glob);
-    }
-    set.build()
-        .map_err(|e| (field.to_owned(), e.kind().to_string()))
 }
 
 /// Downstream stream name of an upstream stream under `naming` (topics keep their names).

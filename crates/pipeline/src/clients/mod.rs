@@ -1,10 +1,18 @@
-//! Connections to the Iggy clusters: a few SDK clients per cluster alias, connected lazily,
-//! rebuilt after a connection failure, every call bounded by a timeout.
+//! The Iggy clusters as this node reaches them: the connections (here), the per-stream
+//! activity watchers a source cluster keeps for its idle readers ([`activity`]; they live in
+//! the [`Cluster`] so that closing it ends them), and which protocol generation a server
+//! answers in ([`probe`]).
+//!
+//! Connections: a few SDK clients per cluster alias, connected lazily, rebuilt after a
+//! connection failure, every call bounded by a timeout.
 //!
 //! The SDK's own reconnect is turned off on purpose: after a transport failure it reconnects and
 //! resends the same request once, so a `send_messages` whose response was lost would be appended
 //! twice without the writer knowing. Here a failed connection is dropped, the caller sees the
 //! error, and a writer re-reads the downstream tail before it sends again.
+
+pub(crate) mod activity;
+pub(crate) mod probe;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,7 +22,7 @@ use iggy::prelude::IggyError;
 use replicator_model::IggyVersion;
 use tokio::sync::Mutex;
 
-use crate::activity::ActivityRegistry;
+use self::activity::ActivityRegistry;
 use crate::error::{Error, Result};
 use replicator_sdk::{Client, ClientConfig, InFlight};
 

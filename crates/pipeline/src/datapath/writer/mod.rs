@@ -50,12 +50,12 @@ use self::send::{epoch_is_current, send_verdict, SendVeto};
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
+use crate::datapath::offset_maps::{lock_map, SharedOffsetMap};
+use crate::datapath::offsets::ReadFrom;
+use crate::datapath::translate::{Copied, OffsetMap};
+use crate::datapath::unit::{named, Batch, UnitShared};
 use crate::error::{Error, Result};
-use crate::groups::translate::{Copied, OffsetMap};
-use crate::groups::{lock_map, SharedOffsetMap};
-use crate::offsets::ReadFrom;
 use crate::provenance::{self, Incarnation};
-use crate::unit::{named, Batch, UnitShared};
 
 /// How long a writer whose lease is not valid long enough waits before looking again.
 const LEASE_RECHECK: Duration = Duration::from_millis(20);
@@ -395,7 +395,7 @@ impl<C: ControlPlane> Writer<C> {
             }
             _ => None,
         };
-        if crate::groups::enabled(&shared.flow) {
+        if crate::datapath::offset_maps::enabled(&shared.flow) {
             let copied_before =
                 plan.written.is_some() || progress.is_some_and(|p| p.confirmed.is_some());
             self.offset_map = Some(shared.offset_maps.resumed(

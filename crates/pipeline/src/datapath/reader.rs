@@ -27,12 +27,12 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::activity::{self, Idle, StreamActivity, WatchParams};
 use crate::backoff::{with_jitter, Backoff};
+use crate::clients::activity::{self, Idle, StreamActivity, WatchParams};
 use crate::control::ControlPlane;
+use crate::datapath::offsets::{detect_gap, ReadFrom};
+use crate::datapath::unit::{named, Batch, UnitShared};
 use crate::error::{Error, Result};
-use crate::offsets::{detect_gap, ReadFrom};
-use crate::unit::{named, Batch, UnitShared};
 
 /// What the coordinator starts a reader with.
 pub(crate) struct ReaderArgs<C> {

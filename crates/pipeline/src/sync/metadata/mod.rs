@@ -23,14 +23,14 @@ pub(crate) mod settings;
 pub(crate) mod users;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use globset::GlobSet;
 use iggy::prelude::{Identifier, UserStatus};
 use iggy_common::UserInfo;
 use rand::distributions::{Alphanumeric, DistString};
-use replicator_model::{Naming, TopicSetting, WorkUnit};
+use replicator_model::{Naming, TopicSetting};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -39,9 +39,10 @@ use self::settings::{SettingDifference, TopicSettings};
 use self::users::{Activation, ActivationOutcome, UserAction, UserCopy, UserSyncState};
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
+use crate::discovery::FirstUnit;
 use crate::error::{Error, Result};
-use crate::mapping::{downstream_stream, Selector};
 use crate::params::{FlowParams, PipelineParams};
+use crate::selection::mapping::{downstream_stream, Selector};
 
 /// The root user's id on every Iggy server: never synced.
 const ROOT_USER_ID: u32 = 0;
@@ -51,7 +52,7 @@ const RUNNER_CHECK: Duration = Duration::from_secs(1);
 
 /// Compiles a flow's user globs (`*` matches any run of characters).
 pub(crate) fn user_selector(globs: &[String]) -> std::result::Result<GlobSet, (String, String)> {
-    crate::mapping::name_globs("users", globs)
+    crate::selection::globs::name_globs("users", globs)
 }
 
 /// The streams and topics of one cluster, by id (what permissions name).
@@ -290,9 +291,6 @@ impl MetadataSyncState {
     }
 }
 
-/// The smallest unit of a flow as its discovery last found it (who runs the flow's rounds).
-pub(crate) type FirstUnit = Arc<Mutex<Option<WorkUnit>>>;
-
 /// What one flow's metadata sync needs.
 pub(crate) struct MetadataSync {
     pub(crate) flow: Arc<FlowParams>,
@@ -458,7 +456,7 @@ impl MetadataSync {
             }
             (Err(e), _) | (_, Err(e)) => report.errors.push(describe(&e)),
         }
-        report.at_unix_ms = crate::groups::now_ms();
+        report.at_unix_ms = crate::sync::groups::now_ms();
         report
     }
 

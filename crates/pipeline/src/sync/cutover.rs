@@ -8,13 +8,13 @@ use iggy::prelude::{Consumer, PollingStrategy};
 use replicator_model::{Offset, WorkUnit};
 
 use crate::clients::Cluster;
-use crate::groups::{FlowSyncState, GroupSyncRegistry, GroupSyncReport, SyncFn};
-use crate::mapping::downstream_stream;
-use crate::metadata::{
+use crate::datapath::unit::named;
+use crate::params::FlowParams;
+use crate::selection::mapping::downstream_stream;
+use crate::sync::groups::{FlowSyncState, GroupSyncRegistry, GroupSyncReport, SyncFn};
+use crate::sync::metadata::{
     MetadataSync, MetadataSyncRegistry, MetadataSyncReport, MetadataSyncState, UserActivation,
 };
-use crate::params::FlowParams;
-use crate::unit::named;
 
 /// How far one partition reaches on one cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

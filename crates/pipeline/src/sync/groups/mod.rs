@@ -1,7 +1,7 @@
 //! Consumer-group offset sync: the offsets that selected upstream groups stored, translated
-//! exactly to the downstream partitions (see [`translate`]) and stored for the same groups on
-//! the target, so that a consumer that switches clusters resumes with the message it would have
-//! read next upstream.
+//! exactly to the downstream partitions (see [`translate`](crate::datapath::translate)) and
+//! stored for the same groups on the target, so that a consumer that switches clusters resumes
+//! with the message it would have read next upstream.
 //!
 //! Work is shared like partitions: each node syncs the partitions of the units it owns, every
 //! `flows[].consumer_group_sync_interval` (`run`); `flow promote` syncs a paused flow's every
@@ -18,8 +18,6 @@
 //! The target calls go through the writers' connections, logged in as this member's writer
 //! identity on fenced targets: a fenced node cannot move a group's offset either.
 
-pub(crate) mod translate;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
@@ -31,16 +29,19 @@ use iggy::prelude::{Consumer, Identifier, IggyMessage, PollingStrategy};
 use replicator_model::{Offset, WorkUnit};
 use tokio_util::sync::CancellationToken;
 
-use self::translate::{Copied, Lookup, OffsetMap, Search, Step};
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
+use crate::datapath::offset_maps::OffsetMaps;
+use crate::datapath::translate::{Copied, Lookup, Search, Step};
+use crate::datapath::writer::{
+    confirmed_position, tail_poll, Position, ScanEnd, TailEntry, TailOutcome,
+};
+use crate::datapath::writer::{TailScan, TailStep};
 use crate::error::{Error, Result};
-use crate::identity::WriterTargets;
-use crate::mapping::downstream_stream;
+use crate::fencing::identity::WriterTargets;
 use crate::params::FlowParams;
 use crate::provenance::{self, Incarnation};
-use crate::writer::{confirmed_position, tail_poll, Position, ScanEnd, TailEntry, TailOutcome};
-use crate::writer::{TailScan, TailStep};
+use crate::selection::mapping::downstream_stream;
 
 /// Messages one poll of a search reads.
 const SEARCH_PAGE: u64 = 100;
@@ -50,65 +51,6 @@ const SEARCH_POLLS: u32 = 200;
 
 /// Most entries of [`GroupSync::found`] (cleared when full).
 const FOUND_CACHE: usize = 100_000;
-
-/// One writer's [`OffsetMap`], shared with the sync (the writer locks only its own).
-pub(crate) type SharedOffsetMap = Arc<Mutex<OffsetMap>>;
-
-/// Locks a writer's map.
-pub(crate) fn lock_map(map: &SharedOffsetMap) -> std::sync::MutexGuard<'_, OffsetMap> {
-    map.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The writers' [`OffsetMap`]s of this node, by unit (a map outlives its writer until the
-/// unit's next writer resumes: `flow promote` uses the maps of the writers it paused).
-#[derive(Clone, Default)]
-pub(crate) struct OffsetMaps(Arc<Mutex<HashMap<WorkUnit, SharedOffsetMap>>>);
-
-impl OffsetMaps {
-    /// A writer of `unit` resumed: it records its sends in the returned map from now on.
-    pub(crate) fn resumed(&self, unit: &WorkUnit, map: OffsetMap) -> SharedOffsetMap {
-        let map = Arc::new(Mutex::new(map));
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(unit.clone(), map.clone());
-        map
-    }
-
-    /// The map of `unit`'s latest writer.
-    fn get(&self, unit: &WorkUnit) -> Option<SharedOffsetMap> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(unit)
-            .cloned()
-    }
-
-    fn label(&self, unit: &WorkUnit) -> Option<u64> {
-        Some(lock_map(&self.get(unit)?).label())
-    }
-
-    fn newest(&self, unit: &WorkUnit) -> Option<(u64, Copied)> {
-        let map = self.get(unit)?;
-        let map = lock_map(&map);
-        Some((map.label(), map.newest()?))
-    }
-
-    fn lookup(&self, unit: &WorkUnit, label: u64, up: Offset) -> Lookup {
-        match self.get(unit) {
-            Some(map) => {
-                let map = lock_map(&map);
-                if map.label() == label {
-                    map.lookup(up)
-                } else {
-                    Lookup::Unknown
-                }
-            }
-            None => Lookup::Unknown,
-        }
-    }
-}
 
 /// One group's translated offset on one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,14 +134,14 @@ impl FlowSyncState {
 
 /// Compiles a flow's group globs (`*` matches any run of characters).
 pub(crate) fn group_selector(globs: &[String]) -> std::result::Result<GlobSet, (String, String)> {
-    crate::mapping::name_globs("consumer_groups", globs)
+    crate::selection::globs::name_globs("consumer_groups", globs)
 }
 
 /// What a sync of one flow needs.
 pub(crate) struct GroupSync<C> {
     pub(crate) flow: Arc<FlowParams>,
     /// The flow's residency: groups on the topics it blocks are never touched on the target.
-    pub(crate) residency: Arc<crate::residency::Residency>,
+    pub(crate) residency: Arc<crate::selection::residency::Residency>,
     pub(crate) groups: GlobSet,
     pub(crate) source: Arc<Cluster>,
     pub(crate) writers: Arc<WriterTargets>,
@@ -897,10 +839,5 @@ enum Stored {
 }
 
 fn ident(name: &str, unit: &WorkUnit) -> Result<Identifier> {
-    crate::unit::named(name, unit)
-}
-
-/// Syncing is pointless without provenance (nothing to translate with).
-pub(crate) fn enabled(flow: &FlowParams) -> bool {
-    flow.provenance && !flow.consumer_groups.is_empty()
+    crate::datapath::unit::named(name, unit)
 }

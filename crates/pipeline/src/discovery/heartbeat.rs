@@ -32,7 +32,7 @@ use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::discovery::{create_stream_and_topic, named, TopicShape};
 use crate::error::{Error, Result};
-use crate::identity::WriterTargets;
+use crate::fencing::identity::WriterTargets;
 use crate::params::FlowParams;
 use crate::stats::{MeterRegistry, Observer};
 

@@ -3,8 +3,8 @@
 
 use replicator_model::Offset;
 
+use crate::datapath::unit::Batch;
 use crate::provenance;
-use crate::unit::Batch;
 
 /// What [`prepare`] found out about a batch, besides the messages it left in it to send.
 #[derive(Debug)]

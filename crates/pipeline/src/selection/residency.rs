@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use globset::GlobSet;
 use replicator_model::{zones_allow, WorkUnit};
 
-use crate::mapping::build_globs;
+use super::globs::build_globs;
 use crate::params::PolicyParams;
 
 /// The policies that forbid one flow's target, compiled: decides per upstream `stream/topic`.

@@ -3,6 +3,8 @@
 
 use replicator_model::Offset;
 
+use crate::stats::Gap;
+
 /// Where a reader starts and whether a jump forward there is a gap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReadFrom {
@@ -12,27 +14,6 @@ pub(crate) struct ReadFrom {
     /// retention removed messages before they were copied. `false` for an initial start, where
     /// the server clamping to the oldest retained message is expected.
     pub(crate) contiguous: bool,
-}
-
-/// Offsets removed by retention before they were copied (inclusive range).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gap {
-    /// First lost offset.
-    pub from: Offset,
-    /// Last lost offset.
-    pub to: Offset,
-}
-
-impl Gap {
-    /// Number of lost offsets.
-    pub fn len(&self) -> u64 {
-        self.to - self.from + 1
-    }
-
-    /// Always `false`: a gap holds at least one offset.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
 }
 
 /// A poll asked for `requested` and got `first_returned` first: the lost range, if any.

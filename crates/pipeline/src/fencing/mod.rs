@@ -1,0 +1,8 @@
+//! Fencing on the target clusters, the pipeline's side: only the current owner of a unit can
+//! write to its target. [`fence`] provisions, revokes and retires the writer users on a target
+//! (the control plane's leader drives it through the binary); [`identity`] keeps this node's
+//! writer connections logged in as its current writer identity and retires the old ones.
+//! See ARCHITECTURE.md, "Never two owners" ("Fencing at the target").
+
+pub(crate) mod fence;
+pub(crate) mod identity;
