@@ -288,6 +288,17 @@ impl RunningNode {
         }))
     }
 
+    /// Resolves when its pipeline gave up (see `Pipeline::gave_up`); never while it has none.
+    pub(crate) fn pipeline_gave_up(&self) -> impl Future<Output = ()> + Send + 'static {
+        let gave_up = self.pipeline.as_ref().map(Pipeline::gave_up);
+        async move {
+            match gave_up {
+                Some(gave_up) => gave_up.await,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
     /// Its pipeline (see the field).
     #[cfg(any(test, feature = "dev-tools"))]
     pub(crate) fn pipeline(&self) -> Option<&Pipeline> {

@@ -64,17 +64,12 @@ async fn run_node(
         return Ok(());
     };
     loop {
-        // Read again on every turn: a reload replaces the pipeline.
-        let gave_up = node.pipeline().map(replicator_pipeline::Pipeline::gave_up);
+        // Asked again on every turn: a reload replaces the pipeline.
+        let gave_up = node.pipeline_gave_up();
         tokio::select! {
             biased;
             () = stop.cancelled() => break,
-            () = async {
-                match gave_up {
-                    Some(gave_up) => gave_up.await,
-                    None => std::future::pending().await,
-                }
-            } => {
+            () = gave_up => {
                 warn!("the pipeline's coordinator kept dying: stopping the node");
                 node.shutdown().await;
                 return Err(Failure::runtime(
