@@ -119,6 +119,15 @@ pub enum Error {
         /// owner is read on the retry).
         transient: bool,
     },
+    /// A write for the flow was not sent: this node held no lease valid long enough when its
+    /// turn on the connection came (see `datapath::target`). Retried on the next round.
+    #[error("iggy cluster `{cluster}`: {op} not sent: this node's lease is not valid long enough")]
+    LeaseExpiring {
+        /// The target cluster alias.
+        cluster: String,
+        /// The write.
+        op: String,
+    },
     /// The coordinator actor could not be spawned.
     #[error("actor {name}: {reason}")]
     Actor {
@@ -152,6 +161,7 @@ impl Error {
             Error::Timeout { .. } | Error::DownstreamMissing { .. } => true,
             Error::UnexpectedAppend { .. } => true,
             Error::UpstreamTopicGone { .. } | Error::Interrupted { .. } => true,
+            Error::LeaseExpiring { .. } => true,
             Error::StartNotRecorded { transient, .. } => *transient,
             // Not for this pair to retry: its reader is past what must be copied again.
             Error::DownstreamLost { .. } => false,
@@ -180,6 +190,7 @@ impl Error {
             Error::Actor { .. } => "actor",
             Error::ResetsExhausted { .. } => "resets_exhausted",
             Error::Interrupted { .. } => "interrupted",
+            Error::LeaseExpiring { .. } => "lease_expiring",
             Error::StartNotRecorded { .. } => "control",
             Error::DownstreamLost { .. } => "downstream_lost",
             Error::Message { .. } => "message",

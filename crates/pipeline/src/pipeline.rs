@@ -15,6 +15,7 @@ use crate::control::ControlPlane;
 use crate::coordinator::{CoordinatorArgs, CoordinatorHandle, CoordinatorMsg, FlowAssignments};
 use crate::coordinator::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::datapath::offset_maps::OffsetMaps;
+use crate::datapath::target::TargetWriter;
 use crate::datapath::throttle::FlowThrottle;
 use crate::datapath::unit::UnitTuning;
 use crate::discovery::heartbeat::{self, HeartbeatMeters, HeartbeatParams, HeartbeatStats};
@@ -120,7 +121,6 @@ impl Pipeline {
         let tuning = UnitTuning {
             backoff: params.backoff,
             retry_budget: params.retry_budget,
-            send_lease_margin: params.send_lease_margin,
             tail_scan_window: params.tail_scan_window,
             commit_interval: params.commit_interval,
             observer: params.observer.clone(),
@@ -140,17 +140,25 @@ impl Pipeline {
             .map(|name| (name.clone(), Arc::default()))
             .collect();
         let flow_assignments = FlowAssignments::new(flows.keys().map(String::as_str));
-        let throttles: BTreeMap<String, Arc<FlowThrottle>> = flows
+        // The one door to each flow's target (see `datapath::target`).
+        let doors: BTreeMap<String, Arc<TargetWriter<C>>> = flows
             .values()
-            .filter_map(|f| {
+            .map(|f| {
                 let throttle = FlowThrottle::new(
                     &f.name,
                     f.max_messages_per_second,
                     f.max_bytes_per_second,
                     flow_assignments.subscribe(&f.name),
                     units_seen.get(&f.name).cloned().unwrap_or_default(),
-                )?;
-                Some((f.name.clone(), throttle))
+                );
+                let door = TargetWriter::new(
+                    &f.target,
+                    writers.clone(),
+                    control.clone(),
+                    throttle,
+                    params.send_lease_margin,
+                );
+                (f.name.clone(), Arc::new(door))
             })
             .collect();
         let (alive, tasks_gone) = mpsc::channel(1);
@@ -167,7 +175,7 @@ impl Pipeline {
             alive,
             liveness: liveness.clone(),
             offset_maps: offset_maps.clone(),
-            throttles,
+            doors: doors.clone(),
             residency: residency.clone(),
             flow_assignments: flow_assignments.clone(),
         };
@@ -201,8 +209,9 @@ impl Pipeline {
             .values()
             .filter(|f| crate::datapath::offset_maps::enabled(f))
         {
-            let (Some(source), Ok(groups)) = (
+            let (Some(source), Some(door), Ok(groups)) = (
                 clusters.get(&flow.source),
+                doors.get(&flow.name),
                 crate::sync::groups::group_selector(&flow.consumer_groups),
             ) else {
                 continue;
@@ -212,7 +221,7 @@ impl Pipeline {
                 residency: residency.get(&flow.name).cloned().unwrap_or_default(),
                 groups,
                 source: source.clone(),
-                writers: writers.clone(),
+                door: door.clone(),
                 control: control.clone(),
                 assignments: flow_assignments.subscribe(&flow.name),
                 maps: offset_maps.clone(),
@@ -289,7 +298,9 @@ impl Pipeline {
         }
         let mut heartbeats = Vec::new();
         for flow in flows.values() {
-            let Some(admin) = clusters.get(&flow.target) else {
+            let (Some(admin), Some(door)) =
+                (clusters.get(&flow.target), doors.get(&flow.name).cloned())
+            else {
                 continue;
             };
             if flow.heartbeat_interval.is_zero() {
@@ -313,7 +324,7 @@ impl Pipeline {
                 control: control.clone(),
                 assignments: flow_assignments.subscribe(&flow.name),
                 admin: admin.clone(),
-                writers: writers.clone(),
+                door,
                 units: meters_registry.clone(),
                 observer: params.observer.clone(),
                 meters,

@@ -30,6 +30,7 @@ use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
 use crate::datapath::reader::{self, ReaderArgs};
+use crate::datapath::target::TargetWriter;
 use crate::datapath::unit::{UnitShared, UnitTuning};
 use crate::datapath::writer::{self, WriterArgs};
 use crate::params::FlowParams;
@@ -83,8 +84,6 @@ pub(super) struct FlowArgs<C> {
     pub(super) flow: Arc<FlowParams>,
     /// The flow's source cluster.
     pub(super) source: Arc<Cluster>,
-    /// The connections writers send with (per target: the node's writer identity when fenced).
-    pub(super) writers: Arc<crate::fencing::identity::WriterTargets>,
     pub(super) tuning: UnitTuning,
     /// Where the meters of every started unit are registered (shared with `Pipeline::stats`).
     pub(super) meters: MeterRegistry,
@@ -92,8 +91,8 @@ pub(super) struct FlowArgs<C> {
     pub(super) alive: Alive,
     /// The writers' offset maps (read by the consumer-group sync).
     pub(super) offset_maps: crate::datapath::offset_maps::OffsetMaps,
-    /// The flow's throttle, if it has limits.
-    pub(super) throttle: Option<Arc<crate::datapath::throttle::FlowThrottle>>,
+    /// The door to the flow's target (its connection, throttle, lease and epoch checks).
+    pub(super) door: Arc<TargetWriter<C>>,
     /// The flow's residency: no pair starts for a topic it blocks.
     pub(super) residency: Option<Arc<crate::selection::residency::Residency>>,
     /// Seed of the flow's jitter (differs per node and flow, and per restart of the actor).
@@ -548,7 +547,7 @@ async fn start_pair<C: ControlPlane>(
         tracing::debug!(%unit, policy, "unit of a topic a residency policy blocks: not started");
         return Ok(());
     }
-    let Some(target) = state.args.writers.current(&flow.target) else {
+    let Some(target) = state.args.door.connection() else {
         tracing::debug!(%unit, "no writer identity for the target yet: the unit waits");
         return Ok(());
     };
@@ -571,7 +570,7 @@ async fn start_pair<C: ControlPlane>(
         tuning: state.args.tuning.clone(),
         seed: state.seeds,
         offset_maps: state.args.offset_maps.clone(),
-        throttle: state.args.throttle.clone(),
+        door: state.args.door.clone(),
     });
     // The pair's one bounded queue: the reader waits for room, so at most this many batches
     // are read ahead of the writer.

@@ -48,6 +48,7 @@ pub(crate) use self::supervisor::{CoordinatorHandle, Supervisor, SupervisorArgs,
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
+use crate::datapath::target::TargetWriter;
 use crate::datapath::unit::UnitTuning;
 use crate::liveness::Liveness;
 use crate::params::FlowParams;
@@ -150,8 +151,8 @@ pub(crate) struct CoordinatorArgs<C> {
     pub(crate) liveness: Arc<Liveness>,
     /// The writers' offset maps (read by the consumer-group sync).
     pub(crate) offset_maps: crate::datapath::offset_maps::OffsetMaps,
-    /// Throttles of the flows that have limits, by flow name.
-    pub(crate) throttles: BTreeMap<String, Arc<crate::datapath::throttle::FlowThrottle>>,
+    /// The door to each flow's target, by flow name.
+    pub(crate) doors: BTreeMap<String, Arc<TargetWriter<C>>>,
     /// Each flow's residency, by flow name: no pair starts for a topic it blocks.
     pub(crate) residency: BTreeMap<String, Arc<crate::selection::residency::Residency>>,
     /// Where the coordinator publishes each flow's assignments.
@@ -171,7 +172,7 @@ impl<C: Clone> Clone for CoordinatorArgs<C> {
             alive: self.alive.clone(),
             liveness: self.liveness.clone(),
             offset_maps: self.offset_maps.clone(),
-            throttles: self.throttles.clone(),
+            doors: self.doors.clone(),
             residency: self.residency.clone(),
             flow_assignments: self.flow_assignments.clone(),
         }
@@ -412,8 +413,11 @@ async fn spawn_flow<C: ControlPlane>(
         return Ok(());
     };
     // `Pipeline::start` checked every flow's clusters; params built otherwise run nothing.
-    let Some(source) = state.args.clusters.get(&flow.source).cloned() else {
-        tracing::error!(flow = %name, source = %flow.source, "flow of an unknown source cluster");
+    let (Some(source), Some(door)) = (
+        state.args.clusters.get(&flow.source).cloned(),
+        state.args.doors.get(name).cloned(),
+    ) else {
+        tracing::error!(flow = %name, source = %flow.source, "flow of an unknown cluster");
         return Ok(());
     };
     state.seeds = state.seeds.wrapping_add(0x1000_0000);
@@ -422,12 +426,11 @@ async fn spawn_flow<C: ControlPlane>(
         node_id: args.node_id,
         control: args.control.clone(),
         source,
-        writers: args.writers.clone(),
+        door,
         tuning: args.tuning.clone(),
         meters: args.meters.clone(),
         alive: args.alive.clone(),
         offset_maps: args.offset_maps.clone(),
-        throttle: args.throttles.get(name).cloned(),
         residency: args.residency.get(name).cloned(),
         seed: state.seeds,
         flow,

@@ -3,7 +3,8 @@
 //! the downstream tail, checks its lease and epoch before every send, stamps provenance and
 //! commits offsets ([`writer`], IO around its pure cores). Beside them: what a pair shares and
 //! the batch type ([`unit`](mod@unit)), where a reader starts and what a jump in its offsets means
-//! ([`offsets`]), a flow's rate limiters on this instance ([`throttle`]), and what a writer
+//! ([`offsets`]), a flow's rate limiters on this instance ([`throttle`]), the one door every
+//! write to a flow's target goes through ([`target`]'s `TargetWriter`), and what a writer
 //! sent since it resumed, kept for the consumer-group sync ([`translate`]'s `OffsetMap`, shared
 //! in [`offset_maps`]; the sync's search of a downstream partition is in `translate` too).
 //!
@@ -13,6 +14,7 @@
 pub(crate) mod offset_maps;
 pub(crate) mod offsets;
 pub(crate) mod reader;
+pub(crate) mod target;
 pub(crate) mod throttle;
 pub(crate) mod translate;
 pub(crate) mod unit;

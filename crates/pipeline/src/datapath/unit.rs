@@ -20,8 +20,6 @@ pub(crate) struct UnitTuning {
     /// Longest failure streak a reader or writer retries before it gives up and ends with the
     /// error (the coordinator then restarts the pair after a backoff).
     pub(crate) retry_budget: Duration,
-    /// Lease margin a writer requires before each send.
-    pub(crate) send_lease_margin: Duration,
     /// Messages scanned back for the downstream tail.
     pub(crate) tail_scan_window: u32,
     /// Shortest time between two commits of the unit.
@@ -47,8 +45,8 @@ pub(crate) struct UnitShared<C> {
     pub(crate) seed: u64,
     /// Where the writer records what it sent, for the consumer-group sync.
     pub(crate) offset_maps: crate::datapath::offset_maps::OffsetMaps,
-    /// The flow's throttle on this instance (`None`: unlimited).
-    pub(crate) throttle: Option<Arc<crate::datapath::throttle::FlowThrottle>>,
+    /// The door to the flow's target every send goes through (throttle, lease and epoch).
+    pub(crate) door: Arc<crate::datapath::target::TargetWriter<C>>,
 }
 
 impl<C> UnitShared<C> {

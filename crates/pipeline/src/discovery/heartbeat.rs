@@ -3,9 +3,10 @@
 //! target, so that consumers there can tell a healthy idle flow from a dead one (a flow whose
 //! owners are all gone falls silent) and measure end-to-end latency while no data flows.
 //!
-//! One task per flow ([`run`]). It sends through the same writer connections as the flow's
-//! writers (`WriterTargets`): on a fenced target that is this member's current writer identity,
-//! so a fenced or stale node cannot write heartbeats either. The topic is created (1 partition)
+//! One task per flow ([`run`]). It sends through the flow's door to its target, like the flow's
+//! writers (`datapath::target`): on a fenced target as this member's current writer identity,
+//! so a fenced or stale node cannot write heartbeats either, and only while this node's lease
+//! is valid when the send's turn comes. The topic is created (1 partition)
 //! through the target's admin connection, like discovery creates downstream topics, because
 //! writer users have no `manage_*` rights. A failed tick is logged (at `warn` once per failure
 //! streak, then at `debug`), counted and retried on the next tick; the task never waits on
@@ -30,9 +31,9 @@ use tracing::Instrument;
 
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
+use crate::datapath::target::TargetWriter;
 use crate::discovery::{create_stream_and_topic, named, TopicShape};
 use crate::error::{Error, Result};
-use crate::fencing::identity::WriterTargets;
 use crate::params::FlowParams;
 use crate::stats::{MeterRegistry, Observer};
 
@@ -144,8 +145,9 @@ pub(crate) struct HeartbeatParams<C> {
     pub(crate) assignments: watch::Receiver<Vec<Assignment>>,
     /// The target's admin connection (configured credential): creates the topic.
     pub(crate) admin: Arc<Cluster>,
-    /// The writers' connections: heartbeats are sent with the flow's target among them.
-    pub(crate) writers: Arc<WriterTargets>,
+    /// The door to the flow's target: heartbeats are sent through it, as this node's writer
+    /// identity, with its lease checked right before.
+    pub(crate) door: Arc<TargetWriter<C>>,
     /// The units' meters: whether the flow copied data since the previous heartbeat.
     pub(crate) units: MeterRegistry,
     /// Receives the round trip of a heartbeat of an idle flow as its replication latency.
@@ -228,7 +230,7 @@ impl<C: ControlPlane> Task<C> {
         {
             return;
         }
-        let Some(target) = self.p.writers.current(&self.p.flow.target) else {
+        let Some(target) = self.p.door.connection() else {
             tracing::debug!("no writer identity for the target yet: no heartbeat");
             return;
         };
@@ -295,8 +297,9 @@ impl<C: ControlPlane> Task<C> {
         })?;
         let (s, t) = (named(stream)?, named(topic)?);
         let mut messages = vec![message];
-        target
-            .call(0, "send_heartbeat", |c| async move {
+        self.p
+            .door
+            .node_call(target, 0, "send_heartbeat", |c| async move {
                 // A heartbeat topic has no copy to keep in step: where it landed is not
                 // checked.
                 c.send_messages(&s, &t, &Partitioning::partition_id(0), &mut messages)

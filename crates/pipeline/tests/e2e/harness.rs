@@ -341,6 +341,12 @@ pub(crate) trait Intercept: Clone + Send + Sync + 'static {
         async { Ok(false) }
     }
 
+    /// This node's lease as the pipeline reads it, given the in-memory one (default: as is).
+    /// Units' leases (`lease_valid_for`) are not changed.
+    fn node_lease(&self, lease: Option<Instant>) -> Option<Instant> {
+        lease
+    }
+
     /// The unit set discovery reports, as it reaches [`InMemoryControl`] (default: as is).
     fn reported(&self, units: Vec<WorkUnit>) -> Vec<WorkUnit> {
         units
@@ -434,7 +440,7 @@ impl<I: Intercept> ControlPlane for Intercepted<I> {
         self.inner.assignments()
     }
     fn lease_valid_until(&self) -> Option<Instant> {
-        self.inner.lease_valid_until()
+        self.hooks.node_lease(self.inner.lease_valid_until())
     }
     fn lease_valid_for(&self, unit: &WorkUnit, epoch: Epoch) -> Option<Instant> {
         self.inner.lease_valid_for(unit, epoch)

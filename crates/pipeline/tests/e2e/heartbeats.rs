@@ -5,7 +5,9 @@
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use assert2::check;
 
 use iggy::prelude::{Consumer, HeaderKey, Identifier, PollingStrategy};
 use replicator_harness::Client;
@@ -15,7 +17,8 @@ use replicator_pipeline::{
 };
 
 use crate::harness::{
-    client, count, create_topic, flow, produce, wait_confirmed, wait_until, Env, TestResult,
+    client, count, create_topic, flow, produce, wait_confirmed, wait_until, Env, Intercept,
+    Intercepted, TestResult,
 };
 
 /// Every heartbeat stored in `stream/topic/0`, with the flow named by its header.
@@ -209,6 +212,61 @@ async fn flows_over_everything_in_both_directions_never_copy_heartbeat_topics() 
             "heartbeats of another flow were copied in: {records:?}"
         );
     }
+    pipeline.shutdown().await;
+    Ok(())
+}
+
+/// A node lease that ends within the writers' margin while `short` is set.
+#[derive(Clone)]
+struct ShortNodeLease {
+    short: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Intercept for ShortNodeLease {
+    fn node_lease(&self, lease: Option<Instant>) -> Option<Instant> {
+        if self.short.load(Ordering::SeqCst) {
+            Some(Instant::now() + Duration::from_millis(50))
+        } else {
+            lease
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_goes_through_the_targets_door_only_while_the_nodes_lease_holds() -> TestResult
+{
+    let (env, _up, mut flow) = Env::seeded("doorbeat", "t", 1, 0..20, 20).await?;
+    flow.heartbeat_interval = Duration::from_millis(100);
+    let control = InMemoryControl::new();
+    let short = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let intercepted = Intercepted {
+        inner: control.clone(),
+        hooks: ShortNodeLease {
+            short: short.clone(),
+        },
+    };
+    let pipeline = Pipeline::start(env.params(flow.clone()), intercepted).await?;
+    // The copies pass (their unit's lease is long); the heartbeats are held back at the door.
+    let unit = WorkUnit::new(&flow.name, "doorbeat", "t", 0);
+    wait_confirmed(&control, &unit, 19, Duration::from_secs(30)).await?;
+    let heartbeats = pipeline.heartbeats_reader();
+    wait_until("heartbeats held back", Duration::from_secs(30), || async {
+        heartbeats().iter().any(|h| h.failures >= 3)
+    })
+    .await?;
+    let held = heartbeats().into_iter().next().ok_or("no heartbeat task")?;
+    check!(held.sent == 0);
+    let error = held.last_error.unwrap_or_default();
+    check!(error.contains("lease"), "{error}");
+    check!(count(&env.eu, "replicator", "heartbeats", 0) == 0);
+    // The lease holds again: heartbeats arrive.
+    short.store(false, Ordering::SeqCst);
+    wait_until(
+        "heartbeats on the target",
+        Duration::from_secs(30),
+        || async { count(&env.eu, "replicator", "heartbeats", 0) >= 2 },
+    )
+    .await?;
     pipeline.shutdown().await;
     Ok(())
 }

@@ -30,13 +30,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::Partitioning;
 use iggy::prelude::PollingStrategy;
 use iggy::prelude::{Consumer, Identifier, IggyMessage, IggyTimestamp};
-use replicator_model::{
-    Assignment, CommitOutcome, Offset, ProgressCommit, UnitProgress, UnitStart,
-};
-use tokio::sync::{mpsc, oneshot, watch};
+use replicator_model::{CommitOutcome, Offset, ProgressCommit, UnitProgress, UnitStart};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use self::commit::{CommitRequest, CommitTracker, Settled};
@@ -46,12 +43,13 @@ pub(crate) use self::prepare::{prepare, PrepareParams};
 pub(crate) use self::resume::{reference as confirmed_position, TailStep};
 use self::resume::{PartitionExtent, ResumeFacts, ResumePlan, TailCheck, TailHit};
 pub(crate) use self::resume::{Position, ScanEnd, TailEntry, TailOutcome, TailPoll, TailScan};
-use self::send::{epoch_is_current, send_verdict, SendVeto};
+use self::send::SendVeto;
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
 use crate::datapath::offset_maps::{lock_map, SharedOffsetMap};
 use crate::datapath::offsets::ReadFrom;
+use crate::datapath::target::Copies;
 use crate::datapath::translate::{Copied, OffsetMap};
 use crate::datapath::unit::{named, Batch, UnitShared};
 use crate::error::{Error, Result};
@@ -82,7 +80,6 @@ pub(crate) async fn run<C: ControlPlane>(args: WriterArgs<C>) -> Result<&'static
         stop,
     } = args;
     let mut writer = Writer {
-        assignments: shared.control.assignments(),
         backoff: Backoff::new(shared.tuning.backoff, shared.seed ^ 0x5eed),
         commits: CommitTracker::new(
             shared.tuning.commit_interval,
@@ -117,8 +114,6 @@ struct Writer<C> {
     shared: Arc<UnitShared<C>>,
     rx: mpsc::Receiver<Batch>,
     stop: CancellationToken,
-    /// This node's assignments, to tell a unit that moved away from a lease too short.
-    assignments: watch::Receiver<Vec<Assignment>>,
     /// Label of the upstream history being copied ([`Incarnation::label`]: the topic's creation
     /// time (µs), plus the partition's resets).
     topic_created_at: u64,
@@ -484,38 +479,23 @@ impl<C: ControlPlane> Writer<C> {
             batch.messages.partition_point(|m| m.header.offset <= until) as u64
         });
         if !batch.messages.is_empty() {
-            if let Some(throttle) = &shared.throttle {
-                // The flow's budget first: a stop ends the wait (the batch stays unsent).
-                let n = batch.messages.len() as u64;
-                tokio::select! {
-                    () = throttle.admit(n, prepared.bytes) => {}
-                    () = self.stop.cancelled() => {
-                        return Err(Error::Interrupted {
-                            unit: shared.unit.clone(),
-                            op: "throttle",
-                        })
-                    }
-                }
-            }
-            if let Err(veto) = send_check(&shared, &self.assignments) {
-                return Ok(Sent::Vetoed(veto));
-            }
             let (stream, topic) = shared.downstream_ids()?;
-            let partitioning = Partitioning::partition_id(shared.unit.partition);
-            let messages = &mut batch.messages;
-            let count = messages.len() as u64;
-            let started = Instant::now();
-            // Checked again once the connection is ours, right before the request is written.
-            let assignments = self.assignments.clone();
-            let recheck = || send_check(&shared, &assignments);
+            let count = batch.messages.len() as u64;
+            // Through the flow's door: its throttle, then the lease and epoch, checked again
+            // once the connection is ours, right before the request is written.
+            let copies = Copies {
+                unit: &shared.unit,
+                epoch: shared.epoch,
+                slot: shared.slot(),
+                stream,
+                topic,
+                messages: &mut batch.messages,
+                bytes: prepared.bytes,
+            };
             let sent = shared
-                .target
-                .call_checked(shared.slot(), "send_messages", recheck, |c| async move {
-                    c.send_messages(&stream, &topic, &partitioning, messages)
-                        .await
-                })
+                .door
+                .send_copies(&shared.target, copies, &shared.meters, &self.stop)
                 .await;
-            shared.meters.sent(started.elapsed());
             let sent = match sent {
                 Ok(Ok(confirmed)) => self
                     .landed
@@ -731,20 +711,6 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// Whether the writer may send now (see [`send_verdict`]), asked of the control plane and the
-/// clock at the moment of the call.
-fn send_check<C: ControlPlane>(
-    shared: &UnitShared<C>,
-    assignments: &watch::Receiver<Vec<Assignment>>,
-) -> std::result::Result<(), SendVeto> {
-    send_verdict(
-        Instant::now(),
-        shared.control.lease_valid_for(&shared.unit, shared.epoch),
-        shared.tuning.send_lease_margin,
-        || epoch_is_current(&assignments.borrow(), &shared.unit, shared.epoch),
-    )
 }
 
 /// The last message this flow wrote to the downstream partition for the upstream topic created

@@ -1,6 +1,7 @@
-//! Whether a writer may send its next batch now: the one home of the lease and epoch check
-//! that runs before every send, once when the batch is ready and once more after the writer
-//! got its turn on the connection (`Cluster::call_checked`), right before the request goes out.
+//! Whether a write may go now: the one home of the lease and epoch rule that runs before every
+//! send of copies, once when the batch is ready and once more after the writer got its turn on
+//! the connection (`Cluster::call_checked`), right before the request goes out; the door to
+//! the target (`datapath::target`) applies it, also to the node's other writes there.
 
 use std::time::{Duration, Instant};
 

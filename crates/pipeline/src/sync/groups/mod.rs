@@ -15,8 +15,10 @@
 //! forward: a group that consumed further on the target is never rewound by a stale upstream
 //! offset.
 //!
-//! The target calls go through the writers' connections, logged in as this member's writer
-//! identity on fenced targets: a fenced node cannot move a group's offset either.
+//! The target calls go through the flow's door to its target (`datapath::target`), logged in as
+//! this member's writer identity on fenced targets, and each write only while this node's
+//! lease holds when its turn on the connection comes: a fenced node, or one that lost its
+//! lease, cannot move a group's offset either.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -32,13 +34,14 @@ use tokio_util::sync::CancellationToken;
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::datapath::offset_maps::OffsetMaps;
+use crate::datapath::target::{write_checked, TargetWriter};
 use crate::datapath::translate::{Copied, Lookup, Search, Step};
+use crate::datapath::writer::send::SendVeto;
 use crate::datapath::writer::{
     confirmed_position, tail_poll, Position, ScanEnd, TailEntry, TailOutcome,
 };
 use crate::datapath::writer::{TailScan, TailStep};
 use crate::error::{Error, Result};
-use crate::fencing::identity::WriterTargets;
 use crate::params::FlowParams;
 use crate::provenance::{self, Incarnation};
 use crate::selection::mapping::downstream_stream;
@@ -144,7 +147,9 @@ pub(crate) struct GroupSync<C> {
     pub(crate) residency: Arc<crate::selection::residency::Residency>,
     pub(crate) groups: GlobSet,
     pub(crate) source: Arc<Cluster>,
-    pub(crate) writers: Arc<WriterTargets>,
+    /// The door to the flow's target: the writer identity's connections, and the lease
+    /// checked right before each write there.
+    pub(crate) door: Arc<TargetWriter<C>>,
     /// Confirmed progress of the units.
     pub(crate) control: C,
     /// The flow's assignments on this node (see `FlowAssignments`): the units synced.
@@ -251,6 +256,7 @@ impl<C: ControlPlane> GroupSync<C> {
             cluster: &self.source,
             slot,
             ids: (ident(stream, first)?, ident(topic, first)?),
+            writes: None,
         };
         let groups = up.group_names().await?;
         let mut names: Vec<String> = groups
@@ -261,17 +267,16 @@ impl<C: ControlPlane> GroupSync<C> {
         if names.is_empty() {
             return Ok(());
         }
-        let target =
-            self.writers
-                .current(&self.flow.target)
-                .ok_or_else(|| Error::WriterRetired {
-                    cluster: self.flow.target.clone(),
-                })?;
+        let target = self.door.connection().ok_or_else(|| Error::WriterRetired {
+            cluster: self.flow.target.clone(),
+        })?;
         let down_stream = downstream_stream(self.flow.naming, &self.flow.source, stream);
+        let node_check = || self.door.node_check();
         let down = TopicOn {
             cluster: &target,
             slot,
             ids: (ident(&down_stream, first)?, up.ids.1.clone()),
+            writes: Some(&node_check),
         };
         let details = down
             .details()
@@ -698,9 +703,23 @@ struct TopicOn<'a> {
     slot: usize,
     /// Stream and topic.
     ids: (Identifier, Identifier),
+    /// The check of the door to the target each write there passes right before it goes out
+    /// (`datapath::target`); `None` upstream, where the sync only reads.
+    writes: Option<&'a (dyn Fn() -> Result<(), SendVeto> + Sync)>,
 }
 
 impl TopicOn<'_> {
+    /// Runs the write `op` on the topic's connection, through the door's check when it has
+    /// one.
+    async fn write<T, F, Fut>(&self, op: &str, f: F) -> Result<T>
+    where
+        F: FnOnce(Arc<replicator_sdk::Client>) -> Fut,
+        Fut: Future<Output = std::result::Result<T, iggy::prelude::IggyError>>,
+    {
+        let check = || self.writes.map_or(Ok(()), |check| check());
+        write_checked(self.cluster, self.slot, op, check, f).await
+    }
+
     async fn details(&self) -> Result<Option<iggy::prelude::TopicDetails>> {
         let (s, t) = self.ids.clone();
         self.cluster
@@ -736,29 +755,26 @@ impl TopicOn<'_> {
 
     async fn create_group(&self, name: &str) -> Result<()> {
         let ((s, t), name) = (self.ids.clone(), name.to_owned());
-        self.cluster
-            .call(self.slot, "create_consumer_group", |c| async move {
-                c.create_consumer_group(&s, &t, &name).await.map(|_| ())
-            })
-            .await
+        self.write("create_consumer_group", |c| async move {
+            c.create_consumer_group(&s, &t, &name).await.map(|_| ())
+        })
+        .await
     }
 
     async fn join(&self, group: &Identifier) -> Result<()> {
         let ((s, t), g) = (self.ids.clone(), group.clone());
-        self.cluster
-            .call(self.slot, "join_consumer_group", |c| async move {
-                c.join_consumer_group(&s, &t, &g).await
-            })
-            .await
+        self.write("join_consumer_group", |c| async move {
+            c.join_consumer_group(&s, &t, &g).await
+        })
+        .await
     }
 
     async fn leave(&self, group: &Identifier) -> Result<()> {
         let ((s, t), g) = (self.ids.clone(), group.clone());
-        self.cluster
-            .call(self.slot, "leave_consumer_group", |c| async move {
-                c.leave_consumer_group(&s, &t, &g).await
-            })
-            .await
+        self.write("leave_consumer_group", |c| async move {
+            c.leave_consumer_group(&s, &t, &g).await
+        })
+        .await
     }
 
     /// The offset `group` stored on `partition` (reading needs no membership).
@@ -777,12 +793,11 @@ impl TopicOn<'_> {
     /// Stores `offset` for `group` on `partition` (as a member the partition is assigned to).
     async fn store_offset(&self, group: &Identifier, partition: u32, offset: Offset) -> Result<()> {
         let ((s, t), consumer) = (self.ids.clone(), Consumer::group(group.clone()));
-        self.cluster
-            .call(self.slot, "store_consumer_offset", |c| async move {
-                c.store_consumer_offset(&consumer, &s, &t, Some(partition), offset)
-                    .await
-            })
-            .await
+        self.write("store_consumer_offset", |c| async move {
+            c.store_consumer_offset(&consumer, &s, &t, Some(partition), offset)
+                .await
+        })
+        .await
     }
 
     /// Up to `count` messages of `unit`'s partition from offset `at`.
