@@ -14,14 +14,14 @@
 //! 5. unowned units go to the members furthest below their quota (lowest id on ties).
 //!
 //! Members whose config of a flow differs from the leader's (`PublishConfig` digests, see
-//! [`Liveness::config_reference`]) get no unit of that flow, and are asked back the ones they
+//! [`MemberLeases::config_reference`]) get no unit of that flow, and are asked back the ones they
 //! own: a node that cannot run a flow as the others do never holds its units.
 //!
 //! A retired unit (no longer reported by discovery) or a unit of a paused flow stays with its
 //! owner, which was asked to hand it back; it is revoked like any other when the owner's lease
 //! expired, and never granted.
 //!
-//! With fencing on (`Liveness::fencing`), only members holding a writer identity get units,
+//! With fencing on (`MemberLeases::fencing`), only members holding a writer identity get units,
 //! and a unit writing to a fenced target goes only to a member whose user the leader made sure
 //! exists there. Fencing is per (member, target): a failed member's unit that writes to the
 //! fenced target T is never revoked here while the member's identity may have rights on T;
@@ -50,7 +50,7 @@ pub(crate) const MAX_COMMANDS_PER_ROUND: usize = 1000;
 
 /// What the leader knows of the members' leases for one round.
 #[derive(Debug, Default)]
-pub(crate) struct Liveness {
+pub(crate) struct MemberLeases {
     /// Members whose lease the leader considers alive: they keep and receive units.
     pub(crate) live: BTreeSet<NodeId>,
     /// Members not known alive but still inside the grace period after this leader's
@@ -74,7 +74,7 @@ pub(crate) struct Liveness {
     pub(crate) ensured: EnsuredUsers,
 }
 
-impl Liveness {
+impl MemberLeases {
     /// Whether `node` may get `unit` as far as fencing goes: fencing off, an unfenced target,
     /// or the node's current identity ensured on the unit's target.
     fn may_write(&self, state: &ControlState, node: NodeId, unit: &WorkUnit) -> bool {
@@ -101,7 +101,7 @@ pub(crate) struct FenceWork {
     /// `FenceTarget` (which takes the member's units writing there).
     pub(crate) revoke: Vec<(NodeId, u64, String)>,
     /// (node, incarnation, target): make sure the usable identity's user exists on the
-    /// target (this leader's memory, `Liveness::ensured`, records it).
+    /// target (this leader's memory, `MemberLeases::ensured`, records it).
     pub(crate) ensure: Vec<(NodeId, u64, String)>,
     /// Stale identities whose users are to be revoked on every fenced target, then forgotten.
     pub(crate) retire: Vec<(NodeId, u64)>,
@@ -145,7 +145,7 @@ impl FenceWork {
 ///   identity some target did not acknowledge yet gets it too (`ReplaceFencedIdentity`),
 ///   the old identity's units of those targets held until they do, and its revoke goes on;
 /// * every stale identity: make sure its users are revoked, then retire it.
-pub(crate) fn fence_work(state: &ControlState, lease: &Liveness) -> FenceWork {
+pub(crate) fn fence_work(state: &ControlState, lease: &MemberLeases) -> FenceWork {
     let mut work = FenceWork::default();
     if !lease.fencing {
         return work;
@@ -305,13 +305,13 @@ pub(crate) fn round(
 }
 
 /// Computes one assignment round (at most [`MAX_COMMANDS_PER_ROUND`] commands).
-pub(crate) fn plan(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
+pub(crate) fn plan(state: &ControlState, lease: &MemberLeases) -> Vec<ControlCommand> {
     let mut out = plan_all(state, lease);
     out.truncate(MAX_COMMANDS_PER_ROUND);
     out
 }
 
-fn plan_all(state: &ControlState, lease: &Liveness) -> Vec<ControlCommand> {
+fn plan_all(state: &ControlState, lease: &MemberLeases) -> Vec<ControlCommand> {
     let live = &lease.live;
     let mut out = Vec::new();
     let eligible: BTreeSet<NodeId> = state

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use replicator_model::NodeId;
 
-use crate::assign::Liveness;
+use crate::assign::MemberLeases;
 use crate::state::MemberRecord;
 
 /// Until when an owner may write after a renewal it sent at `sent` was committed and applied.
@@ -131,7 +131,7 @@ impl LeaderView {
         expiry: Duration,
         grace: Duration,
         fence_after: Option<Duration>,
-    ) -> Liveness {
+    ) -> MemberLeases {
         let live = self.live(now, expiry);
         let limit = fence_after.map_or(expiry, |f| f.min(expiry));
         // Renewals were applied again after the log applied none for at least `limit`: the
@@ -166,7 +166,7 @@ impl LeaderView {
         } else {
             BTreeSet::new()
         };
-        Liveness {
+        MemberLeases {
             live,
             grace,
             renewal_seen: self.renewal_seen(),

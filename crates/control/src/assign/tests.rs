@@ -19,11 +19,11 @@ fn plan_with(
 ) -> Vec<ControlCommand> {
     plan(
         s,
-        &Liveness {
+        &MemberLeases {
             live: live.clone(),
             grace: BTreeSet::new(),
             renewal_seen: seen.clone(),
-            ..Liveness::default()
+            ..MemberLeases::default()
         },
     )
 }
@@ -234,11 +234,11 @@ fn members_in_the_grace_after_an_election_keep_their_units_but_get_no_more() {
     s.apply(100, &report(7));
     let cmds = plan(
         &s,
-        &Liveness {
+        &MemberLeases {
             live: BTreeSet::from([1]),
             grace: BTreeSet::from([2]),
             renewal_seen: BTreeMap::new(),
-            ..Liveness::default()
+            ..MemberLeases::default()
         },
     );
     let revoked_from = |node: NodeId| {
@@ -330,16 +330,16 @@ fn all_ensured(s: &ControlState, topology: &FenceTopology) -> BTreeSet<(String, 
 }
 
 /// A fencing round over `s` with flow `f` into the fenced target `t`, every identity ensured.
-fn fencing_over(s: &ControlState, live: &[NodeId], unresponsive: &[NodeId]) -> Liveness {
+fn fencing_over(s: &ControlState, live: &[NodeId], unresponsive: &[NodeId]) -> MemberLeases {
     let topology = topology();
-    Liveness {
+    MemberLeases {
         live: live.iter().copied().collect(),
         fencing: true,
         unresponsive: unresponsive.iter().copied().collect(),
         ensured: all_ensured(s, &topology),
         topology,
         renewal_seen: renewals_seen(s),
-        ..Liveness::default()
+        ..MemberLeases::default()
     }
 }
 
@@ -383,9 +383,9 @@ fn with_fencing_only_members_with_a_writer_identity_get_units() {
     check!(work.commands == vec![new_identity(3, 1)]);
     check!(work.revoke.is_empty());
     // Without fencing nobody needs one.
-    let plain = Liveness {
+    let plain = MemberLeases {
         live: BTreeSet::from([1, 2, 3]),
-        ..Liveness::default()
+        ..MemberLeases::default()
     };
     check!(granted_to(&plan(&s, &plain)) == BTreeSet::from([1, 2, 3]));
     check!(fence_work(&s, &plain) == FenceWork::default());
@@ -518,7 +518,7 @@ fn owned_by(s: &ControlState, node: NodeId) -> BTreeSet<String> {
 fn a_target_that_does_not_acknowledge_holds_back_only_the_units_writing_to_it() {
     let (mut s, topology) = three_flows();
     s.apply(30, &fence_member(1, 1));
-    let lease = Liveness {
+    let lease = MemberLeases {
         topology: topology.clone(),
         ensured: all_ensured(&s, &topology),
         ..fencing_over(&s, &[1, 2], &[1])
@@ -551,7 +551,7 @@ fn units_writing_to_an_unfenced_target_move_on_the_lease_alone() {
     // Fenced on both targets, but its lease is still alive: the unit writing to the unfenced
     // target stays with member 1, neither revoked nor granted (two writers could reach it).
     check!(owned_by(&s, 1) == BTreeSet::from(["c0".into()]));
-    let lease = Liveness {
+    let lease = MemberLeases {
         topology: topology.clone(),
         ensured: all_ensured(&s, &topology),
         ..fencing_over(&s, &[1, 2], &[1])
@@ -566,7 +566,7 @@ fn units_writing_to_an_unfenced_target_move_on_the_lease_alone() {
     };
     check!(!moves_c(&plan(&s, &lease)));
     // Its lease expired: revoked, guarded by the renewal the leader saw.
-    let expired = Liveness {
+    let expired = MemberLeases {
         live: BTreeSet::from([2]),
         ..lease
     };
@@ -586,7 +586,7 @@ fn a_target_added_to_the_config_is_fenced_and_provisioned_too() {
     // The config had only `a` into `eu`: member 1 was fenced and acknowledged there.
     s.apply(30, &fence_member(1, 1));
     s.apply(31, &ControlCommand::fence_target(1, 1, "eu", &["a"]));
-    let lease = Liveness {
+    let lease = MemberLeases {
         topology: topology.clone(),
         ensured: BTreeSet::from([("eu".to_owned(), 2, 1)]),
         ..fencing_over(&s, &[1, 2], &[1])
@@ -710,10 +710,10 @@ fn publish(s: &mut ControlState, node: NodeId, digest: Option<&str>) {
 fn round_from(s: &ControlState, live: &[NodeId], reference: NodeId) -> Vec<ControlCommand> {
     plan(
         s,
-        &Liveness {
+        &MemberLeases {
             live: live.iter().copied().collect(),
             config_reference: Some(reference),
-            ..Liveness::default()
+            ..MemberLeases::default()
         },
     )
 }
@@ -787,7 +787,7 @@ fn a_member_back_while_a_target_is_down_gets_its_next_identity_and_the_old_ones_
     s.apply(30, &fence_member(1, 1));
     s.apply(31, &ControlCommand::fence_target(1, 1, "eu", &["a"]));
     // Node 1 renews again (restarted, or back from a freeze); `ap` still does not answer.
-    let back = |s: &ControlState| Liveness {
+    let back = |s: &ControlState| MemberLeases {
         topology: topology.clone(),
         ensured: all_ensured(s, &topology),
         ..fencing_over(s, &[1, 2], &[])
@@ -848,7 +848,7 @@ fn the_next_incarnation_is_above_a_replaced_one_still_being_revoked() {
     );
     // Fenced again before any target acknowledged the first revoke.
     s.apply(32, &fence_member(1, 2));
-    let lease = Liveness {
+    let lease = MemberLeases {
         topology: topology.clone(),
         ensured: all_ensured(&s, &topology),
         ..fencing_over(&s, &[1, 2], &[])
@@ -880,7 +880,7 @@ fn a_member_that_may_not_write_to_a_target_is_not_given_that_targets_units_by_re
     // Node 3's user could not be made on `ap` (down): it may take units of `a` and `b` only.
     let mut ensured = all_ensured(&s, &topology);
     ensured.remove(&("ap".to_owned(), 3, 1));
-    let lease = Liveness {
+    let lease = MemberLeases {
         topology,
         ensured,
         ..fencing_over(&s, &[1, 2, 3], &[])

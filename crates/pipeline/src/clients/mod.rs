@@ -32,7 +32,7 @@ pub(crate) struct Conn {
     /// The SDK client, of the cluster's generation.
     pub(crate) client: Arc<Client>,
     /// Which build of the slot this is; invalidating an older build is a no-op.
-    generation: u64,
+    build: u64,
     /// Slot index.
     slot: usize,
 }
@@ -56,7 +56,7 @@ struct Slot {
 /// Marks the connection's call abandoned if the call is dropped before it finished.
 struct CallGuard<'a> {
     slot: &'a Slot,
-    generation: u64,
+    build: u64,
     finished: bool,
 }
 
@@ -65,7 +65,7 @@ impl Drop for CallGuard<'_> {
         if !self.finished {
             self.slot
                 .abandoned
-                .store(self.generation, std::sync::atomic::Ordering::SeqCst);
+                .store(self.build, std::sync::atomic::Ordering::SeqCst);
         }
     }
 }
@@ -234,7 +234,7 @@ impl Cluster {
         guard.1 += 1;
         let conn = Conn {
             client: Arc::new(client),
-            generation: guard.1,
+            build: guard.1,
             slot,
         };
         guard.0 = Some(conn.clone());
@@ -348,11 +348,7 @@ impl Cluster {
     /// Drops `conn` if it is still the slot's current connection.
     async fn invalidate(&self, conn: &Conn, in_flight: InFlight) {
         let mut guard = self.slots[conn.slot].current.lock().await;
-        if guard
-            .0
-            .as_ref()
-            .is_some_and(|c| c.generation == conn.generation)
-        {
+        if guard.0.as_ref().is_some_and(|c| c.build == conn.build) {
             guard.0 = None;
             drop(guard);
             self.open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -420,7 +416,7 @@ impl Cluster {
             let abandoned = self.slots[conn.slot]
                 .abandoned
                 .load(std::sync::atomic::Ordering::SeqCst);
-            if abandoned != conn.generation {
+            if abandoned != conn.build {
                 break (conn, turn);
             }
             drop(turn);
@@ -432,7 +428,7 @@ impl Cluster {
         }
         let mut guard = CallGuard {
             slot: &self.slots[conn.slot],
-            generation: conn.generation,
+            build: conn.build,
             finished: false,
         };
         let result = tokio::time::timeout(self.timeout, f(conn.client.clone())).await;

@@ -40,13 +40,13 @@ pub(super) enum Action {
     Release(Epoch),
 }
 
-/// Decides what to do with a unit given what runs (`slot`) and what is assigned (`desired`).
+/// Decides what to do with a unit given what runs (`run`) and what is assigned (`desired`).
 pub(super) fn decide(
-    slot: Option<(Epoch, PhaseKind)>,
+    run: Option<(Epoch, PhaseKind)>,
     desired: Option<&Assignment>,
     draining: bool,
 ) -> Action {
-    let Some((epoch, phase)) = slot else {
+    let Some((epoch, phase)) = run else {
         return match desired {
             None => Action::Nothing,
             Some(a) if draining || a.release_requested => Action::Release(a.epoch),
@@ -80,9 +80,9 @@ pub(super) enum Ended {
 /// What follows the end of a pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum AfterPair {
-    /// Forget the slot; `reconcile` decides what comes next from the assignments.
+    /// Forget the run; `reconcile` decides what comes next from the assignments.
     Remove,
-    /// Forget the slot and hand the unit back under this epoch (the final commit is done).
+    /// Forget the run and hand the unit back under this epoch (the final commit is done).
     Release(Epoch),
     /// The unit is still ours: restart the pair after a backoff, reset first when the pair
     /// had run for at least [`BACKOFF_RESET_AFTER`].

@@ -24,7 +24,7 @@ use tracing::Instrument;
 use super::decide::{after_pair_gone, decide, Action, AfterPair, Ended, PhaseKind};
 use super::pair::{Child, Pair, Role, UnitTask, UnitTaskArgs};
 use super::release::{keep_release, request_release, retry_release, spawn_release};
-use super::release::{released, ReleaseSlot, ReleaseState, RetryPlan};
+use super::release::{released, Handback, ReleaseState, RetryPlan};
 use super::{unit_span, AbortOnDrop, Alive, ChildEnd, UnitTaskKind};
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
@@ -105,13 +105,13 @@ enum Phase {
     Running(Pair),
     /// The pair ended by itself and restarts when the timer fires.
     Waiting {
-        /// Held for its drop: dropping the slot (a cancelled restart) aborts the timer.
+        /// Held for its drop: dropping the run (a cancelled restart) aborts the timer.
         _timer: AbortOnDrop<Result<(), MessagingErr<FlowMsg>>>,
     },
 }
 
 /// A unit this node is working on.
-struct Slot {
+struct UnitRun {
     /// Epoch of the pair.
     epoch: Epoch,
     phase: Phase,
@@ -121,7 +121,7 @@ struct Slot {
     started: Instant,
 }
 
-impl Slot {
+impl UnitRun {
     /// The phase without its handles, for [`decide()`].
     fn kind(&self) -> PhaseKind {
         match &self.phase {
@@ -172,11 +172,11 @@ pub(super) struct FlowState<C> {
     /// Latest assignments of this node in the flow, by unit.
     desired: BTreeMap<WorkUnit, Assignment>,
     /// Units being worked on.
-    slots: BTreeMap<WorkUnit, Slot>,
+    runs: BTreeMap<WorkUnit, UnitRun>,
     /// The pairs' actors, by id.
     members: HashMap<ActorId, Member>,
     /// Hand-backs in flight, done (until the assignments catch up) or waiting for a retry.
-    pub(super) releases: BTreeMap<WorkUnit, ReleaseSlot>,
+    pub(super) releases: BTreeMap<WorkUnit, Handback>,
     pub(super) drain: Drain,
     /// Whether the drain keeps the flow's units (stops them without handing back).
     keep: bool,
@@ -205,7 +205,7 @@ impl<C: ControlPlane> Actor for Flow<C> {
             seeds: args.seed,
             args,
             desired: BTreeMap::new(),
-            slots: BTreeMap::new(),
+            runs: BTreeMap::new(),
             members: HashMap::new(),
             releases: BTreeMap::new(),
             drain: Drain::Off,
@@ -223,7 +223,7 @@ impl<C: ControlPlane> Actor for Flow<C> {
     ) -> Result<(), ActorProcessingErr> {
         // Only after a drain that ran out of time is anything left: aborted, not drained.
         state.units.cancel();
-        state.slots.clear();
+        state.runs.clear();
         state.releases.clear();
         Ok(())
     }
@@ -276,7 +276,7 @@ async fn dispatch<C: ControlPlane>(
         }
         FlowMsg::RestartDue { unit, epoch } => {
             let due = state
-                .slots
+                .runs
                 .get(&unit)
                 .is_some_and(|s| s.epoch == epoch && matches!(s.phase, Phase::Waiting { .. }));
             if due {
@@ -285,7 +285,7 @@ async fn dispatch<C: ControlPlane>(
                         .desired
                         .get(&unit)
                         .is_some_and(|a| a.epoch == epoch && !a.release_requested);
-                let backoff = state.slots.remove(&unit).map(|s| s.backoff);
+                let backoff = state.runs.remove(&unit).map(|s| s.backoff);
                 if still_assigned {
                     start_pair(myself, state, &unit, epoch, backoff).await?;
                 }
@@ -293,9 +293,9 @@ async fn dispatch<C: ControlPlane>(
             }
         }
         FlowMsg::TopicRecreated { stream, topic } => {
-            for (unit, slot) in state.slots.iter_mut() {
+            for (unit, run) in state.runs.iter_mut() {
                 if unit.stream == stream && unit.topic == topic {
-                    stop_pair(slot, false);
+                    stop_pair(run, false);
                 }
             }
         }
@@ -344,10 +344,10 @@ async fn pair_member_ended<C: ControlPlane>(
         role,
     } = member;
     let unit = &unit;
-    let Some(slot) = state.slots.get_mut(unit) else {
+    let Some(run) = state.runs.get_mut(unit) else {
         return Ok(());
     };
-    let Phase::Running(pair) = &mut slot.phase else {
+    let Phase::Running(pair) = &mut run.phase else {
         return Ok(());
     };
     if pair.id != pair_id {
@@ -359,12 +359,12 @@ async fn pair_member_ended<C: ControlPlane>(
         }
         ChildEnd::Failed(err) => tracing::warn!(
             flow = %unit.flow, stream = %unit.stream, topic = %unit.topic,
-            partition = unit.partition, epoch = %slot.epoch, role = ?role, error = %err,
+            partition = unit.partition, epoch = %run.epoch, role = ?role, error = %err,
             "unit actor failed"
         ),
         ChildEnd::Panicked => tracing::error!(
             flow = %unit.flow, stream = %unit.stream, topic = %unit.topic,
-            partition = unit.partition, epoch = %slot.epoch, role = ?role,
+            partition = unit.partition, epoch = %run.epoch, role = ?role,
             "unit actor panicked"
         ),
     }
@@ -378,29 +378,29 @@ async fn pair_member_ended<C: ControlPlane>(
     if pair.reader.is_some() || pair.writer.is_some() {
         return Ok(());
     }
-    let (epoch, ending, failed) = (slot.epoch, pair.ending, pair.failed);
+    let (epoch, ending, failed) = (run.epoch, pair.ending, pair.failed);
     let next = after_pair_gone(
         ending,
         epoch,
         state.desired.get(unit),
         state.drain.is_on(),
-        slot.started.elapsed(),
+        run.started.elapsed(),
     );
     match next {
         AfterPair::Remove => {
-            state.slots.remove(unit);
+            state.runs.remove(unit);
             reconcile_units(myself, state, [unit.clone()]).await?;
         }
         AfterPair::Release(epoch) => {
-            state.slots.remove(unit);
+            state.runs.remove(unit);
             request_release(myself, state, unit, epoch);
             reconcile_units(myself, state, [unit.clone()]).await?;
         }
         AfterPair::Restart { reset_backoff } => {
             if reset_backoff {
-                slot.backoff.reset();
+                run.backoff.reset();
             }
-            let delay = slot.backoff.next_delay();
+            let delay = run.backoff.next_delay();
             if let Some(m) = state.args.meters.get(unit) {
                 m.restarted();
             }
@@ -411,7 +411,7 @@ async fn pair_member_ended<C: ControlPlane>(
             );
             let (u, e) = (unit.clone(), epoch);
             let timer = myself.send_after(delay, move || FlowMsg::RestartDue { unit: u, epoch: e });
-            slot.phase = Phase::Waiting {
+            run.phase = Phase::Waiting {
                 _timer: AbortOnDrop(timer),
             };
         }
@@ -425,7 +425,7 @@ fn finish_drain_if_done<C>(state: &mut FlowState<C>) {
         .releases
         .values()
         .any(|r| matches!(r.state, ReleaseState::InFlight { .. }));
-    if state.slots.is_empty() && !releasing {
+    if state.runs.is_empty() && !releasing {
         state.drain.answer();
     }
 }
@@ -440,8 +440,8 @@ fn handing_back<C>(state: &FlowState<C>, unit: &WorkUnit, epoch: Epoch) -> bool 
 
 /// Asks a running pair to stop cleanly: the reader stops at once, the writer sends what is
 /// queued, makes its final commit and ends.
-fn stop_pair(slot: &mut Slot, release: bool) {
-    if let Phase::Running(pair) = &mut slot.phase {
+fn stop_pair(run: &mut UnitRun, release: bool) {
+    if let Phase::Running(pair) = &mut run.phase {
         if pair.ending == Ended::ByItself {
             pair.ending = Ended::Stopped { release };
             pair.stop.cancel();
@@ -458,7 +458,7 @@ async fn reconcile<C: ControlPlane>(
     let units: BTreeSet<WorkUnit> = state
         .desired
         .keys()
-        .chain(state.slots.keys())
+        .chain(state.runs.keys())
         .cloned()
         .collect();
     reconcile_units(myself, state, units).await
@@ -478,7 +478,7 @@ async fn reconcile_units<C: ControlPlane>(
     let draining = state.drain.is_on();
     let mut seen = Vec::new();
     for unit in units {
-        let view = state.slots.get(&unit).map(|s| (s.epoch, s.kind()));
+        let view = state.runs.get(&unit).map(|s| (s.epoch, s.kind()));
         // A unit the drain keeps is stopped as if it were no longer ours, and not released.
         let desired = state
             .desired
@@ -489,16 +489,16 @@ async fn reconcile_units<C: ControlPlane>(
             Action::Start(epoch) if handing_back(state, &unit, epoch) => {}
             Action::Start(epoch) => start_pair(myself, state, &unit, epoch, None).await?,
             Action::Stop { release } => {
-                if let Some(slot) = state.slots.get_mut(&unit) {
-                    tracing::info!(%unit, epoch = %slot.epoch, release, "stopping unit");
-                    stop_pair(slot, release);
+                if let Some(run) = state.runs.get_mut(&unit) {
+                    tracing::info!(%unit, epoch = %run.epoch, release, "stopping unit");
+                    stop_pair(run, release);
                 }
             }
             Action::Cancel { release } => {
-                // Dropping the slot aborts its restart timer.
-                if let Some(slot) = state.slots.remove(&unit) {
+                // Dropping the run aborts its restart timer.
+                if let Some(run) = state.runs.remove(&unit) {
                     if release {
-                        request_release(myself, state, &unit, slot.epoch);
+                        request_release(myself, state, &unit, run.epoch);
                     }
                 }
             }
@@ -511,7 +511,7 @@ async fn reconcile_units<C: ControlPlane>(
         let startable = state.desired.get(&unit).filter(|a| {
             !draining
                 && !a.release_requested
-                && !state.slots.contains_key(&a.unit)
+                && !state.runs.contains_key(&a.unit)
                 && !handing_back(state, &a.unit, a.epoch)
         });
         if let Some(epoch) = startable.map(|a| a.epoch) {
@@ -531,7 +531,7 @@ async fn start_pair<C: ControlPlane>(
     epoch: Epoch,
     backoff: Option<Backoff>,
 ) -> Result<(), ActorProcessingErr> {
-    if state.slots.contains_key(unit) {
+    if state.runs.contains_key(unit) {
         return Ok(());
     }
     let flow = state.args.flow.clone();
@@ -625,9 +625,9 @@ async fn start_pair<C: ControlPlane>(
             Role::Writer => pair.writer = Some(Child(actor)),
         }
     }
-    state.slots.insert(
+    state.runs.insert(
         unit.clone(),
-        Slot {
+        UnitRun {
             epoch,
             phase: Phase::Running(pair),
             backoff,

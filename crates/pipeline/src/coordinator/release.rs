@@ -172,7 +172,7 @@ pub(super) fn keep_release(state: ReleaseState, desired: Option<&Assignment>) ->
 }
 
 /// The hand-back of one unit.
-pub(super) struct ReleaseSlot {
+pub(super) struct Handback {
     pub(super) state: ReleaseState,
     /// The release task in flight; it reports with [`FlowMsg::Released`].
     task: Option<AbortOnDrop<()>>,
@@ -194,7 +194,7 @@ pub(super) fn request_release<C: ControlPlane>(
     match plan_release(current, epoch) {
         ReleasePlan::Spawn(epoch) => spawn_release(myself, state, unit, epoch),
         ReleasePlan::Queue(epoch) => {
-            if let Some(ReleaseSlot {
+            if let Some(Handback {
                 state: ReleaseState::InFlight { queued, .. },
                 ..
             }) = state.releases.get_mut(unit)
@@ -237,7 +237,7 @@ pub(super) fn spawn_release<C: ControlPlane>(
     let slot = state
         .releases
         .entry(unit.clone())
-        .or_insert_with(|| ReleaseSlot {
+        .or_insert_with(|| Handback {
             state: ReleaseState::InFlight {
                 epoch,
                 queued: None,
