@@ -117,6 +117,14 @@ pub(crate) struct Cluster {
 /// has others to try (with one, the operation timeout bounds it).
 const SEED_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Whether a connection attempt asks the cluster for its nodes once connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Roster {
+    Ask,
+    /// Not again: the previous attempt through this address asked and got no answer in time.
+    Skip,
+}
+
 /// How long asking a new connection for the cluster's nodes may take.
 const ROSTER_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -253,9 +261,10 @@ impl Cluster {
             .load(std::sync::atomic::Ordering::Relaxed);
         // The configured seeds from the one that connected last, then the advertised nodes
         // that are not among them.
-        let mut tries: Vec<(Option<usize>, ClientConfig)> = (0..count)
+        let mut tries: std::collections::VecDeque<(Option<usize>, ClientConfig, Roster)> = (0
+            ..count)
             .map(|k| (first + k) % count)
-            .map(|seed| (Some(seed), self.seeds[seed].clone()))
+            .map(|seed| (Some(seed), self.seeds[seed].clone(), Roster::Ask))
             .collect();
         let roster = self
             .roster
@@ -264,7 +273,7 @@ impl Cluster {
             .clone();
         for address in roster {
             if !self.seed_addresses.contains(&address) {
-                tries.push((None, self.seeds[first % count].at(&address)));
+                tries.push_back((None, self.seeds[first % count].at(&address), Roster::Ask));
             }
         }
         // With other ways in, a dead one must not cost a whole operation timeout.
@@ -274,7 +283,7 @@ impl Cluster {
             self.timeout
         };
         let mut failure = None;
-        for (seed, config) in tries {
+        while let Some((seed, config, roster)) = tries.pop_front() {
             let client = config
                 .client()
                 .map_err(|source| self.err("connect", source))?;
@@ -294,8 +303,17 @@ impl Cluster {
                         self.preferred_seed
                             .store(seed, std::sync::atomic::Ordering::Relaxed);
                     }
-                    if config.replicated() {
-                        self.learn_roster(&client).await;
+                    if config.replicated()
+                        && roster == Roster::Ask
+                        && !self.learn_roster(&client).await
+                    {
+                        // The roster request is still in flight on this connection: its late
+                        // answer would be read as the next call's, or that call would wait for
+                        // the SDK's response budget. A new connection through the same address,
+                        // without asking again.
+                        shutdown(&client, InFlight::Read).await;
+                        tries.push_front((seed, config, Roster::Skip));
+                        continue;
                     }
                     return Ok(client);
                 }
@@ -332,10 +350,15 @@ impl Cluster {
     }
 
     /// Remembers the nodes the cluster advertises (asked on the new connection `client`,
-    /// briefly; a cluster that does not answer keeps the roster it had).
-    async fn learn_roster(&self, client: &Client) {
+    /// briefly; a cluster that does not answer keeps the roster it had). False when the ask
+    /// timed out: its request may still be in flight on `client`.
+    async fn learn_roster(&self, client: &Client) -> bool {
         let asked = tokio::time::timeout(ROSTER_TIMEOUT, client.cluster_addresses()).await;
-        if let Ok(Ok(addresses)) = asked {
+        let Ok(answered) = asked else {
+            tracing::debug!(cluster = %self.alias, "the roster was not answered in time");
+            return false;
+        };
+        if let Ok(addresses) = answered {
             if !addresses.is_empty() {
                 *self
                     .roster
@@ -343,6 +366,7 @@ impl Cluster {
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = addresses;
             }
         }
+        true
     }
 
     /// Drops `conn` if it is still the slot's current connection.
