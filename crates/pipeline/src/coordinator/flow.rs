@@ -48,8 +48,9 @@ impl<C> Flow<C> {
 
 /// Messages of a flow actor.
 pub(crate) enum FlowMsg {
-    /// From the coordinator: this node's current assignments of the flow's units. No reply.
-    Assignments(Vec<Assignment>),
+    /// From the coordinator: this node's current assignments of the flow's units (shared
+    /// with the flow's published view). No reply.
+    Assignments(Arc<Vec<Assignment>>),
     /// From a backoff timer of the flow actor: restart the unit's pair if still assigned under
     /// `epoch`. No reply.
     RestartDue {
@@ -267,7 +268,7 @@ async fn dispatch<C: ControlPlane>(
 ) -> Result<(), ActorProcessingErr> {
     match msg {
         FlowMsg::Assignments(list) => {
-            state.desired = list.into_iter().map(|a| (a.unit.clone(), a)).collect();
+            state.desired = list.iter().map(|a| (a.unit.clone(), a.clone())).collect();
             let desired = &state.desired;
             state
                 .releases

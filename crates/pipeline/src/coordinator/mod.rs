@@ -65,33 +65,35 @@ pub(crate) type Alive = mpsc::Sender<()>;
 /// control plane's whole list. (A writer's check before each send asks the control plane
 /// itself: that check must see a revoke as soon as it is applied.)
 #[derive(Clone)]
-pub(crate) struct FlowAssignments(Arc<BTreeMap<String, watch::Sender<Vec<Assignment>>>>);
+pub(crate) struct FlowAssignments(Arc<BTreeMap<String, watch::Sender<Arc<Vec<Assignment>>>>>);
 
 impl FlowAssignments {
     /// Empty views of `flows`, until the coordinator publishes.
     pub(crate) fn new<'a>(flows: impl IntoIterator<Item = &'a str>) -> Self {
         let views = flows
             .into_iter()
-            .map(|f| (f.to_owned(), watch::channel(Vec::new()).0))
+            .map(|f| (f.to_owned(), watch::channel(Arc::default()).0))
             .collect();
         Self(Arc::new(views))
     }
 
     /// The assignments of `flow` on this node, as they change (none, ever, for a flow the
     /// node does not run).
-    pub(crate) fn subscribe(&self, flow: &str) -> watch::Receiver<Vec<Assignment>> {
-        self.0
-            .get(flow)
-            .map_or_else(|| watch::channel(Vec::new()).1, watch::Sender::subscribe)
+    pub(crate) fn subscribe(&self, flow: &str) -> watch::Receiver<Arc<Vec<Assignment>>> {
+        self.0.get(flow).map_or_else(
+            || watch::channel(Arc::default()).1,
+            watch::Sender::subscribe,
+        )
     }
 
-    /// Publishes the assignments of `flow`; its readers wake only if they changed.
-    fn publish(&self, flow: &str, units: &[Assignment]) {
+    /// Publishes the assignments of `flow` (shared, not copied); its readers wake only if
+    /// they changed.
+    fn publish(&self, flow: &str, units: &Arc<Vec<Assignment>>) {
         if let Some(view) = self.0.get(flow) {
             view.send_if_modified(|current| {
-                let changed = current.as_slice() != units;
+                let changed = **current != **units;
                 if changed {
-                    *current = units.to_vec();
+                    *current = units.clone();
                 }
                 changed
             });
@@ -133,6 +135,7 @@ pub(crate) enum CoordinatorMsg {
 
 /// Everything the coordinator needs to start its flow actors (kept by the supervisor, which
 /// starts a new coordinator with the same).
+#[derive(Clone)]
 pub(crate) struct CoordinatorArgs<C> {
     pub(crate) node_id: NodeId,
     pub(crate) control: C,
@@ -159,26 +162,6 @@ pub(crate) struct CoordinatorArgs<C> {
     pub(crate) flow_assignments: FlowAssignments,
 }
 
-impl<C: Clone> Clone for CoordinatorArgs<C> {
-    fn clone(&self) -> Self {
-        Self {
-            node_id: self.node_id,
-            control: self.control.clone(),
-            flows: self.flows.clone(),
-            clusters: self.clusters.clone(),
-            writers: self.writers.clone(),
-            tuning: self.tuning.clone(),
-            meters: self.meters.clone(),
-            alive: self.alive.clone(),
-            liveness: self.liveness.clone(),
-            offset_maps: self.offset_maps.clone(),
-            doors: self.doors.clone(),
-            residency: self.residency.clone(),
-            flow_assignments: self.flow_assignments.clone(),
-        }
-    }
-}
-
 /// One flow's actor as the coordinator supervises it.
 struct FlowChild {
     /// The running actor; `None` while its restart waits for the timer.
@@ -188,7 +171,7 @@ struct FlowChild {
     /// When the current actor started.
     started: Instant,
     /// The restart timer while waiting (dropping it cancels the restart).
-    _timer: Option<AbortOnDrop<Result<(), MessagingErr<CoordinatorMsg>>>>,
+    restart_timer: Option<AbortOnDrop<Result<(), MessagingErr<CoordinatorMsg>>>>,
 }
 
 /// Runtime state of the coordinator.
@@ -198,8 +181,9 @@ pub(crate) struct CoordinatorState<C> {
     flows: BTreeMap<String, FlowChild>,
     /// Flow names by actor id, for supervision events.
     by_id: HashMap<ActorId, String>,
-    /// Latest assignments of this node, by flow (every flow present, maybe with none).
-    desired: BTreeMap<String, Vec<Assignment>>,
+    /// Latest assignments of this node, by flow (every flow present, maybe with none), as
+    /// handed to the flow actors and published.
+    desired: BTreeMap<String, Arc<Vec<Assignment>>>,
     /// Whether `Pipeline::shutdown` asked for a drain (no flow actor restarts then).
     draining: bool,
     /// Waits for every flow actor's drain, then answers the drain.
@@ -251,7 +235,11 @@ impl<C: ControlPlane> Actor for Coordinator<C> {
         );
         let mut state = CoordinatorState {
             seeds: args.node_id.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-            desired: args.flows.keys().map(|f| (f.clone(), Vec::new())).collect(),
+            desired: args
+                .flows
+                .keys()
+                .map(|f| (f.clone(), Arc::default()))
+                .collect(),
             args,
             flows: BTreeMap::new(),
             by_id: HashMap::new(),
@@ -311,7 +299,7 @@ impl<C: ControlPlane> Actor for Coordinator<C> {
         );
         let flow = name.clone();
         let timer = myself.send_after(delay, move || CoordinatorMsg::FlowRestartDue { flow });
-        child._timer = Some(AbortOnDrop(timer));
+        child.restart_timer = Some(AbortOnDrop(timer));
         Ok(())
     }
 }
@@ -346,6 +334,7 @@ async fn dispatch<C: ControlPlane>(
                 }
             }
             for (name, units) in by_flow {
+                let units = Arc::new(units);
                 state.args.flow_assignments.publish(&name, &units);
                 if let Some(actor) = state.flows.get(&name).and_then(|c| c.actor.as_ref()) {
                     // A flow actor that is gone restarts with the latest assignments.
@@ -368,7 +357,7 @@ async fn dispatch<C: ControlPlane>(
             let mut drained = Vec::new();
             for (name, child) in &mut state.flows {
                 // A restart still waiting is cancelled: nothing of that flow runs.
-                child._timer = None;
+                child.restart_timer = None;
                 if let Some(actor) = &child.actor {
                     let (tx, rx) = oneshot::channel();
                     let drain = FlowMsg::Drain {
@@ -393,7 +382,7 @@ async fn dispatch<C: ControlPlane>(
             let waiting = state
                 .flows
                 .get(&flow)
-                .is_some_and(|c| c.actor.is_none() && c._timer.is_some());
+                .is_some_and(|c| c.actor.is_none() && c.restart_timer.is_some());
             if waiting && !state.draining {
                 spawn_flow(myself, state, &flow).await?;
             }
@@ -445,11 +434,11 @@ async fn spawn_flow<C: ControlPlane>(
         actor: None,
         backoff,
         started: Instant::now(),
-        _timer: None,
+        restart_timer: None,
     });
     child.actor = Some(actor);
     child.started = Instant::now();
-    child._timer = None;
+    child.restart_timer = None;
     Ok(())
 }
 

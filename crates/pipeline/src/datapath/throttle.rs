@@ -88,7 +88,7 @@ pub(crate) struct FlowThrottle {
     /// The flow's assignments on this instance (see `FlowAssignments`), and how many units
     /// they held when last counted (recounted only when they changed: a wait costs no walk
     /// over the units).
-    assignments: Mutex<(watch::Receiver<Vec<Assignment>>, usize)>,
+    assignments: Mutex<(watch::Receiver<Arc<Vec<Assignment>>>, usize)>,
     /// The flow's partitions, as this instance's discovery last counted them.
     total: Arc<AtomicUsize>,
 }
@@ -99,7 +99,7 @@ impl FlowThrottle {
         flow: &str,
         max_messages_per_second: Option<u64>,
         max_bytes_per_second: Option<u64>,
-        assignments: watch::Receiver<Vec<Assignment>>,
+        assignments: watch::Receiver<Arc<Vec<Assignment>>>,
         total: Arc<AtomicUsize>,
     ) -> Option<Arc<Self>> {
         if max_messages_per_second.is_none() && max_bytes_per_second.is_none() {
@@ -168,14 +168,16 @@ mod tests {
     #[test]
     fn the_share_follows_the_assignment() {
         use replicator_model::{Epoch, WorkUnit};
-        let assigned = |n: u32| -> Vec<Assignment> {
-            (0..n)
-                .map(|p| Assignment {
-                    unit: WorkUnit::new("f", "s", "t", p),
-                    epoch: Epoch(1),
-                    release_requested: false,
-                })
-                .collect()
+        let assigned = |n: u32| -> Arc<Vec<Assignment>> {
+            Arc::new(
+                (0..n)
+                    .map(|p| Assignment {
+                        unit: WorkUnit::new("f", "s", "t", p),
+                        epoch: Epoch(1),
+                        release_requested: false,
+                    })
+                    .collect(),
+            )
         };
         let (tx, rx) = watch::channel(assigned(1));
         let total = Arc::new(AtomicUsize::new(4));

@@ -142,7 +142,7 @@ pub(crate) struct HeartbeatParams<C> {
     /// The lease.
     pub(crate) control: C,
     /// The flow's assignments on this node (see `FlowAssignments`).
-    pub(crate) assignments: watch::Receiver<Vec<Assignment>>,
+    pub(crate) assignments: watch::Receiver<Arc<Vec<Assignment>>>,
     /// The target's admin connection (configured credential): creates the topic.
     pub(crate) admin: Arc<Cluster>,
     /// The door to the flow's target: heartbeats are sent through it, as this node's writer
@@ -203,7 +203,7 @@ pub(crate) async fn run<C: ControlPlane>(p: HeartbeatParams<C>) {
 struct Task<C> {
     p: HeartbeatParams<C>,
     /// The flow's assignments on this node.
-    assignments: watch::Receiver<Vec<Assignment>>,
+    assignments: watch::Receiver<Arc<Vec<Assignment>>>,
     /// The topic was found or created (reset when a send says it is missing).
     topic_ready: bool,
     /// The next record's `seq`.

@@ -153,7 +153,7 @@ pub(crate) struct GroupSync<C> {
     /// Confirmed progress of the units.
     pub(crate) control: C,
     /// The flow's assignments on this node (see `FlowAssignments`): the units synced.
-    pub(crate) assignments: tokio::sync::watch::Receiver<Vec<replicator_model::Assignment>>,
+    pub(crate) assignments: tokio::sync::watch::Receiver<Arc<Vec<replicator_model::Assignment>>>,
     pub(crate) maps: OffsetMaps,
     /// One sync dance at a time on this node (see the module docs).
     pub(crate) dance: Arc<tokio::sync::Mutex<()>>,

@@ -366,7 +366,7 @@ impl MetadataSync {
 pub(crate) async fn run<C: ControlPlane>(
     sync: Arc<MetadataSync>,
     control: C,
-    assignments: tokio::sync::watch::Receiver<Vec<replicator_model::Assignment>>,
+    assignments: tokio::sync::watch::Receiver<Arc<Vec<replicator_model::Assignment>>>,
     first_unit: FirstUnit,
     cancel: CancellationToken,
 ) {
