@@ -99,6 +99,37 @@ async fn wait_target(eu: &TestCluster, partition: u32, messages: u64) -> TestRes
     .await
 }
 
+/// What the scenarios with a clustered target start from.
+struct Copying {
+    /// A client of the upstream server.
+    up: Client,
+    f: FlowParams,
+    us_params: ClusterParams,
+    eu_params: ClusterParams,
+    pipeline: Pipeline,
+}
+
+/// `vsr/t` (two partitions, 300 messages each) upstream, copied by a pipeline to the target
+/// cluster named by all its replicas, until both partitions are there.
+async fn copying_to(us: &TestServer, eu: &TestCluster) -> TestResult<Copying> {
+    let up = client(us).await?;
+    create_topic(&up, "vsr", "t", 2).await?;
+    produce(&up, "vsr", "t", 2, 0..300, 100).await?;
+    let f = flow("vsr", &["vsr/*"]);
+    let (us_params, eu_params) = (crate::harness::cluster_params(us), cluster_params_of(eu));
+    let params = tuned_params(clusters(us_params.clone(), eu_params.clone()), f.clone());
+    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
+    wait_target(eu, 0, 300).await?;
+    wait_target(eu, 1, 300).await?;
+    Ok(Copying {
+        up,
+        f,
+        us_params,
+        eu_params,
+        pipeline,
+    })
+}
+
 /// The target's primary dies while a send to it is in flight (held unread on its way, so its
 /// outcome is unknown to the writer): the view changes, the writer reconnects through the
 /// seeds to the new primary, re-reads the tail and sends again; the copy ends exact.
@@ -107,15 +138,13 @@ async fn the_targets_primary_dying_mid_send_leaves_an_exact_copy() -> TestResult
     let Some((us, mut eu)) = cluster_target().await? else {
         return Ok(());
     };
-    let up = client(&us).await?;
-    create_topic(&up, "vsr", "t", 2).await?;
-    produce(&up, "vsr", "t", 2, 0..300, 100).await?;
-    let f = flow("vsr", &["vsr/*"]);
-    let (us_params, eu_params) = (crate::harness::cluster_params(&us), cluster_params_of(&eu));
-    let params = tuned_params(clusters(us_params.clone(), eu_params.clone()), f.clone());
-    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
-    wait_target(&eu, 0, 300).await?;
-    wait_target(&eu, 1, 300).await?;
+    let Copying {
+        up,
+        f,
+        us_params,
+        eu_params,
+        pipeline,
+    } = copying_to(&us, &eu).await?;
 
     let primary = eu.primary().ok_or("the target has no primary")?;
     let hold = eu.faults(primary).hold_sends_to("vsr", "t", 0);
@@ -209,15 +238,13 @@ async fn logins_refused_before_the_targets_election_are_retried_until_it() -> Te
     let Some((us, mut eu)) = cluster_target().await? else {
         return Ok(());
     };
-    let up = client(&us).await?;
-    create_topic(&up, "vsr", "t", 2).await?;
-    produce(&up, "vsr", "t", 2, 0..300, 100).await?;
-    let f = flow("vsr", &["vsr/*"]);
-    let (us_params, eu_params) = (crate::harness::cluster_params(&us), cluster_params_of(&eu));
-    let params = tuned_params(clusters(us_params.clone(), eu_params.clone()), f.clone());
-    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
-    wait_target(&eu, 0, 300).await?;
-    wait_target(&eu, 1, 300).await?;
+    let Copying {
+        up,
+        f,
+        us_params,
+        eu_params,
+        pipeline,
+    } = copying_to(&us, &eu).await?;
 
     let primary = eu.primary().ok_or("the target has no primary")?;
     eu.kill_without_view_change(primary).await;
@@ -284,15 +311,13 @@ async fn a_target_primary_demoted_under_open_connections_leaves_an_exact_copy() 
     let Some((us, eu)) = cluster_target().await? else {
         return Ok(());
     };
-    let up = client(&us).await?;
-    create_topic(&up, "vsr", "t", 2).await?;
-    produce(&up, "vsr", "t", 2, 0..300, 100).await?;
-    let f = flow("vsr", &["vsr/*"]);
-    let (us_params, eu_params) = (crate::harness::cluster_params(&us), cluster_params_of(&eu));
-    let params = tuned_params(clusters(us_params.clone(), eu_params.clone()), f.clone());
-    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
-    wait_target(&eu, 0, 300).await?;
-    wait_target(&eu, 1, 300).await?;
+    let Copying {
+        up,
+        f,
+        us_params,
+        eu_params,
+        pipeline,
+    } = copying_to(&us, &eu).await?;
 
     let old = eu.primary().ok_or("the target has no primary")?;
     let sends_before = eu.faults(old).requests(SEND_MESSAGES);
