@@ -3,7 +3,7 @@
 //! `cluster` and `verify` commands). Every process is killed by its pid when the [`Cluster`]
 //! is dropped, also when a test fails; the node logs of a failed test are printed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -68,10 +68,20 @@ impl Placement {
 /// Linux's ephemeral range (32768 and up by default): a port the OS handed out for port 0 is
 /// in that range, where any outgoing connection of the machine may take it before the node
 /// binds it (seen as "Address already in use" on a busy machine). Port 0 is the fallback.
+///
+/// A port is handed out once per process: the tests of one binary run in parallel, and two of
+/// them that drew the same free port before either node bound it collided (seen in the `ha`
+/// suite as a node that could not bind its admin API).
 pub fn free_addr() -> Result<SocketAddr> {
+    static HANDED_OUT: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
     for _ in 0..50 {
         let port = rand::random::<u16>() % 12_000 + 20_000;
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if handed_out.contains(&port) {
+            continue;
+        }
         if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            handed_out.insert(port);
             return Ok(listener.local_addr()?);
         }
     }
