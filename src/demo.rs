@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use replicator_harness::IggyCluster as _;
 use replicator_harness::{
     delete_stream, ensure_topic, group_next_message, message_id_at, partition_counts,
     store_group_offsets, stream_messages, Client, Endpoint, FlowConfig, MessageShape, NodeConfig,
@@ -433,14 +434,14 @@ impl Demo {
                 .await
                 .map_err(|e| failed("reading the source", &e))?;
             match next {
-                Some(m) if m.header.id == expected => println!(
+                Some(m) if m.id == expected => println!(
                     "  partition {partition}: the group continues on eu at offset {} with the message that follows upstream offset {offset} (same id)",
-                    m.header.offset
+                    m.offset
                 ),
                 other => {
                     continued = Err(Failure::not_exact(format!(
                         "cutover: partition {partition} of {DEMO_TOPIC} continues with {:?}, not with the message after upstream offset {offset}",
-                        other.map(|m| m.header.offset)
+                        other.map(|m| m.offset)
                     )));
                 }
             }

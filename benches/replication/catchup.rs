@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use replicator_harness::IggyCluster as _;
 use replicator_harness::{
     connect, delete_stream, ensure_topic, raw_copy, Cluster, RawCopy, TestResult, Topic, Watch,
 };

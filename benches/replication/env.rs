@@ -12,6 +12,7 @@ use replicator_harness::{
 };
 
 use crate::settings::Settings;
+use replicator_harness::IggyCluster as _;
 use replicator_model::IggyVersion;
 
 /// Size of every benchmark message's payload.

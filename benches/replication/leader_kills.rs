@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use replicator_harness::IggyCluster as _;
 use replicator_harness::{
     connect, partition_counts, Cluster, Deadline, NodeId, Status, TestResult,
 };

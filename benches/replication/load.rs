@@ -2,6 +2,7 @@
 //! latency of a finished copy.
 
 use iggy::prelude::{Consumer, Identifier, PollingStrategy};
+use replicator_harness::IggyCluster as _;
 use replicator_harness::{
     connect, Client, Endpoint, MessageShape, PacedProducer, ProducerParams, Target, TestResult,
     Topic,
@@ -87,10 +88,10 @@ async fn append_times(
                 false,
             )
             .await?;
-        let Some(last) = polled.messages.last().map(|m| m.header.offset) else {
+        let Some(last) = polled.messages.last().map(|m| m.offset) else {
             return Ok(times);
         };
-        times.extend(polled.messages.iter().map(|m| m.header.timestamp));
+        times.extend(polled.messages.iter().map(|m| m.timestamp));
         offset = last + 1;
     }
 }

@@ -23,6 +23,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
+use replicator_harness::IggyCluster as _;
 use replicator_harness::{
     connect, ensure_topic, wait_resumed, wait_until, Cluster, ClusterEntry, ClusterSpec, DevServer,
     Endpoint, FlowEntry, NodeId, Replication, Stalled, Status, TestResult, Topic, Watch,

@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use replicator_harness::IggyCluster as _;
 use replicator_harness::{
     connect, delete_stream, ensure_topic, tick, wait_resumed, Cluster, ClusterTopic, Deadline,
     Endpoint, Stalled, TestResult, Topic,

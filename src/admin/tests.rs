@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use replicator_config::testing::MinimalConfig;
 use replicator_config::Secret;
+use replicator_harness::IggyCluster as _;
 use replicator_testkit::{TestServer, TestServerConfig};
 
 use super::*;

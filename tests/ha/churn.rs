@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use iggy::prelude::{Identifier, IggyMessage};
+use replicator_harness::IggyCluster as _;
 use replicator_harness::{
     connect, ensure_topic, partition_counts, produce_bulk, serial, wait_until, Bulk, Cluster,
     TestResult,

@@ -146,7 +146,7 @@ fn groups_follow_failover_and_promote_then_fail_back_exactly() -> TestResult {
             let next = group_next_message(&down, (STREAM, TOPIC), "billing", partition).await?;
             let want = message_id_at(&up, (STREAM, TOPIC), partition, offset + 1).await?;
             assert_eq!(
-                next.map(|m| m.header.id),
+                next.map(|m| m.id),
                 Some(want),
                 "partition {partition} continues at the next message"
             );

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use replicator_harness::IggyCluster as _;
 use replicator_harness::{
     connect, ensure_topic, tick, Cluster, ClusterEntry, ClusterSpec, Deadline, FlowEntry,
     MessageShape, NodeId, PacedProducer, Placement, ProducerParams, Replication, ReplicatorBinary,

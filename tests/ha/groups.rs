@@ -110,7 +110,7 @@ async fn promote_continues_at_next(
         let next = group_next_message(down, ids, GROUP, partition).await?;
         let want = message_id_at(up, ids, partition, offset + 1).await?;
         assert_eq!(
-            next.map(|m| m.header.id),
+            next.map(|m| m.id),
             Some(want),
             "partition {partition} continues at the message after {offset}"
         );

@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use iggy::prelude::IggyMessage;
 use replicator_harness::Client;
+use replicator_harness::IggyCluster as _;
 use replicator_harness::{
     connect, partition_ids, produce_bulk, serial, wait_until, Bulk, Cluster, ClusterSpec,
     CommandRun, FlowEntry, Servers, TestResult, Topic,

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use replicator_harness::IggyCluster as _;
 use replicator_harness::{
     connect, ensure_topic, serial, wait_resumed, wait_until, Cluster, FlowEntry, NodeId,
     PacedProducer, Placement, Replication, Stalled, Status, TestResult, Topic,

@@ -13,6 +13,7 @@ use iggy::prelude::{
     GlobalPermissions, IggyDuration, IggyExpiry, IggyMessage, Permissions, StreamPermissions,
     TopicPermissions, UserStatus,
 };
+use replicator_harness::IggyCluster as _;
 use replicator_harness::{
     connect, group_next_message, message_id_at, produce_bulk, serial, store_group_offsets,
     translated_exactly, wait_until, Bulk, Client, Cluster, ClusterEntry, Endpoint, FlowEntry,
@@ -238,7 +239,7 @@ async fn app_user_continues_on_the_target(target: IggyVersion) -> TestResult {
         let next = group_next_message(&app, (STREAM, TOPIC), "billing", partition).await?;
         let want = message_id_at(&up, (STREAM, TOPIC), partition, offset + 1).await?;
         assert_eq!(
-            next.map(|m| m.header.id),
+            next.map(|m| m.id),
             Some(want),
             "partition {partition} continues at the next message, as {APP}"
         );

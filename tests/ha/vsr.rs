@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use replicator_harness::IggyCluster as _;
 use replicator_harness::{
     connect, ensure_topic, serial, tick, wait_resumed, Cluster, ClusterEntry, ClusterTopic,
     Deadline, FlowEntry, PacedProducer, Replication, Stalled, TestResult, Topic,

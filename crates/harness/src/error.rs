@@ -12,9 +12,9 @@ pub enum Error {
     /// it may hold credentials).
     #[error("invalid Iggy connection string: {0}")]
     InvalidUrl(&'static str),
-    /// An Iggy SDK call failed.
+    /// A call to an Iggy cluster failed.
     #[error("iggy: {0}")]
-    Iggy(#[from] iggy::prelude::IggyError),
+    Iggy(#[from] replicator_sdk::Error),
     /// An in-process test server failed.
     #[error("test server: {0}")]
     TestServer(#[from] replicator_testkit::Error),
@@ -82,3 +82,10 @@ impl Error {
 
 /// The harness's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An SDK 0.10 value that failed to build (an id, a header), as the cluster error it means.
+impl From<iggy::prelude::IggyError> for Error {
+    fn from(e: iggy::prelude::IggyError) -> Self {
+        Self::Iggy(e.into())
+    }
+}

@@ -3,6 +3,7 @@
 
 use iggy::prelude::{Consumer, Identifier, Partitioning, PollingStrategy};
 use replicator_sdk::Client;
+use replicator_sdk::IggyCluster as _;
 
 use crate::error::{Error, Result};
 
@@ -77,8 +78,8 @@ pub async fn message_id_at(
     polled
         .messages
         .first()
-        .filter(|m| m.header.offset == offset)
-        .map(|m| m.header.id)
+        .filter(|m| m.offset == offset)
+        .map(|m| m.id)
         .ok_or_else(|| Error::Command {
             command: format!("read {stream}/{topic}/{partition} at {offset}"),
             detail: "no message there".into(),
@@ -112,7 +113,7 @@ pub async fn group_next_message(
     (stream, topic): (&str, &str),
     group: &str,
     partition: u32,
-) -> Result<Option<iggy::prelude::IggyMessage>> {
+) -> Result<Option<replicator_sdk::Message>> {
     let (s, t, g) = (
         Identifier::named(stream)?,
         Identifier::named(topic)?,
@@ -158,9 +159,9 @@ pub async fn append_again(
         )
         .await?;
     // Sent as polled, as the writer sends what it polled: the server assigns new offsets.
-    let mut again = polled.messages;
+    let again = polled.messages;
     client
-        .send_messages(&s, &t, &Partitioning::partition_id(partition), &mut again)
+        .send_messages(&s, &t, &Partitioning::partition_id(partition), &again)
         .await?;
     Ok(again.len())
 }

@@ -64,7 +64,7 @@ pub use producer::{
 pub use raw_copy::{raw_copy, RawCopy};
 pub use replicator_control::ControlTiming;
 pub use replicator_model::NodeId;
-pub use replicator_sdk::Client;
+pub use replicator_sdk::{Client, IggyCluster, Message};
 pub use servers::{DevServer, Servers};
 pub use status::{MemberView, PausedView, PendingResetView, Status, UnitView};
 pub use tls::{NodeTls, TestCa};

@@ -10,11 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use iggy::prelude::{HeaderKey, HeaderValue, Identifier, IggyError, IggyMessage, Partitioning};
+use iggy::prelude::{HeaderKey, HeaderValue, Identifier, IggyMessage, Partitioning};
 use replicator_sdk::Client;
+use replicator_sdk::IggyCluster as _;
+use replicator_sdk::Message;
 use tokio::task::JoinHandle;
 
-use crate::{connect, Endpoint, Error, Result, Target};
+use crate::{connect, Endpoint, Error, Result, Target, TestResult};
 
 /// How long one send may take before it counts as failed.
 const SEND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -255,12 +257,12 @@ async fn produce(params: ProducerParams, flags: Flags) -> Result<ProducerReport>
         let due = (owed as u64).min(total - offered);
         owed -= due as f64;
         offered += due;
-        let mut batches: BTreeMap<usize, Vec<IggyMessage>> = BTreeMap::new();
+        let mut batches: BTreeMap<usize, Vec<Message>> = BTreeMap::new();
         for _ in 0..due {
             batches
                 .entry(cursor)
                 .or_default()
-                .push(encoder.message(next_id)?);
+                .push(Message::from(encoder.message(next_id)?));
             next_id += 1;
             in_batch += 1;
             if in_batch == batch {
@@ -268,13 +270,13 @@ async fn produce(params: ProducerParams, flags: Flags) -> Result<ProducerReport>
                 cursor = (cursor + 1) % ids.len();
             }
         }
-        for (index, mut messages) in batches {
+        for (index, messages) in batches {
             let (stream, topic) = &ids[index];
             let partitioning = Partitioning::partition_id(params.targets[index].partition);
             let count = messages.len() as u64;
             let sent = tokio::time::timeout(
                 SEND_TIMEOUT,
-                client.send_messages(stream, topic, &partitioning, &mut messages),
+                client.send_messages(stream, topic, &partitioning, &messages),
             )
             .await;
             match sent {
@@ -313,11 +315,13 @@ pub struct Bulk {
 }
 
 /// Sends [`Bulk::range`] to every partition of `bulk` through `client`, in order, `batch`
-/// messages per send; `message(partition, seq)` builds each message.
-pub async fn produce_bulk<E, F>(client: &Client, bulk: &Bulk, mut message: F) -> Result<(), E>
+/// messages per send; `message(partition, seq)` builds each message (with SDK 0.10's builder,
+/// or as the replicator's own [`Message`]).
+pub async fn produce_bulk<E, F, M>(client: &Client, bulk: &Bulk, mut message: F) -> TestResult
 where
-    E: From<IggyError>,
-    F: FnMut(u32, u64) -> Result<IggyMessage, E>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    F: FnMut(u32, u64) -> std::result::Result<M, E>,
+    M: Into<Message>,
 {
     let (stream, topic) = (
         Identifier::named(&bulk.stream)?,
@@ -328,15 +332,15 @@ where
         let mut seq = bulk.range.start;
         while seq < bulk.range.end {
             let end = (seq + batch).min(bulk.range.end);
-            let mut messages = (seq..end)
-                .map(|s| message(*partition, s))
-                .collect::<Result<Vec<_>, E>>()?;
+            let messages = (seq..end)
+                .map(|s| message(*partition, s).map(Into::into).map_err(Into::into))
+                .collect::<TestResult<Vec<Message>>>()?;
             client
                 .send_messages(
                     &stream,
                     &topic,
                     &Partitioning::partition_id(*partition),
-                    &mut messages,
+                    &messages,
                 )
                 .await?;
             seq = end;

@@ -3,6 +3,7 @@
 
 use iggy::prelude::{Consumer, Identifier, Partitioning, PollingStrategy};
 use replicator_sdk::Client;
+use replicator_sdk::IggyCluster as _;
 
 use crate::{connect, Endpoint, Error, Result, Topic};
 
@@ -69,7 +70,7 @@ async fn copy_partitions(
             if next[i] >= copy.per_partition {
                 continue;
             }
-            let mut polled = source
+            let polled = source
                 .poll_messages(
                     &stream,
                     &topic,
@@ -80,7 +81,7 @@ async fn copy_partitions(
                     false,
                 )
                 .await?;
-            let Some(last) = polled.messages.last().map(|m| m.header.offset) else {
+            let Some(last) = polled.messages.last().map(|m| m.offset) else {
                 return Err(Error::Setup(format!(
                     "partition {partition} ended at offset {}",
                     next[i]
@@ -91,7 +92,7 @@ async fn copy_partitions(
                     &target_stream,
                     &topic,
                     &Partitioning::partition_id(*partition),
-                    &mut polled.messages,
+                    &polled.messages,
                 )
                 .await?;
             next[i] = last + 1;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use replicator_sdk::IggyCluster as _;
 use replicator_testkit::{IggyVersion, TestServer, TestServerConfig};
 
 use crate::{

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use iggy::prelude::PollingStrategy;
 use iggy::prelude::{CompressionAlgorithm, Consumer, Identifier, IggyExpiry, MaxTopicSize};
 use replicator_model::IggyVersion;
+use replicator_sdk::IggyCluster as _;
 use replicator_sdk::{Client, ClientConfig};
 use replicator_testkit::{TestCluster, TestServer};
 
@@ -252,7 +253,7 @@ pub async fn partition_ids(
         if polled.messages.is_empty() {
             return Ok(out);
         }
-        out.extend(polled.messages.iter().map(|m| m.header.id));
+        out.extend(polled.messages.iter().map(|m| m.id));
     }
 }
 

@@ -25,6 +25,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use iggy::prelude::{HeaderKey, HeaderValue, IggyMessage};
 use replicator_pipeline::bench_support::{prepare, Batch, PrepareParams};
 use replicator_pipeline::provenance::{self, Stamp};
+use replicator_sdk::Message;
 
 /// Messages per batch (the reader's default poll size).
 const BATCH: u64 = 1000;
@@ -135,16 +136,10 @@ fn batch(headers: Option<&Bytes>) -> Batch {
     let messages = (0..BATCH)
         .map(|offset| {
             let payload = Bytes::from(vec![(offset % 251) as u8; PAYLOAD]);
-            let mut m = IggyMessage::builder()
-                .id(u128::from(offset) + 1)
-                .payload(payload)
-                .build()
-                .expect("valid message");
-            m.header.offset = offset;
-            m.header.timestamp = CREATED + 1_000 + offset;
-            m.header.origin_timestamp = CREATED + offset;
-            m.header.user_headers_length = headers.map_or(0, |h| h.len() as u32);
-            m.user_headers = headers.cloned();
+            let mut m = Message::new(u128::from(offset) + 1, CREATED + offset, payload)
+                .with_user_headers(headers.cloned());
+            m.offset = offset;
+            m.timestamp = CREATED + 1_000 + offset;
             m
         })
         .collect();

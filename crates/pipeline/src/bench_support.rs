@@ -2,8 +2,8 @@
 //! benches of this crate, wraps the writer's crate-private batch conversion without changing it,
 //! and may change or disappear with any commit.
 
-use iggy::prelude::IggyMessage;
 use replicator_model::Offset;
+use replicator_sdk::Message;
 
 /// A batch as the reader hands it to the writer.
 #[derive(Debug)]
@@ -12,12 +12,12 @@ pub struct Batch(crate::datapath::unit::Batch);
 impl Batch {
     /// A batch of polled messages (offsets and timestamps set) with no gap before it;
     /// `None` when `messages` is empty.
-    pub fn new(messages: Vec<IggyMessage>) -> Option<Self> {
+    pub fn new(messages: Vec<Message>) -> Option<Self> {
         crate::datapath::unit::Batch::new(messages, None).map(Self)
     }
 
     /// The messages: as polled, or once prepared the ones the writer would send.
-    pub fn messages(&self) -> &[IggyMessage] {
+    pub fn messages(&self) -> &[Message] {
         &self.0.messages
     }
 }

@@ -1,7 +1,7 @@
 //! The pipeline's error type and its transient/permanent classification.
 
-use iggy::prelude::IggyError;
 use replicator_model::WorkUnit;
+use replicator_sdk::ErrorKind;
 
 /// Result alias of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -24,9 +24,9 @@ pub enum Error {
         cluster: String,
         /// The operation, e.g. `poll_messages orders/created/3`.
         op: String,
-        /// The SDK's error (boxed: `IggyError` is large and this enum travels in every `Result`).
+        /// What the cluster or the SDK answered.
         #[source]
-        source: Box<IggyError>,
+        source: replicator_sdk::Error,
     },
     /// A call to an Iggy cluster did not answer within the operation timeout.
     #[error("iggy cluster `{cluster}`: {op} timed out")]
@@ -137,15 +137,14 @@ pub enum Error {
         reason: String,
     },
     /// A message could not be built (e.g. provenance headers would exceed Iggy's limits).
-    #[error("message at offset {offset} of {unit} cannot be forwarded: {source}")]
+    #[error("message at offset {offset} of {unit} cannot be forwarded: {reason}")]
     Message {
         /// The unit.
         unit: WorkUnit,
         /// Upstream offset of the message.
         offset: u64,
-        /// The SDK's validation error.
-        #[source]
-        source: Box<IggyError>,
+        /// Why it cannot.
+        reason: &'static str,
     },
 }
 
@@ -178,7 +177,7 @@ impl Error {
         match self {
             Error::InvalidParams { .. } => "invalid_params",
             Error::Iggy { source, .. } if is_connection_error(source) => "connection",
-            Error::Iggy { source, .. } if matches!(**source, IggyError::Unauthorized) => {
+            Error::Iggy { source, .. } if source.kind() == ErrorKind::Unauthorized => {
                 "unauthorized"
             }
             Error::Iggy { .. } => "iggy",
@@ -207,30 +206,12 @@ impl Error {
     }
 }
 
-/// Errors after which the connection state is unknown (the SDK's own reconnect set plus shutdown).
-pub(crate) fn is_connection_error(err: &IggyError) -> bool {
-    matches!(
-        err,
-        IggyError::Disconnected
-            | IggyError::EmptyResponse
-            | IggyError::Unauthenticated
-            | IggyError::StaleClient
-            | IggyError::NotConnected
-            | IggyError::CannotEstablishConnection
-            | IggyError::TcpError
-            | IggyError::ClientShutdown
-            | IggyError::ShardCommunicationError
-    )
+/// Errors after which the connection state is unknown.
+pub(crate) fn is_connection_error(err: &replicator_sdk::Error) -> bool {
+    err.kind() == ErrorKind::Connection
 }
 
 /// Errors that mean "the stream, topic or partition addressed does not exist".
-pub(crate) fn is_missing(err: &IggyError) -> bool {
-    matches!(
-        err,
-        IggyError::StreamIdNotFound(_)
-            | IggyError::StreamNameNotFound(_)
-            | IggyError::TopicIdNotFound(_, _)
-            | IggyError::TopicNameNotFound(_, _)
-            | IggyError::PartitionNotFound(_, _, _)
-    )
+pub(crate) fn is_missing(err: &replicator_sdk::Error) -> bool {
+    err.kind() == ErrorKind::Missing
 }

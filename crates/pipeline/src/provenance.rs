@@ -210,9 +210,9 @@ pub fn find(user_headers: Option<&[u8]>) -> Found<'_> {
 
 /// Whether `copy` (a downstream message) is a copy of `original` (an upstream one): the same
 /// id, origin timestamp, payload and user headers apart from provenance.
-pub fn same_copy(original: &iggy::prelude::IggyMessage, copy: &iggy::prelude::IggyMessage) -> bool {
-    original.header.id == copy.header.id
-        && original.header.origin_timestamp == copy.header.origin_timestamp
+pub fn same_copy(original: &replicator_sdk::Message, copy: &replicator_sdk::Message) -> bool {
+    original.id == copy.id
+        && original.origin_timestamp == copy.origin_timestamp
         && original.payload == copy.payload
         && strip(original.user_headers.as_deref()) == strip(copy.user_headers.as_deref())
 }
@@ -517,14 +517,8 @@ mod tests {
     #[test]
     fn a_copy_matches_its_original_apart_from_provenance() {
         let message = |id: u128, payload: &'static [u8], origin: u64, headers: Option<Bytes>| {
-            let mut m = IggyMessage::builder()
-                .id(id)
-                .payload(Bytes::from_static(payload))
-                .build()
-                .expect("valid");
-            m.header.origin_timestamp = origin;
-            m.user_headers = headers;
-            m
+            replicator_sdk::Message::new(id, origin, Bytes::from_static(payload))
+                .with_user_headers(headers)
         };
         let user = user_headers(&[("k", "v")]);
         let original = message(7, b"payload", 42, Some(user.clone()));

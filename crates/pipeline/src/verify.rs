@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::{Consumer, Identifier, IggyMessage, PollingStrategy};
+use iggy::prelude::{Consumer, Identifier, PollingStrategy};
+use replicator_sdk::IggyCluster as _;
+use replicator_sdk::Message;
 
 use crate::clients::Cluster;
 use crate::error::{Error, Result};
@@ -281,9 +283,9 @@ impl RangeSet {
 
 /// Whether two messages carry the same id, payload, user headers (without provenance) and
 /// origin timestamp.
-fn same(up: &IggyMessage, down: &IggyMessage) -> bool {
-    up.header.id == down.header.id
-        && up.header.origin_timestamp == down.header.origin_timestamp
+fn same(up: &Message, down: &Message) -> bool {
+    up.id == down.id
+        && up.origin_timestamp == down.origin_timestamp
         && up.payload == down.payload
         && provenance::strip(up.user_headers.as_deref())
             == provenance::strip(down.user_headers.as_deref())
@@ -323,7 +325,7 @@ async fn compare(
     let mut late = 0u64;
     let mut last: Option<u64> = None;
     let mut head = next_expected(&mut up, p, flow).await?;
-    let first_up = head.as_ref().map(|m| m.header.offset);
+    let first_up = head.as_ref().map(|m| m.offset);
     while let Some(d) = down.next().await? {
         let found = provenance::find(d.user_headers.as_deref());
         if found.source != Some(flow.source.as_str()) || found.topic_created_at != Some(created_at)
@@ -345,11 +347,11 @@ async fn compare(
             continue;
         }
         last = Some(s);
-        while head.as_ref().is_some_and(|h| h.header.offset < s) {
+        while head.as_ref().is_some_and(|h| h.offset < s) {
             head = next_expected(&mut up, p, flow).await?;
         }
         match &head {
-            Some(h) if h.header.offset == s => {
+            Some(h) if h.offset == s => {
                 if !same(h, &d) {
                     p.corrupted += 1;
                 }
@@ -373,7 +375,7 @@ async fn next_expected(
     up: &mut Cursor,
     p: &mut PartitionReport,
     flow: &FlowParams,
-) -> Result<Option<IggyMessage>> {
+) -> Result<Option<Message>> {
     while let Some(m) = up.next().await? {
         if flow.provenance
             && provenance::find(m.user_headers.as_deref()).origin_cluster()
@@ -401,7 +403,7 @@ struct Cursor {
     /// Next offset to poll.
     next: u64,
     /// Messages polled, not yet returned.
-    buf: VecDeque<IggyMessage>,
+    buf: VecDeque<Message>,
     /// The end was reached.
     done: bool,
     /// Messages per poll.
@@ -433,7 +435,7 @@ impl Cursor {
     }
 
     /// The next message, polling when the buffer is empty.
-    async fn next(&mut self) -> Result<Option<IggyMessage>> {
+    async fn next(&mut self) -> Result<Option<Message>> {
         if self.buf.is_empty() && !self.done {
             let (s, t, c) = (
                 self.stream.clone(),
@@ -456,13 +458,13 @@ impl Cursor {
                     .await
                 })
                 .await?;
-            let fresh: VecDeque<IggyMessage> = polled
+            let fresh: VecDeque<Message> = polled
                 .messages
                 .into_iter()
-                .filter(|m| m.header.offset >= from)
+                .filter(|m| m.offset >= from)
                 .collect();
             match fresh.back() {
-                Some(m) => self.next = m.header.offset + 1,
+                Some(m) => self.next = m.offset + 1,
                 None => self.done = true,
             }
             self.buf = fresh;
@@ -476,7 +478,7 @@ fn name_id(name: &str) -> Result<Identifier> {
     Identifier::named(name).map_err(|source| Error::Iggy {
         cluster: String::new(),
         op: format!("name `{name}`"),
-        source: Box::new(source),
+        source: source.into(),
     })
 }
 

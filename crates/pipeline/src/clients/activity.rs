@@ -54,6 +54,7 @@ use std::time::Duration;
 
 use iggy::prelude::{Identifier, StreamDetails, TopicDetails};
 use replicator_model::Offset;
+use replicator_sdk::IggyCluster as _;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;

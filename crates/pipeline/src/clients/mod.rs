@@ -18,12 +18,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iggy::prelude::IggyError;
 use replicator_model::IggyVersion;
 use tokio::sync::Mutex;
 
 use self::activity::ActivityRegistry;
 use crate::error::{Error, Result};
+use replicator_sdk::IggyCluster as _;
 use replicator_sdk::{Client, ClientConfig, InFlight};
 
 /// An established connection as handed to callers.
@@ -323,10 +323,7 @@ impl Cluster {
                     // (an earlier replicator cluster with the same `writer_user_prefix` revoked
                     // it): this identity will never log in there. Credentials are the
                     // cluster's: no other node will take them either.
-                    if matches!(
-                        source,
-                        IggyError::InvalidCredentials | IggyError::UserInactive
-                    ) {
+                    if source.kind() == replicator_sdk::ErrorKind::CredentialsRejected {
                         if let Some(refused) = &self.login_refused {
                             refused.notify_one();
                         }
@@ -394,11 +391,11 @@ impl Cluster {
     }
 
     /// Wraps an SDK error with this cluster's alias and the operation.
-    fn err(&self, op: impl Into<String>, source: IggyError) -> Error {
+    fn err(&self, op: impl Into<String>, source: replicator_sdk::Error) -> Error {
         Error::Iggy {
             cluster: self.alias.clone(),
             op: op.into(),
-            source: Box::new(source),
+            source,
         }
     }
 
@@ -407,7 +404,7 @@ impl Cluster {
     pub(crate) async fn call<T, F, Fut>(&self, slot: usize, op: &str, f: F) -> Result<T>
     where
         F: FnOnce(Arc<Client>) -> Fut,
-        Fut: Future<Output = std::result::Result<T, IggyError>>,
+        Fut: Future<Output = replicator_sdk::Result<T>>,
     {
         match self
             .call_checked(slot, op, || Ok::<(), std::convert::Infallible>(()), f)
@@ -432,7 +429,7 @@ impl Cluster {
     where
         C: FnOnce() -> std::result::Result<(), V>,
         F: FnOnce(Arc<Client>) -> Fut,
-        Fut: Future<Output = std::result::Result<T, IggyError>>,
+        Fut: Future<Output = replicator_sdk::Result<T>>,
     {
         let (conn, _turn) = loop {
             let conn = self.get(slot).await?;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use replicator_model::IggyVersion;
 
 use replicator_sdk::ClientConfig;
+use replicator_sdk::IggyCluster as _;
 
 use crate::params::ClusterParams;
 

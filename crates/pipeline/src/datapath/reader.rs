@@ -33,6 +33,7 @@ use crate::control::ControlPlane;
 use crate::datapath::offsets::{detect_gap, ReadFrom};
 use crate::datapath::unit::{named, Batch, UnitShared};
 use crate::error::{Error, Result};
+use replicator_sdk::IggyCluster as _;
 
 /// What the coordinator starts a reader with.
 pub(crate) struct ReaderArgs<C> {
@@ -246,7 +247,7 @@ impl<C: ControlPlane> Reader<C> {
             other => other,
         })?;
         let mut messages = polled.messages;
-        messages.retain(|m| m.header.offset >= from.offset);
+        messages.retain(|m| m.offset >= from.offset);
         let (Some(first), Some(last)) = (messages.first(), messages.last()) else {
             if went_back(from, polled.current_offset) {
                 return Ok(Polled::Reset {
@@ -256,7 +257,7 @@ impl<C: ControlPlane> Reader<C> {
             shared.meters.upstream_end(from.offset);
             return Ok(Polled::Empty);
         };
-        let (first, last) = (first.header.offset, last.header.offset);
+        let (first, last) = (first.offset, last.offset);
         shared
             .meters
             .upstream_end(polled.current_offset.max(last).saturating_add(1));

@@ -24,9 +24,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::{Identifier, IggyError, IggyMessage, Partitioning};
+use iggy::prelude::{Identifier, Partitioning};
 use replicator_model::{Assignment, Epoch, WorkUnit};
 use replicator_sdk::Confirmed;
+use replicator_sdk::IggyCluster as _;
+use replicator_sdk::Message;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -59,7 +61,7 @@ pub(crate) struct Copies<'a> {
     pub(crate) slot: usize,
     pub(crate) stream: Identifier,
     pub(crate) topic: Identifier,
-    pub(crate) messages: &'a mut [IggyMessage],
+    pub(crate) messages: &'a [Message],
     /// Their size as sent (for the throttle).
     pub(crate) bytes: u64,
 }
@@ -176,7 +178,7 @@ impl<C: ControlPlane> TargetWriter<C> {
     ) -> Result<T>
     where
         F: FnOnce(Arc<replicator_sdk::Client>) -> Fut,
-        Fut: Future<Output = std::result::Result<T, IggyError>>,
+        Fut: Future<Output = replicator_sdk::Result<T>>,
     {
         write_checked(conn, slot, op, || self.node_check(), f).await
     }
@@ -195,7 +197,7 @@ pub(crate) async fn write_checked<T, F, Fut>(
 ) -> Result<T>
 where
     F: FnOnce(Arc<replicator_sdk::Client>) -> Fut,
-    Fut: Future<Output = std::result::Result<T, IggyError>>,
+    Fut: Future<Output = replicator_sdk::Result<T>>,
 {
     match conn.call_checked(slot, op, check, f).await? {
         Ok(value) => Ok(value),

@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use iggy::prelude::{Identifier, IggyMessage};
+use iggy::prelude::Identifier;
 use replicator_model::{Epoch, Offset, WorkUnit};
+use replicator_sdk::Message;
 
 use crate::clients::Cluster;
 use crate::error::{Error, Result};
@@ -74,10 +75,10 @@ impl<C> UnitShared<C> {
 
 /// A named identifier; names longer than Iggy allows are a permanent error.
 pub(crate) fn named(name: &str, unit: &WorkUnit) -> Result<Identifier> {
-    Identifier::named(name).map_err(|source| Error::Message {
+    Identifier::named(name).map_err(|_| Error::Message {
         unit: unit.clone(),
         offset: 0,
-        source: Box::new(source),
+        reason: "its stream or topic name is not one Iggy accepts",
     })
 }
 
@@ -86,9 +87,9 @@ pub(crate) fn named(name: &str, unit: &WorkUnit) -> Result<Identifier> {
 /// what the batch covers upstream is kept apart from them.
 #[derive(Debug)]
 pub(crate) struct Batch {
-    /// The messages as polled (offset, timestamp and checksum set by the upstream server);
+    /// The messages as polled (offset and timestamp set by the upstream server);
     /// once prepared, the ones to send downstream.
-    pub(crate) messages: Vec<IggyMessage>,
+    pub(crate) messages: Vec<Message>,
     /// Offsets lost to upstream retention right before this batch.
     pub(crate) gap: Option<Gap>,
     /// Offset of the last message as polled: the batch covers upstream up to here.
@@ -99,8 +100,8 @@ pub(crate) struct Batch {
 
 impl Batch {
     /// A batch of polled messages; `None` when there are none.
-    pub(crate) fn new(messages: Vec<IggyMessage>, gap: Option<Gap>) -> Option<Self> {
-        let last_offset = messages.last()?.header.offset;
+    pub(crate) fn new(messages: Vec<Message>, gap: Option<Gap>) -> Option<Self> {
+        let last_offset = messages.last()?.offset;
         Some(Self {
             messages,
             gap,

@@ -24,6 +24,8 @@ use iggy::prelude::{
     IggyTimestamp, MaxTopicSize, Partitioning,
 };
 use replicator_model::{Assignment, NodeId};
+use replicator_sdk::IggyCluster as _;
+use replicator_sdk::Message;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -293,16 +295,16 @@ impl<C: ControlPlane> Task<C> {
         let message = message(&record).map_err(|source| Error::Iggy {
             cluster: target.alias().to_owned(),
             op: "build heartbeat".into(),
-            source: Box::new(source),
+            source,
         })?;
         let (s, t) = (named(stream)?, named(topic)?);
-        let mut messages = vec![message];
+        let messages = [message];
         self.p
             .door
             .node_call(target, 0, "send_heartbeat", |c| async move {
                 // A heartbeat topic has no copy to keep in step: where it landed is not
                 // checked.
-                c.send_messages(&s, &t, &Partitioning::partition_id(0), &mut messages)
+                c.send_messages(&s, &t, &Partitioning::partition_id(0), &messages)
                     .await
                     .map(drop)
             })
@@ -312,16 +314,18 @@ impl<C: ControlPlane> Task<C> {
 
 /// The heartbeat message of `record`: its JSON, and the flow in [`HEARTBEAT_HEADER`]. Its id
 /// is 0: the server assigns one.
-fn message(record: &HeartbeatRecord) -> std::result::Result<IggyMessage, IggyError> {
+fn message(record: &HeartbeatRecord) -> replicator_sdk::Result<Message> {
     let payload = serde_json::to_vec(record).map_err(|_| IggyError::InvalidFormat)?;
     let headers = BTreeMap::from([(
         HeaderKey::from_str(HEARTBEAT_HEADER)?,
         HeaderValue::from_str(&record.flow)?,
     )]);
-    IggyMessage::builder()
+    // SDK 0.10's builder encodes the user headers (both generations encode them alike).
+    let built = IggyMessage::builder()
         .payload(Bytes::from(payload))
         .user_headers(headers)
-        .build()
+        .build()?;
+    Ok(Message::from(built))
 }
 
 /// Creates `stream/topic` on the target (1 partition, server defaults) when it is missing.
@@ -387,12 +391,14 @@ mod tests {
         let m = message(&record)?;
         let parsed: HeartbeatRecord = serde_json::from_slice(&m.payload)?;
         check!(parsed == record);
-        let headers = m.user_headers_map()?.unwrap_or_default();
+        let headers = IggyMessage::from(&m)
+            .user_headers_map()?
+            .unwrap_or_default();
         let value = headers.get(&HeaderKey::from_str(HEARTBEAT_HEADER)?);
         check!(
             value.map(|v| v.as_str().map(str::to_owned).ok()) == Some(Some("us-to-eu".to_owned()))
         );
-        check!(m.header.id == 0);
+        check!(m.id == 0);
         Ok(())
     }
 }

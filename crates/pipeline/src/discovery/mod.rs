@@ -15,8 +15,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use iggy::prelude::{CompressionAlgorithm, Identifier, IggyError, IggyExpiry, MaxTopicSize, Topic};
+use iggy::prelude::{CompressionAlgorithm, Identifier, IggyExpiry, MaxTopicSize, Topic};
 use replicator_model::WorkUnit;
+use replicator_sdk::IggyCluster as _;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -250,10 +251,7 @@ pub(crate) async fn create_stream_and_topic(
             c.create_stream(&name).await
         })
         .await;
-    ignore_exists(
-        created.map(|_| ()),
-        IggyError::StreamNameAlreadyExists(String::new()),
-    )?;
+    ignore_exists(created.map(|_| ()))?;
     let (sid, name) = (named(stream)?, topic.to_owned());
     let created = target
         .call(0, "create_topic", |c| async move {
@@ -269,16 +267,17 @@ pub(crate) async fn create_stream_and_topic(
             .await
         })
         .await;
-    ignore_exists(
-        created.map(|_| ()),
-        IggyError::TopicNameAlreadyExists(String::new(), Identifier::default()),
-    )
+    ignore_exists(created.map(|_| ()))
 }
 
 /// Treats "already exists" (another instance created it first) as success.
-pub(crate) fn ignore_exists(result: Result<()>, exists: IggyError) -> Result<()> {
+pub(crate) fn ignore_exists(result: Result<()>) -> Result<()> {
     match result {
-        Err(Error::Iggy { ref source, .. }) if source.as_code() == exists.as_code() => Ok(()),
+        Err(Error::Iggy { ref source, .. })
+            if source.kind() == replicator_sdk::ErrorKind::AlreadyExists =>
+        {
+            Ok(())
+        }
         other => other,
     }
 }
@@ -289,6 +288,6 @@ pub(crate) fn named(name: &str) -> Result<Identifier> {
     Identifier::named(name).map_err(|source| Error::Iggy {
         cluster: String::new(),
         op: format!("name `{name}`"),
-        source: Box::new(source),
+        source: source.into(),
     })
 }

@@ -4,8 +4,9 @@
 //! binary); `../shared/docs/iggy-fencing.md` records why a permission change fences an open
 //! session on Iggy 0.8 and 0.9.
 
-use iggy::prelude::{GlobalPermissions, Identifier, IggyError, Permissions, UserStatus};
+use iggy::prelude::{GlobalPermissions, Identifier, Permissions, UserStatus};
 use replicator_model::{writer_username, NodeId, WriterLogin};
+use replicator_sdk::IggyCluster as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -271,7 +272,7 @@ fn unknown_password() -> String {
 async fn call<T, F, Fut>(t: &FencedTarget, op: &str, f: F) -> std::result::Result<T, String>
 where
     F: FnOnce(Arc<replicator_sdk::Client>) -> Fut,
-    Fut: std::future::Future<Output = std::result::Result<T, IggyError>>,
+    Fut: std::future::Future<Output = replicator_sdk::Result<T>>,
 {
     t.admin
         .call(0, op, f)

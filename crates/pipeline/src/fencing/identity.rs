@@ -231,6 +231,7 @@ mod tests {
 
     use super::*;
     use replicator_model::IggyVersion;
+    use replicator_sdk::IggyCluster as _;
 
     fn params(prefix: Option<&str>) -> ClusterParams {
         let mut p = ClusterParams::new("iggy://admin:pw@127.0.0.1:1");

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use iggy::prelude::{Consumer, PollingStrategy};
 use replicator_model::{Offset, WorkUnit};
+use replicator_sdk::IggyCluster as _;
 
 use crate::clients::Cluster;
 use crate::datapath::unit::named;
@@ -167,7 +168,7 @@ impl Cutover {
             )
             .await
             .map_err(|e| e.to_string())?;
-        Ok(polled.messages.first().map(|m| m.header.offset))
+        Ok(polled.messages.first().map(|m| m.offset))
     }
 
     async fn topic_extents(

@@ -6,6 +6,7 @@ use iggy::prelude::{GlobalPermissions, Permissions, UserStatus};
 use replicator_model::{IggyVersion, WorkUnit, WriterLogin};
 use replicator_pipeline::verify::{verify, VerifyParams};
 use replicator_pipeline::{ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams};
+use replicator_sdk::IggyCluster as _;
 
 use crate::harness::{
     assert_exact, client, cluster_params, count, create_topic, flow, generations, node_id, produce,

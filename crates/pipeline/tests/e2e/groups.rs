@@ -10,6 +10,7 @@ use replicator_harness::Client;
 use replicator_harness::{group_offset, store_group_offsets, translated_exactly};
 use replicator_model::WorkUnit;
 use replicator_pipeline::{FlowParams, Pipeline};
+use replicator_sdk::IggyCluster as _;
 
 use crate::harness::{client, create_topic, produce, wait_confirmed, wait_until, Env, TestResult};
 

@@ -15,6 +15,7 @@ use replicator_model::WorkUnit;
 use replicator_pipeline::{
     HeartbeatRecord, InMemoryControl, Observer, Pipeline, PipelineObserver, HEARTBEAT_HEADER,
 };
+use replicator_sdk::IggyCluster as _;
 
 use crate::harness::{
     client, count, create_topic, flow, produce, wait_confirmed, wait_until, Env, Intercept,
@@ -42,7 +43,9 @@ async fn heartbeats(
     let mut records = Vec::new();
     for message in polled.messages {
         let record: HeartbeatRecord = serde_json::from_slice(&message.payload)?;
-        let headers = message.user_headers_map()?.unwrap_or_default();
+        let headers = iggy::prelude::IggyMessage::from(&message)
+            .user_headers_map()?
+            .unwrap_or_default();
         let flow = headers
             .get(&key)
             .ok_or("heartbeat without its header")?

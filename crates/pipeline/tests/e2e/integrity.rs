@@ -6,13 +6,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use iggy::prelude::{Consumer, Identifier, IggyMessage, Partitioning, PollingStrategy};
+use iggy::prelude::{Consumer, Identifier, Partitioning, PollingStrategy};
 use replicator_harness::Client;
 use replicator_model::{IggyVersion, WorkUnit};
 use replicator_pipeline::provenance::{self, Incarnation};
 use replicator_pipeline::{
     ControlPlane, FlowParams, InMemoryControl, Observer, Pipeline, PipelineObserver, UnitStats,
 };
+use replicator_sdk::IggyCluster as _;
+use replicator_sdk::Message;
 
 use crate::harness::{
     assert_exact, client, count, create_topic, produce, wait_confirmed, wait_until, CopiedUnit,
@@ -26,7 +28,7 @@ async fn messages(
     topic: &str,
     offset: u64,
     count: u32,
-) -> TestResult<Vec<IggyMessage>> {
+) -> TestResult<Vec<Message>> {
     let polled = c
         .poll_messages(
             &Identifier::named(stream)?,
@@ -52,7 +54,7 @@ async fn created_at(c: &Client, stream: &str, topic: &str) -> TestResult<u64> {
 
 /// Checks that `copies` are copies of `originals`, one for one, stamped with the source offset
 /// and the incarnation `generation` of the topic created at `created`.
-fn assert_copies(originals: &[IggyMessage], copies: &[IggyMessage], created: u64, generation: u16) {
+fn assert_copies(originals: &[Message], copies: &[Message], created: u64, generation: u16) {
     assert!(
         originals.len() == copies.len(),
         "{} originals, {} copies",
@@ -60,7 +62,7 @@ fn assert_copies(originals: &[IggyMessage], copies: &[IggyMessage], created: u64
         copies.len()
     );
     for (original, copy) in originals.iter().zip(copies) {
-        let offset = original.header.offset;
+        let offset = original.offset;
         assert!(provenance::same_copy(original, copy), "offset {offset}");
         let found = provenance::find(copy.user_headers.as_deref());
         assert!(found.offset == Some(offset), "{found:?}");
@@ -217,7 +219,7 @@ async fn messages_the_target_lost_are_copied_again_and_those_retention_removed_a
     wait_confirmed(&control, &unit, 49, Duration::from_secs(30)).await?;
     first.shutdown().await;
     let down = client(&env.eu).await?;
-    let mut kept = messages(&down, "lost", "t", 0, 50).await?;
+    let kept = messages(&down, "lost", "t", 0, 50).await?;
     produce(&up, "lost", "t", 1, 50..100, 50).await?;
     let second = Pipeline::start(env.params(f.clone()), control.clone()).await?;
     wait_confirmed(&control, &unit, 99, Duration::from_secs(30)).await?;
@@ -226,7 +228,7 @@ async fn messages_the_target_lost_are_copied_again_and_those_retention_removed_a
     // is the first 50 copies.
     let (stream, topic) = (Identifier::named("lost")?, Identifier::named("t")?);
     down.purge_topic(&stream, &topic).await?;
-    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &mut kept)
+    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &kept)
         .await?;
     assert!(count(&env.eu, "lost", "t", 0) == 50);
     // Meanwhile upstream retention removed 50..59: those cannot be copied again.
@@ -254,10 +256,10 @@ async fn messages_the_target_lost_under_a_running_writer_are_copied_again() -> T
     // The target restarts without its newest 20 messages (acknowledged, never persisted)
     // while the writer runs: its connection drops, and the first 30 copies are what is left.
     let down = client(&env.eu).await?;
-    let mut kept = messages(&down, "midloss", "t", 0, 30).await?;
+    let kept = messages(&down, "midloss", "t", 0, 30).await?;
     let (stream, topic) = (Identifier::named("midloss")?, Identifier::named("t")?);
     down.purge_topic(&stream, &topic).await?;
-    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &mut kept)
+    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &kept)
         .await?;
     env.eu.faults().drop_connections();
     produce(&up, "midloss", "t", 1, 50..60, 10).await?;
@@ -291,10 +293,10 @@ async fn copies_the_target_lost_after_a_resume_and_before_the_first_send_are_cop
     .await?;
     // The target restarts without its newest 20 messages: its connections drop.
     let down = client(&env.eu).await?;
-    let mut kept = messages(&down, "resumeloss", "t", 0, 30).await?;
+    let kept = messages(&down, "resumeloss", "t", 0, 30).await?;
     let (stream, topic) = (Identifier::named("resumeloss")?, Identifier::named("t")?);
     down.purge_topic(&stream, &topic).await?;
-    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &mut kept)
+    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &kept)
         .await?;
     env.eu.faults().drop_connections();
     produce(&up, "resumeloss", "t", 1, 50..60, 10).await?;

@@ -11,6 +11,7 @@ use iggy::prelude::{
 use replicator_harness::{connect, Endpoint};
 use replicator_model::{Naming, TopicSetting};
 use replicator_pipeline::{ActivationOutcome, Pipeline, UserSyncState};
+use replicator_sdk::IggyCluster as _;
 
 use crate::harness::{client, create_topic, flow, produce, wait_until, Env, TestResult};
 

@@ -11,6 +11,7 @@ use replicator_pipeline::verify::verify;
 use replicator_pipeline::{
     BlockedTopic, FlowParams, InMemoryControl, Pipeline, PipelineParams, PolicyParams,
 };
+use replicator_sdk::IggyCluster as _;
 
 use crate::harness::{
     assert_exact, client, count, create_topic, flow, produce, wait_until, Env, Intercept,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use iggy::prelude::Identifier;
 use replicator_model::{InitialOffset, Naming, WorkUnit};
 use replicator_pipeline::{InMemoryControl, Pipeline};
+use replicator_sdk::IggyCluster as _;
 
 use crate::harness::{
     assert_exact, client, confirmed, count, create_topic, flow, produce, wait_confirmed,

@@ -31,8 +31,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iggy::prelude::PollingStrategy;
-use iggy::prelude::{Consumer, Identifier, IggyMessage, IggyTimestamp};
+use iggy::prelude::{Consumer, Identifier, IggyTimestamp};
 use replicator_model::{CommitOutcome, Offset, ProgressCommit, UnitProgress, UnitStart};
+use replicator_sdk::IggyCluster as _;
+use replicator_sdk::Message;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -472,11 +474,11 @@ impl<C: ControlPlane> Writer<C> {
         .map_err(|offset| Error::Message {
             unit: shared.unit.clone(),
             offset,
-            source: Box::new(iggy::prelude::IggyError::TooBigUserHeaders),
+            reason: "its user headers with provenance exceed what Iggy accepts",
         })?;
         let (gap, last_offset) = (batch.gap, batch.last_offset);
         let recopied = self.recopy_until.map_or(0, |until| {
-            batch.messages.partition_point(|m| m.header.offset <= until) as u64
+            batch.messages.partition_point(|m| m.offset <= until) as u64
         });
         if !batch.messages.is_empty() {
             let (stream, topic) = shared.downstream_ids()?;
@@ -513,9 +515,9 @@ impl<C: ControlPlane> Writer<C> {
                     // What the consumer-group sync translates with (the SDK leaves the
                     // messages' upstream offsets as they were).
                     if let Some(map) = &self.offset_map {
-                        lock_map(map).sent(batch.messages.iter().map(|m| m.header.offset));
+                        lock_map(map).sent(batch.messages.iter().map(|m| m.offset));
                     }
-                    self.last_copied = batch.messages.last().map(|m| m.header.offset);
+                    self.last_copied = batch.messages.last().map(|m| m.offset);
                 }
                 Ok(Err(veto)) => return Ok(Sent::Vetoed(veto)),
                 Err(err) => {
@@ -728,7 +730,7 @@ async fn scan_tail<C>(
     let partition = shared.unit.partition;
     let consumer = Consumer::new(named("iggy-replicator.tail", &shared.unit)?);
     let source = shared.flow.source.as_str();
-    let ours = |m: &IggyMessage| {
+    let ours = |m: &Message| {
         let found = provenance::find(m.user_headers.as_deref());
         if found.source != Some(source) {
             return None;
@@ -763,7 +765,7 @@ async fn scan_tail<C>(
             .messages
             .iter()
             .map(|m| TailEntry {
-                offset: m.header.offset,
+                offset: m.offset,
                 ours: ours(m),
             })
             .collect();
@@ -796,7 +798,7 @@ pub(crate) fn tail_poll(poll: TailPoll) -> (PollingStrategy, u32) {
 /// partition refilled past the unit's position holds other messages at the same offsets.
 async fn check_tail<C>(shared: &UnitShared<C>, hit: TailHit) -> Result<TailCheck> {
     let consumer = Consumer::new(named("iggy-replicator.check", &shared.unit)?);
-    let at = |ids, offset| Message {
+    let at = |ids, offset| MessageAt {
         ids,
         partition: shared.unit.partition,
         offset,
@@ -825,7 +827,7 @@ async fn check_tail<C>(shared: &UnitShared<C>, hit: TailHit) -> Result<TailCheck
 }
 
 /// Where one message is read.
-struct Message {
+struct MessageAt {
     /// Stream and topic.
     ids: (Identifier, Identifier),
     partition: u32,
@@ -834,8 +836,8 @@ struct Message {
 }
 
 /// The message at `at`, if the partition holds that offset.
-async fn poll_one(cluster: &Cluster, slot: usize, at: Message) -> Result<Option<IggyMessage>> {
-    let Message {
+async fn poll_one(cluster: &Cluster, slot: usize, at: MessageAt) -> Result<Option<Message>> {
+    let MessageAt {
         ids: (stream, topic),
         partition,
         offset,
@@ -856,8 +858,5 @@ async fn poll_one(cluster: &Cluster, slot: usize, at: Message) -> Result<Option<
             .await
         })
         .await?;
-    Ok(polled
-        .messages
-        .into_iter()
-        .find(|m| m.header.offset == offset))
+    Ok(polled.messages.into_iter().find(|m| m.offset == offset))
 }

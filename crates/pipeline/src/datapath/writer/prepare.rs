@@ -46,7 +46,7 @@ pub(crate) fn prepare(
     };
     if let Some(last) = p.last_written {
         // Offsets are ascending: what is already downstream is a prefix.
-        let done = batch.messages.partition_point(|m| m.header.offset <= last);
+        let done = batch.messages.partition_point(|m| m.offset <= last);
         batch.messages.drain(..done);
     }
     if p.provenance {
@@ -63,17 +63,16 @@ pub(crate) fn prepare(
             bytes::BytesMut::with_capacity(batch.messages.len() * (128 + p.source.len()));
         let stamper = provenance::Stamper::new(p.source, p.topic_created_at);
         for m in &mut batch.messages {
-            let offset = m.header.offset;
+            let offset = m.offset;
             let stamped = stamper
                 .stamp_into(&mut arena, m.user_headers.as_deref(), offset)
                 .ok_or(offset)?;
-            m.header.user_headers_length = stamped.len() as u32;
             m.user_headers = Some(stamped);
         }
     }
     for m in &batch.messages {
-        out.bytes += 64 + m.payload.len() as u64 + u64::from(m.header.user_headers_length);
-        out.newest_timestamp = out.newest_timestamp.max(m.header.timestamp);
+        out.bytes += m.wire_bytes();
+        out.newest_timestamp = out.newest_timestamp.max(m.timestamp);
     }
     Ok(out)
 }
@@ -82,20 +81,16 @@ pub(crate) fn prepare(
 mod tests {
     use assert2::{assert, check};
     use bytes::Bytes;
-    use iggy::prelude::IggyMessage;
+    use replicator_sdk::Message;
 
     use super::*;
 
-    fn msg(offset: u64, headers: Option<Bytes>) -> IggyMessage {
-        let mut m = IggyMessage::builder()
-            .id(u128::from(offset) + 1000)
-            .payload(Bytes::from(format!("payload-{offset}")))
-            .build()
-            .expect("valid");
-        m.header.offset = offset;
-        m.header.timestamp = 10 + offset;
-        m.header.origin_timestamp = 5 + offset;
-        m.user_headers = headers;
+    fn msg(offset: u64, headers: Option<Bytes>) -> Message {
+        let payload = Bytes::from(format!("payload-{offset}"));
+        let mut m =
+            Message::new(u128::from(offset) + 1000, 5 + offset, payload).with_user_headers(headers);
+        m.offset = offset;
+        m.timestamp = 10 + offset;
         m
     }
 
@@ -109,12 +104,12 @@ mod tests {
         }
     }
 
-    fn batch(messages: Vec<IggyMessage>) -> Batch {
+    fn batch(messages: Vec<Message>) -> Batch {
         Batch::new(messages, None).expect("not empty")
     }
 
     fn offsets(batch: &Batch) -> Vec<u64> {
-        batch.messages.iter().map(|m| m.header.offset).collect()
+        batch.messages.iter().map(|m| m.offset).collect()
     }
 
     #[test]
@@ -133,15 +128,14 @@ mod tests {
         let p = prepare(&mut b, &params(None)).expect("fits");
         assert!(b.messages.len() == 1);
         let out = &b.messages[0];
-        check!(out.header.id == 1003);
-        check!(out.header.origin_timestamp == 8);
+        check!(out.id == 1003);
+        check!(out.origin_timestamp == 8);
         check!(out.payload == original.payload);
         let found = provenance::find(out.user_headers.as_deref());
         check!(found.source == Some("us"));
         check!(found.offset == Some(3));
         check!(found.topic_created_at == Some(9));
         let headers_len = out.user_headers.as_ref().map_or(0, |h| h.len());
-        check!(out.header.user_headers_length as usize == headers_len);
         check!(p.bytes == (64 + original.payload.len() + headers_len) as u64);
     }
 
@@ -160,11 +154,10 @@ mod tests {
             b.messages
                 .iter()
                 .map(|m| {
-                    let h = &m.header;
                     (
-                        h.offset,
-                        h.id,
-                        h.user_headers_length,
+                        m.offset,
+                        m.id,
+                        m.user_headers_len(),
                         m.payload.clone(),
                         m.user_headers.clone(),
                     )

@@ -27,8 +27,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use globset::GlobSet;
-use iggy::prelude::{Consumer, Identifier, IggyMessage, PollingStrategy};
+use iggy::prelude::{Consumer, Identifier, PollingStrategy};
 use replicator_model::{Offset, WorkUnit};
+use replicator_sdk::IggyCluster as _;
+use replicator_sdk::Message;
 use tokio_util::sync::CancellationToken;
 
 use crate::clients::Cluster;
@@ -472,12 +474,12 @@ impl<C: ControlPlane> GroupSync<C> {
                 ctx.probes += 1;
                 let count = u32::try_from((until - at).min(SEARCH_PAGE)).unwrap_or(1);
                 let page = ctx.down.poll(unit, at, count).await?;
-                let Some(last) = page.last().map(|m| m.header.offset) else {
+                let Some(last) = page.last().map(|m| m.offset) else {
                     break;
                 };
                 let copies: Vec<Copied> = page
                     .iter()
-                    .filter(|m| m.header.offset < until)
+                    .filter(|m| m.offset < until)
                     .filter_map(|m| self.ours(m, label))
                     .collect();
                 if let Some(exact) = copies.iter().find(|c| c.up == up) {
@@ -541,7 +543,7 @@ impl<C: ControlPlane> GroupSync<C> {
                 .await?
                 .iter()
                 .map(|m| TailEntry {
-                    offset: m.header.offset,
+                    offset: m.offset,
                     ours: self.ours(m, label).map(|c| Position {
                         generation,
                         offset: c.up,
@@ -577,19 +579,19 @@ impl<C: ControlPlane> GroupSync<C> {
         let messages = ctx.down.poll(unit, at, 1).await?;
         Ok(messages
             .first()
-            .filter(|m| m.header.offset == at)
+            .filter(|m| m.offset == at)
             .and_then(|m| self.ours(m, label)))
     }
 
     /// A downstream message copied by this flow from history `label`, as a [`Copied`].
-    fn ours(&self, m: &IggyMessage, label: u64) -> Option<Copied> {
+    fn ours(&self, m: &Message, label: u64) -> Option<Copied> {
         let found = provenance::find(m.user_headers.as_deref());
         if found.source != Some(self.flow.source.as_str()) {
             return None;
         }
         let history = Incarnation::from_label(found.topic_created_at?);
         (history == Incarnation::from_label(label)).then_some(Copied {
-            down: m.header.offset,
+            down: m.offset,
             up: found.offset?,
         })
     }
@@ -604,15 +606,12 @@ impl<C: ControlPlane> GroupSync<C> {
     ) -> Result<Option<Offset>> {
         let polled = ctx.up.poll(unit, up, 1).await?;
         let target = self.flow.target.as_str();
-        Ok(polled
-            .first()
-            .filter(|m| m.header.offset == up)
-            .and_then(|m| {
-                let found = provenance::find(m.user_headers.as_deref());
-                (found.source == Some(target) && found.origin_cluster() == Some(target))
-                    .then_some(found.offset)
-                    .flatten()
-            }))
+        Ok(polled.first().filter(|m| m.offset == up).and_then(|m| {
+            let found = provenance::find(m.user_headers.as_deref());
+            (found.source == Some(target) && found.origin_cluster() == Some(target))
+                .then_some(found.offset)
+                .flatten()
+        }))
     }
 
     /// Stores `wanted` for group `name` on the target (see the module docs).
@@ -636,7 +635,8 @@ impl<C: ControlPlane> GroupSync<C> {
             None => match down.create_group(name).await {
                 Ok(()) => tracing::info!(group = name, "created consumer group on the target"),
                 // Created meanwhile by someone else: fine.
-                Err(Error::Iggy { ref source, .. }) if source.as_code() == 5004 => {}
+                Err(Error::Iggy { ref source, .. })
+                    if source.kind() == replicator_sdk::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(e),
             },
         }
@@ -714,7 +714,7 @@ impl TopicOn<'_> {
     async fn write<T, F, Fut>(&self, op: &str, f: F) -> Result<T>
     where
         F: FnOnce(Arc<replicator_sdk::Client>) -> Fut,
-        Fut: Future<Output = std::result::Result<T, iggy::prelude::IggyError>>,
+        Fut: Future<Output = replicator_sdk::Result<T>>,
     {
         let check = || self.writes.map_or(Ok(()), |check| check());
         write_checked(self.cluster, self.slot, op, check, f).await
@@ -801,7 +801,7 @@ impl TopicOn<'_> {
     }
 
     /// Up to `count` messages of `unit`'s partition from offset `at`.
-    async fn poll(&self, unit: &WorkUnit, at: Offset, count: u32) -> Result<Vec<IggyMessage>> {
+    async fn poll(&self, unit: &WorkUnit, at: Offset, count: u32) -> Result<Vec<Message>> {
         self.poll_with(unit, PollingStrategy::offset(at), count)
             .await
     }
@@ -812,7 +812,7 @@ impl TopicOn<'_> {
         unit: &WorkUnit,
         strategy: PollingStrategy,
         count: u32,
-    ) -> Result<Vec<IggyMessage>> {
+    ) -> Result<Vec<Message>> {
         let (s, t) = self.ids.clone();
         let consumer = Consumer::new(ident("iggy-replicator.groups", unit)?);
         let partition = unit.partition;

@@ -31,6 +31,7 @@ use iggy::prelude::{Identifier, UserStatus};
 use iggy_common::UserInfo;
 use rand::distributions::{Alphanumeric, DistString};
 use replicator_model::{Naming, TopicSetting};
+use replicator_sdk::IggyCluster as _;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -140,11 +141,11 @@ impl Catalog {
     }
 }
 
-fn iggy_error(cluster: &Cluster, op: &str, source: iggy::prelude::IggyError) -> Error {
+fn iggy_error(cluster: &Cluster, op: &str, source: impl Into<replicator_sdk::Error>) -> Error {
     Error::Iggy {
         cluster: cluster.alias().to_owned(),
         op: op.to_owned(),
-        source: Box::new(source),
+        source: source.into(),
     }
 }
 

@@ -1,0 +1,163 @@
+//! Messages and offsets as the replicator handles them, whichever SDK generation polled or
+//! sends them. Each adapter converts its SDK's records into these and back, moving the payload
+//! and user headers (`Bytes`: shared, never copied).
+
+use bytes::Bytes;
+
+/// One message: what a poll returns and what a send takes.
+///
+/// On a poll every field is the server's. On a send the server assigns `offset` and
+/// `timestamp` itself; `id`, `origin_timestamp`, `payload` and `user_headers` land as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// The message id (0 lets the server pick one).
+    pub id: u128,
+    /// Its offset in the partition.
+    pub offset: u64,
+    /// When the server appended it (µs since the epoch).
+    pub timestamp: u64,
+    /// When its producer made it (µs since the epoch); copies keep the original's.
+    pub origin_timestamp: u64,
+    /// The payload.
+    pub payload: Bytes,
+    /// The user headers as encoded on the wire (both generations encode them alike), if any.
+    pub user_headers: Option<Bytes>,
+}
+
+impl Message {
+    /// The fixed header every message carries on the wire and on disk, in bytes.
+    pub const HEADER_BYTES: u64 = 64;
+
+    /// A message to send: `id`, made at `origin_timestamp`, carrying `payload` and no user
+    /// headers.
+    pub fn new(id: u128, origin_timestamp: u64, payload: Bytes) -> Self {
+        Self {
+            id,
+            offset: 0,
+            timestamp: 0,
+            origin_timestamp,
+            payload,
+            user_headers: None,
+        }
+    }
+
+    /// The same, carrying `user_headers` (already encoded).
+    pub fn with_user_headers(mut self, user_headers: Option<Bytes>) -> Self {
+        self.user_headers = user_headers;
+        self
+    }
+
+    /// Its size on the wire: header, payload and user headers.
+    pub fn wire_bytes(&self) -> u64 {
+        Self::HEADER_BYTES + self.payload.len() as u64 + self.user_headers_len() as u64
+    }
+
+    /// The length of its encoded user headers.
+    pub fn user_headers_len(&self) -> u32 {
+        // A message's user headers are bounded far below 4 GiB by both generations.
+        self.user_headers
+            .as_ref()
+            .map_or(0, |h| u32::try_from(h.len()).unwrap_or(u32::MAX))
+    }
+}
+
+/// `m` as the `IggyMessage` of the SDK whose crate is `$sdk` (SDK 0.10's and 0.11's have the
+/// same fields under different types): payload and user headers shared, not copied; the
+/// checksum is the server's to compute, as for any producer's message.
+macro_rules! to_sdk_message {
+    ($sdk:ident, $m:expr) => {{
+        let m: &$crate::Message = $m;
+        $sdk::IggyMessage {
+            header: $sdk::IggyMessageHeader {
+                checksum: 0,
+                id: m.id,
+                offset: m.offset,
+                timestamp: m.timestamp,
+                origin_timestamp: m.origin_timestamp,
+                user_headers_length: m.user_headers_len(),
+                // A payload is bounded far below 4 GiB by both generations.
+                payload_length: u32::try_from(m.payload.len()).unwrap_or(u32::MAX),
+                reserved: 0,
+            },
+            payload: m.payload.clone(),
+            user_headers: m.user_headers.clone(),
+        }
+    }};
+}
+
+/// An SDK's polled `IggyMessage` as the replicator's own (payload and headers moved).
+macro_rules! from_sdk_message {
+    ($m:expr) => {{
+        let m = $m;
+        let h = m.header;
+        $crate::Message {
+            id: h.id,
+            offset: h.offset,
+            timestamp: h.timestamp,
+            origin_timestamp: h.origin_timestamp,
+            payload: m.payload,
+            user_headers: m.user_headers,
+        }
+    }};
+}
+
+pub(crate) use {from_sdk_message, to_sdk_message};
+
+/// What one poll of a partition returned.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Polled {
+    /// The partition polled.
+    pub partition: u32,
+    /// The partition's current (highest) offset when the server answered; 0 for an empty
+    /// partition.
+    pub current_offset: u64,
+    /// The messages, in offset order.
+    pub messages: Vec<Message>,
+}
+
+/// A consumer's offset in one partition, as the server stores it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredOffset {
+    /// The partition.
+    pub partition: u32,
+    /// The partition's current (highest) offset.
+    pub current_offset: u64,
+    /// The offset the consumer (or consumer group) stored.
+    pub stored_offset: u64,
+}
+
+/// What the server confirmed of one request of a send: where its messages landed. Iggy 0.9
+/// answers a send with one place per partition written; an answer without one (a request the
+/// server recognised as a replay and answered from its cache) leaves `places` empty. Iggy 0.8
+/// confirms nothing, so its sends return no `Confirmed` at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confirmed {
+    /// How many messages the request carried.
+    pub messages: u32,
+    /// Where the server says they landed.
+    pub places: Vec<Place>,
+}
+
+/// A partition and the offset a request's first message landed at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    /// The partition the server names.
+    pub partition: u32,
+    /// The offset of the request's first message in it.
+    pub base_offset: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use assert2::check;
+
+    #[test]
+    fn a_message_counts_its_header_payload_and_user_headers() {
+        let m = Message::new(7, 1, Bytes::from_static(b"abc"));
+        check!(m.wire_bytes() == 64 + 3);
+        let m = m.with_user_headers(Some(Bytes::from_static(b"hh")));
+        check!(m.user_headers_len() == 2);
+        check!(m.wire_bytes() == 64 + 3 + 2);
+    }
+}

@@ -1,0 +1,359 @@
+//! The adapter for an Iggy 0.8 cluster, through SDK 0.10: the metadata calls pass straight
+//! through; messages and offsets become the replicator's own.
+
+use iggy::prelude as sdk10;
+use iggy::prelude::{
+    Client as _, ClientInfoDetails, CompressionAlgorithm, Consumer, ConsumerGroupClient as _,
+    ConsumerGroupDetails, ConsumerOffsetClient as _, IggyClient, IggyError, IggyExpiry,
+    IggyMessage, MaxTopicSize, MessageClient as _, PartitionClient as _, Partitioning, Permissions,
+    PolledMessages, PollingStrategy, Stream, StreamClient as _, StreamDetails, SystemClient as _,
+    TopicClient as _, TopicDetails, UserClient as _, UserStatus,
+};
+use iggy_common::ClusterClient as _;
+use iggy_common::{ClientInfo, ConsumerGroup, Identifier, UserInfo, UserInfoDetails};
+use replicator_model::IggyVersion;
+
+use crate::cluster::Result;
+use crate::message::{from_sdk_message, to_sdk_message};
+use crate::{Confirmed, IggyCluster, Message, Polled, StoredOffset};
+
+/// One SDK 0.10 connection to an Iggy 0.8 server.
+pub struct V08(pub(crate) IggyClient);
+
+fn ok<T>(result: std::result::Result<T, IggyError>) -> Result<T> {
+    result.map_err(crate::Error::from)
+}
+
+/// A message to send, as SDK 0.10 takes it.
+pub(crate) fn to_sdk(m: &Message) -> IggyMessage {
+    to_sdk_message!(sdk10, m)
+}
+
+/// The replicator's message as SDK 0.10's (tools decode user headers with it).
+impl From<&Message> for IggyMessage {
+    fn from(m: &Message) -> Self {
+        to_sdk(m)
+    }
+}
+
+/// A message made with SDK 0.10's builder (test and benchmark producers encode user headers
+/// with it), as the replicator's own.
+impl From<IggyMessage> for Message {
+    fn from(m: IggyMessage) -> Self {
+        from_sdk_message!(m)
+    }
+}
+
+fn polled(p: PolledMessages) -> Polled {
+    Polled {
+        partition: p.partition_id,
+        current_offset: p.current_offset,
+        messages: p.messages.into_iter().map(Message::from).collect(),
+    }
+}
+
+impl IggyCluster for V08 {
+    fn generation(&self) -> IggyVersion {
+        IggyVersion::V0_8
+    }
+
+    async fn connect(&self) -> Result<()> {
+        ok(self.0.connect().await)
+    }
+
+    async fn shutdown(&self) -> Result<()> {
+        ok(self.0.shutdown().await)
+    }
+
+    async fn ping(&self) -> Result<()> {
+        ok(self.0.ping().await)
+    }
+
+    async fn cluster_nodes(&self) -> Result<Vec<(String, u16)>> {
+        let metadata = ok(self.0.get_cluster_metadata().await)?;
+        Ok(metadata
+            .nodes
+            .into_iter()
+            .map(|n| (n.ip, n.endpoints.tcp))
+            .collect())
+    }
+
+    async fn get_me(&self) -> Result<ClientInfoDetails> {
+        ok(self.0.get_me().await)
+    }
+
+    async fn get_clients(&self) -> Result<Vec<ClientInfo>> {
+        ok(self.0.get_clients().await)
+    }
+
+    async fn get_users(&self) -> Result<Vec<UserInfo>> {
+        ok(self.0.get_users().await)
+    }
+
+    async fn get_user(&self, user: &Identifier) -> Result<Option<UserInfoDetails>> {
+        ok(self.0.get_user(user).await)
+    }
+
+    async fn create_user(
+        &self,
+        username: &str,
+        password: &str,
+        status: UserStatus,
+        permissions: Option<Permissions>,
+    ) -> Result<UserInfoDetails> {
+        ok(self
+            .0
+            .create_user(username, password, status, permissions)
+            .await)
+    }
+
+    async fn update_user(
+        &self,
+        user: &Identifier,
+        username: Option<&str>,
+        status: Option<UserStatus>,
+    ) -> Result<()> {
+        ok(self.0.update_user(user, username, status).await)
+    }
+
+    async fn update_permissions(
+        &self,
+        user: &Identifier,
+        permissions: Option<Permissions>,
+    ) -> Result<()> {
+        ok(self.0.update_permissions(user, permissions).await)
+    }
+
+    async fn delete_user(&self, user: &Identifier) -> Result<()> {
+        ok(self.0.delete_user(user).await)
+    }
+
+    async fn get_streams(&self) -> Result<Vec<Stream>> {
+        ok(self.0.get_streams().await)
+    }
+
+    async fn get_stream(&self, stream: &Identifier) -> Result<Option<StreamDetails>> {
+        ok(self.0.get_stream(stream).await)
+    }
+
+    async fn create_stream(&self, name: &str) -> Result<StreamDetails> {
+        ok(self.0.create_stream(name).await)
+    }
+
+    async fn delete_stream(&self, stream: &Identifier) -> Result<()> {
+        ok(self.0.delete_stream(stream).await)
+    }
+
+    async fn get_topic(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+    ) -> Result<Option<TopicDetails>> {
+        ok(self.0.get_topic(stream, topic).await)
+    }
+
+    async fn create_topic(
+        &self,
+        stream: &Identifier,
+        name: &str,
+        partitions: u32,
+        compression: CompressionAlgorithm,
+        replication_factor: Option<u8>,
+        expiry: IggyExpiry,
+        max_size: MaxTopicSize,
+    ) -> Result<TopicDetails> {
+        ok(self
+            .0
+            .create_topic(
+                stream,
+                name,
+                partitions,
+                compression,
+                replication_factor,
+                expiry,
+                max_size,
+            )
+            .await)
+    }
+
+    async fn update_topic(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        name: &str,
+        compression: CompressionAlgorithm,
+        replication_factor: Option<u8>,
+        expiry: IggyExpiry,
+        max_size: MaxTopicSize,
+    ) -> Result<()> {
+        ok(self
+            .0
+            .update_topic(
+                stream,
+                topic,
+                name,
+                compression,
+                replication_factor,
+                expiry,
+                max_size,
+            )
+            .await)
+    }
+
+    async fn delete_topic(&self, stream: &Identifier, topic: &Identifier) -> Result<()> {
+        ok(self.0.delete_topic(stream, topic).await)
+    }
+
+    async fn purge_topic(&self, stream: &Identifier, topic: &Identifier) -> Result<()> {
+        ok(self.0.purge_topic(stream, topic).await)
+    }
+
+    async fn create_partitions(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        count: u32,
+    ) -> Result<()> {
+        ok(self.0.create_partitions(stream, topic, count).await)
+    }
+
+    async fn poll_messages(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        partition: Option<u32>,
+        consumer: &Consumer,
+        strategy: &PollingStrategy,
+        count: u32,
+        auto_commit: bool,
+    ) -> Result<Polled> {
+        let answer = self
+            .0
+            .poll_messages(
+                stream,
+                topic,
+                partition,
+                consumer,
+                strategy,
+                count,
+                auto_commit,
+            )
+            .await;
+        ok(answer).map(polled)
+    }
+
+    async fn send_messages(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        partitioning: &Partitioning,
+        messages: &[Message],
+    ) -> Result<Vec<Confirmed>> {
+        let mut sdk: Vec<IggyMessage> = messages.iter().map(to_sdk).collect();
+        ok(self
+            .0
+            .send_messages(stream, topic, partitioning, &mut sdk)
+            .await)?;
+        Ok(Vec::new())
+    }
+
+    async fn get_consumer_groups(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+    ) -> Result<Vec<ConsumerGroup>> {
+        ok(self.0.get_consumer_groups(stream, topic).await)
+    }
+
+    async fn get_consumer_group(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        group: &Identifier,
+    ) -> Result<Option<ConsumerGroupDetails>> {
+        ok(self.0.get_consumer_group(stream, topic, group).await)
+    }
+
+    async fn create_consumer_group(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        name: &str,
+    ) -> Result<ConsumerGroupDetails> {
+        ok(self.0.create_consumer_group(stream, topic, name).await)
+    }
+
+    async fn join_consumer_group(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        group: &Identifier,
+    ) -> Result<()> {
+        ok(self.0.join_consumer_group(stream, topic, group).await)
+    }
+
+    async fn leave_consumer_group(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        group: &Identifier,
+    ) -> Result<()> {
+        ok(self.0.leave_consumer_group(stream, topic, group).await)
+    }
+
+    async fn get_consumer_offset(
+        &self,
+        consumer: &Consumer,
+        stream: &Identifier,
+        topic: &Identifier,
+        partition: Option<u32>,
+    ) -> Result<Option<StoredOffset>> {
+        let info = ok(self
+            .0
+            .get_consumer_offset(consumer, stream, topic, partition)
+            .await)?;
+        Ok(info.map(|o| StoredOffset {
+            partition: o.partition_id,
+            current_offset: o.current_offset,
+            stored_offset: o.stored_offset,
+        }))
+    }
+
+    async fn store_consumer_offset(
+        &self,
+        consumer: &Consumer,
+        stream: &Identifier,
+        topic: &Identifier,
+        partition: Option<u32>,
+        offset: u64,
+    ) -> Result<()> {
+        ok(self
+            .0
+            .store_consumer_offset(consumer, stream, topic, partition, offset)
+            .await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use assert2::check;
+    use bytes::Bytes;
+
+    #[test]
+    fn a_message_crosses_to_sdk_010_and_back_with_every_field_and_shared_bytes() {
+        let payload = Bytes::from_static(b"payload");
+        let mut m = Message::new(42, 1234, payload.clone())
+            .with_user_headers(Some(Bytes::from_static(b"raw-headers")));
+        m.offset = 9;
+        m.timestamp = 77;
+        let there = to_sdk(&m);
+        check!(there.header.user_headers_length == 11);
+        check!(there.header.payload_length == 7);
+        check!(
+            there.payload.as_ptr() == payload.as_ptr(),
+            "the payload is shared, not copied"
+        );
+        check!(Message::from(there) == m);
+    }
+}
