@@ -650,7 +650,7 @@ fn encode_control(
         ),
         (
             "writer_fence_failures",
-            "Attempts to revoke, create or retire a writer user on a target cluster that failed (retried)",
+            "Attempts to revoke, create or forget a writer user on a target cluster that failed (retried)",
             |c| c.fence_failures,
         ),
     ];

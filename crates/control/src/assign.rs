@@ -104,7 +104,7 @@ pub(crate) struct FenceWork {
     /// target (this leader's memory, `MemberLeases::ensured`, records it).
     pub(crate) ensure: Vec<(NodeId, u64, String)>,
     /// Stale identities whose users are to be revoked on every fenced target, then forgotten.
-    pub(crate) retire: Vec<(NodeId, u64)>,
+    pub(crate) forget: Vec<(NodeId, u64)>,
 }
 
 impl FenceWork {
@@ -144,7 +144,7 @@ impl FenceWork {
 ///   its next incarnation (one above every incarnation it ever had); one whose fenced
 ///   identity some target did not acknowledge yet gets it too (`ReplaceFencedIdentity`),
 ///   the old identity's units of those targets held until they do, and its revoke goes on;
-/// * every stale identity: make sure its users are revoked, then retire it.
+/// * every stale identity: make sure its users are revoked, then forget it.
 pub(crate) fn fence_work(state: &ControlState, lease: &MemberLeases) -> FenceWork {
     let mut work = FenceWork::default();
     if !lease.fencing {
@@ -222,11 +222,11 @@ pub(crate) fn fence_work(state: &ControlState, lease: &MemberLeases) -> FenceWor
             password: String::new(),
         });
     }
-    work.retire = state.stale_identities.iter().copied().collect();
+    work.forget = state.stale_identities.iter().copied().collect();
     work
 }
 
-/// The highest incarnation `node` ever had: current, replaced, stale or retired.
+/// The highest incarnation `node` ever had: current, replaced, stale or forgotten.
 fn highest_incarnation(state: &ControlState, node: NodeId) -> u64 {
     state
         .stale_identities
@@ -235,7 +235,7 @@ fn highest_incarnation(state: &ControlState, node: NodeId) -> u64 {
         .filter(|(n, _)| *n == node)
         .map(|(_, i)| *i)
         .chain(state.identities.get(&node).map(|i| i.incarnation))
-        .chain(state.retired_incarnations.get(&node).copied())
+        .chain(state.forgotten_incarnations.get(&node).copied())
         .max()
         .unwrap_or(0)
 }

@@ -120,7 +120,7 @@ pub(crate) enum ControlCommand {
         incarnation: u64,
     },
     /// Leader only: the user of a stale identity is revoked and inactive on every target cluster
-    /// (it stays there: see `WriterFence::retire`); its incarnation is remembered as retired.
+    /// (it stays there: see `WriterFence::revoke`); its incarnation is remembered as forgotten.
     ForgetIdentity {
         /// The member the identity belonged to.
         node: NodeId,

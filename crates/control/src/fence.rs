@@ -135,7 +135,7 @@ pub enum FenceOp {
         target: String,
     },
     /// Revoke the stale identity on every fenced target, then commit `ForgetIdentity`.
-    Retire {
+    Forget {
         /// The member.
         node: NodeId,
         /// The stale identity.
@@ -230,11 +230,11 @@ impl FenceWork {
                 incarnation,
                 target,
             });
-        let retires = self
-            .retire
+        let forgets = self
+            .forget
             .into_iter()
-            .map(|(node, incarnation)| FenceOp::Retire { node, incarnation });
-        revokes.chain(ensures).chain(retires)
+            .map(|(node, incarnation)| FenceOp::Forget { node, incarnation });
+        revokes.chain(ensures).chain(forgets)
     }
 }
 
@@ -256,7 +256,7 @@ impl FenceOp {
                 flows: topology.flows_into(target),
             }),
             FenceOp::Ensure { .. } => None,
-            FenceOp::Retire { node, incarnation } => Some(ControlCommand::ForgetIdentity {
+            FenceOp::Forget { node, incarnation } => Some(ControlCommand::ForgetIdentity {
                 node: *node,
                 incarnation: *incarnation,
             }),
@@ -361,7 +361,7 @@ async fn attempt(
             };
             fence.ensure(target, &login).await?;
         }
-        FenceOp::Retire {
+        FenceOp::Forget {
             node: member,
             incarnation,
         } => {

@@ -87,11 +87,11 @@ pub(crate) struct ControlState {
     /// Each member's current writer identity (only with fencing on).
     pub(crate) identities: BTreeMap<NodeId, IdentityRecord>,
     /// Replaced or removed identities whose users may still have rights on a target: the
-    /// leader makes sure each is revoked, then moves it to `retired_incarnations`.
+    /// leader makes sure each is revoked, then moves it to `forgotten_incarnations`.
     pub(crate) stale_identities: BTreeSet<(NodeId, u64)>,
-    /// Per node, the highest incarnation retired: its user stays on the targets (revoked and
+    /// Per node, the highest incarnation forgotten: its user stays on the targets (revoked and
     /// inactive, never deleted), so no new identity may take its name again.
-    pub(crate) retired_incarnations: BTreeMap<NodeId, u64>,
+    pub(crate) forgotten_incarnations: BTreeMap<NodeId, u64>,
     /// Flows an operator paused, by name: their units are asked back and granted to nobody.
     pub(crate) paused_flows: BTreeMap<String, PauseRecord>,
     /// Offset resets not yet taken up, by unit: the unit's next owner starts there, and its
@@ -346,7 +346,7 @@ impl ControlState {
             }
             ControlCommand::IdentityRevoked { node, incarnation } => {
                 if self.revoke_pending.remove(&(*node, *incarnation)) {
-                    // Replaced earlier: its user is retired like any replaced identity's, and
+                    // Replaced earlier: it goes the way of any replaced identity, and
                     // whatever it still held (a flow the config dropped meanwhile) is free.
                     self.stale_identities.insert((*node, *incarnation));
                     self.target_revokes.remove(&(*node, *incarnation));
@@ -370,7 +370,7 @@ impl ControlState {
             } => self.replace_fenced_identity(*node, *fenced, *incarnation, held_flows),
             ControlCommand::ForgetIdentity { node, incarnation } => {
                 if self.stale_identities.remove(&(*node, *incarnation)) {
-                    let highest = self.retired_incarnations.entry(*node).or_insert(0);
+                    let highest = self.forgotten_incarnations.entry(*node).or_insert(0);
                     *highest = (*highest).max(*incarnation);
                     Done
                 } else {

@@ -97,7 +97,7 @@ impl SmData {
 }
 
 /// `ControlState` fields added while snapshots had no format header, all at its end:
-/// `identities`, `stale_identities`, `retired_incarnations`, `paused_flows`, `pending_resets`,
+/// `identities`, `stale_identities`, `forgotten_incarnations`, `paused_flows`, `pending_resets`,
 /// `config_digests`, `recorded_starts`, `reset_topics`, `target_revokes`, `revoke_pending`,
 /// `held_units`, and, with the header, `feature_level`, `member_levels` and
 /// `session_counters`.
@@ -496,7 +496,7 @@ mod tests {
             units: BTreeMap<replicator_model::WorkUnit, crate::state::UnitRecord>,
             identities: BTreeMap<NodeId, crate::state::IdentityRecord>,
             stale_identities: std::collections::BTreeSet<(NodeId, u64)>,
-            retired_incarnations: BTreeMap<NodeId, u64>,
+            forgotten_incarnations: BTreeMap<NodeId, u64>,
         }
         #[derive(Serialize)]
         struct OldData {
@@ -512,12 +512,12 @@ mod tests {
                 units: BTreeMap::new(),
                 identities: BTreeMap::new(),
                 stale_identities: [(3, 4)].into(),
-                retired_incarnations: BTreeMap::from([(1, 2)]),
+                forgotten_incarnations: BTreeMap::from([(1, 2)]),
             },
         };
         let bytes = encode("snapshot data", &old).expect("encodes");
         let data = SmData::decode(&bytes).expect("the old shape decodes");
-        assert2::check!(data.state.retired_incarnations.get(&1) == Some(&2));
+        assert2::check!(data.state.forgotten_incarnations.get(&1) == Some(&2));
         assert2::check!(data.state.stale_identities.contains(&(3, 4)));
         assert2::check!(data.state.paused_flows.is_empty());
     }
@@ -530,7 +530,7 @@ mod tests {
             units: BTreeMap<replicator_model::WorkUnit, crate::state::UnitRecord>,
             identities: BTreeMap<NodeId, crate::state::IdentityRecord>,
             stale_identities: std::collections::BTreeSet<(NodeId, u64)>,
-            retired_incarnations: BTreeMap<NodeId, u64>,
+            forgotten_incarnations: BTreeMap<NodeId, u64>,
             paused_flows: BTreeMap<String, crate::state::PauseRecord>,
         }
         #[derive(Serialize)]
@@ -552,7 +552,7 @@ mod tests {
                 units: BTreeMap::new(),
                 identities: BTreeMap::new(),
                 stale_identities: [(3, 4)].into(),
-                retired_incarnations: BTreeMap::new(),
+                forgotten_incarnations: BTreeMap::new(),
                 paused_flows: BTreeMap::from([("f".to_owned(), pause.clone())]),
             },
         };

@@ -65,9 +65,9 @@ pub enum Error {
     /// This node's writer identity on the target was fenced or replaced: the unit's writer
     /// stops, and a pair started under the new identity re-reads the downstream tail.
     #[error(
-        "iggy cluster `{cluster}`: this node's writer identity was retired (fenced or replaced)"
+        "iggy cluster `{cluster}`: this node's writer identity was revoked (fenced or replaced)"
     )]
-    WriterRetired {
+    WriterRevoked {
         /// The target cluster alias.
         cluster: String,
     },
@@ -167,7 +167,7 @@ impl Error {
             Error::InvalidParams { .. }
             | Error::Actor { .. }
             | Error::Message { .. }
-            | Error::WriterRetired { .. }
+            | Error::WriterRevoked { .. }
             | Error::ResetsExhausted { .. } => false,
         }
     }
@@ -181,7 +181,7 @@ impl Error {
                 "unauthorized"
             }
             Error::Iggy { .. } => "iggy",
-            Error::WriterRetired { .. } => "writer_retired",
+            Error::WriterRevoked { .. } => "writer_revoked",
             Error::Timeout { .. } => "timeout",
             Error::UpstreamTopicGone { .. } => "upstream_topic_gone",
             Error::DownstreamMissing { .. } => "downstream_missing",

@@ -1066,7 +1066,7 @@ impl World {
         let assignments = m.state.assignments_of(id);
         let usable = m.usable_identity(self.inherit);
         let totals = m.state.feature_level() >= 2;
-        // Writers whose grant is gone stop; a fenced identity's connections are retired.
+        // Writers whose grant is gone stop; a fenced identity's connections are closed for good.
         m.writers.retain(|unit, w| {
             let granted = assignments
                 .iter()
@@ -1666,7 +1666,7 @@ impl World {
         }
     }
 
-    /// Runs a leader's fence operation on the targets it names (all of them for a retire);
+    /// Runs a leader's fence operation on the targets it names (all of them for a forget);
     /// `false` if one is down or cut off from the leader.
     fn run_fence_op(&mut self, leader: NodeId, op: &TargetOp) -> bool {
         let (who, target, revoke) = match op {
@@ -1680,7 +1680,7 @@ impl World {
                 incarnation,
                 target,
             } => ((*node, *incarnation), Some(target), false),
-            TargetOp::Retire { node, incarnation } => ((*node, *incarnation), None, true),
+            TargetOp::Forget { node, incarnation } => ((*node, *incarnation), None, true),
         };
         let targets: Vec<usize> = match target {
             Some(name) => match self.targets.iter().position(|t| &t.name == name) {

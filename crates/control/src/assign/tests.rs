@@ -631,8 +631,8 @@ fn the_next_incarnation_is_above_every_stale_one() {
     s.apply(5, &register(1));
     let work = fence_work(&s, &fencing_over(&s, &[1], &[]));
     check!(work.commands == vec![new_identity(1, 6)]);
-    check!(work.retire == vec![(1, 5)]);
-    // Retired, its user stays on the targets: the next incarnation is still above it.
+    check!(work.forget == vec![(1, 5)]);
+    // Forgotten, its user stays on the targets: the next incarnation is still above it.
     s.apply(
         6,
         &ControlCommand::ForgetIdentity {
@@ -642,7 +642,7 @@ fn the_next_incarnation_is_above_every_stale_one() {
     );
     let work = fence_work(&s, &fencing_over(&s, &[1], &[]));
     check!(work.commands == vec![new_identity(1, 6)]);
-    check!(work.retire.is_empty());
+    check!(work.forget.is_empty());
 }
 
 fn pause(paused: bool) -> ControlCommand {
@@ -817,7 +817,7 @@ fn a_member_back_while_a_target_is_down_gets_its_next_identity_and_the_old_ones_
         .iter()
         .any(|c| matches!(c, ControlCommand::Grant { unit, .. } if unit.flow == "a")));
     // The old identity's revoke goes on; `ap`'s acknowledgement frees b0, then the old
-    // identity is revoked everywhere and retired like any replaced one.
+    // identity is revoked everywhere and forgotten like any replaced one.
     check!(revokes(&fence_work(&s, &back(&s))) == vec![(1, 1, "ap")]);
     s.apply(33, &ControlCommand::fence_target(1, 1, "ap", &["b"]));
     check!(!s.is_held(&b0));

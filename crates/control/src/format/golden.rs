@@ -144,7 +144,7 @@ fn history(format: u32) -> Vec<ControlCommand> {
             requested_by: "admin-api@10.0.0.9:5000".into(),
             at_unix_ms: 1_700_000_000_001,
         },
-        // Node 3 leaves: its identity turns stale, then retired once revoked everywhere.
+        // Node 3 leaves: its identity turns stale, then forgotten once revoked everywhere.
         ControlCommand::RemoveMember { node: 3 },
         ControlCommand::ForgetIdentity {
             node: 3,
@@ -306,8 +306,8 @@ fn the_snapshot_fixture_history_fills_every_field() {
     check!(s.units.values().any(|u| u.progress.confirmed.is_some()));
     check!(s.units.values().any(|u| u.release_requested));
     check!(!s.identities.is_empty());
-    check!(!s.stale_identities.is_empty() || !s.retired_incarnations.is_empty());
-    check!(!s.retired_incarnations.is_empty());
+    check!(!s.stale_identities.is_empty() || !s.forgotten_incarnations.is_empty());
+    check!(!s.forgotten_incarnations.is_empty());
     check!(!s.paused_flows.is_empty());
     check!(!s.pending_resets.is_empty());
     check!(!s.config_digests.is_empty());

@@ -397,7 +397,7 @@ fn a_writer_identity_is_replaced_only_once_fenced_and_only_upwards() {
     check!(s.apply(27, &forget) == ControlResponse::Ignored(Rejection::UnknownIdentity));
     check!(s.stale_identities.is_empty());
     // Its user stays on the targets: the incarnation is remembered, never handed out again.
-    check!(s.retired_incarnations == BTreeMap::from([(1, 1)]));
+    check!(s.forgotten_incarnations == BTreeMap::from([(1, 1)]));
 }
 
 #[test]

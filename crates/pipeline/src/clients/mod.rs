@@ -105,9 +105,9 @@ pub(crate) struct Cluster {
     /// Per-stream activity watchers of the readers reading from this cluster (kept here because
     /// every unit of the instance shares the cluster, and so that `close` ends them).
     activity: ActivityRegistry,
-    /// Set by `retire`: no connection is opened any more (a writer identity that was fenced or
+    /// Set by `close_for_good`: no connection is opened any more (a writer identity that was fenced or
     /// replaced must never log in again).
-    retired: std::sync::atomic::AtomicBool,
+    closed_for_good: std::sync::atomic::AtomicBool,
     /// Told when a login is refused with invalid credentials or an inactive user (writer
     /// identities only).
     login_refused: Option<Arc<tokio::sync::Notify>>,
@@ -162,7 +162,7 @@ impl Cluster {
             open: std::sync::atomic::AtomicUsize::new(0),
             timeout,
             activity: ActivityRegistry::default(),
-            retired: std::sync::atomic::AtomicBool::new(false),
+            closed_for_good: std::sync::atomic::AtomicBool::new(false),
             login_refused: None,
         })
     }
@@ -194,16 +194,16 @@ impl Cluster {
     }
 
     /// Closes every connection and refuses to open new ones: calls fail with
-    /// [`Error::WriterRetired`] from now on.
-    pub(crate) async fn retire(&self) {
+    /// [`Error::WriterRevoked`] from now on.
+    pub(crate) async fn close_for_good(&self) {
         self.refuse_calls();
         self.close().await;
     }
 
-    /// The part of [`Cluster::retire`] that takes effect at once: every call from now on
-    /// fails with [`Error::WriterRetired`]; the open connections stay until `close`.
+    /// The part of [`Cluster::close_for_good`] that takes effect at once: every call from now on
+    /// fails with [`Error::WriterRevoked`]; the open connections stay until `close`.
     pub(crate) fn refuse_calls(&self) {
-        self.retired
+        self.closed_for_good
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
@@ -230,8 +230,11 @@ impl Cluster {
     async fn get(&self, slot: usize) -> Result<Conn> {
         let slot = slot % self.slots.len();
         let mut guard = self.slots[slot].current.lock().await;
-        if self.retired.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(Error::WriterRetired {
+        if self
+            .closed_for_good
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(Error::WriterRevoked {
                 cluster: self.alias.clone(),
             });
         }

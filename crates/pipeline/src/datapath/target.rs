@@ -86,7 +86,7 @@ impl<C: ControlPlane> TargetWriter<C> {
 
     /// The connections writes go through now: the configured ones, or this node's writer
     /// identity's on a fenced target (`None` while it has none). A writer keeps the one it
-    /// started with: a swap retires it, which ends the writer (`Error::WriterRetired`).
+    /// started with: a swap closes it for good, which ends the writer (`Error::WriterRevoked`).
     pub(crate) fn connection(&self) -> Option<Arc<Cluster>> {
         self.writers.current(&self.target)
     }

@@ -3,7 +3,7 @@
 //! configured credential.
 //!
 //! The control plane publishes the identity; [`follow`] turns every change into a fresh set of
-//! connections and retires the previous set (closed, and never opened again), so that nothing
+//! connections and closes the previous set for good (never opened again), so that nothing
 //! this node sends after a fence or a rejoin goes out under an identity that is no longer its
 //! current one. A pair resolves its writer's connections when it starts: with no identity yet
 //! (or a fenced one) the unit waits, and the coordinator retries on the next change.
@@ -95,7 +95,7 @@ impl WriterTargets {
         self.version.subscribe()
     }
 
-    /// The fenced targets' connection sets in use now (to retire them when the pipeline stops).
+    /// The fenced targets' connection sets in use now (to close them for good when the pipeline stops).
     pub(crate) fn fenced_clusters(&self) -> Vec<Arc<Cluster>> {
         self.lock()
             .values()
@@ -106,9 +106,9 @@ impl WriterTargets {
             .collect()
     }
 
-    /// Switches every fenced target to `login` (or to nothing) and returns the retired sets.
+    /// Switches every fenced target to `login` (or to nothing) and returns the sets it replaced.
     fn switch(&self, login: Option<&WriterLogin>) -> Result<Vec<Arc<Cluster>>> {
-        let mut retired = Vec::new();
+        let mut replaced = Vec::new();
         {
             let mut targets = self.lock();
             for (alias, target) in targets.iter_mut() {
@@ -137,12 +137,12 @@ impl WriterTargets {
                     None => None,
                 };
                 if let Some(old) = std::mem::replace(current, next) {
-                    retired.push(old);
+                    replaced.push(old);
                 }
             }
         }
         self.version.send_modify(|v| *v += 1);
-        Ok(retired)
+        Ok(replaced)
     }
 }
 
@@ -150,7 +150,7 @@ impl WriterTargets {
 const MIN_ABANDON_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Follows this node's writer identity until `cancel`: every change swaps the fenced targets'
-/// connections and retires the old ones. When a fenced target refuses the current identity's
+/// connections and closes the old ones for good. When a fenced target refuses the current identity's
 /// login (its user is missing there, e.g. the target lost its data, or was created under
 /// another cluster secret, or is inactive, revoked by an earlier replicator cluster that used
 /// the same `writer_user_prefix`), retrying cannot help: the identity is given up through `control`,
@@ -167,7 +167,7 @@ pub(crate) async fn follow<C: ControlPlane>(
         let login = logins.borrow_and_update().clone();
         if applied.as_ref() != Some(&login) {
             match targets.switch(login.as_ref()) {
-                Ok(retired) => {
+                Ok(replaced) => {
                     match &login {
                         Some(l) => {
                             tracing::info!(
@@ -179,7 +179,7 @@ pub(crate) async fn follow<C: ControlPlane>(
                             tracing::info!("no writer identity: writers to fenced targets wait")
                         }
                     }
-                    for old in retired {
+                    for old in replaced {
                         // Its calls fail from now on; closing its connections may wait for a
                         // connect in progress to an unreachable target (the connect timeout),
                         // which must not hold up writing as the next identity elsewhere.
@@ -221,7 +221,7 @@ pub(crate) async fn follow<C: ControlPlane>(
         }
     }
     for cluster in targets.fenced_clusters() {
-        cluster.retire().await;
+        cluster.close_for_good().await;
     }
 }
 
@@ -240,7 +240,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn fenced_targets_follow_the_identity_and_retire_the_old_connections() {
+    async fn fenced_targets_follow_the_identity_and_close_the_old_connections_for_good() {
         let t = Duration::from_secs(1);
         let shared: BTreeMap<String, Arc<Cluster>> = ["plain", "fenced"]
             .into_iter()
@@ -265,14 +265,14 @@ mod tests {
         check!(targets.switch(Some(&login(1))).expect("valid").is_empty());
         let first = targets.current("fenced").expect("an identity");
         check!(first.alias().contains("repl-n1-i1"));
-        let retired = targets.switch(None).expect("valid");
-        check!(retired.len() == 1);
+        let replaced = targets.switch(None).expect("valid");
+        check!(replaced.len() == 1);
         check!(targets.current("fenced").is_none());
-        retired[0].retire().await;
+        replaced[0].close_for_good().await;
         let call = first
             .call(0, "ping", |c| async move { c.ping().await })
             .await;
-        check!(matches!(call, Err(crate::Error::WriterRetired { .. })));
+        check!(matches!(call, Err(crate::Error::WriterRevoked { .. })));
         check!(*targets.subscribe().borrow() == 2);
     }
 }

@@ -1,7 +1,7 @@
 //! Fencing on the target clusters, the pipeline's side: only the current owner of a unit can
-//! write to its target. [`fence`] provisions, revokes and retires the writer users on a target
+//! write to its target. [`fence`] provisions and revokes the writer users on a target
 //! (the control plane's leader drives it through the binary); [`identity`] keeps this node's
-//! writer connections logged in as its current writer identity and retires the old ones.
+//! writer connections logged in as its current writer identity and closes the old ones for good.
 //! See ARCHITECTURE.md, "Never two owners" ("Fencing at the target").
 
 pub(crate) mod fence;

@@ -269,7 +269,7 @@ impl<C: ControlPlane> GroupSync<C> {
         if names.is_empty() {
             return Ok(());
         }
-        let target = self.door.connection().ok_or_else(|| Error::WriterRetired {
+        let target = self.door.connection().ok_or_else(|| Error::WriterRevoked {
             cluster: self.flow.target.clone(),
         })?;
         let down_stream = downstream_stream(self.flow.naming, &self.flow.source, stream);
