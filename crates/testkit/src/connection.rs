@@ -66,6 +66,7 @@ async fn run(
     cancel: &CancellationToken,
 ) -> io::Result<()> {
     let (mut buf, mut out) = buffers();
+    let mut seen = crate::faults::SeenOnConnection::new();
     loop {
         release_large(&mut buf, &mut out);
         if !fill(stream, &mut buf, 8, cancel).await? {
@@ -94,6 +95,9 @@ async fn run(
                     return Ok(());
                 }
                 faults.count_request(code);
+                if !faults.wait_delay(code, &mut seen, cancel).await {
+                    return Ok(());
+                }
                 let payload = &mut buf[..payload_len];
                 let reply = match faults.take_failure(code) {
                     Some(injected) => Err(injected),

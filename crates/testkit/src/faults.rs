@@ -40,6 +40,23 @@ struct FailRule {
     remaining: u32,
 }
 
+/// One "answer the next N requests of a command late" rule.
+#[derive(Debug, Clone, Copy)]
+struct DelayRule {
+    /// Command code the rule applies to.
+    command: u32,
+    /// How long each request waits before the server handles it.
+    delay: Duration,
+    /// Whether the first request of `command` on each connection is spared.
+    spare_first: bool,
+    /// Requests still to delay.
+    remaining: u32,
+}
+
+/// Requests of each command a connection sent while any delay rule was set (for
+/// [`Faults::delay_next_after_the_first`]); one per connection.
+pub(crate) type SeenOnConnection = BTreeMap<u32, u32>;
+
 /// Shared fault switches.
 #[derive(Debug, Default)]
 pub(crate) struct FaultState {
@@ -52,6 +69,10 @@ pub(crate) struct FaultState {
     latency: Mutex<Option<Duration>>,
     /// Pending "fail the next N" rules, oldest first.
     rules: Mutex<Vec<FailRule>>,
+    /// Pending "answer the next N late" rules, oldest first.
+    delays: Mutex<Vec<DelayRule>>,
+    /// `delays.len()`, read without the lock on every request.
+    delays_active: AtomicUsize,
     /// Cancelled by `drop_connections`; every connection holds a clone of the token current at
     /// its accept. Replaced by a fresh child of the server's shutdown token after each use.
     generation: Mutex<Option<(CancellationToken, CancellationToken)>>,
@@ -178,6 +199,34 @@ impl Faults {
         });
     }
 
+    /// Handles the next `count` requests with command code `command` (e.g. 12
+    /// GET_CLUSTER_METADATA) `delay` late, each on its own connection; other requests of that
+    /// connection wait behind it, as on a real server that is slow to answer one request.
+    pub fn delay_next(&self, command: u32, delay: Duration, count: u32) {
+        self.push_delay(command, delay, false, count);
+    }
+
+    /// Like [`Faults::delay_next`], but the first request of `command` on each connection is
+    /// answered at once (connections are counted from the moment a delay rule is set): a 0.9
+    /// replica that answers the roster the SDK asks for while it connects, and is slow on the
+    /// next one.
+    pub fn delay_next_after_the_first(&self, command: u32, delay: Duration, count: u32) {
+        self.push_delay(command, delay, true, count);
+    }
+
+    fn push_delay(&self, command: u32, delay: Duration, spare_first: bool, count: u32) {
+        let mut delays = lock(&self.inner.delays);
+        delays.push(DelayRule {
+            command,
+            delay,
+            spare_first,
+            remaining: count,
+        });
+        self.inner
+            .delays_active
+            .store(delays.len(), Ordering::SeqCst);
+    }
+
     /// Delays every response by `latency` (`None` turns it off).
     pub fn set_latency(&self, latency: Option<Duration>) {
         *lock(&self.inner.latency) = latency;
@@ -223,6 +272,8 @@ impl Faults {
         self.end_stall();
         self.set_latency(None);
         lock(&self.inner.rules).clear();
+        lock(&self.inner.delays).clear();
+        self.inner.delays_active.store(0, Ordering::SeqCst);
         let holds = std::mem::take(&mut *lock(&self.inner.send_holds));
         self.inner.send_holds_active.store(0, Ordering::SeqCst);
         for hold in holds {
@@ -362,6 +413,42 @@ impl FaultState {
         }
     }
 
+    /// Waits out a [`Faults::delay_next`] rule for a request of `command`, if one applies;
+    /// returns false when `cancel` fired first.
+    pub(crate) async fn wait_delay(
+        &self,
+        command: u32,
+        seen: &mut SeenOnConnection,
+        cancel: &CancellationToken,
+    ) -> bool {
+        if self.delays_active.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        let nth = seen.entry(command).or_insert(0);
+        *nth += 1;
+        let first = *nth == 1;
+        let delay = {
+            let mut delays = lock(&self.delays);
+            let Some(idx) = delays
+                .iter()
+                .position(|r| r.command == command && r.remaining > 0 && !(r.spare_first && first))
+            else {
+                return true;
+            };
+            let delay = delays[idx].delay;
+            delays[idx].remaining -= 1;
+            if delays[idx].remaining == 0 {
+                delays.remove(idx);
+                self.delays_active.store(delays.len(), Ordering::SeqCst);
+            }
+            delay
+        };
+        tokio::select! {
+            () = cancel.cancelled() => false,
+            () = tokio::time::sleep(delay) => true,
+        }
+    }
+
     /// Counts one request of `command` (see [`Faults::requests`]).
     pub(crate) fn count_request(&self, command: u32) {
         *lock(&self.requests).entry(command).or_insert(0) += 1;
@@ -437,6 +524,50 @@ mod tests {
         check!(f.requests(100) == 2);
         check!(f.requests(300) == 1);
         check!(f.requests(101) == 0);
+    }
+
+    #[tokio::test]
+    async fn a_delay_rule_holds_only_its_command_and_only_as_many_times_as_asked() {
+        let f = Faults::default();
+        let cancel = CancellationToken::new();
+        let mut seen = SeenOnConnection::new();
+        f.delay_next(12, Duration::from_millis(50), 1);
+        check!(f.inner.wait_delay(100, &mut seen, &cancel).await);
+        check!(
+            f.inner.delays_active.load(Ordering::SeqCst) == 1,
+            "not consumed"
+        );
+        let started = Instant::now();
+        check!(f.inner.wait_delay(12, &mut seen, &cancel).await);
+        check!(started.elapsed() >= Duration::from_millis(50));
+        check!(f.inner.delays_active.load(Ordering::SeqCst) == 0, "used up");
+        f.delay_next(12, Duration::from_secs(600), 1);
+        cancel.cancel();
+        check!(
+            !f.inner.wait_delay(12, &mut seen, &cancel).await,
+            "a closed connection stops waiting"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_delay_rule_can_spare_the_first_request_of_each_connection() {
+        let f = Faults::default();
+        let cancel = CancellationToken::new();
+        f.delay_next_after_the_first(12, Duration::from_millis(50), 1);
+        let (mut one, mut other) = (SeenOnConnection::new(), SeenOnConnection::new());
+        check!(f.inner.wait_delay(12, &mut one, &cancel).await);
+        check!(f.inner.wait_delay(12, &mut other, &cancel).await);
+        check!(
+            f.inner.delays_active.load(Ordering::SeqCst) == 1,
+            "both spared"
+        );
+        let started = Instant::now();
+        check!(f.inner.wait_delay(12, &mut one, &cancel).await);
+        check!(started.elapsed() >= Duration::from_millis(50));
+        check!(
+            f.inner.delays_active.load(Ordering::SeqCst) == 0,
+            "the second one waited"
+        );
     }
 
     fn to(partition: u32) -> SendDestination {

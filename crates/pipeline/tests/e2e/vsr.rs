@@ -19,6 +19,8 @@ use crate::harness::{
 
 /// SEND_MESSAGES.
 const SEND_MESSAGES: u32 = 101;
+/// GET_CLUSTER_METADATA: the roster a new connection asks for.
+const GET_CLUSTER_METADATA: u32 = 12;
 
 /// How long a copy may take to catch up on a busy machine.
 const CATCH_UP: Duration = Duration::from_secs(60);
@@ -331,5 +333,44 @@ async fn a_target_primary_demoted_under_open_connections_leaves_an_exact_copy() 
     assert2::check!(eu.faults(old).requests(SEND_MESSAGES) > sends_before);
     assert2::check!(verify_exact(f, &us_params, &eu_params).await? == 1200);
     pipeline.shutdown().await;
+    Ok(())
+}
+
+/// Every replica of the target answers the roster (GET_CLUSTER_METADATA) that SDK 0.11 asks for
+/// while it connects, and is slow on the next one, the replicator's own ask (to learn the
+/// cluster's other ways in): each such ask is given up after a short bound, its connection
+/// dropped (the late answer would be read as the next call's), and the same address connected
+/// again without asking. Without that, a connection would wait for the roster (or ask again
+/// and again) and nothing would be copied before the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roster_not_answered_in_time_is_not_waited_for() -> TestResult {
+    let Some((us, eu)) = cluster_target().await? else {
+        return Ok(());
+    };
+    // Far beyond the test's deadlines: only a connection that stops asking gets anywhere.
+    let late = Duration::from_secs(300);
+    for replica in 0..3 {
+        eu.faults(replica)
+            .delay_next_after_the_first(GET_CLUSTER_METADATA, late, u32::MAX);
+    }
+    let Copying {
+        up,
+        f,
+        us_params,
+        eu_params,
+        pipeline,
+    } = copying_to(&us, &eu).await?;
+    let asked: u64 = (0..3)
+        .map(|replica| eu.faults(replica).requests(GET_CLUSTER_METADATA))
+        .sum();
+    assert2::check!(asked >= 1, "the roster was asked for and held back");
+    produce(&up, "vsr", "t", 2, 300..400, 100).await?;
+    wait_target(&eu, 0, 400).await?;
+    wait_target(&eu, 1, 400).await?;
+    assert2::check!(verify_exact(f, &us_params, &eu_params).await? == 800);
+    pipeline.shutdown().await;
+    for replica in 0..3 {
+        eu.faults(replica).clear();
+    }
     Ok(())
 }

@@ -98,6 +98,7 @@ async fn run(
     cancel: &CancellationToken,
 ) -> io::Result<()> {
     let (mut buf, mut out) = buffers();
+    let mut seen = crate::faults::SeenOnConnection::new();
     loop {
         release_large(&mut buf, &mut out);
         if !fill(stream, &mut buf, HEADER, cancel).await? {
@@ -127,6 +128,9 @@ async fn run(
                 let code = frame::command_code(&header);
                 if let Some(code) = code {
                     faults.count_request(code);
+                    if !faults.wait_delay(code, &mut seen, cancel).await {
+                        return Ok(());
+                    }
                 }
                 match code.and_then(|code| faults.take_failure(code)) {
                     Some(injected) => Answer::Reply(injected),
