@@ -159,9 +159,9 @@ pub async fn append_again(
         )
         .await?;
     // Sent as polled, as the writer sends what it polled: the server assigns new offsets.
-    let again = polled.messages;
+    let mut again = polled.messages;
     client
-        .send_messages(&s, &t, &Partitioning::partition_id(partition), &again)
+        .send_messages(&s, &t, &Partitioning::partition_id(partition), &mut again)
         .await?;
     Ok(again.len())
 }

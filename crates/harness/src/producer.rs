@@ -270,13 +270,13 @@ async fn produce(params: ProducerParams, flags: Flags) -> Result<ProducerReport>
                 cursor = (cursor + 1) % ids.len();
             }
         }
-        for (index, messages) in batches {
+        for (index, mut messages) in batches {
             let (stream, topic) = &ids[index];
             let partitioning = Partitioning::partition_id(params.targets[index].partition);
             let count = messages.len() as u64;
             let sent = tokio::time::timeout(
                 SEND_TIMEOUT,
-                client.send_messages(stream, topic, &partitioning, &messages),
+                client.send_messages(stream, topic, &partitioning, &mut messages),
             )
             .await;
             match sent {
@@ -332,7 +332,7 @@ where
         let mut seq = bulk.range.start;
         while seq < bulk.range.end {
             let end = (seq + batch).min(bulk.range.end);
-            let messages = (seq..end)
+            let mut messages = (seq..end)
                 .map(|s| message(*partition, s).map(Into::into).map_err(Into::into))
                 .collect::<TestResult<Vec<Message>>>()?;
             client
@@ -340,7 +340,7 @@ where
                     &stream,
                     &topic,
                     &Partitioning::partition_id(*partition),
-                    &messages,
+                    &mut messages,
                 )
                 .await?;
             seq = end;

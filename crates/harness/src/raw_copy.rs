@@ -70,7 +70,7 @@ async fn copy_partitions(
             if next[i] >= copy.per_partition {
                 continue;
             }
-            let polled = source
+            let mut polled = source
                 .poll_messages(
                     &stream,
                     &topic,
@@ -92,7 +92,7 @@ async fn copy_partitions(
                     &target_stream,
                     &topic,
                     &Partitioning::partition_id(*partition),
-                    &polled.messages,
+                    &mut polled.messages,
                 )
                 .await?;
             next[i] = last + 1;

@@ -157,13 +157,14 @@ pub trait IggyCluster: Send + Sync {
     /// Sends `messages` in order. On 0.9 a batch whose origin timestamps span more than one
     /// 0.9 batch can carry goes as several sends, in order; an error after the first leaves the
     /// earlier ones appended, which the writer finds in the target's tail like any other
-    /// uncertain send. Iggy 0.8 confirms nothing: its answer is empty.
+    /// uncertain send. Iggy 0.8 confirms nothing: its answer is empty. `messages` are lent to
+    /// the SDK for the send and are whole again when it ends, however it ends.
     fn send_messages(
         &self,
         stream: &Identifier,
         topic: &Identifier,
         partitioning: &Partitioning,
-        messages: &[Message],
+        messages: &mut [Message],
     ) -> impl Future<Output = Result<Vec<Confirmed>>> + Send;
 
     fn get_consumer_groups(

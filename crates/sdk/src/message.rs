@@ -61,28 +61,45 @@ impl Message {
     }
 }
 
-/// `m` as the `IggyMessage` of the SDK whose crate is `$sdk` (SDK 0.10's and 0.11's have the
-/// same fields under different types): payload and user headers shared, not copied; the
-/// checksum is the server's to compute, as for any producer's message.
-macro_rules! to_sdk_message {
-    ($sdk:ident, $m:expr) => {{
-        let m: &$crate::Message = $m;
-        $sdk::IggyMessage {
-            header: $sdk::IggyMessageHeader {
-                checksum: 0,
-                id: m.id,
-                offset: m.offset,
-                timestamp: m.timestamp,
-                origin_timestamp: m.origin_timestamp,
-                user_headers_length: m.user_headers_len(),
-                // A payload is bounded far below 4 GiB by both generations.
-                payload_length: u32::try_from(m.payload.len()).unwrap_or(u32::MAX),
-                reserved: 0,
-            },
-            payload: m.payload.clone(),
-            user_headers: m.user_headers.clone(),
+/// An SDK's own message type, which a [`Message`] lends its payload and user headers to for
+/// one send.
+pub(crate) trait SdkMessage: Sized {
+    /// The SDK's message for `m`, holding `m`'s payload and user headers (taken out of `m`).
+    fn borrow_from(m: &mut Message) -> Self;
+    /// The payload and user headers, taken back out.
+    fn give_back(&mut self) -> (Bytes, Option<Bytes>);
+}
+
+/// Implements [`SdkMessage`] for the `IggyMessage` of the SDK whose crate is `$sdk` (SDK 0.10's
+/// and 0.11's have the same fields under different types). The checksum is the server's to
+/// compute, as for any producer's message.
+macro_rules! impl_sdk_message {
+    ($sdk:ident) => {
+        impl $crate::message::SdkMessage for $sdk::IggyMessage {
+            fn borrow_from(m: &mut $crate::Message) -> Self {
+                let header = $sdk::IggyMessageHeader {
+                    checksum: 0,
+                    id: m.id,
+                    offset: m.offset,
+                    timestamp: m.timestamp,
+                    origin_timestamp: m.origin_timestamp,
+                    user_headers_length: m.user_headers_len(),
+                    // A payload is bounded far below 4 GiB by both generations.
+                    payload_length: u32::try_from(m.payload.len()).unwrap_or(u32::MAX),
+                    reserved: 0,
+                };
+                $sdk::IggyMessage {
+                    header,
+                    payload: std::mem::take(&mut m.payload),
+                    user_headers: m.user_headers.take(),
+                }
+            }
+
+            fn give_back(&mut self) -> (bytes::Bytes, Option<bytes::Bytes>) {
+                (std::mem::take(&mut self.payload), self.user_headers.take())
+            }
         }
-    }};
+    };
 }
 
 /// An SDK's polled `IggyMessage` as the replicator's own (payload and headers moved).
@@ -101,7 +118,37 @@ macro_rules! from_sdk_message {
     }};
 }
 
-pub(crate) use {from_sdk_message, to_sdk_message};
+pub(crate) use {from_sdk_message, impl_sdk_message};
+
+/// `messages` lent to an SDK's message type `T` for one send: each payload and user headers
+/// move into the SDK's messages and back when this ends, however the send ends (an error, or
+/// the call dropped mid-way, which drops this too). A send so changes no reference count and
+/// copies nothing, as when the SDK's own messages were sent; and a batch kept for a retry
+/// after a failed or abandoned send is whole again.
+pub(crate) struct Lent<'a, T: SdkMessage> {
+    messages: &'a mut [Message],
+    lent: Vec<T>,
+}
+
+impl<'a, T: SdkMessage> Lent<'a, T> {
+    pub(crate) fn new(messages: &'a mut [Message]) -> Self {
+        let lent = messages.iter_mut().map(T::borrow_from).collect();
+        Self { messages, lent }
+    }
+
+    /// The SDK's messages to send.
+    pub(crate) fn sdk(&mut self) -> &mut [T] {
+        &mut self.lent
+    }
+}
+
+impl<T: SdkMessage> Drop for Lent<'_, T> {
+    fn drop(&mut self) {
+        for (m, lent) in self.messages.iter_mut().zip(&mut self.lent) {
+            (m.payload, m.user_headers) = lent.give_back();
+        }
+    }
+}
 
 /// What one poll of a partition returned.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -14,7 +14,7 @@ use iggy_common::{ClientInfo, ConsumerGroup, Identifier, UserInfo, UserInfoDetai
 use replicator_model::IggyVersion;
 
 use crate::cluster::Result;
-use crate::message::{from_sdk_message, to_sdk_message};
+use crate::message::{from_sdk_message, impl_sdk_message, Lent, SdkMessage as _};
 use crate::{Confirmed, IggyCluster, Message, Polled, StoredOffset};
 
 /// One SDK 0.10 connection to an Iggy 0.8 server.
@@ -24,9 +24,11 @@ fn ok<T>(result: std::result::Result<T, IggyError>) -> Result<T> {
     result.map_err(crate::Error::from)
 }
 
-/// A message to send, as SDK 0.10 takes it.
+impl_sdk_message!(sdk10);
+
+/// `m` as SDK 0.10's message (its payload and user headers shared, not copied).
 pub(crate) fn to_sdk(m: &Message) -> IggyMessage {
-    to_sdk_message!(sdk10, m)
+    IggyMessage::borrow_from(&mut m.clone())
 }
 
 /// The replicator's message as SDK 0.10's (tools decode user headers with it).
@@ -247,12 +249,12 @@ impl IggyCluster for V08 {
         stream: &Identifier,
         topic: &Identifier,
         partitioning: &Partitioning,
-        messages: &[Message],
+        messages: &mut [Message],
     ) -> Result<Vec<Confirmed>> {
-        let mut sdk: Vec<IggyMessage> = messages.iter().map(to_sdk).collect();
+        let mut lent = Lent::<IggyMessage>::new(messages);
         ok(self
             .0
-            .send_messages(stream, topic, partitioning, &mut sdk)
+            .send_messages(stream, topic, partitioning, lent.sdk())
             .await)?;
         Ok(Vec::new())
     }

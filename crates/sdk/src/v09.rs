@@ -20,7 +20,7 @@ use iggy_common::{
 use replicator_model::IggyVersion;
 
 use crate::cluster::Result;
-use crate::message::{from_sdk_message, to_sdk_message};
+use crate::message::{from_sdk_message, impl_sdk_message, Lent};
 use crate::{Confirmed, IggyCluster, Message, Place, Polled, StoredOffset};
 
 /// One SDK 0.11 connection to an Iggy 0.9 cluster.
@@ -325,10 +325,7 @@ fn group_details_back(g: n::ConsumerGroupDetails) -> ConsumerGroupDetails {
     }
 }
 
-/// A message to send, as SDK 0.11 takes it.
-fn message(m: &Message) -> n::IggyMessage {
-    to_sdk_message!(n, m)
-}
+impl_sdk_message!(n);
 
 /// A polled message as the replicator's own.
 fn message_back(m: n::IggyMessage) -> Message {
@@ -687,7 +684,7 @@ impl IggyCluster for V09 {
         stream: &Identifier,
         topic: &Identifier,
         to: &Partitioning,
-        messages: &[Message],
+        messages: &mut [Message],
     ) -> Result<Vec<Confirmed>> {
         let c = &self.0;
         let (stream, topic, to) = (ident(stream)?, ident(topic)?, partitioning(to)?);
@@ -695,9 +692,9 @@ impl IggyCluster for V09 {
         let mut at = 0;
         let mut confirmed = Vec::new();
         for len in origin_span_parts(&origins) {
-            let mut part: Vec<n::IggyMessage> =
-                messages[at..at + len].iter().map(message).collect();
-            let answer = map(c.send_messages(&stream, &topic, &to, &mut part).await)?;
+            let mut part = Lent::<n::IggyMessage>::new(&mut messages[at..at + len]);
+            let answer = map(c.send_messages(&stream, &topic, &to, part.sdk()).await)?;
+            drop(part);
             confirmed.push(Confirmed {
                 // A part holds at most one batch, whose count is a u32 on the wire.
                 messages: u32::try_from(len).unwrap_or(u32::MAX),
@@ -860,20 +857,33 @@ mod tests {
     }
 
     #[test]
-    fn messages_cross_generations_with_every_field_and_shared_bytes() {
+    fn messages_are_lent_to_sdk_011_with_every_field_and_are_whole_again_after() {
         let payload = bytes::Bytes::from_static(b"payload");
         let mut m = Message::new(42, 1234, payload.clone())
             .with_user_headers(Some(bytes::Bytes::from_static(b"raw-headers")));
         m.offset = 5;
         m.timestamp = 6;
-        let there = message(&m);
-        check!(there.header.id == 42);
-        check!(there.header.origin_timestamp == 1234);
-        check!(there.header.user_headers_length == 11);
+        let mut batch = [m.clone()];
+        {
+            let mut lent = Lent::<n::IggyMessage>::new(&mut batch);
+            let there = &lent.sdk()[0];
+            check!(there.header.id == 42);
+            check!(there.header.origin_timestamp == 1234);
+            check!(there.header.user_headers_length == 11);
+            check!(there.header.payload_length == 7);
+            check!(
+                there.payload.as_ptr() == payload.as_ptr(),
+                "the payload is moved, not copied"
+            );
+        }
         check!(
-            there.payload.as_ptr() == payload.as_ptr(),
-            "the payload is shared, not copied"
+            batch == [m.clone()],
+            "the batch is whole again once the send ends"
         );
-        check!(message_back(there) == m);
+        let polled = <n::IggyMessage as crate::message::SdkMessage>::borrow_from(&mut m.clone());
+        check!(
+            message_back(polled) == m,
+            "and a polled message reads back with every field"
+        );
     }
 }

@@ -82,9 +82,10 @@ async fn conformance(c: &impl IggyCluster, names: &Names) -> TestResult {
         .await?
         .is_none());
 
-    // Every field the replicator copies round-trips, in order.
+    // Every field the replicator copies round-trips, in order; and the batch sent is whole
+    // again after the send (the writer keeps it for a retry).
     let headers = Bytes::from_static(b"\x01\x00\x00\x00kraw-headers-as-encoded");
-    let sent: Vec<Message> = (0..5u64)
+    let mut sent: Vec<Message> = (0..5u64)
         .map(|i| {
             Message::new(
                 1000 + u128::from(i),
@@ -94,8 +95,10 @@ async fn conformance(c: &impl IggyCluster, names: &Names) -> TestResult {
             .with_user_headers((i % 2 == 0).then(|| headers.clone()))
         })
         .collect();
-    c.send_messages(&stream, &topic, &Partitioning::partition_id(1), &sent)
+    let kept = sent.clone();
+    c.send_messages(&stream, &topic, &Partitioning::partition_id(1), &mut sent)
         .await?;
+    check!(sent == kept);
     let consumer = Consumer::new(Identifier::numeric(1)?);
     let polled = c
         .poll_messages(
@@ -177,13 +180,13 @@ async fn conformance(c: &impl IggyCluster, names: &Names) -> TestResult {
 /// Logs in as the reader and tries a send: refused as unauthorized. Then a wrong password.
 async fn refusals(config: &ClientConfig, names: &Names) -> TestResult {
     let reader = connected(&config.with_login(&names.user, "reader-secret")).await?;
-    let one = [Message::new(1, 1, Bytes::from_static(b"x"))];
+    let mut one = [Message::new(1, 1, Bytes::from_static(b"x"))];
     let refused = reader
         .send_messages(
             &Identifier::named(&names.stream)?,
             &Identifier::named("orders")?,
             &Partitioning::partition_id(1),
-            &one,
+            &mut one,
         )
         .await
         .unwrap_err();

@@ -61,7 +61,7 @@ pub(crate) struct Copies<'a> {
     pub(crate) slot: usize,
     pub(crate) stream: Identifier,
     pub(crate) topic: Identifier,
-    pub(crate) messages: &'a [Message],
+    pub(crate) messages: &'a mut [Message],
     /// Their size as sent (for the throttle).
     pub(crate) bytes: u64,
 }

@@ -298,13 +298,13 @@ impl<C: ControlPlane> Task<C> {
             source,
         })?;
         let (s, t) = (named(stream)?, named(topic)?);
-        let messages = [message];
+        let mut messages = [message];
         self.p
             .door
             .node_call(target, 0, "send_heartbeat", |c| async move {
                 // A heartbeat topic has no copy to keep in step: where it landed is not
                 // checked.
-                c.send_messages(&s, &t, &Partitioning::partition_id(0), &messages)
+                c.send_messages(&s, &t, &Partitioning::partition_id(0), &mut messages)
                     .await
                     .map(drop)
             })

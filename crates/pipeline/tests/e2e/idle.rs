@@ -34,9 +34,9 @@ fn quiet_params(env: &Env, flow: FlowParams) -> PipelineParams {
 
 /// Sends `seq` to `partition` of `stream/t` (payload and headers as the harness makes them).
 async fn produce_one(c: &Client, stream: &str, partition: u32, seq: u64) -> TestResult {
-    let msgs = [replicator_sdk::Message::from(message(partition, seq, 64)?)];
+    let mut msgs = [replicator_sdk::Message::from(message(partition, seq, 64)?)];
     let (s, t) = (Identifier::named(stream)?, Identifier::named("t")?);
-    c.send_messages(&s, &t, &Partitioning::partition_id(partition), &msgs)
+    c.send_messages(&s, &t, &Partitioning::partition_id(partition), &mut msgs)
         .await?;
     Ok(())
 }

@@ -219,7 +219,7 @@ async fn messages_the_target_lost_are_copied_again_and_those_retention_removed_a
     wait_confirmed(&control, &unit, 49, Duration::from_secs(30)).await?;
     first.shutdown().await;
     let down = client(&env.eu).await?;
-    let kept = messages(&down, "lost", "t", 0, 50).await?;
+    let mut kept = messages(&down, "lost", "t", 0, 50).await?;
     produce(&up, "lost", "t", 1, 50..100, 50).await?;
     let second = Pipeline::start(env.params(f.clone()), control.clone()).await?;
     wait_confirmed(&control, &unit, 99, Duration::from_secs(30)).await?;
@@ -228,7 +228,7 @@ async fn messages_the_target_lost_are_copied_again_and_those_retention_removed_a
     // is the first 50 copies.
     let (stream, topic) = (Identifier::named("lost")?, Identifier::named("t")?);
     down.purge_topic(&stream, &topic).await?;
-    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &kept)
+    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &mut kept)
         .await?;
     assert!(count(&env.eu, "lost", "t", 0) == 50);
     // Meanwhile upstream retention removed 50..59: those cannot be copied again.
@@ -256,10 +256,10 @@ async fn messages_the_target_lost_under_a_running_writer_are_copied_again() -> T
     // The target restarts without its newest 20 messages (acknowledged, never persisted)
     // while the writer runs: its connection drops, and the first 30 copies are what is left.
     let down = client(&env.eu).await?;
-    let kept = messages(&down, "midloss", "t", 0, 30).await?;
+    let mut kept = messages(&down, "midloss", "t", 0, 30).await?;
     let (stream, topic) = (Identifier::named("midloss")?, Identifier::named("t")?);
     down.purge_topic(&stream, &topic).await?;
-    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &kept)
+    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &mut kept)
         .await?;
     env.eu.faults().drop_connections();
     produce(&up, "midloss", "t", 1, 50..60, 10).await?;
@@ -293,10 +293,10 @@ async fn copies_the_target_lost_after_a_resume_and_before_the_first_send_are_cop
     .await?;
     // The target restarts without its newest 20 messages: its connections drop.
     let down = client(&env.eu).await?;
-    let kept = messages(&down, "resumeloss", "t", 0, 30).await?;
+    let mut kept = messages(&down, "resumeloss", "t", 0, 30).await?;
     let (stream, topic) = (Identifier::named("resumeloss")?, Identifier::named("t")?);
     down.purge_topic(&stream, &topic).await?;
-    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &kept)
+    down.send_messages(&stream, &topic, &Partitioning::partition_id(0), &mut kept)
         .await?;
     env.eu.faults().drop_connections();
     produce(&up, "resumeloss", "t", 1, 50..60, 10).await?;
