@@ -146,7 +146,7 @@ async fn run(s: Scenario) -> BenchResult {
                         unit: a.unit.clone(),
                         epoch: a.epoch,
                         offset,
-                        topic_created_at: 1,
+                        history_label: 1,
                         counters: CommitCounters::Since(UnitCounters {
                             messages: 100,
                             bytes: 10_000,

@@ -57,7 +57,7 @@ fn commits(assignments: &[Assignment], n: usize) -> Vec<OffsetCommit> {
             unit: a.unit.clone(),
             epoch: a.epoch,
             offset: 1_000_000 + i as u64,
-            topic_created_at: 1_700_000_000_000_000,
+            history_label: 1_700_000_000_000_000,
             counters: UnitCounters {
                 messages: 1000,
                 bytes: 320_000,

@@ -510,7 +510,7 @@ pub(crate) mod tests {
                         unit: unit(),
                         epoch: Epoch(10),
                         offset: 11,
-                        topic_created_at: 12,
+                        history_label: 12,
                         counters: UnitCounters {
                             messages: 1,
                             bytes: 2,
@@ -588,7 +588,7 @@ pub(crate) mod tests {
                     epoch: Epoch(2),
                     start: UnitStart {
                         next: 3,
-                        topic_created_at: 4,
+                        history_label: 4,
                     },
                 },
                 "120101660173017401020304",
@@ -641,7 +641,7 @@ pub(crate) mod tests {
                             unit: unit(),
                             epoch: Epoch(10),
                             offset: 11,
-                            topic_created_at: 12,
+                            history_label: 12,
                             counters: CommitCounters::Totals {
                                 session: 13,
                                 totals: UnitCounters {
@@ -656,7 +656,7 @@ pub(crate) mod tests {
                             unit: unit(),
                             epoch: Epoch(10),
                             offset: 14,
-                            topic_created_at: 12,
+                            history_label: 12,
                             counters: CommitCounters::Since(UnitCounters::default()),
                         },
                     ],

@@ -910,7 +910,7 @@ mod tests {
             unit: WorkUnit::new("f", "s", "t", p),
             epoch: Epoch(3),
             offset: 9,
-            topic_created_at: 1,
+            history_label: 1,
             counters: replicator_model::CommitCounters::Totals {
                 session: 7,
                 totals: replicator_model::UnitCounters::default(),

@@ -525,12 +525,12 @@ impl ControlState {
         if rec.owner != Some(node) || rec.epoch != epoch {
             return ControlResponse::Ignored(Rejection::StaleEpoch);
         }
-        let confirmed = rec.progress.confirmed.is_some()
-            && rec.progress.topic_created_at == start.topic_created_at;
+        let confirmed =
+            rec.progress.confirmed.is_some() && rec.progress.history_label == start.history_label;
         let recorded = self
             .recorded_starts
             .get(unit)
-            .is_some_and(|r| r.topic_created_at == start.topic_created_at);
+            .is_some_and(|r| r.history_label == start.history_label);
         if confirmed || recorded {
             return ControlResponse::Ignored(Rejection::StartKnown);
         }
@@ -881,10 +881,10 @@ impl ControlState {
             return CommitOutcome::Fenced { current };
         }
         let p = &mut rec.progress;
-        if p.confirmed.is_none() || p.topic_created_at != c.topic_created_at {
+        if p.confirmed.is_none() || p.history_label != c.history_label {
             // First commit, or the topic was recreated: a new history starts here.
             p.confirmed = Some(c.offset);
-            p.topic_created_at = c.topic_created_at;
+            p.history_label = c.history_label;
         } else {
             // Offsets never move backwards within one topic generation.
             p.confirmed = p.confirmed.max(Some(c.offset));
@@ -942,7 +942,7 @@ fn progress_commit(c: &OffsetCommit) -> ProgressCommit {
         unit: c.unit.clone(),
         epoch: c.epoch,
         offset: c.offset,
-        topic_created_at: c.topic_created_at,
+        history_label: c.history_label,
         counters: CommitCounters::Since(c.counters),
     }
 }

@@ -149,8 +149,8 @@ pub struct ProgressCommit {
     pub epoch: Epoch,
     /// Last upstream offset written downstream.
     pub offset: Offset,
-    /// The upstream history the offset belongs to (see [`OffsetCommit::topic_created_at`]).
-    pub topic_created_at: u64,
+    /// The upstream history the offset belongs to (see [`OffsetCommit::history_label`]).
+    pub history_label: u64,
     /// What was copied.
     pub counters: CommitCounters,
 }
@@ -164,7 +164,7 @@ impl ProgressCommit {
             unit: self.unit.clone(),
             epoch: self.epoch,
             offset: self.offset,
-            topic_created_at: self.topic_created_at,
+            history_label: self.history_label,
             counters: match self.counters {
                 CommitCounters::Since(c) => c,
                 CommitCounters::Totals { .. } => UnitCounters::default(),
@@ -221,10 +221,14 @@ pub struct OffsetCommit {
     pub epoch: Epoch,
     /// Last upstream offset written downstream.
     pub offset: Offset,
-    /// Creation time (µs since the Unix epoch) of the upstream topic the offset
-    /// belongs to; a different value than the stored one means the topic was
-    /// deleted and recreated, and the offset starts a new history.
-    pub topic_created_at: u64,
+    /// The label of the upstream history the offset belongs to: the upstream topic's creation
+    /// time (µs since the Unix epoch) with, in its top bits, how many times the partition was
+    /// reset since (`provenance::Incarnation::label` in the pipeline; the label of a history
+    /// never reset is the creation time itself). A different value than the stored one starts
+    /// a new history (the topic was recreated or the partition purged). Called
+    /// `topic_created_at` before it held resets too; the encoding is positional, so the name
+    /// is not in the log or the snapshots.
+    pub history_label: u64,
     /// What was copied since this unit's previous commit.
     pub counters: UnitCounters,
 }
@@ -246,8 +250,8 @@ pub enum CommitOutcome {
 pub struct UnitProgress {
     /// Last upstream offset confirmed written downstream; `None` before the first commit.
     pub confirmed: Option<Offset>,
-    /// Creation time (µs) of the upstream topic that `confirmed` refers to.
-    pub topic_created_at: u64,
+    /// The upstream history `confirmed` belongs to (see [`OffsetCommit::history_label`]).
+    pub history_label: u64,
     /// Totals over the unit's life.
     pub counters: UnitCounters,
 }
@@ -329,9 +333,8 @@ mod tests {
 pub struct UnitStart {
     /// The first upstream offset to copy.
     pub next: Offset,
-    /// The upstream history it was resolved for (the label commits carry as
-    /// `topic_created_at`).
-    pub topic_created_at: u64,
+    /// The upstream history it was resolved for (see [`OffsetCommit::history_label`]).
+    pub history_label: u64,
 }
 
 /// A pending [`OffsetReset`] and the upstream topic it was decided for: its creation time (µs),

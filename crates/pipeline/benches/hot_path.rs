@@ -73,7 +73,7 @@ fn second_hop_headers() -> Bytes {
     let first = Stamp {
         source: "ap",
         offset: 41_999,
-        topic_created_at: CREATED - 1,
+        history_label: CREATED - 1,
     };
     provenance::stamp(Some(&three_headers()), &first).expect("fits the header limit")
 }
@@ -83,7 +83,7 @@ fn our_stamp(offset: u64) -> Stamp<'static> {
     Stamp {
         source: SOURCE,
         offset,
-        topic_created_at: CREATED,
+        history_label: CREATED,
     }
 }
 
@@ -161,7 +161,7 @@ fn preparing(c: &mut Criterion) {
             source: SOURCE,
             target: TARGET,
             provenance,
-            topic_created_at: CREATED,
+            history_label: CREATED,
         };
         let mut once = batch(headers);
         prepare(&mut once, &params).expect("fits the header limit");

@@ -34,8 +34,9 @@ pub struct PrepareParams<'a> {
     pub target: &'a str,
     /// Whether to stamp provenance and skip messages that originated in the target.
     pub provenance: bool,
-    /// Creation time (µs) of the upstream topic, e.g. `1_700_000_000_000_000`.
-    pub topic_created_at: u64,
+    /// Label of the upstream history copied (a topic's creation time in µs for one never
+    /// reset), e.g. `1_700_000_000_000_000`.
+    pub history_label: u64,
 }
 
 /// The writer's batch conversion, in place: leaves in `batch` the messages it would send
@@ -47,7 +48,7 @@ pub fn prepare(batch: &mut Batch, p: &PrepareParams<'_>) -> std::result::Result<
         source: p.source,
         target: p.target,
         provenance: p.provenance,
-        topic_created_at: p.topic_created_at,
+        history_label: p.history_label,
     };
     crate::datapath::writer::prepare(&mut batch.0, &params).map(|prepared| prepared.bytes)
 }

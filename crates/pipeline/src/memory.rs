@@ -109,10 +109,10 @@ impl State {
             };
         }
         let p = &mut entry.progress;
-        if p.topic_created_at != c.topic_created_at {
+        if p.history_label != c.history_label {
             // A new topic incarnation starts a new history, so its offsets may be lower.
             p.confirmed = Some(c.offset);
-            p.topic_created_at = c.topic_created_at;
+            p.history_label = c.history_label;
         } else {
             p.confirmed = Some(p.confirmed.map_or(c.offset, |old| old.max(c.offset)));
         }
@@ -304,9 +304,9 @@ impl ControlPlane for InMemoryControl {
                     transient: false,
                 });
             };
-            let label = start.topic_created_at;
-            let known = (e.progress.confirmed.is_some() && e.progress.topic_created_at == label)
-                || e.start.is_some_and(|s| s.topic_created_at == label);
+            let label = start.history_label;
+            let known = (e.progress.confirmed.is_some() && e.progress.history_label == label)
+                || e.start.is_some_and(|s| s.history_label == label);
             if !known {
                 e.start = Some(start);
             }
@@ -374,7 +374,7 @@ mod tests {
             unit: u.clone(),
             epoch,
             offset,
-            topic_created_at: created,
+            history_label: created,
             counters: CommitCounters::Since(UnitCounters {
                 messages: 1,
                 ..Default::default()
@@ -425,7 +425,7 @@ mod tests {
         c.commit(vec![commit(&u, e, 3, 2)]).await.expect("ok");
         let p = c.progress(&u).expect("committed");
         check!(p.confirmed == Some(3));
-        check!(p.topic_created_at == 2);
+        check!(p.history_label == 2);
     }
 
     #[tokio::test]

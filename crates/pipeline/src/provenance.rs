@@ -26,7 +26,7 @@ const CREATED_BITS: u32 = 52;
 const CREATED_MASK: u64 = (1 << CREATED_BITS) - 1;
 
 /// One history of an upstream partition, as `repl-created` labels it and offsets are confirmed
-/// under (`topic_created_at` of commits and progress): the creation time of the upstream topic
+/// under (`history_label` of commits and progress): the creation time of the upstream topic
 /// and how many times the replicator saw the partition reset (purged: offsets restart at 0)
 /// since then.
 ///
@@ -55,7 +55,7 @@ impl Incarnation {
         }
     }
 
-    /// The incarnation a label (`repl-created`, a commit's `topic_created_at`) names.
+    /// The incarnation a label (`repl-created`, a commit's `history_label`) names.
     pub fn from_label(label: u64) -> Self {
         Self {
             created_at: label & CREATED_MASK,
@@ -63,7 +63,7 @@ impl Incarnation {
         }
     }
 
-    /// The label stamped in `repl-created` and committed as `topic_created_at`.
+    /// The label stamped in `repl-created` and committed as `history_label`.
     pub fn label(self) -> u64 {
         (self.created_at & CREATED_MASK) | u64::from(self.generation) << CREATED_BITS
     }
@@ -165,8 +165,9 @@ pub struct Found<'a> {
     pub offset: Option<u64>,
     /// Cluster where the message was first produced.
     pub origin: Option<&'a str>,
-    /// Creation time (µs) of the topic incarnation in the source cluster.
-    pub topic_created_at: Option<u64>,
+    /// Label of the upstream history the copy belongs to (`repl-created`,
+    /// [`Incarnation::label`]).
+    pub history_label: Option<u64>,
 }
 
 impl<'a> Found<'a> {
@@ -201,7 +202,7 @@ pub fn find(user_headers: Option<&[u8]>) -> Found<'_> {
             k if k == SOURCE_KEY.as_bytes() => found.source = as_str(),
             k if k == OFFSET_KEY.as_bytes() => found.offset = as_u64(),
             k if k == ORIGIN_KEY.as_bytes() => found.origin = as_str(),
-            k if k == CREATED_KEY.as_bytes() => found.topic_created_at = as_u64(),
+            k if k == CREATED_KEY.as_bytes() => found.history_label = as_u64(),
             _ => {}
         }
     }
@@ -244,8 +245,8 @@ pub struct Stamp<'a> {
     pub source: &'a str,
     /// Upstream offset of the message.
     pub offset: u64,
-    /// Creation time (µs) of the upstream topic.
-    pub topic_created_at: u64,
+    /// Label of the upstream history copied ([`Incarnation::label`]).
+    pub history_label: u64,
 }
 
 /// Encoded size of one entry with a string key.
@@ -314,7 +315,7 @@ pub fn stamp_into(
         arena,
         CREATED_KEY,
         KIND_UINT64,
-        &stamp.topic_created_at.to_le_bytes(),
+        &stamp.history_label.to_le_bytes(),
     );
     Some(arena.split().freeze())
 }
@@ -327,8 +328,8 @@ pub fn stamp_into(
 pub struct Stamper<'a> {
     /// Alias of the cluster the messages are copied from.
     source: &'a str,
-    /// Creation time (µs) of the upstream topic.
-    topic_created_at: u64,
+    /// Label of the upstream history copied ([`Incarnation::label`]).
+    history_label: u64,
     /// Our entries for origin = source (no origin entry) and offset 0.
     block: Vec<u8>,
     /// Position of the offset value's 8 bytes in `block`.
@@ -336,8 +337,8 @@ pub struct Stamper<'a> {
 }
 
 impl<'a> Stamper<'a> {
-    /// A stamper for messages copied from `source`, topic incarnation `topic_created_at`.
-    pub fn new(source: &'a str, topic_created_at: u64) -> Self {
+    /// A stamper for messages copied from `source`, topic incarnation `history_label`.
+    pub fn new(source: &'a str, history_label: u64) -> Self {
         let mut block = BytesMut::new();
         put_entry(&mut block, SOURCE_KEY, KIND_STRING, source.as_bytes());
         let offset_at = block.len() + entry_len(OFFSET_KEY, 8) - 8;
@@ -346,11 +347,11 @@ impl<'a> Stamper<'a> {
             &mut block,
             CREATED_KEY,
             KIND_UINT64,
-            &topic_created_at.to_le_bytes(),
+            &history_label.to_le_bytes(),
         );
         Self {
             source,
-            topic_created_at,
+            history_label,
             block: block.to_vec(),
             offset_at,
         }
@@ -368,7 +369,7 @@ impl<'a> Stamper<'a> {
             let stamp = Stamp {
                 source: self.source,
                 offset,
-                topic_created_at: self.topic_created_at,
+                history_label: self.history_label,
             };
             return stamp_into(arena, user_headers, &stamp);
         }
@@ -417,7 +418,7 @@ mod tests {
         Stamp {
             source,
             offset,
-            topic_created_at: 77,
+            history_label: 77,
         }
     }
 
@@ -437,7 +438,7 @@ mod tests {
         check!(found.offset == Some(42));
         check!(found.origin.is_none());
         check!(found.origin_cluster() == Some("us"));
-        check!(found.topic_created_at == Some(77));
+        check!(found.history_label == Some(77));
         check!(strip(Some(&stamped)) == Some(original.to_vec()));
     }
 

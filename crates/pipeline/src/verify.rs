@@ -328,8 +328,7 @@ async fn compare(
     let first_up = head.as_ref().map(|m| m.offset);
     while let Some(d) = down.next().await? {
         let found = provenance::find(d.user_headers.as_deref());
-        if found.source != Some(flow.source.as_str()) || found.topic_created_at != Some(created_at)
-        {
+        if found.source != Some(flow.source.as_str()) || found.history_label != Some(created_at) {
             continue;
         }
         let Some(s) = found.offset else { continue };

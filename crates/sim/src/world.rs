@@ -1368,7 +1368,7 @@ impl World {
             unit: w.unit.clone(),
             epoch: w.epoch,
             offset,
-            topic_created_at: w.label,
+            history_label: w.label,
             counters,
         };
         self.propose(

@@ -74,7 +74,7 @@ fn history(format: u32) -> Vec<ControlCommand> {
                 unit: unit(0),
                 epoch: Epoch(8),
                 offset: 41,
-                topic_created_at: 1_700_000_000_000_000,
+                history_label: 1_700_000_000_000_000,
                 counters: UnitCounters {
                     messages: 42,
                     bytes: 4200,
@@ -89,7 +89,7 @@ fn history(format: u32) -> Vec<ControlCommand> {
             epoch: Epoch(10),
             start: UnitStart {
                 next: 17,
-                topic_created_at: 1_700_000_000_000_001,
+                history_label: 1_700_000_000_000_001,
             },
         },
         ControlCommand::PublishConfig {
@@ -160,7 +160,7 @@ fn history(format: u32) -> Vec<ControlCommand> {
                     unit: unit(0),
                     epoch: Epoch(8),
                     offset: 52,
-                    topic_created_at: 1_700_000_000_000_000,
+                    history_label: 1_700_000_000_000_000,
                     counters: CommitCounters::Totals {
                         session: 0x5e55_1011,
                         totals: UnitCounters {

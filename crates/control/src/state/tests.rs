@@ -60,7 +60,7 @@ fn commit(epoch: u64, offset: u64, created: u64) -> OffsetCommit {
         unit: unit(0),
         epoch: Epoch(epoch),
         offset,
-        topic_created_at: created,
+        history_label: created,
         counters: UnitCounters {
             messages: 2,
             bytes: 10,
@@ -110,7 +110,7 @@ fn offsets_never_move_backwards_within_a_topic_generation() {
     // A recreated topic starts a new history, even at a lower offset.
     check!(commit_as(&mut s, 13, 1, commit(10, 3, 8)) == CommitOutcome::Committed);
     check!(s.units[&unit(0)].progress.confirmed == Some(3));
-    check!(s.units[&unit(0)].progress.topic_created_at == 8);
+    check!(s.units[&unit(0)].progress.history_label == 8);
 }
 
 #[test]
@@ -664,7 +664,7 @@ fn record_start(node: NodeId, epoch: u64, next: Offset, created: u64) -> Control
         epoch: Epoch(epoch),
         start: UnitStart {
             next,
-            topic_created_at: created,
+            history_label: created,
         },
     }
 }
@@ -686,7 +686,7 @@ fn the_first_owners_start_stands_until_the_first_commit() {
     check!(s.recorded_starts[&unit(0)].next == 40);
     // A start of another history (the topic was recreated) replaces it.
     check!(s.apply(16, &record_start(2, 14, 0, 8)) == ControlResponse::Done);
-    check!(s.recorded_starts[&unit(0)].topic_created_at == 8);
+    check!(s.recorded_starts[&unit(0)].history_label == 8);
     // The first commit takes it up; then a start of that history is known from progress.
     check!(commit_as(&mut s, 17, 2, commit(14, 5, 8)) == CommitOutcome::Committed);
     check!(s.recorded_starts.is_empty());
@@ -735,7 +735,7 @@ fn progress(epoch: u64, offset: u64, session: u64, messages: u64) -> ControlComm
             unit: unit(0),
             epoch: Epoch(epoch),
             offset,
-            topic_created_at: 1,
+            history_label: 1,
             counters: replicator_model::CommitCounters::Totals {
                 session,
                 totals: UnitCounters {
@@ -776,7 +776,7 @@ fn forgetting_takes_only_retired_unowned_unheld_units_and_everything_kept_about_
         unit(1),
         UnitStart {
             next: 3,
-            topic_created_at: 1,
+            history_label: 1,
         },
     );
     s.held_units.insert(unit(2), (2, 1));

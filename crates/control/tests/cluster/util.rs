@@ -416,7 +416,7 @@ pub(crate) fn commit(a: &Assignment, offset: u64) -> ProgressCommit {
         unit: a.unit.clone(),
         epoch: a.epoch,
         offset,
-        topic_created_at: 1,
+        history_label: 1,
         counters: CommitCounters::Since(UnitCounters::default()),
     }
 }

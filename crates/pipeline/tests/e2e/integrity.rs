@@ -67,7 +67,7 @@ fn assert_copies(originals: &[Message], copies: &[Message], created: u64, genera
         let found = provenance::find(copy.user_headers.as_deref());
         assert!(found.offset == Some(offset), "{found:?}");
         let label = found
-            .topic_created_at
+            .history_label
             .ok_or("no label")
             .map(Incarnation::from_label);
         assert!(
@@ -121,7 +121,7 @@ async fn wait_confirmed_in(
         || async {
             control.progress(unit).is_some_and(|p| {
                 p.confirmed == Some(offset)
-                    && Incarnation::from_label(p.topic_created_at).generation == generation
+                    && Incarnation::from_label(p.history_label).generation == generation
             })
         },
     )
@@ -148,7 +148,7 @@ async fn purged_upstream_partition_is_copied_again_as_a_new_history() -> TestRes
     assert_copies(&originals, &copies, created, 1);
     let old = messages(&down, "purge", "t", 0, 100).await?;
     assert!(old.len() == 100);
-    assert!(provenance::find(old[99].user_headers.as_deref()).topic_created_at == Some(created));
+    assert!(provenance::find(old[99].user_headers.as_deref()).history_label == Some(created));
     wait_confirmed_in(&control, &unit, 29, 1).await?;
     assert!(stats_of(&pipeline, &unit).await?.upstream_resets == 1);
     // It goes on in the new history.
@@ -203,7 +203,7 @@ async fn topic_recreated_between_discovery_rounds_is_noticed_by_its_reader() -> 
     let copies = messages(&down, "again", "t", 100, 10).await?;
     assert_copies(&originals, &copies, created, 0);
     wait_confirmed_in(&control, &unit, 9, 0).await?;
-    assert!(control.progress(&unit).map(|p| p.topic_created_at) == Some(created));
+    assert!(control.progress(&unit).map(|p| p.history_label) == Some(created));
     assert!(stats_of(&pipeline, &unit).await?.upstream_resets == 1);
     assert_exact(&env.verify(&f, Duration::from_secs(10)).await?);
     pipeline.shutdown().await;

@@ -91,7 +91,7 @@ pub(crate) async fn run<C: ControlPlane>(args: WriterArgs<C>) -> Result<&'static
         shared,
         rx,
         stop,
-        topic_created_at: 0,
+        history_label: 0,
         recopy_until: None,
         commit_call: None,
         held: None,
@@ -118,7 +118,7 @@ struct Writer<C> {
     stop: CancellationToken,
     /// Label of the upstream history being copied ([`Incarnation::label`]: the topic's creation
     /// time (µs), plus the partition's resets).
-    topic_created_at: u64,
+    history_label: u64,
     /// Messages up to this offset were confirmed before and lost downstream: sending them again
     /// counts as a re-copy.
     recopy_until: Option<Offset>,
@@ -355,7 +355,7 @@ impl<C: ControlPlane> Writer<C> {
             // end is then (`latest`), until this unit's first commit.
             let start = UnitStart {
                 next: plan.from.offset,
-                topic_created_at: plan.incarnation.label(),
+                history_label: plan.incarnation.label(),
             };
             let newly_recorded = shared
                 .control
@@ -383,7 +383,7 @@ impl<C: ControlPlane> Writer<C> {
             );
         }
         self.recopy_until = plan.loss.map(|loss| loss.to);
-        self.topic_created_at = plan.incarnation.label();
+        self.history_label = plan.incarnation.label();
         self.last_copied = match tail {
             Some(TailOutcome::Hit(hit))
                 if hit.position.generation == plan.incarnation.generation =>
@@ -397,7 +397,7 @@ impl<C: ControlPlane> Writer<C> {
                 plan.written.is_some() || progress.is_some_and(|p| p.confirmed.is_some());
             self.offset_map = Some(shared.offset_maps.resumed(
                 unit,
-                OffsetMap::new(self.topic_created_at, down_next, copied_before),
+                OffsetMap::new(self.history_label, down_next, copied_before),
             ));
         }
         self.commits.resumed(plan.written, plan.confirmed);
@@ -421,7 +421,7 @@ impl<C: ControlPlane> Writer<C> {
     async fn send_held(&mut self) -> Result<Sent> {
         let shared = self.shared.clone();
         if self.resync {
-            let copying = Incarnation::from_label(self.topic_created_at);
+            let copying = Incarnation::from_label(self.history_label);
             let written = self.commits.written().map(|offset| Position {
                 generation: copying.generation,
                 offset,
@@ -468,7 +468,7 @@ impl<C: ControlPlane> Writer<C> {
                 source: &shared.flow.source,
                 target: &shared.flow.target,
                 provenance: shared.flow.provenance,
-                topic_created_at: self.topic_created_at,
+                history_label: self.history_label,
             },
         )
         .map_err(|offset| Error::Message {
@@ -598,7 +598,7 @@ impl<C: ControlPlane> Writer<C> {
             unit: self.shared.unit.clone(),
             epoch: self.shared.epoch,
             offset: request.offset,
-            topic_created_at: self.topic_created_at,
+            history_label: self.history_label,
             counters: request.counters,
         };
         let control = self.shared.control.clone();
@@ -655,7 +655,7 @@ fn report<C>(
         shared.meters.upstream_reset();
         tracing::warn!(
             confirmed = forgotten,
-            old_created_at = progress.map_or(0, |p| p.topic_created_at),
+            old_created_at = progress.map_or(0, |p| p.history_label),
             created_at = plan.incarnation.created_at,
             "upstream topic was recreated; starting it from the initial offset"
         );
@@ -735,7 +735,7 @@ async fn scan_tail<C>(
         if found.source != Some(source) {
             return None;
         }
-        let incarnation = Incarnation::from_label(found.topic_created_at?);
+        let incarnation = Incarnation::from_label(found.history_label?);
         incarnation.is_of(created_at).then_some(Position {
             generation: incarnation.generation,
             offset: found.offset?,

@@ -25,8 +25,8 @@ pub(crate) struct PrepareParams<'a> {
     pub(crate) target: &'a str,
     /// Whether to stamp provenance and apply loop prevention.
     pub(crate) provenance: bool,
-    /// Creation time (µs) of the upstream topic.
-    pub(crate) topic_created_at: u64,
+    /// Label of the upstream history copied (`provenance::Incarnation::label`).
+    pub(crate) history_label: u64,
 }
 
 /// Turns a batch into its downstream messages, in place: drops what is already downstream,
@@ -61,7 +61,7 @@ pub(crate) fn prepare(
         // split off it).
         let mut arena =
             bytes::BytesMut::with_capacity(batch.messages.len() * (128 + p.source.len()));
-        let stamper = provenance::Stamper::new(p.source, p.topic_created_at);
+        let stamper = provenance::Stamper::new(p.source, p.history_label);
         for m in &mut batch.messages {
             let offset = m.offset;
             let stamped = stamper
@@ -100,7 +100,7 @@ mod tests {
             source: "us",
             target: "eu",
             provenance: true,
-            topic_created_at: 9,
+            history_label: 9,
         }
     }
 
@@ -134,7 +134,7 @@ mod tests {
         let found = provenance::find(out.user_headers.as_deref());
         check!(found.source == Some("us"));
         check!(found.offset == Some(3));
-        check!(found.topic_created_at == Some(9));
+        check!(found.history_label == Some(9));
         let headers_len = out.user_headers.as_ref().map_or(0, |h| h.len());
         check!(p.bytes == (64 + original.payload.len() + headers_len) as u64);
     }
@@ -146,7 +146,7 @@ mod tests {
             &provenance::Stamp {
                 source: "ap",
                 offset: 77,
-                topic_created_at: 1,
+                history_label: 1,
             },
         );
         let mut b = batch(vec![msg(1, None), msg(2, user)]);
@@ -178,7 +178,7 @@ mod tests {
             &provenance::Stamp {
                 source: "eu",
                 offset: 1,
-                topic_created_at: 1,
+                history_label: 1,
             },
         );
         let mut b = batch(vec![msg(0, from_eu), msg(1, None)]);

@@ -62,7 +62,7 @@ pub(crate) struct Position {
 /// (never, or only for an earlier topic of the same name).
 pub(crate) fn reference(progress: Option<UnitProgress>, created_at: u64) -> Option<Position> {
     let p = progress?;
-    let incarnation = Incarnation::from_label(p.topic_created_at);
+    let incarnation = Incarnation::from_label(p.history_label);
     if !incarnation.is_of(created_at) {
         return None;
     }
@@ -232,7 +232,7 @@ pub(crate) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
     // Where an earlier owner started this history's copy, nothing confirmed since.
     let recorded = facts
         .recorded
-        .filter(|s| confirmed.is_none() && s.topic_created_at == current.label())
+        .filter(|s| confirmed.is_none() && s.history_label == current.label())
         .map(|s| s.next);
     // Where this history's copy began, as far as the unit can tell.
     let start = match facts.initial {
@@ -618,7 +618,7 @@ mod tests {
         ResumeFacts {
             progress: Some(UnitProgress {
                 confirmed,
-                topic_created_at: NOW,
+                history_label: NOW,
                 counters: Default::default(),
             }),
             created_at: NOW,
@@ -649,7 +649,7 @@ mod tests {
         };
         next.recorded = Some(UnitStart {
             next: 10,
-            topic_created_at: label(0),
+            history_label: label(0),
         });
         let p = plan_ok(&next);
         check!(p.from == at(10, false));
@@ -657,7 +657,7 @@ mod tests {
         // An empty partition's `latest` is 0, and it stays 0.
         next.recorded = Some(UnitStart {
             next: 0,
-            topic_created_at: label(0),
+            history_label: label(0),
         });
         check!(plan_ok(&next).from == at(0, false));
         // Copies of the first owner downstream: after them, as always.
@@ -670,7 +670,7 @@ mod tests {
         let mut other = facts(None, None, InitialOffset::Latest);
         other.recorded = Some(UnitStart {
             next: 3,
-            topic_created_at: NOW - 1,
+            history_label: NOW - 1,
         });
         let p = plan_ok(&other);
         check!(p.from == at(10, false));
@@ -679,7 +679,7 @@ mod tests {
         let mut confirmed = facts(Some(6), Some(6), InitialOffset::Latest);
         confirmed.recorded = Some(UnitStart {
             next: 3,
-            topic_created_at: label(0),
+            history_label: label(0),
         });
         let p = plan_ok(&confirmed);
         check!(p.from == at(7, true));
@@ -821,7 +821,7 @@ mod tests {
         // A reset history of the earlier topic is forgotten as well.
         let mut purged_then_recreated = facts(Some(20), None, InitialOffset::Earliest);
         if let Some(p) = purged_then_recreated.progress.as_mut() {
-            p.topic_created_at = label(3);
+            p.history_label = label(3);
         }
         purged_then_recreated.created_at = NOW + 1;
         check!(plan_ok(&purged_then_recreated).forgotten == Some(20));
@@ -829,10 +829,10 @@ mod tests {
 
     #[test]
     fn reference_is_the_confirmed_position_of_the_current_topic() {
-        let progress = |confirmed, topic_created_at| {
+        let progress = |confirmed, history_label| {
             Some(UnitProgress {
                 confirmed,
-                topic_created_at,
+                history_label,
                 counters: Default::default(),
             })
         };
@@ -895,7 +895,7 @@ mod tests {
         // A differing message under a tail of an earlier history says nothing about this one.
         let mut older = facts(Some(3), None, InitialOffset::Earliest);
         if let Some(p) = older.progress.as_mut() {
-            p.topic_created_at = label(1);
+            p.history_label = label(1);
         }
         older.tail = hit(0, 9);
         older.tail_check = TailCheck::Differs;
@@ -907,7 +907,7 @@ mod tests {
         // Confirmed in generation 1, downstream in generation 1: resume there.
         let mut second = facts(Some(4), None, InitialOffset::Latest);
         if let Some(p) = second.progress.as_mut() {
-            p.topic_created_at = label(1);
+            p.history_label = label(1);
         }
         second.tail = hit(1, 6);
         let p = plan_ok(&second);
@@ -933,7 +933,7 @@ mod tests {
         // Nothing written in a new history yet: it starts at 0 whatever the initial offset.
         let mut none_yet = facts(Some(0), None, InitialOffset::Latest);
         if let Some(p) = none_yet.progress.as_mut() {
-            p.topic_created_at = label(1);
+            p.history_label = label(1);
             p.confirmed = None;
         }
         // (No confirmed offset: the progress is not a position; a hit of gen 1 without one.)
@@ -945,7 +945,7 @@ mod tests {
     fn resets_beyond_the_labels_are_an_error() {
         let mut last = facts(Some(9), Some(9), InitialOffset::Earliest);
         if let Some(p) = last.progress.as_mut() {
-            p.topic_created_at = label(Incarnation::MAX_GENERATION);
+            p.history_label = label(Incarnation::MAX_GENERATION);
         }
         last.tail = hit(Incarnation::MAX_GENERATION, 9);
         check!(plan(&last).is_ok());
@@ -994,7 +994,7 @@ mod tests {
         // again from its start.
         let mut older = facts(Some(9), None, InitialOffset::At(4));
         if let Some(p) = older.progress.as_mut() {
-            p.topic_created_at = label(1);
+            p.history_label = label(1);
         }
         older.tail = hit(0, 500);
         older.extent = PartitionExtent {

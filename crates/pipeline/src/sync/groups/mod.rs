@@ -395,7 +395,7 @@ impl<C: ControlPlane> GroupSync<C> {
     fn history(&self, unit: &WorkUnit) -> Option<u64> {
         self.maps
             .label(unit)
-            .or_else(|| self.control.progress(unit).map(|p| p.topic_created_at))
+            .or_else(|| self.control.progress(unit).map(|p| p.history_label))
     }
 
     /// [`OffsetMaps::lookup`], once the map's newest entry was checked against the downstream
@@ -589,7 +589,7 @@ impl<C: ControlPlane> GroupSync<C> {
         if found.source != Some(self.flow.source.as_str()) {
             return None;
         }
-        let history = Incarnation::from_label(found.topic_created_at?);
+        let history = Incarnation::from_label(found.history_label?);
         (history == Incarnation::from_label(label)).then_some(Copied {
             down: m.offset,
             up: found.offset?,
