@@ -320,6 +320,10 @@ async fn compare(
             }
         }
     }
+    // Upstream holds one history of the topic, its newest: a partition reset (purged) upstream
+    // leaves the copies of the earlier histories downstream under lower generations. Those are
+    // not compared; a first pass finds the newest generation copied.
+    let newest = newest_generation(down.clone(), flow, created_at).await?;
     let mut matched = RangeSet::default();
     let mut in_order = 0u64;
     let mut late = 0u64;
@@ -328,7 +332,9 @@ async fn compare(
     let first_up = head.as_ref().map(|m| m.offset);
     while let Some(d) = down.next().await? {
         let found = provenance::find(d.user_headers.as_deref());
-        if found.source != Some(flow.source.as_str()) || found.history_label != Some(created_at) {
+        if found.source != Some(flow.source.as_str())
+            || copied_history(&found, created_at) != newest
+        {
             continue;
         }
         let Some(s) = found.offset else { continue };
@@ -369,6 +375,30 @@ async fn compare(
     Ok(())
 }
 
+/// The history (its generation: resets since the topic was created at `created_at`) that a
+/// copy `found` belongs to, if it is a copy of that topic.
+fn copied_history(found: &provenance::Found<'_>, created_at: u64) -> Option<u16> {
+    let history = provenance::Incarnation::from_label(found.history_label?);
+    history.is_of(created_at).then_some(history.generation)
+}
+
+/// The newest history of the topic created at `created_at` that `down` holds copies of from
+/// the flow's source (`None`: no copy of it).
+async fn newest_generation(
+    mut down: Cursor,
+    flow: &FlowParams,
+    created_at: u64,
+) -> Result<Option<u16>> {
+    let mut newest = None;
+    while let Some(d) = down.next().await? {
+        let found = provenance::find(d.user_headers.as_deref());
+        if found.source == Some(flow.source.as_str()) {
+            newest = newest.max(copied_history(&found, created_at));
+        }
+    }
+    Ok(newest)
+}
+
 /// The next upstream message expected downstream (counting skipped ones).
 async fn next_expected(
     up: &mut Cursor,
@@ -389,7 +419,9 @@ async fn next_expected(
     Ok(None)
 }
 
-/// Streams one partition from offset 0 in batches.
+/// Streams one partition from offset 0 in batches (a clone made before the first `next`
+/// streams it again).
+#[derive(Clone)]
 struct Cursor {
     /// The cluster.
     cluster: Arc<Cluster>,

@@ -155,6 +155,12 @@ async fn purged_upstream_partition_is_copied_again_as_a_new_history() -> TestRes
     produce(&up, "purge", "t", 1, 1030..1040, 10).await?;
     wait_confirmed_in(&control, &unit, 39, 1).await?;
     assert!(count(&env.eu, "purge", "t", 0) == 140);
+    // `verify` compares what upstream holds now (the new history) with its copies, not with
+    // the copies of the history the purge removed.
+    let report = env.verify(&f, Duration::from_secs(30)).await?;
+    assert_exact(&report);
+    assert!(report.upstream_total() == 40);
+    assert!(report.downstream_total() == 40);
     pipeline.shutdown().await;
     Ok(())
 }
