@@ -61,13 +61,15 @@ impl Message {
     }
 }
 
-/// An SDK's own message type, which a [`Message`] lends its payload and user headers to for
-/// one send.
+/// An SDK's own message type: what a poll answers with, and what a [`Message`] lends its
+/// payload and user headers to for one send.
 pub(crate) trait SdkMessage: Sized {
     /// The SDK's message for `m`, holding `m`'s payload and user headers (taken out of `m`).
     fn borrow_from(m: &mut Message) -> Self;
     /// The payload and user headers, taken back out.
     fn give_back(&mut self) -> (Bytes, Option<Bytes>);
+    /// A polled message as the replicator's own (payload and headers moved).
+    fn into_message(self) -> Message;
 }
 
 /// Implements [`SdkMessage`] for the `IggyMessage` of the SDK whose crate is `$sdk` (SDK 0.10's
@@ -98,27 +100,23 @@ macro_rules! impl_sdk_message {
             fn give_back(&mut self) -> (bytes::Bytes, Option<bytes::Bytes>) {
                 (std::mem::take(&mut self.payload), self.user_headers.take())
             }
+
+            fn into_message(self) -> $crate::Message {
+                let h = self.header;
+                $crate::Message {
+                    id: h.id,
+                    offset: h.offset,
+                    timestamp: h.timestamp,
+                    origin_timestamp: h.origin_timestamp,
+                    payload: self.payload,
+                    user_headers: self.user_headers,
+                }
+            }
         }
     };
 }
 
-/// An SDK's polled `IggyMessage` as the replicator's own (payload and headers moved).
-macro_rules! from_sdk_message {
-    ($m:expr) => {{
-        let m = $m;
-        let h = m.header;
-        $crate::Message {
-            id: h.id,
-            offset: h.offset,
-            timestamp: h.timestamp,
-            origin_timestamp: h.origin_timestamp,
-            payload: m.payload,
-            user_headers: m.user_headers,
-        }
-    }};
-}
-
-pub(crate) use {from_sdk_message, impl_sdk_message};
+pub(crate) use impl_sdk_message;
 
 /// `messages` lent to an SDK's message type `T` for one send: each payload and user headers
 /// move into the SDK's messages and back when this ends, however the send ends (an error, or

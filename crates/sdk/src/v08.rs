@@ -14,7 +14,7 @@ use iggy_common::{ClientInfo, ConsumerGroup, Identifier, UserInfo, UserInfoDetai
 use replicator_model::IggyVersion;
 
 use crate::cluster::Result;
-use crate::message::{from_sdk_message, impl_sdk_message, Lent, SdkMessage as _};
+use crate::message::{impl_sdk_message, Lent, SdkMessage as _};
 use crate::{Confirmed, IggyCluster, Message, Polled, StoredOffset};
 
 /// One SDK 0.10 connection to an Iggy 0.8 server.
@@ -26,15 +26,11 @@ fn ok<T>(result: std::result::Result<T, IggyError>) -> Result<T> {
 
 impl_sdk_message!(sdk10);
 
-/// `m` as SDK 0.10's message (its payload and user headers shared, not copied).
-pub(crate) fn to_sdk(m: &Message) -> IggyMessage {
-    IggyMessage::borrow_from(&mut m.clone())
-}
-
-/// The replicator's message as SDK 0.10's (tools decode user headers with it).
+/// The replicator's message as SDK 0.10's (tools decode user headers with it); its payload
+/// and user headers are shared, not copied.
 impl From<&Message> for IggyMessage {
     fn from(m: &Message) -> Self {
-        to_sdk(m)
+        IggyMessage::borrow_from(&mut m.clone())
     }
 }
 
@@ -42,7 +38,7 @@ impl From<&Message> for IggyMessage {
 /// with it), as the replicator's own.
 impl From<IggyMessage> for Message {
     fn from(m: IggyMessage) -> Self {
-        from_sdk_message!(m)
+        m.into_message()
     }
 }
 
@@ -50,7 +46,11 @@ fn polled(p: PolledMessages) -> Polled {
     Polled {
         partition: p.partition_id,
         current_offset: p.current_offset,
-        messages: p.messages.into_iter().map(Message::from).collect(),
+        messages: p
+            .messages
+            .into_iter()
+            .map(IggyMessage::into_message)
+            .collect(),
     }
 }
 
@@ -349,7 +349,7 @@ mod tests {
             .with_user_headers(Some(Bytes::from_static(b"raw-headers")));
         m.offset = 9;
         m.timestamp = 77;
-        let there = to_sdk(&m);
+        let there = IggyMessage::from(&m);
         check!(there.header.user_headers_length == 11);
         check!(there.header.payload_length == 7);
         check!(

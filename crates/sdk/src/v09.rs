@@ -20,7 +20,7 @@ use iggy_common::{
 use replicator_model::IggyVersion;
 
 use crate::cluster::Result;
-use crate::message::{from_sdk_message, impl_sdk_message, Lent};
+use crate::message::{impl_sdk_message, Lent, SdkMessage as _};
 use crate::{Confirmed, IggyCluster, Message, Place, Polled, StoredOffset};
 
 /// One SDK 0.11 connection to an Iggy 0.9 cluster.
@@ -326,11 +326,6 @@ fn group_details_back(g: n::ConsumerGroupDetails) -> ConsumerGroupDetails {
 }
 
 impl_sdk_message!(n);
-
-/// A polled message as the replicator's own.
-fn message_back(m: n::IggyMessage) -> Message {
-    from_sdk_message!(m)
-}
 
 /// Where `messages` must be cut so that each part's origin timestamps span at most
 /// [`MAX_ORIGIN_SPAN_MICROS`]: the lengths of consecutive parts, in order.
@@ -675,7 +670,11 @@ impl IggyCluster for V09 {
         Ok(Polled {
             partition: polled.partition_id,
             current_offset: polled.current_offset,
-            messages: polled.messages.into_iter().map(message_back).collect(),
+            messages: polled
+                .messages
+                .into_iter()
+                .map(n::IggyMessage::into_message)
+                .collect(),
         })
     }
 
@@ -880,9 +879,9 @@ mod tests {
             batch == [m.clone()],
             "the batch is whole again once the send ends"
         );
-        let polled = <n::IggyMessage as crate::message::SdkMessage>::borrow_from(&mut m.clone());
+        let polled = n::IggyMessage::borrow_from(&mut m.clone());
         check!(
-            message_back(polled) == m,
+            polled.into_message() == m,
             "and a polled message reads back with every field"
         );
     }
