@@ -429,19 +429,16 @@ impl FaultState {
         let first = *nth == 1;
         let delay = {
             let mut delays = lock(&self.delays);
-            let Some(idx) = delays
-                .iter()
-                .position(|r| r.command == command && r.remaining > 0 && !(r.spare_first && first))
-            else {
-                return true;
-            };
-            let delay = delays[idx].delay;
-            delays[idx].remaining -= 1;
-            if delays[idx].remaining == 0 {
-                delays.remove(idx);
-                self.delays_active.store(delays.len(), Ordering::SeqCst);
+            let rule = use_once(
+                &mut delays,
+                |r| r.command == command && !(r.spare_first && first),
+                |r| &mut r.remaining,
+            );
+            self.delays_active.store(delays.len(), Ordering::SeqCst);
+            match rule {
+                Some(rule) => rule.delay,
+                None => return true,
             }
-            delay
         };
         tokio::select! {
             () = cancel.cancelled() => false,
@@ -486,17 +483,32 @@ impl FaultState {
 
     /// The injected error status for this request, consuming one use of the matching rule.
     pub(crate) fn take_failure(&self, command: u32) -> Option<u32> {
-        let mut rules = lock(&self.rules);
-        let idx = rules
-            .iter()
-            .position(|r| r.command == command && r.remaining > 0)?;
-        let status = rules[idx].status;
-        rules[idx].remaining -= 1;
-        if rules[idx].remaining == 0 {
-            rules.remove(idx);
-        }
-        Some(status)
+        let rule = use_once(
+            &mut lock(&self.rules),
+            |r| r.command == command,
+            |r| &mut r.remaining,
+        );
+        rule.map(|r| r.status)
     }
+}
+
+/// Uses the oldest of `rules` that `applies` and has uses left once, dropping it after its
+/// last use; the rule as it was before.
+fn use_once<R: Copy>(
+    rules: &mut Vec<R>,
+    applies: impl Fn(&R) -> bool,
+    remaining: impl Fn(&mut R) -> &mut u32,
+) -> Option<R> {
+    let idx = rules
+        .iter_mut()
+        .position(|r| applies(r) && *remaining(r) > 0)?;
+    let rule = rules[idx];
+    let left = remaining(&mut rules[idx]);
+    *left -= 1;
+    if *left == 0 {
+        rules.remove(idx);
+    }
+    Some(rule)
 }
 
 #[cfg(test)]
