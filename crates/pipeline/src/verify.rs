@@ -321,22 +321,36 @@ async fn compare(
         }
     }
     // Upstream holds one history of the topic, its newest: a partition reset (purged) upstream
-    // leaves the copies of the earlier histories downstream under lower generations. Those are
-    // not compared; a first pass finds the newest generation copied.
-    let newest = newest_generation(down.clone(), flow, created_at).await?;
+    // leaves the copies of its earlier histories downstream, under lower generations and
+    // before the newer ones. Only the copies of the newest are compared: when a copy of a newer
+    // history shows up, what was compared so far is dropped and upstream is read again.
+    let (fresh_up, before) = (up.clone(), p.clone());
+    let mut history: Option<u16> = None;
     let mut matched = RangeSet::default();
     let mut in_order = 0u64;
     let mut late = 0u64;
     let mut last: Option<u64> = None;
     let mut head = next_expected(&mut up, p, flow).await?;
-    let first_up = head.as_ref().map(|m| m.offset);
+    let mut first_up = head.as_ref().map(|m| m.offset);
     while let Some(d) = down.next().await? {
         let found = provenance::find(d.user_headers.as_deref());
-        if found.source != Some(flow.source.as_str())
-            || copied_history(&found, created_at) != newest
-        {
+        if found.source != Some(flow.source.as_str()) {
             continue;
         }
+        let Some(copied) = copied_history(&found, created_at) else {
+            continue;
+        };
+        match history {
+            Some(h) if copied < h => continue,
+            Some(h) if copied > h => {
+                (up, *p) = (fresh_up.clone(), before.clone());
+                (matched, in_order, late, last) = (RangeSet::default(), 0, 0, None);
+                head = next_expected(&mut up, p, flow).await?;
+                first_up = head.as_ref().map(|m| m.offset);
+            }
+            _ => {}
+        }
+        history = Some(copied);
         let Some(s) = found.offset else { continue };
         p.downstream += 1;
         if matched.contains(s) {
@@ -382,23 +396,6 @@ fn copied_history(found: &provenance::Found<'_>, created_at: u64) -> Option<u16>
     history.is_of(created_at).then_some(history.generation)
 }
 
-/// The newest history of the topic created at `created_at` that `down` holds copies of from
-/// the flow's source (`None`: no copy of it).
-async fn newest_generation(
-    mut down: Cursor,
-    flow: &FlowParams,
-    created_at: u64,
-) -> Result<Option<u16>> {
-    let mut newest = None;
-    while let Some(d) = down.next().await? {
-        let found = provenance::find(d.user_headers.as_deref());
-        if found.source == Some(flow.source.as_str()) {
-            newest = newest.max(copied_history(&found, created_at));
-        }
-    }
-    Ok(newest)
-}
-
 /// The next upstream message expected downstream (counting skipped ones).
 async fn next_expected(
     up: &mut Cursor,
@@ -420,7 +417,7 @@ async fn next_expected(
 }
 
 /// Streams one partition from offset 0 in batches (a clone made before the first `next`
-/// streams it again).
+/// streams it again from there).
 #[derive(Clone)]
 struct Cursor {
     /// The cluster.

@@ -105,8 +105,8 @@ pub(crate) struct Cluster {
     /// Per-stream activity watchers of the readers reading from this cluster (kept here because
     /// every unit of the instance shares the cluster, and so that `close` ends them).
     activity: ActivityRegistry,
-    /// Set by `close_for_good`: no connection is opened any more (a writer identity that was fenced or
-    /// replaced must never log in again).
+    /// Set by `close_for_good`: no connection is opened any more (a writer identity that was
+    /// fenced or replaced must never log in again).
     closed_for_good: std::sync::atomic::AtomicBool,
     /// Told when a login is refused with invalid credentials or an inactive user (writer
     /// identities only).

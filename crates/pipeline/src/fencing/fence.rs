@@ -155,8 +155,8 @@ impl TargetFence {
     /// Takes every right of the user away on `alias` (its open sessions are refused on their
     /// next request), then deactivates it (no new login). A missing user is created that way,
     /// with a password nobody knows, so that a late `ensure` (of a deposed leader) finds the
-    /// name taken. Idempotent. It is also how a stale identity is revoked for good: its user is never
-    /// deleted (see `replicator_control::WriterFence::revoke`).
+    /// name taken. Idempotent. It is also how a stale identity is revoked for good: its user is
+    /// never deleted (see `replicator_control::WriterFence::revoke`).
     pub async fn revoke(
         &self,
         alias: &str,

@@ -95,7 +95,8 @@ impl WriterTargets {
         self.version.subscribe()
     }
 
-    /// The fenced targets' connection sets in use now (to close them for good when the pipeline stops).
+    /// The fenced targets' connection sets in use now (to close them for good when the
+    /// pipeline stops).
     pub(crate) fn fenced_clusters(&self) -> Vec<Arc<Cluster>> {
         self.lock()
             .values()
@@ -150,11 +151,11 @@ impl WriterTargets {
 const MIN_ABANDON_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Follows this node's writer identity until `cancel`: every change swaps the fenced targets'
-/// connections and closes the old ones for good. When a fenced target refuses the current identity's
-/// login (its user is missing there, e.g. the target lost its data, or was created under
-/// another cluster secret, or is inactive, revoked by an earlier replicator cluster that used
-/// the same `writer_user_prefix`), retrying cannot help: the identity is given up through `control`,
-/// so that the leader fences it and provisions the next one, whose users it creates.
+/// connections and closes the old ones for good. When a fenced target refuses the current
+/// identity's login (its user is missing there, e.g. the target lost its data, or was created
+/// under another cluster secret, or is inactive, revoked by an earlier replicator cluster that
+/// used the same `writer_user_prefix`), retrying cannot help: the identity is given up through
+/// `control`, so that the leader fences it and provisions the next one, whose users it creates.
 pub(crate) async fn follow<C: ControlPlane>(
     targets: Arc<WriterTargets>,
     control: C,
