@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use replicator_harness::IggyCluster as _;
 use replicator_harness::{
-    connect, ensure_topic, tick, Cluster, ClusterEntry, ClusterSpec, Deadline, FlowEntry,
+    connect, ensure_topic, tick, Cluster, ClusterEntry, ClusterSpec, Deadline, Endpoint, FlowEntry,
     MessageShape, NodeId, PacedProducer, Placement, ProducerParams, Replication, ReplicatorBinary,
     Servers, TestResult, Topic,
 };
@@ -187,22 +187,22 @@ async fn start_with(
     flow_extra: &str,
 ) -> TestResult<(Servers, Cluster, PacedProducer)> {
     let cluster = Cluster::launch(spec(&servers, tls, fencing, flow_extra)?, placements).await?;
-    let producer = produce_into(&servers.upstream.connection_string());
+    let producer = produce_into(servers.upstream.connection_string());
     servers.wait_copy_started(Duration::from_secs(30)).await?;
     Ok((servers, cluster, producer))
 }
 
-/// The scenarios' producer into [`topic`] on the server at `url`.
-pub(crate) fn produce_into(url: &str) -> PacedProducer {
-    PacedProducer::start(producer_params(url, &[&topic()]))
+/// The scenarios' producer into [`topic`] on `server`.
+pub(crate) fn produce_into(server: impl Into<Endpoint>) -> PacedProducer {
+    PacedProducer::start(producer_params(server, &[&topic()]))
 }
 
 /// The scenarios' producer parameters: [`RATE`] messages per second into every partition of
-/// `topics` on the server at `url`, until stopped.
-pub(crate) fn producer_params(url: &str, topics: &[&Topic]) -> ProducerParams {
+/// `topics` on `server`, until stopped.
+pub(crate) fn producer_params(server: impl Into<Endpoint>, topics: &[&Topic]) -> ProducerParams {
     let targets: Vec<_> = topics.iter().flat_map(|t| t.targets()).collect();
     let partitions = targets.len() as u64;
-    let mut params = ProducerParams::new(url, targets, RATE);
+    let mut params = ProducerParams::new(server, targets, RATE);
     // One send of a few messages per partition and round; a send that fails while a server
     // restarts or drops connections is counted and skipped.
     params.tick = Duration::from_millis(50);

@@ -111,7 +111,8 @@ pub struct ProducerParams {
     pub shape: MessageShape,
     /// Count a failed send (a restarting server, a dropped connection) and go on instead of
     /// ending with its error. Its messages are not sent again, so ids stay unique whether or
-    /// not the server stored them.
+    /// not the server stored them. When the server is a cluster named by several seeds, the
+    /// producer then connects anew through them (to a new primary after a view change).
     pub tolerate_send_errors: bool,
 }
 
@@ -230,7 +231,11 @@ async fn produce(params: ProducerParams, flags: Flags) -> Result<ProducerReport>
     if params.targets.is_empty() || params.rate == 0 {
         return Ok(report);
     }
-    let client = connect(&params.server).await?;
+    let mut client = Some(connect(&params.server).await?);
+    // A cluster named by several seeds: after a failed send the producer connects anew through
+    // them (the SDK's own reconnect would keep knocking on the seed it was on, which may be a
+    // dead primary). One server: the SDK's reconnect rides out its restart.
+    let reseed = replicator_model::seed_urls(&params.server.url).len() > 1;
     let ids: Vec<(Identifier, Identifier)> = params
         .targets
         .iter()
@@ -271,12 +276,26 @@ async fn produce(params: ProducerParams, flags: Flags) -> Result<ProducerReport>
             }
         }
         for (index, mut messages) in batches {
+            if client.is_none() {
+                // Reconnecting after a failure: a round that cannot connect counts as failed
+                // sends and tries again at the next one.
+                match tokio::time::timeout(SEND_TIMEOUT, connect(&params.server)).await {
+                    Ok(Ok(fresh)) => client = Some(fresh),
+                    _ => {
+                        report.failed_sends += 1;
+                        continue;
+                    }
+                }
+            }
+            let Some(connected) = client.as_ref() else {
+                continue;
+            };
             let (stream, topic) = &ids[index];
             let partitioning = Partitioning::partition_id(params.targets[index].partition);
             let count = messages.len() as u64;
             let sent = tokio::time::timeout(
                 SEND_TIMEOUT,
-                client.send_messages(stream, topic, &partitioning, &mut messages),
+                connected.send_messages(stream, topic, &partitioning, &mut messages),
             )
             .await;
             match sent {
@@ -284,7 +303,14 @@ async fn produce(params: ProducerParams, flags: Flags) -> Result<ProducerReport>
                     report.produced += count;
                     flags.produced.fetch_add(count, Ordering::Relaxed);
                 }
-                _ if params.tolerate_send_errors => report.failed_sends += 1,
+                _ if params.tolerate_send_errors => {
+                    report.failed_sends += 1;
+                    if reseed {
+                        if let Some(failed) = client.take() {
+                            let _ = failed.shutdown().await;
+                        }
+                    }
+                }
                 Ok(Err(e)) => return Err(e.into()),
                 Err(_) => {
                     return Err(Error::timed_out(
@@ -295,7 +321,9 @@ async fn produce(params: ProducerParams, flags: Flags) -> Result<ProducerReport>
             }
         }
     }
-    let _ = client.shutdown().await;
+    if let Some(client) = client {
+        let _ = client.shutdown().await;
+    }
     Ok(report)
 }
 
