@@ -317,6 +317,19 @@ impl ControlCommand {
             ControlCommand::Batch(cmds) => cmds.iter().any(ControlCommand::changes_assignments),
         }
     }
+
+    /// Whether applying it can change what the leader's next round decides (see
+    /// `assign::Quiet`). Every command can, except a lease renewal: it only moves the member's
+    /// renewal index, which a round reads through the leases it judges, and those are part of
+    /// the round's inputs on their own. An idle cluster applies nothing but renewals, so its
+    /// leader decides nothing round after round without walking every unit.
+    pub(crate) fn can_change_rounds(&self) -> bool {
+        match self {
+            ControlCommand::RenewLease { .. } => false,
+            ControlCommand::Batch(cmds) => cmds.iter().any(ControlCommand::can_change_rounds),
+            _ => true,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -778,6 +778,7 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
     let mut previous_leader: Option<NodeId> = None;
     // What this node, while it leads, saw become forgettable when.
     let mut retention = Retention::default();
+    let mut quiet = assign::Quiet::default();
     loop {
         tokio::select! {
             () = node.cancel.cancelled() => return,
@@ -812,6 +813,7 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
         if !leading {
             if view.take().is_some() {
                 retention = Retention::default();
+                quiet = assign::Quiet::default();
                 tracing::info!(node = %node.id, term, "assignment loop stops: not the leader");
                 *node
                     .leader_view
@@ -846,11 +848,13 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                 &data.state,
                 &mut current,
                 &mut retention,
+                &mut quiet,
                 assign::RoundContext {
                     now,
                     timing: &timing,
                     leader: node.id,
                     fencing,
+                    changes: node.shared.round_changes(),
                 },
             )
         };

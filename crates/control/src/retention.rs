@@ -21,13 +21,19 @@ use crate::state::ControlState;
 const MAX_FORGOTTEN_PER_ROUND: usize = 1000;
 
 /// The leader's view of which units became forgettable when.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Retention {
     /// Forgettable units, since when this leader has seen them so.
     since: BTreeMap<WorkUnit, Instant>,
 }
 
 impl Retention {
+    /// Whether no unit is waiting to be forgotten: its rounds then depend on the state alone,
+    /// not on the clock.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.since.is_empty()
+    }
+
     /// This round's commands: flows nobody runs reported empty (retiring their units), and the
     /// units forgettable for at least `after` forgotten (at feature level 2).
     pub(crate) fn round(

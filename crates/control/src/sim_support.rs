@@ -13,7 +13,7 @@ use replicator_model::{
     Assignment, CommitOutcome, Epoch, NodeId, ProgressCommit, UnitProgress, WorkUnit,
 };
 
-use crate::assign::{self, RoundContext};
+use crate::assign::{self, Quiet, RoundContext};
 use crate::command::{ControlCommand, ControlResponse};
 use crate::fence::{EnsuredUsers, FenceTopology};
 use crate::lease::{owner_lease_until, LeaderView};
@@ -92,13 +92,17 @@ pub enum Answer {
     Other,
 }
 
-/// The replicated state of one member: the real `ControlState` and its `apply`.
+/// The replicated state of one member: the real `ControlState` and its `apply`, with the count
+/// of changes a leader's round can see (as the node's state machine keeps it).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct State(ControlState);
+pub struct State(ControlState, u64);
 
 impl State {
     /// Applies `cmd` written at log `index`.
     pub fn apply(&mut self, index: u64, cmd: &Command) -> Answer {
+        if cmd.0.can_change_rounds() {
+            self.1 += 1;
+        }
         match self.0.apply(index, &cmd.0) {
             ControlResponse::Renewed {
                 revoked_since_previous,
@@ -203,6 +207,7 @@ pub fn acknowledged(op: &TargetOp, topology: &FenceTopology) -> Option<Command> 
 pub struct Leader {
     view: LeaderView,
     retention: Retention,
+    quiet: Quiet,
     ensured: EnsuredUsers,
     /// The leading node.
     pub node: NodeId,
@@ -220,6 +225,7 @@ impl Leader {
         Self {
             view: LeaderView::carry_on(term, &observed.0, now, previous_leader),
             retention: Retention::default(),
+            quiet: Quiet::default(),
             ensured: EnsuredUsers::default(),
             node,
         }
@@ -243,11 +249,13 @@ impl Leader {
             &state.0,
             &mut self.view,
             &mut self.retention,
+            &mut self.quiet,
             RoundContext {
                 now,
                 timing,
                 leader: self.node,
                 fencing: Some((topology.clone(), self.ensured.clone())),
+                changes: state.1,
             },
         );
         let ops = work.ops().collect();

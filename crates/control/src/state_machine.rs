@@ -128,6 +128,10 @@ pub(crate) struct Shared {
     pub(crate) passwords: WriterPasswords,
     /// Size and durations of this node's latest snapshots, for metrics.
     snapshot_figures: std::sync::Mutex<SnapshotFigures>,
+    /// How many times the applied state changed in a way a leader's round can see (see
+    /// `ControlCommand::can_change_rounds`); bumped under the state's write lock, never reset,
+    /// so that a round that reads it under the read lock knows whether it saw this state.
+    round_changes: std::sync::atomic::AtomicU64,
 }
 
 /// What this node knows about its latest snapshots (metrics: how large the state has grown and
@@ -156,7 +160,21 @@ impl Shared {
             applied: watch::channel(0).0,
             writer_login: watch::channel(None).0,
             snapshot_figures: std::sync::Mutex::default(),
+            round_changes: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// How many changes a leader's round can see the applied state has had; read it with the
+    /// state's read lock held (see `Shared::round_changes`).
+    pub(crate) fn round_changes(&self) -> u64 {
+        self.round_changes
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Counts a change a round can see; called with the state's write lock held.
+    fn note_round_change(&self) {
+        self.round_changes
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
     }
 
     /// Size and durations of this node's latest snapshots.
@@ -291,6 +309,7 @@ impl StateMachineStore {
             let bytes = stored.data.len() as u64;
             sm.shared.note_snapshot(|f| f.bytes = Some(bytes));
             *sm.shared.write() = data;
+            sm.shared.note_round_change();
             sm.shared.publish();
         }
         Ok(sm)
@@ -378,6 +397,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     EntryPayload::Blank => ControlResponse::Empty,
                     EntryPayload::Normal(cmd) => {
                         assignments_may_differ |= cmd.changes_assignments();
+                        if cmd.can_change_rounds() {
+                            self.shared.note_round_change();
+                        }
                         sm.state.apply(entry.log_id.index, &cmd)
                     }
                     EntryPayload::Membership(m) => {
@@ -415,11 +437,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.persist(&stored)
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), e))?;
-        *self.shared.write() = SmData {
-            last_applied: meta.last_log_id,
-            last_membership: meta.last_membership.clone(),
-            state: data.state,
-        };
+        {
+            let mut sm = self.shared.write();
+            *sm = SmData {
+                last_applied: meta.last_log_id,
+                last_membership: meta.last_membership.clone(),
+                state: data.state,
+            };
+            self.shared.note_round_change();
+        }
         self.shared.publish();
         let (bytes, took) = (stored.data.len() as u64, started.elapsed());
         self.shared.note_snapshot(|f| {

@@ -1,4 +1,5 @@
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use assert2::check;
 use replicator_model::{NodeId, WorkUnit};
@@ -894,4 +895,121 @@ fn a_member_that_may_not_write_to_a_target_is_not_given_that_targets_units_by_re
         .collect();
     check!(!released.is_empty());
     check!(released.iter().all(|f| f != "c"), "released {released:?}");
+}
+
+/// The node's way of running rounds: `round` on a leader view of term 1 that observed the
+/// members at `now`, fencing off, `changes` as the state machine counts them.
+fn leader_round(
+    s: &ControlState,
+    view: &mut LeaderView,
+    retention: &mut Retention,
+    quiet: &mut Quiet,
+    now: Instant,
+    changes: u64,
+) -> Vec<ControlCommand> {
+    round(
+        s,
+        view,
+        retention,
+        quiet,
+        RoundContext {
+            now,
+            timing: &ControlTiming::default(),
+            leader: 1,
+            fencing: None,
+            changes,
+        },
+    )
+    .0
+}
+
+#[test]
+fn a_round_on_the_inputs_of_one_that_decided_nothing_is_skipped() {
+    let (mut s, mut index) = converged(&[1, 2, 3], 12);
+    let (mut view, mut retention, mut quiet) =
+        (LeaderView::new(1), Retention::default(), Quiet::default());
+    let mut changes = 7;
+    let start = Instant::now();
+    let renew_all = |s: &mut ControlState, index: &mut u64, members: &[NodeId]| {
+        for node in members {
+            *index += 1;
+            let renewal = ControlCommand::RenewLease { node: *node };
+            check!(!renewal.can_change_rounds());
+            s.apply(*index, &renewal);
+        }
+    };
+    let at = |ms: u64| start + Duration::from_millis(ms);
+
+    // Converged: the first round decides nothing, the next ones are skipped, renewals or not.
+    check!(leader_round(&s, &mut view, &mut retention, &mut quiet, at(0), changes).is_empty());
+    check!(quiet.skipped == 0);
+    check!(leader_round(&s, &mut view, &mut retention, &mut quiet, at(100), changes).is_empty());
+    renew_all(&mut s, &mut index, &[1, 2, 3]);
+    check!(leader_round(&s, &mut view, &mut retention, &mut quiet, at(200), changes).is_empty());
+    check!(quiet.skipped == 2);
+
+    // A change of the state (new units): a full round, which grants them.
+    index += 1;
+    let more = report(15);
+    check!(more.can_change_rounds());
+    s.apply(index, &more);
+    changes += 1;
+    let grants = leader_round(&s, &mut view, &mut retention, &mut quiet, at(300), changes);
+    check!(grants.len() == 3);
+    check!(quiet.skipped == 2);
+    // Its commands are applied (a change): the round after decides nothing, then quiet again.
+    index += 1;
+    s.apply(index, &ControlCommand::Batch(grants));
+    changes += 1;
+    check!(leader_round(&s, &mut view, &mut retention, &mut quiet, at(400), changes).is_empty());
+    check!(leader_round(&s, &mut view, &mut retention, &mut quiet, at(500), changes).is_empty());
+    check!(quiet.skipped == 3);
+
+    // Member 3 stops renewing while the others go on: its lease ends without any change a
+    // round counts, and the round that sees the live set shrink revokes its units.
+    let expiry = ControlTiming::default().lease_expiry;
+    let mut revoked = Vec::new();
+    let mut ms = 600;
+    while revoked.is_empty() {
+        renew_all(&mut s, &mut index, &[1, 2]);
+        revoked = leader_round(&s, &mut view, &mut retention, &mut quiet, at(ms), changes);
+        check!(Duration::from_millis(ms) < expiry * 2 + Duration::from_secs(1));
+        ms += 100;
+    }
+    // Its five units are revoked and granted to the two others in the same round.
+    let revokes = revoked
+        .iter()
+        .filter(|c| matches!(c, ControlCommand::Revoke { .. }))
+        .count();
+    check!(revokes == 5);
+    check!(revoked.len() == 10);
+}
+
+#[test]
+fn a_round_waiting_to_forget_a_unit_is_never_skipped() {
+    let (mut s, mut index) = converged(&[1, 2], 4);
+    // Unit 3 leaves the topic: retired, then released by its owner, so forgettable.
+    index += 1;
+    s.apply(index, &report(3));
+    let owner = s.units[&unit(3)].owner.expect("owned");
+    let epoch = s.units[&unit(3)].epoch;
+    index += 1;
+    s.apply(
+        index,
+        &ControlCommand::Release {
+            unit: unit(3),
+            epoch,
+            node: owner,
+        },
+    );
+    check!(s.forgettable_units().count() == 1);
+    let (mut view, mut retention, mut quiet) =
+        (LeaderView::new(1), Retention::default(), Quiet::default());
+    let now = Instant::now();
+    for round in 0..3 {
+        let at = now + Duration::from_millis(100 * round);
+        leader_round(&s, &mut view, &mut retention, &mut quiet, at, 1);
+    }
+    check!(!retention.is_idle());
+    check!(quiet.skipped == 0);
 }
