@@ -134,6 +134,8 @@ pub(crate) struct RunningNode {
     pub(crate) id: NodeId,
     /// Its control-plane handle.
     pub(crate) control: Control,
+    /// The runtime the control plane runs on (stopped after it).
+    control_thread: ControlThread,
     /// Its pipeline (the admin API reads its statistics through a shared reader); `None` only
     /// when a reload could start neither the new config's pipeline nor the previous one's.
     pipeline: Option<Pipeline>,
@@ -248,7 +250,20 @@ impl RunningNode {
         }
         let fencing = fencing(fence.clone(), &pipeline_params(config));
         let params = control_params(config, raft_addr, Some(raft), fencing);
-        let outcome = start_unless_stopped("control plane", Control::start(params), stop).await;
+        let control_thread = match ControlThread::start() {
+            Ok(thread) => thread,
+            Err(failure) => {
+                admin.shutdown().await;
+                return Err(failure);
+            }
+        };
+        let outcome = start_unless_stopped(
+            "control plane",
+            control_thread.handle(),
+            Control::start(params),
+            stop,
+        )
+        .await;
         let hint = "check node.data_dir (readable, this node's own) and node.raft_addr (free)";
         let control = match outcome.or_give_up(&parts, hint, Control::shutdown).await {
             Ok(control) => control,
@@ -261,7 +276,8 @@ impl RunningNode {
         let publisher = ConfigPublisher::start(control.clone(), flow_digests(config));
 
         let start = start_pipeline(config, &control, &metrics);
-        let outcome = start_unless_stopped("pipeline", start, stop).await;
+        let here = tokio::runtime::Handle::current();
+        let outcome = start_unless_stopped("pipeline", &here, start, stop).await;
         let hint = "check [clusters] and [[flows]]";
         let pipeline = match outcome.or_give_up(&parts, hint, Pipeline::shutdown).await {
             Ok(pipeline) => pipeline,
@@ -276,6 +292,7 @@ impl RunningNode {
         Ok(Some(Self {
             id: config.node.id,
             control,
+            control_thread,
             pipeline: Some(pipeline),
             config: config.clone(),
             metrics,
@@ -395,6 +412,7 @@ impl RunningNode {
         DrainedNode {
             id: self.id,
             control: self.control,
+            control_thread: self.control_thread,
             admin: self.admin,
         }
     }
@@ -414,6 +432,7 @@ impl RunningNode {
 pub(crate) struct DrainedNode {
     id: NodeId,
     control: Control,
+    control_thread: ControlThread,
     admin: AdminServer,
 }
 
@@ -421,6 +440,7 @@ impl DrainedNode {
     /// Stops the control plane, then the admin API.
     pub(crate) async fn shutdown(self) {
         self.control.shutdown().await;
+        drop(self.control_thread);
         self.admin.shutdown().await;
         info!(node = self.id, "node stopped");
     }
@@ -468,11 +488,13 @@ impl<T> Outcome<T> {
     }
 }
 
-/// Runs `start` as a task of its own (so that a start stuck even in blocking code cannot hold
-/// the node's reaction to `stop`) until it finishes or `stop` is cancelled. A start given up
-/// is aborted and waited for at most [`ABANDON_GRACE`].
+/// Runs `start` as a task of its own on `runtime` (so that a start stuck even in blocking code
+/// cannot hold the node's reaction to `stop`; the tasks it spawns run there too) until it
+/// finishes or `stop` is cancelled. A start given up is aborted and waited for at most
+/// [`ABANDON_GRACE`].
 async fn start_unless_stopped<T, E, F>(
     part: &'static str,
+    runtime: &tokio::runtime::Handle,
     start: F,
     stop: &CancellationToken,
 ) -> Outcome<T>
@@ -481,7 +503,7 @@ where
     E: std::fmt::Display + Send + 'static,
     F: Future<Output = Result<T, E>> + Send + 'static,
 {
-    let mut task = tokio::spawn(start);
+    let mut task = runtime.spawn(start);
     tokio::select! {
         biased;
         () = stop.cancelled() => {
@@ -501,6 +523,56 @@ where
             Ok(Err(e)) => Outcome::Failed(part, e.to_string()),
             Err(e) => Outcome::Failed(part, format!("its start task failed: {e}")),
         },
+    }
+}
+
+/// The control plane's own runtime. Its Raft RPCs, lease renewals and assignment rounds never
+/// queue behind the data plane's tasks: when tens of thousands of units start at once, the
+/// data plane's runtime has seconds of work queued, and renewals late by more than
+/// `fence_after` would fence a member that is alive (which restarts all its units, and so on).
+/// Threads of their own are scheduled by the OS beside the data plane's, whatever its queue.
+struct ControlThread {
+    handle: tokio::runtime::Handle,
+    /// Taken only by `drop`.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl ControlThread {
+    /// Threads of the control plane's runtime: one may wait in the database's blocking IO
+    /// while the other serves Raft.
+    const WORKERS: usize = 2;
+
+    fn start() -> Result<Self, Failure> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(Self::WORKERS)
+            .thread_name("control")
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                Failure::runtime(
+                    format!("cannot start the control plane's runtime: {e}"),
+                    "check the process's thread limit",
+                )
+            })?;
+        Ok(Self {
+            handle: runtime.handle().clone(),
+            runtime: Some(runtime),
+        })
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+}
+
+impl Drop for ControlThread {
+    /// Without waiting (a drop may happen on an async task, where a runtime must not block):
+    /// the control plane was shut down or crashed before, and whatever task is left ends with
+    /// the runtime.
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
