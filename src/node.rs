@@ -99,10 +99,23 @@ struct AdminServer {
 }
 
 impl AdminServer {
-    /// Serves `state` on `listener` from now on, over HTTPS when `tls` is given.
-    fn start(listener: tokio::net::TcpListener, state: AdminState, tls: Option<ServerTls>) -> Self {
+    /// Serves `state` on `listener` from now on, over HTTPS when `tls` is given, on `runtime`
+    /// (the control plane's: health checks and status answer while the data plane is busy).
+    fn start(
+        listener: std::net::TcpListener,
+        state: AdminState,
+        tls: Option<ServerTls>,
+        runtime: &tokio::runtime::Handle,
+    ) -> Self {
         let stop = CancellationToken::new();
-        let task = tokio::spawn(admin::serve(listener, state, stop.clone(), tls));
+        let stopped = stop.clone();
+        let task = runtime.spawn(async move {
+            // Registered with the runtime that serves it (not the one that bound it).
+            match tokio::net::TcpListener::from_std(listener) {
+                Ok(listener) => admin::serve(listener, state, stopped, tls).await,
+                Err(e) => tracing::error!(error = %e, "admin API cannot listen"),
+            }
+        });
         Self { stop, task }
     }
 
@@ -134,7 +147,7 @@ pub(crate) struct RunningNode {
     pub(crate) id: NodeId,
     /// Its control-plane handle.
     pub(crate) control: Control,
-    /// The runtime the control plane runs on (stopped after it).
+    /// The runtime the control plane and the admin API run on (stopped after both).
     control_thread: ControlThread,
     /// Its pipeline (the admin API reads its statistics through a shared reader); `None` only
     /// when a reload could start neither the new config's pipeline nor the previous one's.
@@ -188,6 +201,13 @@ impl RunningNode {
         let NodeListeners { raft, api } = listeners;
         let raft_addr = raft.local_addr().map_err(bind_failure)?;
         let api_addr = api.local_addr().map_err(bind_failure)?;
+        let api = api.into_std().map_err(|e| {
+            Failure::runtime(
+                format!("cannot hand the admin API listener over: {e}"),
+                "retry",
+            )
+        })?;
+        let control_thread = ControlThread::start()?;
         let metrics = Arc::new(Metrics::new());
         let parts = Arc::new(NodeParts::new(flow_names(config)));
         let tls = match &config.node.api_tls {
@@ -208,6 +228,7 @@ impl RunningNode {
             api,
             AdminState::new(parts.clone(), metrics.clone(), config, reloads),
             tls,
+            control_thread.handle(),
         );
         info!(node = config.node.id, raft = %raft_addr, api = %api_addr, "starting node; admin API serving");
 
@@ -250,13 +271,6 @@ impl RunningNode {
         }
         let fencing = fencing(fence.clone(), &pipeline_params(config));
         let params = control_params(config, raft_addr, Some(raft), fencing);
-        let control_thread = match ControlThread::start() {
-            Ok(thread) => thread,
-            Err(failure) => {
-                admin.shutdown().await;
-                return Err(failure);
-            }
-        };
         let outcome = start_unless_stopped(
             "control plane",
             control_thread.handle(),
@@ -440,8 +454,8 @@ impl DrainedNode {
     /// Stops the control plane, then the admin API.
     pub(crate) async fn shutdown(self) {
         self.control.shutdown().await;
-        drop(self.control_thread);
         self.admin.shutdown().await;
+        drop(self.control_thread);
         info!(node = self.id, "node stopped");
     }
 }
@@ -526,10 +540,11 @@ where
     }
 }
 
-/// The control plane's own runtime. Its Raft RPCs, lease renewals and assignment rounds never
-/// queue behind the data plane's tasks: when tens of thousands of units start at once, the
-/// data plane's runtime has seconds of work queued, and renewals late by more than
-/// `fence_after` would fence a member that is alive (which restarts all its units, and so on).
+/// The runtime of the control plane and the admin API. Their Raft RPCs, lease renewals,
+/// assignment rounds and health checks never queue behind the data plane's tasks: when tens
+/// of thousands of units start at once, the data plane's runtime has seconds of work queued,
+/// renewals late by more than `fence_after` would fence a member that is alive (which
+/// restarts all its units, and so on), and an orchestrator would find the node unhealthy.
 /// Threads of their own are scheduled by the OS beside the data plane's, whatever its queue.
 struct ControlThread {
     handle: tokio::runtime::Handle,
