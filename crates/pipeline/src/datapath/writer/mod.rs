@@ -270,23 +270,29 @@ impl<C: ControlPlane> Writer<C> {
         let shared = self.shared.clone();
         let unit = &shared.unit;
         let (up_stream, up_topic) = shared.upstream_ids()?;
-        let topic = shared
-            .source
-            .call(shared.slot(), "get_topic", |c| async move {
-                c.get_topic(&up_stream, &up_topic).await
-            })
-            .await?
-            .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
-        let partition = topic
-            .partitions
-            .iter()
-            .find(|p| p.id == unit.partition)
-            .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
-        let extent = PartitionExtent {
-            messages_count: partition.messages_count,
-            current_offset: partition.current_offset,
+        // Only this partition's figures are kept: a topic's answer lists every partition
+        // (1,000 of them are about 100 KiB decoded), and the awaits below queue behind other
+        // units' calls. Held across them by every unit resuming at once (an instance
+        // starting tens of thousands), those answers took gigabytes.
+        let (extent, created_at) = {
+            let topic = shared
+                .source
+                .call(shared.slot(), "get_topic", |c| async move {
+                    c.get_topic(&up_stream, &up_topic).await
+                })
+                .await?
+                .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
+            let partition = topic
+                .partitions
+                .iter()
+                .find(|p| p.id == unit.partition)
+                .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
+            let extent = PartitionExtent {
+                messages_count: partition.messages_count,
+                current_offset: partition.current_offset,
+            };
+            (extent, topic.created_at.as_micros())
         };
-        let created_at = topic.created_at.as_micros();
         let progress = shared.control.progress(unit);
         let reset = match shared.control.pending_reset(unit) {
             // Decided for a topic of the same name that was deleted since: its offsets are
@@ -317,17 +323,19 @@ impl<C: ControlPlane> Writer<C> {
             topic: unit.topic.clone(),
             partition: unit.partition,
         };
-        let down = down.ok_or_else(missing)?;
-        let down_partition = down
-            .partitions
-            .iter()
-            .find(|p| p.id == unit.partition)
-            .ok_or_else(missing)?;
-        let down_next = PartitionExtent {
-            messages_count: down_partition.messages_count,
-            current_offset: down_partition.current_offset,
-        }
-        .next_offset();
+        let down_next = {
+            let down = down.ok_or_else(missing)?;
+            let down_partition = down
+                .partitions
+                .iter()
+                .find(|p| p.id == unit.partition)
+                .ok_or_else(missing)?;
+            PartitionExtent {
+                messages_count: down_partition.messages_count,
+                current_offset: down_partition.current_offset,
+            }
+            .next_offset()
+        };
         let (tail, tail_check) = if shared.flow.provenance {
             let reference = resume::reference(progress, created_at);
             let (tail, _) = scan_tail(&shared, created_at, reference, &self.stop).await?;
