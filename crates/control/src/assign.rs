@@ -335,43 +335,51 @@ pub(crate) fn round(
         lease.topology = topology;
         lease.ensured = ensured;
     }
-    // A level every member supports, never above this build's own.
-    let raise = state
-        .level_to_raise()
-        .filter(|level| *level <= format::SUPPORTED_LEVEL)
-        .map(|level| ControlCommand::RaiseFeatureLevel { level });
     let inputs = RoundInputs::of(changes, view.term, &lease);
     if quiet.inputs.as_ref() == Some(&inputs) {
         // Debug builds (every test, the simulation, the process tests' nodes) check that the
         // skipped round would indeed have decided nothing.
         #[cfg(debug_assertions)]
         {
-            let mut retention = retention.clone();
-            let work = fence_work(state, &lease);
-            let removed = retention.round(state, now, timing.forget_retired_after);
+            let (cmds, work) = decide(state, &lease, &mut retention.clone(), now, timing);
             debug_assert!(
-                work == FenceWork::default()
-                    && raise.is_none()
-                    && removed.is_empty()
-                    && plan(state, &lease).is_empty(),
+                cmds.is_empty() && work == FenceWork::default(),
                 "a round skipped as quiet would have decided something"
             );
         }
         quiet.skipped += 1;
         return (Vec::new(), FenceWork::default());
     }
+    let (cmds, work) = decide(state, &lease, retention, now, timing);
+    let decided_nothing = cmds.is_empty() && work == FenceWork::default();
+    quiet.inputs = (decided_nothing && retention.is_idle()).then_some(inputs);
+    (cmds, work)
+}
+
+/// What a round decides on `lease`: fence decisions, a feature level to raise, what retention
+/// removes, and the assignment plan, as one batch; and the fence work on the targets.
+fn decide(
+    state: &ControlState,
+    lease: &MemberLeases,
+    retention: &mut Retention,
+    now: Instant,
+    timing: &ControlTiming,
+) -> (Vec<ControlCommand>, FenceWork) {
+    // A level every member supports, never above this build's own.
+    let raise = state
+        .level_to_raise()
+        .filter(|level| *level <= format::SUPPORTED_LEVEL)
+        .map(|level| ControlCommand::RaiseFeatureLevel { level });
     let removed = retention.round(state, now, timing.forget_retired_after);
-    let work = fence_work(state, &lease);
-    let cmds: Vec<ControlCommand> = work
+    let work = fence_work(state, lease);
+    let cmds = work
         .commands
         .iter()
         .cloned()
         .chain(raise)
         .chain(removed)
-        .chain(plan(state, &lease))
+        .chain(plan(state, lease))
         .collect();
-    let decided_nothing = cmds.is_empty() && work == FenceWork::default();
-    quiet.inputs = (decided_nothing && retention.is_idle()).then_some(inputs);
     (cmds, work)
 }
 

@@ -276,19 +276,17 @@ async fn produce(params: ProducerParams, flags: Flags) -> Result<ProducerReport>
             }
         }
         for (index, mut messages) in batches {
-            if client.is_none() {
-                // Reconnecting after a failure: a round that cannot connect counts as failed
-                // sends and tries again at the next one.
-                match tokio::time::timeout(SEND_TIMEOUT, connect(&params.server)).await {
-                    Ok(Ok(fresh)) => client = Some(fresh),
+            let connected = match client {
+                Some(ref connected) => connected,
+                // Reconnecting after a failure: a send that cannot connect counts as failed
+                // and the next one tries again.
+                None => match tokio::time::timeout(SEND_TIMEOUT, connect(&params.server)).await {
+                    Ok(Ok(fresh)) => client.insert(fresh),
                     _ => {
                         report.failed_sends += 1;
                         continue;
                     }
-                }
-            }
-            let Some(connected) = client.as_ref() else {
-                continue;
+                },
             };
             let (stream, topic) = &ids[index];
             let partitioning = Partitioning::partition_id(params.targets[index].partition);

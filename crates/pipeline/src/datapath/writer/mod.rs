@@ -270,29 +270,14 @@ impl<C: ControlPlane> Writer<C> {
         let shared = self.shared.clone();
         let unit = &shared.unit;
         let (up_stream, up_topic) = shared.upstream_ids()?;
-        // Only this partition's figures are kept: a topic's answer lists every partition
-        // (1,000 of them are about 100 KiB decoded), and the awaits below queue behind other
-        // units' calls. Held across them by every unit resuming at once (an instance
-        // starting tens of thousands), those answers took gigabytes.
-        let (extent, created_at) = {
-            let topic = shared
-                .source
-                .call(shared.slot(), "get_topic", |c| async move {
-                    c.get_topic(&up_stream, &up_topic).await
-                })
-                .await?
-                .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
-            let partition = topic
-                .partitions
-                .iter()
-                .find(|p| p.id == unit.partition)
-                .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
-            let extent = PartitionExtent {
-                messages_count: partition.messages_count,
-                current_offset: partition.current_offset,
-            };
-            (extent, topic.created_at.as_micros())
-        };
+        let up = shared
+            .source
+            .call(shared.slot(), "get_topic", |c| async move {
+                c.get_topic(&up_stream, &up_topic).await
+            })
+            .await?;
+        let (extent, created_at) = partition_figures(up, unit.partition)
+            .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
         let progress = shared.control.progress(unit);
         let reset = match shared.control.pending_reset(unit) {
             // Decided for a topic of the same name that was deleted since: its offsets are
@@ -318,24 +303,14 @@ impl<C: ControlPlane> Writer<C> {
                 c.get_topic(&down_stream, &down_topic).await
             })
             .await?;
-        let missing = || Error::DownstreamMissing {
-            stream: shared.downstream_stream.clone(),
-            topic: unit.topic.clone(),
-            partition: unit.partition,
-        };
-        let down_next = {
-            let down = down.ok_or_else(missing)?;
-            let down_partition = down
-                .partitions
-                .iter()
-                .find(|p| p.id == unit.partition)
-                .ok_or_else(missing)?;
-            PartitionExtent {
-                messages_count: down_partition.messages_count,
-                current_offset: down_partition.current_offset,
-            }
-            .next_offset()
-        };
+        let down_next = partition_figures(down, unit.partition)
+            .ok_or_else(|| Error::DownstreamMissing {
+                stream: shared.downstream_stream.clone(),
+                topic: unit.topic.clone(),
+                partition: unit.partition,
+            })?
+            .0
+            .next_offset();
         let (tail, tail_check) = if shared.flow.provenance {
             let reference = resume::reference(progress, created_at);
             let (tail, _) = scan_tail(&shared, created_at, reference, &self.stop).await?;
@@ -652,6 +627,24 @@ impl<C: ControlPlane> Writer<C> {
 
 /// Counts and logs what a resume plan found out: a recreated topic, a reset upstream
 /// partition, messages the target lost, a tail scan that reached its bound.
+/// Partition `id`'s extent in a topic's answer, and the topic's creation time (µs); `None`
+/// when the topic or the partition does not exist. It takes the answer so that only these
+/// figures outlive it: the answer lists every partition (1,000 of them are about 100 KiB
+/// decoded), and a resume's later awaits queue behind other units' calls. Held across them by
+/// every unit of an instance starting tens of thousands, those answers took gigabytes.
+fn partition_figures(
+    topic: Option<iggy::prelude::TopicDetails>,
+    id: u32,
+) -> Option<(PartitionExtent, u64)> {
+    let topic = topic?;
+    let partition = topic.partitions.iter().find(|p| p.id == id)?;
+    let extent = PartitionExtent {
+        messages_count: partition.messages_count,
+        current_offset: partition.current_offset,
+    };
+    Some((extent, topic.created_at.as_micros()))
+}
+
 fn report<C>(
     shared: &UnitShared<C>,
     plan: &ResumePlan,
