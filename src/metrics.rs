@@ -671,6 +671,7 @@ mod tests {
     use std::time::Duration;
 
     use replicator_model::Epoch;
+    use replicator_pipeline::LatencyQuantiles;
 
     use super::*;
 
@@ -717,7 +718,10 @@ mod tests {
             downstream_losses: 0,
             messages_recopied: 0,
             tail_scans_exhausted: 0,
-            latency_samples: vec![Duration::from_millis(1)],
+            latency: Some(LatencyQuantiles {
+                p50: Duration::from_millis(1),
+                p99: Duration::from_millis(1),
+            }),
         }
     }
 

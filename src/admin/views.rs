@@ -304,22 +304,14 @@ fn status_view(
 }
 
 fn live_view(node: NodeId, stats: &UnitStats) -> LiveView {
-    let mut samples: Vec<Duration> = stats.latency_samples.clone();
-    samples.sort_unstable();
-    let quantile = |q: f64| -> Option<f64> {
-        if samples.is_empty() {
-            return None;
-        }
-        let index = ((samples.len() - 1) as f64 * q).round() as usize;
-        samples.get(index).map(|d| d.as_secs_f64() * 1000.0)
-    };
+    let millis = |d: Duration| d.as_secs_f64() * 1000.0;
     LiveView {
         node,
         upstream_end_offset: stats.upstream_end,
         lag: stats.lag,
         rate: stats.messages_per_second,
-        latency_p50_ms: quantile(0.5),
-        latency_p99_ms: quantile(0.99),
+        latency_p50_ms: stats.latency.map(|q| millis(q.p50)),
+        latency_p99_ms: stats.latency.map(|q| millis(q.p99)),
         restarts: stats.restarts,
     }
 }

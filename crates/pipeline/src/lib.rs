@@ -72,7 +72,7 @@ pub use params::{BackoffParams, ClusterParams, FlowParams, PipelineParams, Polic
 pub use pipeline::Pipeline;
 pub use selection::mapping::{downstream_stream, Selector};
 pub use selection::residency::{BlockedTopic, FlowResidency};
-pub use stats::{Gap, NoObserver, Observer, PipelineObserver, UnitStats};
+pub use stats::{Gap, LatencyQuantiles, NoObserver, Observer, PipelineObserver, UnitStats};
 pub use sync::cutover::{Cutover, Extent, UnitExtents};
 pub use sync::groups::{FlowSyncState, GroupOffset, GroupSkip, GroupSyncReport};
 pub use sync::metadata::settings::SettingDifference;

@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 
 use replicator_model::{Epoch, Offset, WorkUnit};
 
-/// How many latency samples a unit keeps.
-const LATENCY_SAMPLES: usize = 1024;
+/// How many latency samples a unit keeps: enough for a p99 over the recent batches, few enough
+/// that 30,000 busy units on an instance hold 30 MiB of them (at 16 bytes each, 1,024 samples
+/// made it 500 MiB).
+const LATENCY_SAMPLES: usize = 256;
 /// How many gap events a unit keeps.
 const GAP_EVENTS: usize = 64;
 /// Marker for "no offset yet" in the atomics.
@@ -116,7 +118,7 @@ pub(crate) struct UnitMeters {
     /// Recent gap events.
     gap_events: Mutex<VecDeque<Gap>>,
     /// Recent replication latencies (downstream ack time − upstream append time).
-    latencies: Mutex<VecDeque<Duration>>,
+    latencies: Mutex<LatencyRing>,
     /// Window for the message rate: (time, messages at that time, last computed rate).
     rate: Mutex<(Instant, u64, f64)>,
 }
@@ -140,7 +142,7 @@ impl UnitMeters {
             tail_scans_exhausted: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             gap_events: Mutex::new(VecDeque::new()),
-            latencies: Mutex::new(VecDeque::new()),
+            latencies: Mutex::new(LatencyRing::default()),
             rate: Mutex::new((Instant::now(), 0, 0.0)),
         }
     }
@@ -237,11 +239,7 @@ impl UnitMeters {
     /// Records one replication latency sample.
     pub(crate) fn latency(&self, sample: Duration) {
         self.observer.0.replicated(&self.flow, sample);
-        let mut ring = lock(&self.latencies);
-        if ring.len() == LATENCY_SAMPLES {
-            ring.pop_front();
-        }
-        ring.push_back(sample);
+        lock(&self.latencies).push(sample);
     }
 
     /// A snapshot at `now` (updates the rate window when a second or more has passed).
@@ -277,7 +275,7 @@ impl UnitMeters {
             downstream_losses: self.downstream_losses.load(Ordering::Relaxed),
             messages_recopied: self.messages_recopied.load(Ordering::Relaxed),
             tail_scans_exhausted: self.tail_scans_exhausted.load(Ordering::Relaxed),
-            latency_samples: lock(&self.latencies).iter().copied().collect(),
+            latency: lock(&self.latencies).quantiles(),
         }
     }
 }
@@ -397,9 +395,69 @@ pub struct UnitStats {
     /// bound): writes of an earlier owner further back that were never confirmed are copied
     /// again.
     pub tail_scans_exhausted: u64,
-    /// Recent replication latencies: downstream acknowledgement time minus upstream append
-    /// time of the batch's last message (up to 1024 samples).
-    pub latency_samples: Vec<Duration>,
+    /// Median and 99th percentile of the recent replication latencies: downstream
+    /// acknowledgement time minus upstream append time of a batch's last message, over the
+    /// unit's last `LATENCY_SAMPLES` batches; `None` before its first batch.
+    pub latency: Option<LatencyQuantiles>,
+}
+
+/// The median and 99th percentile of a unit's recent replication latencies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatencyQuantiles {
+    /// The median.
+    pub p50: Duration,
+    /// The 99th percentile (nearest rank).
+    pub p99: Duration,
+}
+
+/// A unit's recent replication latencies in whole microseconds (saturating at about 71
+/// minutes), overwriting the oldest once full. An idle unit holds no buffer; a busy one
+/// `LATENCY_SAMPLES` × 4 bytes, allocated once.
+#[derive(Debug, Default)]
+struct LatencyRing {
+    samples: Vec<u32>,
+    /// Where the next sample goes once the ring is full.
+    next: usize,
+}
+
+impl LatencyRing {
+    fn push(&mut self, sample: Duration) {
+        let micros = u32::try_from(sample.as_micros()).unwrap_or(u32::MAX);
+        if self.samples.len() < LATENCY_SAMPLES {
+            self.samples
+                .reserve_exact(LATENCY_SAMPLES - self.samples.len());
+            self.samples.push(micros);
+        } else {
+            self.samples[self.next] = micros;
+            self.next = (self.next + 1) % LATENCY_SAMPLES;
+        }
+    }
+
+    /// The nearest-rank quantiles, selected on a copy on the stack (no sort, no allocation:
+    /// `/status` asks this of every unit of the instance).
+    fn quantiles(&self) -> Option<LatencyQuantiles> {
+        let n = self.samples.len();
+        if n == 0 {
+            return None;
+        }
+        let mut copy = [0u32; LATENCY_SAMPLES];
+        let values = &mut copy[..n];
+        values.copy_from_slice(&self.samples);
+        let rank = |q: f64| ((n - 1) as f64 * q).round() as usize;
+        let (p50, p99) = (rank(0.5), rank(0.99));
+        let (below, &mut high, _) = values.select_nth_unstable(p99);
+        // Everything below the p99's place is no larger than it: the median is among them.
+        let low = if p50 == p99 {
+            high
+        } else {
+            *below.select_nth_unstable(p50).1
+        };
+        let micros = |v: u32| Duration::from_micros(u64::from(v));
+        Some(LatencyQuantiles {
+            p50: micros(low),
+            p99: micros(high),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -425,6 +483,38 @@ mod tests {
     }
 
     #[test]
+    fn latency_quantiles_follow_the_most_recent_samples() {
+        let mut ring = LatencyRing::default();
+        check!(ring.quantiles().is_none());
+        ring.push(Duration::from_millis(7));
+        let seven = Duration::from_millis(7);
+        check!(
+            ring.quantiles()
+                == Some(LatencyQuantiles {
+                    p50: seven,
+                    p99: seven
+                })
+        );
+        // A slow spell, then a full ring of fast batches: only the fast ones count.
+        for _ in 0..LATENCY_SAMPLES {
+            ring.push(Duration::from_secs(3));
+        }
+        for i in 0..LATENCY_SAMPLES as u64 {
+            ring.push(Duration::from_micros(100 + i % 10));
+        }
+        let q = ring.quantiles().unwrap();
+        check!(q.p50 >= Duration::from_micros(100));
+        check!(q.p99 == Duration::from_micros(109));
+        check!(ring.samples.capacity() == LATENCY_SAMPLES);
+        // Beyond u32 microseconds: saturates instead of wrapping (five of 256 samples reach
+        // the p99's rank).
+        for _ in 0..5 {
+            ring.push(Duration::from_secs(1 << 40));
+        }
+        check!(ring.quantiles().unwrap().p99 == Duration::from_micros(u64::from(u32::MAX)));
+    }
+
+    #[test]
     fn snapshot_reports_lag_and_rings_stay_bounded() {
         let m = UnitMeters::new("f", Observer::default());
         let u = WorkUnit::new("f", "s", "t", 0);
@@ -441,7 +531,14 @@ mod tests {
             m.gap(Gap { from: i, to: i });
         }
         let s = m.snapshot(&u, t0 + Duration::from_secs(2));
-        check!(s.latency_samples.len() == LATENCY_SAMPLES);
+        // The ring keeps the last LATENCY_SAMPLES: 1744..2000 µs.
+        check!(
+            s.latency
+                == Some(LatencyQuantiles {
+                    p50: Duration::from_micros(1872),
+                    p99: Duration::from_micros(1996),
+                })
+        );
         check!(s.recent_gaps.len() == GAP_EVENTS);
         check!(s.gaps == 100);
         let events = |s: &UnitStats| {

@@ -40,7 +40,7 @@ pub(crate) struct ReaderArgs<C> {
     /// The unit's shared context.
     pub(crate) shared: Arc<UnitShared<C>>,
     /// Sending side of the bounded channel to the writer.
-    pub(crate) tx: mpsc::Sender<Batch>,
+    pub(crate) tx: mpsc::Sender<Box<Batch>>,
     /// Where to start, sent by the writer once it found the resume point.
     pub(crate) start: oneshot::Receiver<ReadFrom>,
     /// The pair's stop token.
@@ -87,7 +87,7 @@ pub(crate) async fn run<C: ControlPlane>(args: ReaderArgs<C>) -> Result<&'static
 /// A running reader.
 struct Reader<C> {
     shared: Arc<UnitShared<C>>,
-    tx: mpsc::Sender<Batch>,
+    tx: mpsc::Sender<Box<Batch>>,
     stop: CancellationToken,
     /// Next offset to poll.
     next: ReadFrom,
@@ -122,7 +122,7 @@ impl<C: ControlPlane> Reader<C> {
                     tokio::select! {
                         biased;
                         () = self.stop.cancelled() => return Ok("stopped"),
-                        sent = self.tx.send(batch) => match sent {
+                        sent = self.tx.send(Box::new(batch)) => match sent {
                             Ok(()) => continue,
                             Err(_) => return Ok("writer gone"),
                         },

@@ -65,7 +65,7 @@ pub(crate) struct WriterArgs<C> {
     /// The unit's shared context.
     pub(crate) shared: Arc<UnitShared<C>>,
     /// Receiving side of the bounded channel from the reader; its closing is the graceful stop.
-    pub(crate) rx: mpsc::Receiver<Batch>,
+    pub(crate) rx: mpsc::Receiver<Box<Batch>>,
     /// Tells the reader where to start, once the writer knows.
     pub(crate) start: oneshot::Sender<ReadFrom>,
     /// The pair's stop token: ends the writer's waits (the channel ends the rest).
@@ -114,7 +114,7 @@ type CommitCall =
 /// A running writer.
 struct Writer<C> {
     shared: Arc<UnitShared<C>>,
-    rx: mpsc::Receiver<Batch>,
+    rx: mpsc::Receiver<Box<Batch>>,
     stop: CancellationToken,
     /// Label of the upstream history being copied ([`Incarnation::label`]: the topic's creation
     /// time (µs), plus the partition's resets).
@@ -259,7 +259,7 @@ impl<C: ControlPlane> Writer<C> {
                 () = sleep_until(due) => self.start_commit(),
                 () = sleep_until(until) => return Woken::PauseOver,
                 batch = self.rx.recv(), if batches => {
-                    return batch.map_or(Woken::Closed, Woken::Batch);
+                    return batch.map_or(Woken::Closed, |batch| Woken::Batch(*batch));
                 }
             }
         }
