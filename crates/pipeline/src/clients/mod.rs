@@ -13,6 +13,7 @@
 
 pub(crate) mod activity;
 pub(crate) mod probe;
+mod shared_read;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,7 +22,10 @@ use std::time::Duration;
 use replicator_model::IggyVersion;
 use tokio::sync::Mutex;
 
+use iggy::prelude::{Identifier, TopicDetails};
+
 use self::activity::ActivityRegistry;
+use self::shared_read::SharedReads;
 use crate::error::{Error, Result};
 use replicator_sdk::IggyCluster as _;
 use replicator_sdk::{Client, ClientConfig, InFlight};
@@ -111,6 +115,9 @@ pub(crate) struct Cluster {
     /// Told when a login is refused with invalid credentials or an inactive user (writer
     /// identities only).
     login_refused: Option<Arc<tokio::sync::Notify>>,
+    /// Topic metadata reads of units starting at the same time, one per topic (see
+    /// [`Cluster::topic_now`]).
+    topic_reads: SharedReads<(String, String), Option<Arc<TopicDetails>>>,
 }
 
 /// How long connecting and logging in through one seed address may take when the cluster
@@ -164,6 +171,7 @@ impl Cluster {
             activity: ActivityRegistry::default(),
             closed_for_good: std::sync::atomic::AtomicBool::new(false),
             login_refused: None,
+            topic_reads: SharedReads::default(),
         })
     }
 
@@ -416,6 +424,30 @@ impl Cluster {
             Ok(value) => Ok(value),
             Err(never) => match never {},
         }
+    }
+
+    /// A topic's metadata (`None`: no such topic) as the server gave it in answer to a request
+    /// that started after this call did. Callers asking for the same topic meanwhile share the
+    /// request ([`shared_read`]): an instance starting tens of thousands of units would
+    /// otherwise fetch a topic of 1,000 partitions 1,000 times at once.
+    pub(crate) async fn topic_now(
+        &self,
+        slot: usize,
+        stream: &Identifier,
+        topic: &Identifier,
+    ) -> Result<Option<Arc<TopicDetails>>> {
+        let key = (stream.to_string(), topic.to_string());
+        self.topic_reads
+            .get(&key, || async {
+                let (stream, topic) = (stream.clone(), topic.clone());
+                let answer = self
+                    .call(slot, "get_topic", |c| async move {
+                        c.get_topic(&stream, &topic).await
+                    })
+                    .await?;
+                Ok(answer.map(Arc::new))
+            })
+            .await
     }
 
     /// Like [`Cluster::call`], but runs `check` once this call's turn on the connection has

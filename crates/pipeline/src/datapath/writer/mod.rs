@@ -272,9 +272,7 @@ impl<C: ControlPlane> Writer<C> {
         let (up_stream, up_topic) = shared.upstream_ids()?;
         let up = shared
             .source
-            .call(shared.slot(), "get_topic", |c| async move {
-                c.get_topic(&up_stream, &up_topic).await
-            })
+            .topic_now(shared.slot(), &up_stream, &up_topic)
             .await?;
         let (extent, created_at) = partition_figures(up, unit.partition)
             .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
@@ -299,9 +297,7 @@ impl<C: ControlPlane> Writer<C> {
         let (down_stream, down_topic) = shared.downstream_ids()?;
         let down = shared
             .target
-            .call(shared.slot(), "get_topic", |c| async move {
-                c.get_topic(&down_stream, &down_topic).await
-            })
+            .topic_now(shared.slot(), &down_stream, &down_topic)
             .await?;
         let down_next = partition_figures(down, unit.partition)
             .ok_or_else(|| Error::DownstreamMissing {
@@ -633,7 +629,7 @@ impl<C: ControlPlane> Writer<C> {
 /// decoded), and a resume's later awaits queue behind other units' calls. Held across them by
 /// every unit of an instance starting tens of thousands, those answers took gigabytes.
 fn partition_figures(
-    topic: Option<iggy::prelude::TopicDetails>,
+    topic: Option<Arc<iggy::prelude::TopicDetails>>,
     id: u32,
 ) -> Option<(PartitionExtent, u64)> {
     let topic = topic?;
