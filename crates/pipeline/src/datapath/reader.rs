@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iggy::prelude::{Consumer, Identifier, PollingStrategy};
-use rand::rngs::StdRng;
+use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -71,7 +71,7 @@ pub(crate) async fn run<C: ControlPlane>(args: ReaderArgs<C>) -> Result<&'static
     };
     let mut reader = Reader {
         backoff: Backoff::new(shared.tuning.backoff, shared.seed),
-        rng: StdRng::seed_from_u64(shared.seed.rotate_left(17)),
+        rng: SmallRng::seed_from_u64(shared.seed.rotate_left(17)),
         ids: (stream, topic, consumer),
         shared,
         tx,
@@ -106,7 +106,7 @@ struct Reader<C> {
     /// poll missed.
     listed_before_poll: Option<u64>,
     /// Jitter of the safety-net polls, seeded from the pair's seed.
-    rng: StdRng,
+    rng: SmallRng,
 }
 
 impl<C: ControlPlane> Reader<C> {
@@ -115,7 +115,9 @@ impl<C: ControlPlane> Reader<C> {
             if self.stop.is_cancelled() {
                 return Ok("stopped");
             }
-            let woken = match self.poll_once().await {
+            // Boxed: an idle reader waits in `wait_idle` for most of its life, and its future
+            // would otherwise be as large as the poll's (see `Writer::run`).
+            let woken = match Box::pin(self.poll_once()).await {
                 Ok(Polled::Batch(batch)) => {
                     self.backoff.reset();
                     self.empty_polls = 0;
