@@ -194,6 +194,16 @@ mod tests {
         Ok(n)
     }
 
+    /// A caller of key "t" making a `counted` read when it leads, in a task of its own.
+    fn spawn_counted(
+        shared: &Arc<SharedReads<&'static str, u64>>,
+        reads: &Arc<AtomicU64>,
+        gate: &Arc<Semaphore>,
+    ) -> tokio::task::JoinHandle<Result<u64, String>> {
+        let (shared, reads, gate) = (shared.clone(), reads.clone(), gate.clone());
+        tokio::spawn(async move { shared.get(&"t", || counted(&reads, &gate)).await })
+    }
+
     /// Waits (bounded) until `cond` holds, yielding to the runtime in between.
     async fn until(cond: impl Fn() -> bool) {
         tokio::time::timeout(Duration::from_secs(10), async {
@@ -210,15 +220,13 @@ mod tests {
         let shared = Arc::new(SharedReads::<&str, u64>::default());
         let reads = Arc::new(AtomicU64::new(0));
         let gate = Arc::new(Semaphore::new(0));
-        let call = |shared: Arc<SharedReads<&'static str, u64>>| {
-            let (reads, gate) = (reads.clone(), gate.clone());
-            tokio::spawn(async move { shared.get(&"t", || counted(&reads, &gate)).await })
-        };
         // The first caller leads read 1.
-        let first = call(shared.clone());
+        let first = spawn_counted(&shared, &reads, &gate);
         until(|| reads.load(Ordering::SeqCst) == 1).await;
         // Ten arrive while it runs: none may take read 1's answer.
-        let late: Vec<_> = (0..10).map(|_| call(shared.clone())).collect();
+        let late: Vec<_> = (0..10)
+            .map(|_| spawn_counted(&shared, &reads, &gate))
+            .collect();
         tokio::task::yield_now().await;
         gate.add_permits(1);
         check!(first.await.unwrap() == Ok(1));
@@ -282,15 +290,9 @@ mod tests {
         let shared = Arc::new(SharedReads::<&str, u64>::default());
         let reads = Arc::new(AtomicU64::new(0));
         let gate = Arc::new(Semaphore::new(0));
-        let leader = {
-            let (shared, reads, gate) = (shared.clone(), reads.clone(), gate.clone());
-            tokio::spawn(async move { shared.get(&"t", || counted(&reads, &gate)).await })
-        };
+        let leader = spawn_counted(&shared, &reads, &gate);
         until(|| reads.load(Ordering::SeqCst) == 1).await;
-        let waiter = {
-            let (shared, reads, gate) = (shared.clone(), reads.clone(), gate.clone());
-            tokio::spawn(async move { shared.get(&"t", || counted(&reads, &gate)).await })
-        };
+        let waiter = spawn_counted(&shared, &reads, &gate);
         tokio::task::yield_now().await;
         leader.abort();
         check!(leader.await.unwrap_err().is_cancelled());
