@@ -424,8 +424,9 @@ impl LatencyRing {
     fn push(&mut self, sample: Duration) {
         let micros = u32::try_from(sample.as_micros()).unwrap_or(u32::MAX);
         if self.samples.len() < LATENCY_SAMPLES {
-            self.samples
-                .reserve_exact(LATENCY_SAMPLES - self.samples.len());
+            if self.samples.is_empty() {
+                self.samples.reserve_exact(LATENCY_SAMPLES);
+            }
             self.samples.push(micros);
         } else {
             self.samples[self.next] = micros;
