@@ -20,6 +20,11 @@ mod wiring;
 
 use clap::Parser;
 
+/// jemalloc instead of the system allocator: see its entry in Cargo.toml.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
     // The demo prints its own story; library logs would only interleave with its progress
