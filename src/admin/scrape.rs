@@ -13,7 +13,24 @@ use crate::metrics::Snapshot;
 /// `GET /metrics`: Prometheus text format, from the first moment: the data-path families
 /// always, the control plane's once it started, the units' once the pipeline started. Every
 /// value is read here, from local state (never from another node).
+///
+/// On the blocking pool: at tens of thousands of units a scrape reads every unit's meters and
+/// renders hundreds of thousands of samples (about a second of CPU at 33,000 units, BENCHMARKS.md
+/// section 22), which must not hold one of the control runtime's two threads, the ones that
+/// serve Raft and renew the lease.
 pub(super) async fn metrics(State(state): State<AdminState>) -> Response {
+    match tokio::task::spawn_blocking(move || scrape(&state)).await {
+        Ok(response) => response,
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("rendering the metrics failed: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// Reads the snapshot and renders it.
+fn scrape(state: &AdminState) -> Response {
     let units = state.parts.local_stats();
     let control_plane = state.parts.control.get();
     let owned = control_plane
