@@ -305,14 +305,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut batch = sled::Batch::default();
+        // One insert per entry, in index order, not one `apply_batch`: sled writes a batch as
+        // the batch, a manifest and whatever was buffered before it, each with its own write and
+        // sync (three per lease renewal instead of one, and each write wakes every thread of
+        // sled's IO pool; BENCHMARKS.md section 23). Atomicity is not needed here: sled recovers
+        // a prefix of its writes, so a crash before the flush leaves a prefix of these entries,
+        // which is a valid log, and none of them was acknowledged.
         for entry in entries {
             let bytes = encode_entry(&entry).map_err(|e| StorageIOError::write_logs(any(e)))?;
-            batch.insert(&key(entry.get_log_id().index), bytes);
+            self.logs
+                .insert(key(entry.get_log_id().index), bytes)
+                .map_err(|e| StorageIOError::write_logs(any(e)))?;
         }
-        self.logs
-            .apply_batch(batch)
-            .map_err(|e| StorageIOError::write_logs(any(e)))?;
         // Durable before acknowledged: the callback fires only after the flush.
         let flushed = self.db.flush_async().await;
         callback.log_io_completed(flushed.map(|_| ()).map_err(std::io::Error::other));
