@@ -132,8 +132,9 @@ async fn measure(
     let (mut cluster, assign_all) =
         start_three_nodes(endpoints, settings, stream, &names, partitions).await?;
     let window = Duration::from_secs(settings.sample_seconds);
-    // Start-up work (downstream topic creation, first resumes) is over before sampling.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Start-up work (downstream topic creation, first resumes) is over before sampling, and
+    // with a long settle the idle readers' safety nets run at their steady rate.
+    tokio::time::sleep(Duration::from_secs(settings.scale_settle_seconds)).await;
     let idle = sample(&cluster, window).await?;
     let producer = paced(
         &endpoints.upstream,

@@ -37,6 +37,11 @@ pub(crate) struct Settings {
     pub(crate) provenance: bool,
     /// `BENCH_SAMPLE_SECONDS`: CPU and Raft sampling window of the scale scenario (default 10).
     pub(crate) sample_seconds: u64,
+    /// `BENCH_SCALE_SETTLE_SECONDS`: pause of the scale scenario between every unit owned and
+    /// its idle window (default 3). The readers' safety-net polls reach their steady rate only
+    /// after one safety-net period (up to 165 s at 3,300 watched partitions per instance), so a
+    /// steady idle figure at 10,000 partitions needs about 180.
+    pub(crate) scale_settle_seconds: u64,
     /// `BENCH_SCALE_RESTARTS`: `0` skips the scale scenario's follower restarts (they need the
     /// snapshot metrics, which nodes built before them, run with `BENCH_NODE_BINARY`, lack);
     /// default 1.
@@ -82,6 +87,7 @@ impl Settings {
             scale_partitions: var_u32("BENCH_SCALE_PARTITIONS", 20)?.max(1),
             scale_rate: var("BENCH_SCALE_RATE", 2_000)?,
             sample_seconds: var("BENCH_SAMPLE_SECONDS", 10)?.max(1),
+            scale_settle_seconds: var("BENCH_SCALE_SETTLE_SECONDS", 3)?,
             scale_restarts: var("BENCH_SCALE_RESTARTS", 1)? != 0,
             provenance: var("BENCH_PROVENANCE", 1)? != 0,
             leader_kills: var_u32("BENCH_LEADER_KILLS", 50)?,
@@ -101,7 +107,8 @@ impl fmt::Display for Settings {
         write!(
             f,
             "messages={} rounds={} connections={} rates={:?} latency_seconds={} failovers={} \
-             failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} scale_restarts={} provenance={} \
+             failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} settle_seconds={} scale_restarts={} \
+             provenance={} \
              leader_kills={} kill_layout={}x{} fencing={}",
             self.messages,
             self.rounds,
@@ -115,6 +122,7 @@ impl fmt::Display for Settings {
             self.scale_partitions,
             self.scale_rate,
             self.sample_seconds,
+            self.scale_settle_seconds,
             self.scale_restarts,
             self.provenance,
             self.leader_kills,
