@@ -107,8 +107,8 @@ impl fmt::Display for Settings {
         write!(
             f,
             "messages={} rounds={} connections={} rates={:?} latency_seconds={} failovers={} \
-             failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} settle_seconds={} scale_restarts={} \
-             provenance={} \
+             failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} \
+             settle_seconds={} scale_restarts={} provenance={} \
              leader_kills={} kill_layout={}x{} fencing={}",
             self.messages,
             self.rounds,
