@@ -15,9 +15,8 @@ use crate::metrics::Snapshot;
 /// value is read here, from local state (never from another node).
 ///
 /// On the blocking pool: at tens of thousands of units a scrape reads every unit's meters and
-/// renders hundreds of thousands of samples (about a second of CPU at 33,000 units, BENCHMARKS.md
-/// section 22), which must not hold one of the control runtime's two threads, the ones that
-/// serve Raft and renew the lease.
+/// renders hundreds of thousands of samples (BENCHMARKS.md section 22 times it), CPU work that
+/// must not hold a thread of the control runtime, which serves Raft and renews the lease.
 pub(super) async fn metrics(State(state): State<AdminState>) -> Response {
     match tokio::task::spawn_blocking(move || scrape(&state)).await {
         Ok(response) => response,
