@@ -1,6 +1,9 @@
 //! Catch-up throughput: a topic already holding `BENCH_MESSAGES` messages is copied by (a) a raw
 //! poll→send loop through the SDK, (b) one replicator instance, (c) three instances; the
-//! variants alternate within each round so that they share the machine's state.
+//! variants alternate within each round, each round starting with the next variant, so that no
+//! variant always follows the same one (a server still persisting what the previous copy wrote
+//! slows whoever comes next). When the servers' pids are known, each copy also waits for them
+//! to go quiet first.
 
 use std::time::{Duration, Instant};
 
@@ -10,8 +13,8 @@ use replicator_harness::{
 };
 
 use crate::env::{
-    fill, own_cpu_seconds, replication_spec, run_name, total_cpu, Endpoints, FILL_BATCH,
-    PAYLOAD_BYTES,
+    context_switches, cpu_seconds, fill, own_cpu_seconds, replication_spec, run_name, total_cpu,
+    Endpoints, PAYLOAD_BYTES,
 };
 use crate::metrics::Stages;
 use crate::report::median_range;
@@ -21,6 +24,12 @@ use crate::settings::Settings;
 const PARTITIONS: u32 = 16;
 /// Topic name (in a stream named per run).
 const TOPIC: &str = "t";
+/// Servers are quiet when together they use less than this share of a core...
+const QUIET_SHARE: f64 = 0.05;
+/// ...over a window this long.
+const QUIET_WINDOW: Duration = Duration::from_millis(500);
+/// How long a copy waits for quiet servers before it starts anyway (and says so).
+const QUIET_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The three ways to copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,8 +62,12 @@ struct Sample {
     copying: Duration,
     /// CPU seconds of the copier (the loop, or the sum of the replicator processes).
     cpu: f64,
-    /// CPU seconds of the two dev servers meanwhile (0 for external servers).
-    server_cpu: f64,
+    /// Context switches of the copier's threads: the loop's (this process's, while it copies),
+    /// or the replicator processes' since they started.
+    switches: u64,
+    /// CPU seconds of the source and the target server meanwhile (`None` when their pids are
+    /// not known).
+    server_cpu: Option<[f64; 2]>,
 }
 
 pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResult {
@@ -62,14 +75,14 @@ pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResul
     let per_partition = (settings.messages / u64::from(PARTITIONS)).max(1);
     let messages = per_partition * u64::from(PARTITIONS);
     println!(
-        "## Catch-up: {messages} messages of {PAYLOAD_BYTES} B in {PARTITIONS} partitions, batches of {FILL_BATCH}, {} connection(s) per cluster\n",
-        settings.connections
+        "## Catch-up: {messages} messages of {PAYLOAD_BYTES} B in {PARTITIONS} partitions, batches of {}, {} connection(s) per cluster\n",
+        settings.batch_size, settings.connections
     );
     let outcome = measure_all(endpoints, settings, &stream, per_partition).await;
     let cleanup = delete_stream(&endpoints.upstream, &stream).await;
     let samples = outcome?;
     cleanup?;
-    print_table(&samples, messages, endpoints.external());
+    print_table(&samples, messages);
     Ok(())
 }
 
@@ -97,16 +110,52 @@ async fn measure_all(
         filling.elapsed().as_secs_f64()
     );
     let mut samples = Vec::new();
+    // The first copy after the fill is slow whatever copies (on the machine of section 1, the
+    // target's first writes into memory it never used cost it four times the CPU of later
+    // ones): a raw copy that nobody counts goes first.
+    let _ = tokio::process::Command::new("sync").status().await;
+    let warm_up = copy_once(
+        endpoints,
+        settings,
+        stream,
+        per_partition,
+        Variant::RawLoop,
+        0,
+    )
+    .await?;
+    println!(
+        "warm-up (not counted): {:<28} {:>6.2} s copying",
+        Variant::RawLoop.label(),
+        warm_up.copying.as_secs_f64()
+    );
+    let variants = [
+        Variant::RawLoop,
+        Variant::OneInstance,
+        Variant::ThreeInstances,
+    ];
     for round in 1..=settings.rounds {
-        for variant in [
-            Variant::RawLoop,
-            Variant::OneInstance,
-            Variant::ThreeInstances,
-        ] {
+        let first = (round as usize - 1) % variants.len();
+        for variant in variants.iter().cycle().skip(first).take(variants.len()) {
+            let variant = *variant;
+            // What the previous copy left in the page cache is written back before this one:
+            // otherwise whoever comes next pays for it.
+            let _ = tokio::process::Command::new("sync").status().await;
+            if let Some(pids) = endpoints.server_pids() {
+                let waited = quiet_servers(&pids).await;
+                if waited >= QUIET_DEADLINE {
+                    println!(
+                        "round {round}: the servers were still busy after {} s; copying anyway",
+                        QUIET_DEADLINE.as_secs()
+                    );
+                }
+            }
             let sample =
                 copy_once(endpoints, settings, stream, per_partition, variant, round).await?;
+            let servers = sample.server_cpu.map_or(String::new(), |[up, down]| {
+                format!(", servers {up:.2} / {down:.2} CPU s")
+            });
             println!(
-                "round {round}: {:<28} {:>6.2} s copying, {:>6.2} s in all, {:.2} CPU s",
+                "round {round}: {:<28} {:>6.2} s copying, {:>6.2} s in all, {:.2} CPU s{servers}",
                 variant.label(),
                 sample.copying.as_secs_f64(),
                 sample.total.as_secs_f64(),
@@ -143,7 +192,7 @@ async fn copy_once(
         _ => format!("{alias}.{stream}"),
     };
     let servers = endpoints.server_pids();
-    let server_cpu_before = total_cpu(&servers);
+    let server_cpu_before = servers.map(server_cpu);
     let outcome = async {
         match variant {
             Variant::RawLoop => {
@@ -151,6 +200,7 @@ async fn copy_once(
                 ensure_topic(&down, &down_stream, TOPIC, PARTITIONS).await?;
                 down.shutdown().await?;
                 let cpu_before = own_cpu_seconds();
+                let switches_before = context_switches("self");
                 let started = Instant::now();
                 raw_copy(&RawCopy {
                     source: endpoints.upstream.clone(),
@@ -158,7 +208,7 @@ async fn copy_once(
                     topic: Topic::new(stream, TOPIC, PARTITIONS),
                     target_stream: down_stream.clone(),
                     per_partition,
-                    batch: FILL_BATCH as u32,
+                    batch: settings.batch_size,
                     connections: settings.connections,
                 })
                 .await?;
@@ -167,6 +217,7 @@ async fn copy_once(
                     total,
                     total,
                     own_cpu_seconds() - cpu_before,
+                    context_switches("self").saturating_sub(switches_before),
                 ))
             }
             Variant::OneInstance | Variant::ThreeInstances => {
@@ -192,6 +243,10 @@ async fn copy_once(
                 let (first, total) = times?;
                 let pids: Vec<u32> = cluster.pids().into_values().collect();
                 let cpu = total_cpu(&pids);
+                let switches = pids
+                    .iter()
+                    .map(|pid| context_switches(&pid.to_string()))
+                    .sum::<u64>();
                 let (poll_ms, polls, send_ms, sends) =
                     Stages::default().since(&Stages::read(&cluster).await?);
                 println!(
@@ -205,26 +260,49 @@ async fn copy_once(
                 }
                 cluster.passed();
                 drop(cluster);
-                Ok((total, total.saturating_sub(first), cpu))
+                Ok((total, total.saturating_sub(first), cpu, switches))
             }
         }
     }
     .await;
-    let server_cpu = total_cpu(&servers) - server_cpu_before;
+    let server_cpu = servers
+        .map(server_cpu)
+        .zip(server_cpu_before)
+        .map(|(after, before)| [after[0] - before[0], after[1] - before[1]]);
     let cleanup = delete_stream(&endpoints.downstream, &down_stream).await;
-    let (total, copying, cpu) = outcome?;
+    let (total, copying, cpu, switches) = outcome?;
     cleanup?;
     Ok(Sample {
         variant,
         total,
         copying,
         cpu,
+        switches,
         server_cpu,
     })
 }
 
-/// Prints the table; the server CPU column is `n/a` for external servers (not our processes).
-fn print_table(samples: &[Sample], messages: u64, external_servers: bool) {
+/// CPU seconds so far of the source and the target server.
+fn server_cpu(pids: [u32; 2]) -> [f64; 2] {
+    pids.map(|pid| cpu_seconds(pid).unwrap_or_default())
+}
+
+/// Waits until the servers are quiet ([`QUIET_SHARE`] of a core over [`QUIET_WINDOW`]), at most
+/// [`QUIET_DEADLINE`]; returns how long it waited.
+async fn quiet_servers(pids: &[u32; 2]) -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < QUIET_DEADLINE {
+        let before = total_cpu(pids);
+        tokio::time::sleep(QUIET_WINDOW).await;
+        if total_cpu(pids) - before < QUIET_SHARE * QUIET_WINDOW.as_secs_f64() {
+            break;
+        }
+    }
+    started.elapsed()
+}
+
+/// Prints the table; the server CPU columns are `n/a` when the servers' pids are not known.
+fn print_table(samples: &[Sample], messages: u64) {
     let millions = messages as f64 / 1e6;
     let of = |variant: Variant| -> Vec<Sample> {
         samples
@@ -234,8 +312,8 @@ fn print_table(samples: &[Sample], messages: u64, external_servers: bool) {
             .collect()
     };
     let raw = of(Variant::RawLoop);
-    println!("| variant | msgs/s while copying | payload MB/s | wall time incl. start (s) | copier CPU s per 1M msgs | server CPU s per 1M msgs | ratio to (a), per round |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| variant | msgs/s while copying | payload MB/s | wall time incl. start (s) | copier CPU s per 1M msgs | copier context switches per 1M msgs | source / target server CPU s per 1M msgs | ratio to (a), per round |");
+    println!("|---|---|---|---|---|---|---|---|");
     for variant in [
         Variant::RawLoop,
         Variant::OneInstance,
@@ -252,24 +330,30 @@ fn print_table(samples: &[Sample], messages: u64, external_servers: bool) {
             .collect();
         let total: Vec<f64> = mine.iter().map(|s| s.total.as_secs_f64()).collect();
         let cpu: Vec<f64> = mine.iter().map(|s| s.cpu / millions).collect();
-        let server: Vec<f64> = mine.iter().map(|s| s.server_cpu / millions).collect();
+        let switches: Vec<f64> = mine.iter().map(|s| s.switches as f64 / millions).collect();
+        let server: Option<Vec<[f64; 2]>> = mine.iter().map(|s| s.server_cpu).collect();
         let ratio: Vec<f64> = mine
             .iter()
             .zip(&raw)
             .map(|(s, r)| r.copying.as_secs_f64() / s.copying.as_secs_f64())
             .collect();
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             variant.label(),
             median_range(&rate, 0),
             median_range(&mb, 1),
             median_range(&total, 2),
             median_range(&cpu, 2),
-            if external_servers {
-                "n/a".to_owned()
-            } else {
-                median_range(&server, 2)
-            },
+            median_range(&switches, 0),
+            server.map_or("n/a".to_owned(), |server| {
+                let side =
+                    |i: usize| -> Vec<f64> { server.iter().map(|s| s[i] / millions).collect() };
+                format!(
+                    "{} / {}",
+                    median_range(&side(0), 2),
+                    median_range(&side(1), 2)
+                )
+            }),
             median_range(&ratio, 2),
         );
     }

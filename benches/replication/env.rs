@@ -35,6 +35,9 @@ pub(crate) struct Endpoints {
     pub(crate) downstream: Endpoint,
     /// The dev-server processes started here (none for external servers).
     servers: Vec<DevServer>,
+    /// `BENCH_SERVER_PIDS=<source pid>,<target pid>`: external servers running on this machine,
+    /// whose CPU the catch-up reports and waits to settle, as it does for dev servers.
+    external_pids: Option<[u32; 2]>,
 }
 
 impl Endpoints {
@@ -76,6 +79,7 @@ impl Endpoints {
                     upstream,
                     downstream,
                     servers: Vec::new(),
+                    external_pids: external_pids_from_env()?,
                 })
             }
             (Err(_), Err(_)) => {
@@ -87,6 +91,7 @@ impl Endpoints {
                     servers: vec![up, down],
                     binary,
                     nodes,
+                    external_pids: None,
                 })
             }
             _ => Err("set both BENCH_SOURCE_URL and BENCH_TARGET_URL, or neither".into()),
@@ -98,9 +103,13 @@ impl Endpoints {
         self.servers.is_empty()
     }
 
-    /// Pids of the dev-server processes started here (their CPU is reported apart).
-    pub(crate) fn server_pids(&self) -> Vec<u32> {
-        self.servers.iter().map(DevServer::pid).collect()
+    /// Pids of the source and the target server, when they run on this machine as processes
+    /// the run knows (dev servers, or `BENCH_SERVER_PIDS`): their CPU is reported apart.
+    pub(crate) fn server_pids(&self) -> Option<[u32; 2]> {
+        match self.servers.as_slice() {
+            [up, down] => Some([up.pid(), down.pid()]),
+            _ => self.external_pids,
+        }
     }
 
     /// A short description for the report.
@@ -121,6 +130,27 @@ impl Endpoints {
             )
         }
     }
+}
+
+/// `BENCH_SERVER_PIDS=<source pid>,<target pid>`, if set; both must be running processes.
+fn external_pids_from_env() -> TestResult<Option<[u32; 2]>> {
+    let Ok(text) = std::env::var("BENCH_SERVER_PIDS") else {
+        return Ok(None);
+    };
+    let pids: Vec<u32> = text
+        .split(',')
+        .map(|p| p.trim().parse::<u32>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("BENCH_SERVER_PIDS={text:?}: want <source pid>,<target pid>"))?;
+    let [up, down] = pids[..] else {
+        return Err(format!("BENCH_SERVER_PIDS={text:?}: want <source pid>,<target pid>").into());
+    };
+    for pid in [up, down] {
+        if cpu_seconds(pid).is_none() {
+            return Err(format!("BENCH_SERVER_PIDS: no process {pid} on this machine").into());
+        }
+    }
+    Ok(Some([up, down]))
 }
 
 /// `BENCH_IGGY_VERSIONS=<source>-<target>` (e.g. `0.8-0.9`); default `0.8-0.8`.
@@ -205,6 +235,25 @@ pub(crate) fn cpu_seconds(pid: u32) -> Option<f64> {
     stat_cpu(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// Context switches (voluntary and not) of the threads `pid` runs now (`self` for this
+/// process): threads that ended no longer count; 0 when the process is gone.
+pub(crate) fn context_switches(pid: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
 /// CPU seconds this benchmark process has used so far.
 pub(crate) fn own_cpu_seconds() -> f64 {
     std::fs::read_to_string("/proc/self/stat")
@@ -287,6 +336,7 @@ pub(crate) fn replication_spec_to(
 ) -> ClusterSpec {
     let naming = if prefix { "prefix" } else { "identity" };
     let (connections, provenance) = (settings.connections, settings.provenance);
+    let batch_size = settings.batch_size;
     let fencing = &settings.fencing;
     let writers = format!("bench-{:06x}", rand::random::<u32>() & 0xff_ffff);
     ClusterSpec {
@@ -311,6 +361,7 @@ target = "dst"
 include = ["{include}"]
 naming = "{naming}"
 provenance = {provenance}
+batch_size = {batch_size}
 "#,
             up = endpoints.upstream.url,
             down = target.url,

@@ -11,6 +11,9 @@ pub(crate) struct Settings {
     pub(crate) messages: u64,
     /// `BENCH_ROUNDS`: rounds of each catch-up variant (default 3).
     pub(crate) rounds: u32,
+    /// `BENCH_BATCH_SIZE`: messages per poll and per send of the replicator's flows and of the
+    /// raw loop (default: the replicator's default).
+    pub(crate) batch_size: u32,
     /// `BENCH_CONNECTIONS`: connections per Iggy cluster of every replicator instance and of the
     /// raw loop (default: the replicator's default).
     pub(crate) connections: usize,
@@ -71,6 +74,10 @@ impl Settings {
         Ok(Self {
             messages: var("BENCH_MESSAGES", 1_000_000)?,
             rounds: var_u32("BENCH_ROUNDS", 3)?.max(1),
+            batch_size: match var_u32("BENCH_BATCH_SIZE", replicator_model::DEFAULT_BATCH_SIZE)? {
+                n @ 1..=100_000 => n,
+                n => return Err(format!("BENCH_BATCH_SIZE={n} must be 1 to 100000").into()),
+            },
             connections: match var(
                 "BENCH_CONNECTIONS",
                 replicator_config::DEFAULT_CONNECTIONS as u64,
@@ -106,12 +113,13 @@ impl fmt::Display for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "messages={} rounds={} connections={} rates={:?} latency_seconds={} failovers={} \
+            "messages={} rounds={} batch_size={} connections={} rates={:?} latency_seconds={} failovers={} \
              failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} \
              settle_seconds={} scale_restarts={} provenance={} \
              leader_kills={} kill_layout={}x{} fencing={}",
             self.messages,
             self.rounds,
+            self.batch_size,
             self.connections,
             self.rates,
             self.latency_seconds,
