@@ -21,7 +21,7 @@ use replicator_model::{
 use replicator_model::{NodeId, WriterLogin};
 use replicator_pipeline::{
     BackoffParams, ClusterParams, ControlError, ControlPlane, FlowParams, PipelineParams,
-    PolicyParams, TargetFence,
+    PolicyParams, TargetFence, UnitReport,
 };
 use tokio::sync::watch;
 
@@ -264,7 +264,7 @@ impl ControlPlane for RaftControl {
         &self,
         flow: &str,
         units: Vec<WorkUnit>,
-    ) -> impl Future<Output = Result<(), ControlError>> + Send {
+    ) -> impl Future<Output = Result<UnitReport, ControlError>> + Send {
         let control = self.0.clone();
         let flow = flow.to_owned();
         async move {
@@ -272,11 +272,12 @@ impl ControlPlane for RaftControl {
             // topics: its reports would retire the units the others report, back and forth.
             if !control.config_agrees_with_leader(&flow) {
                 tracing::debug!(%flow, "not reporting units: this node's config of the flow differs from the leader's (or no leader)");
-                return Ok(());
+                return Ok(UnitReport::Deferred);
             }
             control
                 .report_units(&flow, units)
                 .await
+                .map(|()| UnitReport::Reported)
                 .map_err(control_error)
         }
     }

@@ -2,15 +2,55 @@
 
 use replicator_harness::{Cluster, NodeId, TestResult};
 
-/// Sums and counts of the nodes' histograms that explain the latency.
-#[derive(Debug, Clone, Copy, Default)]
+/// Sums, counts and buckets of the nodes' histograms that explain the latency.
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Stages {
-    poll_sum: f64,
-    poll_count: f64,
-    send_sum: f64,
-    send_count: f64,
+    poll: Histogram,
+    send: Histogram,
+    /// Each batch's newest message: the node's acknowledgement time minus its upstream append
+    /// time.
+    replication: Histogram,
     /// Errors of every kind.
     pub(crate) errors: f64,
+}
+
+/// One histogram summed over the nodes and its label sets.
+#[derive(Debug, Clone, Default)]
+struct Histogram {
+    sum: f64,
+    count: f64,
+    /// Cumulative count per bucket bound (`le`, in seconds; `+Inf` left out), ascending.
+    buckets: Vec<(f64, f64)>,
+}
+
+impl Histogram {
+    fn add_bucket(&mut self, le: f64, value: f64) {
+        match self.buckets.iter_mut().find(|(bound, _)| *bound == le) {
+            Some((_, count)) => *count += value,
+            None => {
+                self.buckets.push((le, value));
+                self.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+            }
+        }
+    }
+
+    /// The bound (ms) of the first bucket holding `share` of what was observed between `self`
+    /// and `later`: the percentile is at most that; `None` without observations or beyond the
+    /// last bound.
+    fn percentile_bound_ms(&self, later: &Self, share: f64) -> Option<f64> {
+        let count = later.count - self.count;
+        if count <= 0.0 {
+            return None;
+        }
+        later.buckets.iter().find_map(|(le, cumulative)| {
+            let before = self
+                .buckets
+                .iter()
+                .find(|(bound, _)| bound == le)
+                .map_or(0.0, |(_, c)| *c);
+            (cumulative - before >= share * count).then_some(le * 1e3)
+        })
+    }
 }
 
 impl Stages {
@@ -25,11 +65,34 @@ impl Stages {
                 };
                 let value: f64 = value.parse().unwrap_or(0.0);
                 let series = name.split('{').next().unwrap_or(name);
+                let le = name
+                    .split_once("le=\"")
+                    .and_then(|(_, rest)| rest.split_once('"'))
+                    .and_then(|(le, _)| le.parse::<f64>().ok())
+                    .filter(|le| le.is_finite());
                 match series {
-                    "iggy_replicator_poll_latency_seconds_sum" => stages.poll_sum += value,
-                    "iggy_replicator_poll_latency_seconds_count" => stages.poll_count += value,
-                    "iggy_replicator_send_latency_seconds_sum" => stages.send_sum += value,
-                    "iggy_replicator_send_latency_seconds_count" => stages.send_count += value,
+                    "iggy_replicator_poll_latency_seconds_sum" => stages.poll.sum += value,
+                    "iggy_replicator_poll_latency_seconds_count" => stages.poll.count += value,
+                    "iggy_replicator_poll_latency_seconds_bucket" => {
+                        if let Some(le) = le {
+                            stages.poll.add_bucket(le, value);
+                        }
+                    }
+                    "iggy_replicator_send_latency_seconds_sum" => stages.send.sum += value,
+                    "iggy_replicator_send_latency_seconds_count" => stages.send.count += value,
+                    "iggy_replicator_send_latency_seconds_bucket" => {
+                        if let Some(le) = le {
+                            stages.send.add_bucket(le, value);
+                        }
+                    }
+                    "iggy_replicator_replication_latency_seconds_bucket" => {
+                        if let Some(le) = le {
+                            stages.replication.add_bucket(le, value);
+                        }
+                    }
+                    "iggy_replicator_replication_latency_seconds_count" => {
+                        stages.replication.count += value;
+                    }
                     "iggy_replicator_errors_total" => stages.errors += value,
                     _ => {}
                 }
@@ -40,15 +103,31 @@ impl Stages {
 
     /// Mean poll and send durations (ms) and their counts between `self` and `later`.
     pub(crate) fn since(&self, later: &Self) -> (f64, f64, f64, f64) {
-        let polls = later.poll_count - self.poll_count;
-        let sends = later.send_count - self.send_count;
+        let polls = later.poll.count - self.poll.count;
+        let sends = later.send.count - self.send.count;
         let mean = |sum: f64, count: f64| if count > 0.0 { sum / count * 1e3 } else { 0.0 };
         (
-            mean(later.poll_sum - self.poll_sum, polls),
+            mean(later.poll.sum - self.poll.sum, polls),
             polls,
-            mean(later.send_sum - self.send_sum, sends),
+            mean(later.send.sum - self.send.sum, sends),
             sends,
         )
+    }
+
+    /// Upper bounds (ms, a histogram bucket's) of the 99th percentile of polls, of sends and of
+    /// the nodes' replication latency between `self` and `later`, as `"≤ 1.6"`, or `"–"`
+    /// without observations.
+    pub(crate) fn p99_bounds(&self, later: &Self) -> [String; 3] {
+        let bound = |before: &Histogram, after: &Histogram| {
+            before
+                .percentile_bound_ms(after, 0.99)
+                .map_or("–".to_owned(), |ms| format!("≤ {ms:.1}"))
+        };
+        [
+            bound(&self.poll, &later.poll),
+            bound(&self.send, &later.send),
+            bound(&self.replication, &later.replication),
+        ]
     }
 }
 

@@ -22,6 +22,18 @@ pub struct ControlError {
     pub transient: bool,
 }
 
+/// What became of a unit report ([`ControlPlane::report_units`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitReport {
+    /// The control plane has the set (written now, or it held it already).
+    Reported,
+    /// Not reported: the control plane cannot take it yet (a cluster that is starting has no
+    /// leader yet, or has not applied the leader's config of the flow). Discovery reports again
+    /// soon instead of a whole discovery interval later: until a report is taken, a new cluster
+    /// has nothing to assign.
+    Deferred,
+}
+
 /// What the pipeline asks of the control plane. Implementations are cheap to clone (a handle).
 pub trait ControlPlane: Clone + Send + Sync + 'static {
     /// This node's assignments, updated whenever they change.
@@ -106,12 +118,13 @@ pub trait ControlPlane: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<CommitOutcome>, ControlError>> + Send;
 
     /// Reports the full set of units discovered for a flow; units no longer present are retired
-    /// (unassigned, progress kept).
+    /// (unassigned, progress kept). [`UnitReport::Deferred`] when the control plane cannot take
+    /// it yet.
     fn report_units(
         &self,
         flow: &str,
         units: Vec<WorkUnit>,
-    ) -> impl Future<Output = Result<(), ControlError>> + Send;
+    ) -> impl Future<Output = Result<UnitReport, ControlError>> + Send;
 
     /// Hands a unit back after its final commit (graceful stop or requested release).
     fn release(

@@ -15,7 +15,7 @@ use replicator_model::{
 };
 use tokio::sync::watch;
 
-use crate::control::{ControlError, ControlPlane};
+use crate::control::{ControlError, ControlPlane, UnitReport};
 
 /// How long the lease of an in-memory control plane is reported valid ahead of "now".
 const LEASE_AHEAD: Duration = Duration::from_secs(3600);
@@ -325,7 +325,11 @@ impl ControlPlane for InMemoryControl {
         Ok(self.mutate(|s| commits.iter().map(|c| s.commit(c)).collect()))
     }
 
-    async fn report_units(&self, flow: &str, units: Vec<WorkUnit>) -> Result<(), ControlError> {
+    async fn report_units(
+        &self,
+        flow: &str,
+        units: Vec<WorkUnit>,
+    ) -> Result<UnitReport, ControlError> {
         self.mutate(|s| {
             for (unit, e) in s.units.iter_mut().filter(|(u, _)| u.flow == flow) {
                 if !units.contains(unit) {
@@ -342,7 +346,7 @@ impl ControlPlane for InMemoryControl {
                 }
             }
         });
-        Ok(())
+        Ok(UnitReport::Reported)
     }
 
     async fn release(&self, unit: WorkUnit, epoch: Epoch) -> Result<(), ControlError> {
@@ -524,7 +528,7 @@ mod tests {
                 &self,
                 flow: &str,
                 units: Vec<WorkUnit>,
-            ) -> Result<(), ControlError> {
+            ) -> Result<UnitReport, ControlError> {
                 self.0.report_units(flow, units).await
             }
             async fn release(&self, unit: WorkUnit, epoch: Epoch) -> Result<(), ControlError> {

@@ -1,6 +1,8 @@
 //! Per-flow discovery: lists upstream streams and topics, selects them by glob, mirrors their
 //! shape downstream (create stream/topic, add partitions), and reports the flow's full unit set
-//! to the control plane. Runs at start and then every discovery interval. A selected topic that
+//! to the control plane. Runs at start and then every discovery interval; a round whose report
+//! the control plane could not take (a cluster still electing its first leader) or that failed
+//! is followed by the next sooner ([`pause_after`]). A selected topic that
 //! a residency policy forbids on the target is neither mirrored nor reported, only recorded.
 //!
 //! This folder holds the per-flow tasks that create topics on the flow's target beside the
@@ -22,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::clients::Cluster;
-use crate::control::ControlPlane;
+use crate::control::{ControlPlane, UnitReport};
 use crate::coordinator::{CoordinatorHandle, CoordinatorMsg};
 use crate::error::{Error, Result};
 use crate::params::FlowParams;
@@ -75,8 +77,10 @@ pub(crate) async fn run<C: ControlPlane>(p: DiscoveryParams<C>) {
     let span = tracing::info_span!("discovery", flow = %p.flow.name);
     async {
         let mut seen: BTreeMap<(String, String), SeenTopic> = BTreeMap::new();
+        // Rounds in a row whose units did not reach the control plane.
+        let mut unreported = 0u32;
         loop {
-            match discover_once(&p, &mut seen).await {
+            let reported = match discover_once(&p, &mut seen).await {
                 Ok(units) => {
                     p.units_seen
                         .store(units.len(), std::sync::atomic::Ordering::Relaxed);
@@ -84,20 +88,50 @@ pub(crate) async fn run<C: ControlPlane>(p: DiscoveryParams<C>) {
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner) =
                         units.iter().min().cloned();
-                    if let Err(err) = p.control.report_units(&p.flow.name, units).await {
-                        tracing::warn!(error = %err, "reporting units failed");
+                    match p.control.report_units(&p.flow.name, units).await {
+                        Ok(UnitReport::Reported) => true,
+                        Ok(UnitReport::Deferred) => {
+                            tracing::debug!("the control plane cannot take the units yet");
+                            false
+                        }
+                        Err(err) => {
+                            tracing::warn!(error = %err, "reporting units failed");
+                            false
+                        }
                     }
                 }
-                Err(err) => tracing::warn!(error = %err, "discovery failed, retrying next round"),
-            }
+                Err(err) => {
+                    tracing::warn!(error = %err, "discovery failed, retrying");
+                    false
+                }
+            };
+            unreported = if reported { 0 } else { unreported + 1 };
             tokio::select! {
                 () = p.cancel.cancelled() => return,
-                () = tokio::time::sleep(p.interval) => {}
+                () = tokio::time::sleep(pause_after(unreported, p.interval)) => {}
             }
         }
     }
     .instrument(span)
     .await
+}
+
+/// The first pause after a round whose units did not reach the control plane; it doubles with
+/// every further such round, up to the discovery interval. A fresh cluster's nodes start
+/// discovering before they have elected a leader, and nothing is assigned before a report is
+/// taken: waiting a whole interval (5 s by default) for the next round held the first copy
+/// back by that long.
+const UNREPORTED_PAUSE: Duration = Duration::from_millis(100);
+
+/// The pause before the next round, after `unreported` rounds in a row whose units did not
+/// reach the control plane (0: the last one's did).
+fn pause_after(unreported: u32, interval: Duration) -> Duration {
+    match unreported {
+        0 => interval,
+        n => UNREPORTED_PAUSE
+            .saturating_mul(1 << (n - 1).min(16))
+            .min(interval),
+    }
 }
 
 /// One discovery round: returns the flow's full unit set.
@@ -290,4 +324,32 @@ pub(crate) fn named(name: &str) -> Result<Identifier> {
         op: format!("name `{name}`"),
         source: source.into(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use assert2::check;
+
+    use super::*;
+
+    #[test]
+    fn a_reported_round_waits_the_interval() {
+        check!(pause_after(0, Duration::from_secs(5)) == Duration::from_secs(5));
+    }
+
+    #[test]
+    fn unreported_rounds_come_back_soon_then_slower_up_to_the_interval() {
+        let interval = Duration::from_secs(5);
+        let pauses: Vec<u64> = (1..=8)
+            .map(|n| pause_after(n, interval).as_millis() as u64)
+            .collect();
+        check!(pauses == vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        check!(pause_after(u32::MAX, interval) == interval);
+    }
+
+    #[test]
+    fn a_short_interval_bounds_the_pause() {
+        let interval = Duration::from_millis(50);
+        check!(pause_after(1, interval) == interval);
+    }
 }

@@ -23,7 +23,7 @@ use replicator_model::{
 use replicator_pipeline::verify::{verify, VerifyParams, VerifyReport};
 use replicator_pipeline::{
     BackoffParams, ClusterParams, ControlError, ControlPlane, FlowParams, InMemoryControl,
-    Pipeline, PipelineParams,
+    Pipeline, PipelineParams, UnitReport,
 };
 use replicator_testkit::{TestServer, TestServerConfig};
 use tokio::sync::watch;
@@ -351,6 +351,12 @@ pub(crate) trait Intercept: Clone + Send + Sync + 'static {
     fn reported(&self, units: Vec<WorkUnit>) -> Vec<WorkUnit> {
         units
     }
+
+    /// Whether the control plane takes this unit report (default: yes); without, the report is
+    /// [`UnitReport::Deferred`], as by a cluster that has no leader yet.
+    fn takes_report(&self) -> bool {
+        true
+    }
 }
 
 /// A writer identity for fenced targets that never changes (the users must exist on the
@@ -488,8 +494,19 @@ impl<I: Intercept> ControlPlane for Intercepted<I> {
         &self,
         flow: &str,
         units: Vec<WorkUnit>,
-    ) -> impl Future<Output = Result<(), ControlError>> + Send {
-        self.inner.report_units(flow, self.hooks.reported(units))
+    ) -> impl Future<Output = Result<UnitReport, ControlError>> + Send {
+        let takes = self.hooks.takes_report();
+        let (inner, flow, units) = (
+            self.inner.clone(),
+            flow.to_owned(),
+            self.hooks.reported(units),
+        );
+        async move {
+            if !takes {
+                return Ok(UnitReport::Deferred);
+            }
+            inner.report_units(&flow, units).await
+        }
     }
     fn release(
         &self,

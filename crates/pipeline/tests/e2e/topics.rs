@@ -1,6 +1,8 @@
 //! Topology changes upstream: new topics, more partitions, deleted and recreated topics, and
 //! where units without progress start.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use iggy::prelude::Identifier;
@@ -10,8 +12,41 @@ use replicator_sdk::IggyCluster as _;
 
 use crate::harness::{
     assert_exact, client, confirmed, count, create_topic, flow, produce, wait_confirmed,
-    wait_until, Env, TestResult,
+    wait_until, Env, Intercept, Intercepted, TestResult,
 };
+
+/// A control plane that cannot take the first reports (counted down here), as the nodes of a
+/// cluster that has not elected its first leader yet.
+#[derive(Clone)]
+struct NoLeaderYet(Arc<AtomicU32>);
+
+impl Intercept for NoLeaderYet {
+    fn takes_report(&self) -> bool {
+        self.0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_err()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_the_control_plane_could_not_take_yet_are_reported_again_before_the_next_round(
+) -> TestResult {
+    let (env, _up, f) = Env::seeded("early", "events", 2, 0..40, 40).await?;
+    let mut params = env.params(f);
+    // Far longer than the test waits: only an early retry gets the units assigned in time.
+    params.discovery_interval = Duration::from_secs(3600);
+    let deferrals = Arc::new(AtomicU32::new(3));
+    let control = Intercepted {
+        inner: InMemoryControl::new(),
+        hooks: NoLeaderYet(deferrals.clone()),
+    };
+    let pipeline = Pipeline::start(params, control).await?;
+    env.wait_downstream("early", "events", 0, 40).await?;
+    env.wait_downstream("early", "events", 1, 40).await?;
+    assert2::check!(deferrals.load(Ordering::SeqCst) == 0);
+    pipeline.shutdown().await;
+    Ok(())
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_topics_and_added_partitions_upstream_are_replicated() -> TestResult {
