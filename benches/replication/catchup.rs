@@ -113,7 +113,7 @@ async fn measure_all(
     // The first copy after the fill is slow whatever copies (on the machine of section 1, the
     // target's first writes into memory it never used cost it four times the CPU of later
     // ones): a raw copy that nobody counts goes first.
-    let _ = tokio::process::Command::new("sync").status().await;
+    settle(endpoints, "warm-up").await;
     let warm_up = copy_once(
         endpoints,
         settings,
@@ -137,18 +137,7 @@ async fn measure_all(
         let first = (round as usize - 1) % variants.len();
         for variant in variants.iter().cycle().skip(first).take(variants.len()) {
             let variant = *variant;
-            // What the previous copy left in the page cache is written back before this one:
-            // otherwise whoever comes next pays for it.
-            let _ = tokio::process::Command::new("sync").status().await;
-            if let Some(pids) = endpoints.server_pids() {
-                let waited = quiet_servers(&pids).await;
-                if waited >= QUIET_DEADLINE {
-                    println!(
-                        "round {round}: the servers were still busy after {} s; copying anyway",
-                        QUIET_DEADLINE.as_secs()
-                    );
-                }
-            }
+            settle(endpoints, &format!("round {round}")).await;
             let sample =
                 copy_once(endpoints, settings, stream, per_partition, variant, round).await?;
             let servers = sample.server_cpu.map_or(String::new(), |[up, down]| {
@@ -287,18 +276,27 @@ fn server_cpu(pids: [u32; 2]) -> [f64; 2] {
     pids.map(|pid| cpu_seconds(pid).unwrap_or_default())
 }
 
-/// Waits until the servers are quiet ([`QUIET_SHARE`] of a core over [`QUIET_WINDOW`]), at most
-/// [`QUIET_DEADLINE`]; returns how long it waited.
-async fn quiet_servers(pids: &[u32; 2]) -> Duration {
+/// Before a copy: writes back what the previous one left in the page cache (otherwise whoever
+/// comes next pays for it), then, when the servers' pids are known, waits until they are quiet
+/// ([`QUIET_SHARE`] of a core over [`QUIET_WINDOW`]), at most [`QUIET_DEADLINE`]; says so under
+/// `label` when they were not.
+async fn settle(endpoints: &Endpoints, label: &str) {
+    let _ = tokio::process::Command::new("sync").status().await;
+    let Some(pids) = endpoints.server_pids() else {
+        return;
+    };
     let started = Instant::now();
     while started.elapsed() < QUIET_DEADLINE {
-        let before = total_cpu(pids);
+        let before = total_cpu(&pids);
         tokio::time::sleep(QUIET_WINDOW).await;
-        if total_cpu(pids) - before < QUIET_SHARE * QUIET_WINDOW.as_secs_f64() {
-            break;
+        if total_cpu(&pids) - before < QUIET_SHARE * QUIET_WINDOW.as_secs_f64() {
+            return;
         }
     }
-    started.elapsed()
+    println!(
+        "{label}: the servers were still busy after {} s; copying anyway",
+        QUIET_DEADLINE.as_secs()
+    );
 }
 
 /// Prints the table; the server CPU columns are `n/a` when the servers' pids are not known.

@@ -137,13 +137,14 @@ fn external_pids_from_env() -> TestResult<Option<[u32; 2]>> {
     let Ok(text) = std::env::var("BENCH_SERVER_PIDS") else {
         return Ok(None);
     };
+    let malformed = || format!("BENCH_SERVER_PIDS={text:?}: want <source pid>,<target pid>");
     let pids: Vec<u32> = text
         .split(',')
         .map(|p| p.trim().parse::<u32>())
         .collect::<Result<_, _>>()
-        .map_err(|_| format!("BENCH_SERVER_PIDS={text:?}: want <source pid>,<target pid>"))?;
+        .map_err(|_| malformed())?;
     let [up, down] = pids[..] else {
-        return Err(format!("BENCH_SERVER_PIDS={text:?}: want <source pid>,<target pid>").into());
+        return Err(malformed().into());
     };
     for pid in [up, down] {
         if cpu_seconds(pid).is_none() {

@@ -65,35 +65,36 @@ impl Stages {
                 };
                 let value: f64 = value.parse().unwrap_or(0.0);
                 let series = name.split('{').next().unwrap_or(name);
-                let le = name
-                    .split_once("le=\"")
-                    .and_then(|(_, rest)| rest.split_once('"'))
-                    .and_then(|(le, _)| le.parse::<f64>().ok())
-                    .filter(|le| le.is_finite());
-                match series {
-                    "iggy_replicator_poll_latency_seconds_sum" => stages.poll.sum += value,
-                    "iggy_replicator_poll_latency_seconds_count" => stages.poll.count += value,
-                    "iggy_replicator_poll_latency_seconds_bucket" => {
-                        if let Some(le) = le {
-                            stages.poll.add_bucket(le, value);
+                if series == "iggy_replicator_errors_total" {
+                    stages.errors += value;
+                    continue;
+                }
+                let Some((histogram, part)) = series
+                    .strip_prefix("iggy_replicator_")
+                    .and_then(|rest| rest.rsplit_once("_seconds_"))
+                else {
+                    continue;
+                };
+                let histogram = match histogram {
+                    "poll_latency" => &mut stages.poll,
+                    "send_latency" => &mut stages.send,
+                    "replication_latency" => &mut stages.replication,
+                    _ => continue,
+                };
+                match part {
+                    "sum" => histogram.sum += value,
+                    "count" => histogram.count += value,
+                    "bucket" => {
+                        // `+Inf` is left out: the count holds it.
+                        if let Some(le) = name
+                            .split_once("le=\"")
+                            .and_then(|(_, rest)| rest.split_once('"'))
+                            .and_then(|(le, _)| le.parse::<f64>().ok())
+                            .filter(|le| le.is_finite())
+                        {
+                            histogram.add_bucket(le, value);
                         }
                     }
-                    "iggy_replicator_send_latency_seconds_sum" => stages.send.sum += value,
-                    "iggy_replicator_send_latency_seconds_count" => stages.send.count += value,
-                    "iggy_replicator_send_latency_seconds_bucket" => {
-                        if let Some(le) = le {
-                            stages.send.add_bucket(le, value);
-                        }
-                    }
-                    "iggy_replicator_replication_latency_seconds_bucket" => {
-                        if let Some(le) = le {
-                            stages.replication.add_bucket(le, value);
-                        }
-                    }
-                    "iggy_replicator_replication_latency_seconds_count" => {
-                        stages.replication.count += value;
-                    }
-                    "iggy_replicator_errors_total" => stages.errors += value,
                     _ => {}
                 }
             }

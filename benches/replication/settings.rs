@@ -75,8 +75,14 @@ impl Settings {
             messages: var("BENCH_MESSAGES", 1_000_000)?,
             rounds: var_u32("BENCH_ROUNDS", 3)?.max(1),
             batch_size: match var_u32("BENCH_BATCH_SIZE", replicator_model::DEFAULT_BATCH_SIZE)? {
-                n @ 1..=100_000 => n,
-                n => return Err(format!("BENCH_BATCH_SIZE={n} must be 1 to 100000").into()),
+                n if replicator_config::BATCH_SIZE_LIMITS.contains(&n) => n,
+                n => {
+                    return Err(format!(
+                        "BENCH_BATCH_SIZE={n} must be in {:?}, as a flow's batch_size",
+                        replicator_config::BATCH_SIZE_LIMITS
+                    )
+                    .into())
+                }
             },
             connections: match var(
                 "BENCH_CONNECTIONS",

@@ -24,6 +24,6 @@ pub use load::{load_file, parse_str};
 pub use schema::{
     ApiTlsConfig, ClusterConfig, Config, FencingMode, FlowConfig, IggyClusterConfig,
     InitialOffsetSetting, NodeConfig, PipelineConfig, PolicyConfig, TlsFilesConfig,
-    DEFAULT_CONNECTIONS,
+    BATCH_SIZE_LIMITS, DEFAULT_CONNECTIONS,
 };
 pub use secret::{ClusterUrl, Secret};

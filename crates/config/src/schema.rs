@@ -378,6 +378,9 @@ fn default_include() -> Vec<String> {
 /// Connections per Iggy cluster and instance when `connections` is not set.
 pub const DEFAULT_CONNECTIONS: usize = 4;
 
+/// The `batch_size` a flow may have.
+pub const BATCH_SIZE_LIMITS: std::ops::RangeInclusive<u32> = 1..=100_000;
+
 fn default_connections() -> usize {
     DEFAULT_CONNECTIONS
 }
@@ -801,10 +804,14 @@ impl FlowConfig {
                 "must be \"earliest\", \"latest\" or an offset number",
             ));
         }
-        if !(1..=100_000).contains(&self.batch_size) {
+        if !BATCH_SIZE_LIMITS.contains(&self.batch_size) {
             problems.push(Problem::new(
                 format!("{key}.batch_size"),
-                "must be between 1 and 100000",
+                format!(
+                    "must be between {} and {}",
+                    BATCH_SIZE_LIMITS.start(),
+                    BATCH_SIZE_LIMITS.end()
+                ),
             ));
         }
         if self.poll_interval.is_zero() || self.poll_interval > Duration::from_secs(10) {

@@ -46,11 +46,21 @@ impl Target {
     }
 
     async fn with_config(config: TestServerConfig) -> Self {
+        Self::open(config, true).await
+    }
+
+    /// The real server (taking this test's share of [`STREAM_IDS`] when `share`), or an
+    /// in-process one started with `config`.
+    async fn open(config: TestServerConfig, share: bool) -> Self {
         match remote_url() {
             Some(url) => Target {
                 server: None,
                 url,
-                _streams: Some(STREAM_IDS.read().await),
+                _streams: if share {
+                    Some(STREAM_IDS.read().await)
+                } else {
+                    None
+                },
             },
             None => Self::start_local(config).await,
         }
@@ -76,14 +86,7 @@ impl Target {
 
     /// [`Target::connected`] for a test that holds [`STREAM_IDS`] for writing already.
     async fn connected_alone() -> (Self, IggyClient) {
-        let t = match remote_url() {
-            Some(url) => Target {
-                server: None,
-                url,
-                _streams: None,
-            },
-            None => Self::start_local(TestServerConfig::default()).await,
-        };
+        let t = Self::open(TestServerConfig::default(), false).await;
         let client = t.client().await;
         (t, client)
     }

@@ -2,7 +2,7 @@
 //! shape downstream (create stream/topic, add partitions), and reports the flow's full unit set
 //! to the control plane. Runs at start and then every discovery interval; a round whose report
 //! the control plane could not take (a cluster still electing its first leader) or that failed
-//! is followed by the next sooner ([`pause_after`]). A selected topic that
+//! is followed by the next sooner ([`next_streak`]). A selected topic that
 //! a residency policy forbids on the target is neither mirrored nor reported, only recorded.
 //!
 //! This folder holds the per-flow tasks that create topics on the flow's target beside the
@@ -23,11 +23,12 @@ use replicator_sdk::IggyCluster as _;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::backoff::next_backoff;
 use crate::clients::Cluster;
 use crate::control::{ControlPlane, UnitReport};
 use crate::coordinator::{CoordinatorHandle, CoordinatorMsg};
 use crate::error::{Error, Result};
-use crate::params::FlowParams;
+use crate::params::{BackoffParams, FlowParams};
 use crate::selection::mapping::{downstream_stream, Choice, Selector};
 use crate::selection::residency::{BlockedTopic, BlockedTopics};
 
@@ -77,8 +78,8 @@ pub(crate) async fn run<C: ControlPlane>(p: DiscoveryParams<C>) {
     let span = tracing::info_span!("discovery", flow = %p.flow.name);
     async {
         let mut seen: BTreeMap<(String, String), SeenTopic> = BTreeMap::new();
-        // Rounds in a row whose units did not reach the control plane.
-        let mut unreported = 0u32;
+        // Backoff of the rounds in a row whose units did not reach the control plane.
+        let mut streak = Duration::ZERO;
         loop {
             let reported = match discover_once(&p, &mut seen).await {
                 Ok(units) => {
@@ -90,10 +91,8 @@ pub(crate) async fn run<C: ControlPlane>(p: DiscoveryParams<C>) {
                         units.iter().min().cloned();
                     match p.control.report_units(&p.flow.name, units).await {
                         Ok(UnitReport::Reported) => true,
-                        Ok(UnitReport::Deferred) => {
-                            tracing::debug!("the control plane cannot take the units yet");
-                            false
-                        }
+                        // The control plane says why (at debug).
+                        Ok(UnitReport::Deferred) => false,
                         Err(err) => {
                             tracing::warn!(error = %err, "reporting units failed");
                             false
@@ -105,10 +104,10 @@ pub(crate) async fn run<C: ControlPlane>(p: DiscoveryParams<C>) {
                     false
                 }
             };
-            unreported = if reported { 0 } else { unreported + 1 };
+            streak = next_streak(streak, reported, p.interval);
             tokio::select! {
                 () = p.cancel.cancelled() => return,
-                () = tokio::time::sleep(pause_after(unreported, p.interval)) => {}
+                () = tokio::time::sleep(pause(streak, p.interval)) => {}
             }
         }
     }
@@ -123,14 +122,28 @@ pub(crate) async fn run<C: ControlPlane>(p: DiscoveryParams<C>) {
 /// back by that long.
 const UNREPORTED_PAUSE: Duration = Duration::from_millis(100);
 
-/// The pause before the next round, after `unreported` rounds in a row whose units did not
-/// reach the control plane (0: the last one's did).
-fn pause_after(unreported: u32, interval: Duration) -> Duration {
-    match unreported {
-        0 => interval,
-        n => UNREPORTED_PAUSE
-            .saturating_mul(1 << (n - 1).min(16))
-            .min(interval),
+/// The backoff after a round, given `streak`, the one before it: from [`UNREPORTED_PAUSE`],
+/// doubling up to the discovery interval, while rounds' units do not reach the control plane;
+/// zero once a round's do.
+fn next_streak(streak: Duration, reported: bool, interval: Duration) -> Duration {
+    if reported {
+        return Duration::ZERO;
+    }
+    next_backoff(
+        streak,
+        &BackoffParams {
+            initial: UNREPORTED_PAUSE,
+            max: interval,
+        },
+    )
+}
+
+/// The pause before the next round: the backoff while there is one, else the interval.
+fn pause(streak: Duration, interval: Duration) -> Duration {
+    if streak.is_zero() {
+        interval
+    } else {
+        streak
     }
 }
 
@@ -332,24 +345,39 @@ mod tests {
 
     use super::*;
 
+    /// The pauses after `rounds` unreported rounds in a row, following a reported one.
+    fn unreported_pauses(rounds: usize, interval: Duration) -> Vec<Duration> {
+        let mut streak = next_streak(Duration::ZERO, true, interval);
+        (0..rounds)
+            .map(|_| {
+                streak = next_streak(streak, false, interval);
+                pause(streak, interval)
+            })
+            .collect()
+    }
+
     #[test]
     fn a_reported_round_waits_the_interval() {
-        check!(pause_after(0, Duration::from_secs(5)) == Duration::from_secs(5));
+        let interval = Duration::from_secs(5);
+        for streak in [Duration::ZERO, Duration::from_millis(400)] {
+            check!(pause(next_streak(streak, true, interval), interval) == interval);
+        }
     }
 
     #[test]
     fn unreported_rounds_come_back_soon_then_slower_up_to_the_interval() {
         let interval = Duration::from_secs(5);
-        let pauses: Vec<u64> = (1..=8)
-            .map(|n| pause_after(n, interval).as_millis() as u64)
+        let pauses: Vec<u64> = unreported_pauses(8, interval)
+            .iter()
+            .map(|p| p.as_millis() as u64)
             .collect();
         check!(pauses == vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
-        check!(pause_after(u32::MAX, interval) == interval);
+        check!(unreported_pauses(100, interval).last() == Some(&interval));
     }
 
     #[test]
     fn a_short_interval_bounds_the_pause() {
         let interval = Duration::from_millis(50);
-        check!(pause_after(1, interval) == interval);
+        check!(unreported_pauses(1, interval) == vec![interval]);
     }
 }
