@@ -73,6 +73,8 @@ pub(crate) struct FaultState {
     delays: Mutex<Vec<DelayRule>>,
     /// `delays.len()`, read without the lock on every request.
     delays_active: AtomicUsize,
+    /// Requests a delay rule held whose delay has ended (see [`Faults::delays_ended`]).
+    delays_ended: std::sync::atomic::AtomicU64,
     /// Cancelled by `drop_connections`; every connection holds a clone of the token current at
     /// its accept. Replaced by a fresh child of the server's shutdown token after each use.
     generation: Mutex<Option<(CancellationToken, CancellationToken)>>,
@@ -230,6 +232,12 @@ impl Faults {
     /// Delays every response by `latency` (`None` turns it off).
     pub fn set_latency(&self, latency: Option<Duration>) {
         *lock(&self.inner.latency) = latency;
+    }
+
+    /// How many requests a [`Faults::delay_next`] rule held have been let through since the
+    /// server started (each is handled and answered right after).
+    pub fn delays_ended(&self) -> u64 {
+        self.inner.delays_ended.load(Ordering::SeqCst)
     }
 
     /// How many requests with command code `command` (e.g. 100 POLL_MESSAGES) this server has
@@ -442,7 +450,10 @@ impl FaultState {
         };
         tokio::select! {
             () = cancel.cancelled() => false,
-            () = tokio::time::sleep(delay) => true,
+            () = tokio::time::sleep(delay) => {
+                self.delays_ended.fetch_add(1, Ordering::SeqCst);
+                true
+            }
         }
     }
 
@@ -553,6 +564,7 @@ mod tests {
         check!(f.inner.wait_delay(12, &mut seen, &cancel).await);
         check!(started.elapsed() >= Duration::from_millis(50));
         check!(f.inner.delays_active.load(Ordering::SeqCst) == 0, "used up");
+        check!(f.delays_ended() == 1);
         f.delay_next(12, Duration::from_secs(600), 1);
         cancel.cancel();
         check!(

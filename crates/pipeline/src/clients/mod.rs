@@ -114,7 +114,7 @@ pub(crate) struct Cluster {
     closed_for_good: std::sync::atomic::AtomicBool,
     /// Told when a login is refused with invalid credentials or an inactive user (writer
     /// identities only).
-    login_refused: Option<Arc<tokio::sync::Notify>>,
+    login_refused: Option<LoginRefusals>,
     /// Topic metadata reads of units starting at the same time, one per topic (see
     /// [`Cluster::topic_now`]).
     topic_reads: SharedReads<(String, String), Option<Arc<TopicDetails>>>,
@@ -134,6 +134,29 @@ enum Roster {
 
 /// How long asking a new connection for the cluster's nodes may take.
 const ROSTER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where a cluster logged in as a writer identity reports that the target refused the login,
+/// and which identity it was: a connect still in progress when the node switched identities
+/// (a node back from a freeze reconnects as its fenced identity while it moves to the next)
+/// is refused late, and that refusal says nothing about the identity current by then.
+#[derive(Debug, Clone)]
+pub(crate) struct LoginRefusals {
+    incarnation: u64,
+    to: tokio::sync::mpsc::Sender<u64>,
+}
+
+impl LoginRefusals {
+    /// Refusals of identity `incarnation`'s logins, reported to `to`.
+    pub(crate) fn new(incarnation: u64, to: tokio::sync::mpsc::Sender<u64>) -> Self {
+        Self { incarnation, to }
+    }
+
+    fn report(&self) {
+        // A full channel already holds refusals its reader has not seen: the next refused
+        // connect reports again, so dropping this one loses nothing.
+        let _ = self.to.try_send(self.incarnation);
+    }
+}
 
 impl Cluster {
     /// Parses the connection string (TCP only) for the cluster's protocol generation and
@@ -193,10 +216,10 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Notifies `refused` whenever the cluster refuses the login of a new connection with
+    /// Reports to `refused` whenever the cluster refuses the login of a new connection with
     /// invalid credentials or as an inactive user (a writer identity whose user is missing, has
     /// another password, or was revoked).
-    pub(crate) fn notify_login_refused(mut self, refused: Arc<tokio::sync::Notify>) -> Self {
+    pub(crate) fn notify_login_refused(mut self, refused: LoginRefusals) -> Self {
         self.login_refused = Some(refused);
         self
     }
@@ -336,7 +359,7 @@ impl Cluster {
                     // cluster's: no other node will take them either.
                     if source.kind() == replicator_sdk::ErrorKind::CredentialsRejected {
                         if let Some(refused) = &self.login_refused {
-                            refused.notify_one();
+                            refused.report();
                         }
                         return Err(self.err("connect", source));
                     }

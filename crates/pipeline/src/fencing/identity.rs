@@ -16,7 +16,7 @@ use replicator_model::WriterLogin;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::clients::Cluster;
+use crate::clients::{Cluster, LoginRefusals};
 use crate::control::ControlPlane;
 use crate::error::Result;
 use crate::params::ClusterParams;
@@ -39,8 +39,10 @@ pub(crate) struct WriterTargets {
     targets: Mutex<BTreeMap<String, Target>>,
     /// Bumped on every swap, so the coordinator can retry units that waited for an identity.
     version: watch::Sender<u64>,
-    /// Told when a fenced target refuses the current identity's login (see [`follow`]).
-    refused: Arc<tokio::sync::Notify>,
+    /// Where the fenced targets report the incarnation of each refused login (see [`follow`]).
+    refused: tokio::sync::mpsc::Sender<u64>,
+    /// The other end, taken by [`follow`].
+    refusals: Mutex<Option<tokio::sync::mpsc::Receiver<u64>>>,
     /// Bound of every call on the writers' connections.
     timeout: Duration,
 }
@@ -67,10 +69,12 @@ impl WriterTargets {
                 Some((alias.clone(), target))
             })
             .collect();
+        let (refused, refusals) = tokio::sync::mpsc::channel(REFUSALS_QUEUED);
         Self {
             targets: Mutex::new(targets),
             version: watch::channel(0).0,
-            refused: Arc::new(tokio::sync::Notify::new()),
+            refused,
+            refusals: Mutex::new(Some(refusals)),
             timeout,
         }
     }
@@ -133,7 +137,8 @@ impl WriterTargets {
                             &username,
                             &login.password,
                         )?;
-                        Some(Arc::new(cluster.notify_login_refused(self.refused.clone())))
+                        let refusals = LoginRefusals::new(login.incarnation, self.refused.clone());
+                        Some(Arc::new(cluster.notify_login_refused(refusals)))
                     }
                     None => None,
                 };
@@ -150,6 +155,30 @@ impl WriterTargets {
 /// Least time between two identities one process gives up (see [`follow`]).
 const MIN_ABANDON_INTERVAL: Duration = Duration::from_secs(30);
 
+/// Refused logins reported and not yet read by [`follow`]; more are dropped (a refused
+/// identity is refused again at its next connect).
+const REFUSALS_QUEUED: usize = 16;
+
+/// What [`follow`] does with a refused login of identity `refused`, given the identity it
+/// writes as now (`current`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The current identity: give it up for the next one.
+    GiveUp(u64),
+    /// A late answer to a connect of an identity replaced since (or of none): the current
+    /// identity is not in question.
+    Late,
+}
+
+impl Refusal {
+    fn of(refused: u64, current: Option<&WriterLogin>) -> Self {
+        match current {
+            Some(login) if login.incarnation == refused => Refusal::GiveUp(refused),
+            _ => Refusal::Late,
+        }
+    }
+}
+
 /// Follows this node's writer identity until `cancel`: every change swaps the fenced targets'
 /// connections and closes the old ones for good. When a fenced target refuses the current
 /// identity's login (its user is missing there, e.g. the target lost its data, or was created
@@ -162,6 +191,15 @@ pub(crate) async fn follow<C: ControlPlane>(
     cancel: CancellationToken,
 ) {
     let mut logins = control.writer_login();
+    let Some(mut refusals) = targets
+        .refusals
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+    else {
+        tracing::error!("the writer identity is followed twice; this follower stops");
+        return;
+    };
     let mut applied: Option<Option<WriterLogin>> = None;
     let mut last_abandoned: Option<std::time::Instant> = None;
     loop {
@@ -197,23 +235,34 @@ pub(crate) async fn follow<C: ControlPlane>(
         tokio::select! {
             () = cancel.cancelled() => break,
             changed = logins.changed() => if changed.is_err() { break },
-            () = targets.refused.notified() => {
-                let Some(Some(login)) = &applied else { continue };
+            Some(refused) = refusals.recv() => {
+                let current = applied.as_ref().and_then(Option::as_ref);
+                let incarnation = match Refusal::of(refused, current) {
+                    Refusal::GiveUp(incarnation) => incarnation,
+                    Refusal::Late => {
+                        tracing::debug!(
+                            refused,
+                            current = current.map(|l| l.incarnation),
+                            "a fenced target refused a replaced writer identity's login late; the current one stays"
+                        );
+                        continue;
+                    }
+                };
                 // A target that keeps refusing every new identity (a misconfiguration) must not
                 // make this node burn through incarnations, each leaving a user behind.
                 if last_abandoned.is_some_and(|at| at.elapsed() < MIN_ABANDON_INTERVAL) {
                     tracing::warn!(
-                        incarnation = login.incarnation,
+                        incarnation,
                         "a fenced target refused this node's writer login again; not giving another identity up yet"
                     );
                     continue;
                 }
                 last_abandoned = Some(std::time::Instant::now());
                 tracing::warn!(
-                    incarnation = login.incarnation,
+                    incarnation,
                     "a fenced target refused this node's writer login: giving the identity up for a new one"
                 );
-                match control.abandon_writer_identity(login.incarnation).await {
+                match control.abandon_writer_identity(incarnation).await {
                     Ok(_) => {}
                     // The next refusal asks again.
                     Err(e) => tracing::warn!(error = %e.reason, "could not give the writer identity up"),
@@ -238,6 +287,19 @@ mod tests {
         let mut p = ClusterParams::new("iggy://admin:pw@127.0.0.1:1");
         p.writer_user_prefix = prefix.map(str::to_owned);
         p
+    }
+
+    #[test]
+    fn only_a_refusal_of_the_current_identity_gives_it_up() {
+        let login = |incarnation| WriterLogin {
+            node: 1,
+            incarnation,
+            password: "pw".into(),
+        };
+        check!(Refusal::of(4, Some(&login(4))) == Refusal::GiveUp(4));
+        // The late answer of a connect as the fenced i3, after the node moved to i4.
+        check!(Refusal::of(3, Some(&login(4))) == Refusal::Late);
+        check!(Refusal::of(3, None) == Refusal::Late);
     }
 
     #[tokio::test]

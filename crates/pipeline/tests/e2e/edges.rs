@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use iggy::prelude::{GlobalPermissions, Permissions, UserStatus};
+use iggy::prelude::{GlobalPermissions, Identifier, Permissions, UserStatus};
 use replicator_model::{IggyVersion, WorkUnit, WriterLogin};
 use replicator_pipeline::verify::{verify, VerifyParams};
 use replicator_pipeline::{ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams};
@@ -10,7 +10,8 @@ use replicator_sdk::IggyCluster as _;
 
 use crate::harness::{
     assert_exact, client, cluster_params, count, create_topic, flow, generations, node_id, produce,
-    server, wait_confirmed, wait_until, Env, FixedLogin, Intercepted, NextLogin, TestResult,
+    server, wait_confirmed, wait_until, Env, FixedLogin, Intercepted, NextLogin, SwitchedLogin,
+    TestResult,
 };
 
 /// What a writer user may do: send, poll and read topics, nothing else.
@@ -201,6 +202,87 @@ async fn a_writer_user_left_inactive_on_the_target_is_given_up_for_the_next_one(
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
     assert!(given_up == vec![1], "given up: {given_up:?}");
+    assert_exact(&env.verify(&f, Duration::from_secs(10)).await?);
+    pipeline.shutdown().await;
+    Ok(())
+}
+
+/// The control plane replaces the node's writer identity i1 by i2 while a connect as i1 still
+/// waits for its login's answer (a node back from a freeze reconnects as its fenced identity
+/// while it moves to the next). That answer, a refusal, arrives after the switch: it is about
+/// i1, so the node keeps writing as i2 and gives nothing up (it used to give i2 up, sending
+/// every unit of the target through a fence again and spending another writer user).
+/// Iggy 0.8 targets only, as above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_refusal_of_a_replaced_identity_leaves_the_current_one_alone() -> TestResult {
+    if generations().1 != IggyVersion::V0_8 {
+        println!("note: skipped: a refused 0.9 sign-in is not told apart from a lost connection");
+        return Ok(());
+    }
+    /// Iggy's LOGIN_USER command code.
+    const LOGIN_USER: u32 = 38;
+    let env = Env::start().await?;
+    let (us, eu) = (client(&env.us).await?, client(&env.eu).await?);
+    create_topic(&us, "late", "t", 1).await?;
+    produce(&us, "late", "t", 1, 0..100, 100).await?;
+    let f = flow("f", &["late/*"]);
+    let mut params = env.params(f.clone());
+    let login = |incarnation: u64| WriterLogin {
+        node: params.node_id,
+        incarnation,
+        password: format!("writer-password-{incarnation}"),
+    };
+    let (replaced, current) = (login(1), login(2));
+    for (l, status) in [
+        (&replaced, UserStatus::Inactive),
+        (&current, UserStatus::Active),
+    ] {
+        eu.create_user(
+            &l.username("repl"),
+            &l.password,
+            status,
+            Some(writer_rights()),
+        )
+        .await?;
+    }
+    let target = params.clusters.get_mut("eu").ok_or("no eu cluster")?;
+    target.writer_user_prefix = Some("repl".to_owned());
+    // One connection per identity: the one connect as i1 is the one the test delays.
+    target.connections = 1;
+    let hooks = SwitchedLogin::default();
+    let control = Intercepted {
+        inner: InMemoryControl::new(),
+        hooks: hooks.clone(),
+    };
+    let pipeline = Pipeline::start(params, control).await?;
+    // Discovery created the downstream topic over the configured credential's connection, and
+    // no writer logged in yet (no identity): the next login on the target is a writer's.
+    let (stream, topic) = (Identifier::named("late")?, Identifier::named("t")?);
+    wait_until("the downstream topic", Duration::from_secs(30), || async {
+        eu.get_topic(&stream, &topic)
+            .await
+            .is_ok_and(|t| t.is_some())
+    })
+    .await?;
+    let faults = env.eu.faults();
+    let logins = faults.requests(LOGIN_USER);
+    faults.delay_next(LOGIN_USER, Duration::from_secs(2), 1);
+    hooks.switch(Some(replaced));
+    wait_until("a login as i1", Duration::from_secs(30), || async {
+        faults.requests(LOGIN_USER) > logins
+    })
+    .await?;
+    hooks.switch(Some(current));
+    env.wait_downstream("late", "t", 0, 100).await?;
+    wait_until("the refusal of i1", Duration::from_secs(30), || async {
+        faults.delays_ended() >= 1
+    })
+    .await?;
+    // Copied after the refusal arrived: the node still writes as i2.
+    produce(&us, "late", "t", 1, 100..200, 100).await?;
+    env.wait_downstream("late", "t", 0, 200).await?;
+    let given_up = hooks.abandoned();
+    assert!(given_up.is_empty(), "given up: {given_up:?}");
     assert_exact(&env.verify(&f, Duration::from_secs(10)).await?);
     pipeline.shutdown().await;
     Ok(())

@@ -416,6 +416,50 @@ impl Intercept for NextLogin {
     }
 }
 
+/// A writer identity the test switches itself (as the control plane's leader replaces one),
+/// starting with none. Giving up the current identity leaves the node with none (its next one
+/// never comes); every identity given up is remembered.
+#[derive(Clone, Default)]
+pub(crate) struct SwitchedLogin {
+    current: Arc<watch::Sender<Option<WriterLogin>>>,
+    /// The incarnations given up, in order.
+    pub(crate) abandoned: Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+impl SwitchedLogin {
+    /// The node writes as `login` from now on.
+    pub(crate) fn switch(&self, login: Option<WriterLogin>) {
+        self.current.send_replace(login);
+    }
+
+    /// The incarnations given up so far.
+    pub(crate) fn abandoned(&self) -> Vec<u64> {
+        self.abandoned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Intercept for SwitchedLogin {
+    fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
+        self.current.subscribe()
+    }
+
+    fn abandon(&self, incarnation: u64) -> impl Future<Output = Result<bool, ControlError>> + Send {
+        let current = self.current.borrow().as_ref().map(|l| l.incarnation);
+        let taken = current == Some(incarnation);
+        if taken {
+            self.abandoned
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(incarnation);
+            self.current.send_replace(None);
+        }
+        async move { Ok(taken) }
+    }
+}
+
 /// Commits that hang forever once the flag is set: every write after that point is downstream
 /// but never confirmed.
 #[derive(Clone)]
