@@ -21,15 +21,18 @@
 //! owner, which was asked to hand it back; it is revoked like any other when the owner's lease
 //! expired, and never granted.
 //!
-//! With fencing on (`MemberLeases::fencing`), only members holding a writer identity get units,
-//! and a unit writing to a fenced target goes only to a member whose user the leader made sure
-//! exists there. Fencing is per (member, target): a failed member's unit that writes to the
-//! fenced target T is never revoked here while the member's identity may have rights on T;
-//! the leader commits `FenceMember`, revokes the identity on each fenced target and commits a
-//! `FenceTarget` per acknowledging target, which takes the member's units writing there (see
-//! [`fence_work`]). A target that cannot acknowledge holds back only the units writing to it.
-//! Units writing to an unfenced target (or of a flow the leader's config does not have) move
-//! on the lease alone, by rule 1, whatever happened to the member's identity.
+//! With fencing on (`MemberLeases::fencing`), a unit writing to a fenced target goes only to a
+//! member whose current identity is usable and whose user the leader made sure exists there;
+//! a member without one (none yet, or fenced) keeps and gets units of unfenced targets.
+//! Fencing is per (member, target): a failed member's unit that writes to the fenced target T
+//! is never revoked here while the member's identity may have rights on T; the leader commits
+//! `FenceMember`, revokes the identity on each fenced target and commits a `FenceTarget` per
+//! acknowledging target, which takes the member's units writing there (see [`fence_work`]). A
+//! target that cannot acknowledge holds back only the units writing to it. Units writing to an
+//! unfenced target, of a flow the leader's config does not have, or owned by a member whose
+//! config of their flow differs from the leader's (during a rolling change that turns fencing
+//! on, it may write with the configured credential, which no revoke stops) move on the lease
+//! alone, by rule 1, whatever happened to the member's identity.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
@@ -76,7 +79,7 @@ pub(crate) struct MemberLeases {
 
 impl MemberLeases {
     /// Whether `node` may get `unit` as far as fencing goes: fencing off, an unfenced target,
-    /// or the node's current identity ensured on the unit's target.
+    /// or the node's current identity usable and ensured on the unit's target.
     fn may_write(&self, state: &ControlState, node: NodeId, unit: &WorkUnit) -> bool {
         if !self.fencing {
             return true;
@@ -85,10 +88,43 @@ impl MemberLeases {
             return true;
         };
         state.identities.get(&node).is_some_and(|i| {
-            self.ensured
-                .contains(&(target.to_owned(), node, i.incarnation))
+            !i.fenced
+                && self
+                    .ensured
+                    .contains(&(target.to_owned(), node, i.incarnation))
         })
     }
+
+    /// The fenced target whose revoke of `node`'s identity stops `node`'s writes of `flow`:
+    /// fencing on, the flow writes to a fenced target in the leader's config, and `node` runs
+    /// the flow as the leader does. A member whose config of the flow differs (a rolling
+    /// change that turns fencing on for the target, not applied there yet) may write with the
+    /// cluster's configured credential, which no revoke stops: its units of the flow move on
+    /// the lease alone, as units of an unfenced target do.
+    pub(crate) fn fenced_for(
+        &self,
+        state: &ControlState,
+        node: NodeId,
+        flow: &str,
+    ) -> Option<&str> {
+        if !self.fencing {
+            return None;
+        }
+        self.topology
+            .fenced_target(flow)
+            .filter(|_| config_agrees(state, self.config_reference, node, flow))
+    }
+}
+
+/// Whether `node` runs `flow` as the member whose config is the `reference` does (no
+/// reference: no check).
+pub(crate) fn config_agrees(
+    state: &ControlState,
+    reference: Option<NodeId>,
+    node: NodeId,
+    flow: &str,
+) -> bool {
+    reference.is_none_or(|reference| state.config_agrees(reference, node, flow))
 }
 
 /// What fencing needs now: commands to write with the round, and operations on the targets.
@@ -151,12 +187,14 @@ pub(crate) fn fence_work(state: &ControlState, lease: &MemberLeases) -> FenceWor
         return work;
     }
     let targets = lease.topology.fenced_targets();
-    // Members owning a unit that writes to a fenced target.
+    // Members owning a unit that writes to a fenced target, which their revoke there stops.
     let owners: BTreeSet<NodeId> = state
         .units
         .iter()
-        .filter(|(u, _)| lease.topology.fenced_target(&u.flow).is_some())
-        .filter_map(|(_, r)| r.owner)
+        .filter_map(|(u, r)| {
+            r.owner
+                .filter(|o| lease.fenced_for(state, *o, &u.flow).is_some())
+        })
         .collect();
     for (node, identity) in &state.identities {
         let (node, incarnation) = (*node, identity.incarnation);
@@ -201,6 +239,7 @@ pub(crate) fn fence_work(state: &ControlState, lease: &MemberLeases) -> FenceWor
                 held_flows: missing
                     .iter()
                     .flat_map(|t| lease.topology.flows_into(t))
+                    .filter(|flow| config_agrees(state, lease.config_reference, node, flow))
                     .collect(),
             });
         }
@@ -393,14 +432,14 @@ pub(crate) fn plan(state: &ControlState, lease: &MemberLeases) -> Vec<ControlCom
 fn plan_all(state: &ControlState, lease: &MemberLeases) -> Vec<ControlCommand> {
     let live = &lease.live;
     let mut out = Vec::new();
+    // A member without a usable writer identity (none yet, or fenced and waiting for its
+    // next) keeps and gets units of unfenced targets: only a fenced target's units need one
+    // (`may_write`), and asking the others back would move them on every restart.
     let eligible: BTreeSet<NodeId> = state
         .members
         .iter()
         .filter(|(id, m)| {
-            m.state == MemberState::Active
-                && live.contains(id)
-                && !lease.unresponsive.contains(id)
-                && (!lease.fencing || state.has_writer_identity(**id))
+            m.state == MemberState::Active && live.contains(id) && !lease.unresponsive.contains(id)
         })
         .map(|(id, _)| *id)
         .collect();
@@ -409,9 +448,7 @@ fn plan_all(state: &ControlState, lease: &MemberLeases) -> Vec<ControlCommand> {
     let mut free: Vec<&WorkUnit> = Vec::new();
     let mut active_units = 0usize;
     let agrees = |node: NodeId, unit: &WorkUnit| {
-        lease
-            .config_reference
-            .is_none_or(|reference| state.config_agrees(reference, node, &unit.flow))
+        config_agrees(state, lease.config_reference, node, &unit.flow)
     };
     let may_take =
         |node: NodeId, unit: &WorkUnit| agrees(node, unit) && lease.may_write(state, node, unit);
@@ -430,10 +467,9 @@ fn plan_all(state: &ControlState, lease: &MemberLeases) -> Vec<ControlCommand> {
         };
         let member = state.members.get(&owner);
         let failed = !live.contains(&owner) || lease.unresponsive.contains(&owner);
-        let fenced_target = lease
-            .topology
-            .fenced_target(&unit.flow)
-            .filter(|_| lease.fencing);
+        // A unit whose owner's writes there a revoke stops, and whose identity lost the
+        // right to write (failed, or fenced) without the target's acknowledgement yet.
+        let fenced_target = lease.fenced_for(state, owner, &unit.flow);
         if fenced_target.is_some_and(|t| state.unrevoked_on(owner, t))
             && (failed || !state.has_writer_identity(owner))
         {

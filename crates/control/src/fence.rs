@@ -29,6 +29,7 @@ use tokio::sync::Notify;
 use crate::assign::FenceWork;
 use crate::command::ControlCommand;
 use crate::node::NodeInner;
+use crate::state::ControlState;
 
 /// The future every [`WriterFence`] operation returns; the error is a one-line reason.
 pub type FenceFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, String>> + Send + 'a>>;
@@ -243,7 +244,17 @@ impl FenceOp {
     /// ensure, which only this leader's memory records). The flows of a revoked target are
     /// the ones writing there now: a reload between the decision and this commit changes
     /// which units the acknowledgement frees, never which target it is about.
-    pub(crate) fn acknowledged(&self, topology: &FenceTopology) -> Option<ControlCommand> {
+    ///
+    /// Only the flows `node` runs as the leader (`reference`) does: a member whose config of
+    /// a flow differs may write there with the cluster's configured credential, which the
+    /// revoke does not stop, so its units of that flow move on the lease alone (see
+    /// `assign::MemberLeases::fenced_for`).
+    pub(crate) fn acknowledged(
+        &self,
+        topology: &FenceTopology,
+        state: &ControlState,
+        reference: Option<NodeId>,
+    ) -> Option<ControlCommand> {
         match self {
             FenceOp::Revoke {
                 node,
@@ -253,7 +264,11 @@ impl FenceOp {
                 node: *node,
                 incarnation: *incarnation,
                 target: target.clone(),
-                flows: topology.flows_into(target),
+                flows: topology
+                    .flows_into(target)
+                    .into_iter()
+                    .filter(|flow| crate::assign::config_agrees(state, reference, *node, flow))
+                    .collect(),
             }),
             FenceOp::Ensure { .. } => None,
             FenceOp::Forget { node, incarnation } => Some(ControlCommand::ForgetIdentity {
@@ -376,7 +391,9 @@ async fn attempt(
             }
         }
     }
-    Ok(op.acknowledged(&node.fence_topology()))
+    let topology = node.fence_topology();
+    let data = node.shared.read();
+    Ok(op.acknowledged(&topology, &data.state, Some(node.id)))
 }
 
 #[cfg(test)]

@@ -196,9 +196,16 @@ impl Observer {
 /// One operation on a target the leader's fence tracker runs.
 pub use crate::fence::FenceOp as TargetOp;
 
-/// What the leader commits once the targets acknowledged `op`.
-pub fn acknowledged(op: &TargetOp, topology: &FenceTopology) -> Option<Command> {
-    op.acknowledged(topology).map(Command)
+/// What the leader `leader`, whose applied state is `state`, commits once the targets
+/// acknowledged `op`.
+pub fn acknowledged(
+    op: &TargetOp,
+    topology: &FenceTopology,
+    state: &State,
+    leader: NodeId,
+) -> Option<Command> {
+    op.acknowledged(topology, &state.0, Some(leader))
+        .map(Command)
 }
 
 /// The leader's memory over one term: its lease view, what it saw become forgettable, and the

@@ -1578,7 +1578,9 @@ impl World {
                             l.ensured(target, *node, *incarnation);
                         }
                     }
-                } else if let Some(cmd) = acknowledged(&op, &self.topology) {
+                } else if let Some(cmd) =
+                    acknowledged(&op, &self.topology, &self.members[&leader].state, leader)
+                {
                     if matches!(op, TargetOp::Revoke { .. }) {
                         self.stats.fences += 1;
                         self.note(format!("fenced on the target: {op:?}"));

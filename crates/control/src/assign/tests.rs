@@ -1013,3 +1013,154 @@ fn a_round_waiting_to_forget_a_unit_is_never_skipped() {
     check!(!retention.is_idle());
     check!(quiet.skipped == 0);
 }
+
+/// A member fenced while live (a restarted process gives up the identity its predecessor
+/// wrote with; a refused login gives up its own) keeps its units of unfenced targets and may
+/// get more of them while it waits for its next identity: only the fenced targets' units
+/// wait for the revoke. Asking the others back would move them on every restart.
+#[test]
+fn a_fenced_live_member_keeps_and_gets_units_of_unfenced_targets() {
+    let (mut s, topology) = three_flows();
+    s.apply(
+        20,
+        &ControlCommand::ReportUnits {
+            flow: "c".into(),
+            units: (0..3).map(|p| WorkUnit::new("c", "s", "t", p)).collect(),
+        },
+    );
+    s.apply(30, &fence_member(1, 1));
+    let lease = MemberLeases {
+        topology: topology.clone(),
+        ensured: all_ensured(&s, &topology),
+        ..fencing_over(&s, &[1, 2], &[])
+    };
+    let asked_back = |cmds: &[ControlCommand]| -> Vec<String> {
+        cmds.iter()
+            .filter_map(|c| match c {
+                ControlCommand::RequestRelease { unit, .. } => {
+                    Some(format!("{}{}", unit.flow, unit.partition))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let cmds = plan(&s, &lease);
+    check!(asked_back(&cmds).is_empty());
+    // The new unit of the unfenced target goes to member 1, below its share.
+    let c2 = WorkUnit::new("c", "s", "t", 2);
+    check!(cmds == vec![ControlCommand::Grant { unit: c2, node: 1 }]);
+    s.apply(31, &ControlCommand::Batch(cmds));
+    // `eu` acknowledged: a0 goes to member 2 (member 1 has no identity to write there with),
+    // c0 and c2 stay where they are.
+    s.apply(32, &ControlCommand::fence_target(1, 1, "eu", &["a"]));
+    let cmds = plan(&s, &lease);
+    check!(asked_back(&cmds).is_empty());
+    check!(
+        cmds.iter()
+            .filter(|c| matches!(c, ControlCommand::Grant { .. }))
+            .collect::<Vec<_>>()
+            == vec![&ControlCommand::Grant {
+                unit: WorkUnit::new("a", "s", "t", 0),
+                node: 2
+            }]
+    );
+}
+
+/// Every member publishes its config digests of flows `a`, `b` and `c`; member 1 runs `a`
+/// differently from member 2, the leader.
+fn a_differs_on_member_1(s: &mut ControlState) {
+    for (node, a) in [(1, "a-old"), (2, "a-new")] {
+        let digests = BTreeMap::from([
+            ("a".to_owned(), a.to_owned()),
+            ("b".to_owned(), "b".to_owned()),
+            ("c".to_owned(), "c".to_owned()),
+        ]);
+        s.apply(4, &ControlCommand::PublishConfig { node, digests });
+    }
+}
+
+/// A rolling config change that turns fencing on for `eu`, not yet applied on member 1: it
+/// runs flow `a` without the fence, writing to `eu` with the cluster's configured credential,
+/// which the revoke of its identity does not stop. Frozen (unresponsive, its lease alive), its
+/// units of `a` move on the lease alone, as an unfenced target's do; its units of `b`, a flow
+/// it runs as the leader does, move once `ap` acknowledged the fence, as before.
+#[test]
+fn units_of_a_member_on_another_config_of_their_flow_move_on_the_lease_alone() {
+    let (mut s, topology) = three_flows();
+    a_differs_on_member_1(&mut s);
+    let a0 = WorkUnit::new("a", "s", "t", 0);
+    let frozen = |s: &ControlState| MemberLeases {
+        topology: topology.clone(),
+        ensured: all_ensured(s, &topology),
+        config_reference: Some(2),
+        ..fencing_over(s, &[1, 2], &[1])
+    };
+    // Fenced for `b` (it owns b0), the decision being per member.
+    check!(fence_work(&s, &frozen(&s)).commands == vec![fence_member(1, 1)]);
+    s.apply(30, &fence_member(1, 1));
+    check!(revokes(&fence_work(&s, &frozen(&s))) == vec![(1, 1, "ap"), (1, 1, "eu")]);
+    // What the leader commits for each acknowledgement takes only the flows member 1 runs as
+    // the leader does: nothing on `eu`.
+    let ack = |target: &str| {
+        let op = crate::fence::FenceOp::Revoke {
+            node: 1,
+            incarnation: 1,
+            target: target.to_owned(),
+        };
+        op.acknowledged(&topology, &s, Some(2))
+    };
+    check!(ack("eu") == Some(ControlCommand::fence_target(1, 1, "eu", &[])));
+    check!(ack("ap") == Some(ControlCommand::fence_target(1, 1, "ap", &["b"])));
+    // Before any acknowledgement, a0 is neither revoked nor granted (its lease is alive), and
+    // not waiting for a fence either.
+    let moves_a0 = |cmds: &[ControlCommand]| {
+        cmds.iter().any(|c| {
+            matches!(c, ControlCommand::Revoke { unit, .. } | ControlCommand::Grant { unit, .. } if *unit == a0)
+        })
+    };
+    check!(!moves_a0(&plan(&s, &frozen(&s))));
+    let (eu, ap) = (ack("eu").expect("a command"), ack("ap").expect("a command"));
+    s.apply(31, &eu);
+    s.apply(32, &ap);
+    check!(owned_by(&s, 1) == BTreeSet::from(["a0".into(), "c0".into()]));
+    check!(!moves_a0(&plan(&s, &frozen(&s))));
+    // Its lease expired: revoked, guarded by the renewal the leader saw.
+    let expired = MemberLeases {
+        live: BTreeSet::from([2]),
+        ..frozen(&s)
+    };
+    let cmds = plan(&s, &expired);
+    check!(cmds
+        .iter()
+        .any(|c| matches!(c, ControlCommand::Revoke { unit, .. } if *unit == a0)));
+}
+
+/// Back (responsive again) while no target acknowledged: the next identity holds only the
+/// units of flows whose writes the old identity's revoke stops; member 1's units of `a`
+/// (another config) are not held, and are asked back as any unit of a flow it runs
+/// differently.
+#[test]
+fn a_replaced_identity_holds_no_units_of_a_flow_run_on_another_config() {
+    let (mut s, topology) = three_flows();
+    a_differs_on_member_1(&mut s);
+    s.apply(30, &fence_member(1, 1));
+    let back = MemberLeases {
+        topology: topology.clone(),
+        ensured: all_ensured(&s, &topology),
+        config_reference: Some(2),
+        ..fencing_over(&s, &[1, 2], &[])
+    };
+    let replace = ControlCommand::ReplaceFencedIdentity {
+        node: 1,
+        fenced: 1,
+        incarnation: 2,
+        held_flows: vec!["b".into()],
+    };
+    check!(fence_work(&s, &back).commands == vec![replace.clone()]);
+    s.apply(33, &replace);
+    check!(owned_by(&s, 1) == BTreeSet::from(["a0".into(), "c0".into()]));
+    check!(plan(&s, &back).iter().any(|c| matches!(
+        c,
+        ControlCommand::RequestRelease { unit, .. } if unit.flow == "a"
+    )));
+}
