@@ -112,16 +112,30 @@ mod tests {
 /// restarted within `fence_after` kept its identity and its grants, its new writers resumed
 /// from the downstream tail, and the dead process's late batch landed after them, a duplicate.
 ///
-/// So a starting process waits until it applied every entry its log held at start (whatever
-/// an earlier process applied is among them), takes the identity it finds then as inherited,
-/// gives it up (`FenceMember`, as a refused login does: its units move once each fenced
-/// target acknowledged the revoke, and the leader provisions the next incarnation at once),
-/// and writes only as a later incarnation. A node that had no identity inherits none.
+/// So a starting process waits until it applied every entry an earlier process can have
+/// applied, takes the identity it finds then as inherited, gives it up (`FenceMember`, as a
+/// refused login does: its units move once each fenced target acknowledged the revoke, and
+/// the leader provisions the next incarnation at once), and writes only as a later
+/// incarnation. A node that had no identity inherits none.
+///
+/// Which entries an earlier process can have applied is bounded by the first entry this
+/// process itself got committed (`wrote`): it was committed after this process started, so
+/// everything an earlier process applied comes before it. The local log at start is not such
+/// a bound on its own: a node restarted with an empty (wiped, or lost) data dir starts at 0,
+/// and the leader may then replay the log from index 1, its predecessor's `SetWriterIdentity`
+/// among the entries, which would otherwise count as an identity provisioned for this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Inheritance {
     /// The last log index at process start.
     start_index: u64,
-    /// Decided once the log up to `start_index` is applied: the incarnation found then.
+    /// The index of the first entry this process wrote that was committed.
+    wrote: Option<u64>,
+    /// Until decided: the node's incarnation after each applied entry that changed it, as
+    /// (index, incarnation), oldest first (identities change rarely: a few at most).
+    changes: Vec<(u64, Option<u64>)>,
+    /// The last index observed applied.
+    applied: u64,
+    /// Decided once the log up to both bounds is applied: the incarnation as of the bound.
     inherited: Option<Option<u64>>,
 }
 
@@ -130,16 +144,54 @@ impl Inheritance {
     pub(crate) fn new(start_index: u64) -> Self {
         Self {
             start_index,
+            wrote: None,
+            changes: Vec::new(),
+            applied: 0,
             inherited: None,
         }
     }
 
+    /// An entry this process wrote was committed at `index` (only the first one counts).
+    pub(crate) fn wrote(&mut self, index: u64) {
+        self.wrote.get_or_insert(index);
+        self.decide();
+    }
+
     /// After applying up to `applied`, with the node's current identity `current`
-    /// (incarnation, fenced): decides what was inherited, once.
+    /// (incarnation, fenced). Called after every entry (and after a snapshot is installed,
+    /// with its last index), so that the index at which each identity appeared is known: an
+    /// identity that appeared after the bound was provisioned for this process, even when the
+    /// bound and that identity were applied in one batch.
     pub(crate) fn observe(&mut self, applied: u64, current: Option<(u64, bool)>) {
-        if self.inherited.is_none() && applied >= self.start_index {
-            self.inherited = Some(current.map(|(incarnation, _)| incarnation));
+        if self.inherited.is_some() {
+            return;
         }
+        let incarnation = current.map(|(incarnation, _)| incarnation);
+        if self.changes.last().map(|(_, i)| *i) != Some(incarnation) {
+            self.changes.push((applied, incarnation));
+        }
+        self.applied = self.applied.max(applied);
+        self.decide();
+    }
+
+    /// Decides what was inherited once the log up to both bounds is applied: the identity
+    /// the node had as of the bound.
+    fn decide(&mut self) {
+        let Some(wrote) = self.wrote else {
+            return;
+        };
+        let bound = wrote.max(self.start_index);
+        if self.inherited.is_some() || self.applied < bound {
+            return;
+        }
+        let as_of_bound = self
+            .changes
+            .iter()
+            .take_while(|(index, _)| *index <= bound)
+            .last()
+            .and_then(|(_, incarnation)| *incarnation);
+        self.inherited = Some(as_of_bound);
+        self.changes = Vec::new();
     }
 
     /// The incarnation this process may write as: the current one, unfenced, provisioned for
@@ -168,6 +220,9 @@ mod inheritance_tests {
     fn a_first_start_writes_as_the_first_identity_it_gets() {
         let mut i = Inheritance::new(0);
         i.observe(0, None);
+        // Its registration committed at 3, applied.
+        i.wrote(3);
+        i.observe(3, None);
         assert_eq!(i.usable(None), None);
         assert_eq!(i.to_abandon(Some((1, false))), None);
         assert_eq!(i.usable(Some((1, false))), Some(1));
@@ -177,10 +232,11 @@ mod inheritance_tests {
     fn a_restart_gives_up_the_identity_it_finds_and_waits_for_the_next() {
         let mut i = Inheritance::new(40);
         // Nothing is usable before the log the previous process had is applied.
+        i.wrote(44);
         i.observe(12, Some((3, false)));
         assert_eq!(i.usable(Some((3, false))), None);
         assert_eq!(i.to_abandon(Some((3, false))), None);
-        i.observe(40, Some((3, false)));
+        i.observe(44, Some((3, false)));
         assert_eq!(i.usable(Some((3, false))), None);
         assert_eq!(i.to_abandon(Some((3, false))), Some(3));
         // Fenced: nothing to give up, nothing usable; the next incarnation is.
@@ -195,8 +251,43 @@ mod inheritance_tests {
     #[test]
     fn an_identity_fenced_while_the_node_was_down_is_not_given_up_again() {
         let mut i = Inheritance::new(5);
-        i.observe(5, Some((2, true)));
+        i.wrote(7);
+        i.observe(7, Some((2, true)));
         assert_eq!(i.to_abandon(Some((2, true))), None);
+        assert_eq!(i.usable(Some((3, false))), Some(3));
+    }
+
+    /// The first write of the process and the identity provisioned for it after that write
+    /// are applied in one batch: the identity came after the bound, so it is this process's.
+    #[test]
+    fn an_identity_provisioned_after_the_first_write_is_usable_whatever_the_batches() {
+        let mut i = Inheritance::new(10);
+        i.observe(10, Some((1, true)));
+        // Applied 11 (its renewal) and 12 (its next identity) before the renewal's answer.
+        i.observe(11, Some((1, true)));
+        i.observe(12, Some((2, false)));
+        i.wrote(11);
+        assert_eq!(i.to_abandon(Some((2, false))), None);
+        assert_eq!(i.usable(Some((2, false))), Some(2));
+    }
+
+    /// A node restarted with an empty data dir in a young cluster: its log starts at 0, and
+    /// the leader replays the whole log to it from index 1, its predecessor's identity 2
+    /// (set at index 9) among the entries. That identity was never this process's.
+    #[test]
+    fn a_wiped_data_dir_does_not_inherit_an_identity_from_the_replayed_log() {
+        let mut i = Inheritance::new(0);
+        i.observe(0, None);
+        // The replay reaches the predecessor's identity before this process wrote anything.
+        i.observe(9, Some((2, false)));
+        assert_eq!(i.usable(Some((2, false))), None);
+        // This process's first renewal is committed at 31; the log up to it is applied.
+        i.wrote(31);
+        i.observe(31, Some((2, false)));
+        assert_eq!(i.usable(Some((2, false))), None);
+        assert_eq!(i.to_abandon(Some((2, false))), Some(2));
+        // A later write moves no bound.
+        i.wrote(40);
         assert_eq!(i.usable(Some((3, false))), Some(3));
     }
 }

@@ -344,7 +344,9 @@ impl NodeInner {
     ) -> Result<(u64, ControlResponse)> {
         Self::check_entry_size(cmd)?;
         self.check_feature_level(cmd)?;
-        self.route(Routed::Write(cmd), within).await
+        let written = self.route(Routed::Write(cmd), within).await?;
+        self.shared.note_own_write(written.0);
+        Ok(written)
     }
 
     /// [`Self::write_within`] with the configured `write_timeout`.

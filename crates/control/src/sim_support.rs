@@ -159,6 +159,11 @@ impl Inheritance {
         Self(crate::identity::Inheritance::new(start_index))
     }
 
+    /// An entry this process wrote was committed at `index`.
+    pub fn wrote(&mut self, index: u64) {
+        self.0.wrote(index);
+    }
+
     /// After applying up to `applied` (the process's state is `state`).
     pub fn observe(&mut self, applied: u64, state: &State, node: NodeId) {
         self.0.observe(applied, state.0.identity_of(node));

@@ -216,6 +216,12 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// An entry this process wrote was committed at `index`: the bound of what an earlier
+    /// process of this node can have applied (see [`Inheritance`]).
+    pub(crate) fn note_own_write(&self, index: u64) {
+        self.lock_inheritance().wrote(index);
+    }
+
     /// The identity an earlier process of this node held that this one must give up (see
     /// [`Inheritance`]), while it is still current and unfenced.
     pub(crate) fn inherited_to_abandon(&self) -> Option<u64> {
@@ -400,7 +406,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         if cmd.can_change_rounds() {
                             self.shared.note_round_change();
                         }
-                        sm.state.apply(entry.log_id.index, &cmd)
+                        let response = sm.state.apply(entry.log_id.index, &cmd);
+                        // Entry by entry: which identity appeared at which index (see
+                        // `Inheritance::observe`).
+                        self.shared
+                            .lock_inheritance()
+                            .observe(entry.log_id.index, sm.state.identity_of(self.shared.node));
+                        response
                     }
                     EntryPayload::Membership(m) => {
                         sm.last_membership = StoredMembership::new(Some(entry.log_id), m);

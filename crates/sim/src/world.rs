@@ -292,12 +292,15 @@ impl Member {
     /// A new process over the persisted state.
     fn restart(&mut self, now: Ms) {
         let (state, applied) = (std::mem::take(&mut self.state), self.applied);
+        let mut inheritance = Inheritance::new(applied);
+        // The identity its persisted state holds, as the node's state machine observes it
+        // when it loads its snapshot.
+        inheritance.observe(applied, &state, self.id);
         *self = Self {
             run: self.run + 1,
             state,
             applied,
-            // Everything an earlier process applied is in the log it finds.
-            inheritance: Inheritance::new(applied),
+            inheritance,
             next_renew: now,
             ..Self::new(self.id)
         };
@@ -933,10 +936,11 @@ impl World {
             let index = m.applied + 1;
             m.state.apply(index, &self.log[m.applied as usize]);
             m.applied = index;
+            // Entry by entry, as the node's state machine does.
+            m.inheritance.observe(index, &m.state, id);
         }
         m.observer.observe(&m.state, now);
         let applied = m.applied;
-        m.inheritance.observe(applied, &m.state, id);
         let mut extended = m.lease;
         m.pending_lease.retain(|(index, until)| {
             if *index <= applied {
@@ -1706,6 +1710,11 @@ impl World {
         let now_i = self.at(now);
         let timing = self.timing.clone();
         let m = self.members.get_mut(&to).expect("member");
+        if let Some((index, _)) = &answer {
+            // As the node's `write_within`: an entry this process wrote, committed, bounds
+            // what an earlier process can have applied (`Inheritance`).
+            m.inheritance.wrote(*index);
+        }
         match purpose {
             Purpose::Register => m.register_in_flight = false,
             Purpose::Features => {

@@ -259,3 +259,91 @@ async fn a_target_added_by_a_reload_gets_every_identitys_user_before_its_units_m
     cluster.shutdown().await;
     Ok(())
 }
+
+/// A member restarted with an empty data dir (wiped, or its disk lost) in a young cluster: the
+/// leader replays the whole log to it from index 1, the `SetWriterIdentity` of its
+/// predecessor's identity among the entries. The new process never writes as that identity
+/// (its predecessor's last sends may still be on their way): it gives it up and writes only as
+/// the next one, whose user exists only after the old one was revoked.
+///
+/// The predecessor's identity is its second (the first was given up) and comes after entries
+/// larger than one AppendEntries carries (`APPEND_BYTES_BUDGET`, 256 KiB), so that the replay is applied in
+/// several batches, the first of them before that identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_restarted_with_an_empty_data_dir_never_writes_as_its_predecessors_identity(
+) -> TestResult {
+    let fence = Arc::new(RecordingFence::default());
+    let fencing = Fencing {
+        fence: fence.clone(),
+        topology: topology(&[("f", "eu")]),
+    };
+    let mut cluster = TestCluster::start_fenced(3, fast_timing(), fencing).await?;
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
+    let victim = follower_of(leader);
+    let writes_as = |incarnation: u64| {
+        let cluster = &cluster;
+        move || {
+            cluster
+                .node(victim)
+                .writer_login()
+                .borrow()
+                .as_ref()
+                .is_some_and(|l| l.incarnation == incarnation)
+        }
+    };
+    wait_until(
+        "the member writes as incarnation 1",
+        Duration::from_secs(10),
+        writes_as(1),
+    )
+    .await?;
+    // Large entries (unit reports of flows no target fences), then the member's next identity.
+    for flow in ["big-1", "big-2", "big-3"] {
+        let units: Vec<WorkUnit> = (0..6_000)
+            .map(|p| {
+                WorkUnit::new(
+                    flow,
+                    "a-rather-long-stream-name",
+                    "a-rather-long-topic-name",
+                    p,
+                )
+            })
+            .collect();
+        cluster.node(leader).report_units(flow, units).await?;
+    }
+    cluster.node(victim).abandon_writer_identity(1).await?;
+    wait_until(
+        "the member writes as incarnation 2",
+        Duration::from_secs(20),
+        writes_as(2),
+    )
+    .await?;
+    cluster.crash(victim).await;
+    std::fs::remove_dir_all(cluster.data_dir(victim))?;
+    cluster.restart(victim).await?;
+    // The first identity the new process gives its writers.
+    let mut logins = cluster.node(victim).writer_login();
+    let first = tokio::time::timeout(Duration::from_secs(20), logins.wait_for(Option::is_some))
+        .await
+        .map_err(|_| "no writer identity 20 s after the restart")??
+        .as_ref()
+        .map(|l| l.incarnation)
+        .ok_or("none")?;
+    assert!(
+        first > 2,
+        "writes as its predecessor's identity {first} (incarnations 1 and 2 were the predecessor's)"
+    );
+    let next = Event::Ensured("eu".into(), victim, first);
+    wait_until("the next identity's user", Duration::from_secs(10), || {
+        fence.position(&next).is_some()
+    })
+    .await?;
+    let revoked = fence.position(&Event::Revoked("eu".into(), victim, 2));
+    assert!(
+        revoked.is_some() && revoked < fence.position(&next),
+        "{:?}",
+        fence.events()
+    );
+    cluster.shutdown().await;
+    Ok(())
+}
