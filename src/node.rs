@@ -219,6 +219,9 @@ impl RunningNode {
                 })
                 .map_err(|e| Failure::config(format!("node.api_tls: {e}")))?,
             ),
+            // Only a listener others can reach is worth a warning: on loopback (the demo, a
+            // node behind a local proxy) nobody else sees the traffic.
+            None if api_addr.ip().is_loopback() => None,
             None => {
                 warn!(api = %api_addr, "admin API serves plain http: configure [node.api_tls] for https");
                 None
