@@ -455,6 +455,16 @@ impl NodeInner {
 
 /// Renews this node's lease every `lease_renew_interval`; registers it first when needed.
 pub(crate) async fn run_lease_renewer(node: Arc<NodeInner>) {
+    // Stopped wherever it is: a renewal written or waited for while the node stops (its Raft
+    // peers already gone) would otherwise hold the stop for up to `lease_expiry`.
+    let cancel = node.cancel.clone();
+    tokio::select! {
+        () = cancel.cancelled() => {}
+        () = renew_leases(node) => {}
+    }
+}
+
+async fn renew_leases(node: Arc<NodeInner>) {
     let timing = node.timing.clone();
     let mut tick = tokio::time::interval(timing.lease_renew_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -278,7 +278,7 @@ async fn a_member_restarted_with_an_empty_data_dir_never_writes_as_its_predecess
         topology: topology(&[("f", "eu")]),
     };
     let mut cluster = TestCluster::start_fenced(3, fast_timing(), fencing).await?;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
+    let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
     let victim = follower_of(leader);
     let writes_as = |incarnation: u64| {
         let cluster = &cluster;
@@ -293,28 +293,33 @@ async fn a_member_restarted_with_an_empty_data_dir_never_writes_as_its_predecess
     };
     wait_until(
         "the member writes as incarnation 1",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         writes_as(1),
     )
     .await?;
-    // Large entries (unit reports of flows no target fences), then the member's next identity.
-    for flow in ["big-1", "big-2", "big-3"] {
-        let units: Vec<WorkUnit> = (0..6_000)
+    // Large entries (unit reports of a paused flow, so that no round grants them), then the
+    // member's next identity.
+    cluster
+        .node(leader)
+        .set_flow_paused("big", true, "the test".into())
+        .await?;
+    for part in 0..2 {
+        let units: Vec<WorkUnit> = (part * 3_000..(part + 1) * 3_000)
             .map(|p| {
                 WorkUnit::new(
-                    flow,
+                    "big",
                     "a-rather-long-stream-name",
                     "a-rather-long-topic-name",
                     p,
                 )
             })
             .collect();
-        cluster.node(leader).report_units(flow, units).await?;
+        cluster.node(leader).report_units("big", units).await?;
     }
     cluster.node(victim).abandon_writer_identity(1).await?;
     wait_until(
         "the member writes as incarnation 2",
-        Duration::from_secs(20),
+        Duration::from_secs(30),
         writes_as(2),
     )
     .await?;
@@ -323,9 +328,9 @@ async fn a_member_restarted_with_an_empty_data_dir_never_writes_as_its_predecess
     cluster.restart(victim).await?;
     // The first identity the new process gives its writers.
     let mut logins = cluster.node(victim).writer_login();
-    let first = tokio::time::timeout(Duration::from_secs(20), logins.wait_for(Option::is_some))
+    let first = tokio::time::timeout(Duration::from_secs(60), logins.wait_for(Option::is_some))
         .await
-        .map_err(|_| "no writer identity 20 s after the restart")??
+        .map_err(|_| "no writer identity 60 s after the restart")??
         .as_ref()
         .map(|l| l.incarnation)
         .ok_or("none")?;
@@ -334,7 +339,7 @@ async fn a_member_restarted_with_an_empty_data_dir_never_writes_as_its_predecess
         "writes as its predecessor's identity {first} (incarnations 1 and 2 were the predecessor's)"
     );
     let next = Event::Ensured("eu".into(), victim, first);
-    wait_until("the next identity's user", Duration::from_secs(10), || {
+    wait_until("the next identity's user", Duration::from_secs(30), || {
         fence.position(&next).is_some()
     })
     .await?;
