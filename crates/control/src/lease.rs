@@ -14,6 +14,51 @@ pub(crate) fn owner_lease_until(sent: Instant, expiry: Duration, margin: Duratio
     sent + expiry.saturating_sub(margin)
 }
 
+/// Lease extensions of renewals that were committed but not yet applied here: a renewal extends
+/// the owner's lease only once the local state applied everything up to it, so that a revoke
+/// ordered before it is visible in the assignments first. Kept aside instead of awaited, so
+/// that a node whose apply lags (a slow disk, a follower catching up after a freeze) goes on
+/// renewing: the leader judges it by its renewals, and one that stopped for `fence_after`
+/// would be fenced alive.
+#[derive(Debug, Default)]
+pub(crate) struct PendingExtensions {
+    /// (renewal index, lease end it gives), in the order the renewals were committed.
+    pending: std::collections::VecDeque<(u64, Instant)>,
+}
+
+/// Most extensions kept aside; more renewals than a lease lasts are never useful at once.
+const MAX_PENDING_EXTENSIONS: usize = 32;
+
+impl PendingExtensions {
+    /// A renewal committed at `index` gives a lease until `until`.
+    pub(crate) fn push(&mut self, index: u64, until: Instant) {
+        if self.pending.len() == MAX_PENDING_EXTENSIONS {
+            self.pending.pop_front();
+        }
+        self.pending.push_back((index, until));
+    }
+
+    /// Whether any extension waits for its renewal to be applied.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// The lease end to extend to now that the log is applied up to `applied` (the latest of
+    /// the renewals applied), dropping those and the ones that ended before `now`.
+    pub(crate) fn applied(&mut self, applied: u64, now: Instant) -> Option<Instant> {
+        let mut until = None;
+        self.pending.retain(|(index, end)| {
+            if *index <= applied {
+                until = until.max(Some(*end));
+                false
+            } else {
+                *end > now
+            }
+        });
+        until.filter(|end| *end > now)
+    }
+}
+
 /// The leader's memory of when it saw each member renew (its own clock, never replicated).
 #[derive(Debug, Clone)]
 pub(crate) struct LeaderView {
@@ -193,6 +238,35 @@ impl LeaderView {
             .iter()
             .map(|(id, (index, _))| (*id, *index))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod pending_extension_tests {
+    use std::time::{Duration, Instant};
+
+    use super::PendingExtensions;
+
+    #[test]
+    fn an_extension_waits_for_its_renewal_to_be_applied_and_the_latest_wins() {
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        let mut p = PendingExtensions::default();
+        p.push(10, now + s(1));
+        p.push(12, now + s(2));
+        check(p.applied(9, now), None);
+        check(p.applied(12, now), Some(now + s(2)));
+        assert!(p.is_empty());
+        // One that ended before its renewal was applied extends nothing and is dropped.
+        p.push(20, now + s(1));
+        check(p.applied(19, now + s(5)), None);
+        assert!(p.is_empty());
+        p.push(30, now + s(1));
+        check(p.applied(30, now + s(5)), None);
+    }
+
+    fn check(got: Option<Instant>, want: Option<Instant>) {
+        assert_eq!(got, want);
     }
 }
 

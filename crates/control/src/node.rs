@@ -469,10 +469,23 @@ async fn renew_leases(node: Arc<NodeInner>) {
     let mut tick = tokio::time::interval(timing.lease_renew_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut attempt = 0u64;
+    let mut applied = node.shared.subscribe_applied();
+    let mut extensions = crate::lease::PendingExtensions::default();
     loop {
         tokio::select! {
             () = node.cancel.cancelled() => return,
             _ = tick.tick() => {}
+            changed = applied.changed(), if !extensions.is_empty() => {
+                if changed.is_err() {
+                    return;
+                }
+                let index = *applied.borrow_and_update();
+                if let Some(until) = extensions.applied(index, std::time::Instant::now()) {
+                    node.extend_lease(until);
+                    node.counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
+                }
+                continue;
+            }
         }
         if node.needs_registration() {
             let cmd = ControlCommand::RegisterMember {
@@ -533,18 +546,15 @@ async fn renew_leases(node: Arc<NodeInner>) {
                 },
             )) => {
                 attempt = 0;
-                // Extend only once the local state has applied everything up to the renewal,
-                // so that a revoke ordered before it is visible in `assignments()` first.
-                let mut applied = node.shared.subscribe_applied();
-                let waited =
-                    tokio::time::timeout(timing.lease_expiry, applied.wait_for(|a| *a >= index))
-                        .await;
-                if matches!(waited, Ok(Ok(_))) {
-                    node.extend_lease(owner_lease_until(
-                        sent,
-                        timing.lease_expiry,
-                        timing.lease_drift_margin,
-                    ));
+                // Extended once the local state has applied everything up to the renewal (see
+                // `PendingExtensions`), without holding up the next renewal.
+                extensions.push(
+                    index,
+                    owner_lease_until(sent, timing.lease_expiry, timing.lease_drift_margin),
+                );
+                let index = *applied.borrow_and_update();
+                if let Some(until) = extensions.applied(index, std::time::Instant::now()) {
+                    node.extend_lease(until);
                     node.counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
                 }
             }
