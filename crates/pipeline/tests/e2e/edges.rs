@@ -6,12 +6,11 @@ use iggy::prelude::{GlobalPermissions, Identifier, Permissions, UserStatus};
 use replicator_model::{IggyVersion, WorkUnit, WriterLogin};
 use replicator_pipeline::verify::{verify, VerifyParams};
 use replicator_pipeline::{ControlPlane, FlowParams, InMemoryControl, Pipeline, PipelineParams};
-use replicator_sdk::IggyCluster as _;
+use replicator_sdk::{Client, IggyCluster as _};
 
 use crate::harness::{
     assert_exact, client, cluster_params, count, create_topic, flow, generations, node_id, produce,
-    server, wait_confirmed, wait_until, Env, FixedLogin, Intercepted, NextLogin, SwitchedLogin,
-    TestResult,
+    server, wait_confirmed, wait_until, Env, FixedLogin, Intercepted, NextLogin, TestResult,
 };
 
 /// What a writer user may do: send, poll and read topics, nothing else.
@@ -146,33 +145,35 @@ async fn two_way_flows(fenced_prefix: Option<&str>) -> TestResult {
     Ok(())
 }
 
-/// A writer user the target keeps inactive (an earlier replicator cluster with the same prefix
-/// revoked it, and a new cluster starts again at incarnation 1) refuses every login with
-/// `UserInactive`: the node gives that identity up for the next one instead of retrying it
-/// forever with none of its partitions copied. Iggy 0.8 targets only: SDK 0.11 reports a
-/// refused 0.9 sign-in (inactive or unknown user alike) as a lost connection, which the node
-/// cannot tell from a network failure.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_writer_user_left_inactive_on_the_target_is_given_up_for_the_next_one() -> TestResult {
-    if generations().1 != IggyVersion::V0_8 {
-        println!("note: skipped: a refused 0.9 sign-in is not told apart from a lost connection");
-        return Ok(());
-    }
+/// A copy from `us` into `eu`, fenced with writer prefix `repl`, of the topic `stream`/`t`
+/// (`partitions`, 100 messages in each): the environment, an admin client of `eu`, the flow,
+/// its params, and writer identities 1 (its user inactive on `eu`: refused) and 2 (active).
+async fn fenced_copy_with_a_refused_identity(
+    stream: &str,
+    partitions: u32,
+) -> TestResult<(
+    Env,
+    Client,
+    FlowParams,
+    PipelineParams,
+    WriterLogin,
+    WriterLogin,
+)> {
     let env = Env::start().await?;
     let (us, eu) = (client(&env.us).await?, client(&env.eu).await?);
-    create_topic(&us, "inactive", "t", 2).await?;
-    produce(&us, "inactive", "t", 2, 0..100, 100).await?;
-    let f = flow("f", &["inactive/*"]);
+    create_topic(&us, stream, "t", partitions).await?;
+    produce(&us, stream, "t", partitions, 0..100, 100).await?;
+    let f = flow("f", &[&format!("{stream}/*")]);
     let mut params = env.params(f.clone());
     let login = |incarnation: u64| WriterLogin {
         node: params.node_id,
         incarnation,
         password: format!("writer-password-{incarnation}"),
     };
-    let (revoked, next) = (login(1), login(2));
+    let (refused, active) = (login(1), login(2));
     for (l, status) in [
-        (&revoked, UserStatus::Inactive),
-        (&next, UserStatus::Active),
+        (&refused, UserStatus::Inactive),
+        (&active, UserStatus::Active),
     ] {
         eu.create_user(
             &l.username("repl"),
@@ -187,6 +188,23 @@ async fn a_writer_user_left_inactive_on_the_target_is_given_up_for_the_next_one(
         .get_mut("eu")
         .ok_or("no eu cluster")?
         .writer_user_prefix = Some("repl".to_owned());
+    Ok((env, eu, f, params, refused, active))
+}
+
+/// A writer user the target keeps inactive (an earlier replicator cluster with the same prefix
+/// revoked it, and a new cluster starts again at incarnation 1) refuses every login with
+/// `UserInactive`: the node gives that identity up for the next one instead of retrying it
+/// forever with none of its partitions copied. Iggy 0.8 targets only: SDK 0.11 reports a
+/// refused 0.9 sign-in (inactive or unknown user alike) as a lost connection, which the node
+/// cannot tell from a network failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_user_left_inactive_on_the_target_is_given_up_for_the_next_one() -> TestResult {
+    if generations().1 != IggyVersion::V0_8 {
+        println!("note: skipped: a refused 0.9 sign-in is not told apart from a lost connection");
+        return Ok(());
+    }
+    let (env, _eu, f, params, revoked, next) =
+        fenced_copy_with_a_refused_identity("inactive", 2).await?;
     let hooks = NextLogin::new(revoked, next);
     let abandoned = hooks.abandoned.clone();
     let control = Intercepted {
@@ -221,35 +239,16 @@ async fn a_late_refusal_of_a_replaced_identity_leaves_the_current_one_alone() ->
     }
     /// Iggy's LOGIN_USER command code.
     const LOGIN_USER: u32 = 38;
-    let env = Env::start().await?;
-    let (us, eu) = (client(&env.us).await?, client(&env.eu).await?);
-    create_topic(&us, "late", "t", 1).await?;
-    produce(&us, "late", "t", 1, 0..100, 100).await?;
-    let f = flow("f", &["late/*"]);
-    let mut params = env.params(f.clone());
-    let login = |incarnation: u64| WriterLogin {
-        node: params.node_id,
-        incarnation,
-        password: format!("writer-password-{incarnation}"),
-    };
-    let (replaced, current) = (login(1), login(2));
-    for (l, status) in [
-        (&replaced, UserStatus::Inactive),
-        (&current, UserStatus::Active),
-    ] {
-        eu.create_user(
-            &l.username("repl"),
-            &l.password,
-            status,
-            Some(writer_rights()),
-        )
-        .await?;
-    }
-    let target = params.clusters.get_mut("eu").ok_or("no eu cluster")?;
-    target.writer_user_prefix = Some("repl".to_owned());
+    let (env, eu, f, mut params, replaced, current) =
+        fenced_copy_with_a_refused_identity("late", 1).await?;
+    let us = client(&env.us).await?;
     // One connection per identity: the one connect as i1 is the one the test delays.
-    target.connections = 1;
-    let hooks = SwitchedLogin::default();
+    params
+        .clusters
+        .get_mut("eu")
+        .ok_or("no eu cluster")?
+        .connections = 1;
+    let hooks = NextLogin::without_next();
     let control = Intercepted {
         inner: InMemoryControl::new(),
         hooks: hooks.clone(),

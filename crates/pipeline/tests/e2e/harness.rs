@@ -377,11 +377,12 @@ impl Intercept for FixedLogin {
 }
 
 /// A writer identity that is replaced by the next one when the pipeline gives it up, as the
-/// control plane's leader does; remembers what was given up.
+/// control plane's leader does (by none, when there is no next one); remembers what was
+/// given up. The test may also switch identities itself, as a leader that fenced one does.
 #[derive(Clone)]
 pub(crate) struct NextLogin {
     current: Arc<watch::Sender<Option<WriterLogin>>>,
-    next: WriterLogin,
+    next: Option<WriterLogin>,
     /// The incarnations given up, in order.
     pub(crate) abandoned: Arc<std::sync::Mutex<Vec<u64>>>,
 }
@@ -391,9 +392,31 @@ impl NextLogin {
     pub(crate) fn new(first: WriterLogin, next: WriterLogin) -> Self {
         Self {
             current: Arc::new(watch::channel(Some(first)).0),
-            next,
+            next: Some(next),
             abandoned: Arc::default(),
         }
+    }
+
+    /// No identity until the test switches to one; one given up leaves none.
+    pub(crate) fn without_next() -> Self {
+        Self {
+            current: Arc::new(watch::channel(None).0),
+            next: None,
+            abandoned: Arc::default(),
+        }
+    }
+
+    /// The node writes as `login` from now on.
+    pub(crate) fn switch(&self, login: Option<WriterLogin>) {
+        self.current.send_replace(login);
+    }
+
+    /// The incarnations given up so far.
+    pub(crate) fn abandoned(&self) -> Vec<u64> {
+        self.abandoned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -410,51 +433,7 @@ impl Intercept for NextLogin {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .push(incarnation);
-            self.current.send_replace(Some(self.next.clone()));
-        }
-        async move { Ok(taken) }
-    }
-}
-
-/// A writer identity the test switches itself (as the control plane's leader replaces one),
-/// starting with none. Giving up the current identity leaves the node with none (its next one
-/// never comes); every identity given up is remembered.
-#[derive(Clone, Default)]
-pub(crate) struct SwitchedLogin {
-    current: Arc<watch::Sender<Option<WriterLogin>>>,
-    /// The incarnations given up, in order.
-    pub(crate) abandoned: Arc<std::sync::Mutex<Vec<u64>>>,
-}
-
-impl SwitchedLogin {
-    /// The node writes as `login` from now on.
-    pub(crate) fn switch(&self, login: Option<WriterLogin>) {
-        self.current.send_replace(login);
-    }
-
-    /// The incarnations given up so far.
-    pub(crate) fn abandoned(&self) -> Vec<u64> {
-        self.abandoned
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-}
-
-impl Intercept for SwitchedLogin {
-    fn writer_login(&self) -> watch::Receiver<Option<WriterLogin>> {
-        self.current.subscribe()
-    }
-
-    fn abandon(&self, incarnation: u64) -> impl Future<Output = Result<bool, ControlError>> + Send {
-        let current = self.current.borrow().as_ref().map(|l| l.incarnation);
-        let taken = current == Some(incarnation);
-        if taken {
-            self.abandoned
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(incarnation);
-            self.current.send_replace(None);
+            self.current.send_replace(self.next.clone());
         }
         async move { Ok(taken) }
     }
