@@ -7,6 +7,7 @@
 //! What is not here is what the simulator stands in for: openraft (a committed log that every
 //! member applies in order) and the IO around the leader's tasks.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use replicator_model::{
@@ -41,6 +42,12 @@ impl Command {
             node,
             level: crate::format::SUPPORTED_LEVEL,
         })
+    }
+
+    /// `node` publishes its config digest per flow (at start, as the node does after it
+    /// registered): units of a flow go only to members whose digest equals the leader's.
+    pub fn publish_config(node: NodeId, digests: BTreeMap<String, String>) -> Self {
+        Self(ControlCommand::PublishConfig { node, digests })
     }
 
     /// `node` renews its lease.
@@ -249,13 +256,15 @@ impl Leader {
     }
 
     /// One assignment round (the node's `run_assigner` runs the same function): the entry to
-    /// write (if any) and the target operations to run.
+    /// write (if any) and the target operations to run. `topology`: the leader's fence
+    /// topology, `None` when its config has fencing on for no cluster (the node then runs
+    /// without fencing).
     pub fn round(
         &mut self,
         state: &State,
         now: Instant,
         timing: &ControlTiming,
-        topology: &FenceTopology,
+        topology: Option<&FenceTopology>,
     ) -> (Option<Command>, Vec<TargetOp>) {
         let (cmds, work) = assign::round(
             &state.0,
@@ -266,7 +275,7 @@ impl Leader {
                 now,
                 timing,
                 leader: self.node,
-                fencing: Some((topology.clone(), self.ensured.clone())),
+                fencing: topology.map(|t| (t.clone(), self.ensured.clone())),
                 changes: state.1,
             },
         );

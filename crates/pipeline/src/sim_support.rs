@@ -1,12 +1,15 @@
 //! What the deterministic simulator (`crates/sim`) drives. **Not a stable API**: it exists only
 //! so that the simulator's writers decide with this crate's real pure cores (the resume plan and
 //! the tail scan, the send check, the commit tracker, the consumer-group offset map) under
-//! simulated time, targets and failures (and the landed check of Iggy 0.9 confirmations). It wraps crate-private types without changing their
-//! behaviour and may change or disappear with any commit.
+//! simulated time, targets and failures (and the landed check of Iggy 0.9 confirmations), and
+//! its identity follower decides on refused logins as the node's does. It wraps crate-private
+//! types without changing their behaviour and may change or disappear with any commit.
 
 use std::time::{Duration, Instant};
 
-use replicator_model::{CommitCounters, CommitOutcome, InitialOffset, Offset, UnitProgress};
+use replicator_model::{
+    CommitCounters, CommitOutcome, InitialOffset, NodeId, Offset, UnitProgress, WriterLogin,
+};
 
 use crate::datapath::translate::{Copied, Lookup, OffsetMap as Map};
 use crate::datapath::writer::commit::{CommitTracker as Tracker, Settled};
@@ -16,6 +19,7 @@ use crate::datapath::writer::resume::{
     TailStep,
 };
 use crate::datapath::writer::send::{send_verdict, SendVeto};
+use crate::fencing::identity::Refusal;
 use crate::ControlError;
 
 /// The documented defaults a writer works with (the one home is [`crate::PipelineParams::new`]).
@@ -60,6 +64,25 @@ pub fn may_send(
         SendVeto::EpochNotCurrent => Veto::EpochNotCurrent,
         SendVeto::LeaseExpiring => Veto::LeaseExpiring,
     })
+}
+
+/// Least time between two identities one process gives up after refused logins
+/// (`fencing::identity::MIN_ABANDON_INTERVAL`).
+pub const MIN_ABANDON_INTERVAL: Duration = crate::fencing::identity::MIN_ABANDON_INTERVAL;
+
+/// What the identity follower does with a refused login of incarnation `refused` while it
+/// writes as `current` (`fencing::identity::Refusal::of`): the incarnation to give up, or
+/// `None` for the late answer to a connect of an identity replaced since.
+pub fn refusal_gives_up(node: NodeId, refused: u64, current: Option<u64>) -> Option<u64> {
+    let current = current.map(|incarnation| WriterLogin {
+        node,
+        incarnation,
+        password: String::new(),
+    });
+    match Refusal::of(refused, current.as_ref()) {
+        Refusal::GiveUp(incarnation) => Some(incarnation),
+        Refusal::Late => None,
+    }
 }
 
 /// A downstream message as the tail scan reads it: its offset and, when this flow wrote it,

@@ -1,13 +1,16 @@
 //! A deterministic simulation of the replicator cluster, for the bugs that are combinations:
 //! a target down while a member dies, a send whose outcome is unknown while ownership moves, a
-//! freeze between a writer's lease check and its socket write, an election during a fence.
+//! freeze between a writer's lease check and its socket write, an election during a fence, a
+//! rolling config change while a member is cut off, a late refusal of a replaced identity.
 //!
 //! Each seed draws a fault [`Schedule`] and a world (`world`): three members running the
-//! control plane's real state machine, leader rounds and fence decisions, writers deciding with
-//! the pipeline's real resume plan, tail scan, send check, commit tracker and group offset map,
-//! and simulated Iggy targets that check a user's rights on every request. Simulated time, one
-//! random stream, one event queue: a seed replays exactly. After every step the invariants
-//! are checked (see ARCHITECTURE.md, "The simulator"):
+//! control plane's real state machine, leader rounds and fence decisions, the identity a
+//! process may write as and what it does with a refused login, writers deciding with the
+//! pipeline's real resume plan, tail scan, send check, commit tracker and group offset map,
+//! and simulated Iggy targets that check a user's rights at login and on every request (and
+//! never refuse the cluster's configured credential). Simulated time, one random stream, one
+//! event queue: a seed replays exactly. After every step the invariants are checked (see
+//! ARCHITECTURE.md, "The simulator"):
 //! - a target never accepts a second writer session of a partition interleaved with another;
 //! - every upstream message is downstream exactly once and in order (each partition is always a
 //!   prefix of its upstream);
@@ -16,7 +19,8 @@
 //! - while a quorum and its target are up, a unit without a live owner is owned again within
 //!   [`OWNED_WITHIN`]; once the faults end, every unit is owned, copied and confirmed within
 //!   [`SETTLE_WITHIN`];
-//! - every member that applied the whole log holds the same state.
+//! - every member that applied the whole log holds the same state;
+//! - a member gives up after a refused login only an identity a target refused.
 //!
 //! `cargo test -p replicator-sim` runs a few hundred seeds; the `replicator-sim` binary runs
 //! any number by hand and prints a failing seed's shrunk schedule.

@@ -30,9 +30,14 @@ fn main() -> ExitCode {
         }
     };
     let (mut failed, mut faults, mut totals) = (0u64, 0usize, replicator_sim::Stats::default());
+    let mut classes: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
     let started = std::time::Instant::now();
     for &seed in &seeds {
-        faults += replicator_sim::Schedule::random(seed).faults.len();
+        let schedule = replicator_sim::Schedule::random(seed);
+        faults += schedule.faults.len();
+        for fault in &schedule.faults {
+            *classes.entry(fault.kind.class()).or_default() += 1;
+        }
         match replicator_sim::run(seed) {
             Ok(stats) => {
                 totals.entries += stats.entries;
@@ -44,6 +49,13 @@ fn main() -> ExitCode {
                 totals.landed_mismatches += stats.landed_mismatches;
                 totals.translations += stats.translations;
                 totals.settled_after = totals.settled_after.max(stats.settled_after);
+                totals.wiped_restarts += stats.wiped_restarts;
+                totals.rolling_restarts += stats.rolling_restarts;
+                totals.configured_sends += stats.configured_sends;
+                totals.held_at_departure += stats.held_at_departure;
+                totals.logins_refused += stats.logins_refused;
+                totals.late_refusals += stats.late_refusals;
+                totals.identities_given_up += stats.identities_given_up;
             }
             Err(failure) => {
                 failed += 1;
@@ -67,6 +79,20 @@ fn main() -> ExitCode {
         totals.translations,
         totals.settled_after
     );
+    println!(
+        "wiped restarts {}, rolling restarts {}, configured-credential sends {} ({} held back as \
+         they departed), refused logins {} ({} late, of a replaced identity), identities given \
+         up after a refusal {}",
+        totals.wiped_restarts,
+        totals.rolling_restarts,
+        totals.configured_sends,
+        totals.held_at_departure,
+        totals.logins_refused,
+        totals.late_refusals,
+        totals.identities_given_up
+    );
+    let classes: Vec<String> = classes.iter().map(|(c, n)| format!("{c} {n}")).collect();
+    println!("faults by class: {}", classes.join(", "));
     if failed > 0 {
         ExitCode::FAILURE
     } else {

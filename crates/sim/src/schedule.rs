@@ -79,13 +79,52 @@ pub enum FaultKind {
         /// Percent of writes duplicated.
         percent: u8,
     },
-    /// Sends to the target take up to `max_ms` longer (a slow network or a busy server).
+    /// Sends and logins to the target take up to `max_ms` longer (a slow network or a busy
+    /// server).
     SlowTarget {
         /// The target's index.
         target: usize,
         /// Longest extra delay.
         max_ms: Ms,
     },
+    /// The member's process is killed (kill -9) and started again when the fault ends with an
+    /// empty data dir (lost, or wiped): nothing persisted, so the leader replays it the whole
+    /// log from index 1, its predecessor's writer identity among the entries.
+    WipedRestart {
+        /// The member.
+        member: u64,
+    },
+    /// A rolling config change that turns fencing on for `target`: until the fault starts,
+    /// every member writes there with the cluster's configured credential (fencing off); then
+    /// the members restart one at a time onto the config with fencing on, `first` first and
+    /// the next ids in turn, one every third of the fault, each down for a quarter of its
+    /// turn. While it runs, members' configs of the target's flow differ.
+    RollingConfig {
+        /// The target's index.
+        target: usize,
+        /// The member restarted first.
+        first: u64,
+    },
+}
+
+impl FaultKind {
+    /// The class's name (the variant), for counts per class.
+    pub fn class(&self) -> &'static str {
+        match self {
+            FaultKind::Crash { .. } => "Crash",
+            FaultKind::CrashLeader => "CrashLeader",
+            FaultKind::Freeze { .. } => "Freeze",
+            FaultKind::Isolate { .. } => "Isolate",
+            FaultKind::CutTarget { .. } => "CutTarget",
+            FaultKind::TargetDown { .. } => "TargetDown",
+            FaultKind::LoseTargetAnswers { .. } => "LoseTargetAnswers",
+            FaultKind::LoseControlAnswers { .. } => "LoseControlAnswers",
+            FaultKind::DuplicateControlWrites { .. } => "DuplicateControlWrites",
+            FaultKind::SlowTarget { .. } => "SlowTarget",
+            FaultKind::WipedRestart { .. } => "WipedRestart",
+            FaultKind::RollingConfig { .. } => "RollingConfig",
+        }
+    }
 }
 
 impl fmt::Display for Fault {
@@ -133,7 +172,7 @@ impl Schedule {
                 let for_ms = rng.gen_range(100..=longest);
                 let member = rng.gen_range(1..=MEMBERS);
                 let target = rng.gen_range(0..TARGETS);
-                let kind = match rng.gen_range(0..11) {
+                let kind = match rng.gen_range(0..13) {
                     0 => FaultKind::Crash { member },
                     1 => FaultKind::CrashLeader,
                     2 => FaultKind::Freeze { member },
@@ -157,6 +196,11 @@ impl Schedule {
                     9 => FaultKind::DuplicateControlWrites {
                         percent: rng.gen_range(10..=60),
                     },
+                    10 => FaultKind::WipedRestart { member },
+                    11 => FaultKind::RollingConfig {
+                        target,
+                        first: member,
+                    },
                     _ => FaultKind::Freeze { member },
                 };
                 Fault { at, for_ms, kind }
@@ -171,6 +215,18 @@ impl Schedule {
         let mut faults = self.faults.clone();
         faults.remove(i);
         Self { faults }
+    }
+
+    /// The targets some rolling change of this schedule turns fencing on for: the members
+    /// write to them with the configured credential until it starts.
+    pub(crate) fn unfenced_at_start(&self) -> Vec<usize> {
+        self.faults
+            .iter()
+            .filter_map(|f| match f.kind {
+                FaultKind::RollingConfig { target, .. } => Some(target),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Whether a fault of this schedule is active at `now` and matches `pick`.

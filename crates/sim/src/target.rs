@@ -1,9 +1,10 @@
 //! A simulated Iggy target cluster: partitions that append what a permitted user sends, users
-//! whose rights are checked on every request (as Iggy checks a live session's permissions), a
-//! restart that may lose what was acknowledged but not flushed, and the checks of what it
-//! accepted ("never two writers", "exactly once, in order").
+//! whose rights are checked on every request (as Iggy checks a live session's permissions) and
+//! at login, the cluster's configured credential that nobody revokes, a restart that may lose
+//! what was acknowledged but not flushed, and the checks of what it accepted ("never two
+//! writers", "exactly once, in order").
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use replicator_model::{NodeId, WorkUnit};
 
@@ -11,6 +12,16 @@ use crate::schedule::Ms;
 
 /// A writer user on the target: the identity (node, incarnation) it belongs to.
 pub(crate) type Identity = (NodeId, u64);
+
+/// Who a request is sent as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Credential {
+    /// A writer identity's own user (fencing on for the target in the sender's config).
+    Writer(Identity),
+    /// The cluster's configured credential (fencing off), shared by every member: no revoke
+    /// stops it, only the sender's lease does.
+    Configured,
+}
 
 /// How often the target flushes what it acknowledged (what a restart may lose is newer).
 const FLUSH_EVERY: Ms = 200;
@@ -71,6 +82,8 @@ pub(crate) struct Target {
     /// Answers a send with where it landed, as an Iggy 0.9 server does (0.8 answers nothing).
     pub(crate) confirms: bool,
     users: BTreeMap<Identity, User>,
+    /// Identities whose login this target refused at least once.
+    refused_logins: BTreeSet<Identity>,
     partitions: BTreeMap<WorkUnit, Partition>,
     next_flush: Ms,
 }
@@ -86,6 +99,7 @@ impl Target {
             up: true,
             confirms,
             users: BTreeMap::new(),
+            refused_logins: BTreeSet::new(),
             partitions: units
                 .into_iter()
                 .map(|u| (u, Partition::default()))
@@ -114,14 +128,32 @@ impl Target {
         }
     }
 
-    fn permitted(&self, who: Identity) -> Result<(), Refusal> {
+    fn permitted(&self, who: Credential) -> Result<(), Refusal> {
         if !self.up {
             return Err(Refusal::Down);
         }
-        match self.users.get(&who) {
-            Some(u) if u.rights => Ok(()),
-            _ => Err(Refusal::Denied),
+        match who {
+            Credential::Configured => Ok(()),
+            Credential::Writer(identity) => match self.users.get(&identity) {
+                Some(u) if u.rights => Ok(()),
+                _ => Err(Refusal::Denied),
+            },
         }
+    }
+
+    /// A new connection logging in as a writer identity: refused when its user is missing or
+    /// revoked (inactive), as Iggy refuses the credentials. Refusals are remembered.
+    pub(crate) fn login(&mut self, who: Identity) -> Result<(), Refusal> {
+        let verdict = self.permitted(Credential::Writer(who));
+        if verdict == Err(Refusal::Denied) {
+            self.refused_logins.insert(who);
+        }
+        verdict
+    }
+
+    /// Whether this target ever refused a login of `who`.
+    pub(crate) fn refused_login(&self, who: Identity) -> bool {
+        self.refused_logins.contains(&who)
     }
 
     /// The leader's `ensure`: creates the user with rights unless a user of that name exists
@@ -147,7 +179,7 @@ impl Target {
     /// `count` from `from` on. Each entry: (downstream offset, upstream offset).
     pub(crate) fn read(
         &self,
-        who: Identity,
+        who: Credential,
         unit: &WorkUnit,
         from: Option<u64>,
         count: u32,
@@ -166,7 +198,7 @@ impl Target {
     }
 
     /// The partition's next offset, read as `who`.
-    pub(crate) fn next_offset(&self, who: Identity, unit: &WorkUnit) -> Result<u64, Refusal> {
+    pub(crate) fn next_offset(&self, who: Credential, unit: &WorkUnit) -> Result<u64, Refusal> {
         self.permitted(who)?;
         Ok(self.partitions[unit].messages.len() as u64)
     }
@@ -175,7 +207,7 @@ impl Target {
     /// the invariants on what it accepts.
     pub(crate) fn append(
         &mut self,
-        who: Identity,
+        who: Credential,
         unit: &WorkUnit,
         session: u64,
         upstream: &[u64],
@@ -230,28 +262,57 @@ mod tests {
         WorkUnit::new("f", "s", "t", 0)
     }
 
+    fn writer(node: NodeId, incarnation: u64) -> Credential {
+        Credential::Writer((node, incarnation))
+    }
+
     #[test]
     fn a_revoked_user_is_refused_and_a_late_ensure_does_not_give_rights_back() {
         let mut t = Target::new("t", false, [unit()]);
         t.ensure((1, 1)).unwrap();
-        assert_eq!(t.append((1, 1), &unit(), 7, &[0]), Ok(Ok(0)));
+        assert_eq!(t.append(writer(1, 1), &unit(), 7, &[0]), Ok(Ok(0)));
         t.revoke((1, 1)).unwrap();
-        assert_eq!(t.append((1, 1), &unit(), 7, &[1]), Err(Refusal::Denied));
+        assert_eq!(
+            t.append(writer(1, 1), &unit(), 7, &[1]),
+            Err(Refusal::Denied)
+        );
         t.ensure((1, 1)).unwrap();
-        assert_eq!(t.read((1, 1), &unit(), None, 10), Err(Refusal::Denied));
+        assert_eq!(
+            t.read(writer(1, 1), &unit(), None, 10),
+            Err(Refusal::Denied)
+        );
         // A revoke of a user that never existed leaves it without rights.
         t.revoke((2, 1)).unwrap();
         t.ensure((2, 1)).unwrap();
-        assert_eq!(t.next_offset((2, 1), &unit()), Err(Refusal::Denied));
+        assert_eq!(t.next_offset(writer(2, 1), &unit()), Err(Refusal::Denied));
+    }
+
+    #[test]
+    fn a_revoked_identity_is_refused_at_login_and_the_configured_credential_never_is() {
+        let mut t = Target::new("t", false, [unit()]);
+        t.ensure((1, 1)).unwrap();
+        assert_eq!(t.login((1, 1)), Ok(()));
+        assert_eq!(t.login((1, 2)), Err(Refusal::Denied));
+        t.revoke((1, 1)).unwrap();
+        assert_eq!(t.login((1, 1)), Err(Refusal::Denied));
+        assert!(t.refused_login((1, 1)) && t.refused_login((1, 2)));
+        assert!(!t.refused_login((2, 1)));
+        assert_eq!(
+            t.append(Credential::Configured, &unit(), 3, &[0]),
+            Ok(Ok(0))
+        );
+        t.go_down(false);
+        assert_eq!(t.login((2, 1)), Err(Refusal::Down));
+        assert!(!t.refused_login((2, 1)));
     }
 
     #[test]
     fn duplicates_holes_and_interleaved_writers_are_caught() {
         let mut t = Target::new("t", false, [unit()]);
         t.ensure((1, 1)).unwrap();
-        assert_eq!(t.append((1, 1), &unit(), 1, &[0, 1]), Ok(Ok(0)));
+        assert_eq!(t.append(writer(1, 1), &unit(), 1, &[0, 1]), Ok(Ok(0)));
         assert!(matches!(
-            t.append((1, 1), &unit(), 2, &[1]),
+            t.append(writer(1, 1), &unit(), 2, &[1]),
             Ok(Err(Violation::NotNext {
                 expected: 2,
                 got: 1,
@@ -259,7 +320,7 @@ mod tests {
             }))
         ));
         assert!(matches!(
-            t.append((1, 1), &unit(), 1, &[3]),
+            t.append(writer(1, 1), &unit(), 1, &[3]),
             Ok(Err(Violation::TwoWriters { session: 1, .. }))
         ));
     }
@@ -268,13 +329,18 @@ mod tests {
     fn a_restart_with_loss_keeps_only_what_was_flushed() {
         let mut t = Target::new("t", false, [unit()]);
         t.ensure((1, 1)).unwrap();
-        t.append((1, 1), &unit(), 1, &[0, 1]).unwrap().unwrap();
+        t.append(writer(1, 1), &unit(), 1, &[0, 1])
+            .unwrap()
+            .unwrap();
         t.tick(FLUSH_EVERY);
-        t.append((1, 1), &unit(), 1, &[2]).unwrap().unwrap();
+        t.append(writer(1, 1), &unit(), 1, &[2]).unwrap().unwrap();
         t.go_down(true);
-        assert_eq!(t.read((1, 1), &unit(), None, 10), Err(Refusal::Down));
+        assert_eq!(t.read(writer(1, 1), &unit(), None, 10), Err(Refusal::Down));
         t.up = true;
-        assert_eq!(t.read((1, 1), &unit(), None, 10), Ok(vec![(0, 0), (1, 1)]));
+        assert_eq!(
+            t.read(writer(1, 1), &unit(), None, 10),
+            Ok(vec![(0, 0), (1, 1)])
+        );
         assert_eq!(t.high_water(&unit()), 3);
     }
 }

@@ -1,15 +1,18 @@
 //! The simulated cluster: three replicator members, a committed log standing in for openraft,
-//! two fenced Iggy targets, an upstream with a producer, a network between them, and the fault
+//! two Iggy targets (fenced, or written with the configured credential until a rolling config
+//! change turns fencing on), an upstream with a producer, a network between them, and the fault
 //! schedule. Everything is driven by one seeded random stream and one event queue, so a seed
 //! replays exactly.
 //!
 //! What runs for real (through `sim_support` of the control and pipeline crates): the
 //! replicated state machine (`ControlState::apply`) on every member, the leader's assignment
 //! round (lease judgement, grants, revokes, fence decisions: `assign::round`), the fence
-//! operations' outcomes, the owner's lease arithmetic, and in every writer the tail scan, the
-//! resume plan, the send check, the commit tracker and the consumer-group offset map. What is
-//! simulated stands in for IO: Raft replication (a log committed while a leader reaches a
-//! majority, applied by every member it reaches), Iggy (see `target`), tokio tasks and sockets.
+//! operations' outcomes, the owner's lease arithmetic, the identity a process may write as
+//! (`Inheritance`) and what its identity follower does with a refused login (`Refusal::of`),
+//! and in every writer the tail scan, the resume plan, the send check, the commit tracker and
+//! the consumer-group offset map. What is simulated stands in for IO: Raft replication (a log
+//! committed while a leader reaches a majority, applied by every member it reaches), Iggy (see
+//! `target`), tokio tasks and sockets.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
@@ -23,12 +26,12 @@ use replicator_control::sim_support::{
 use replicator_control::{ControlTiming, FenceTopology};
 use replicator_model::{CommitCounters, CommitOutcome, Epoch, NodeId, ProgressCommit, WorkUnit};
 use replicator_pipeline::sim_support::{
-    may_send, resume, CommitTracker, LandedCheck, OffsetMap, Page, Seen, Tail, TailScan, Veto,
-    WriterDefaults,
+    may_send, refusal_gives_up, resume, CommitTracker, LandedCheck, OffsetMap, Page, Seen, Tail,
+    TailScan, Veto, WriterDefaults, MIN_ABANDON_INTERVAL,
 };
 
 use crate::schedule::{FaultKind, Ms, Schedule, FAULTS_UNTIL};
-use crate::target::{Identity, Refusal, Target, Violation as TargetViolation};
+use crate::target::{Credential, Refusal, Target, Violation as TargetViolation};
 
 /// Members of the simulated cluster (ids 1..=MEMBERS).
 pub const MEMBERS: u64 = 3;
@@ -91,6 +94,20 @@ pub struct Stats {
     pub translations: u64,
     /// Simulated ms until everything was copied after the heal.
     pub settled_after: Ms,
+    /// Processes started with an empty data dir (they replayed the whole log).
+    pub wiped_restarts: u64,
+    /// Processes restarted onto a new config by a rolling change.
+    pub rolling_restarts: u64,
+    /// Sends with the cluster's configured credential (targets without fencing).
+    pub configured_sends: u64,
+    /// Of those, sends the lease check right before the request is written held back.
+    pub held_at_departure: u64,
+    /// Logins of a writer identity a target refused.
+    pub logins_refused: u64,
+    /// Refused logins of an identity replaced since, which gave nothing up.
+    pub late_refusals: u64,
+    /// Identities given up after a target refused their login.
+    pub identities_given_up: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -110,8 +127,22 @@ enum Purpose {
     },
     Release,
     Abandon,
+    /// The config digests of the process's config.
+    Config,
+    /// An identity given up after a target refused its login.
+    GiveUp,
     /// The second copy of a write committed twice: nobody waits for its answer.
     Duplicate,
+}
+
+/// What a target answered a login.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LoginOutcome {
+    Accepted,
+    /// The credentials were refused (the user is missing, or revoked).
+    Refused,
+    /// No answer: the target was down, restarted under the connection, or the answer was lost.
+    Failed,
 }
 
 #[derive(Debug)]
@@ -144,6 +175,28 @@ enum Event {
         session: u64,
         /// Accepted, and where it landed if the target says (Iggy 0.9).
         landed: Option<Option<u64>>,
+        /// When the writer's call started (its check before the send).
+        started: Ms,
+        /// No answer came: the call timed out, which drops its connection.
+        timed_out: bool,
+    },
+    /// A member's new connection to a fenced target logs in as one of its identities.
+    LoginArrive {
+        from: NodeId,
+        run: u64,
+        target: usize,
+        incarnation: u64,
+        /// The target's restart count when the connection was made.
+        restarts: u64,
+    },
+    /// The target's answer to a login.
+    LoginAnswer {
+        to: NodeId,
+        run: u64,
+        target: usize,
+        incarnation: u64,
+        restarts: u64,
+        outcome: LoginOutcome,
     },
     /// A leader's fence operation reaches the targets.
     FenceArrive {
@@ -168,11 +221,14 @@ struct Send {
     run: u64,
     target: usize,
     unit: WorkUnit,
+    epoch: Epoch,
     session: u64,
-    who: Identity,
+    who: Credential,
     upstream: Vec<u64>,
     /// The target's restart count when the writer's connection was made.
     connection: u64,
+    /// When the writer checked its lease and epoch for it (its call started).
+    started: Ms,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -187,7 +243,8 @@ struct Writer {
     unit: WorkUnit,
     epoch: Epoch,
     session: u64,
-    identity: Option<Identity>,
+    /// What it logged in as when it resumed (a writer identity, or the configured credential).
+    credential: Option<Credential>,
     phase: Phase,
     tracker: CommitTracker,
     map: Option<OffsetMap>,
@@ -218,7 +275,7 @@ impl Writer {
             unit,
             epoch,
             session,
-            identity: None,
+            credential: None,
             phase: Phase::Resuming,
             tracker,
             map: None,
@@ -235,6 +292,36 @@ impl Writer {
     }
 }
 
+/// A member's config as far as the simulation goes: the targets it writes to with fencing on
+/// (as its writer identities) and the others (with the configured credential). It is a file:
+/// it outlives the process, and a restart onto a new config (`RollingConfig`) changes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Config {
+    fenced: [bool; TARGETS],
+}
+
+/// A member's connection to a fenced target as one of its identities, which its writers there
+/// share; a new one logs in first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Connection {
+    incarnation: u64,
+    /// The target's restart count when it was made (a restart drops it).
+    restarts: u64,
+    login: Login,
+}
+
+/// Where a connection's login is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Login {
+    /// Its answer is awaited.
+    Pending,
+    Open,
+    /// Refused or failed: the writers' next call connects again from then on.
+    Failed {
+        retry_at: Ms,
+    },
+}
+
 #[derive(Debug)]
 struct Member {
     id: NodeId,
@@ -242,6 +329,13 @@ struct Member {
     run: u64,
     up: bool,
     frozen_until: Option<Ms>,
+    /// When the latest freeze began: a call in flight then may have timed out meanwhile.
+    frozen_at: Option<Ms>,
+    /// After a freeze the member applies the log again only from here on: the leader's next
+    /// heartbeat reaches it, while its writers run at once on what it had applied.
+    catch_up_at: Ms,
+    /// The config file.
+    config: Config,
     /// Persisted: what Raft applied (the state machine is deterministic over the log).
     state: State,
     applied: u64,
@@ -249,6 +343,11 @@ struct Member {
     /// Which identity this process may write as (never its predecessor's).
     inheritance: Inheritance,
     abandon_in_flight: bool,
+    /// When the identity follower last gave an identity up after a refused login.
+    last_given_up: Option<Ms>,
+    /// Per fenced target: the connection its writers share.
+    connections: BTreeMap<usize, Connection>,
+    config_published: bool,
     observer: Observer,
     leading: Option<(u64, Leader)>,
     lease: Option<Instant>,
@@ -264,16 +363,22 @@ struct Member {
 }
 
 impl Member {
-    fn new(id: NodeId) -> Self {
+    fn new(id: NodeId, config: Config) -> Self {
         Self {
             id,
             run: 0,
             up: true,
             frozen_until: None,
+            frozen_at: None,
+            catch_up_at: 0,
+            config,
             state: State::default(),
             applied: 0,
             inheritance: Inheritance::new(0),
             abandon_in_flight: false,
+            last_given_up: None,
+            connections: BTreeMap::new(),
+            config_published: false,
             observer: Observer::default(),
             leading: None,
             lease: None,
@@ -289,20 +394,30 @@ impl Member {
         }
     }
 
-    /// A new process over the persisted state.
-    fn restart(&mut self, now: Ms) {
-        let (state, applied) = (std::mem::take(&mut self.state), self.applied);
+    /// A new process over the persisted state, or over none (`wiped`: an empty data dir).
+    /// `local_log_bounds`: it decides what it inherited as of its local log at start, as the
+    /// node did before issue 51 (item 4), for the regression test that shows the simulator
+    /// finds what that does after a wipe.
+    fn restart(&mut self, now: Ms, wiped: bool, local_log_bounds: bool) {
+        let (state, applied) = if wiped {
+            (State::default(), 0)
+        } else {
+            (std::mem::take(&mut self.state), self.applied)
+        };
         let mut inheritance = Inheritance::new(applied);
         // The identity its persisted state holds, as the node's state machine observes it
         // when it loads its snapshot.
         inheritance.observe(applied, &state, self.id);
+        if local_log_bounds {
+            inheritance.wrote(applied);
+        }
         *self = Self {
             run: self.run + 1,
             state,
             applied,
             inheritance,
             next_renew: now,
-            ..Self::new(self.id)
+            ..Self::new(self.id, self.config)
         };
     }
 
@@ -332,7 +447,6 @@ pub struct World {
     base: Instant,
     timing: ControlTiming,
     writer: WriterDefaults,
-    topology: FenceTopology,
     schedule: Schedule,
     units: Vec<(WorkUnit, usize)>,
     flows: Vec<(String, Vec<WorkUnit>)>,
@@ -353,12 +467,24 @@ pub struct World {
     started: BTreeSet<usize>,
     /// Crashed members and when they start again.
     down_until: BTreeMap<NodeId, Ms>,
+    /// Crashed members whose data dir is lost: they start again with an empty one.
+    wiped: BTreeSet<NodeId>,
+    /// The restarts of rolling config changes done: (fault index, turn).
+    rolled: BTreeSet<(usize, u64)>,
     /// Units without a live owner while they could have one, since when.
     orphaned: BTreeMap<WorkUnit, Ms>,
     trace: VecDeque<String>,
     /// Whether members give up an inherited identity (the node's behaviour; off only to show
     /// what the simulator found without it).
     inherit: bool,
+    /// Whether a process decides what it inherited as of its local log at start (off: as of
+    /// its first committed write, the node's behaviour; on only to show what the simulator
+    /// finds without it).
+    local_log_bounds: bool,
+    /// Whether a refused login gives the current identity up whichever identity was refused
+    /// (off: only a refusal of the current one does, the node's behaviour; on only to show
+    /// what the simulator finds without it).
+    any_refusal_gives_up: bool,
     /// Statistics of the run.
     pub stats: Stats,
 }
@@ -379,6 +505,10 @@ impl World {
             units.extend(list.iter().map(|u| (u.clone(), i)));
             flow_units.push((flow.clone(), list));
         }
+        let unfenced = schedule.unfenced_at_start();
+        let config = Config {
+            fenced: std::array::from_fn(|ti| !unfenced.contains(&ti)),
+        };
         let targets = flows
             .iter()
             .enumerate()
@@ -400,9 +530,6 @@ impl World {
             base: Instant::now(),
             timing: ControlTiming::default(),
             writer: WriterDefaults::default(),
-            topology: FenceTopology::new(
-                flows.iter().map(|(f, t, _)| (f.clone(), Some(t.clone()))),
-            ),
             schedule,
             upstream: units.iter().map(|(u, _)| (u.clone(), 0)).collect(),
             confirmed: units.iter().map(|(u, _)| (u.clone(), None)).collect(),
@@ -414,16 +541,22 @@ impl World {
             leader: None,
             previous_leader: None,
             election_at: None,
-            members: (1..=MEMBERS).map(|id| (id, Member::new(id))).collect(),
+            members: (1..=MEMBERS)
+                .map(|id| (id, Member::new(id, config)))
+                .collect(),
             targets,
             restarts: vec![0; TARGETS],
             events: BTreeMap::new(),
             seq: 0,
             started: BTreeSet::new(),
             down_until: BTreeMap::new(),
+            wiped: BTreeSet::new(),
+            rolled: BTreeSet::new(),
             orphaned: BTreeMap::new(),
             trace: VecDeque::new(),
             inherit: true,
+            local_log_bounds: false,
+            any_refusal_gives_up: false,
             stats: Stats::default(),
         }
     }
@@ -433,6 +566,51 @@ impl World {
     pub fn writing_as_predecessor(mut self) -> Self {
         self.inherit = false;
         self
+    }
+
+    /// Members decide what they inherited as of their local log at start (the behaviour before
+    /// issue 51, item 4): a process started with an empty data dir inherits nothing and takes
+    /// its predecessor's identity, replayed from index 1, as its own. For the regression test
+    /// that shows the simulator finds it.
+    pub fn inheriting_as_of_the_local_log(mut self) -> Self {
+        self.local_log_bounds = true;
+        self
+    }
+
+    /// Every refused login gives the identity current then up, whichever identity the login
+    /// was of (the identity follower before issue 51, item 1): the late refusal of a replaced
+    /// identity gives its successor up. For the regression test that shows the simulator
+    /// finds it.
+    pub fn giving_up_the_current_identity_on_any_refusal(mut self) -> Self {
+        self.any_refusal_gives_up = true;
+        self
+    }
+
+    /// The flows' config digests of `config` (what `PublishConfig` carries): a flow's target
+    /// and whether fencing is on there.
+    fn digests(&self, config: Config) -> BTreeMap<String, String> {
+        self.flows
+            .iter()
+            .enumerate()
+            .map(|(ti, (flow, _))| {
+                let fencing = if config.fenced[ti] { "users" } else { "off" };
+                (flow.clone(), format!("{}:{fencing}", self.targets[ti].name))
+            })
+            .collect()
+    }
+
+    /// Member `id`'s fence topology (from its config), `None` when it fences no target (a node
+    /// whose config has fencing on for no cluster runs without fencing).
+    fn topology_of(&self, id: NodeId) -> Option<FenceTopology> {
+        let config = self.members[&id].config;
+        config.fenced.iter().any(|f| *f).then(|| {
+            FenceTopology::new(self.flows.iter().enumerate().map(|(ti, (flow, _))| {
+                (
+                    flow.clone(),
+                    config.fenced[ti].then(|| self.targets[ti].name.clone()),
+                )
+            }))
+        })
     }
 
     fn at(&self, ms: Ms) -> Instant {
@@ -473,6 +651,7 @@ impl World {
             if next_event.is_some_and(|t| t < next_tick) {
                 let (key, event) = self.events.pop_first().expect("an event");
                 self.now = key.0;
+                self.start_freezes();
                 self.handle(event)?;
                 continue;
             }
@@ -567,11 +746,11 @@ impl World {
                         self.crash(l, until);
                     }
                 }
-                FaultKind::Freeze { member } => {
-                    let m = self.members.get_mut(&member).expect("member");
-                    if m.up {
-                        m.frozen_until = Some(m.frozen_until.map_or(until, |t| t.max(until)));
-                    }
+                FaultKind::Freeze { member } => self.freeze(member, f.at, until),
+                FaultKind::WipedRestart { member } => {
+                    // Lost while the process is down: it starts again with an empty data dir.
+                    self.wiped.insert(member);
+                    self.crash(member, until);
                 }
                 FaultKind::TargetDown { target, lose_tail } => {
                     self.targets[target].go_down(lose_tail);
@@ -580,6 +759,7 @@ impl World {
                 _ => {}
             }
         }
+        self.roll_configs();
         // Ends: targets whose every outage is over come back.
         for ti in 0..TARGETS {
             let down = !self
@@ -604,9 +784,67 @@ impl World {
             if self.down_until.get(&id).is_some_and(|t| *t <= self.now) {
                 self.down_until.remove(&id);
                 let now = self.now;
+                let wiped = self.wiped.remove(&id);
+                let local_log_bounds = self.local_log_bounds;
                 let m = self.members.get_mut(&id).expect("member");
-                m.restart(now);
-                self.note(format!("member {id} restarted"));
+                m.restart(now, wiped, local_log_bounds);
+                if wiped {
+                    self.stats.wiped_restarts += 1;
+                    self.note(format!("member {id} restarted with an empty data dir"));
+                } else {
+                    self.note(format!("member {id} restarted"));
+                }
+            }
+        }
+    }
+
+    /// Starts the freezes due by now, between two ticks (the other faults start on a tick): a
+    /// process may stop between a writer's check and its socket write (`Event::Depart`), or
+    /// while an answer is on its way to it.
+    fn start_freezes(&mut self) {
+        for i in 0..self.schedule.faults.len() {
+            let f = self.schedule.faults[i];
+            if let FaultKind::Freeze { member } = f.kind {
+                if f.at <= self.now && self.started.insert(i) {
+                    self.note(format!("fault {:?} for {} ms", f.kind, f.for_ms));
+                    self.freeze(member, f.at, f.at + f.for_ms);
+                }
+            }
+        }
+    }
+
+    /// Stops member `id`'s process (SIGSTOP) from `at` until `until`.
+    fn freeze(&mut self, id: NodeId, at: Ms, until: Ms) {
+        let m = self.members.get_mut(&id).expect("member");
+        if m.up {
+            if m.frozen_until.is_none() {
+                m.frozen_at = Some(at);
+            }
+            m.frozen_until = Some(m.frozen_until.map_or(until, |t| t.max(until)));
+        }
+    }
+
+    /// The restarts of rolling config changes that are due: the member's config file gets
+    /// fencing on for the change's target, and its process is killed and started again onto
+    /// it (a member down already starts onto it when it comes back).
+    fn roll_configs(&mut self) {
+        for i in 0..self.schedule.faults.len() {
+            let f = self.schedule.faults[i];
+            let FaultKind::RollingConfig { target, first } = f.kind else {
+                continue;
+            };
+            let turn_ms = f.for_ms / MEMBERS;
+            for turn in 0..MEMBERS {
+                if f.at + turn * turn_ms > self.now || !self.rolled.insert((i, turn)) {
+                    continue;
+                }
+                let id = (first - 1 + turn) % MEMBERS + 1;
+                self.members.get_mut(&id).expect("member").config.fenced[target] = true;
+                self.stats.rolling_restarts += 1;
+                self.note(format!(
+                    "member {id} restarts onto the config with fencing on for target {target}"
+                ));
+                self.crash(id, self.now + turn_ms / 4);
             }
         }
     }
@@ -881,7 +1119,12 @@ impl World {
                 continue;
             }
             if self.members[&id].frozen_until.is_some() {
-                self.members.get_mut(&id).expect("member").frozen_until = None;
+                // The leader's replication reaches it again with its next heartbeat.
+                let heartbeat = self.timing.heartbeat_interval.as_millis() as u64;
+                let catch_up_at = self.now + self.rng.gen_range(0..=heartbeat);
+                let m = self.members.get_mut(&id).expect("member");
+                m.frozen_until = None;
+                m.catch_up_at = catch_up_at;
                 self.note(format!("member {id} continues"));
             }
             self.apply_log(id);
@@ -927,7 +1170,7 @@ impl World {
 
     fn apply_log(&mut self, id: NodeId) {
         let Some(leader) = self.leader else { return };
-        if !self.reach(id, leader) {
+        if !self.reach(id, leader) || self.now < self.members[&id].catch_up_at {
             return;
         }
         let now = self.at(self.now);
@@ -982,6 +1225,11 @@ impl World {
                 .features_published = true;
             self.propose(id, Command::publish_features(id), Purpose::Features);
         }
+        if !self.members[&id].config_published {
+            let digests = self.digests(self.members[&id].config);
+            self.members.get_mut(&id).expect("member").config_published = true;
+            self.propose(id, Command::publish_config(id, digests), Purpose::Config);
+        }
         let m = &self.members[&id];
         if self.inherit && !m.abandon_in_flight {
             if let Some(incarnation) = m.inheritance.to_abandon(&m.state, id) {
@@ -1033,12 +1281,14 @@ impl World {
             return;
         }
         m.next_round = now + self.timing.assignment_interval.as_millis() as u64;
+        let topology = self.topology_of(id);
+        let m = self.members.get_mut(&id).expect("member");
         let (_, leader) = m.leading.as_mut().expect("leading");
         let (cmd, ops) = leader.round(
             &m.state,
             self.base + Duration::from_millis(now),
             &self.timing,
-            &self.topology,
+            topology.as_ref(),
         );
         let term = self.term;
         let run = m.run;
@@ -1075,14 +1325,21 @@ impl World {
             let granted = assignments
                 .iter()
                 .any(|a| &a.unit == unit && a.epoch == w.epoch);
-            let identity_ok = w.identity.is_none_or(|(_, inc)| usable == Some(inc));
+            // Writers with the configured credential do not follow the identity.
+            let identity_ok = match w.credential {
+                Some(Credential::Writer((_, inc))) => usable == Some(inc),
+                Some(Credential::Configured) | None => true,
+            };
             granted && identity_ok
         });
         let mut new = Vec::new();
         for a in &assignments {
             match m.writers.get_mut(&a.unit) {
                 Some(w) => {
-                    if a.release_requested && w.phase == Phase::Copying {
+                    // As the coordinator stops a running pair asked to hand its unit back,
+                    // also one still resuming (waiting for an identity or a login).
+                    let running = matches!(w.phase, Phase::Resuming | Phase::Copying);
+                    if a.release_requested && running {
                         w.phase = Phase::Draining {
                             release_sent: false,
                         };
@@ -1131,7 +1388,7 @@ impl World {
     fn scan_tail(
         &self,
         id: NodeId,
-        who: Identity,
+        who: Credential,
         unit: &WorkUnit,
         confirmed: Option<u64>,
     ) -> Result<(Tail, u64), Refusal> {
@@ -1162,12 +1419,166 @@ impl World {
         }
     }
 
+    /// Whether member `id`'s connection to target `ti` is logged in as `who`. If not, its
+    /// login starts (a new connection: after a switch of identity, a restart of the target or
+    /// a call that timed out) unless one is on its way; the writer waits for it. The
+    /// configured credential is never refused: its logins are not modelled.
+    fn logged_in(&mut self, id: NodeId, ti: usize, who: Credential) -> bool {
+        let Credential::Writer((_, incarnation)) = who else {
+            return true;
+        };
+        let restarts = self.restarts[ti];
+        let now = self.now;
+        let m = self.members.get_mut(&id).expect("member");
+        if let Some(c) = m.connections.get(&ti) {
+            if c.incarnation == incarnation && c.restarts == restarts {
+                match c.login {
+                    Login::Open => return true,
+                    Login::Pending => return false,
+                    Login::Failed { retry_at } if now < retry_at => return false,
+                    Login::Failed { .. } => {}
+                }
+            }
+        }
+        // A connection of another identity is replaced, and a login of it still on its way
+        // answers later (a refusal of it is reported all the same).
+        m.connections.insert(
+            ti,
+            Connection {
+                incarnation,
+                restarts,
+                login: Login::Pending,
+            },
+        );
+        let run = m.run;
+        if self.cut(id, ti) {
+            // The connect does not get through: it times out.
+            self.schedule_event(
+                SEND_TIMEOUT,
+                Event::LoginAnswer {
+                    to: id,
+                    run,
+                    target: ti,
+                    incarnation,
+                    restarts,
+                    outcome: LoginOutcome::Failed,
+                },
+            );
+        } else {
+            let delay = self.target_delay(ti);
+            self.schedule_event(
+                delay,
+                Event::LoginArrive {
+                    from: id,
+                    run,
+                    target: ti,
+                    incarnation,
+                    restarts,
+                },
+            );
+        }
+        false
+    }
+
+    /// Member `id`'s identity follower hears that a target refused a login as its identity
+    /// `refused`, and decides as the node's does (`Refusal::of`: only a refusal of the identity
+    /// it writes as now gives that one up, the late answer to a connect of a replaced one gives
+    /// nothing up; at most one identity per `MIN_ABANDON_INTERVAL`). Checked: every identity a
+    /// member gives up after a refusal is one a target refused, so a late refusal never costs
+    /// the identity that replaced the refused one, and identities are not burned one after the
+    /// other.
+    fn login_refused(&mut self, id: NodeId, refused: u64) -> Result<(), Violation> {
+        self.stats.logins_refused += 1;
+        let m = &self.members[&id];
+        let current = m.usable_identity(self.inherit);
+        let give_up = if self.any_refusal_gives_up {
+            current
+        } else {
+            refusal_gives_up(id, refused, current)
+        };
+        let Some(incarnation) = give_up else {
+            self.stats.late_refusals += 1;
+            self.note(format!(
+                "member {id}: a late refusal of identity {refused} (writing as {current:?}) gives nothing up"
+            ));
+            return Ok(());
+        };
+        let pause = MIN_ABANDON_INTERVAL.as_millis() as u64;
+        if m.last_given_up.is_some_and(|at| self.now - at < pause) {
+            self.note(format!(
+                "member {id}: identity {refused} refused again; not giving another identity up yet"
+            ));
+            return Ok(());
+        }
+        if !self
+            .targets
+            .iter()
+            .any(|t| t.refused_login((id, incarnation)))
+        {
+            return Err(self.fail(format!(
+                "member {id} gave its identity {incarnation} up after a refused login of identity {refused}, but no target ever refused {incarnation}"
+            )));
+        }
+        let now = self.now;
+        self.members.get_mut(&id).expect("member").last_given_up = Some(now);
+        self.stats.identities_given_up += 1;
+        self.note(format!(
+            "member {id} gives its identity {incarnation} up: a target refused its login"
+        ));
+        self.propose(id, Command::fence_member(id, incarnation), Purpose::GiveUp);
+        Ok(())
+    }
+
+    /// A send with the configured credential checks the lease and the epoch once more as it
+    /// is written to the socket (`Cluster::call_checked`: microseconds after the check, which
+    /// the simulation does not split): a process frozen since its first check sends only if
+    /// they still hold. `false`: held back, and its writer told.
+    fn checked_at_departure(&mut self, send: &Send) -> bool {
+        let m = &self.members[&send.from];
+        let holds = m
+            .state
+            .assignments_of(send.from)
+            .iter()
+            .any(|a| a.unit == send.unit && a.epoch == send.epoch);
+        let lease = if holds { m.lease } else { None };
+        let veto = match may_send(
+            self.at(self.now),
+            lease,
+            self.writer.send_lease_margin,
+            holds,
+        ) {
+            Ok(()) => return true,
+            Err(veto) => veto,
+        };
+        self.stats.held_at_departure += 1;
+        self.note(format!(
+            "{}: member {} holds a send back as it departs ({veto:?})",
+            send.unit, send.from
+        ));
+        let now = self.now;
+        let m = self.members.get_mut(&send.from).expect("member");
+        if let Some(w) = m
+            .writers
+            .get_mut(&send.unit)
+            .filter(|w| w.session == send.session)
+        {
+            w.in_flight = None;
+            match veto {
+                Veto::EpochNotCurrent => {
+                    m.writers.remove(&send.unit);
+                }
+                Veto::LeaseExpiring => w.retry_at = now + LEASE_RECHECK,
+            }
+        }
+        false
+    }
+
     fn writer_step(&mut self, id: NodeId, unit: &WorkUnit) -> Result<(), Violation> {
         let now = self.now;
         let now_i = self.at(now);
         let ti = self.target_of(unit);
         let inherit = self.inherit;
-        let (identity, holds, lease, level, progress) = {
+        let (credential, holds, lease, level, progress) = {
             let m = &self.members[&id];
             let w = &m.writers[unit];
             let holds = m
@@ -1175,8 +1586,16 @@ impl World {
                 .assignments_of(id)
                 .iter()
                 .any(|a| &a.unit == unit && a.epoch == w.epoch);
+            // A target with fencing on in its config is written as its current identity
+            // (none usable: the writer waits), any other with the configured credential.
+            let credential = if m.config.fenced[ti] {
+                m.usable_identity(inherit)
+                    .map(|inc| Credential::Writer((id, inc)))
+            } else {
+                Some(Credential::Configured)
+            };
             (
-                m.usable_identity(inherit),
+                credential,
                 holds,
                 m.lease,
                 m.state.feature_level(),
@@ -1192,7 +1611,7 @@ impl World {
             .remove(unit)
             .expect("writer");
         let keep = self.writer_decide(
-            id, ti, &mut w, identity, holds, lease, level, progress, upstream, now, now_i,
+            id, ti, &mut w, credential, holds, lease, level, progress, upstream, now, now_i,
         )?;
         if keep {
             self.members
@@ -1210,7 +1629,7 @@ impl World {
         id: NodeId,
         ti: usize,
         w: &mut Writer,
-        identity: Option<u64>,
+        credential: Option<Credential>,
         holds: bool,
         lease: Option<Instant>,
         level: u32,
@@ -1225,11 +1644,13 @@ impl World {
         let unit = w.unit.clone();
         match w.phase {
             Phase::Resuming => {
-                let Some(inc) = identity else {
+                let Some(who) = credential else {
                     w.retry_at = now + RETRY;
                     return Ok(true);
                 };
-                let who = (id, inc);
+                if !self.logged_in(id, ti, who) {
+                    return Ok(true);
+                }
                 let confirmed = progress.and_then(|p| p.confirmed);
                 match self.scan_tail(id, who, &unit, confirmed) {
                     Ok((tail, next_down)) => {
@@ -1242,7 +1663,7 @@ impl World {
                         w.read_at = plan.from;
                         // As the writer does: the tail found is the last copy known downstream.
                         w.last_copied = tail.hit().map(|(_, up)| up);
-                        w.identity = Some(who);
+                        w.credential = Some(who);
                         w.connection = self.restarts[ti];
                         w.phase = Phase::Copying;
                         self.note(format!(
@@ -1289,7 +1710,10 @@ impl World {
                 if w.in_flight.is_some() {
                     return Ok(true);
                 }
-                let who = w.identity.expect("a copying writer has logged in");
+                let who = w.credential.expect("a copying writer has logged in");
+                if !self.logged_in(id, ti, who) {
+                    return Ok(true);
+                }
                 if w.resync || w.connection != self.restarts[ti] {
                     // The previous send may have landed (or the target restarted under the
                     // connection): re-read the tail before sending again.
@@ -1346,12 +1770,16 @@ impl World {
                     run: self.members[&id].run,
                     target: ti,
                     unit,
+                    epoch: w.epoch,
                     session: w.session,
                     who,
                     upstream: (lo..hi).collect(),
                     connection: w.connection,
+                    started: now,
                 };
-                // Between the check and the socket write the process may stop (a freeze).
+                // Between the check and the socket write the process may stop (a freeze); a
+                // send as a writer identity departs after it, checked before (what the fence
+                // covers), one with the configured credential checks again as it departs.
                 let delay = self.rng.gen_range(0..=2);
                 self.schedule_event(delay, Event::Depart(send));
                 Ok(true)
@@ -1454,12 +1882,25 @@ impl World {
                     self.schedule_event(wait, Event::Depart(send));
                     return Ok(());
                 }
+                let configured = send.who == Credential::Configured;
+                if configured {
+                    if !self.checked_at_departure(&send) {
+                        return Ok(());
+                    }
+                    self.stats.configured_sends += 1;
+                }
                 if self.cut(from, send.target) {
                     self.stats.unknown_outcomes += 1;
-                    self.answer_send(&send, None, SEND_TIMEOUT);
+                    self.answer_send(&send, None, SEND_TIMEOUT, true);
                     return Ok(());
                 }
-                let delay = self.target_delay(send.target);
+                let mut delay = self.target_delay(send.target);
+                if configured {
+                    // The lease alone rests on a send reaching its target within
+                    // `send_lease_margin` (the margin is longer than one send takes).
+                    let margin = self.writer.send_lease_margin.as_millis() as u64;
+                    delay = delay.min(margin - 1);
+                }
                 self.schedule_event(delay, Event::Arrive(send));
                 Ok(())
             }
@@ -1504,10 +1945,10 @@ impl World {
                 }) || self.cut(send.from, send.target);
                 if lost {
                     self.stats.unknown_outcomes += 1;
-                    self.answer_send(&send, None, SEND_TIMEOUT);
+                    self.answer_send(&send, None, SEND_TIMEOUT, true);
                 } else {
                     let delay = self.rng.gen_range(1..=10);
-                    self.answer_send(&send, landed, delay);
+                    self.answer_send(&send, landed, delay, false);
                 }
                 Ok(())
             }
@@ -1517,6 +1958,8 @@ impl World {
                 unit,
                 session,
                 landed,
+                started,
+                timed_out,
             } => {
                 if self.deferred(to, run, |to| Event::SendAnswer {
                     to,
@@ -1524,10 +1967,101 @@ impl World {
                     unit: unit.clone(),
                     session,
                     landed,
+                    started,
+                    timed_out,
                 }) {
                     return Ok(());
                 }
-                self.send_answer(to, &unit, session, landed);
+                // A call in flight across a freeze longer than its timeout timed out when the
+                // process continued, whatever the answer waiting for it.
+                let frozen_meanwhile = self.members[&to].frozen_at.is_some_and(|at| at >= started);
+                let late = frozen_meanwhile && self.now - started > SEND_TIMEOUT;
+                if late && !timed_out {
+                    self.stats.unknown_outcomes += 1;
+                }
+                let timed_out = timed_out || late;
+                let landed = if timed_out { None } else { landed };
+                self.send_answer(to, &unit, session, landed, timed_out);
+                Ok(())
+            }
+            Event::LoginArrive {
+                from,
+                run,
+                target,
+                incarnation,
+                restarts,
+            } => {
+                let outcome = if restarts != self.restarts[target] {
+                    // The connection was dropped by a restart of the target.
+                    LoginOutcome::Failed
+                } else {
+                    match self.targets[target].login((from, incarnation)) {
+                        Ok(()) => LoginOutcome::Accepted,
+                        Err(Refusal::Denied) => LoginOutcome::Refused,
+                        Err(Refusal::Down) => LoginOutcome::Failed,
+                    }
+                };
+                let lost = self.lost(|k| match k {
+                    FaultKind::LoseTargetAnswers { target: t, percent } if *t == target => {
+                        Some(*percent)
+                    }
+                    _ => None,
+                }) || self.cut(from, target);
+                let (delay, outcome) = if lost {
+                    (SEND_TIMEOUT, LoginOutcome::Failed)
+                } else {
+                    (self.rng.gen_range(1..=10), outcome)
+                };
+                self.schedule_event(
+                    delay,
+                    Event::LoginAnswer {
+                        to: from,
+                        run,
+                        target,
+                        incarnation,
+                        restarts,
+                        outcome,
+                    },
+                );
+                Ok(())
+            }
+            Event::LoginAnswer {
+                to,
+                run,
+                target,
+                incarnation,
+                restarts,
+                outcome,
+            } => {
+                if self.deferred(to, run, |to| Event::LoginAnswer {
+                    to,
+                    run,
+                    target,
+                    incarnation,
+                    restarts,
+                    outcome,
+                }) {
+                    return Ok(());
+                }
+                let now = self.now;
+                let m = self.members.get_mut(&to).expect("member");
+                let awaited = Connection {
+                    incarnation,
+                    restarts,
+                    login: Login::Pending,
+                };
+                if let Some(c) = m.connections.get_mut(&target).filter(|c| **c == awaited) {
+                    c.login = if outcome == LoginOutcome::Accepted {
+                        Login::Open
+                    } else {
+                        Login::Failed {
+                            retry_at: now + RETRY,
+                        }
+                    };
+                }
+                if outcome == LoginOutcome::Refused {
+                    self.login_refused(to, incarnation)?;
+                }
                 Ok(())
             }
             Event::FenceArrive {
@@ -1582,9 +2116,9 @@ impl World {
                             l.ensured(target, *node, *incarnation);
                         }
                     }
-                } else if let Some(cmd) =
-                    acknowledged(&op, &self.topology, &self.members[&leader].state, leader)
-                {
+                } else if let Some(cmd) = self.topology_of(leader).and_then(|topology| {
+                    acknowledged(&op, &topology, &self.members[&leader].state, leader)
+                }) {
                     if matches!(op, TargetOp::Revoke { .. }) {
                         self.stats.fences += 1;
                         self.note(format!("fenced on the target: {op:?}"));
@@ -1611,7 +2145,15 @@ impl World {
         false
     }
 
-    fn answer_send(&mut self, send: &Send, landed: Option<Option<u64>>, delay: Ms) {
+    /// Answers `send` after `delay`; `timed_out`: no answer reaches the writer, which gives
+    /// the call up after `SEND_TIMEOUT` (`delay`).
+    fn answer_send(
+        &mut self,
+        send: &Send,
+        landed: Option<Option<u64>>,
+        delay: Ms,
+        timed_out: bool,
+    ) {
         self.schedule_event(
             delay,
             Event::SendAnswer {
@@ -1620,6 +2162,8 @@ impl World {
                 unit: send.unit.clone(),
                 session: send.session,
                 landed,
+                started: send.started,
+                timed_out,
             },
         );
     }
@@ -1630,12 +2174,24 @@ impl World {
         unit: &WorkUnit,
         session: u64,
         landed: Option<Option<u64>>,
+        timed_out: bool,
     ) {
         let now = self.now;
+        let ti = self.target_of(unit);
         let m = self.members.get_mut(&to).expect("member");
         let Some(w) = m.writers.get_mut(unit).filter(|w| w.session == session) else {
             return;
         };
+        if let (true, Some(Credential::Writer((_, incarnation)))) = (timed_out, w.credential) {
+            // A call that timed out drops its connection: the next one logs in again.
+            let used = m
+                .connections
+                .get(&ti)
+                .is_some_and(|c| c.incarnation == incarnation && c.restarts == w.connection);
+            if used {
+                m.connections.remove(&ti);
+            }
+        }
         let batch = w.in_flight.take();
         // A send that landed elsewhere than after the previous one is handled as one whose
         // outcome is unknown (`Error::UnexpectedAppend`).
@@ -1672,8 +2228,8 @@ impl World {
         }
     }
 
-    /// Runs a leader's fence operation on the targets it names (all of them for a forget);
-    /// `false` if one is down or cut off from the leader.
+    /// Runs a leader's fence operation on the targets it names (for a forget, every target
+    /// its config fences); `false` if one is down or cut off from the leader.
     fn run_fence_op(&mut self, leader: NodeId, op: &TargetOp) -> bool {
         let (who, target, revoke) = match op {
             TargetOp::Revoke {
@@ -1693,7 +2249,10 @@ impl World {
                 Some(ti) => vec![ti],
                 None => return false,
             },
-            None => (0..TARGETS).collect(),
+            None => {
+                let fenced = self.members[&leader].config.fenced;
+                (0..TARGETS).filter(|ti| fenced[*ti]).collect()
+            }
         };
         targets.into_iter().all(|ti| {
             !self.cut(leader, ti)
@@ -1759,10 +2318,16 @@ impl World {
                 }
             }
             Purpose::Abandon => m.abandon_in_flight = false,
+            Purpose::Config => {
+                if answer.is_none() {
+                    m.config_published = false;
+                }
+            }
             Purpose::Report
             | Purpose::Round
             | Purpose::FenceAck
             | Purpose::Release
+            | Purpose::GiveUp
             | Purpose::Duplicate => {}
         }
     }

@@ -153,7 +153,7 @@ impl WriterTargets {
 }
 
 /// Least time between two identities one process gives up (see [`follow`]).
-const MIN_ABANDON_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const MIN_ABANDON_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Refused logins reported and not yet read by [`follow`]; more are dropped (a refused
 /// identity is refused again at its next connect).
@@ -162,7 +162,7 @@ const REFUSALS_QUEUED: usize = 16;
 /// What [`follow`] does with a refused login of identity `refused`, given the identity it
 /// writes as now (`current`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refusal {
+pub(crate) enum Refusal {
     /// The current identity: give it up for the next one.
     GiveUp(u64),
     /// A late answer to a connect of an identity replaced since (or of none): the current
@@ -171,7 +171,7 @@ enum Refusal {
 }
 
 impl Refusal {
-    fn of(refused: u64, current: Option<&WriterLogin>) -> Self {
+    pub(crate) fn of(refused: u64, current: Option<&WriterLogin>) -> Self {
         match current {
             Some(login) if login.incarnation == refused => Refusal::GiveUp(refused),
             _ => Refusal::Late,
