@@ -39,24 +39,7 @@ fn main() -> ExitCode {
             *classes.entry(fault.kind.class()).or_default() += 1;
         }
         match replicator_sim::run(seed) {
-            Ok(stats) => {
-                totals.entries += stats.entries;
-                totals.elections += stats.elections;
-                totals.fences += stats.fences;
-                totals.refused_sends += stats.refused_sends;
-                totals.unknown_outcomes += stats.unknown_outcomes;
-                totals.downstream_losses += stats.downstream_losses;
-                totals.landed_mismatches += stats.landed_mismatches;
-                totals.translations += stats.translations;
-                totals.settled_after = totals.settled_after.max(stats.settled_after);
-                totals.wiped_restarts += stats.wiped_restarts;
-                totals.rolling_restarts += stats.rolling_restarts;
-                totals.configured_sends += stats.configured_sends;
-                totals.held_at_departure += stats.held_at_departure;
-                totals.logins_refused += stats.logins_refused;
-                totals.late_refusals += stats.late_refusals;
-                totals.identities_given_up += stats.identities_given_up;
-            }
+            Ok(stats) => totals.add(&stats),
             Err(failure) => {
                 failed += 1;
                 println!("{}", replicator_sim::minimise(failure));

@@ -110,6 +110,30 @@ pub struct Stats {
     pub identities_given_up: u64,
 }
 
+impl Stats {
+    /// Adds `other`'s counts to these (the slowest settle is the larger of the two): the
+    /// totals of a run of many seeds.
+    pub fn add(&mut self, other: &Stats) {
+        self.entries += other.entries;
+        self.produced += other.produced;
+        self.elections += other.elections;
+        self.fences += other.fences;
+        self.refused_sends += other.refused_sends;
+        self.unknown_outcomes += other.unknown_outcomes;
+        self.downstream_losses += other.downstream_losses;
+        self.landed_mismatches += other.landed_mismatches;
+        self.translations += other.translations;
+        self.settled_after = self.settled_after.max(other.settled_after);
+        self.wiped_restarts += other.wiped_restarts;
+        self.rolling_restarts += other.rolling_restarts;
+        self.configured_sends += other.configured_sends;
+        self.held_at_departure += other.held_at_departure;
+        self.logins_refused += other.logins_refused;
+        self.late_refusals += other.late_refusals;
+        self.identities_given_up += other.identities_given_up;
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Purpose {
     Register,
