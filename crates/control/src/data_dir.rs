@@ -102,6 +102,24 @@ fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     write().map_err(|e| dir_err(&target, format!("cannot write: {e}")))
 }
 
+/// Makes every write to `db` so far durable, on a tokio blocking thread.
+///
+/// Not sled's `flush_async`: that runs the flush as a job of sled's process-wide IO pool, and
+/// the flush waits for the pool's write jobs. Once as many flushes run as the pool keeps idle
+/// threads (seven), a write queued behind them never gets a thread (the pool grows only when
+/// its queue is deeper than that), and every flush, and a dropped `Db`'s final flush, waits
+/// forever. Seen as a hung control test with several in-process nodes; a busy single node
+/// can get there too. Here the flushes wait on tokio's threads and sled's pool only writes.
+pub(crate) async fn flush(db: &sled::Db) -> std::io::Result<usize> {
+    let db = db.clone();
+    match tokio::task::spawn_blocking(move || db.flush()).await {
+        Ok(flushed) => flushed.map_err(std::io::Error::other),
+        Err(e) => Err(std::io::Error::other(format!(
+            "database flush task failed: {e}"
+        ))),
+    }
+}
+
 /// Opens a tree, naming the data dir on failure.
 pub(crate) fn tree(db: &sled::Db, dir: &Path, name: &str) -> Result<sled::Tree> {
     db.open_tree(name)
@@ -111,6 +129,35 @@ pub(crate) fn tree(db: &sled::Db, dir: &Path, name: &str) -> Result<sled::Tree> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// More concurrent flushes than sled's IO pool keeps idle threads, each after a write: with
+    /// `flush_async` the pool's flushes wait for writes queued behind them (the test binary
+    /// aborts after two minutes; it hung in every try).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn many_concurrent_flushes_all_complete() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let db = open(tmp.path()).expect("fresh dir opens");
+        let flushers = (0..32u32).map(|task| {
+            let db = db.clone();
+            tokio::spawn(async move {
+                for round in 0..40u32 {
+                    let key = format!("{task}-{round}");
+                    db.insert(key.as_bytes(), &[7u8; 512][..]).expect("insert");
+                    flush(&db).await.expect("flush");
+                }
+            })
+        });
+        let all = futures::future::join_all(flushers);
+        let Ok(done) = tokio::time::timeout(std::time::Duration::from_secs(120), all).await else {
+            // Not a panic: unwinding drops the `Db`, whose final flush would hang as well.
+            eprintln!("sled's flushes hang: its IO pool is starved");
+            std::process::abort();
+        };
+        for task in done {
+            task.expect("flusher task");
+        }
+        assert_eq!(db.len(), 32 * 40);
+    }
 
     #[test]
     fn a_fresh_volume_with_lost_and_found_is_initialised() {

@@ -175,7 +175,7 @@ impl LogStore {
     }
 
     async fn flush(&self) -> std::result::Result<(), AnyError> {
-        self.db.flush_async().await.map_err(any)?;
+        data_dir::flush(&self.db).await.map_err(any)?;
         Ok(())
     }
 
@@ -318,8 +318,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .map_err(|e| StorageIOError::write_logs(any(e)))?;
         }
         // Durable before acknowledged: the callback fires only after the flush.
-        let flushed = self.db.flush_async().await;
-        callback.log_io_completed(flushed.map(|_| ()).map_err(std::io::Error::other));
+        let flushed = data_dir::flush(&self.db).await;
+        callback.log_io_completed(flushed.map(|_| ()));
         Ok(())
     }
 

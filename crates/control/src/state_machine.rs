@@ -334,7 +334,7 @@ impl StateMachineStore {
     async fn persist(&self, stored: &StoredSnapshot) -> std::result::Result<(), AnyError> {
         let bytes = encode("snapshot", stored).map_err(any)?;
         self.snapshots.insert(KEY_SNAPSHOT, bytes).map_err(any)?;
-        self.db.flush_async().await.map_err(any)?;
+        data_dir::flush(&self.db).await.map_err(any)?;
         Ok(())
     }
 }

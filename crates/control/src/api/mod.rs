@@ -750,7 +750,7 @@ impl Control {
             tracing::warn!(error = %e, "raft shutdown failed");
         }
         self.stop_server(Duration::from_secs(2)).await;
-        if let Err(e) = self.runtime.db.flush_async().await {
+        if let Err(e) = crate::data_dir::flush(&self.runtime.db).await {
             tracing::error!(error = %e, "final database flush failed");
         }
         tracing::info!("control plane stopped");
