@@ -290,6 +290,13 @@ impl RunningNode {
             }
         };
         parts.publish_control(control.clone());
+        // Before the pipeline starts: it works on no unit the leader decided on by the config
+        // an earlier process of this node ran.
+        control.set_running_config(flow_digests(config));
+        // The previous process's sends with the configured credential are not stopped by the
+        // fence of its identity: that identity is given up once they can have landed.
+        let margin = pipeline_params(config).send_lease_margin;
+        control.earlier_sends_land_by(std::time::Instant::now() + margin);
         let publisher = ConfigPublisher::start(control.clone(), flow_digests(config));
 
         let start = start_pipeline(config, &control, &metrics);
@@ -372,6 +379,8 @@ impl RunningNode {
         if let Some(old) = self.pipeline.take() {
             old.shutdown_keeping(report.kept()).await;
         }
+        // The changed flows' units wait until the leader decided on the new digests.
+        self.control.set_running_config(new_digests.clone());
         match start_pipeline(&new, &self.control, &self.metrics).await {
             Ok(pipeline) => {
                 publish_pipeline(&self.parts, &pipeline, &new);
@@ -391,6 +400,7 @@ impl RunningNode {
             }
             Err(e) => {
                 // Back to what ran: its units of unchanged flows are still this node's.
+                self.control.set_running_config(old_digests);
                 let again = start_pipeline(&self.config, &self.control, &self.metrics).await;
                 let tail = match again {
                     Ok(pipeline) => {

@@ -128,8 +128,11 @@ pub(crate) fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
 }
 
 /// Publishes this node's flow digests to the control plane: the latest value set, once it
-/// changed, retrying every [`PUBLISH_RETRY`] while the write fails. Each value set is
-/// numbered, so that a reload can wait until its own is committed. Stopped when dropped.
+/// changed, retrying every [`PUBLISH_RETRY`] while the write fails, and again whenever the
+/// applied digests are not the ones published (an earlier process's `PublishConfig`, a
+/// forwarded write retried after its answer was lost, can be applied after this one's; the
+/// node then works on none of the changed flows' units until it is corrected). Each value set
+/// is numbered, so that a reload can wait until its own is committed. Stopped when dropped.
 pub(crate) struct ConfigPublisher {
     /// The digests to publish, numbered.
     digests: watch::Sender<(u64, BTreeMap<String, String>)>,
@@ -149,8 +152,16 @@ impl ConfigPublisher {
                 match control.publish_config(current).await {
                     Ok(()) => {
                         done.send_replace(number);
-                        if rx.changed().await.is_err() {
-                            return;
+                        loop {
+                            tokio::select! {
+                                changed = rx.changed() => if changed.is_err() { return } else { break },
+                                () = tokio::time::sleep(PUBLISH_RETRY) => {
+                                    if !control.running_config_applied() {
+                                        warn!("the applied config digests are not this node's (an earlier write applied late); publishing again");
+                                        break;
+                                    }
+                                }
+                            }
                         }
                     }
                     Err(e) => {

@@ -293,6 +293,8 @@ pub(crate) struct RoundContext<'a> {
     pub(crate) fencing: Option<(FenceTopology, EnsuredUsers)>,
     /// How many changes a round can see the state has had (`Shared::round_changes`).
     pub(crate) changes: u64,
+    /// The config digests the leader's process runs (`None`: it published none, no check).
+    pub(crate) own_config: Option<&'a BTreeMap<String, String>>,
 }
 
 /// What a round decides from besides the state itself: the state's change count, the term and
@@ -358,7 +360,16 @@ pub(crate) fn round(
         leader,
         fencing,
         changes,
+        own_config,
     } = cx;
+    if !state.config_applied(leader, own_config) {
+        // The state still holds the config this leader's previous process published: it would
+        // fence by its current config and compare the others with its previous one (a member
+        // on the old config taken as running a flow as the leader does, its units then moved
+        // by a fence that cannot stop its configured credential). Nothing is decided until
+        // this process's `PublishConfig` is applied, its first write as a restarted leader.
+        return (Vec::new(), FenceWork::default());
+    }
     view.observe(&state.members, now);
     // With fencing on, a member that missed its renewals for `fence_after` is fenced; only its
     // units writing to a fenced target move on that, the others wait for the lease.

@@ -295,9 +295,11 @@ impl ControlCommand {
             | ControlCommand::FenceTarget { .. }
             | ControlCommand::ReplaceFencedIdentity { .. }
             | ControlCommand::SetFlowPaused { .. } => true,
-            // Only units without an owner are reset; a config changes who may get units, which
-            // the next assignment round acts on.
-            ControlCommand::ResetOffsets { .. } | ControlCommand::PublishConfig { .. } => false,
+            // Only units without an owner are reset.
+            ControlCommand::ResetOffsets { .. } => false,
+            // A config changes who may get units, which the next assignment round acts on, and
+            // which of its units a node runs (`ControlState::assignments_running`).
+            ControlCommand::PublishConfig { .. } => true,
             ControlCommand::RecordStart { .. } | ControlCommand::ResetTopicOffsets { .. } => false,
             ControlCommand::SetWriterIdentity { .. }
             | ControlCommand::FenceMember { .. }

@@ -866,6 +866,7 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                 .fence
                 .as_ref()
                 .map(|_| (node.fence_topology(), node.fencing.ensured(term)));
+            let own_config = node.shared.running_config();
             assign::round(
                 &data.state,
                 &mut current,
@@ -877,6 +878,7 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                     leader: node.id,
                     fencing,
                     changes: node.shared.round_changes(),
+                    own_config: own_config.as_ref(),
                 },
             )
         };

@@ -126,6 +126,21 @@ impl State {
         self.0.assignments_of(node)
     }
 
+    /// Whether the config digests applied for `node` are `running`.
+    pub fn config_applied(&self, node: NodeId, running: &BTreeMap<String, String>) -> bool {
+        self.0.config_applied(node, Some(running))
+    }
+
+    /// `node`'s units of the flows whose applied config digest is `running`'s (the node's
+    /// `Shared` publishes these to its pipeline).
+    pub fn assignments_running(
+        &self,
+        node: NodeId,
+        running: &BTreeMap<String, String>,
+    ) -> Vec<Assignment> {
+        self.0.assignments_running(node, Some(running))
+    }
+
     /// Every unit's owner and epoch.
     pub fn owners(&self) -> Vec<(WorkUnit, Option<NodeId>, Epoch)> {
         self.0
@@ -258,13 +273,14 @@ impl Leader {
     /// One assignment round (the node's `run_assigner` runs the same function): the entry to
     /// write (if any) and the target operations to run. `topology`: the leader's fence
     /// topology, `None` when its config has fencing on for no cluster (the node then runs
-    /// without fencing).
+    /// without fencing). `own_config`: the config digests the leader's process runs.
     pub fn round(
         &mut self,
         state: &State,
         now: Instant,
         timing: &ControlTiming,
         topology: Option<&FenceTopology>,
+        own_config: Option<&BTreeMap<String, String>>,
     ) -> (Option<Command>, Vec<TargetOp>) {
         let (cmds, work) = assign::round(
             &state.0,
@@ -277,6 +293,7 @@ impl Leader {
                 leader: self.node,
                 fencing: topology.map(|t| (t.clone(), self.ensured.clone())),
                 changes: state.1,
+                own_config,
             },
         );
         let ops = work.ops().collect();

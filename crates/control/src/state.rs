@@ -588,6 +588,44 @@ impl ControlState {
         }
     }
 
+    /// Whether the config digests applied for `node` are `own`, the ones its process runs
+    /// now (`None`: not known, no check). After a restart onto another config the state holds
+    /// the previous process's digests until the new ones are applied, and every decision that
+    /// compares configs would compare the wrong one.
+    pub(crate) fn config_applied(
+        &self,
+        node: NodeId,
+        own: Option<&BTreeMap<String, String>>,
+    ) -> bool {
+        own.is_none_or(|own| self.config_digests.get(&node) == Some(own))
+    }
+
+    /// Like [`ControlState::config_applied`] for one flow: whether the leader judged `node`'s
+    /// units of `flow` on the config of it that `node` runs now.
+    pub(crate) fn flow_config_applied(
+        &self,
+        node: NodeId,
+        flow: &str,
+        own: Option<&BTreeMap<String, String>>,
+    ) -> bool {
+        own.is_none_or(|own| {
+            self.config_digests.get(&node).and_then(|d| d.get(flow)) == own.get(flow)
+        })
+    }
+
+    /// `node`'s assignments of the flows whose config as `node` runs it (`own`) is applied
+    /// ([`ControlState::flow_config_applied`]): the units it may work on. The others wait until
+    /// the leader decided on its current config of their flow.
+    pub(crate) fn assignments_running(
+        &self,
+        node: NodeId,
+        own: Option<&BTreeMap<String, String>>,
+    ) -> Vec<Assignment> {
+        let mut mine = self.assignments_of(node);
+        mine.retain(|a| self.flow_config_applied(node, &a.unit.flow, own));
+        mine
+    }
+
     /// Whether `unit` belongs to a paused flow.
     pub(crate) fn is_paused(&self, unit: &WorkUnit) -> bool {
         self.paused_flows.contains_key(&unit.flow)

@@ -6,6 +6,7 @@
 //! committed id, and log purging never passes the snapshot), so a restarted node comes back
 //! with exactly the state it had applied.
 
+use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -132,6 +133,12 @@ pub(crate) struct Shared {
     /// `ControlCommand::can_change_rounds`); bumped under the state's write lock, never reset,
     /// so that a round that reads it under the read lock knows whether it saw this state.
     round_changes: std::sync::atomic::AtomicU64,
+    /// The config digests this process runs (see [`Shared::set_running_config`]); `None`
+    /// until it says, and then no unit waits for them.
+    running_config: std::sync::Mutex<Option<BTreeMap<String, String>>>,
+    /// By when the last sends of this node's earlier processes can have landed (see
+    /// [`Shared::inherited_to_abandon`]); `None`: not said, no wait.
+    earlier_sends_landed_by: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// What this node knows about its latest snapshots (metrics: how large the state has grown and
@@ -161,7 +168,29 @@ impl Shared {
             writer_login: watch::channel(None).0,
             snapshot_figures: std::sync::Mutex::default(),
             round_changes: std::sync::atomic::AtomicU64::new(0),
+            running_config: std::sync::Mutex::new(None),
+            earlier_sends_landed_by: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The config digests this process runs from now on (before its pipeline starts on them,
+    /// and before they are published): the node works only on units of flows whose applied
+    /// digest is the running one (`ControlState::assignments_running`), and as the leader
+    /// decides nothing until its own are applied (`assign::round`).
+    pub(crate) fn set_running_config(&self, digests: BTreeMap<String, String>) {
+        *self
+            .running_config
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(digests);
+        self.publish();
+    }
+
+    /// The config digests this process runs, if it said.
+    pub(crate) fn running_config(&self) -> Option<BTreeMap<String, String>> {
+        self.running_config
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// How many changes a leader's round can see the applied state has had; read it with the
@@ -223,10 +252,28 @@ impl Shared {
     }
 
     /// The identity an earlier process of this node held that this one must give up (see
-    /// [`Inheritance`]), while it is still current and unfenced.
+    /// [`Inheritance`]), while it is still current and unfenced, once the earlier processes'
+    /// last sends can have landed: giving it up moves the node's units of the fenced targets
+    /// to others through its fence, which does not stop what an earlier process sent with the
+    /// configured credential (a rolling restart that turned fencing on for the target).
     pub(crate) fn inherited_to_abandon(&self) -> Option<u64> {
+        let landed_by = *self
+            .earlier_sends_landed_by
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if landed_by.is_some_and(|at| std::time::Instant::now() < at) {
+            return None;
+        }
         let current = self.read().state.identity_of(self.node);
         self.lock_inheritance().to_abandon(current)
+    }
+
+    /// Sets by when the last sends of this node's earlier processes can have landed.
+    pub(crate) fn set_earlier_sends_landed_by(&self, at: std::time::Instant) {
+        *self
+            .earlier_sends_landed_by
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(at);
     }
 
     pub(crate) fn subscribe_assignments(&self) -> watch::Receiver<Vec<Assignment>> {
@@ -258,7 +305,10 @@ impl Shared {
             inheritance.observe(applied, current);
             let usable = inheritance.usable(current);
             (
-                assignments_may_differ.then(|| data.state.assignments_of(self.node)),
+                assignments_may_differ.then(|| {
+                    let running = self.running_config();
+                    data.state.assignments_running(self.node, running.as_ref())
+                }),
                 applied,
                 data.state
                     .writer_login(self.node, &self.passwords)

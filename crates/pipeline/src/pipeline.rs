@@ -129,6 +129,7 @@ impl Pipeline {
             &params.clusters,
             &clusters,
             params.operation_timeout,
+            params.send_lease_margin,
         ));
         let meters = MeterRegistry::default();
         let meters_registry = meters.clone();

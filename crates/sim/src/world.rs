@@ -24,7 +24,9 @@ use replicator_control::sim_support::{
     acknowledged, lease_until, Answer, Command, Inheritance, Leader, Observer, State, TargetOp,
 };
 use replicator_control::{ControlTiming, FenceTopology};
-use replicator_model::{CommitCounters, CommitOutcome, Epoch, NodeId, ProgressCommit, WorkUnit};
+use replicator_model::{
+    Assignment, CommitCounters, CommitOutcome, Epoch, NodeId, ProgressCommit, WorkUnit,
+};
 use replicator_pipeline::sim_support::{
     may_send, refusal_gives_up, resume, CommitTracker, LandedCheck, OffsetMap, Page, Seen, Tail,
     TailScan, Veto, WriterDefaults, MIN_ABANDON_INTERVAL,
@@ -366,12 +368,19 @@ struct Member {
     // In memory, lost with the process:
     /// Which identity this process may write as (never its predecessor's).
     inheritance: Inheritance,
+    /// Until when this process neither takes up nor hands back a unit (the pipeline's
+    /// `fencing::handover`) nor gives up its inherited identity (the control plane's
+    /// `Shared::inherited_to_abandon`): its predecessor's last sends with the configured
+    /// credential can land until then.
+    earlier_sends_landed_by: Ms,
     abandon_in_flight: bool,
     /// When the identity follower last gave an identity up after a refused login.
     last_given_up: Option<Ms>,
     /// Per fenced target: the connection its writers share.
     connections: BTreeMap<usize, Connection>,
     config_published: bool,
+    /// A `PublishConfig` of this process is on its way.
+    config_in_flight: bool,
     observer: Observer,
     leading: Option<(u64, Leader)>,
     lease: Option<Instant>,
@@ -399,10 +408,12 @@ impl Member {
             state: State::default(),
             applied: 0,
             inheritance: Inheritance::new(0),
+            earlier_sends_landed_by: 0,
             abandon_in_flight: false,
             last_given_up: None,
             connections: BTreeMap::new(),
             config_published: false,
+            config_in_flight: false,
             observer: Observer::default(),
             leading: None,
             lease: None,
@@ -422,7 +433,8 @@ impl Member {
     /// `local_log_bounds`: it decides what it inherited as of its local log at start, as the
     /// node did before issue 51 (item 4), for the regression test that shows the simulator
     /// finds what that does after a wipe.
-    fn restart(&mut self, now: Ms, wiped: bool, local_log_bounds: bool) {
+    /// `landed_by`: when its predecessor's last sends can have landed.
+    fn restart(&mut self, now: Ms, wiped: bool, local_log_bounds: bool, landed_by: Ms) {
         let (state, applied) = if wiped {
             (State::default(), 0)
         } else {
@@ -440,6 +452,7 @@ impl Member {
             state,
             applied,
             inheritance,
+            earlier_sends_landed_by: landed_by,
             next_renew: now,
             ..Self::new(self.id, self.config)
         };
@@ -509,6 +522,14 @@ pub struct World {
     /// (off: only a refusal of the current one does, the node's behaviour; on only to show
     /// what the simulator finds without it).
     any_refusal_gives_up: bool,
+    /// Whether a restarted process takes up and hands back units at once (off: it waits as
+    /// the pipeline does, `fencing::handover`; on only to show what the simulator finds
+    /// without it).
+    handover_at_once: bool,
+    /// Whether members and leaders decide on the applied config digests whichever process
+    /// published them (off: as the node does; on only to show what the simulator finds
+    /// without it).
+    previous_config_decides: bool,
     /// Statistics of the run.
     pub stats: Stats,
 }
@@ -581,6 +602,8 @@ impl World {
             inherit: true,
             local_log_bounds: false,
             any_refusal_gives_up: false,
+            handover_at_once: false,
+            previous_config_decides: false,
             stats: Stats::default(),
         }
     }
@@ -608,6 +631,35 @@ impl World {
     pub fn giving_up_the_current_identity_on_any_refusal(mut self) -> Self {
         self.any_refusal_gives_up = true;
         self
+    }
+
+    /// A restarted process takes up and hands back its units at once (the pipeline before
+    /// `fencing::handover`): its predecessor's last sends can land behind the next copy. For
+    /// the regression test that shows the simulator finds it.
+    pub fn handing_over_at_once(mut self) -> Self {
+        self.handover_at_once = true;
+        self
+    }
+
+    /// Members and leaders decide on the config digests applied for them, whichever process
+    /// published them (before `ControlState::assignments_running` and the leader's wait for
+    /// its own digests): a process restarted onto another config works on units granted by
+    /// its previous one, and a leader compares the others with its previous config. For the
+    /// regression test that shows the simulator finds it.
+    pub fn deciding_on_a_previous_config(mut self) -> Self {
+        self.previous_config_decides = true;
+        self
+    }
+
+    /// The units `id` works on: its assignments of the flows whose applied config digest is
+    /// the one its process runs (the node's `Shared` publishes only these).
+    fn running_assignments(&self, id: NodeId) -> Vec<Assignment> {
+        let m = &self.members[&id];
+        if self.previous_config_decides {
+            m.state.assignments_of(id)
+        } else {
+            m.state.assignments_running(id, &self.digests(m.config))
+        }
     }
 
     /// The flows' config digests of `config` (what `PublishConfig` carries): a flow's target
@@ -810,8 +862,13 @@ impl World {
                 let now = self.now;
                 let wiped = self.wiped.remove(&id);
                 let local_log_bounds = self.local_log_bounds;
+                let landed_by = if self.handover_at_once {
+                    now
+                } else {
+                    now + self.writer.send_lease_margin.as_millis() as u64
+                };
                 let m = self.members.get_mut(&id).expect("member");
-                m.restart(now, wiped, local_log_bounds);
+                m.restart(now, wiped, local_log_bounds, landed_by);
                 if wiped {
                     self.stats.wiped_restarts += 1;
                     self.note(format!("member {id} restarted with an empty data dir"));
@@ -1249,13 +1306,25 @@ impl World {
                 .features_published = true;
             self.propose(id, Command::publish_features(id), Purpose::Features);
         }
-        if !self.members[&id].config_published {
+        let m = &self.members[&id];
+        // Published again when an earlier process's `PublishConfig` (a retried write) was
+        // applied after this one's, as the node's `ConfigPublisher` does.
+        let stale = m.config_published
+            && !m.config_in_flight
+            && !m.state.config_applied(id, &self.digests(m.config));
+        if !self.members[&id].config_published || stale {
             let digests = self.digests(self.members[&id].config);
-            self.members.get_mut(&id).expect("member").config_published = true;
+            let m = self.members.get_mut(&id).expect("member");
+            m.config_published = true;
+            m.config_in_flight = true;
             self.propose(id, Command::publish_config(id, digests), Purpose::Config);
         }
         let m = &self.members[&id];
-        if self.inherit && !m.abandon_in_flight {
+        // As the node: the inherited identity is given up (its units of fenced targets then
+        // move through its fence) once the predecessor's last sends with the configured
+        // credential can have landed.
+        let landed = self.handover_at_once || now >= m.earlier_sends_landed_by;
+        if self.inherit && landed && !m.abandon_in_flight {
             if let Some(incarnation) = m.inheritance.to_abandon(&m.state, id) {
                 self.members.get_mut(&id).expect("member").abandon_in_flight = true;
                 self.note(format!(
@@ -1306,6 +1375,8 @@ impl World {
         }
         m.next_round = now + self.timing.assignment_interval.as_millis() as u64;
         let topology = self.topology_of(id);
+        let own_config =
+            (!self.previous_config_decides).then(|| self.digests(self.members[&id].config));
         let m = self.members.get_mut(&id).expect("member");
         let (_, leader) = m.leading.as_mut().expect("leading");
         let (cmd, ops) = leader.round(
@@ -1313,6 +1384,7 @@ impl World {
             self.base + Duration::from_millis(now),
             &self.timing,
             topology.as_ref(),
+            own_config.as_ref(),
         );
         let term = self.term;
         let run = m.run;
@@ -1340,8 +1412,8 @@ impl World {
     /// The member's coordinator: a writer per unit it owns, stopped when the grant is gone.
     fn coordinate(&mut self, id: NodeId) {
         let now = self.now;
+        let assignments = self.running_assignments(id);
         let m = self.members.get_mut(&id).expect("member");
-        let assignments = m.state.assignments_of(id);
         let usable = m.usable_identity(self.inherit);
         let totals = m.state.feature_level() >= 2;
         // Writers whose grant is gone stop; a fenced identity's connections are closed for good.
@@ -1373,7 +1445,10 @@ impl World {
             }
         }
         for a in new {
-            let mut w = self.writer_for(a.unit.clone(), a.epoch, totals, now);
+            // As the pipeline's `fencing::handover`: nothing is taken up or handed back before
+            // the predecessor's last sends can have landed.
+            let start = now.max(self.members[&id].earlier_sends_landed_by);
+            let mut w = self.writer_for(a.unit.clone(), a.epoch, totals, start);
             if a.release_requested {
                 // Nothing written yet: hand it back at once.
                 w.phase = Phase::Draining {
@@ -1558,12 +1633,11 @@ impl World {
     /// the simulation does not split): a process frozen since its first check sends only if
     /// they still hold. `false`: held back, and its writer told.
     fn checked_at_departure(&mut self, send: &Send) -> bool {
-        let m = &self.members[&send.from];
-        let holds = m
-            .state
-            .assignments_of(send.from)
+        let holds = self
+            .running_assignments(send.from)
             .iter()
             .any(|a| a.unit == send.unit && a.epoch == send.epoch);
+        let m = &self.members[&send.from];
         let lease = if holds { m.lease } else { None };
         let veto = match may_send(
             self.at(self.now),
@@ -1602,12 +1676,11 @@ impl World {
         let now_i = self.at(now);
         let ti = self.target_of(unit);
         let inherit = self.inherit;
+        let running = self.running_assignments(id);
         let (credential, holds, lease, level, progress) = {
             let m = &self.members[&id];
             let w = &m.writers[unit];
-            let holds = m
-                .state
-                .assignments_of(id)
+            let holds = running
                 .iter()
                 .any(|a| &a.unit == unit && a.epoch == w.epoch);
             // A target with fencing on in its config is written as its current identity
@@ -1719,6 +1792,14 @@ impl World {
                 }
                 if let Some((offset, counters)) = w.tracker.start_final(now_i) {
                     self.start_commit(id, w, offset, counters, level);
+                    return Ok(true);
+                }
+                if credential.is_none() && !self.handover_at_once {
+                    // A fenced target and no identity of this process's own yet: its
+                    // predecessor's identity may still be the node's, and a unit handed back
+                    // now would move around its fence (`fencing::handover`). It moves through
+                    // the fence, or once an identity arrives.
+                    w.retry_at = now + RETRY;
                     return Ok(true);
                 }
                 w.phase = Phase::Draining { release_sent: true };
@@ -2343,6 +2424,7 @@ impl World {
             }
             Purpose::Abandon => m.abandon_in_flight = false,
             Purpose::Config => {
+                m.config_in_flight = false;
                 if answer.is_none() {
                     m.config_published = false;
                 }

@@ -293,12 +293,11 @@ impl Control {
     #[must_use]
     pub fn lease_valid_for(&self, unit: &WorkUnit, epoch: Epoch) -> Option<std::time::Instant> {
         let lease = self.lease_valid_until()?;
-        self.inner
-            .shared
-            .read()
-            .state
-            .holds(self.inner.id, unit, epoch)
-            .then_some(lease)
+        let running = self.inner.shared.running_config();
+        let state = &self.inner.shared.read().state;
+        (state.holds(self.inner.id, unit, epoch)
+            && state.flow_config_applied(self.inner.id, &unit.flow, running.as_ref()))
+        .then_some(lease)
     }
 
     /// Commits offsets; batched with other callers into one Raft entry per batch interval and
@@ -624,6 +623,35 @@ impl Control {
             Ok((_, other)) => Err(ResetRefusal::Failed(format!("{other:?}"))),
             Err(e) => Err(ResetRefusal::Failed(e.to_string())),
         }
+    }
+
+    /// Tells the control plane which config digests per flow this process runs from now on,
+    /// before its pipeline starts on them and before [`Control::publish_config`]: until the
+    /// digest of a flow is applied as published by this process, its units are not this
+    /// node's to work on (the leader granted or kept them on the config it ran before), and as
+    /// the leader it decides nothing until all of them are applied.
+    pub fn set_running_config(&self, digests: BTreeMap<String, String>) {
+        self.inner.shared.set_running_config(digests);
+    }
+
+    /// Whether the config digests applied for this node are the ones it runs (see
+    /// [`Control::set_running_config`]; true while it said none).
+    #[must_use]
+    pub fn running_config_applied(&self) -> bool {
+        let running = self.inner.shared.running_config();
+        self.inner
+            .shared
+            .read()
+            .state
+            .config_applied(self.inner.id, running.as_ref())
+    }
+
+    /// Tells the control plane by when the last sends of this node's earlier processes can
+    /// have landed (the pipeline's `send_lease_margin` after this process started): the
+    /// identity an earlier process wrote with is given up, and the node's units of the fenced
+    /// targets moved through its fence, only then. Until said, it is given up at once.
+    pub fn earlier_sends_land_by(&self, at: std::time::Instant) {
+        self.inner.shared.set_earlier_sends_landed_by(at);
     }
 
     /// Publishes this node's config digest per flow (at start and after every reload); units

@@ -918,6 +918,7 @@ fn leader_round(
             leader: 1,
             fencing: None,
             changes,
+            own_config: None,
         },
     )
     .0
@@ -1163,4 +1164,60 @@ fn a_replaced_identity_holds_no_units_of_a_flow_run_on_another_config() {
         c,
         ControlCommand::RequestRelease { unit, .. } if unit.flow == "a"
     )));
+}
+
+/// Seed 2406 of the simulator, in small: a leader restarted onto a new config, elected before
+/// its `PublishConfig` was applied, would compare the others with its previous config.
+#[test]
+fn a_leader_decides_nothing_until_the_config_it_runs_is_applied() {
+    let mut s = state(&[1, 2], 4);
+    publish(&mut s, 1, Some("old"));
+    publish(&mut s, 2, Some("old"));
+    let new = BTreeMap::from([("f".to_owned(), "new".to_owned())]);
+    let round_as_1 = |s: &ControlState, own: Option<&BTreeMap<String, String>>| {
+        let mut view = LeaderView::new(1);
+        round(
+            s,
+            &mut view,
+            &mut Retention::default(),
+            &mut Quiet::default(),
+            RoundContext {
+                now: Instant::now(),
+                timing: &ControlTiming::default(),
+                leader: 1,
+                fencing: None,
+                changes: 1,
+                own_config: own,
+            },
+        )
+        .0
+    };
+    // Applied: node 1's previous digest, equal to node 2's, which runs the old config.
+    check!(round_as_1(&s, Some(&new)).is_empty());
+    // Without the check (a leader that says nothing of its config) units go out as before.
+    check!(!round_as_1(&s, None).is_empty());
+    // Once its own digest is applied, node 2 (on the old config) gets nothing of `f`.
+    publish(&mut s, 1, Some("new"));
+    let cmds = round_as_1(&s, Some(&new));
+    check!(!cmds.is_empty());
+    check!(granted_to(&cmds) == BTreeSet::from([1]));
+}
+
+/// A process restarted onto another config works on no unit the leader granted or kept by
+/// its previous config, until its own digest of the unit's flow is applied.
+#[test]
+fn a_node_runs_only_units_of_flows_whose_applied_config_it_runs() {
+    let (mut s, _) = converged(&[1, 2], 4);
+    publish(&mut s, 1, Some("a"));
+    publish(&mut s, 2, Some("a"));
+    let mine = s.assignments_of(2);
+    check!(!mine.is_empty());
+    let running = |d: &str| BTreeMap::from([("f".to_owned(), d.to_owned())]);
+    check!(s.assignments_running(2, None) == mine);
+    check!(s.assignments_running(2, Some(&running("a"))) == mine);
+    check!(s.assignments_running(2, Some(&running("b"))).is_empty());
+    let first = &mine[0];
+    check!(!s.flow_config_applied(2, &first.unit.flow, Some(&running("b"))));
+    publish(&mut s, 2, Some("b"));
+    check!(s.assignments_running(2, Some(&running("b"))) == mine);
 }

@@ -33,6 +33,7 @@ use crate::datapath::reader::{self, ReaderArgs};
 use crate::datapath::target::TargetWriter;
 use crate::datapath::unit::{UnitShared, UnitTuning};
 use crate::datapath::writer::{self, WriterArgs};
+use crate::fencing::handover::Handover;
 use crate::params::FlowParams;
 use crate::selection::mapping::downstream_stream;
 use crate::stats::{MeterRegistry, UnitMeters};
@@ -76,6 +77,9 @@ pub(crate) enum FlowMsg {
     /// From a retry timer of the flow actor: try the failed release of `unit` under `epoch`
     /// again if the leader still asks for it. No reply.
     ReleaseRetryDue { unit: WorkUnit, epoch: Epoch },
+    /// From the flow actor's timer: the earlier writers' sends have landed, units may be taken
+    /// up and handed back (see `fencing::handover`). No reply.
+    HandoverDue,
 }
 
 /// Everything a flow actor needs to start pairs (built by the coordinator for each flow).
@@ -189,6 +193,8 @@ pub(super) struct FlowState<C> {
     pairs: u64,
     /// The flow actor's span (node, flow).
     span: tracing::Span,
+    /// The timer of [`FlowMsg::HandoverDue`], while units wait for it.
+    handover_due: Option<AbortOnDrop<Result<(), MessagingErr<FlowMsg>>>>,
 }
 
 impl<C: ControlPlane> Actor for Flow<C> {
@@ -214,6 +220,7 @@ impl<C: ControlPlane> Actor for Flow<C> {
             units: CancellationToken::new(),
             pairs: 0,
             span,
+            handover_due: None,
         })
     }
 
@@ -316,6 +323,10 @@ async fn dispatch<C: ControlPlane>(
         } => {
             released(myself, state, unit, epoch, result);
             finish_drain_if_done(state);
+        }
+        FlowMsg::HandoverDue => {
+            state.handover_due = None;
+            reconcile(myself, state).await?;
         }
         FlowMsg::ReleaseRetryDue { unit, epoch } => {
             let current = state.releases.get(&unit).map(|r| r.state);
@@ -428,6 +439,33 @@ fn finish_drain_if_done<C>(state: &mut FlowState<C>) {
         .any(|r| matches!(r.state, ReleaseState::InFlight { .. }));
     if state.runs.is_empty() && !releasing {
         state.drain.answer();
+    }
+}
+
+/// Whether a unit this node owns may be taken up or handed back now: not while an earlier
+/// writer's sends can still land (`fencing::handover`). When the wait has an end, one timer
+/// reconciles the flow then; a wait for an identity ends with its arrival, which the
+/// coordinator passes on as new assignments.
+pub(super) fn may_take_over<C: ControlPlane>(
+    myself: &ActorRef<FlowMsg>,
+    state: &mut FlowState<C>,
+    unit: &WorkUnit,
+) -> bool {
+    match state.args.door.handover() {
+        Handover::Now => true,
+        Handover::After(at) => {
+            if state.handover_due.is_none() {
+                let delay = at.saturating_duration_since(Instant::now());
+                tracing::info!(%unit, wait = ?delay, "units wait until an earlier writer's last sends can have landed");
+                let timer = myself.send_after(delay, || FlowMsg::HandoverDue);
+                state.handover_due = Some(AbortOnDrop(timer));
+            }
+            false
+        }
+        Handover::WithoutIdentity => {
+            tracing::debug!(%unit, "no writer identity of this process yet: the unit is neither started nor handed back");
+            false
+        }
     }
 }
 
@@ -546,6 +584,9 @@ async fn start_pair<C: ControlPlane>(
         .and_then(|r| r.blocked_by(&unit.stream, &unit.topic));
     if let Some(policy) = blocked {
         tracing::debug!(%unit, policy, "unit of a topic a residency policy blocks: not started");
+        return Ok(());
+    }
+    if !may_take_over(myself, state, unit) {
         return Ok(());
     }
     let Some(target) = state.args.door.connection() else {

@@ -7,7 +7,7 @@ use ractor::ActorRef;
 use replicator_model::{Assignment, Epoch, WorkUnit};
 use tracing::Instrument;
 
-use super::flow::{FlowMsg, FlowState};
+use super::flow::{may_take_over, FlowMsg, FlowState};
 use super::{unit_span, AbortOnDrop, UnitTaskKind};
 use crate::backoff::Backoff;
 use crate::control::{ControlError, ControlPlane};
@@ -190,6 +190,9 @@ pub(super) fn request_release<C: ControlPlane>(
     unit: &WorkUnit,
     epoch: Epoch,
 ) {
+    if !may_take_over(myself, state, unit) {
+        return;
+    }
     let current = state.releases.get(unit).map(|r| r.state);
     match plan_release(current, epoch) {
         ReleasePlan::Spawn(epoch) => spawn_release(myself, state, unit, epoch),

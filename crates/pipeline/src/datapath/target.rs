@@ -37,6 +37,7 @@ use super::writer::send::{epoch_is_current, send_verdict, SendVeto};
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::error::{Error, Result};
+use crate::fencing::handover::Handover;
 use crate::fencing::identity::WriterTargets;
 use crate::stats::UnitMeters;
 
@@ -89,6 +90,11 @@ impl<C: ControlPlane> TargetWriter<C> {
     /// started with: a swap closes it for good, which ends the writer (`Error::WriterRevoked`).
     pub(crate) fn connection(&self) -> Option<Arc<Cluster>> {
         self.writers.current(&self.target)
+    }
+
+    /// Whether a unit of the flow that this node owns may be taken up or handed back now.
+    pub(crate) fn handover(&self) -> Handover {
+        self.writers.handover(&self.target, Instant::now())
     }
 
     /// Whether a copy of `unit` under `epoch` may be sent now.

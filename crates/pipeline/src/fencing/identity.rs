@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use replicator_model::WriterLogin;
 use tokio::sync::watch;
@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clients::{Cluster, LoginRefusals};
 use crate::control::ControlPlane;
 use crate::error::Result;
+use crate::fencing::handover::Handover;
 use crate::params::ClusterParams;
 
 /// One target cluster as writers see it.
@@ -45,15 +46,20 @@ pub(crate) struct WriterTargets {
     refusals: Mutex<Option<tokio::sync::mpsc::Receiver<u64>>>,
     /// Bound of every call on the writers' connections.
     timeout: Duration,
+    /// By when every send of this node's earlier writers has landed (see [`Handover`]).
+    earlier_sends_landed_by: Instant,
 }
 
 impl WriterTargets {
     /// Targets for `clusters` (alias → params); `shared` holds the clusters' configured
-    /// connections, used as they are for the targets without fencing.
+    /// connections, used as they are for the targets without fencing. Built when the pipeline
+    /// starts, after every earlier writer of this node ended: their sends have landed
+    /// `send_lease_margin` later.
     pub(crate) fn new(
         clusters: &BTreeMap<String, ClusterParams>,
         shared: &BTreeMap<String, Arc<Cluster>>,
         timeout: Duration,
+        send_lease_margin: Duration,
     ) -> Self {
         let targets = clusters
             .iter()
@@ -76,6 +82,7 @@ impl WriterTargets {
             refused,
             refusals: Mutex::new(Some(refusals)),
             timeout,
+            earlier_sends_landed_by: Instant::now() + send_lease_margin,
         }
     }
 
@@ -92,6 +99,16 @@ impl WriterTargets {
             Target::Shared(cluster) => Some(cluster.clone()),
             Target::Fenced { current, .. } => current.clone(),
         }
+    }
+
+    /// Whether a unit of a flow into `alias` that this node owns may be taken up or handed
+    /// back at `now` (see [`Handover`]).
+    pub(crate) fn handover(&self, alias: &str, now: Instant) -> Handover {
+        let identity = match self.lock().get(alias) {
+            Some(Target::Fenced { current, .. }) => Some(current.is_some()),
+            Some(Target::Shared(_)) | None => None,
+        };
+        Handover::at(now, self.earlier_sends_landed_by, identity)
     }
 
     /// Changes whenever the writers' connections were swapped.
@@ -317,7 +334,7 @@ mod tests {
             ("plain".to_owned(), params(None)),
             ("fenced".to_owned(), params(Some("repl"))),
         ]);
-        let targets = WriterTargets::new(&clusters, &shared, t);
+        let targets = WriterTargets::new(&clusters, &shared, t, Duration::ZERO);
         check!(targets.current("plain").is_some());
         check!(targets.current("fenced").is_none());
         let login = |incarnation| WriterLogin {
