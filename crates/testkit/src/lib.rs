@@ -31,6 +31,8 @@
 //! * `cluster`: [`TestCluster`], several 0.9 replicas (one listener each) over one state, with
 //!   a primary, the backups' refusals, the roster answer and view changes.
 //! * [`dev_server`]: the standalone `dev-server` command.
+//! * [`wan`]: [`WanProxy`], a loopback TCP proxy that gives a connection a WAN's delay, jitter,
+//!   bandwidth and bounded buffer, and cuts it on demand.
 
 #![warn(missing_docs)]
 
@@ -48,6 +50,7 @@ mod persist;
 mod server;
 mod state;
 mod users;
+pub mod wan;
 mod wire;
 
 pub use cluster::TestCluster;
@@ -55,3 +58,4 @@ pub use config::{IggyVersion, TestServerConfig, DEFAULT_SEGMENT_SIZE};
 pub use error::{Error, Result};
 pub use faults::{Faults, SendHold};
 pub use server::{PartitionInfo, Retention, TestServer};
+pub use wan::{WanLink, WanProxy, DEFAULT_WAN_BUFFER};
