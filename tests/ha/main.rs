@@ -26,4 +26,5 @@ mod topology;
 mod upgrade;
 mod users;
 mod vsr;
+mod wan;
 mod zombie;

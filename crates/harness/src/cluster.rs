@@ -191,7 +191,7 @@ pub struct Cluster {
     admin_token: String,
     /// What the nodes replicate.
     spec: ClusterSpec,
-    /// Raft addresses of the bootstrap members.
+    /// Raft addresses of the bootstrap members, as their peers dial them.
     initial: BTreeMap<NodeId, SocketAddr>,
     /// The nodes by id.
     nodes: BTreeMap<NodeId, Node>,
@@ -222,6 +222,20 @@ impl Cluster {
         spec: ClusterSpec,
         placements: BTreeMap<NodeId, Placement>,
     ) -> Result<Self> {
+        Self::launch_dialing(spec, placements, &BTreeMap::new()).await
+    }
+
+    /// Like [`Cluster::launch`], but the peers dial node `id`'s Raft at `dial[id]` (e.g. a
+    /// delay proxy in front of its listener) instead of at its placement's `raft_addr`, which
+    /// the node still binds: `dial` replaces the bootstrap members' addresses in every node's
+    /// `cluster.initial_members`, so every Raft RPC to that node goes through `dial[id]`.
+    /// Nodes not in `dial` are dialed where they bind; so is a node added later with
+    /// [`Cluster::add_member`].
+    pub async fn launch_dialing(
+        spec: ClusterSpec,
+        placements: BTreeMap<NodeId, Placement>,
+        dial: &BTreeMap<NodeId, SocketAddr>,
+    ) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("iggy-replicator-ha-")
             .tempdir()?;
@@ -243,7 +257,7 @@ impl Cluster {
             spec,
             initial: placements
                 .iter()
-                .map(|(id, p)| (*id, p.raft_addr))
+                .map(|(id, p)| (*id, dial.get(id).copied().unwrap_or(p.raft_addr)))
                 .collect(),
             nodes: BTreeMap::new(),
             http: http.build()?,

@@ -1,0 +1,117 @@
+//! A cross-region deployment on loopback: the source and target servers and every Raft RPC
+//! between the three nodes go through `WanProxy`s with 20 ms each way (40 ms round trips).
+//! `kill -9` of a follower that owns partitions, then of the Raft leader, while a producer
+//! writes: the killed node's partitions resume on the others, it rejoins after a restart, and
+//! the copy is exact. Product defaults for every timing.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use replicator_harness::{serial, Cluster, Servers, TestResult};
+use replicator_testkit::{WanLink, WanProxy};
+
+use crate::failover::kill_and_rejoin;
+use crate::fixture::{self, finish_with_exact_copy};
+
+/// One-way delay of every proxied path: 40 ms round trips.
+const ONE_WAY: Duration = Duration::from_millis(20);
+
+/// The proxies of a scenario, stopped together at its end, whatever the outcome.
+#[derive(Default)]
+struct Wan {
+    proxies: Vec<WanProxy>,
+}
+
+impl Wan {
+    /// A proxy to `upstream` with [`ONE_WAY`] each way; returns the address to dial instead.
+    async fn proxy(&mut self, upstream: SocketAddr) -> TestResult<SocketAddr> {
+        let proxy = WanProxy::start(upstream, WanLink::symmetric(ONE_WAY)).await?;
+        let addr = proxy.addr();
+        self.proxies.push(proxy);
+        Ok(addr)
+    }
+
+    /// Closes every proxy and its connections.
+    async fn stop(self) {
+        for proxy in self.proxies {
+            proxy.stop().await;
+        }
+    }
+}
+
+/// `server`'s connection string with its address replaced by `via`.
+fn url_via(server: &replicator_testkit::TestServer, via: SocketAddr) -> String {
+    server
+        .connection_string()
+        .replace(&server.addr().to_string(), &via.to_string())
+}
+
+/// The scenario; every proxy it starts is in `wan`, which the caller stops.
+async fn scenario(wan: &mut Wan) -> TestResult {
+    let servers = Servers::start(fixture::topic()).await?;
+    let source = url_via(&servers.upstream, wan.proxy(servers.upstream.addr()).await?);
+    let target = url_via(
+        &servers.downstream,
+        wan.proxy(servers.downstream.addr()).await?,
+    );
+    // Each node binds its own Raft listener; its peers dial a proxy in front of it, so every
+    // Raft RPC between two nodes takes a 40 ms round trip.
+    let placements = fixture::loopback(3)?;
+    let mut dial = BTreeMap::new();
+    for (id, placement) in &placements {
+        dial.insert(*id, wan.proxy(placement.raft_addr).await?);
+    }
+    let spec = fixture::spec_between((&source, &target), false, None, "")?;
+    let started = Instant::now();
+    let mut cluster = Cluster::launch_dialing(spec, placements, &dial).await?;
+    println!(
+        "3 nodes own every partition {:.2} s after their start",
+        started.elapsed().as_secs_f64()
+    );
+    // The producer writes in the source's region, next to its server.
+    let producer = fixture::produce_into(servers.upstream.connection_string());
+    servers.wait_copy_started(Duration::from_secs(60)).await?;
+    // The nodes reach both servers only through their proxies.
+    let open: Vec<usize> = wan.proxies.iter().map(WanProxy::connections).collect();
+    println!("open connections per proxy (source, target, Raft of nodes 1..=3): {open:?}");
+    assert!(
+        open[0] > 0 && open[1] > 0,
+        "the nodes copy without going through the server proxies: {open:?}"
+    );
+
+    let status = cluster.leader_status().await.ok_or("no leader")?;
+    let leader = status.leader.ok_or("no leader")?;
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader && !status.owned_by(&servers.topic, *id).is_empty())
+        .ok_or("no follower owns units")?;
+    let rtt = (2 * ONE_WAY).as_millis();
+    let follower_role = format!("follower, {rtt} ms round trips:");
+    let follower_time = kill_and_rejoin(&servers, &mut cluster, follower, &follower_role).await?;
+
+    let status = cluster.leader_status().await.ok_or("no leader")?;
+    let leader = status.leader.ok_or("no leader")?;
+    let leader_role = format!("leader, {rtt} ms round trips:");
+    let leader_time = kill_and_rejoin(&servers, &mut cluster, leader, &leader_role).await?;
+
+    println!(
+        "wan failover times ({} ms round trips): follower {:.2} s, leader {:.2} s",
+        (2 * ONE_WAY).as_millis(),
+        follower_time.as_secs_f64(),
+        leader_time.as_secs_f64()
+    );
+    finish_with_exact_copy(producer, servers, cluster).await
+}
+
+#[test]
+fn behind_40ms_round_trips_killed_follower_and_leader_resume_on_the_others_exactly_once(
+) -> TestResult {
+    serial(|| async {
+        let mut wan = Wan::default();
+        let outcome = scenario(&mut wan).await;
+        wan.stop().await;
+        outcome
+    })
+}
