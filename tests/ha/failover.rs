@@ -10,8 +10,8 @@ use crate::fixture::{self, finish_with_exact_copy};
 
 /// Kills `victim`, measures until its partitions are written again, restarts it and waits
 /// until it owns units again. Returns the time until every partition moved again. `role`
-/// names the victim in the printed figures (the WAN test adds its round trip).
-pub(crate) async fn kill_and_rejoin(
+/// names the victim in the printed figures.
+async fn kill_and_rejoin(
     servers: &Servers,
     cluster: &mut Cluster,
     victim: NodeId,
@@ -56,23 +56,37 @@ pub(crate) async fn kill_and_rejoin(
     Ok(killed.resumed.all)
 }
 
+/// Kills and restarts a follower that owns partitions, then the leader ([`kill_and_rejoin`]);
+/// `placement` follows the role in the printed figures. Returns both failover times.
+pub(crate) async fn kill_a_follower_then_the_leader(
+    servers: &Servers,
+    cluster: &mut Cluster,
+    placement: &str,
+) -> TestResult<(Duration, Duration)> {
+    let status = cluster.leader_status().await.ok_or("no leader")?;
+    let leader = status.leader.ok_or("no leader")?;
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader && !status.owned_by(&servers.topic, *id).is_empty())
+        .ok_or("no follower owns units")?;
+    let role = format!("follower{placement}");
+    let follower_time = kill_and_rejoin(servers, cluster, follower, &role).await?;
+
+    let status = cluster.leader_status().await.ok_or("no leader")?;
+    let leader = status.leader.ok_or("no leader")?;
+    let role = format!("leader{placement}");
+    let leader_time = kill_and_rejoin(servers, cluster, leader, &role).await?;
+    Ok((follower_time, leader_time))
+}
+
 #[test]
 fn killed_follower_and_leader_partitions_resume_on_the_others_exactly_once() -> TestResult {
     serial(|| async {
         let (servers, mut cluster, producer) = fixture::start(3).await?;
 
-        let status = cluster.leader_status().await.ok_or("no leader")?;
-        let leader = status.leader.ok_or("no leader")?;
-        let follower = cluster
-            .running()
-            .into_iter()
-            .find(|id| *id != leader && !status.owned_by(&servers.topic, *id).is_empty())
-            .ok_or("no follower owns units")?;
-        let follower_time = kill_and_rejoin(&servers, &mut cluster, follower, "follower").await?;
-
-        let status = cluster.leader_status().await.ok_or("no leader")?;
-        let leader = status.leader.ok_or("no leader")?;
-        let leader_time = kill_and_rejoin(&servers, &mut cluster, leader, "leader").await?;
+        let (follower_time, leader_time) =
+            kill_a_follower_then_the_leader(&servers, &mut cluster, "").await?;
 
         println!(
             "failover times: follower {:.2} s, leader {:.2} s",

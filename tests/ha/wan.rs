@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use replicator_harness::{serial, Cluster, Servers, TestResult};
 use replicator_testkit::{WanLink, WanProxy};
 
-use crate::failover::kill_and_rejoin;
+use crate::failover::kill_a_follower_then_the_leader;
 use crate::fixture::{self, finish_with_exact_copy};
 
 /// One-way delay of every proxied path: 40 ms round trips.
@@ -80,25 +80,16 @@ async fn scenario(wan: &mut Wan) -> TestResult {
         "the nodes copy without going through the server proxies: {open:?}"
     );
 
-    let status = cluster.leader_status().await.ok_or("no leader")?;
-    let leader = status.leader.ok_or("no leader")?;
-    let follower = cluster
-        .running()
-        .into_iter()
-        .find(|id| *id != leader && !status.owned_by(&servers.topic, *id).is_empty())
-        .ok_or("no follower owns units")?;
     let rtt = (2 * ONE_WAY).as_millis();
-    let follower_role = format!("follower, {rtt} ms round trips:");
-    let follower_time = kill_and_rejoin(&servers, &mut cluster, follower, &follower_role).await?;
-
-    let status = cluster.leader_status().await.ok_or("no leader")?;
-    let leader = status.leader.ok_or("no leader")?;
-    let leader_role = format!("leader, {rtt} ms round trips:");
-    let leader_time = kill_and_rejoin(&servers, &mut cluster, leader, &leader_role).await?;
+    let (follower_time, leader_time) = kill_a_follower_then_the_leader(
+        &servers,
+        &mut cluster,
+        &format!(", {rtt} ms round trips:"),
+    )
+    .await?;
 
     println!(
-        "wan failover times ({} ms round trips): follower {:.2} s, leader {:.2} s",
-        (2 * ONE_WAY).as_millis(),
+        "wan failover times ({rtt} ms round trips): follower {:.2} s, leader {:.2} s",
         follower_time.as_secs_f64(),
         leader_time.as_secs_f64()
     );
