@@ -878,7 +878,7 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                     leader: node.id,
                     fencing,
                     changes: node.shared.round_changes(),
-                    own_config: own_config.as_ref(),
+                    own_config: own_config.as_deref(),
                 },
             )
         };

@@ -134,8 +134,9 @@ pub(crate) struct Shared {
     /// so that a round that reads it under the read lock knows whether it saw this state.
     round_changes: std::sync::atomic::AtomicU64,
     /// The config digests this process runs (see [`Shared::set_running_config`]); `None`
-    /// until it says, and then no unit waits for them.
-    running_config: std::sync::Mutex<Option<BTreeMap<String, String>>>,
+    /// until it says, and then no unit waits for them. Shared, not copied: writers read it
+    /// before every send (`Control::lease_valid_for`).
+    running_config: std::sync::Mutex<Option<Arc<BTreeMap<String, String>>>>,
     /// By when the last sends of this node's earlier processes can have landed (see
     /// [`Shared::inherited_to_abandon`]); `None`: not said, no wait.
     earlier_sends_landed_by: std::sync::Mutex<Option<std::time::Instant>>,
@@ -181,12 +182,12 @@ impl Shared {
         *self
             .running_config
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(digests);
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(digests));
         self.publish();
     }
 
     /// The config digests this process runs, if it said.
-    pub(crate) fn running_config(&self) -> Option<BTreeMap<String, String>> {
+    pub(crate) fn running_config(&self) -> Option<Arc<BTreeMap<String, String>>> {
         self.running_config
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -307,7 +308,7 @@ impl Shared {
             (
                 assignments_may_differ.then(|| {
                     let running = self.running_config();
-                    data.state.assignments_running(self.node, running.as_ref())
+                    data.state.assignments_running(self.node, running.as_deref())
                 }),
                 applied,
                 data.state

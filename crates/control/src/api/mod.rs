@@ -296,7 +296,7 @@ impl Control {
         let running = self.inner.shared.running_config();
         let state = &self.inner.shared.read().state;
         (state.holds(self.inner.id, unit, epoch)
-            && state.flow_config_applied(self.inner.id, &unit.flow, running.as_ref()))
+            && state.flow_config_applied(self.inner.id, &unit.flow, running.as_deref()))
         .then_some(lease)
     }
 
@@ -643,7 +643,7 @@ impl Control {
             .shared
             .read()
             .state
-            .config_applied(self.inner.id, running.as_ref())
+            .config_applied(self.inner.id, running.as_deref())
     }
 
     /// Tells the control plane by when the last sends of this node's earlier processes can
