@@ -308,7 +308,8 @@ impl Shared {
             (
                 assignments_may_differ.then(|| {
                     let running = self.running_config();
-                    data.state.assignments_running(self.node, running.as_deref())
+                    data.state
+                        .assignments_running(self.node, running.as_deref())
                 }),
                 applied,
                 data.state
