@@ -16,7 +16,8 @@ use replicator_control::{
     TlsFiles, WriterFence,
 };
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, ProgressCommit, UnitProgress, UnitReset, UnitStart, WorkUnit,
+    Assignment, ClusterPair, CommitOutcome, Epoch, MetadataChange, MetadataObject, MetadataRecord,
+    ProgressCommit, UnitProgress, UnitReset, UnitStart, WorkUnit,
 };
 use replicator_model::{NodeId, WriterLogin};
 use replicator_pipeline::{
@@ -278,6 +279,26 @@ impl ControlPlane for RaftControl {
                 .report_units(&flow, units)
                 .await
                 .map(|()| UnitReport::Reported)
+                .map_err(control_error)
+        }
+    }
+
+    fn metadata_records(
+        &self,
+        pair: &ClusterPair,
+    ) -> Option<BTreeMap<MetadataObject, MetadataRecord>> {
+        self.0.metadata_records(pair)
+    }
+
+    fn record_metadata(
+        &self,
+        changes: Vec<MetadataChange>,
+    ) -> impl Future<Output = Result<Vec<bool>, ControlError>> + Send {
+        let control = self.0.clone();
+        async move {
+            control
+                .record_metadata(changes)
+                .await
                 .map_err(control_error)
         }
     }

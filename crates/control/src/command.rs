@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use replicator_model::{
-    CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, ProgressCommit, UnitStart, WorkUnit,
+    CommitOutcome, Epoch, MetadataChange, NodeId, Offset, OffsetCommit, ProgressCommit, UnitStart,
+    WorkUnit,
 };
 use serde::{Deserialize, Serialize};
 
@@ -277,6 +278,15 @@ pub(crate) enum ControlCommand {
         /// The units.
         units: Vec<WorkUnit>,
     },
+    /// Sent by the node running a two-way flow's metadata sync: what the control plane
+    /// remembers of the objects the pair syncs (feature level 3). Each change applies only if
+    /// the current record of its key equals its `expected` one (`None`: there is none), in
+    /// order, so a later change sees what the earlier ones did; answered by
+    /// `ControlResponse::MetadataRecorded`.
+    RecordMetadata {
+        /// The compare-and-set changes, each answered by one flag in the same order.
+        changes: Vec<MetadataChange>,
+    },
 }
 
 impl ControlCommand {
@@ -313,6 +323,8 @@ impl ControlCommand {
             | ControlCommand::RemoveMember { .. } => false,
             // Only units nobody owns leave.
             ControlCommand::ForgetUnits { .. } => false,
+            // Records of two-way pairs' metadata, no unit.
+            ControlCommand::RecordMetadata { .. } => false,
             ControlCommand::PublishFeatures { .. } | ControlCommand::RaiseFeatureLevel { .. } => {
                 false
             }
@@ -423,6 +435,8 @@ pub(crate) enum ControlResponse {
     Commits(Vec<CommitOutcome>),
     /// One response per batched command, in order.
     Batch(Vec<ControlResponse>),
+    /// One flag per change of a `RecordMetadata`, in order: `true` when it was applied.
+    MetadataRecorded(Vec<bool>),
 }
 
 /// The bincode configuration of everything this crate stores or sends.
@@ -459,7 +473,9 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use replicator_model::{CommitCounters, UnitCounters};
+    use replicator_model::{
+        ClusterPair, CommitCounters, MetadataKey, MetadataObject, MetadataRecord, UnitCounters,
+    };
 
     use super::*;
 
@@ -684,6 +700,25 @@ pub(crate) mod tests {
                 },
                 "1a0101660173017401",
             ),
+            (
+                ControlCommand::RecordMetadata {
+                    changes: vec![MetadataChange {
+                        key: MetadataKey {
+                            pair: ClusterPair::new("b", "a"),
+                            object: MetadataObject::Topic {
+                                stream: "s".into(),
+                                topic: "t".into(),
+                            },
+                        },
+                        expected: None,
+                        record: Some(MetadataRecord {
+                            home: "a".into(),
+                            agreed: BTreeMap::from([("c".to_owned(), 2)]),
+                        }),
+                    }],
+                },
+                "1b010161016201017301740001016101016302",
+            ),
         ]
     }
 
@@ -733,9 +768,10 @@ pub(crate) mod tests {
             ControlCommand::RaiseFeatureLevel { .. } => 24,
             ControlCommand::CommitProgress { .. } => 25,
             ControlCommand::ForgetUnits { .. } => 26,
+            ControlCommand::RecordMetadata { .. } => 27,
         };
         let indexes: Vec<usize> = golden().iter().map(|(c, _)| count(c)).collect();
-        assert2::check!(indexes == (0..=26).collect::<Vec<_>>());
+        assert2::check!(indexes == (0..=27).collect::<Vec<_>>());
     }
 
     #[test]
@@ -768,6 +804,12 @@ pub(crate) mod tests {
         );
         check_changes(
             &ControlCommand::Batch(vec![ControlCommand::RenewLease { node: 1 }]),
+            false,
+        );
+        check_changes(
+            &ControlCommand::RecordMetadata {
+                changes: Vec::new(),
+            },
             false,
         );
     }

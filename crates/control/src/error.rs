@@ -64,6 +64,22 @@ pub enum Error {
     /// The control plane is shutting down.
     #[error("control plane is shutting down")]
     ShuttingDown,
+    /// The cluster's feature level is below the one the operation needs. Transient: the
+    /// leader raises the level once every member runs a release that supports it.
+    #[error(
+        "the cluster is at feature level {cluster}; {what} need level {needed} \
+         (every member running {release} or later)"
+    )]
+    FeatureLevel {
+        /// What needs the level, e.g. `metadata records`.
+        what: &'static str,
+        /// The cluster's level now.
+        cluster: u32,
+        /// The level needed.
+        needed: u32,
+        /// The first release that supports `needed`, e.g. `v0.2.0`.
+        release: &'static str,
+    },
 }
 
 impl Error {
@@ -71,7 +87,7 @@ impl Error {
     #[must_use]
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::NoLeader { .. } => true,
+            Error::NoLeader { .. } | Error::FeatureLevel { .. } => true,
             Error::Rpc { transient, .. } => *transient,
             Error::DataDir { .. }
             | Error::Listen { .. }
@@ -109,5 +125,21 @@ mod tests {
             transient: true
         }
         .is_transient());
+    }
+
+    #[test]
+    fn a_feature_level_below_the_needed_one_is_transient_and_says_what_raises_it() {
+        let e = Error::FeatureLevel {
+            what: "metadata records",
+            cluster: 2,
+            needed: 3,
+            release: "v0.2.0",
+        };
+        assert!(e.is_transient());
+        assert_eq!(
+            e.to_string(),
+            "the cluster is at feature level 2; metadata records need level 3 \
+             (every member running v0.2.0 or later)"
+        );
     }
 }

@@ -14,6 +14,7 @@
 //! |---|---|---|
 //! | 1 | v0.1.0 | every command up to `RaiseFeatureLevel`, the snapshot of that release |
 //! | 2 | v0.2.0 | `CommitProgress` (session totals: counters that count once), `ForgetUnits`; the snapshot gains `session_counters` |
+//! | 3 | v0.2.0 | `RecordMetadata` (two-way metadata records); the snapshot gains `metadata` |
 //!
 //! A state that never recorded a level (written before levels existed) is at level 1. Data
 //! without a format header was written before formats were versioned: it reads as format 0
@@ -24,7 +25,11 @@ use crate::error::{Error, Result};
 use crate::state::ControlState;
 
 /// The highest feature level this build reads and writes.
-pub const SUPPORTED_LEVEL: u32 = 2;
+pub const SUPPORTED_LEVEL: u32 = 3;
+
+/// The level from which two-way pairs keep metadata records (`RecordMetadata`), and the
+/// release that introduced it.
+pub(crate) const METADATA_LEVEL: (u32, &str) = (3, "v0.2.0");
 
 /// The level of a state that never recorded one: the first release's.
 pub(crate) const BASELINE_LEVEL: u32 = 1;
@@ -77,31 +82,51 @@ impl ControlCommand {
                 .max()
                 .unwrap_or(BASELINE_LEVEL),
             ControlCommand::CommitProgress { .. } | ControlCommand::ForgetUnits { .. } => 2,
+            ControlCommand::RecordMetadata { .. } => METADATA_LEVEL.0,
             _ => BASELINE_LEVEL,
         }
     }
 }
 
-/// The bincode of a `SmData` of the current shape as snapshot `format` has it. Format 1 is
-/// format 2 without `ControlState::session_counters`, its last field, which is empty at level
-/// 1 (only level-2 commands fill it, and `SmData::encode` clears it otherwise) and then encodes
-/// as one zero byte.
+/// The levels whose snapshot gained a field at the end of `ControlState` (the end of `SmData`
+/// too), in the order of the fields: `session_counters` (level 2), then `metadata` (level 3).
+/// Every such field is a collection only commands of its level fill.
+const SNAPSHOT_FIELDS_ADDED_AT: [u32; 2] = [2, 3];
+
+/// How many of the last fields of the current `SmData` snapshot `format` (1 or above) lacks.
+fn snapshot_fields_missing(format: u32) -> usize {
+    SNAPSHOT_FIELDS_ADDED_AT
+        .iter()
+        .filter(|added| **added > format)
+        .count()
+}
+
+/// The bincode of a `SmData` of the current shape as snapshot `format` has it. Each format is
+/// the next one without the last field that level added (see `SNAPSHOT_FIELDS_ADDED_AT`):
+/// format 2 is format 3 without `ControlState::metadata`, format 1 is format 2 without
+/// `ControlState::session_counters`. Below its level such a field is empty (only commands of
+/// its level fill it, and `SmData::encode` clears it otherwise) and encodes as one zero byte,
+/// which is dropped.
 pub(crate) fn snapshot_payload(format: u32, mut current: Vec<u8>) -> Vec<u8> {
-    if format == 1 {
-        debug_assert_eq!(current.last(), Some(&0), "session_counters not empty");
-        current.pop();
-    }
+    let missing = snapshot_fields_missing(format);
+    debug_assert!(
+        current.len() >= missing && current[current.len() - missing..].iter().all(|b| *b == 0),
+        "a field format {format} lacks is not empty"
+    );
+    current.truncate(current.len().saturating_sub(missing));
     current
 }
 
-/// A snapshot payload of `format` in the current shape (see [`snapshot_payload`]).
+/// A snapshot payload of `format` in the current shape (see [`snapshot_payload`]): one zero
+/// byte (an empty collection) per last field the format lacks.
 pub(crate) fn current_snapshot_payload(format: u32, payload: &[u8]) -> std::borrow::Cow<'_, [u8]> {
-    if format == 1 {
-        let mut current = payload.to_vec();
-        current.push(0);
-        std::borrow::Cow::Owned(current)
-    } else {
-        std::borrow::Cow::Borrowed(payload)
+    match snapshot_fields_missing(format) {
+        0 => std::borrow::Cow::Borrowed(payload),
+        missing => {
+            let mut current = payload.to_vec();
+            current.resize(payload.len() + missing, 0);
+            std::borrow::Cow::Owned(current)
+        }
     }
 }
 

@@ -5,8 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use replicator_model::{
-    Assignment, CommitCounters, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset,
-    ProgressCommit, SessionCounters, UnitProgress, UnitStart, WorkUnit, WriterLogin,
+    Assignment, CommitCounters, CommitOutcome, Epoch, MetadataChange, MetadataKey, MetadataRecord,
+    NodeId, Offset, OffsetCommit, OffsetReset, ProgressCommit, SessionCounters, UnitProgress,
+    UnitStart, WorkUnit, WriterLogin,
 };
 use serde::{Deserialize, Serialize};
 
@@ -122,8 +123,14 @@ pub(crate) struct ControlState {
     /// The highest feature level each member's build supports (`PublishFeatures`).
     pub(crate) member_levels: BTreeMap<NodeId, u32>,
     /// Per unit, the totals its current grant's writer sessions committed
-    /// (`CommitCounters::Totals`). Must stay the last field (see `format::snapshot_payload`).
+    /// (`CommitCounters::Totals`). With `metadata`, one of the last two fields, in this order:
+    /// older snapshot formats are the current one without them (see
+    /// `format::snapshot_payload`).
     pub(crate) session_counters: BTreeMap<WorkUnit, SessionCounters>,
+    /// What the control plane remembers of the objects each two-way pair syncs
+    /// (`RecordMetadata`, feature level 3). Must stay the last field (see
+    /// `format::snapshot_payload`).
+    pub(crate) metadata: BTreeMap<MetadataKey, MetadataRecord>,
 }
 
 /// An operator's offset reset of one unit (see `ControlCommand::ResetOffsets`).
@@ -288,6 +295,9 @@ impl ControlState {
                 }
                 Done
             }
+            ControlCommand::RecordMetadata { changes } => ControlResponse::MetadataRecorded(
+                changes.iter().map(|c| self.record_metadata(c)).collect(),
+            ),
             ControlCommand::RemoveMember { node } => {
                 if !self.members.contains_key(node) {
                     return Ignored(Rejection::UnknownMember);
@@ -873,6 +883,19 @@ impl ControlState {
             self.recorded_starts.remove(unit);
             self.session_counters.remove(unit);
         }
+    }
+
+    /// Applies `change` if the current record of its key is the one it expects (see
+    /// `ControlCommand::RecordMetadata`); whether it did.
+    fn record_metadata(&mut self, change: &MetadataChange) -> bool {
+        if self.metadata.get(&change.key) != change.expected.as_ref() {
+            return false;
+        }
+        match &change.record {
+            Some(record) => self.metadata.insert(change.key.clone(), record.clone()),
+            None => self.metadata.remove(&change.key),
+        };
+        true
     }
 
     /// Units that may leave the state (`ControlCommand::ForgetUnits`): retired, owned by

@@ -50,12 +50,21 @@ impl SmData {
     /// every member reads).
     pub(crate) fn encode(&self) -> Result<Vec<u8>> {
         let format = self.state.feature_level();
-        let payload = if format < 2 && !self.state.session_counters.is_empty() {
-            // Only level-2 commands fill it, so this does not happen; if it did, format 1
-            // could not carry it, and the counters' dedup only loses its memory (a retried
-            // commit may count twice, as it did at level 1).
+        let lacks_counters = format < 2 && !self.state.session_counters.is_empty();
+        let lacks_metadata = format < 3 && !self.state.metadata.is_empty();
+        let payload = if lacks_counters || lacks_metadata {
+            // Only commands of the fields' levels fill them, so this does not happen; if it
+            // did, the format could not carry them. Without `session_counters`, the counters'
+            // dedup only loses its memory (a retried commit may count twice, as it did at
+            // level 1); without `metadata`, two-way pairs only forget their records, which
+            // nothing reads below level 3.
             let mut without = self.clone();
-            without.state.session_counters.clear();
+            if format < 2 {
+                without.state.session_counters.clear();
+            }
+            if format < 3 {
+                without.state.metadata.clear();
+            }
             encode("snapshot data", &without)?
         } else {
             encode("snapshot data", self)?
@@ -100,9 +109,9 @@ impl SmData {
 /// `ControlState` fields added while snapshots had no format header, all at its end:
 /// `identities`, `stale_identities`, `forgotten_incarnations`, `paused_flows`, `pending_resets`,
 /// `config_digests`, `recorded_starts`, `reset_topics`, `target_revokes`, `revoke_pending`,
-/// `held_units`, and, with the header, `feature_level`, `member_levels` and
-/// `session_counters`.
-const FIELDS_ADDED_SINCE_UNVERSIONED: usize = 14;
+/// `held_units`, and, with the header, `feature_level`, `member_levels`, `session_counters`
+/// and `metadata`.
+const FIELDS_ADDED_SINCE_UNVERSIONED: usize = 15;
 
 /// A snapshot as stored in sled.
 #[derive(Serialize, Deserialize)]

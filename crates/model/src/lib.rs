@@ -13,6 +13,7 @@
 mod cluster_url;
 mod flow;
 mod iggy_version;
+mod metadata;
 mod unit;
 mod writer;
 
@@ -28,6 +29,7 @@ pub use flow::{
     DEFAULT_RESTART_BACKOFF_MAX, DEFAULT_RESTART_BACKOFF_MIN,
 };
 pub use iggy_version::IggyVersion;
+pub use metadata::{ClusterPair, MetadataChange, MetadataKey, MetadataObject, MetadataRecord};
 pub use unit::{
     Assignment, CommitCounters, CommitOutcome, Epoch, NodeId, Offset, OffsetCommit, OffsetReset,
     ProgressCommit, SessionCounters, UnitCounters, UnitProgress, UnitReset, UnitStart, WorkUnit,

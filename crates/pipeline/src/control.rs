@@ -6,9 +6,11 @@
 use std::future::Future;
 use std::time::Instant;
 
+use std::collections::BTreeMap;
+
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, ProgressCommit, UnitProgress, UnitReset, UnitStart, WorkUnit,
-    WriterLogin,
+    Assignment, ClusterPair, CommitOutcome, Epoch, MetadataChange, MetadataObject, MetadataRecord,
+    ProgressCommit, UnitProgress, UnitReset, UnitStart, WorkUnit, WriterLogin,
 };
 use tokio::sync::watch;
 
@@ -125,6 +127,34 @@ pub trait ControlPlane: Clone + Send + Sync + 'static {
         flow: &str,
         units: Vec<WorkUnit>,
     ) -> impl Future<Output = Result<UnitReport, ControlError>> + Send;
+
+    /// What the control plane remembers of the objects the two-way pair `pair` syncs (see
+    /// `replicator_model::MetadataRecord`), from the local state; `None` when it cannot keep
+    /// such records (yet): a cluster below the feature level that stores them, or a control
+    /// plane without them (the default). The metadata sync then leaves the pair's objects
+    /// alone rather than guess where they were authored.
+    fn metadata_records(
+        &self,
+        pair: &ClusterPair,
+    ) -> Option<BTreeMap<MetadataObject, MetadataRecord>> {
+        let _ = pair;
+        None
+    }
+
+    /// Applies each change whose `expected` record is the current one (a compare-and-set per
+    /// object); one answer per change, in order: `true` when it was applied.
+    fn record_metadata(
+        &self,
+        changes: Vec<MetadataChange>,
+    ) -> impl Future<Output = Result<Vec<bool>, ControlError>> + Send {
+        let _ = changes;
+        async {
+            Err(ControlError {
+                reason: "this control plane keeps no metadata records".into(),
+                transient: false,
+            })
+        }
+    }
 
     /// Hands a unit back after its final commit (graceful stop or requested release).
     fn release(

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use openraft::Raft;
 use replicator_model::{
-    Assignment, CommitOutcome, Epoch, NodeId, Offset, ProgressCommit, UnitProgress, UnitReset,
-    UnitStart, WorkUnit, WriterLogin,
+    Assignment, ClusterPair, CommitOutcome, Epoch, MetadataChange, MetadataObject, MetadataRecord,
+    NodeId, Offset, ProgressCommit, UnitProgress, UnitReset, UnitStart, WorkUnit, WriterLogin,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -32,7 +32,7 @@ use crate::node::{self, BatchRequest, Counters, NodeInner};
 use crate::params::ControlParams;
 use crate::state_machine::{Shared, StateMachineStore};
 use crate::tls::TlsState;
-use crate::{data_dir, raft_config};
+use crate::{data_dir, format, raft_config};
 
 /// Handle to a running control-plane node. Cheap to clone; `shutdown`/`crash` stop it.
 #[derive(Clone)]
@@ -376,6 +376,63 @@ impl Control {
             other => Err(Error::Rejected(format!(
                 "record start of {unit}: {other:?}"
             ))),
+        }
+    }
+
+    /// What the control plane remembers of the objects the two-way pair `pair` syncs, by
+    /// object (local applied state). `None` while the cluster is below the feature level that
+    /// keeps these records (3): they cannot be written yet.
+    #[must_use]
+    pub fn metadata_records(
+        &self,
+        pair: &ClusterPair,
+    ) -> Option<BTreeMap<MetadataObject, MetadataRecord>> {
+        let data = self.inner.shared.read();
+        if data.state.feature_level() < format::METADATA_LEVEL.0 {
+            return None;
+        }
+        Some(
+            data.state
+                .metadata
+                .iter()
+                .filter(|(key, _)| key.pair == *pair)
+                .map(|(key, record)| (key.object.clone(), record.clone()))
+                .collect(),
+        )
+    }
+
+    /// Applies each change whose `expected` record is the current one, in order (see
+    /// `ControlCommand::RecordMetadata`): one flag per change, `true` when it was applied.
+    /// Returns once the leader applied the entry; this node's [`Control::metadata_records`]
+    /// may show it a moment later (a decision made from the older records then fails its
+    /// compare-and-set, and is made again). A transient error while the cluster is below
+    /// feature level 3 (it is raised once every member runs a release that supports it).
+    ///
+    /// A write retried after its answer was lost (a leader change or a timeout) is answered
+    /// by the retry: a change the first attempt applied is then `false` (its `expected` is
+    /// gone), so read the records again after a `false`.
+    #[tracing::instrument(skip_all, fields(node = %self.inner.id, changes = changes.len()), err)]
+    pub async fn record_metadata(&self, changes: Vec<MetadataChange>) -> Result<Vec<bool>> {
+        if changes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (needed, release) = format::METADATA_LEVEL;
+        let cluster = self.inner.shared.read().state.feature_level();
+        if cluster < needed {
+            return Err(Error::FeatureLevel {
+                what: "metadata records",
+                cluster,
+                needed,
+                release,
+            });
+        }
+        let count = changes.len();
+        let cmd = ControlCommand::RecordMetadata { changes };
+        match self.inner.write(&cmd).await? {
+            (_, ControlResponse::MetadataRecorded(applied)) if applied.len() == count => {
+                Ok(applied)
+            }
+            (_, other) => Err(Error::Rejected(format!("record metadata: {other:?}"))),
         }
     }
 

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use assert2::check;
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership, StoredMembership};
 use replicator_model::{
-    CommitCounters, Epoch, OffsetCommit, ProgressCommit, UnitCounters, UnitStart, WorkUnit,
+    ClusterPair, CommitCounters, Epoch, MetadataChange, MetadataKey, MetadataObject,
+    MetadataRecord, OffsetCommit, ProgressCommit, UnitCounters, UnitStart, WorkUnit,
 };
 
 use crate::command::ControlCommand;
@@ -182,6 +183,65 @@ fn history(format: u32) -> Vec<ControlCommand> {
             },
         ]);
     }
+    if format >= 3 {
+        let pair = ClusterPair::new("us", "eu");
+        let key = |object| MetadataKey {
+            pair: pair.clone(),
+            object,
+        };
+        let topic = key(MetadataObject::Topic {
+            stream: "s".into(),
+            topic: "t".into(),
+        });
+        let authored_in_us = MetadataRecord {
+            home: "us".into(),
+            agreed: BTreeMap::from([
+                ("compression".to_owned(), 2),
+                ("message_expiry".to_owned(), 3_600_000_000),
+            ]),
+        };
+        history.extend([
+            // A two-way pair records a topic authored in `us` and a user authored in `eu`.
+            ControlCommand::RecordMetadata {
+                changes: vec![
+                    MetadataChange {
+                        key: topic.clone(),
+                        expected: None,
+                        record: Some(authored_in_us.clone()),
+                    },
+                    MetadataChange {
+                        key: key(MetadataObject::User("app".into())),
+                        expected: None,
+                        record: Some(MetadataRecord {
+                            home: "eu".into(),
+                            agreed: BTreeMap::new(),
+                        }),
+                    },
+                ],
+            },
+            // Both sides agree on a new expiry; a change from the old record loses.
+            ControlCommand::RecordMetadata {
+                changes: vec![
+                    MetadataChange {
+                        key: topic.clone(),
+                        expected: Some(authored_in_us.clone()),
+                        record: Some(MetadataRecord {
+                            home: "us".into(),
+                            agreed: BTreeMap::from([
+                                ("compression".to_owned(), 2),
+                                ("message_expiry".to_owned(), 7_200_000_000),
+                            ]),
+                        }),
+                    },
+                    MetadataChange {
+                        key: topic,
+                        expected: Some(authored_in_us),
+                        record: None,
+                    },
+                ],
+            },
+        ]);
+    }
     history
 }
 
@@ -320,4 +380,34 @@ fn the_snapshot_fixture_history_fills_every_field() {
     check!(!s.member_levels.is_empty());
     check!(!s.session_counters.is_empty());
     check!(s.units.len() == 4, "one unit forgotten");
+    check!(s.metadata.len() == 2);
+    check!(s
+        .metadata
+        .values()
+        .any(|r| r.agreed.get("message_expiry") == Some(&7_200_000_000)));
+}
+
+#[test]
+fn a_snapshot_below_a_fields_level_leaves_it_out_and_reads_back_without_it() {
+    // `SmData::encode` clears what the cluster's format cannot carry (which only a command of
+    // a higher level fills, so a real state never holds it).
+    let full = expected_state(SUPPORTED_LEVEL);
+    for format in 1..SUPPORTED_LEVEL {
+        let mut data = full.clone();
+        data.state.feature_level = format;
+        let bytes = data.encode().expect("encodes");
+        check!(crate::format::open("x", &bytes).expect("opens").0 == format);
+        let back = SmData::decode(&bytes).expect("decodes");
+        check!(back.state.metadata.is_empty(), "format {format}");
+        check!(
+            back.state.session_counters.is_empty() == (format < 2),
+            "format {format}"
+        );
+        let mut expected = data.state.clone();
+        expected.metadata.clear();
+        if format < 2 {
+            expected.session_counters.clear();
+        }
+        check!(back.state == expected, "format {format}");
+    }
 }

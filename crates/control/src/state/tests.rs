@@ -807,3 +807,118 @@ fn forgetting_takes_only_retired_unowned_unheld_units_and_everything_kept_about_
     s.apply(16, &report(vec![unit(0)]));
     check!(s.units[&unit(0)].progress == UnitProgress::default());
 }
+
+/// The key of topic `s/t` in the pair of `eu` and `us`.
+fn metadata_key() -> MetadataKey {
+    MetadataKey {
+        pair: replicator_model::ClusterPair::new("us", "eu"),
+        object: replicator_model::MetadataObject::Topic {
+            stream: "s".into(),
+            topic: "t".into(),
+        },
+    }
+}
+
+/// A record of an object authored on `home`, agreed on `message_expiry` = `expiry`.
+fn metadata_record(home: &str, expiry: u64) -> MetadataRecord {
+    MetadataRecord {
+        home: home.into(),
+        agreed: BTreeMap::from([("message_expiry".to_owned(), expiry)]),
+    }
+}
+
+fn record_metadata(
+    expected: Option<MetadataRecord>,
+    record: Option<MetadataRecord>,
+) -> MetadataChange {
+    MetadataChange {
+        key: metadata_key(),
+        expected,
+        record,
+    }
+}
+
+fn apply_metadata(s: &mut ControlState, index: u64, changes: Vec<MetadataChange>) -> Vec<bool> {
+    let_assert!(
+        ControlResponse::MetadataRecorded(applied) =
+            s.apply(index, &ControlCommand::RecordMetadata { changes })
+    );
+    applied
+}
+
+#[test]
+fn a_first_metadata_record_applies_over_none() {
+    let mut s = ControlState::default();
+    let first = metadata_record("us", 10);
+    check!(apply_metadata(&mut s, 1, vec![record_metadata(None, Some(first.clone()))]) == [true]);
+    check!(s.metadata == BTreeMap::from([(metadata_key(), first.clone())]));
+    // Another flow that also saw none loses.
+    let other = metadata_record("eu", 10);
+    check!(apply_metadata(&mut s, 2, vec![record_metadata(None, Some(other))]) == [false]);
+    check!(s.metadata == BTreeMap::from([(metadata_key(), first)]));
+}
+
+#[test]
+fn a_metadata_change_from_a_stale_record_is_refused_and_changes_nothing() {
+    let mut s = ControlState::default();
+    let (old, current) = (metadata_record("us", 10), metadata_record("us", 20));
+    apply_metadata(&mut s, 1, vec![record_metadata(None, Some(old.clone()))]);
+    apply_metadata(
+        &mut s,
+        2,
+        vec![record_metadata(Some(old.clone()), Some(current.clone()))],
+    );
+    let before = s.clone();
+    let stale = vec![
+        record_metadata(Some(old.clone()), Some(metadata_record("eu", 30))),
+        record_metadata(Some(old), None),
+    ];
+    check!(apply_metadata(&mut s, 3, stale) == [false, false]);
+    check!(s == before);
+    check!(s.metadata.get(&metadata_key()) == Some(&current));
+}
+
+#[test]
+fn a_metadata_record_is_removed_by_a_change_without_one() {
+    let mut s = ControlState::default();
+    let record = metadata_record("eu", 10);
+    apply_metadata(&mut s, 1, vec![record_metadata(None, Some(record.clone()))]);
+    check!(apply_metadata(&mut s, 2, vec![record_metadata(Some(record.clone()), None)]) == [true]);
+    check!(s.metadata.is_empty());
+    // Removing what is not there any more: refused (it expected a record).
+    check!(apply_metadata(&mut s, 3, vec![record_metadata(Some(record), None)]) == [false]);
+    // Removing what is absent and expected absent: applies and changes nothing.
+    check!(apply_metadata(&mut s, 4, vec![record_metadata(None, None)]) == [true]);
+    check!(s.metadata.is_empty());
+}
+
+#[test]
+fn metadata_changes_of_one_command_apply_in_order_each_seeing_the_ones_before() {
+    let mut s = ControlState::default();
+    let (first, second) = (metadata_record("us", 10), metadata_record("us", 20));
+    // The second expects what the first writes: it applies only because the first did.
+    let changes = vec![
+        record_metadata(None, Some(first.clone())),
+        record_metadata(Some(first.clone()), Some(second.clone())),
+    ];
+    check!(apply_metadata(&mut s, 1, changes.clone()) == [true, true]);
+    check!(s.metadata.get(&metadata_key()) == Some(&second));
+    // The same command again: the first now finds a record, and the second one that is not
+    // the first's.
+    check!(apply_metadata(&mut s, 2, changes) == [false, false]);
+    check!(s.metadata.get(&metadata_key()) == Some(&second));
+    // Records of another pair or object are independent.
+    let user = MetadataKey {
+        pair: metadata_key().pair,
+        object: replicator_model::MetadataObject::User("u".into()),
+    };
+    let user_change = MetadataChange {
+        key: user.clone(),
+        expected: None,
+        record: Some(metadata_record("eu", 0)),
+    };
+    let stale_topic = record_metadata(Some(first), None);
+    check!(apply_metadata(&mut s, 3, vec![stale_topic, user_change]) == [false, true]);
+    check!(s.metadata.len() == 2);
+    check!(s.metadata.get(&user).map(|r| r.home.as_str()) == Some("eu"));
+}
