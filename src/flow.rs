@@ -468,7 +468,7 @@ pub(crate) async fn run_promote(
         tokio::time::sleep(PROMOTE_GROUP_RETRY).await;
         groups = cutover.sync_groups(flow, ids.clone()).await;
     }
-    let metadata = cutover.sync_metadata(flow, passwords).await;
+    let metadata = cutover.promote_metadata(flow, passwords).await;
     let mut partitions = Vec::new();
     for ((unit, confirmed), e) in units.iter().zip(&extents) {
         for (side, result) in [("upstream", &e.upstream), ("downstream", &e.downstream)] {
@@ -725,6 +725,10 @@ pub(crate) fn render(report: &PromoteReport) -> String {
 fn activation_text(outcome: ActivationOutcome) -> &'static str {
     match outcome {
         ActivationOutcome::Activated => "activated on the target with the given password",
+        ActivationOutcome::ActivatedFromTargetCopy => {
+            "activated on the target with the given password and the permissions of its copy \
+             there (the source could not be read)"
+        }
         ActivationOutcome::AlreadyActive => "already active on the target (password unchanged)",
         ActivationOutcome::InactiveUpstream => "inactive upstream, left inactive",
         ActivationOutcome::NotSynced => "not a user this flow syncs, left alone",

@@ -337,7 +337,7 @@ fn encode_metadata(
     e: &mut DescriptorEncoder,
     flows: &BTreeMap<String, replicator_pipeline::MetadataSyncState>,
 ) -> Result<(), std::fmt::Error> {
-    let counters: [CounterOf<replicator_pipeline::MetadataSyncState>; 4] = [
+    let counters: [CounterOf<replicator_pipeline::MetadataSyncState>; 5] = [
         (
             "metadata_sync_runs",
             "User and topic-settings sync rounds this node ran",
@@ -358,6 +358,11 @@ fn encode_metadata(
             "Topic settings updates this node applied on the target",
             |s| s.settings_applied,
         ),
+        (
+            "metadata_conflicts_resolved",
+            "Topic settings of a two-way pair changed on both clusters since they last agreed, which this node resolved by applying the home's value",
+            |s| s.conflicts_resolved,
+        ),
     ];
     counter_families(
         e,
@@ -375,7 +380,7 @@ fn encode_metadata(
     labelled(
         e,
         "topic_settings_drift",
-        "Topics of the latest round whose settings on the target differ from upstream other than on purpose: extra partitions, failed updates",
+        "Topics of the latest round whose settings on the target differ from upstream other than on purpose: extra partitions, failed updates, conflicts of a two-way pair",
         flows
             .iter()
             .map(|(flow, s)| (flow_labels(flow), gauge(s.settings_drift()))),
@@ -852,11 +857,14 @@ mod tests {
                     failed_runs: 1,
                     users_changed: 2,
                     settings_applied: 3,
+                    conflicts_resolved: 0,
                     last: replicator_pipeline::MetadataSyncReport {
                         users: vec![replicator_pipeline::UserReport {
                             name: "app".into(),
                             state: replicator_pipeline::UserSyncState::RemovedUpstream,
                             not_translated: Vec::new(),
+                            home: None,
+                            note: None,
                         }],
                         ..Default::default()
                     },
@@ -1020,6 +1028,7 @@ mod tests {
                 ("metadata_sync_failures", "counter"),
                 ("users_synced", "counter"),
                 ("topic_settings_synced", "counter"),
+                ("metadata_conflicts_resolved", "counter"),
                 ("user_sync_drift", "gauge"),
                 ("topic_settings_drift", "gauge"),
                 ("metadata_sync_age_seconds", "gauge"),

@@ -522,8 +522,13 @@ fn render_metadata(flows: &[FlowMetadataView]) -> String {
             ago(m.last_run_unix_ms)
         ));
         for u in &m.users {
-            if u.state != replicator_pipeline::UserSyncState::InSync || !u.not_translated.is_empty()
-            {
+            // At home on the target: the reverse flow's status lists it.
+            let quiet = matches!(
+                u.state,
+                replicator_pipeline::UserSyncState::InSync
+                    | replicator_pipeline::UserSyncState::HomeOnTarget
+            );
+            if !quiet || !u.not_translated.is_empty() {
                 let state = serde_json::to_value(u.state)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_owned))
@@ -535,6 +540,9 @@ fn render_metadata(flows: &[FlowMetadataView]) -> String {
                         u.not_translated.join("; ")
                     ));
                 }
+                if let Some(note) = &u.note {
+                    out.push_str(&format!(" ({note})"));
+                }
                 out.push('\n');
             }
         }
@@ -543,6 +551,19 @@ fn render_metadata(flows: &[FlowMetadataView]) -> String {
                 out.push_str(&format!(
                     "  topic {}/{}: {} differs (upstream {}, target {})\n",
                     t.stream, t.topic, d.setting, d.upstream, d.target
+                ));
+            }
+            for c in &t.conflicts {
+                out.push_str(&format!(
+                    "  topic {}/{}: {} changed on both clusters (upstream {}, target {}): \
+                     conflict, {}'s value wins{}\n",
+                    t.stream,
+                    t.topic,
+                    c.setting,
+                    c.source,
+                    c.target,
+                    c.winner,
+                    if c.applied_here { ", applied" } else { "" }
                 ));
             }
         }
@@ -664,12 +685,14 @@ mod tests {
     #[test]
     fn metadata_sync_renders_a_summary_and_only_what_differs() {
         use replicator_pipeline::{
-            SettingDifference, TopicSettingsReport, UserReport, UserSyncState,
+            SettingConflict, SettingDifference, TopicSettingsReport, UserReport, UserSyncState,
         };
         let user = |name: &str, state, not_translated: Vec<String>| UserReport {
             name: name.to_owned(),
             state,
             not_translated,
+            home: None,
+            note: None,
         };
         let view = FlowMetadataView {
             node: 2,
@@ -687,6 +710,14 @@ mod tests {
                     vec!["stream audit: no flow to this target copies it".into()],
                 ),
                 user("app-c", UserSyncState::RemovedUpstream, Vec::new()),
+                UserReport {
+                    home: Some("eu".into()),
+                    ..user("app-d", UserSyncState::HomeOnTarget, Vec::new())
+                },
+                UserReport {
+                    note: Some("active on both us and eu and no home recorded".into()),
+                    ..user("app-e", UserSyncState::Conflict, Vec::new())
+                },
             ],
             topics: vec![TopicSettingsReport {
                 stream: "orders".into(),
@@ -699,19 +730,31 @@ mod tests {
                     target: "1h".into(),
                     kept: true,
                 }],
+                home: Some("us".into()),
+                changed_on_target: Vec::new(),
+                conflicts: vec![SettingConflict {
+                    setting: "compression".into(),
+                    source: "gzip".into(),
+                    target: "none".into(),
+                    winner: "us".into(),
+                    applied_here: true,
+                }],
             }],
             errors: vec!["users: get_users failed".into()],
         };
         let text = render_metadata(&[view]);
         let lines: Vec<&str> = text.lines().skip(1).collect();
         assert!(lines[0]
-            .starts_with("flow us-to-eu metadata sync on node 2: 2 user(s), 1 topic(s), synced "));
+            .starts_with("flow us-to-eu metadata sync on node 2: 4 user(s), 1 topic(s), synced "));
         assert_eq!(
             &lines[1..],
             [
                 "  user app-b: in_sync (not on the target: stream audit: no flow to this target copies it)",
                 "  user app-c: removed_upstream",
+                "  user app-e: conflict (active on both us and eu and no home recorded)",
                 "  topic orders/created: message_expiry differs (upstream 2h, target 1h)",
+                "  topic orders/created: compression changed on both clusters (upstream gzip, \
+                 target none): conflict, us's value wins, applied",
                 "  sync error: users: get_users failed",
             ]
         );

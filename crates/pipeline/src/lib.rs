@@ -75,6 +75,7 @@ pub use selection::residency::{BlockedTopic, FlowResidency};
 pub use stats::{Gap, LatencyQuantiles, NoObserver, Observer, PipelineObserver, UnitStats};
 pub use sync::cutover::{Cutover, Extent, UnitExtents};
 pub use sync::groups::{FlowSyncState, GroupOffset, GroupSkip, GroupSyncReport};
+pub use sync::metadata::pair::SettingConflict;
 pub use sync::metadata::settings::SettingDifference;
 pub use sync::metadata::users::{password_problem, ActivationOutcome, UserSyncState};
 pub use sync::metadata::{

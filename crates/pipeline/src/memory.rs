@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use replicator_model::{
-    Assignment, CommitCounters, CommitOutcome, Epoch, ProgressCommit, SessionCounters,
-    UnitProgress, UnitReset, UnitStart, WorkUnit,
+    Assignment, ClusterPair, CommitCounters, CommitOutcome, Epoch, MetadataChange, MetadataKey,
+    MetadataObject, MetadataRecord, ProgressCommit, SessionCounters, UnitProgress, UnitReset,
+    UnitStart, WorkUnit,
 };
 use tokio::sync::watch;
 
@@ -50,6 +51,8 @@ struct State {
     units: BTreeMap<WorkUnit, UnitEntry>,
     /// The lease as tests set it.
     lease: InMemoryLease,
+    /// Two-way pairs' metadata records, as the Raft state keeps them.
+    metadata: BTreeMap<MetadataKey, MetadataRecord>,
 }
 
 /// The lease an [`InMemoryControl`] reports (tests take it away to see writers hold off).
@@ -316,6 +319,42 @@ impl ControlPlane for InMemoryControl {
 
     fn counts_totals(&self) -> bool {
         true
+    }
+
+    fn metadata_records(
+        &self,
+        pair: &ClusterPair,
+    ) -> Option<BTreeMap<MetadataObject, MetadataRecord>> {
+        Some(
+            self.lock()
+                .metadata
+                .iter()
+                .filter(|(key, _)| key.pair == *pair)
+                .map(|(key, record)| (key.object.clone(), record.clone()))
+                .collect(),
+        )
+    }
+
+    /// As the Raft state machine applies `RecordMetadata`: a compare-and-set per change.
+    async fn record_metadata(
+        &self,
+        changes: Vec<MetadataChange>,
+    ) -> Result<Vec<bool>, ControlError> {
+        Ok(self.mutate(|s| {
+            changes
+                .into_iter()
+                .map(|change| {
+                    let applies = s.metadata.get(&change.key) == change.expected.as_ref();
+                    if applies {
+                        match change.record {
+                            Some(record) => s.metadata.insert(change.key, record),
+                            None => s.metadata.remove(&change.key),
+                        };
+                    }
+                    applies
+                })
+                .collect()
+        }))
     }
 
     async fn commit(

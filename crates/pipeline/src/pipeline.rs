@@ -274,6 +274,7 @@ impl Pipeline {
                 &params,
                 (source.clone(), target.clone()),
                 metadata_registry.clone(),
+                Arc::new(control.clone()),
             )?);
             discovery.push(tokio::spawn(crate::sync::metadata::run(
                 sync.clone(),
@@ -282,6 +283,7 @@ impl Pipeline {
                 first_unit.clone(),
                 cancel.clone(),
             )));
+            let pairing = sync.pair.clone();
             metadata_syncs.insert(flow.name.clone(), sync);
             discovery.push(tokio::spawn(discovery::run(DiscoveryParams {
                 flow: flow.clone(),
@@ -295,6 +297,7 @@ impl Pipeline {
                 cancel: cancel.clone(),
                 units_seen: units_seen.get(&flow.name).cloned().unwrap_or_default(),
                 first_unit,
+                pairing,
             })));
         }
         let mut heartbeats = Vec::new();

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use iggy::prelude::{CompressionAlgorithm, Identifier, IggyExpiry, MaxTopicSize, Topic};
-use replicator_model::WorkUnit;
+use replicator_model::{MetadataObject, WorkUnit};
 use replicator_sdk::IggyCluster as _;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::params::{BackoffParams, FlowParams};
 use crate::selection::mapping::{downstream_stream, Choice, Selector};
 use crate::selection::residency::{BlockedTopic, BlockedTopics};
+use crate::sync::metadata::Pairing;
 
 /// The smallest unit of a flow as its discovery last found it (its owner runs the flow's
 /// metadata sync rounds).
@@ -60,6 +61,10 @@ pub(crate) struct DiscoveryParams<C> {
     pub(crate) units_seen: Arc<std::sync::atomic::AtomicUsize>,
     /// Set to the flow's smallest unit after every round (its owner runs the metadata sync).
     pub(crate) first_unit: FirstUnit,
+    /// The flow's two-way pair, when flows copy back from its target (see
+    /// [`crate::sync::metadata::pair`]): copies the reverse flow made are not copied back, and
+    /// a topic deleted on its home is not created there again.
+    pub(crate) pairing: Option<Arc<Pairing>>,
 }
 
 /// One upstream topic as discovery sees it.
@@ -71,6 +76,8 @@ struct SeenTopic {
     partitions: u32,
     /// Whether the downstream side was mirrored successfully for this shape.
     mirrored: bool,
+    /// In a two-way pair: deleted on its home, the target (see [`deleted_at_home`]).
+    deleted_at_home: bool,
 }
 
 /// Runs discovery until cancelled.
@@ -158,6 +165,7 @@ async fn discover_once<C: ControlPlane>(
         .await?;
     let mut now: BTreeMap<(String, String), (SeenTopic, Topic)> = BTreeMap::new();
     let mut blocked = Vec::new();
+    let mut deleted_now = BTreeMap::new();
     for stream in streams {
         let id = named(&stream.name)?;
         let details = p
@@ -165,6 +173,12 @@ async fn discover_once<C: ControlPlane>(
             .call(0, "get_stream", |c| async move { c.get_stream(&id).await })
             .await?;
         let Some(details) = details else { continue };
+        if p.pairing
+            .as_ref()
+            .is_some_and(|pairing| pairing.is_reverse_copy(&stream.name))
+        {
+            continue;
+        }
         for topic in details.topics {
             match p.selector.choose(&stream.name, &topic.name) {
                 Choice::Skip => continue,
@@ -179,10 +193,32 @@ async fn discover_once<C: ControlPlane>(
                 }
                 Choice::Copy => {}
             }
+            let deleted = deleted_at_home(p, &stream.name, &topic.name).await?;
+            let key = (stream.name.clone(), topic.name.clone());
+            if deleted {
+                if !seen.get(&key).is_some_and(|t| t.deleted_at_home) {
+                    tracing::warn!(
+                        stream = %stream.name, topic = %topic.name, home = %p.flow.target,
+                        "topic deleted on its home cluster: not created there again, its units \
+                         stop (delete it here too, or create it again on its home)"
+                    );
+                }
+                deleted_now.insert(
+                    key,
+                    SeenTopic {
+                        created_at: topic.created_at.as_micros(),
+                        partitions: topic.partitions_count,
+                        mirrored: false,
+                        deleted_at_home: true,
+                    },
+                );
+                continue;
+            }
             let seen_topic = SeenTopic {
                 created_at: topic.created_at.as_micros(),
                 partitions: topic.partitions_count,
                 mirrored: true,
+                deleted_at_home: false,
             };
             now.insert(
                 (stream.name.clone(), topic.name.clone()),
@@ -192,7 +228,10 @@ async fn discover_once<C: ControlPlane>(
     }
     blocked.sort();
     p.blocked.discovered(&p.flow.name, blocked);
-    for (key, old) in seen.iter() {
+    for (key, old) in seen
+        .iter()
+        .filter(|(k, t)| !t.deleted_at_home && !deleted_now.contains_key(*k))
+    {
         match now.get(key) {
             None => tracing::warn!(
                 stream = %key.0, topic = %key.1,
@@ -235,7 +274,48 @@ async fn discover_once<C: ControlPlane>(
         );
     }
     *seen = now.into_iter().map(|(k, (t, _))| (k, t)).collect();
+    seen.extend(deleted_now);
     Ok(units)
+}
+
+/// Whether `stream/topic`, which the flow's source has, was deleted on its home, the flow's
+/// target: the topic of a two-way pair recorded at home there (see
+/// [`crate::sync::metadata::pair`]) and gone from it. Creating it again would undo the
+/// deletion with the copy; deletion does not travel either (the copy is kept and reported).
+/// Without records (a cluster below feature level 3) nothing is known: `false`.
+async fn deleted_at_home<C: ControlPlane>(
+    p: &DiscoveryParams<C>,
+    stream: &str,
+    topic: &str,
+) -> Result<bool> {
+    let Some(pairing) = p
+        .pairing
+        .as_ref()
+        .filter(|pr| pr.pairs_topic(stream, topic))
+    else {
+        return Ok(false);
+    };
+    let at_home = p
+        .control
+        .metadata_records(&pairing.view.pair)
+        .and_then(|records| {
+            records
+                .get(&MetadataObject::Topic {
+                    stream: stream.to_owned(),
+                    topic: topic.to_owned(),
+                })
+                .map(|r| r.home == pairing.view.target)
+        })
+        .unwrap_or(false);
+    if !at_home {
+        return Ok(false);
+    }
+    let (s, t) = (named(stream)?, named(topic)?);
+    let there = p
+        .target
+        .call(0, "get_topic", |c| async move { c.get_topic(&s, &t).await })
+        .await?;
+    Ok(there.is_none())
 }
 
 /// Creates the downstream stream and topic if missing (same partition count, compression,

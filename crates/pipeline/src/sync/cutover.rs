@@ -205,19 +205,30 @@ impl Cutover {
         Some(sync(units).await)
     }
 
-    /// One metadata sync round of `flow` from this node (recorded like a periodic round), then
-    /// the activation of the users `passwords` names (user name to password); `None` when this
-    /// node does not run the flow. Passwords go to the target only.
-    pub async fn sync_metadata(
-        &self,
-        flow: &str,
-        passwords: &BTreeMap<String, String>,
-    ) -> Option<(MetadataSyncReport, Vec<UserActivation>, Vec<String>)> {
+    /// One metadata sync round of `flow` from this node, recorded like a periodic round;
+    /// `None` when this node does not run the flow.
+    pub async fn metadata_round(&self, flow: &str) -> Option<MetadataSyncReport> {
         let sync = self.metadata.get(flow)?;
         let report = sync.round().await;
         self.metadata_registry
             .update(flow, |s| s.add(report.clone()));
-        let (activated, errors) = sync.activate(passwords).await;
+        Some(report)
+    }
+
+    /// `flow promote`'s metadata step: one metadata sync round of `flow` from this node
+    /// (recorded like a periodic round), the activation of the users `passwords` names (user
+    /// name to password), and in a two-way pair the move of the homes of what the flow syncs to
+    /// its target; `None` when this node does not run the flow. Passwords go to the target
+    /// only.
+    pub async fn promote_metadata(
+        &self,
+        flow: &str,
+        passwords: &BTreeMap<String, String>,
+    ) -> Option<(MetadataSyncReport, Vec<UserActivation>, Vec<String>)> {
+        let report = self.metadata_round(flow).await?;
+        let sync = self.metadata.get(flow)?;
+        let (activated, mut errors) = sync.activate(passwords).await;
+        errors.extend(sync.take_homes().await);
         Some((report, activated, errors))
     }
 

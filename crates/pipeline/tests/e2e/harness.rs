@@ -497,6 +497,18 @@ impl<I: Intercept> ControlPlane for Intercepted<I> {
     fn counts_totals(&self) -> bool {
         self.inner.counts_totals()
     }
+    fn metadata_records(
+        &self,
+        pair: &replicator_model::ClusterPair,
+    ) -> Option<BTreeMap<replicator_model::MetadataObject, replicator_model::MetadataRecord>> {
+        self.inner.metadata_records(pair)
+    }
+    fn record_metadata(
+        &self,
+        changes: Vec<replicator_model::MetadataChange>,
+    ) -> impl Future<Output = Result<Vec<bool>, ControlError>> + Send {
+        self.inner.record_metadata(changes)
+    }
     fn abandon_writer_identity(
         &self,
         incarnation: u64,

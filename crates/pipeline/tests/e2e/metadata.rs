@@ -210,7 +210,7 @@ async fn users_and_topic_settings_follow_upstream_and_promote_activates_a_user()
         ("ops-admin".to_owned(), "nope".to_owned()),
     ]);
     let (_, activated, errors) = cutover
-        .sync_metadata("meta", &passwords)
+        .promote_metadata("meta", &passwords)
         .await
         .ok_or("no flow")?;
     assert!(errors.is_empty(), "{errors:?}");
@@ -241,7 +241,7 @@ async fn users_and_topic_settings_follow_upstream_and_promote_activates_a_user()
     assert!(active.permissions.is_some_and(|p| !p.global.read_streams));
     // A second activation leaves it alone.
     let (_, again, _) = cutover
-        .sync_metadata("meta", &passwords)
+        .promote_metadata("meta", &passwords)
         .await
         .ok_or("no flow")?;
     assert!(again[0].outcome == ActivationOutcome::AlreadyActive);

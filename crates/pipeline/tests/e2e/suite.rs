@@ -17,4 +17,5 @@ mod residency;
 mod supervision;
 mod throttle;
 mod topics;
+mod two_way;
 mod vsr;

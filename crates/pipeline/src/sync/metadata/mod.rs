@@ -19,6 +19,7 @@
 //! settings), never a writer identity. The replicator's own users (the root, the users the
 //! connections log in as, and writer identities) are never synced.
 
+pub(crate) mod pair;
 pub(crate) mod settings;
 pub(crate) mod users;
 
@@ -30,16 +31,19 @@ use globset::GlobSet;
 use iggy::prelude::{Identifier, UserStatus};
 use iggy_common::UserInfo;
 use rand::distributions::{Alphanumeric, DistString};
-use replicator_model::{Naming, TopicSetting};
+use replicator_model::{
+    ClusterPair, MetadataChange, MetadataKey, MetadataObject, MetadataRecord, Naming, TopicSetting,
+};
 use replicator_sdk::IggyCluster as _;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use self::pair::{PairView, SettingConflict, Side, UserHome};
 use self::settings::{SettingDifference, TopicSettings};
 use self::users::{Activation, ActivationOutcome, UserAction, UserCopy, UserSyncState};
 use crate::clients::Cluster;
-use crate::control::ControlPlane;
+use crate::control::{ControlError, ControlPlane};
 use crate::discovery::FirstUnit;
 use crate::error::{Error, Result};
 use crate::params::{FlowParams, PipelineParams};
@@ -47,6 +51,14 @@ use crate::selection::mapping::{downstream_stream, Selector};
 
 /// The root user's id on every Iggy server: never synced.
 const ROOT_USER_ID: u32 = 0;
+
+/// Failed reads of the source in a row after which `flow promote --activate-users` takes the
+/// source for lost and activates users from the target's copies (documented in README,
+/// "Disaster recovery").
+const SOURCE_LOST_AFTER: u32 = 3;
+
+/// The pause between two of those reads.
+const SOURCE_READ_PAUSE: Duration = Duration::from_secs(1);
 
 /// How often a node that does not run a flow's rounds looks whether it now does.
 const RUNNER_CHECK: Duration = Duration::from_secs(1);
@@ -77,6 +89,8 @@ pub(crate) struct CatalogTopic {
     pub(crate) settings: Option<TopicSettings>,
     pub(crate) partitions: u32,
     pub(crate) replication_factor: u8,
+    /// Creation time, µs (in a two-way pair the older of two namesakes is the home).
+    pub(crate) created_at: u64,
 }
 
 impl Catalog {
@@ -125,6 +139,7 @@ impl Catalog {
                             settings: Some(TopicSettings::of(t)),
                             partitions: t.partitions_count,
                             replication_factor: t.replication_factor,
+                            created_at: t.created_at.as_micros(),
                         },
                     )
                 })
@@ -190,6 +205,12 @@ pub struct UserReport {
     /// Permissions the target has no place for (not copied streams or topics).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_translated: Vec<String>,
+    /// In a two-way pair: the alias of the cluster where the user is authored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<String>,
+    /// Why the user is left alone (a conflict), or what else an operator should know.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// One topic in a [`MetadataSyncReport`].
@@ -208,6 +229,17 @@ pub struct TopicSettingsReport {
     /// that failed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub differences: Vec<SettingDifference>,
+    /// In a two-way pair: the alias of the cluster where the topic is authored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<String>,
+    /// In a two-way pair: settings an operator changed on the target since the pair last
+    /// agreed, which the reverse flow carries to this flow's source.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changed_on_target: Vec<TopicSetting>,
+    /// In a two-way pair: settings changed on both sides to different values since the pair
+    /// last agreed, and which side's value wins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicts: Vec<SettingConflict>,
 }
 
 /// One user's activation by `flow promote --activate-users`.
@@ -232,6 +264,9 @@ pub struct MetadataSyncState {
     pub users_changed: u64,
     /// Topic updates applied on the target since start.
     pub settings_applied: u64,
+    /// Conflicts of a two-way pair this node resolved since start: a setting changed on both
+    /// sides (the home's value applied), counted by the flow that applied it.
+    pub conflicts_resolved: u64,
 }
 
 impl MetadataSyncState {
@@ -255,12 +290,13 @@ impl MetadataSyncState {
     }
 
     /// Topics of the latest round whose settings on the target differ from upstream other than
-    /// on purpose: extra partitions, failed updates (kept settings are not counted).
+    /// on purpose: extra partitions, failed updates, conflicts of a two-way pair (kept
+    /// settings, and changes on their way through the reverse flow, are not counted).
     pub fn settings_drift(&self) -> u64 {
         self.last
             .topics
             .iter()
-            .filter(|t| t.differences.iter().any(|d| !d.kept))
+            .filter(|t| t.differences.iter().any(|d| !d.kept) || !t.conflicts.is_empty())
             .count() as u64
     }
 }
@@ -288,6 +324,12 @@ impl MetadataSyncState {
             .iter()
             .filter(|t| !t.changed.is_empty())
             .count() as u64;
+        self.conflicts_resolved += report
+            .topics
+            .iter()
+            .flat_map(|t| &t.conflicts)
+            .filter(|c| c.applied_here)
+            .count() as u64;
         self.last = report;
     }
 }
@@ -310,6 +352,149 @@ pub(crate) struct MetadataSync {
     pub(crate) source: Arc<Cluster>,
     pub(crate) target: Arc<Cluster>,
     pub(crate) registry: MetadataSyncRegistry,
+    /// The flow's two-way pair, when flows copy back from its target to its source.
+    pub(crate) pair: Option<Arc<Pairing>>,
+    /// Where the pair's records are kept (the control plane).
+    pub(crate) records: Arc<dyn Records>,
+}
+
+/// A flow of a two-way pair and the flows that copy the other way (see [`pair`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Pairing {
+    pub(crate) view: PairView,
+    /// The flow's own user globs and placement.
+    users: GlobSet,
+    naming: Naming,
+    selector: Selector,
+    /// The flows from this flow's target to its source.
+    reverse: Vec<ReverseFlow>,
+}
+
+/// One flow of [`Pairing::reverse`].
+#[derive(Debug, Clone)]
+struct ReverseFlow {
+    users: GlobSet,
+    naming: Naming,
+    selector: Selector,
+    keep: BTreeSet<TopicSetting>,
+}
+
+impl Pairing {
+    /// The pairing of `flow`, `None` when no flow copies the other way.
+    pub(crate) fn of(
+        flow: &FlowParams,
+        flows: &BTreeMap<String, Arc<FlowParams>>,
+        selectors: &BTreeMap<String, Selector>,
+    ) -> std::result::Result<Option<Self>, (String, String)> {
+        let selector_of = |f: &FlowParams| {
+            selectors.get(&f.name).cloned().unwrap_or_else(|| {
+                Selector::new(&[], &[]).unwrap_or_else(|_| unreachable!("no globs"))
+            })
+        };
+        let mut reverse = Vec::new();
+        for other in flows.values() {
+            if other.source == flow.target && other.target == flow.source {
+                reverse.push(ReverseFlow {
+                    users: user_selector(&other.users)?,
+                    naming: other.naming,
+                    selector: selector_of(other),
+                    keep: other.keep_target_settings.clone(),
+                });
+            }
+        }
+        if reverse.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            view: PairView::new(&flow.source, &flow.target),
+            users: user_selector(&flow.users)?,
+            naming: flow.naming,
+            selector: selector_of(flow),
+            reverse,
+        }))
+    }
+
+    /// Whether both directions sync the user `name`.
+    pub(crate) fn pairs_user(&self, name: &str) -> bool {
+        self.users.is_match(name) && self.reverse.iter().any(|r| r.users.is_match(name))
+    }
+
+    /// Whether both directions copy `stream/topic` into its namesake (identity naming both
+    /// ways, selected both ways).
+    pub(crate) fn pairs_topic(&self, stream: &str, topic: &str) -> bool {
+        self.naming == Naming::Identity
+            && self.selector.matches(stream, topic)
+            && self
+                .reverse
+                .iter()
+                .any(|r| r.naming == Naming::Identity && r.selector.matches(stream, topic))
+    }
+
+    /// The settings that travel in neither direction of `stream/topic`: those this flow
+    /// (`own`) or a reverse flow that copies the topic keeps.
+    fn kept(
+        &self,
+        own: &BTreeSet<TopicSetting>,
+        stream: &str,
+        topic: &str,
+    ) -> BTreeSet<TopicSetting> {
+        let mut keep = own.clone();
+        for r in &self.reverse {
+            if r.selector.matches(stream, topic) {
+                keep.extend(r.keep.iter().copied());
+            }
+        }
+        keep
+    }
+
+    /// Whether `stream` on this flow's source is a copy a reverse flow made with prefix naming
+    /// (`<this flow's target>.<stream>`): copying it back would name it
+    /// `<source>.<target>.<stream>` on the target, and so on at every round trip.
+    pub(crate) fn is_reverse_copy(&self, stream: &str) -> bool {
+        self.reverse.iter().any(|r| r.naming == Naming::Prefix)
+            && stream
+                .strip_prefix(self.view.target.as_str())
+                .is_some_and(|rest| rest.starts_with('.'))
+    }
+
+    /// The key of `object` in this pair.
+    pub(crate) fn key(&self, object: MetadataObject) -> MetadataKey {
+        MetadataKey {
+            pair: self.view.pair.clone(),
+            object,
+        }
+    }
+}
+
+/// The control plane's records of two-way pairs, as the metadata sync and discovery use them
+/// (an object-safe view of [`ControlPlane::metadata_records`] and
+/// [`ControlPlane::record_metadata`]).
+pub(crate) trait Records: Send + Sync {
+    /// See [`ControlPlane::metadata_records`].
+    fn records(&self, pair: &ClusterPair) -> Option<BTreeMap<MetadataObject, MetadataRecord>>;
+    /// See [`ControlPlane::record_metadata`].
+    fn record(
+        &self,
+        changes: Vec<MetadataChange>,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::result::Result<Vec<bool>, ControlError>> + Send>,
+    >;
+}
+
+impl<C: ControlPlane> Records for C {
+    fn records(&self, pair: &ClusterPair) -> Option<BTreeMap<MetadataObject, MetadataRecord>> {
+        self.metadata_records(pair)
+    }
+
+    fn record(
+        &self,
+        changes: Vec<MetadataChange>,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::result::Result<Vec<bool>, ControlError>> + Send>,
+    > {
+        let control = self.clone();
+        Box::pin(async move { control.record_metadata(changes).await })
+    }
 }
 
 impl MetadataSync {
@@ -322,6 +507,7 @@ impl MetadataSync {
         params: &PipelineParams,
         (source, target): (Arc<Cluster>, Arc<Cluster>),
         registry: MetadataSyncRegistry,
+        records: Arc<dyn Records>,
     ) -> Result<Self> {
         let route_of = |f: &FlowParams| Route {
             selector: selectors.get(&f.name).cloned().unwrap_or_else(|| {
@@ -359,6 +545,10 @@ impl MetadataSync {
             source,
             target,
             registry,
+            pair: Pairing::of(flow, flows, selectors)
+                .map_err(invalid)?
+                .map(Arc::new),
+            records,
         })
     }
 }
@@ -414,6 +604,29 @@ pub(crate) async fn run<C: ControlPlane>(
     .await;
 }
 
+/// A flow's pair and its records as one round read them (`None`: the control plane cannot
+/// keep them yet).
+type PairRecords<'a> = (
+    &'a Pairing,
+    Option<BTreeMap<MetadataObject, MetadataRecord>>,
+);
+
+/// Why a pair's objects are left alone while the control plane keeps no records.
+const NO_RECORDS: &str = "two-way pair: left alone until the control plane keeps the pair's \
+     metadata records (every member running a release with feature level 3; see README, \
+     Upgrading)";
+
+/// The side whose topic was created first (the home when none is recorded); on a tie the
+/// pair's first alias, so that both flows of the pair decide alike.
+fn older_side(view: &PairView, source_created: u64, target_created: u64) -> Side {
+    match source_created.cmp(&target_created) {
+        std::cmp::Ordering::Less => Side::Source,
+        std::cmp::Ordering::Greater => Side::Target,
+        std::cmp::Ordering::Equal if view.pair.first == view.source => Side::Source,
+        std::cmp::Ordering::Equal => Side::Target,
+    }
+}
+
 /// An error with its causes, for reports.
 fn describe(e: &Error) -> String {
     let mut text = e.to_string();
@@ -443,14 +656,23 @@ impl MetadataSync {
             flow: self.flow.name.clone(),
             ..MetadataSyncReport::default()
         };
+        // Read once per round: a record written by this round's changes is read next round.
+        let pair = self
+            .pair
+            .as_deref()
+            .map(|p| (p, self.records.records(&p.view.pair)));
         match (
             Catalog::read(&self.source).await,
             Catalog::read(&self.target).await,
         ) {
             (Ok(up), Ok(down)) => {
-                self.sync_settings(&up, &down, &mut report).await;
+                self.sync_settings(&up, &down, pair.as_ref(), &mut report)
+                    .await;
                 if !self.flow.users.is_empty() {
-                    if let Err(e) = self.sync_users(&up, &down, &mut report).await {
+                    if let Err(e) = self
+                        .sync_users(&up, &down, pair.as_ref(), &mut report)
+                        .await
+                    {
                         report.errors.push(format!("users: {}", describe(&e)));
                     }
                 }
@@ -461,7 +683,14 @@ impl MetadataSync {
         report
     }
 
-    async fn sync_settings(&self, up: &Catalog, down: &Catalog, report: &mut MetadataSyncReport) {
+    async fn sync_settings(
+        &self,
+        up: &Catalog,
+        down: &Catalog,
+        pair: Option<&PairRecords<'_>>,
+        report: &mut MetadataSyncReport,
+    ) {
+        let mut changes = Vec::new();
         for stream in up.streams.values() {
             let down_stream = self.route.downstream(&stream.name);
             for topic in stream.topics.values() {
@@ -475,30 +704,83 @@ impl MetadataSync {
                 let (Some(wanted), Some(has)) = (topic.settings, there.settings) else {
                     continue;
                 };
-                let plan = settings::plan(&wanted, &has, &self.flow.keep_target_settings);
                 let mut entry = TopicSettingsReport {
                     stream: down_stream.clone(),
                     topic: topic.name.clone(),
                     settings: BTreeMap::new(),
                     changed: Vec::new(),
-                    differences: plan.kept,
+                    differences: Vec::new(),
+                    home: None,
+                    changed_on_target: Vec::new(),
+                    conflicts: Vec::new(),
+                };
+                let paired = pair.filter(|(p, _)| p.pairs_topic(&stream.name, &topic.name));
+                // What to send, the settings it changes, and (in a pair) the record to keep
+                // once it landed.
+                let (update, changed, pair_plan) = match paired {
+                    None => {
+                        let plan = settings::plan(&wanted, &has, &self.flow.keep_target_settings);
+                        entry.differences = plan.kept;
+                        (plan.update, plan.changed, None)
+                    }
+                    Some((_, None)) => {
+                        report.errors.push(format!(
+                            "topic {down_stream}/{}: {}",
+                            topic.name, NO_RECORDS
+                        ));
+                        (None, Vec::new(), None)
+                    }
+                    Some((pairing, Some(records))) => {
+                        let object = MetadataObject::Topic {
+                            stream: stream.name.clone(),
+                            topic: topic.name.clone(),
+                        };
+                        let record = records.get(&object);
+                        let older = older_side(&pairing.view, topic.created_at, there.created_at);
+                        let keep = pairing.kept(
+                            &self.flow.keep_target_settings,
+                            &stream.name,
+                            &topic.name,
+                        );
+                        let plan =
+                            pair::plan_settings(&pairing.view, &wanted, &has, record, older, &keep);
+                        entry.differences = plan.kept.clone();
+                        entry.home = Some(plan.record.home.clone());
+                        entry.changed_on_target = plan.left_to_reverse.clone();
+                        entry.conflicts = plan.conflicts.clone();
+                        for conflict in &plan.conflicts {
+                            tracing::warn!(
+                                stream = %down_stream, topic = %topic.name,
+                                setting = %conflict.setting, source = %conflict.source,
+                                target = %conflict.target, winner = %conflict.winner,
+                                "topic setting changed on both clusters of a two-way pair: \
+                                 the home's value wins"
+                            );
+                        }
+                        let (update, changed) = (plan.update, plan.changed.clone());
+                        (
+                            update,
+                            changed,
+                            Some((pairing, object, record.cloned(), plan)),
+                        )
+                    }
                 };
                 let mut now = has;
-                if let Some(update) = plan.update {
-                    let mut refused = Vec::new();
+                let mut refused = Vec::new();
+                if let Some(update) = update {
                     match self
                         .update_topic(sid, tid, &topic.name, there, update)
                         .await
                     {
                         Ok(()) => {
                             now = update;
-                            entry.changed = plan.changed.clone();
+                            entry.changed = changed.clone();
                         }
                         // One setting the target refuses (a 0.9 server refuses a size cap
                         // below the topic's segment size) must not hold back the others:
                         // each is tried on its own.
-                        Err(_) if plan.changed.len() > 1 => {
-                            for &setting in &plan.changed {
+                        Err(_) if changed.len() > 1 => {
+                            for &setting in &changed {
                                 let one = now.with(setting, &wanted);
                                 match self.update_topic(sid, tid, &topic.name, there, one).await {
                                     Ok(()) => {
@@ -509,23 +791,34 @@ impl MetadataSync {
                                 }
                             }
                         }
-                        Err(e) => refused.extend(plan.changed.first().map(|&s| (s, e))),
+                        Err(e) => refused.extend(changed.first().map(|&s| (s, e))),
                     }
-                    for (setting, e) in refused {
+                    for (setting, e) in &refused {
                         report.errors.push(format!(
                             "topic {down_stream}/{}: update of {setting}: {}",
                             topic.name,
-                            describe(&e)
+                            describe(e)
                         ));
                         entry.differences.push(SettingDifference {
                             setting: setting.as_str().to_owned(),
-                            upstream: wanted.render(setting),
-                            target: has.render(setting),
+                            upstream: wanted.render(*setting),
+                            target: has.render(*setting),
                             kept: false,
                         });
                     }
                     if !entry.changed.is_empty() {
                         tracing::info!(stream = %down_stream, topic = %topic.name, changed = ?entry.changed, "topic settings applied on the target");
+                    }
+                }
+                if let Some((pairing, object, before, plan)) = pair_plan {
+                    let refused: Vec<TopicSetting> = refused.iter().map(|(s, _)| *s).collect();
+                    let after = plan.record_after(&refused, before.as_ref());
+                    if before.as_ref() != Some(&after) {
+                        changes.push(MetadataChange {
+                            key: pairing.key(object),
+                            expected: before,
+                            record: Some(after),
+                        });
                     }
                 }
                 if there.partitions > topic.partitions {
@@ -543,8 +836,32 @@ impl MetadataSync {
                 report.topics.push(entry);
             }
         }
+        self.record(changes, report).await;
     }
 
+    /// Writes `changes` to the pair's records; what was not applied (another round decided
+    /// from the same record first) is decided again next round.
+    async fn record(&self, changes: Vec<MetadataChange>, report: &mut MetadataSyncReport) {
+        if changes.is_empty() {
+            return;
+        }
+        let count = changes.len();
+        match self.records.record(changes).await {
+            Ok(applied) => {
+                let stale = applied.iter().filter(|a| !**a).count();
+                if stale > 0 {
+                    tracing::debug!(
+                        stale,
+                        count,
+                        "two-way pair records changed since this round read them"
+                    );
+                }
+            }
+            Err(e) => report
+                .errors
+                .push(format!("two-way pair records: {}", e.reason)),
+        }
+    }
     async fn update_topic(
         &self,
         sid: u32,
@@ -648,6 +965,7 @@ impl MetadataSync {
         &self,
         up: &Catalog,
         down: &Catalog,
+        pair: Option<&PairRecords<'_>>,
         report: &mut MetadataSyncReport,
     ) -> Result<()> {
         let (up_listing, down_listing) = (
@@ -676,16 +994,53 @@ impl MetadataSync {
             )
             .await?;
         let names: BTreeSet<&String> = upstream.keys().chain(target.keys()).collect();
+        let homes = match pair {
+            Some((pairing, Some(records))) => {
+                self.user_homes(pairing, records, &names, (&upstream, &target), report)
+                    .await
+            }
+            _ => BTreeMap::new(),
+        };
         for name in names {
             let mut entry = UserReport {
                 name: name.clone(),
                 state: UserSyncState::InSync,
                 not_translated: not_translated.remove(name).unwrap_or_default(),
+                home: None,
+                note: None,
             };
             if self.rivals.iter().any(|g| g.is_match(name.as_str())) {
                 entry.state = UserSyncState::Conflict;
                 report.users.push(entry);
                 continue;
+            }
+            if let Some((pairing, records)) = pair.filter(|(p, _)| p.pairs_user(name)) {
+                let view = &pairing.view;
+                match (records, homes.get(name)) {
+                    (None, _) => {
+                        report.errors.push(format!("user {name}: {NO_RECORDS}"));
+                        entry.state = UserSyncState::Failed;
+                    }
+                    (_, Some(UserHome::Recorded(side) | UserHome::Found(side))) => {
+                        entry.home = Some(view.alias(*side).to_owned());
+                        if *side == Side::Target {
+                            // Authored on the target: the reverse flow syncs it from there.
+                            entry.state = UserSyncState::HomeOnTarget;
+                        }
+                    }
+                    (_, Some(UserHome::Undecided(why))) => {
+                        entry.state = UserSyncState::Conflict;
+                        entry.note = Some(why.clone());
+                    }
+                    (_, Some(UserHome::Gone) | None) => {
+                        entry.state = UserSyncState::Failed;
+                        entry.note = Some("its home is not decided yet".into());
+                    }
+                }
+                if entry.home.as_deref() != Some(view.source.as_str()) {
+                    report.users.push(entry);
+                    continue;
+                }
             }
             let (actions, state) = users::plan(
                 upstream.get(name),
@@ -709,6 +1064,75 @@ impl MetadataSync {
             report.users.push(entry);
         }
         Ok(())
+    }
+
+    /// Where each user `names` holds that both flows of the pair sync is at home. Homes not
+    /// recorded yet are recorded first (a compare-and-set: if the other flow recorded one at
+    /// the same time, this round leaves the user for the next); records of users gone from
+    /// both sides are dropped.
+    async fn user_homes<'n>(
+        &self,
+        pairing: &Pairing,
+        records: &BTreeMap<MetadataObject, MetadataRecord>,
+        names: &BTreeSet<&'n String>,
+        (upstream, target): (&Users, &Users),
+        report: &mut MetadataSyncReport,
+    ) -> BTreeMap<&'n String, UserHome> {
+        let mut homes = BTreeMap::new();
+        let (mut changes, mut found) = (Vec::new(), Vec::new());
+        for &name in names.iter().filter(|n| pairing.pairs_user(n)) {
+            let object = MetadataObject::User(name.clone());
+            let record = records.get(&object);
+            let home = pair::user_home(&pairing.view, record, upstream.get(name), target.get(name));
+            if let UserHome::Found(side) = home {
+                changes.push(MetadataChange {
+                    key: pairing.key(object),
+                    expected: None,
+                    record: Some(pairing.view.home_at(side)),
+                });
+                found.push(name);
+            }
+            homes.insert(name, home);
+        }
+        for (object, record) in records {
+            if let MetadataObject::User(name) = object {
+                if !names.contains(name) && pairing.pairs_user(name) {
+                    changes.push(MetadataChange {
+                        key: pairing.key(object.clone()),
+                        expected: Some(record.clone()),
+                        record: None,
+                    });
+                }
+            }
+        }
+        if changes.is_empty() {
+            return homes;
+        }
+        let undecided = |why: String| UserHome::Undecided(why);
+        match self.records.record(changes).await {
+            Ok(applied) => {
+                for (name, applied) in found.into_iter().zip(applied) {
+                    if !applied {
+                        homes.insert(
+                            name,
+                            undecided("its home was recorded by the other flow of the pair at the same time: decided again next round".into()),
+                        );
+                    }
+                }
+            }
+            Err(e) => {
+                report
+                    .errors
+                    .push(format!("two-way pair records: {}", e.reason));
+                for name in found {
+                    homes.insert(
+                        name,
+                        undecided(format!("its home could not be recorded: {}", e.reason)),
+                    );
+                }
+            }
+        }
+        homes
     }
 
     async fn apply(&self, name: &str, there: Option<&UserCopy>, action: UserAction) -> Result<()> {
@@ -778,27 +1202,33 @@ impl MetadataSync {
             }
         };
         // The source may be gone (that is what a failover is for): then the target's copies
-        // are what there is.
-        let up_listing = Self::list(&self.source).await.ok();
+        // are what there is. One failed read does not say so (a live source that answers late
+        // once would have its deliberately inactive users activated from their copies): only
+        // `SOURCE_LOST_AFTER` failed reads in a row do.
         let mut protected = down_listing.own.clone();
-        protected.extend(up_listing.iter().flat_map(|l| l.own.iter().cloned()));
-        let upstream = match (
-            up_listing,
-            Catalog::read(&self.source).await,
-            Catalog::read(&self.target).await,
-        ) {
-            (Some(listing), Ok(up), Ok(down)) => self
-                .users_of(
-                    &self.source,
-                    &listing.users,
-                    &protected,
-                    Some((&up, &down)),
-                    &mut BTreeMap::new(),
-                )
-                .await
-                .ok(),
-            _ => None,
-        };
+        let mut upstream = None;
+        let mut last_error = String::new();
+        for attempt in 1..=SOURCE_LOST_AFTER {
+            match self.read_upstream_users().await {
+                Ok((users, own)) => {
+                    protected.extend(own);
+                    upstream = Some(users);
+                    break;
+                }
+                Err(e) => last_error = describe(&e),
+            }
+            if attempt < SOURCE_LOST_AFTER {
+                tokio::time::sleep(SOURCE_READ_PAUSE).await;
+            }
+        }
+        if upstream.is_none() {
+            errors.push(format!(
+                "activate users: the source {} could not be read in {SOURCE_LOST_AFTER} attempts \
+                 {} s apart (last: {last_error}): users were activated from the target's copies",
+                self.flow.source,
+                SOURCE_READ_PAUSE.as_secs()
+            ));
+        }
         let target = match self
             .users_of(
                 &self.target,
@@ -825,6 +1255,11 @@ impl MetadataSync {
                 upstream.as_ref().and_then(|u| u.get(name)),
                 target.get(name),
             );
+            let activated = if upstream.is_some() {
+                ActivationOutcome::Activated
+            } else {
+                ActivationOutcome::ActivatedFromTargetCopy
+            };
             let outcome = match decision {
                 Activation::Leave(outcome) => outcome,
                 Activation::Replace(permissions) => {
@@ -832,7 +1267,7 @@ impl MetadataSync {
                         .replace(name, password, target.get(name), permissions)
                         .await
                     {
-                        Ok(()) => ActivationOutcome::Activated,
+                        Ok(()) => activated,
                         Err(e) => {
                             errors.push(format!("activate user {name}: {}", describe(&e)));
                             ActivationOutcome::Failed
@@ -849,8 +1284,11 @@ impl MetadataSync {
                     }
                 }
             };
-            if outcome == ActivationOutcome::Activated {
-                tracing::info!(user = %name, "user activated on the target");
+            if matches!(
+                outcome,
+                ActivationOutcome::Activated | ActivationOutcome::ActivatedFromTargetCopy
+            ) {
+                tracing::info!(user = %name, ?outcome, "user activated on the target");
             }
             done.push(UserActivation {
                 name: name.clone(),
@@ -858,6 +1296,78 @@ impl MetadataSync {
             });
         }
         (done, errors)
+    }
+
+    /// `flow promote`: the target is where applications run from now on, so in a two-way pair
+    /// it becomes the home of every user and topic this flow syncs (the reverse flow then
+    /// syncs them, and a conflict is decided for the target). Errors are for the report.
+    pub(crate) async fn take_homes(&self) -> Vec<String> {
+        let Some(pairing) = self.pair.as_deref() else {
+            return Vec::new();
+        };
+        let Some(records) = self.records.records(&pairing.view.pair) else {
+            return vec![format!(
+                "homes not moved to {}: {NO_RECORDS}",
+                self.flow.target
+            )];
+        };
+        let changes: Vec<MetadataChange> = records
+            .into_iter()
+            .filter(|(object, record)| {
+                record.home != pairing.view.target
+                    && match object {
+                        MetadataObject::User(name) => pairing.pairs_user(name),
+                        MetadataObject::Topic { stream, topic } => {
+                            pairing.pairs_topic(stream, topic)
+                        }
+                    }
+            })
+            .map(|(object, record)| MetadataChange {
+                key: pairing.key(object),
+                record: Some(MetadataRecord {
+                    home: pairing.view.target.clone(),
+                    agreed: record.agreed.clone(),
+                }),
+                expected: Some(record),
+            })
+            .collect();
+        if changes.is_empty() {
+            return Vec::new();
+        }
+        let count = changes.len();
+        match self.records.record(changes).await {
+            Ok(applied) if applied.iter().all(|a| *a) => {
+                tracing::info!(count, home = %pairing.view.target, "two-way pair: homes moved to the promoted target");
+                Vec::new()
+            }
+            Ok(applied) => vec![format!(
+                "{} of {count} homes not moved to {}: their records changed meanwhile; run promote again",
+                applied.iter().filter(|a| !**a).count(),
+                pairing.view.target
+            )],
+            Err(e) => vec![format!(
+                "homes not moved to {}: {}",
+                pairing.view.target, e.reason
+            )],
+        }
+    }
+
+    /// The users of the source the flow selects, translated to the target, and the source's
+    /// own users (never synced).
+    async fn read_upstream_users(&self) -> Result<(Users, BTreeSet<String>)> {
+        let listing = Self::list(&self.source).await?;
+        let up = Catalog::read(&self.source).await?;
+        let down = Catalog::read(&self.target).await?;
+        let users = self
+            .users_of(
+                &self.source,
+                &listing.users,
+                &listing.own,
+                Some((&up, &down)),
+                &mut BTreeMap::new(),
+            )
+            .await?;
+        Ok((users, listing.own))
     }
 
     /// Replaces the inactive copy with an active user: delete, then create. Run again after a

@@ -45,24 +45,26 @@ impl TopicSettings {
         self
     }
 
-    /// Whether `setting` is the same in both. A server answers the value it stores, so two
-    /// equal values compare equal whatever generation reports them.
-    fn same(&self, other: &Self, setting: TopicSetting) -> bool {
+    /// `setting` as the servers encode it (what a two-way pair records as agreed). A server
+    /// answers the value it stores, so two equal values encode alike whatever generation
+    /// reports them.
+    pub(crate) fn encoded(&self, setting: TopicSetting) -> u64 {
         match setting {
-            TopicSetting::MessageExpiry => {
-                u64::from(self.message_expiry) == u64::from(other.message_expiry)
-            }
-            TopicSetting::MaxTopicSize => {
-                u64::from(self.max_topic_size) == u64::from(other.max_topic_size)
-            }
-            TopicSetting::Compression => self.compression == other.compression,
+            TopicSetting::MessageExpiry => u64::from(self.message_expiry),
+            TopicSetting::MaxTopicSize => u64::from(self.max_topic_size),
+            TopicSetting::Compression => u64::from(self.compression.as_code()),
         }
+    }
+
+    /// Whether `setting` is the same in both.
+    fn same(&self, other: &Self, setting: TopicSetting) -> bool {
+        self.encoded(setting) == other.encoded(setting)
     }
 
     /// Whether upstream's `setting` is a value of its own: a server that reports "its
     /// default" has nothing the target could take (the target would resolve it to its own
     /// default and report that, and the two would never compare equal).
-    fn stated(&self, setting: TopicSetting) -> bool {
+    pub(crate) fn stated(&self, setting: TopicSetting) -> bool {
         match setting {
             TopicSetting::MessageExpiry => self.message_expiry != IggyExpiry::ServerDefault,
             TopicSetting::MaxTopicSize => self.max_topic_size != MaxTopicSize::ServerDefault,

@@ -174,8 +174,13 @@ pub enum UserSyncState {
     RemovedUpstream,
     /// Gone upstream and deleted on the target this round.
     Deleted,
-    /// Another flow to the same target, from another source, selects the same name: left alone.
+    /// Another flow to the same target, from another source, selects the same name; or, in a
+    /// two-way pair, nothing tells which side is the user's home (see the report's note): left
+    /// alone.
     Conflict,
+    /// In a two-way pair: authored on this flow's target (its source holds a copy), so the
+    /// reverse flow syncs it; this flow leaves it alone.
+    HomeOnTarget,
     /// The round's change failed (see the round's errors); retried next round.
     Failed,
 }
@@ -246,6 +251,9 @@ pub(crate) enum Activation {
 pub enum ActivationOutcome {
     /// Active on the target with the given password now.
     Activated,
+    /// Active on the target with the given password now, with the permissions of the target's
+    /// copy: the source could not be read (see the promote report's problems).
+    ActivatedFromTargetCopy,
     /// Already active on the target: left alone, its password unchanged.
     AlreadyActive,
     /// Inactive upstream: left inactive.
@@ -323,6 +331,7 @@ mod tests {
                                             settings: None,
                                             partitions: 1,
                                             replication_factor: 1,
+                                            created_at: 0,
                                         },
                                     )
                                 })
