@@ -248,8 +248,20 @@ async fn promote_moves_the_homes_and_fail_back_moves_them_again() -> TestResult 
     let env = Env::start().await?;
     let (us, eu) = (client(&env.us).await?, client(&env.eu).await?);
     create_topic(&us, "orders", "created", 1).await?;
-    us.create_user("app-billing", "billing-secret", UserStatus::Active, None)
-        .await?;
+    create_topic(&us, "audit", "log", 1).await?;
+    let audit = us
+        .get_stream(&Identifier::named("audit")?)
+        .await?
+        .ok_or("no audit")?
+        .id;
+    us.create_user(
+        "app-billing",
+        "billing-secret",
+        UserStatus::Active,
+        Some(home_permissions(audit)),
+    )
+    .await?;
+    let home_rights = user(&us, "app-billing").await?.ok_or("no user")?.1;
     let (pipeline, _) = start(&env, &["orders/*"], Naming::Identity).await?;
     let cutover = pipeline.cutover();
     wait_until("orders/created on eu", WAIT, || async {
@@ -273,8 +285,9 @@ async fn promote_moves_the_homes_and_fail_back_moves_them_again() -> TestResult 
         back.home.as_deref() == Some("eu") && back.state == UserSyncState::InSync,
         "{back:?}"
     );
-    // Both are active now, and neither flow deactivates the other's.
-    assert!(status(&us, "app-billing").await? == Some(UserStatus::Active));
+    // Both are active now, and neither flow deactivates the other's; the original keeps its
+    // rights on `audit`, which no flow copies into (the copy has none there).
+    assert!(user(&us, "app-billing").await? == Some((UserStatus::Active, home_rights)));
     assert!(status(&eu, "app-billing").await? == Some(UserStatus::Active));
     // A conflict is now decided for eu.
     set_expiry(&us, "orders", "created", hours(6)).await?;

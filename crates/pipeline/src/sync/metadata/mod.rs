@@ -920,16 +920,21 @@ impl MetadataSync {
         Ok(Listing { users, own })
     }
 
-    /// The users of `cluster` (listed in `listed`) the flow selects, with their permissions
-    /// (upstream ones translated to the target when `translate_to` is given).
+    /// The users of `cluster` (listed in `listed`) the flow selects, with their permissions.
+    /// With `translate_to` (the source's and target's catalogs and the target's users),
+    /// upstream's are translated to the target, keeping the rights the target's copies hold
+    /// on streams the sync does not manage ([`users::keeping_target_rights`]).
     async fn users_of(
         &self,
         cluster: &Cluster,
         listed: &[UserInfo],
         protected: &BTreeSet<String>,
-        translate_to: Option<(&Catalog, &Catalog)>,
+        translate_to: Option<(&Catalog, &Catalog, &Users)>,
         not_translated: &mut BTreeMap<String, Vec<String>>,
     ) -> Result<Users> {
+        let managed = translate_to
+            .map(|(up, down, _)| users::managed_streams(up, down, &self.siblings))
+            .unwrap_or_default();
         let mut users = Users::new();
         for user in listed
             .iter()
@@ -941,11 +946,14 @@ impl MetadataSync {
                 .await?;
             let Some(details) = details else { continue };
             let permissions = match translate_to {
-                Some((up, down)) => {
+                Some((up, down, target)) => {
                     let t =
                         users::translate(details.permissions.as_ref(), up, down, &self.siblings);
                     not_translated.insert(user.username.clone(), t.not_translated);
-                    t.permissions
+                    let there = target
+                        .get(&user.username)
+                        .and_then(|u| u.permissions.as_ref());
+                    users::keeping_target_rights(t.permissions, there, &managed)
                 }
                 None => details.permissions,
             };
@@ -953,6 +961,7 @@ impl MetadataSync {
                 user.username.clone(),
                 UserCopy {
                     id: details.id,
+                    created_at: details.created_at.as_micros(),
                     status: details.status,
                     permissions,
                 },
@@ -975,15 +984,6 @@ impl MetadataSync {
         let protected: BTreeSet<String> =
             up_listing.own.union(&down_listing.own).cloned().collect();
         let mut not_translated = BTreeMap::new();
-        let upstream = self
-            .users_of(
-                &self.source,
-                &up_listing.users,
-                &protected,
-                Some((up, down)),
-                &mut not_translated,
-            )
-            .await?;
         let target = self
             .users_of(
                 &self.target,
@@ -991,6 +991,15 @@ impl MetadataSync {
                 &protected,
                 None,
                 &mut BTreeMap::new(),
+            )
+            .await?;
+        let upstream = self
+            .users_of(
+                &self.source,
+                &up_listing.users,
+                &protected,
+                Some((up, down, &target)),
+                &mut not_translated,
             )
             .await?;
         let names: BTreeSet<&String> = upstream.keys().chain(target.keys()).collect();
@@ -1201,16 +1210,33 @@ impl MetadataSync {
                 return (done, errors);
             }
         };
+        let mut protected = down_listing.own.clone();
+        let mut target = match self
+            .users_of(
+                &self.target,
+                &down_listing.users,
+                &protected,
+                None,
+                &mut BTreeMap::new(),
+            )
+            .await
+        {
+            Ok(t) => t,
+            Err(e) => {
+                errors.push(format!("activate users: {}", describe(&e)));
+                return (done, errors);
+            }
+        };
         // The source may be gone (that is what a failover is for): then the target's copies
         // are what there is. One failed read does not say so (a live source that answers late
         // once would have its deliberately inactive users activated from their copies): only
         // `SOURCE_LOST_AFTER` failed reads in a row do.
-        let mut protected = down_listing.own.clone();
         let mut upstream = None;
         let mut last_error = String::new();
         for attempt in 1..=SOURCE_LOST_AFTER {
-            match self.read_upstream_users().await {
+            match self.read_upstream_users(&target).await {
                 Ok((users, own)) => {
+                    target.retain(|name, _| !own.contains(name));
                     protected.extend(own);
                     upstream = Some(users);
                     break;
@@ -1229,22 +1255,6 @@ impl MetadataSync {
                 SOURCE_READ_PAUSE.as_secs()
             ));
         }
-        let target = match self
-            .users_of(
-                &self.target,
-                &down_listing.users,
-                &protected,
-                None,
-                &mut BTreeMap::new(),
-            )
-            .await
-        {
-            Ok(t) => t,
-            Err(e) => {
-                errors.push(format!("activate users: {}", describe(&e)));
-                return (done, errors);
-            }
-        };
         for (name, password) in passwords {
             let synced = self.selects(name, &protected)
                 && !self.rivals.iter().any(|g| g.is_match(name.as_str()));
@@ -1352,9 +1362,9 @@ impl MetadataSync {
         }
     }
 
-    /// The users of the source the flow selects, translated to the target, and the source's
-    /// own users (never synced).
-    async fn read_upstream_users(&self) -> Result<(Users, BTreeSet<String>)> {
+    /// The users of the source the flow selects, translated to the target (whose users are
+    /// `target`), and the source's own users (never synced).
+    async fn read_upstream_users(&self, target: &Users) -> Result<(Users, BTreeSet<String>)> {
         let listing = Self::list(&self.source).await?;
         let up = Catalog::read(&self.source).await?;
         let down = Catalog::read(&self.target).await?;
@@ -1363,7 +1373,7 @@ impl MetadataSync {
                 &self.source,
                 &listing.users,
                 &listing.own,
-                Some((&up, &down)),
+                Some((&up, &down, target)),
                 &mut BTreeMap::new(),
             )
             .await?;

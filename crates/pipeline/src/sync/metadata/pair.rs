@@ -93,8 +93,9 @@ pub(crate) enum UserHome {
     Recorded(Side),
     /// Not recorded: found on this side, to be recorded before anything is done with it.
     Found(Side),
-    /// Not recorded, and nothing tells: active on both sides or inactive on both (a copy is
-    /// inactive until promote, so exactly one active side is the home). Left alone, reported.
+    /// Not recorded, and nothing tells: the same status and creation time on both sides (a
+    /// copy is inactive until promote, so exactly one active side is the home; otherwise the
+    /// older one is, as a copy is made from its original). Left alone, reported.
     Undecided(String),
     /// Recorded, and neither side has it any more: the record is dropped.
     Gone,
@@ -125,16 +126,18 @@ pub(crate) fn user_home(
         (Some(up), Some(down)) => match (up.status, down.status) {
             (UserStatus::Active, UserStatus::Inactive) => UserHome::Found(Side::Source),
             (UserStatus::Inactive, UserStatus::Active) => UserHome::Found(Side::Target),
-            (UserStatus::Active, UserStatus::Active) => UserHome::Undecided(format!(
-                "active on both {} and {} and no home recorded: delete the one that is a copy \
-                 (the sync recreates it inactive)",
-                view.source, view.target
-            )),
-            (UserStatus::Inactive, UserStatus::Inactive) => UserHome::Undecided(format!(
-                "inactive on both {} and {} and no home recorded: delete the one that is a \
-                 copy (the sync recreates it from the other)",
-                view.source, view.target
-            )),
+            // Both active (promoted by hand) or both inactive (an original an operator
+            // deactivated, and its copy): the copy was made from the original, later.
+            _ => match up.created_at.cmp(&down.created_at) {
+                std::cmp::Ordering::Less => UserHome::Found(Side::Source),
+                std::cmp::Ordering::Greater => UserHome::Found(Side::Target),
+                std::cmp::Ordering::Equal => UserHome::Undecided(format!(
+                    "on both {} and {} with the same status and creation time, and no home \
+                     recorded: delete the one that is a copy (the sync creates it again, \
+                     inactive)",
+                    view.source, view.target
+                )),
+            },
         },
         (None, None) => UserHome::Gone,
     }
@@ -280,6 +283,7 @@ mod tests {
     fn user(status: UserStatus) -> UserCopy {
         UserCopy {
             id: 7,
+            created_at: 100,
             status,
             permissions: None,
         }
@@ -325,6 +329,19 @@ mod tests {
             user_home(&view(), None, Some(&inactive), Some(&inactive)),
             UserHome::Undecided(_)
         ));
+        // The same status: the older one is the original (a copy is made from it).
+        let newer = UserCopy {
+            created_at: 200,
+            ..inactive.clone()
+        };
+        check!(
+            user_home(&view(), None, Some(&inactive), Some(&newer))
+                == UserHome::Found(Side::Source)
+        );
+        check!(
+            user_home(&view(), None, Some(&newer), Some(&inactive))
+                == UserHome::Found(Side::Target)
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! [`activation`]); until then the sync keeps its permissions equal to upstream's and
 //! deactivates it if upstream does, but never activates it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use iggy::prelude::{Permissions, StreamPermissions, UserStatus};
 use serde::{Deserialize, Serialize};
@@ -119,6 +119,48 @@ pub(crate) fn translate(
     }
 }
 
+/// The target streams (by id) that a route of `routes` copies some upstream stream into: the
+/// streams whose rights the sync derives from upstream. Rights on any other target stream are
+/// the target's own (a stream only the target has, or one no such flow copies into).
+pub(crate) fn managed_streams(up: &Catalog, down: &Catalog, routes: &[Route]) -> BTreeSet<u32> {
+    up.streams
+        .values()
+        .flat_map(|stream| {
+            routes
+                .iter()
+                .filter(|r| {
+                    stream
+                        .topics
+                        .values()
+                        .any(|t| r.selector.matches(&stream.name, &t.name))
+                })
+                .filter_map(|r| down.stream_id(&r.downstream(&stream.name)))
+        })
+        .collect()
+}
+
+/// `wanted` (upstream's rights, translated) with the rights the target's copy (`there`) holds
+/// on streams outside `managed`, which the sync did not derive and leaves as they are.
+pub(crate) fn keeping_target_rights(
+    wanted: Option<Permissions>,
+    there: Option<&Permissions>,
+    managed: &BTreeSet<u32>,
+) -> Option<Permissions> {
+    let own: BTreeMap<usize, StreamPermissions> = there
+        .and_then(|p| p.streams.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|(id, _)| u32::try_from(**id).map_or(true, |id| !managed.contains(&id)))
+        .map(|(id, rights)| (*id, rights.clone()))
+        .collect();
+    if own.is_empty() {
+        return wanted;
+    }
+    let mut wanted = wanted.unwrap_or_default();
+    wanted.streams.get_or_insert_with(BTreeMap::new).extend(own);
+    Some(wanted)
+}
+
 /// Permissions with empty maps as none, so that what a server answers compares equal to what
 /// was sent.
 pub(crate) fn normalized(permissions: Option<&Permissions>) -> Option<Permissions> {
@@ -141,6 +183,9 @@ pub(crate) fn normalized(permissions: Option<&Permissions>) -> Option<Permission
 pub(crate) struct UserCopy {
     /// The user's numeric id on its cluster.
     pub(crate) id: u32,
+    /// When it was created there, µs (in a two-way pair, the older of two namesakes is the
+    /// original when nothing else tells).
+    pub(crate) created_at: u64,
     pub(crate) status: UserStatus,
     /// On the target: as stored; upstream: translated to the target.
     pub(crate) permissions: Option<Permissions>,
@@ -304,6 +349,31 @@ pub(crate) fn activation(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rights_on_streams_the_sync_does_not_manage_are_kept() {
+        let rights = |read| StreamPermissions {
+            read_stream: read,
+            ..StreamPermissions::default()
+        };
+        let there = Permissions {
+            streams: Some(BTreeMap::from([(1, rights(true)), (9, rights(true))])),
+            ..Permissions::default()
+        };
+        let wanted = Permissions {
+            streams: Some(BTreeMap::from([(1, rights(false))])),
+            ..Permissions::default()
+        };
+        let managed = BTreeSet::from([1]);
+        let kept = keeping_target_rights(Some(wanted), Some(&there), &managed);
+        let streams = kept.and_then(|p| p.streams).unwrap_or_default();
+        // Stream 1 follows upstream; stream 9, which no flow copies into, stays.
+        assert_eq!(
+            streams,
+            BTreeMap::from([(1, rights(false)), (9, rights(true))])
+        );
+        assert_eq!(keeping_target_rights(None, None, &managed), None);
+    }
     use crate::selection::mapping::Selector;
     use crate::sync::metadata::{CatalogStream, CatalogTopic};
     use iggy::prelude::{GlobalPermissions, TopicPermissions};
@@ -438,6 +508,7 @@ mod tests {
 
     fn user(status: UserStatus, p: Option<Permissions>) -> UserCopy {
         UserCopy {
+            created_at: 0,
             id: 3,
             status,
             permissions: p,
