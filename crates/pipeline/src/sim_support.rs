@@ -362,3 +362,182 @@ impl OffsetMap {
         }
     }
 }
+
+/// A user of a two-way pair as the simulator models it: its id (ids grow with creation time),
+/// whether it is active, and its rights as three bits of global permissions (read streams,
+/// poll, send).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PairUser {
+    /// The id on its cluster.
+    pub id: u32,
+    /// Active (an original) or inactive (a copy, or deactivated by an operator).
+    pub active: bool,
+    /// The rights, three bits.
+    pub rights: u8,
+}
+
+impl PairUser {
+    fn copy(&self) -> crate::sync::metadata::users::UserCopy {
+        use iggy::prelude::{GlobalPermissions, Permissions, UserStatus};
+        crate::sync::metadata::users::UserCopy {
+            id: self.id,
+            created_at: u64::from(self.id),
+            status: if self.active {
+                UserStatus::Active
+            } else {
+                UserStatus::Inactive
+            },
+            permissions: Some(Permissions {
+                global: GlobalPermissions {
+                    read_streams: self.rights & 1 != 0,
+                    poll_messages: self.rights & 2 != 0,
+                    send_messages: self.rights & 4 != 0,
+                    ..GlobalPermissions::default()
+                },
+                streams: None,
+            }),
+        }
+    }
+
+    fn rights_of(permissions: Option<&iggy::prelude::Permissions>) -> u8 {
+        permissions.map_or(0, |p| {
+            u8::from(p.global.read_streams)
+                | u8::from(p.global.poll_messages) << 1
+                | u8::from(p.global.send_messages) << 2
+        })
+    }
+}
+
+/// Where a user of a two-way pair is at home, as the flow from `source` to `target` decides
+/// it (`sync::metadata::pair::user_home`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PairUserHome {
+    /// Recorded on that side (`true`: the flow's source).
+    Recorded(bool),
+    /// Not recorded, found on that side: record it, then act.
+    Found(bool),
+    /// Not recorded and undecidable: left alone.
+    Undecided,
+    /// Recorded and on neither side: the record is dropped.
+    Gone,
+}
+
+/// `sync::metadata::pair::user_home` for the flow from `source` to `target`.
+pub fn pair_user_home(
+    (source, target): (&str, &str),
+    record: Option<&replicator_model::MetadataRecord>,
+    up: Option<&PairUser>,
+    down: Option<&PairUser>,
+) -> PairUserHome {
+    use crate::sync::metadata::pair::{user_home, PairView, Side, UserHome};
+    let view = PairView::new(source, target);
+    let (up, down) = (up.map(PairUser::copy), down.map(PairUser::copy));
+    match user_home(&view, record, up.as_ref(), down.as_ref()) {
+        UserHome::Recorded(side) => PairUserHome::Recorded(side == Side::Source),
+        UserHome::Found(side) => PairUserHome::Found(side == Side::Source),
+        UserHome::Undecided(_) => PairUserHome::Undecided,
+        UserHome::Gone => PairUserHome::Gone,
+    }
+}
+
+/// A record of an object at home on `home`, nothing agreed yet.
+pub fn home_record(home: &str) -> replicator_model::MetadataRecord {
+    replicator_model::MetadataRecord {
+        home: home.to_owned(),
+        agreed: Default::default(),
+    }
+}
+
+/// A change to the target's copy of a user (`sync::metadata::users::UserAction`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PairUserAction {
+    /// Create it inactive with these rights.
+    Create(u8),
+    /// Set its rights.
+    SetRights(u8),
+    /// Make it inactive.
+    Deactivate,
+    /// Delete it.
+    Delete,
+}
+
+/// What the target's copy of a user needs from the flow whose source is its home
+/// (`sync::metadata::users::plan`, users deleted upstream kept).
+pub fn user_actions(up: Option<&PairUser>, down: Option<&PairUser>) -> Vec<PairUserAction> {
+    use crate::sync::metadata::users::{plan, UserAction};
+    let (up, down) = (up.map(PairUser::copy), down.map(PairUser::copy));
+    plan(up.as_ref(), down.as_ref(), false)
+        .0
+        .into_iter()
+        .map(|action| match action {
+            UserAction::Create(p) => PairUserAction::Create(PairUser::rights_of(p.as_ref())),
+            UserAction::SetPermissions(p) => {
+                PairUserAction::SetRights(PairUser::rights_of(p.as_ref()))
+            }
+            UserAction::Deactivate => PairUserAction::Deactivate,
+            UserAction::Delete => PairUserAction::Delete,
+        })
+        .collect()
+}
+
+/// One flow's decision on a topic's message expiry in a two-way pair
+/// (`sync::metadata::pair::plan_settings`; the topic's other settings equal on both sides).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PairExpiry {
+    /// The expiry (seconds) to write on the target, if any.
+    pub write: Option<u64>,
+    /// The record once the write landed.
+    pub record: replicator_model::MetadataRecord,
+    /// The record when the target refused the write.
+    pub record_if_refused: replicator_model::MetadataRecord,
+    /// The two sides changed to different values since they last agreed.
+    pub conflict: bool,
+}
+
+/// `sync::metadata::pair::plan_settings` for the flow from `source` to `target`, over a topic
+/// whose message expiry is `up_s` seconds on the source and `down_s` on the target.
+/// `older_is_source`: the source's topic was created first.
+pub fn pair_expiry(
+    (source, target): (&str, &str),
+    (up_s, down_s): (u64, u64),
+    record: Option<&replicator_model::MetadataRecord>,
+    older_is_source: bool,
+) -> PairExpiry {
+    use crate::sync::metadata::pair::{plan_settings, PairView, Side};
+    use crate::sync::metadata::settings::TopicSettings;
+    use iggy::prelude::{CompressionAlgorithm, IggyExpiry, MaxTopicSize};
+    let settings = |s: u64| TopicSettings {
+        message_expiry: IggyExpiry::ExpireDuration(Duration::from_secs(s).into()),
+        max_topic_size: MaxTopicSize::Unlimited,
+        compression: CompressionAlgorithm::None,
+    };
+    let older = if older_is_source {
+        Side::Source
+    } else {
+        Side::Target
+    };
+    let view = PairView::new(source, target);
+    let plan = plan_settings(
+        &view,
+        &settings(up_s),
+        &settings(down_s),
+        record,
+        older,
+        &Default::default(),
+    );
+    let expiry = replicator_model::TopicSetting::MessageExpiry;
+    PairExpiry {
+        write: plan.update.map(|_| up_s),
+        record_if_refused: plan.record_after(&[expiry], record),
+        record: plan.record,
+        conflict: !plan.conflicts.is_empty(),
+    }
+}
+
+/// The message expiry (seconds) `record` says both sides last agreed on.
+pub fn agreed_expiry(record: Option<&replicator_model::MetadataRecord>) -> Option<u64> {
+    let key = replicator_model::TopicSetting::MessageExpiry.as_str();
+    record
+        .and_then(|r| r.agreed.get(key))
+        .map(|micros| micros / 1_000_000)
+}

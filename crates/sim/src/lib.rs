@@ -26,10 +26,12 @@
 //! any number by hand and prints a failing seed's shrunk schedule.
 #![warn(missing_docs)]
 
+mod metadata;
 mod schedule;
 mod target;
 mod world;
 
+pub use metadata::{run_pair, run_pair_with, PairViolation};
 pub use schedule::{Fault, FaultKind, Ms, Schedule, FAULTS_FROM, FAULTS_UNTIL};
 pub use world::{Stats, Violation, World, MEMBERS, OWNED_WITHIN, SETTLE_WITHIN, TARGETS};
 

@@ -1,5 +1,7 @@
-//! Runs seeds of the simulation by hand: `replicator-sim [--seeds N] [--from S] [--seed S]`.
-//! Prints a summary, and for each failing seed its shrunk schedule; exits 1 if any failed.
+//! Runs seeds of the simulation by hand: `replicator-sim [--pair] [--seeds N] [--from S]
+//! [--seed S]`. Prints a summary, and for each failing seed its shrunk schedule (with `--pair`,
+//! the seeds of a two-way pair's metadata sync instead, each failure with its last steps);
+//! exits 1 if any failed.
 
 use std::process::ExitCode;
 
@@ -18,10 +20,12 @@ fn main() -> ExitCode {
     };
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "usage: replicator-sim [--seeds N (default 1000)] [--from S (default 0)] [--seed S]"
+            "usage: replicator-sim [--pair] [--seeds N (default 1000)] [--from S (default 0)] \
+             [--seed S]"
         );
         return ExitCode::SUCCESS;
     }
+    let pair = args.iter().any(|a| a == "--pair");
     let seeds: Vec<u64> = match value("--seed") {
         Some(seed) => vec![seed],
         None => {
@@ -29,6 +33,24 @@ fn main() -> ExitCode {
             (from..from + value("--seeds").unwrap_or(1000)).collect()
         }
     };
+    if pair {
+        let started = std::time::Instant::now();
+        let failed = seeds
+            .iter()
+            .filter_map(|&seed| replicator_sim::run_pair(seed).err())
+            .inspect(|violation| println!("{violation}"))
+            .count();
+        println!(
+            "{} pair seeds, {failed} failed, in {:.1?}",
+            seeds.len(),
+            started.elapsed()
+        );
+        return if failed > 0 {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
     let (mut failed, mut faults, mut totals) = (0u64, 0usize, replicator_sim::Stats::default());
     let mut classes: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
     let started = std::time::Instant::now();

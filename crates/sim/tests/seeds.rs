@@ -326,3 +326,39 @@ fn a_seed_replays_exactly() {
     assert_eq!(a.translations, b.translations);
     assert_eq!(a.settled_after, b.settled_after);
 }
+
+/// Seeds of a two-way pair's metadata sync per CI run (`replicator-sim --pair --seeds N` runs
+/// more by hand).
+const CI_PAIR_SEEDS: u64 = 2_000;
+
+#[test]
+fn a_two_way_pairs_metadata_sync_breaks_no_invariant() {
+    let failures: Vec<String> = (0..CI_PAIR_SEEDS)
+        .filter_map(|seed| replicator_sim::run_pair(seed).err())
+        .map(|v| v.to_string())
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {CI_PAIR_SEEDS} pair seeds broke an invariant:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Seed 201: an upgraded pair (the copy there, nothing recorded) whose original an operator
+/// deactivated before any round: both inactive, the older one is the original. Decided by
+/// status alone it stayed a conflict and the copy never followed its home again.
+#[test]
+fn an_upgraded_pair_finds_the_home_of_a_deactivated_user() {
+    assert!(replicator_sim::run_pair(201).is_ok());
+}
+
+/// Flows that copy states both ways, as before issue 47, break the pair's invariants in most
+/// seeds: the simulator finds what the tests of issue 47 pin.
+#[test]
+fn copying_states_both_ways_is_caught() {
+    let broken = (0..200)
+        .filter(|seed| replicator_sim::run_pair_with(*seed, true).is_err())
+        .count();
+    assert!(broken > 100, "only {broken} of 200 seeds broke");
+}
