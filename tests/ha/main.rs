@@ -23,6 +23,7 @@ mod scale;
 mod start;
 mod tls;
 mod topology;
+mod two_way_metadata;
 mod upgrade;
 mod users;
 mod vsr;
