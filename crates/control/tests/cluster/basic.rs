@@ -1,6 +1,8 @@
 use std::time::{Duration, Instant};
 
-use replicator_model::{CommitOutcome, Epoch};
+use replicator_model::{
+    ClusterPair, CommitOutcome, Epoch, MetadataChange, MetadataKey, MetadataObject, MetadataRecord,
+};
 
 use crate::util::*;
 
@@ -64,6 +66,40 @@ async fn three_nodes_elect_a_leader_assign_evenly_and_commit() -> TestResult {
         },
     )
     .await?;
+    // At level 3 a follower's metadata records go through the leader, compare-and-set per
+    // object, and every member reads them.
+    let pair = ClusterPair::new("us", "eu");
+    let key = MetadataKey {
+        pair: pair.clone(),
+        object: MetadataObject::User("app-billing".into()),
+    };
+    let home = |alias: &str| MetadataRecord {
+        home: alias.into(),
+        agreed: Default::default(),
+    };
+    let follower = cluster.node(follower_of(leader));
+    let first = MetadataChange {
+        key: key.clone(),
+        expected: None,
+        record: Some(home("us")),
+    };
+    assert2::check!(follower.record_metadata(vec![first.clone()]).await? == vec![true]);
+    // The same decision made from the old (absent) record loses; one from the new one wins.
+    let moved = MetadataChange {
+        key: key.clone(),
+        expected: Some(home("us")),
+        record: Some(home("eu")),
+    };
+    assert2::check!(follower.record_metadata(vec![first, moved]).await? == vec![false, true]);
+    for id in 1..=3 {
+        wait_until("records replicated", Duration::from_secs(5), || {
+            cluster
+                .node(id)
+                .metadata_records(&pair)
+                .is_some_and(|r| r.get(&key.object) == Some(&home("eu")))
+        })
+        .await?;
+    }
     // The commit index the log store saved is never behind what was applied.
     for node in cluster.nodes.values() {
         let m = node.metrics();
