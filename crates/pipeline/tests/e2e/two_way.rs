@@ -148,9 +148,9 @@ fn home_permissions(audit: u32) -> Permissions {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_two_way_pair_leaves_home_users_and_operator_settings_as_the_operator_left_them(
-) -> TestResult {
+/// Both servers, `orders/created` and `audit/log` on `us`, and `app-billing` authored on `us`
+/// with rights on `audit` ([`home_permissions`]).
+async fn with_home_user() -> TestResult<(Env, Client, Client)> {
     let env = Env::start().await?;
     let (us, eu) = (client(&env.us).await?, client(&env.eu).await?);
     create_topic(&us, "orders", "created", 1).await?;
@@ -167,6 +167,13 @@ async fn a_two_way_pair_leaves_home_users_and_operator_settings_as_the_operator_
         Some(home_permissions(audit)),
     )
     .await?;
+    Ok((env, us, eu))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_way_pair_leaves_home_users_and_operator_settings_as_the_operator_left_them(
+) -> TestResult {
+    let (env, us, eu) = with_home_user().await?;
     eu.create_user("app-reports", "reports-secret", UserStatus::Active, None)
         .await?;
     let home_rights = user(&us, "app-billing").await?.ok_or("no user")?.1;
@@ -245,22 +252,7 @@ async fn a_two_way_pair_leaves_home_users_and_operator_settings_as_the_operator_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promote_moves_the_homes_and_fail_back_moves_them_again() -> TestResult {
-    let env = Env::start().await?;
-    let (us, eu) = (client(&env.us).await?, client(&env.eu).await?);
-    create_topic(&us, "orders", "created", 1).await?;
-    create_topic(&us, "audit", "log", 1).await?;
-    let audit = us
-        .get_stream(&Identifier::named("audit")?)
-        .await?
-        .ok_or("no audit")?
-        .id;
-    us.create_user(
-        "app-billing",
-        "billing-secret",
-        UserStatus::Active,
-        Some(home_permissions(audit)),
-    )
-    .await?;
+    let (env, us, eu) = with_home_user().await?;
     let home_rights = user(&us, "app-billing").await?.ok_or("no user")?.1;
     let (pipeline, _) = start(&env, &["orders/*"], Naming::Identity).await?;
     let cutover = pipeline.cutover();

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use iggy::prelude::{Permissions, StreamPermissions, UserStatus};
 use serde::{Deserialize, Serialize};
 
-use super::{Catalog, Route};
+use super::{Catalog, CatalogStream, Route};
 
 /// Upstream permissions as the target must have them, and what could not be translated.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,14 +47,7 @@ pub(crate) fn translate(
             not_translated.push(format!("stream #{up_id}: not found upstream"));
             continue;
         };
-        let targets: Vec<String> = routes
-            .iter()
-            .filter(|r| {
-                stream
-                    .topics
-                    .values()
-                    .any(|t| r.selector.matches(&stream.name, &t.name))
-            })
+        let targets: Vec<String> = copying(routes, stream)
             .map(|r| r.downstream(&stream.name))
             .collect();
         if targets.is_empty() {
@@ -119,6 +112,16 @@ pub(crate) fn translate(
     }
 }
 
+/// The routes of `routes` that copy a topic of the upstream `stream`.
+fn copying<'r>(routes: &'r [Route], stream: &'r CatalogStream) -> impl Iterator<Item = &'r Route> {
+    routes.iter().filter(|r| {
+        stream
+            .topics
+            .values()
+            .any(|t| r.selector.matches(&stream.name, &t.name))
+    })
+}
+
 /// The target streams (by id) that a route of `routes` copies some upstream stream into: the
 /// streams whose rights the sync derives from upstream. Rights on any other target stream are
 /// the target's own (a stream only the target has, or one no such flow copies into).
@@ -126,15 +129,7 @@ pub(crate) fn managed_streams(up: &Catalog, down: &Catalog, routes: &[Route]) ->
     up.streams
         .values()
         .flat_map(|stream| {
-            routes
-                .iter()
-                .filter(|r| {
-                    stream
-                        .topics
-                        .values()
-                        .any(|t| r.selector.matches(&stream.name, &t.name))
-                })
-                .filter_map(|r| down.stream_id(&r.downstream(&stream.name)))
+            copying(routes, stream).filter_map(|r| down.stream_id(&r.downstream(&stream.name)))
         })
         .collect()
 }
