@@ -253,6 +253,10 @@ impl ControlPlane for RaftControl {
         self.0.counts_totals()
     }
 
+    fn stamps_compact_provenance(&self) -> bool {
+        self.0.stamps_compact_provenance()
+    }
+
     fn commit(
         &self,
         commits: Vec<ProgressCommit>,

@@ -15,6 +15,7 @@
 //! | 1 | v0.1.0 | every command up to `RaiseFeatureLevel`, the snapshot of that release |
 //! | 2 | v0.2.0 | `CommitProgress` (session totals: counters that count once), `ForgetUnits`; the snapshot gains `session_counters` |
 //! | 3 | v0.2.0 | `RecordMetadata` (two-way metadata records); the snapshot gains `metadata` |
+//! | 4 | v0.2.0 | nothing in the log or the snapshot: writers stamp the compact provenance format, which members of earlier releases cannot read in a downstream tail |
 //!
 //! A state that never recorded a level (written before levels existed) is at level 1. Data
 //! without a format header was written before formats were versioned: it reads as format 0
@@ -25,11 +26,15 @@ use crate::error::{Error, Result};
 use crate::state::ControlState;
 
 /// The highest feature level this build reads and writes.
-pub const SUPPORTED_LEVEL: u32 = 3;
+pub const SUPPORTED_LEVEL: u32 = 4;
 
 /// The level from which two-way pairs keep metadata records (`RecordMetadata`), and the
 /// release that introduced it.
 pub(crate) const METADATA_LEVEL: (u32, &str) = (3, "v0.2.0");
+
+/// The level from which writers stamp the compact provenance format (see
+/// `Control::stamps_compact_provenance`), and the release that introduced it.
+pub(crate) const COMPACT_PROVENANCE_LEVEL: (u32, &str) = (4, "v0.2.0");
 
 /// The level of a state that never recorded one: the first release's.
 pub(crate) const BASELINE_LEVEL: u32 = 1;

@@ -24,7 +24,7 @@ use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use iggy::prelude::{HeaderKey, HeaderValue, IggyMessage};
 use replicator_pipeline::bench_support::{prepare, Batch, PrepareParams};
-use replicator_pipeline::provenance::{self, Stamp};
+use replicator_pipeline::provenance::{self, Format, Stamp};
 use replicator_sdk::Message;
 
 /// Messages per batch (the reader's default poll size).
@@ -74,6 +74,7 @@ fn second_hop_headers() -> Bytes {
         source: "ap",
         offset: 41_999,
         history_label: CREATED - 1,
+        format: Format::Entries,
     };
     provenance::stamp(Some(&three_headers()), &first).expect("fits the header limit")
 }
@@ -84,6 +85,7 @@ fn our_stamp(offset: u64) -> Stamp<'static> {
         source: SOURCE,
         offset,
         history_label: CREATED,
+        format: Format::Entries,
     }
 }
 
@@ -149,18 +151,31 @@ fn batch(headers: Option<&Bytes>) -> Batch {
 fn preparing(c: &mut Criterion) {
     let headers = three_headers();
     let cases = [
-        ("provenance_off", None, false),
-        ("provenance_on", None, true),
-        ("provenance_on_3_user_headers", Some(&headers), true),
+        ("provenance_off", None, false, Format::Entries),
+        ("provenance_on", None, true, Format::Entries),
+        (
+            "provenance_on_3_user_headers",
+            Some(&headers),
+            true,
+            Format::Entries,
+        ),
+        ("compact_provenance", None, true, Format::Compact),
+        (
+            "compact_provenance_3_user_headers",
+            Some(&headers),
+            true,
+            Format::Compact,
+        ),
     ];
     let mut group = c.benchmark_group("prepare");
     group.throughput(Throughput::Elements(BATCH));
-    for (name, headers, provenance) in cases {
+    for (name, headers, provenance, format) in cases {
         let params = PrepareParams {
             last_written: None,
             source: SOURCE,
             target: TARGET,
             provenance,
+            format,
             history_label: CREATED,
         };
         let mut once = batch(headers);

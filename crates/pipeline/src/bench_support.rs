@@ -34,6 +34,8 @@ pub struct PrepareParams<'a> {
     pub target: &'a str,
     /// Whether to stamp provenance and skip messages that originated in the target.
     pub provenance: bool,
+    /// The provenance format stamped.
+    pub format: crate::provenance::Format,
     /// Label of the upstream history copied (a topic's creation time in µs for one never
     /// reset), e.g. `1_700_000_000_000_000`.
     pub history_label: u64,
@@ -48,6 +50,7 @@ pub fn prepare(batch: &mut Batch, p: &PrepareParams<'_>) -> std::result::Result<
         source: p.source,
         target: p.target,
         provenance: p.provenance,
+        format: p.format,
         history_label: p.history_label,
     };
     crate::datapath::writer::prepare(&mut batch.0, &params).map(|prepared| prepared.bytes)

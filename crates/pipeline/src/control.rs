@@ -112,6 +112,14 @@ pub trait ControlPlane: Clone + Send + Sync + 'static {
         false
     }
 
+    /// Whether writers stamp the compact provenance format (`provenance::Format::Compact`):
+    /// only once every member of the cluster reads it (feature level 4), since a member of an
+    /// older release resumes from a downstream tail it must be able to read. Once true, never
+    /// false again. The default never does.
+    fn stamps_compact_provenance(&self) -> bool {
+        false
+    }
+
     /// Commits offsets (the implementation may batch them with other callers'); one outcome per
     /// commit, in order.
     fn commit(

@@ -53,6 +53,8 @@ struct State {
     lease: InMemoryLease,
     /// Two-way pairs' metadata records, as the Raft state keeps them.
     metadata: BTreeMap<MetadataKey, MetadataRecord>,
+    /// Writers stamp format-1 provenance (as a cluster below feature level 4), set by tests.
+    entries_provenance: bool,
 }
 
 /// The lease an [`InMemoryControl`] reports (tests take it away to see writers hold off).
@@ -252,6 +254,12 @@ impl InMemoryControl {
         });
     }
 
+    /// Whether writers stamp the compact provenance format from now on (the default), or format
+    /// 1, as in a cluster whose feature level is below 4.
+    pub fn set_compact_provenance(&self, compact: bool) {
+        self.lock().entries_provenance = !compact;
+    }
+
     /// Sets the lease this control plane reports from now on.
     pub fn set_lease(&self, lease: InMemoryLease) {
         self.lock().lease = lease;
@@ -319,6 +327,10 @@ impl ControlPlane for InMemoryControl {
 
     fn counts_totals(&self) -> bool {
         true
+    }
+
+    fn stamps_compact_provenance(&self) -> bool {
+        !self.lock().entries_provenance
     }
 
     fn metadata_records(

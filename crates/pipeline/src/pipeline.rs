@@ -549,6 +549,17 @@ impl PipelineParams {
                 ));
             }
         }
+        if let Err((a, b)) =
+            crate::provenance::distinct_cluster_ids(self.clusters.keys().map(String::as_str))
+        {
+            return Err(Error::InvalidParams {
+                field: format!("clusters.{b}"),
+                reason: format!(
+                    "the aliases {a} and {b} have the same provenance id (compact provenance \
+                     names a cluster by a 32-bit hash of its alias): rename one"
+                ),
+            });
+        }
         let mut names = std::collections::BTreeSet::new();
         for (i, flow) in self.flows.iter().enumerate() {
             if flow.name.is_empty() || flow.name.contains('/') {

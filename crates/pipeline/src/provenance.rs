@@ -1,8 +1,12 @@
 //! Provenance headers: which cluster and offset a downstream message was copied from.
 //!
 //! Iggy user headers are a flat list of TLV entries (`key kind u8, key len u32 LE, key, value kind
-//! u8, value len u32 LE, value`). Writers copy the user's entries byte for byte and append four
-//! entries of their own; readers of provenance scan the list without building a map.
+//! u8, value len u32 LE, value`). Writers copy the user's entries byte for byte and append their
+//! own, in one of two formats ([`Format`]): three or four string-keyed entries (format 1, 82
+//! bytes a message), or one compact binary entry (format 2, about 30), written once every
+//! member of the cluster reads it (feature level 4). Every reader of provenance reads both
+//! through [`find`] and [`strip`], without building a map; a partition may hold format-1
+//! copies followed by format-2 ones.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -82,12 +86,107 @@ impl Incarnation {
     }
 }
 
+/// Iggy's header kind code for raw bytes.
+const KIND_RAW: u8 = 1;
 /// Iggy's header kind code for UTF-8 strings.
 const KIND_STRING: u8 = 2;
 /// Iggy's header kind code for `u64`.
 const KIND_UINT64: u8 = 12;
 /// Iggy's limit on the encoded user headers of one message.
 pub const MAX_USER_HEADERS_SIZE: usize = 100_000;
+
+/// Key of the compact provenance entry (format 2): one entry whose raw value holds the source,
+/// the offset, the history and, from the second hop on, the origin (see [`Format::Compact`]).
+pub const COMPACT_KEY: &str = "repl";
+/// The first byte of a compact value: its format in the high nibble (2), flags in the low one.
+const COMPACT_FORMAT: u8 = 0x20;
+/// Flag of a compact value that carries an origin.
+const COMPACT_HAS_ORIGIN: u8 = 0x01;
+
+/// The provenance a writer stamps. Every reader reads both, in one place ([`find`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Format 1 (v0.1.0 on): three or four string-keyed entries, `repl-source` (the alias),
+    /// `repl-offset` and `repl-created` (u64 little-endian), `repl-origin` (the alias) from the
+    /// second hop on: 82 bytes for a two-letter alias, 105 with an origin.
+    Entries,
+    /// Format 2 (feature level 4 on): one entry `repl`, kind raw, whose value is a first byte
+    /// `0x20` (`0x21` with an origin), the source's [`cluster_id`] (u32 little-endian), the
+    /// offset and the history label as LEB128 varints, then the origin's id (u32 little-endian)
+    /// when flagged: 29 to 32 bytes for offsets below 2^35, whatever the alias, 4 more with an
+    /// origin.
+    Compact,
+}
+
+/// The id compact provenance names a cluster by: the 32-bit FNV-1a hash of its alias. A
+/// pipeline refuses to start with two aliases of the same id ([`distinct_cluster_ids`]).
+pub fn cluster_id(alias: &str) -> u32 {
+    alias.bytes().fold(0x811c_9dc5, |hash: u32, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// `Err((a, b))` when two of `aliases` share a [`cluster_id`] (compact provenance could not
+/// tell them apart).
+pub fn distinct_cluster_ids<'a>(
+    aliases: impl IntoIterator<Item = &'a str>,
+) -> Result<(), (String, String)> {
+    let mut seen = std::collections::BTreeMap::new();
+    for alias in aliases {
+        if let Some(other) = seen.insert(cluster_id(alias), alias) {
+            if other != alias {
+                return Err((other.to_owned(), alias.to_owned()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A cluster as provenance names it: format 1 by alias, format 2 by [`cluster_id`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterRef<'a> {
+    /// By alias (format 1).
+    Alias(&'a str),
+    /// By id (format 2; also a format-1 origin written as `#<id in hex>`, see [`stamp_into`]).
+    Id(u32),
+}
+
+impl ClusterRef<'_> {
+    /// Whether this names the cluster `alias`.
+    pub fn is(&self, alias: &str) -> bool {
+        match self {
+            ClusterRef::Alias(a) => *a == alias,
+            ClusterRef::Id(id) => *id == cluster_id(alias),
+        }
+    }
+
+    fn id(&self) -> u32 {
+        match self {
+            ClusterRef::Alias(a) => cluster_id(a),
+            ClusterRef::Id(id) => *id,
+        }
+    }
+
+    /// A format-1 alias entry's value: `#<id>` stands for an id (an origin known only by id).
+    fn of_alias(alias: &str) -> ClusterRef<'_> {
+        match alias
+            .strip_prefix('#')
+            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+        {
+            Some(id) if alias.len() == 9 => ClusterRef::Id(id),
+            _ => ClusterRef::Alias(alias),
+        }
+    }
+}
+
+impl std::fmt::Display for ClusterRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClusterRef::Alias(a) => f.write_str(a),
+            ClusterRef::Id(id) => write!(f, "#{id:08x}"),
+        }
+    }
+}
 
 /// One TLV entry as borrowed slices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,36 +247,148 @@ fn field(bytes: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     Some((kind, value, &rest[4 + len..]))
 }
 
-/// Whether an entry is one of ours.
-fn is_ours(entry: &Entry<'_>) -> bool {
-    entry.key_kind == KIND_STRING
-        && [SOURCE_KEY, OFFSET_KEY, ORIGIN_KEY, CREATED_KEY]
-            .iter()
-            .any(|k| k.as_bytes() == entry.key)
+/// A compact value, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Compact {
+    source: u32,
+    offset: u64,
+    history_label: u64,
+    origin: Option<u32>,
 }
 
-/// The provenance found on a message (each part only if present and well-formed).
+impl Compact {
+    /// Decodes a compact value; `None` unless it is one, whole and exact.
+    fn decode(value: &[u8]) -> Option<Self> {
+        let (&first, rest) = value.split_first()?;
+        if first & 0xf0 != COMPACT_FORMAT || first & 0x0f & !COMPACT_HAS_ORIGIN != 0 {
+            return None;
+        }
+        let (source, rest) = u32_le(rest)?;
+        let (offset, rest) = varint(rest)?;
+        let (history_label, rest) = varint(rest)?;
+        let (origin, rest) = if first & COMPACT_HAS_ORIGIN != 0 {
+            let (origin, rest) = u32_le(rest)?;
+            (Some(origin), rest)
+        } else {
+            (None, rest)
+        };
+        rest.is_empty().then_some(Self {
+            source,
+            offset,
+            history_label,
+            origin,
+        })
+    }
+
+    /// The value's length.
+    fn len(&self) -> usize {
+        1 + 4
+            + varint_len(self.offset)
+            + varint_len(self.history_label)
+            + 4 * usize::from(self.origin.is_some())
+    }
+
+    /// Appends the whole entry (key and value).
+    fn put(&self, buf: &mut BytesMut) {
+        buf.put_u8(KIND_STRING);
+        buf.put_u32_le(COMPACT_KEY.len() as u32);
+        buf.put_slice(COMPACT_KEY.as_bytes());
+        buf.put_u8(KIND_RAW);
+        buf.put_u32_le(self.len() as u32);
+        buf.put_u8(
+            COMPACT_FORMAT
+                | if self.origin.is_some() {
+                    COMPACT_HAS_ORIGIN
+                } else {
+                    0
+                },
+        );
+        buf.put_u32_le(self.source);
+        put_varint(buf, self.offset);
+        put_varint(buf, self.history_label);
+        if let Some(origin) = self.origin {
+            buf.put_u32_le(origin);
+        }
+    }
+}
+
+fn u32_le(bytes: &[u8]) -> Option<(u32, &[u8])> {
+    let (head, rest) = bytes.split_first_chunk::<4>()?;
+    Some((u32::from_le_bytes(*head), rest))
+}
+
+/// A LEB128 varint: 7 bits per byte, low first, the high bit set on all but the last.
+fn varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let mut value = 0u64;
+    for (i, &byte) in bytes.iter().enumerate().take(10) {
+        value |= u64::from(byte & 0x7f).checked_shl(7 * i as u32)?;
+        if byte & 0x80 == 0 {
+            return Some((value, &bytes[i + 1..]));
+        }
+    }
+    None
+}
+
+fn varint_len(value: u64) -> usize {
+    (64 - value.max(1).leading_zeros() as usize).div_ceil(7)
+}
+
+fn put_varint(buf: &mut BytesMut, mut value: u64) {
+    while value >= 0x80 {
+        buf.put_u8(value as u8 | 0x80);
+        value >>= 7;
+    }
+    buf.put_u8(value as u8);
+}
+
+/// Whether an entry is one of ours: a format-1 key, or a well-formed compact entry (a user's
+/// own `repl` header that is not one stays the user's).
+fn is_ours(entry: &Entry<'_>) -> bool {
+    entry.key_kind == KIND_STRING
+        && ([SOURCE_KEY, OFFSET_KEY, ORIGIN_KEY, CREATED_KEY]
+            .iter()
+            .any(|k| k.as_bytes() == entry.key)
+            || (entry.key == COMPACT_KEY.as_bytes()
+                && entry.value_kind == KIND_RAW
+                && Compact::decode(entry.value).is_some()))
+}
+
+/// The provenance found on a message (each part only if present and well-formed), in either
+/// format.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Found<'a> {
-    /// Alias of the cluster the message was last copied from.
-    pub source: Option<&'a str>,
+    /// The cluster the message was last copied from.
+    pub source: Option<ClusterRef<'a>>,
     /// Offset of the message in that cluster.
     pub offset: Option<u64>,
-    /// Cluster where the message was first produced.
-    pub origin: Option<&'a str>,
+    /// Cluster where the message was first produced, when not the source.
+    pub origin: Option<ClusterRef<'a>>,
     /// Label of the upstream history the copy belongs to (`repl-created`,
     /// [`Incarnation::label`]).
     pub history_label: Option<u64>,
+    /// The format it was found in (`None`: none found).
+    pub format: Option<Format>,
 }
 
 impl<'a> Found<'a> {
     /// The cluster the message was first produced in, if it was ever replicated.
-    pub fn origin_cluster(&self) -> Option<&'a str> {
+    pub fn origin_cluster(&self) -> Option<ClusterRef<'a>> {
         self.origin.or(self.source)
+    }
+
+    /// Whether the message was last copied from the cluster `alias`.
+    pub fn from_source(&self, alias: &str) -> bool {
+        self.source.is_some_and(|s| s.is(alias))
+    }
+
+    /// Whether the message was first produced in the cluster `alias` (and copied since).
+    pub fn originated_in(&self, alias: &str) -> bool {
+        self.origin_cluster().is_some_and(|o| o.is(alias))
     }
 }
 
-/// Reads our entries from encoded user headers (malformed headers yield what was read so far).
+/// Reads our entries from encoded user headers, in either format (malformed headers yield what
+/// was read so far).
 pub fn find(user_headers: Option<&[u8]>) -> Found<'_> {
     let mut found = Found::default();
     let Some(bytes) = user_headers else {
@@ -199,10 +410,22 @@ pub fn find(user_headers: Option<&[u8]>) -> Found<'_> {
                 .flatten()
         };
         match entry.key {
-            k if k == SOURCE_KEY.as_bytes() => found.source = as_str(),
+            k if k == SOURCE_KEY.as_bytes() => {
+                found.source = as_str().map(ClusterRef::of_alias);
+                found.format = Some(Format::Entries);
+            }
             k if k == OFFSET_KEY.as_bytes() => found.offset = as_u64(),
-            k if k == ORIGIN_KEY.as_bytes() => found.origin = as_str(),
+            k if k == ORIGIN_KEY.as_bytes() => found.origin = as_str().map(ClusterRef::of_alias),
             k if k == CREATED_KEY.as_bytes() => found.history_label = as_u64(),
+            k if k == COMPACT_KEY.as_bytes() && entry.value_kind == KIND_RAW => {
+                if let Some(c) = Compact::decode(entry.value) {
+                    found.source = Some(ClusterRef::Id(c.source));
+                    found.offset = Some(c.offset);
+                    found.history_label = Some(c.history_label);
+                    found.origin = c.origin.map(ClusterRef::Id);
+                    found.format = Some(Format::Compact);
+                }
+            }
             _ => {}
         }
     }
@@ -247,6 +470,8 @@ pub struct Stamp<'a> {
     pub offset: u64,
     /// Label of the upstream history copied ([`Incarnation::label`]).
     pub history_label: u64,
+    /// The format to write.
+    pub format: Format,
 }
 
 /// Encoded size of one entry with a string key.
@@ -266,14 +491,15 @@ fn put_entry(buf: &mut BytesMut, key: &str, kind: u8, value: &[u8]) {
 
 /// The user headers to send downstream: the user's entries byte for byte, then ours. An origin
 /// found on the message is kept (it names the first hop); otherwise the source is the origin
-/// and no origin entry is written.
+/// and no origin is written. Provenance the message carries is replaced, in either format.
 /// `None` when the result would exceed Iggy's user-header limit.
 pub fn stamp(user_headers: Option<&[u8]>, stamp: &Stamp<'_>) -> Option<Bytes> {
     stamp_into(&mut BytesMut::new(), user_headers, stamp)
 }
 
 /// [`stamp`], writing into `arena` and splitting the result off it, so that one allocation can
-/// serve a whole batch.
+/// serve a whole batch. Format 1 names an origin known only by id (found in format 2) as
+/// `#<id in hex>`, which readers of this release read back as the id.
 pub fn stamp_into(
     arena: &mut BytesMut,
     user_headers: Option<&[u8]>,
@@ -281,19 +507,32 @@ pub fn stamp_into(
 ) -> Option<Bytes> {
     let existing = user_headers.unwrap_or_default();
     let (origin, rewrite) = if existing.is_empty() {
-        (stamp.source, false)
+        (None, false)
     } else {
         let found = find(user_headers);
         (
-            found.origin_cluster().unwrap_or(stamp.source),
+            found.origin_cluster().filter(|o| !o.is(stamp.source)),
             has_ours(existing),
         )
     };
-    let origin = (origin != stamp.source).then_some(origin);
-    let ours = entry_len(SOURCE_KEY, stamp.source.len())
-        + entry_len(OFFSET_KEY, 8)
-        + origin.map_or(0, |o| entry_len(ORIGIN_KEY, o.len()))
-        + entry_len(CREATED_KEY, 8);
+    let origin_text = origin.map(|o| o.to_string());
+    let compact = Compact {
+        source: cluster_id(stamp.source),
+        offset: stamp.offset,
+        history_label: stamp.history_label,
+        origin: origin.map(|o| o.id()),
+    };
+    let ours = match stamp.format {
+        Format::Entries => {
+            entry_len(SOURCE_KEY, stamp.source.len())
+                + entry_len(OFFSET_KEY, 8)
+                + origin_text
+                    .as_ref()
+                    .map_or(0, |o| entry_len(ORIGIN_KEY, o.len()))
+                + entry_len(CREATED_KEY, 8)
+        }
+        Format::Compact => entry_len(COMPACT_KEY, compact.len()),
+    };
     if existing.len() + ours > MAX_USER_HEADERS_SIZE {
         return None;
     }
@@ -306,39 +545,49 @@ pub fn stamp_into(
     } else {
         arena.put_slice(existing);
     }
-    put_entry(arena, SOURCE_KEY, KIND_STRING, stamp.source.as_bytes());
-    put_entry(arena, OFFSET_KEY, KIND_UINT64, &stamp.offset.to_le_bytes());
-    if let Some(origin) = origin {
-        put_entry(arena, ORIGIN_KEY, KIND_STRING, origin.as_bytes());
+    match stamp.format {
+        Format::Entries => {
+            put_entry(arena, SOURCE_KEY, KIND_STRING, stamp.source.as_bytes());
+            put_entry(arena, OFFSET_KEY, KIND_UINT64, &stamp.offset.to_le_bytes());
+            if let Some(origin) = &origin_text {
+                put_entry(arena, ORIGIN_KEY, KIND_STRING, origin.as_bytes());
+            }
+            put_entry(
+                arena,
+                CREATED_KEY,
+                KIND_UINT64,
+                &stamp.history_label.to_le_bytes(),
+            );
+        }
+        Format::Compact => compact.put(arena),
     }
-    put_entry(
-        arena,
-        CREATED_KEY,
-        KIND_UINT64,
-        &stamp.history_label.to_le_bytes(),
-    );
     Some(arena.split().freeze())
 }
 
-/// Stamps the messages of one batch. Our entries are the same for every message that carries
-/// no provenance yet (origin = source) except for the offset value, so they are encoded
-/// once and only the offset is written per message; messages that already carry provenance
-/// (a second hop) take the general path of [`stamp_into`].
+/// Stamps the messages of one batch. For messages that carry no provenance yet (origin =
+/// source), everything but the offset is the same for the whole batch: format 1's entries are
+/// encoded once and only the offset is written per message; format 2's source id is computed
+/// once. Messages that already
+/// carry provenance (a second hop) take the general path of [`stamp_into`].
 #[derive(Debug, Clone)]
 pub struct Stamper<'a> {
     /// Alias of the cluster the messages are copied from.
     source: &'a str,
     /// Label of the upstream history copied ([`Incarnation::label`]).
     history_label: u64,
-    /// Our entries for origin = source (no origin entry) and offset 0.
+    /// The format written.
+    format: Format,
+    /// Format 2: the source's [`cluster_id`].
+    source_id: u32,
+    /// Format 1: our entries for origin = source (no origin entry) and offset 0.
     block: Vec<u8>,
-    /// Position of the offset value's 8 bytes in `block`.
+    /// Format 1: position of the offset value's 8 bytes in `block`.
     offset_at: usize,
 }
 
 impl<'a> Stamper<'a> {
     /// A stamper for messages copied from `source`, topic incarnation `history_label`.
-    pub fn new(source: &'a str, history_label: u64) -> Self {
+    pub fn new(source: &'a str, history_label: u64, format: Format) -> Self {
         let mut block = BytesMut::new();
         put_entry(&mut block, SOURCE_KEY, KIND_STRING, source.as_bytes());
         let offset_at = block.len() + entry_len(OFFSET_KEY, 8) - 8;
@@ -352,12 +601,14 @@ impl<'a> Stamper<'a> {
         Self {
             source,
             history_label,
+            format,
+            source_id: cluster_id(source),
             block: block.to_vec(),
             offset_at,
         }
     }
 
-    /// What [`stamp_into`] returns for this stamper's source and topic and `offset`.
+    /// What [`stamp_into`] returns for this stamper's source, topic and format and `offset`.
     pub fn stamp_into(
         &self,
         arena: &mut BytesMut,
@@ -370,18 +621,39 @@ impl<'a> Stamper<'a> {
                 source: self.source,
                 offset,
                 history_label: self.history_label,
+                format: self.format,
             };
             return stamp_into(arena, user_headers, &stamp);
         }
-        if existing.len() + self.block.len() > MAX_USER_HEADERS_SIZE {
-            return None;
+        match self.format {
+            Format::Entries => {
+                if existing.len() + self.block.len() > MAX_USER_HEADERS_SIZE {
+                    return None;
+                }
+                arena.clear();
+                arena.reserve(existing.len() + self.block.len());
+                arena.put_slice(existing);
+                arena.put_slice(&self.block);
+                let at = existing.len() + self.offset_at;
+                arena[at..at + 8].copy_from_slice(&offset.to_le_bytes());
+            }
+            Format::Compact => {
+                let compact = Compact {
+                    source: self.source_id,
+                    offset,
+                    history_label: self.history_label,
+                    origin: None,
+                };
+                let ours = entry_len(COMPACT_KEY, compact.len());
+                if existing.len() + ours > MAX_USER_HEADERS_SIZE {
+                    return None;
+                }
+                arena.clear();
+                arena.reserve(existing.len() + ours);
+                arena.put_slice(existing);
+                compact.put(arena);
+            }
         }
-        arena.clear();
-        arena.reserve(existing.len() + self.block.len());
-        arena.put_slice(existing);
-        arena.put_slice(&self.block);
-        let at = existing.len() + self.offset_at;
-        arena[at..at + 8].copy_from_slice(&offset.to_le_bytes());
         Some(arena.split().freeze())
     }
 }
@@ -419,6 +691,14 @@ mod tests {
             source,
             offset,
             history_label: 77,
+            format: Format::Entries,
+        }
+    }
+
+    fn compact_of(source: &str, offset: u64) -> Stamp<'_> {
+        Stamp {
+            format: Format::Compact,
+            ..stamp_of(source, offset)
         }
     }
 
@@ -434,10 +714,11 @@ mod tests {
         let map = msg.user_headers_map().expect("sdk parses").expect("some");
         check!(map.len() == 5);
         let found = find(Some(&stamped));
-        check!(found.source == Some("us"));
+        check!(found.source == Some(ClusterRef::Alias("us")));
         check!(found.offset == Some(42));
         check!(found.origin.is_none());
-        check!(found.origin_cluster() == Some("us"));
+        check!(found.originated_in("us"));
+        check!(found.format == Some(Format::Entries));
         check!(found.history_label == Some(77));
         check!(strip(Some(&stamped)) == Some(original.to_vec()));
     }
@@ -454,10 +735,10 @@ mod tests {
         let first = stamp(Some(&user_headers(&[("k", "v")])), &stamp_of("us", 5)).expect("fits");
         let second = stamp(Some(&first), &stamp_of("eu", 900)).expect("fits");
         let found = find(Some(&second));
-        check!(found.source == Some("eu"));
+        check!(found.source == Some(ClusterRef::Alias("eu")));
         check!(found.offset == Some(900));
-        check!(found.origin == Some("us"));
-        check!(found.origin_cluster() == Some("us"));
+        check!(found.origin == Some(ClusterRef::Alias("us")));
+        check!(found.originated_in("us"));
         check!(strip(Some(&second)) == Some(user_headers(&[("k", "v")]).to_vec()));
     }
 
@@ -472,23 +753,146 @@ mod tests {
 
     #[test]
     fn stamper_writes_what_stamp_writes() {
-        let stamper = Stamper::new("us", 77);
-        let first_hop = stamp(Some(&user_headers(&[("k", "v")])), &stamp_of("eu", 5));
-        let inputs = [
-            None,
-            Some(user_headers(&[("trace", "abc"), ("b", "2")])),
-            first_hop,
-        ];
-        let mut arena = BytesMut::new();
-        for (i, headers) in inputs.iter().enumerate() {
-            let offset = 1_000 + i as u64;
-            let general = stamp(headers.as_deref(), &stamp_of("us", offset));
-            let fast = stamper.stamp_into(&mut arena, headers.as_deref(), offset);
-            check!(fast == general, "input {i}");
+        for format in [Format::Entries, Format::Compact] {
+            let stamper = Stamper::new("us", 77, format);
+            let first_hop = stamp(Some(&user_headers(&[("k", "v")])), &stamp_of("eu", 5));
+            let compact_hop = stamp(Some(&user_headers(&[("k", "v")])), &compact_of("eu", 5));
+            let inputs = [
+                None,
+                Some(user_headers(&[("trace", "abc"), ("b", "2")])),
+                first_hop,
+                compact_hop,
+            ];
+            let mut arena = BytesMut::new();
+            for (i, headers) in inputs.iter().enumerate() {
+                let offset = 1_000 + i as u64;
+                let stamp_ = Stamp {
+                    format,
+                    ..stamp_of("us", offset)
+                };
+                let general = stamp(headers.as_deref(), &stamp_);
+                let fast = stamper.stamp_into(&mut arena, headers.as_deref(), offset);
+                check!(fast == general, "{format:?} input {i}");
+            }
+            let mut big = BytesMut::new();
+            put_entry(&mut big, "k", KIND_STRING, &vec![b'x'; 99_979]);
+            check!(stamper.stamp_into(&mut arena, Some(&big), 1).is_none());
         }
-        let mut big = BytesMut::new();
-        put_entry(&mut big, "k", KIND_STRING, &vec![b'x'; 99_939]);
-        check!(stamper.stamp_into(&mut arena, Some(&big), 1).is_none());
+    }
+
+    #[test]
+    fn compact_provenance_reads_back_and_costs_at_most_32_bytes() {
+        let label = Incarnation::first(1_796_000_000_000_000).label();
+        for (alias, offset) in [("us", 0), ("us-east-1-primary", 42), ("eu", (1 << 35) - 1)] {
+            let stamp_ = Stamp {
+                history_label: label,
+                ..compact_of(alias, offset)
+            };
+            let stamped = stamp(None, &stamp_).expect("fits");
+            check!(
+                stamped.len() <= 32,
+                "{alias} {offset}: {} bytes",
+                stamped.len()
+            );
+            let found = find(Some(&stamped));
+            check!(found.from_source(alias));
+            check!(!found.from_source("ap"));
+            check!(found.offset == Some(offset));
+            check!(found.history_label == Some(label));
+            check!(found.origin.is_none() && found.originated_in(alias));
+            check!(found.format == Some(Format::Compact));
+            check!(strip(Some(&stamped)).is_none());
+        }
+        // Against format 1's 82 bytes for the same message.
+        let entries = stamp(None, &stamp_of("us", 42)).expect("fits");
+        check!(entries.len() == 82);
+        // Iggy's SDK parses it as one raw header.
+        let msg = IggyMessage {
+            user_headers: stamp(Some(&user_headers(&[("k", "v")])), &compact_of("us", 1)),
+            ..IggyMessage::from("p")
+        };
+        check!(
+            msg.user_headers_map()
+                .expect("sdk parses")
+                .expect("some")
+                .len()
+                == 2
+        );
+    }
+
+    #[test]
+    fn a_second_hop_keeps_the_origin_across_formats() {
+        let user = user_headers(&[("k", "v")]);
+        // us -> eu in format 1, eu -> ap in format 2, ap -> sa in format 1 again.
+        let first = stamp(Some(&user), &stamp_of("us", 5)).expect("fits");
+        let second = stamp(Some(&first), &compact_of("eu", 900)).expect("fits");
+        let found = find(Some(&second));
+        check!(found.from_source("eu") && found.offset == Some(900));
+        check!(found.originated_in("us") && !found.originated_in("eu"));
+        check!(strip(Some(&second)) == Some(user.to_vec()));
+        let third = stamp(Some(&second), &stamp_of("ap", 7)).expect("fits");
+        let found = find(Some(&third));
+        check!(found.from_source("ap") && found.format == Some(Format::Entries));
+        // Known only by id, the origin is written as `#<id>` and read back as the id.
+        check!(found.origin == Some(ClusterRef::Id(cluster_id("us"))));
+        check!(found.originated_in("us"));
+        check!(strip(Some(&third)) == Some(user.to_vec()));
+        // Restamped in its own source's format, a retried batch replaces, never adds.
+        let again = stamp(Some(&second), &compact_of("eu", 900)).expect("fits");
+        check!(again == second);
+    }
+
+    #[test]
+    fn a_users_own_repl_header_stays_the_users() {
+        let user = user_headers(&[("repl", "not ours")]);
+        check!(find(Some(&user)) == Found::default());
+        check!(strip(Some(&user)) == Some(user.to_vec()));
+        let stamped = stamp(Some(&user), &compact_of("us", 3)).expect("fits");
+        check!(stamped.starts_with(&user));
+        check!(find(Some(&stamped)).offset == Some(3));
+        check!(strip(Some(&stamped)) == Some(user.to_vec()));
+    }
+
+    #[test]
+    fn varints_round_trip_at_every_length() {
+        for value in [
+            0,
+            1,
+            127,
+            128,
+            16_383,
+            16_384,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
+            let mut buf = BytesMut::new();
+            put_varint(&mut buf, value);
+            check!(buf.len() == varint_len(value), "{value}");
+            check!(varint(&buf) == Some((value, &[][..])), "{value}");
+        }
+        check!(varint(&[0x80; 11]).is_none());
+    }
+
+    #[test]
+    fn aliases_must_have_distinct_cluster_ids() {
+        check!(distinct_cluster_ids(["us", "eu", "ap", "us"]).is_ok());
+        check!(cluster_id("us") != cluster_id("eu"));
+        // FNV-1a collides for these two (found by search).
+        let (a, b) = colliding_pair();
+        check!(cluster_id(&a) == cluster_id(&b));
+        check!(distinct_cluster_ids([a.as_str(), "eu", b.as_str()]).is_err());
+    }
+
+    /// Two different short aliases with the same [`cluster_id`].
+    fn colliding_pair() -> (String, String) {
+        let mut seen = std::collections::HashMap::new();
+        for n in 0u32.. {
+            let alias = format!("c{n}");
+            if let Some(other) = seen.insert(cluster_id(&alias), alias.clone()) {
+                return (other, alias);
+            }
+        }
+        unreachable!()
     }
 
     #[test]

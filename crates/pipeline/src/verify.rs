@@ -334,7 +334,7 @@ async fn compare(
     let mut first_up = head.as_ref().map(|m| m.offset);
     while let Some(d) = down.next().await? {
         let found = provenance::find(d.user_headers.as_deref());
-        if found.source != Some(flow.source.as_str()) {
+        if !found.from_source(&flow.source) {
             continue;
         }
         let Some(copied) = copied_history(&found, created_at) else {
@@ -404,8 +404,7 @@ async fn next_expected(
 ) -> Result<Option<Message>> {
     while let Some(m) = up.next().await? {
         if flow.provenance
-            && provenance::find(m.user_headers.as_deref()).origin_cluster()
-                == Some(flow.target.as_str())
+            && provenance::find(m.user_headers.as_deref()).originated_in(&flow.target)
         {
             p.skipped_loop += 1;
             continue;

@@ -310,6 +310,14 @@ impl Control {
             .await
     }
 
+    /// Whether writers stamp the compact provenance format: from feature level 4 on, when
+    /// every member reads it (a member of an earlier release resumes from downstream tails
+    /// holding it). Never lowered, so once true, true for good.
+    #[must_use]
+    pub fn stamps_compact_provenance(&self) -> bool {
+        self.inner.shared.read().state.feature_level() >= format::COMPACT_PROVENANCE_LEVEL.0
+    }
+
     /// Whether a writer session starting now commits its totals (`CommitCounters::Totals`,
     /// which count once however often a commit is applied): from feature level 2 on, which
     /// is never lowered. A session keeps the form it started with.

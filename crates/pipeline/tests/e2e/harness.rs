@@ -497,6 +497,9 @@ impl<I: Intercept> ControlPlane for Intercepted<I> {
     fn counts_totals(&self) -> bool {
         self.inner.counts_totals()
     }
+    fn stamps_compact_provenance(&self) -> bool {
+        self.inner.stamps_compact_provenance()
+    }
     fn metadata_records(
         &self,
         pair: &replicator_model::ClusterPair,

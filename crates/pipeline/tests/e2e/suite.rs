@@ -5,6 +5,7 @@
 mod copy;
 mod edges;
 mod fencing;
+mod formats;
 mod groups;
 pub(crate) mod harness;
 mod heartbeats;

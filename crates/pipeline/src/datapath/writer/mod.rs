@@ -452,6 +452,13 @@ impl<C: ControlPlane> Writer<C> {
                 source: &shared.flow.source,
                 target: &shared.flow.target,
                 provenance: shared.flow.provenance,
+                // Read per batch: a running writer switches to the compact format as soon as
+                // the cluster's level allows it (it never goes back).
+                format: if shared.control.stamps_compact_provenance() {
+                    provenance::Format::Compact
+                } else {
+                    provenance::Format::Entries
+                },
                 history_label: self.history_label,
             },
         )
@@ -734,7 +741,7 @@ async fn scan_tail<C>(
     let source = shared.flow.source.as_str();
     let ours = |m: &Message| {
         let found = provenance::find(m.user_headers.as_deref());
-        if found.source != Some(source) {
+        if !found.from_source(source) {
             return None;
         }
         let incarnation = Incarnation::from_label(found.history_label?);

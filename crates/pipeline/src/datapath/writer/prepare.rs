@@ -25,6 +25,8 @@ pub(crate) struct PrepareParams<'a> {
     pub(crate) target: &'a str,
     /// Whether to stamp provenance and apply loop prevention.
     pub(crate) provenance: bool,
+    /// The provenance format to stamp.
+    pub(crate) format: provenance::Format,
     /// Label of the upstream history copied (`provenance::Incarnation::label`).
     pub(crate) history_label: u64,
 }
@@ -54,14 +56,14 @@ pub(crate) fn prepare(
         batch.messages.retain(|m| {
             m.user_headers
                 .as_deref()
-                .is_none_or(|h| provenance::find(Some(h)).origin_cluster() != Some(p.target))
+                .is_none_or(|h| !provenance::find(Some(h)).originated_in(p.target))
         });
         batch.skipped += (before - batch.messages.len()) as u64;
         // One allocation for the provenance of the whole batch (each message's headers are
         // split off it).
         let mut arena =
             bytes::BytesMut::with_capacity(batch.messages.len() * (128 + p.source.len()));
-        let stamper = provenance::Stamper::new(p.source, p.history_label);
+        let stamper = provenance::Stamper::new(p.source, p.history_label, p.format);
         for m in &mut batch.messages {
             let offset = m.offset;
             let stamped = stamper
@@ -100,6 +102,7 @@ mod tests {
             source: "us",
             target: "eu",
             provenance: true,
+            format: provenance::Format::Entries,
             history_label: 9,
         }
     }
@@ -132,7 +135,7 @@ mod tests {
         check!(out.origin_timestamp == 8);
         check!(out.payload == original.payload);
         let found = provenance::find(out.user_headers.as_deref());
-        check!(found.source == Some("us"));
+        check!(found.from_source("us"));
         check!(found.offset == Some(3));
         check!(found.history_label == Some(9));
         let headers_len = out.user_headers.as_ref().map_or(0, |h| h.len());
@@ -147,6 +150,7 @@ mod tests {
                 source: "ap",
                 offset: 77,
                 history_label: 1,
+                format: provenance::Format::Entries,
             },
         );
         let mut b = batch(vec![msg(1, None), msg(2, user)]);
@@ -168,7 +172,7 @@ mod tests {
         let once = fields(&b);
         prepare(&mut b, &params(None)).expect("fits");
         check!(fields(&b) == once);
-        check!(provenance::find(b.messages[1].user_headers.as_deref()).origin == Some("ap"));
+        check!(provenance::find(b.messages[1].user_headers.as_deref()).originated_in("ap"));
     }
 
     #[test]
@@ -179,6 +183,7 @@ mod tests {
                 source: "eu",
                 offset: 1,
                 history_label: 1,
+                format: provenance::Format::Compact,
             },
         );
         let mut b = batch(vec![msg(0, from_eu), msg(1, None)]);

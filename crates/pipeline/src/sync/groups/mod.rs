@@ -586,7 +586,7 @@ impl<C: ControlPlane> GroupSync<C> {
     /// A downstream message copied by this flow from history `label`, as a [`Copied`].
     fn ours(&self, m: &Message, label: u64) -> Option<Copied> {
         let found = provenance::find(m.user_headers.as_deref());
-        if found.source != Some(self.flow.source.as_str()) {
+        if !found.from_source(&self.flow.source) {
             return None;
         }
         let history = Incarnation::from_label(found.history_label?);
@@ -608,7 +608,7 @@ impl<C: ControlPlane> GroupSync<C> {
         let target = self.flow.target.as_str();
         Ok(polled.first().filter(|m| m.offset == up).and_then(|m| {
             let found = provenance::find(m.user_headers.as_deref());
-            (found.source == Some(target) && found.origin_cluster() == Some(target))
+            (found.from_source(target) && found.originated_in(target))
                 .then_some(found.offset)
                 .flatten()
         }))
