@@ -13,7 +13,7 @@
 
 pub(crate) mod heartbeat;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -166,6 +166,8 @@ async fn discover_once<C: ControlPlane>(
     let mut now: BTreeMap<(String, String), (SeenTopic, Topic)> = BTreeMap::new();
     let mut blocked = Vec::new();
     let mut deleted_now = BTreeMap::new();
+    // The target's topics of the streams asked about, read once per round.
+    let mut on_target = BTreeMap::new();
     for stream in streams {
         let id = named(&stream.name)?;
         let details = p
@@ -193,7 +195,7 @@ async fn discover_once<C: ControlPlane>(
                 }
                 Choice::Copy => {}
             }
-            let deleted = deleted_at_home(p, &stream.name, &topic.name).await?;
+            let deleted = deleted_at_home(p, &stream.name, &topic.name, &mut on_target).await?;
             let key = (stream.name.clone(), topic.name.clone());
             if deleted {
                 if !seen.get(&key).is_some_and(|t| t.deleted_at_home) {
@@ -282,11 +284,13 @@ async fn discover_once<C: ControlPlane>(
 /// target: the topic of a two-way pair recorded at home there (see
 /// [`crate::sync::metadata::pair`]) and gone from it. Creating it again would undo the
 /// deletion with the copy; deletion does not travel either (the copy is kept and reported).
-/// Without records (a cluster below feature level 3) nothing is known: `false`.
+/// Without records (a cluster below feature level 3) nothing is known: `false`. `on_target`
+/// holds the target's topics per stream (`None`: no such stream), read once per round.
 async fn deleted_at_home<C: ControlPlane>(
     p: &DiscoveryParams<C>,
     stream: &str,
     topic: &str,
+    on_target: &mut BTreeMap<String, Option<BTreeSet<String>>>,
 ) -> Result<bool> {
     let Some(pairing) = p
         .pairing
@@ -310,12 +314,20 @@ async fn deleted_at_home<C: ControlPlane>(
     if !at_home {
         return Ok(false);
     }
-    let (s, t) = (named(stream)?, named(topic)?);
-    let there = p
-        .target
-        .call(0, "get_topic", |c| async move { c.get_topic(&s, &t).await })
-        .await?;
-    Ok(there.is_none())
+    if !on_target.contains_key(stream) {
+        let id = named(stream)?;
+        let details = p
+            .target
+            .call(0, "get_stream", |c| async move { c.get_stream(&id).await })
+            .await?;
+        on_target.insert(
+            stream.to_owned(),
+            details.map(|d| d.topics.into_iter().map(|t| t.name).collect()),
+        );
+    }
+    Ok(!on_target[stream]
+        .as_ref()
+        .is_some_and(|topics| topics.contains(topic)))
 }
 
 /// Creates the downstream stream and topic if missing (same partition count, compression,
