@@ -566,8 +566,8 @@ pub fn stamp_into(
 
 /// Stamps the messages of one batch. For messages that carry no provenance yet (origin =
 /// source), everything but the offset is the same for the whole batch: format 1's entries are
-/// encoded once and only the offset is written per message; format 2's source id is computed
-/// once. Messages that already
+/// encoded once and only the offset is written per message; format 2's entry is encoded once
+/// but for its length and offset varint. Messages that already
 /// carry provenance (a second hop) take the general path of [`stamp_into`].
 #[derive(Debug, Clone)]
 pub struct Stamper<'a> {
@@ -577,34 +577,54 @@ pub struct Stamper<'a> {
     history_label: u64,
     /// The format written.
     format: Format,
-    /// Format 2: the source's [`cluster_id`].
-    source_id: u32,
-    /// Format 1: our entries for origin = source (no origin entry) and offset 0.
+    /// Format 1: our entries for origin = source (no origin entry) and offset 0. Format 2: the
+    /// entry up to its value's offset varint (the value's length left 0).
     block: Vec<u8>,
-    /// Format 1: position of the offset value's 8 bytes in `block`.
+    /// Format 1: position of the offset value's 8 bytes in `block`; format 2: of the value's
+    /// length.
     offset_at: usize,
+    /// Format 2: the history label's varint.
+    label: Vec<u8>,
 }
 
 impl<'a> Stamper<'a> {
     /// A stamper for messages copied from `source`, topic incarnation `history_label`.
     pub fn new(source: &'a str, history_label: u64, format: Format) -> Self {
         let mut block = BytesMut::new();
-        put_entry(&mut block, SOURCE_KEY, KIND_STRING, source.as_bytes());
-        let offset_at = block.len() + entry_len(OFFSET_KEY, 8) - 8;
-        put_entry(&mut block, OFFSET_KEY, KIND_UINT64, &0u64.to_le_bytes());
-        put_entry(
-            &mut block,
-            CREATED_KEY,
-            KIND_UINT64,
-            &history_label.to_le_bytes(),
-        );
+        let mut label = BytesMut::new();
+        let offset_at = match format {
+            Format::Entries => {
+                put_entry(&mut block, SOURCE_KEY, KIND_STRING, source.as_bytes());
+                let offset_at = block.len() + entry_len(OFFSET_KEY, 8) - 8;
+                put_entry(&mut block, OFFSET_KEY, KIND_UINT64, &0u64.to_le_bytes());
+                put_entry(
+                    &mut block,
+                    CREATED_KEY,
+                    KIND_UINT64,
+                    &history_label.to_le_bytes(),
+                );
+                offset_at
+            }
+            Format::Compact => {
+                block.put_u8(KIND_STRING);
+                block.put_u32_le(COMPACT_KEY.len() as u32);
+                block.put_slice(COMPACT_KEY.as_bytes());
+                block.put_u8(KIND_RAW);
+                let offset_at = block.len();
+                block.put_u32_le(0);
+                block.put_u8(COMPACT_FORMAT);
+                block.put_u32_le(cluster_id(source));
+                put_varint(&mut label, history_label);
+                offset_at
+            }
+        };
         Self {
             source,
             history_label,
             format,
-            source_id: cluster_id(source),
             block: block.to_vec(),
             offset_at,
+            label: label.to_vec(),
         }
     }
 
@@ -638,20 +658,22 @@ impl<'a> Stamper<'a> {
                 arena[at..at + 8].copy_from_slice(&offset.to_le_bytes());
             }
             Format::Compact => {
-                let compact = Compact {
-                    source: self.source_id,
-                    offset,
-                    history_label: self.history_label,
-                    origin: None,
-                };
-                let ours = entry_len(COMPACT_KEY, compact.len());
+                // `block` holds the entry up to the value's length, then the value's first byte
+                // and source id; the history label's varint follows the offset's.
+                let offset_len = varint_len(offset);
+                let ours = self.block.len() + offset_len + self.label.len();
                 if existing.len() + ours > MAX_USER_HEADERS_SIZE {
                     return None;
                 }
                 arena.clear();
                 arena.reserve(existing.len() + ours);
                 arena.put_slice(existing);
-                compact.put(arena);
+                arena.put_slice(&self.block);
+                let value_len = (1 + 4 + offset_len + self.label.len()) as u32;
+                let at = existing.len() + self.offset_at;
+                arena[at..at + 4].copy_from_slice(&value_len.to_le_bytes());
+                put_varint(arena, offset);
+                arena.put_slice(&self.label);
             }
         }
         Some(arena.split().freeze())
