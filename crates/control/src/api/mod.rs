@@ -411,9 +411,8 @@ impl Control {
 
     /// Applies each change whose `expected` record is the current one, in order (see
     /// `ControlCommand::RecordMetadata`): one flag per change, `true` when it was applied.
-    /// Returns once the leader applied the entry; this node's [`Control::metadata_records`]
-    /// may show it a moment later (a decision made from the older records then fails its
-    /// compare-and-set, and is made again). A transient error while the cluster is below
+    /// Returns once this node applied the entry too (or `write_timeout` passed), so that its
+    /// [`Control::metadata_records`] shows it. A transient error while the cluster is below
     /// feature level 3 (it is raised once every member runs a release that supports it).
     ///
     /// A write retried after its answer was lost (a leader change or a timeout) is answered
@@ -437,7 +436,16 @@ impl Control {
         let count = changes.len();
         let cmd = ControlCommand::RecordMetadata { changes };
         match self.inner.write(&cmd).await? {
-            (_, ControlResponse::MetadataRecorded(applied)) if applied.len() == count => {
+            (index, ControlResponse::MetadataRecorded(applied)) if applied.len() == count => {
+                // Read your writes: what the caller decides next from `metadata_records` (a
+                // promote moving the homes right after its last round recorded them) must see
+                // this entry. A timeout only means a later decision may fail its compare-and-set.
+                let _ = self
+                    .inner
+                    .raft
+                    .wait(Some(self.inner.timing.write_timeout))
+                    .applied_index_at_least(Some(index), "metadata records applied here")
+                    .await;
                 Ok(applied)
             }
             (_, other) => Err(Error::Rejected(format!("record metadata: {other:?}"))),

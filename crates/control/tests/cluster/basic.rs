@@ -91,6 +91,13 @@ async fn three_nodes_elect_a_leader_assign_evenly_and_commit() -> TestResult {
         record: Some(home("eu")),
     };
     assert2::check!(follower.record_metadata(vec![first, moved]).await? == vec![false, true]);
+    // Read your writes: the node that wrote them reads them at once.
+    assert2::check!(
+        follower
+            .metadata_records(&pair)
+            .and_then(|r| r.get(&key.object).cloned())
+            == Some(home("eu"))
+    );
     for id in 1..=3 {
         wait_until("records replicated", Duration::from_secs(5), || {
             cluster
