@@ -515,7 +515,10 @@ pub fn stamp_into(
             has_ours(existing),
         )
     };
-    let origin_text = origin.map(|o| o.to_string());
+    // Format 1 names the origin by text; format 2 by id (no text to build per message).
+    let origin_text = origin
+        .filter(|_| stamp.format == Format::Entries)
+        .map(|o| o.to_string());
     let compact = Compact {
         source: cluster_id(stamp.source),
         offset: stamp.offset,

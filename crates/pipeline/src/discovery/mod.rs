@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use iggy::prelude::{CompressionAlgorithm, Identifier, IggyExpiry, MaxTopicSize, Topic};
-use replicator_model::{MetadataObject, WorkUnit};
+use replicator_model::{MetadataObject, MetadataRecord, WorkUnit};
 use replicator_sdk::IggyCluster as _;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -166,7 +166,12 @@ async fn discover_once<C: ControlPlane>(
     let mut now: BTreeMap<(String, String), (SeenTopic, Topic)> = BTreeMap::new();
     let mut blocked = Vec::new();
     let mut deleted_now = BTreeMap::new();
-    // The target's topics of the streams asked about, read once per round.
+    // The pair's records and the target's topics of the streams asked about, read once per
+    // round.
+    let records = p
+        .pairing
+        .as_ref()
+        .and_then(|pairing| p.control.metadata_records(&pairing.view.pair));
     let mut on_target = BTreeMap::new();
     for stream in streams {
         let id = named(&stream.name)?;
@@ -195,7 +200,13 @@ async fn discover_once<C: ControlPlane>(
                 }
                 Choice::Copy => {}
             }
-            let deleted = deleted_at_home(p, &stream.name, &topic.name, &mut on_target).await?;
+            let deleted = deleted_at_home(
+                p,
+                (&stream.name, &topic.name),
+                records.as_ref(),
+                &mut on_target,
+            )
+            .await?;
             let key = (stream.name.clone(), topic.name.clone());
             if deleted {
                 if !seen.get(&key).is_some_and(|t| t.deleted_at_home) {
@@ -284,12 +295,12 @@ async fn discover_once<C: ControlPlane>(
 /// target: the topic of a two-way pair recorded at home there (see
 /// [`crate::sync::metadata::pair`]) and gone from it. Creating it again would undo the
 /// deletion with the copy; deletion does not travel either (the copy is kept and reported).
-/// Without records (a cluster below feature level 3) nothing is known: `false`. `on_target`
+/// Without `records` (a cluster below feature level 3) nothing is known: `false`. `on_target`
 /// holds the target's topics per stream (`None`: no such stream), read once per round.
 async fn deleted_at_home<C: ControlPlane>(
     p: &DiscoveryParams<C>,
-    stream: &str,
-    topic: &str,
+    (stream, topic): (&str, &str),
+    records: Option<&BTreeMap<MetadataObject, MetadataRecord>>,
     on_target: &mut BTreeMap<String, Option<BTreeSet<String>>>,
 ) -> Result<bool> {
     let Some(pairing) = p
@@ -299,18 +310,14 @@ async fn deleted_at_home<C: ControlPlane>(
     else {
         return Ok(false);
     };
-    let at_home = p
-        .control
-        .metadata_records(&pairing.view.pair)
+    let at_home = records
         .and_then(|records| {
-            records
-                .get(&MetadataObject::Topic {
-                    stream: stream.to_owned(),
-                    topic: topic.to_owned(),
-                })
-                .map(|r| r.home == pairing.view.target)
+            records.get(&MetadataObject::Topic {
+                stream: stream.to_owned(),
+                topic: topic.to_owned(),
+            })
         })
-        .unwrap_or(false);
+        .is_some_and(|r| r.home == pairing.view.target);
     if !at_home {
         return Ok(false);
     }
