@@ -724,6 +724,7 @@ mod tests {
             downstream_losses: 0,
             messages_recopied: 0,
             tail_scans_exhausted: 0,
+            batch_size: 1000,
             latency: Some(LatencyQuantiles {
                 p50: Duration::from_millis(1),
                 p99: Duration::from_millis(1),

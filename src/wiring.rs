@@ -123,6 +123,7 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
             let mut params = ClusterParams::new(cluster.url.expose());
             params.iggy_version = cluster.iggy_version;
             params.connections = cluster.connections;
+            params.far_connections = cluster.far_connections;
             params.writer_user_prefix =
                 (cluster.fencing == FencingMode::Users).then(|| cluster.writer_user_prefix.clone());
             params.zones = cluster.zones.clone();
@@ -149,6 +150,7 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
             params.idle_poll_interval = flow.idle_poll_interval;
             params.provenance = flow.provenance;
             params.max_in_flight_batches = flow.max_in_flight_batches;
+            params.max_batch_bytes = flow.max_batch_bytes;
             params.consumer_groups = flow.consumer_groups.clone();
             params.consumer_group_sync_interval = flow.consumer_group_sync_interval;
             params.users = flow.users.clone();
@@ -328,15 +330,26 @@ mod tests {
     #[test]
     fn cluster_connections_and_idle_poll_interval_reach_the_pipeline() {
         let config = MinimalConfig {
-            us_extra: "connections = 7".to_owned(),
-            flow_extra: "idle_poll_interval = \"250ms\"".to_owned(),
+            us_extra: "connections = 7\nfar_connections = 9".to_owned(),
+            flow_extra: "idle_poll_interval = \"250ms\"\nmax_batch_bytes = 1048576".to_owned(),
             ..MinimalConfig::default()
         };
         let params = pipeline_params(&config.parse().expect("valid config"));
         assert_eq!(params.clusters["us"].connections, 7);
+        assert_eq!(params.clusters["us"].far_connections, 9);
         assert_eq!(
             params.clusters["eu"].connections,
             replicator_config::DEFAULT_CONNECTIONS
+        );
+        assert_eq!(
+            params.clusters["eu"].far_connections,
+            replicator_config::DEFAULT_FAR_CONNECTIONS
+        );
+        assert_eq!(params.flows[0].max_batch_bytes, 1 << 20);
+        let defaults = pipeline_params(&MinimalConfig::default().parse().expect("valid config"));
+        assert_eq!(
+            defaults.flows[0].max_batch_bytes,
+            replicator_model::DEFAULT_MAX_BATCH_BYTES
         );
         assert_eq!(
             params.flows[0].idle_poll_interval,

@@ -12,16 +12,17 @@ use replicator_harness::{
     connect, delete_stream, ensure_topic, raw_copy, Cluster, RawCopy, TestResult, Topic, Watch,
 };
 
+use replicator_harness::Endpoint;
+use replicator_testkit::wan::{WanLink, WanProxy};
+
 use crate::env::{
-    context_switches, cpu_seconds, fill, own_cpu_seconds, replication_spec, run_name, total_cpu,
-    Endpoints, PAYLOAD_BYTES,
+    context_switches, cpu_seconds, fill, own_cpu_seconds, replication_spec_between, run_name,
+    total_cpu, Endpoints, PAYLOAD_BYTES,
 };
 use crate::metrics::Stages;
 use crate::report::median_range;
-use crate::settings::Settings;
+use crate::settings::{CatchupVariant, Far, Settings};
 
-/// Partitions of the catch-up topic.
-const PARTITIONS: u32 = 16;
 /// Topic name (in a stream named per run).
 const TOPIC: &str = "t";
 /// Servers are quiet when together they use less than this share of a core...
@@ -72,10 +73,21 @@ struct Sample {
 
 pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResult {
     let stream = run_name("catchup");
-    let per_partition = (settings.messages / u64::from(PARTITIONS)).max(1);
-    let messages = per_partition * u64::from(PARTITIONS);
+    let partitions = settings.partitions;
+    let per_partition = (settings.messages / u64::from(partitions)).max(1);
+    let messages = per_partition * u64::from(partitions);
+    let distance = settings.wan.map_or("no proxy".to_owned(), |wan| {
+        format!(
+            "the {} behind a WanProxy with {} ms round trips",
+            match wan.far {
+                Far::Source => "source",
+                Far::Target => "target",
+            },
+            wan.rtt.as_millis()
+        )
+    });
     println!(
-        "## Catch-up: {messages} messages of {PAYLOAD_BYTES} B in {PARTITIONS} partitions, batches of {}, {} connection(s) per cluster\n",
+        "## Catch-up: {messages} messages of {PAYLOAD_BYTES} B in {partitions} partitions, batches of {}, {} connection(s) per cluster, {distance}\n",
         settings.batch_size, settings.connections
     );
     let outcome = measure_all(endpoints, settings, &stream, per_partition).await;
@@ -93,14 +105,14 @@ async fn measure_all(
     per_partition: u64,
 ) -> TestResult<Vec<Sample>> {
     let up = connect(&endpoints.upstream).await?;
-    ensure_topic(&up, stream, TOPIC, PARTITIONS).await?;
+    ensure_topic(&up, stream, TOPIC, settings.partitions).await?;
     up.shutdown().await?;
     let filling = Instant::now();
     fill(
         &endpoints.upstream,
         stream,
         TOPIC,
-        PARTITIONS,
+        settings.partitions,
         per_partition,
         4,
     )
@@ -112,27 +124,32 @@ async fn measure_all(
     let mut samples = Vec::new();
     // The first copy after the fill is slow whatever copies (on the machine of section 1, the
     // target's first writes into memory it never used cost it four times the CPU of later
-    // ones): a raw copy that nobody counts goes first.
+    // ones): a copy that nobody counts goes first, by the first variant asked for.
+    let variants: Vec<Variant> = settings
+        .catchup_variants
+        .iter()
+        .map(|v| match v {
+            CatchupVariant::RawLoop => Variant::RawLoop,
+            CatchupVariant::OneInstance => Variant::OneInstance,
+            CatchupVariant::ThreeInstances => Variant::ThreeInstances,
+        })
+        .collect();
+    let warm_up_variant = variants.first().copied().unwrap_or(Variant::RawLoop);
     settle(endpoints, "warm-up").await;
     let warm_up = copy_once(
         endpoints,
         settings,
         stream,
         per_partition,
-        Variant::RawLoop,
+        warm_up_variant,
         0,
     )
     .await?;
     println!(
         "warm-up (not counted): {:<28} {:>6.2} s copying",
-        Variant::RawLoop.label(),
+        warm_up_variant.label(),
         warm_up.copying.as_secs_f64()
     );
-    let variants = [
-        Variant::RawLoop,
-        Variant::OneInstance,
-        Variant::ThreeInstances,
-    ];
     for round in 1..=settings.rounds {
         let first = (round as usize - 1) % variants.len();
         for variant in variants.iter().cycle().skip(first).take(variants.len()) {
@@ -166,7 +183,11 @@ async fn copy_once(
     variant: Variant,
     round: u32,
 ) -> TestResult<Sample> {
-    let messages = per_partition * u64::from(PARTITIONS);
+    let partitions = settings.partitions;
+    let messages = per_partition * u64::from(partitions);
+    // The far server, when there is one, is reached through a proxy of this copy's own (the
+    // fill before and the watch of the downstream topic go direct).
+    let (proxy, source, target) = distance(endpoints, settings).await?;
     // The replicator names its downstream stream `<source alias>.<stream>`.
     let alias = format!(
         "r{round}{}",
@@ -186,15 +207,15 @@ async fn copy_once(
         match variant {
             Variant::RawLoop => {
                 let down = connect(&endpoints.downstream).await?;
-                ensure_topic(&down, &down_stream, TOPIC, PARTITIONS).await?;
+                ensure_topic(&down, &down_stream, TOPIC, partitions).await?;
                 down.shutdown().await?;
                 let cpu_before = own_cpu_seconds();
                 let switches_before = context_switches("self");
                 let started = Instant::now();
                 raw_copy(&RawCopy {
-                    source: endpoints.upstream.clone(),
-                    target: endpoints.downstream.clone(),
-                    topic: Topic::new(stream, TOPIC, PARTITIONS),
+                    source: source.clone(),
+                    target: target.clone(),
+                    topic: Topic::new(stream, TOPIC, partitions),
                     target_stream: down_stream.clone(),
                     per_partition,
                     batch: settings.batch_size,
@@ -211,13 +232,14 @@ async fn copy_once(
             }
             Variant::OneInstance | Variant::ThreeInstances => {
                 let nodes = if variant == Variant::OneInstance { 1 } else { 3 };
-                let spec = replication_spec(
+                let spec = replication_spec_between(
                     endpoints,
+                    (&source, &target),
                     &alias,
                     &format!("{stream}/*"),
                     true,
                     settings,
-                    PARTITIONS as usize,
+                    partitions as usize,
                 );
                 let watch = Watch::new(&endpoints.downstream, &down_stream, TOPIC).await?;
                 let started = Instant::now();
@@ -254,6 +276,9 @@ async fn copy_once(
         }
     }
     .await;
+    if let Some(proxy) = proxy {
+        proxy.stop().await;
+    }
     let server_cpu = servers
         .map(server_cpu)
         .zip(server_cpu_before)
@@ -269,6 +294,33 @@ async fn copy_once(
         switches,
         server_cpu,
     })
+}
+
+/// The source and the target as one copy reaches them: with `BENCH_WAN_RTT_MS`, the far one
+/// through a fresh [`WanProxy`] (returned, to stop after the copy).
+async fn distance(
+    endpoints: &Endpoints,
+    settings: &Settings,
+) -> TestResult<(Option<WanProxy>, Endpoint, Endpoint)> {
+    let (mut source, mut target) = (endpoints.upstream.clone(), endpoints.downstream.clone());
+    let Some(wan) = settings.wan else {
+        return Ok((None, source, target));
+    };
+    let far = match wan.far {
+        Far::Source => &mut source,
+        Far::Target => &mut target,
+    };
+    let (before, rest) = far
+        .url
+        .split_once('@')
+        .ok_or_else(|| format!("no credentials in {}", far.url))?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let address: std::net::SocketAddr = rest[..end]
+        .parse()
+        .map_err(|e| format!("{}: not an ip:port ({e})", &rest[..end]))?;
+    let proxy = WanProxy::start(address, WanLink::symmetric(wan.rtt / 2)).await?;
+    far.url = format!("{before}@{}{}", proxy.addr(), &rest[end..]);
+    Ok((Some(proxy), source, target))
 }
 
 /// CPU seconds so far of the source and the target server.
@@ -330,11 +382,19 @@ fn print_table(samples: &[Sample], messages: u64) {
         let cpu: Vec<f64> = mine.iter().map(|s| s.cpu / millions).collect();
         let switches: Vec<f64> = mine.iter().map(|s| s.switches as f64 / millions).collect();
         let server: Option<Vec<[f64; 2]>> = mine.iter().map(|s| s.server_cpu).collect();
+        if mine.is_empty() {
+            continue;
+        }
         let ratio: Vec<f64> = mine
             .iter()
             .zip(&raw)
             .map(|(s, r)| r.copying.as_secs_f64() / s.copying.as_secs_f64())
             .collect();
+        let ratio = if ratio.is_empty() {
+            "n/a".to_owned()
+        } else {
+            median_range(&ratio, 2)
+        };
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {} |",
             variant.label(),
@@ -352,7 +412,7 @@ fn print_table(samples: &[Sample], messages: u64) {
                     median_range(&side(1), 2)
                 )
             }),
-            median_range(&ratio, 2),
+            ratio,
         );
     }
     println!("\nmedian (min–max) over rounds; \"while copying\" runs from the first message downstream to the last, \"wall time\" also counts process start, Raft election and assignment.\n");

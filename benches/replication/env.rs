@@ -312,10 +312,9 @@ pub(crate) fn replication_spec(
     settings: &Settings,
     units: usize,
 ) -> ClusterSpec {
-    let target = endpoints.downstream.clone();
-    replication_spec_to(
+    replication_spec_between(
         endpoints,
-        &target,
+        (&endpoints.upstream, &endpoints.downstream),
         source_alias,
         include,
         prefix,
@@ -324,11 +323,12 @@ pub(crate) fn replication_spec(
     )
 }
 
-/// [`replication_spec`] with `target` as the cluster `dst` instead of the run's downstream
-/// server (e.g. an in-process clustered 0.9 target named by every replica's address).
-pub(crate) fn replication_spec_to(
+/// [`replication_spec`] with `source` and `target` as the clusters instead of the run's
+/// servers (e.g. an in-process clustered 0.9 target named by every replica's address, or a
+/// server reached through a `WanProxy`).
+pub(crate) fn replication_spec_between(
     endpoints: &Endpoints,
-    target: &Endpoint,
+    (source, target): (&Endpoint, &Endpoint),
     source_alias: &str,
     include: &str,
     prefix: bool,
@@ -338,6 +338,7 @@ pub(crate) fn replication_spec_to(
     let naming = if prefix { "prefix" } else { "identity" };
     let (connections, provenance) = (settings.connections, settings.provenance);
     let batch_size = settings.batch_size;
+    let max_batch_bytes = settings.max_batch_bytes;
     let fencing = &settings.fencing;
     let writers = format!("bench-{:06x}", rand::random::<u32>() & 0xff_ffff);
     ClusterSpec {
@@ -363,10 +364,11 @@ include = ["{include}"]
 naming = "{naming}"
 provenance = {provenance}
 batch_size = {batch_size}
+max_batch_bytes = {max_batch_bytes}
 "#,
-            up = endpoints.upstream.url,
+            up = source.url,
             down = target.url,
-            up_version = endpoints.upstream.iggy_version,
+            up_version = source.iggy_version,
             down_version = target.iggy_version,
         ),
         cluster_toml: String::new(),

@@ -59,6 +59,46 @@ pub(crate) struct Settings {
     pub(crate) kill_partitions: u32,
     /// `BENCH_FENCING`: the target cluster's `fencing`, `users` (default) or `off`.
     pub(crate) fencing: String,
+    /// `BENCH_CATCHUP_VARIANTS`: which copies the catch-up makes each round, of `raw`, `1`
+    /// and `3` (default all three; the ratio column needs `raw`).
+    pub(crate) catchup_variants: Vec<CatchupVariant>,
+    /// `BENCH_MAX_BATCH_BYTES`: the flows' `max_batch_bytes` (default: the flows' default).
+    pub(crate) max_batch_bytes: u64,
+    /// `BENCH_PARTITIONS`: partitions of the catch-up topic (default 16).
+    pub(crate) partitions: u32,
+    /// `BENCH_WAN_RTT_MS` (with `BENCH_WAN_FAR`): the catch-up's copies reach one server through
+    /// the testkit's `WanProxy` with this round trip (half each way); `0` still goes through
+    /// the proxy, the fair baseline of the other round trips. Unset: no proxy.
+    pub(crate) wan: Option<Wan>,
+}
+
+/// One way the catch-up copies (`BENCH_CATCHUP_VARIANTS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CatchupVariant {
+    /// `raw`: the raw poll→send loop.
+    RawLoop,
+    /// `1`: one replicator instance.
+    OneInstance,
+    /// `3`: three instances.
+    ThreeInstances,
+}
+
+/// Where the catch-up puts the distance (`BENCH_WAN_FAR`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Far {
+    /// `source` (default): the copier runs next to the target and polls across the distance.
+    Source,
+    /// `target`: the copier runs next to the source and sends across it.
+    Target,
+}
+
+/// A distance between the copier and one server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Wan {
+    /// Which server is far.
+    pub(crate) far: Far,
+    /// The round trip to it.
+    pub(crate) rtt: std::time::Duration,
 }
 
 impl Settings {
@@ -111,6 +151,53 @@ impl Settings {
                 Ok(f) if f == "users" || f == "off" => f,
                 Ok(f) => return Err(format!("BENCH_FENCING={f:?} must be users or off").into()),
             },
+            partitions: var_u32("BENCH_PARTITIONS", 16)?.max(1),
+            catchup_variants: match std::env::var("BENCH_CATCHUP_VARIANTS") {
+                Err(_) => vec![
+                    CatchupVariant::RawLoop,
+                    CatchupVariant::OneInstance,
+                    CatchupVariant::ThreeInstances,
+                ],
+                Ok(text) => text
+                    .split(',')
+                    .map(|v| match v.trim() {
+                        "raw" => Ok(CatchupVariant::RawLoop),
+                        "1" => Ok(CatchupVariant::OneInstance),
+                        "3" => Ok(CatchupVariant::ThreeInstances),
+                        other => Err(format!(
+                            "BENCH_CATCHUP_VARIANTS: {other:?} is not raw, 1 or 3"
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            },
+            max_batch_bytes: match var(
+                "BENCH_MAX_BATCH_BYTES",
+                replicator_model::DEFAULT_MAX_BATCH_BYTES,
+            )? {
+                n if replicator_config::MAX_BATCH_BYTES_LIMITS.contains(&n) => n,
+                n => {
+                    return Err(format!(
+                        "BENCH_MAX_BATCH_BYTES={n} must be in {:?}, as a flow's max_batch_bytes",
+                        replicator_config::MAX_BATCH_BYTES_LIMITS
+                    )
+                    .into())
+                }
+            },
+            wan: match std::env::var("BENCH_WAN_RTT_MS") {
+                Err(_) => None,
+                Ok(text) => Some(Wan {
+                    rtt: std::time::Duration::from_millis(number("BENCH_WAN_RTT_MS", &text)?),
+                    far: match std::env::var("BENCH_WAN_FAR").as_deref() {
+                        Err(_) | Ok("source") => Far::Source,
+                        Ok("target") => Far::Target,
+                        Ok(f) => {
+                            return Err(
+                                format!("BENCH_WAN_FAR={f:?} must be source or target").into()
+                            )
+                        }
+                    },
+                }),
+            },
         })
     }
 }
@@ -122,7 +209,7 @@ impl fmt::Display for Settings {
             "messages={} rounds={} batch_size={} connections={} rates={:?} latency_seconds={} failovers={} \
              failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} \
              settle_seconds={} scale_restarts={} provenance={} \
-             leader_kills={} kill_layout={}x{} fencing={}",
+             leader_kills={} kill_layout={}x{} fencing={} partitions={} max_batch_bytes={} wan={:?}",
             self.messages,
             self.rounds,
             self.batch_size,
@@ -142,7 +229,10 @@ impl fmt::Display for Settings {
             self.leader_kills,
             self.kill_topics,
             self.kill_partitions,
-            self.fencing
+            self.fencing,
+            self.partitions,
+            self.max_batch_bytes,
+            self.wan
         )
     }
 }

@@ -15,7 +15,7 @@ use replicator_harness::{
 use replicator_model::IggyVersion;
 use replicator_testkit::{TestCluster, TestServerConfig};
 
-use crate::env::{replication_spec_to, run_name, wait_balanced, Endpoints};
+use crate::env::{replication_spec_between, run_name, wait_balanced, Endpoints};
 use crate::load::paced;
 use crate::report::{percentile_of_sorted, secs};
 use crate::settings::Settings;
@@ -60,9 +60,9 @@ async fn measure(
     ensure_topic(&up, stream, TOPIC, PARTITIONS).await?;
     up.shutdown().await?;
     let target_endpoint = Endpoint::new(IggyVersion::V0_9, target.connection_string());
-    let spec = replication_spec_to(
+    let spec = replication_spec_between(
         endpoints,
-        &target_endpoint,
+        (&endpoints.upstream, &target_endpoint),
         "up",
         &format!("{stream}/*"),
         false,

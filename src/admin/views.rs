@@ -249,6 +249,10 @@ pub(crate) struct LiveView {
     pub(crate) latency_p99_ms: Option<f64>,
     /// Reader/writer restarts after failures.
     pub(crate) restarts: u64,
+    /// Messages the unit's next poll asks for: `batch_size`, or more while it catches up
+    /// across a distance (README "Across regions").
+    #[serde(default)]
+    pub(crate) batch_size: u32,
 }
 
 /// Builds the status document from the control plane's view and this node's pipeline stats.
@@ -313,6 +317,7 @@ fn live_view(node: NodeId, stats: &UnitStats) -> LiveView {
         latency_p50_ms: stats.latency.map(|q| millis(q.p50)),
         latency_p99_ms: stats.latency.map(|q| millis(q.p99)),
         restarts: stats.restarts,
+        batch_size: stats.batch_size,
     }
 }
 

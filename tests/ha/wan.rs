@@ -3,6 +3,10 @@
 //! `kill -9` of a follower that owns partitions, then of the Raft leader, while a producer
 //! writes: the killed node's partitions resume on the others, it rejoins after a restart, and
 //! the copy is exact. Product defaults for every timing.
+//!
+//! `HA_WAN_ONE_WAY_MS` sets another one-way delay (e.g. 40 for 80 ms round trips), to measure
+//! failover at other distances (BENCHMARKS.md); the test then proves the same at that
+//! distance.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -14,8 +18,19 @@ use replicator_testkit::{WanLink, WanProxy};
 use crate::failover::kill_a_follower_then_the_leader;
 use crate::fixture::{self, finish_with_exact_copy};
 
-/// One-way delay of every proxied path: 40 ms round trips.
+/// One-way delay of every proxied path unless `HA_WAN_ONE_WAY_MS` says otherwise: 40 ms round
+/// trips.
 const ONE_WAY: Duration = Duration::from_millis(20);
+
+/// The one-way delay of this run.
+fn one_way() -> TestResult<Duration> {
+    match std::env::var("HA_WAN_ONE_WAY_MS") {
+        Err(_) => Ok(ONE_WAY),
+        Ok(text) => Ok(Duration::from_millis(text.parse().map_err(|_| {
+            format!("HA_WAN_ONE_WAY_MS={text:?} is not a number of milliseconds")
+        })?)),
+    }
+}
 
 /// The proxies of a scenario, stopped together at its end, whatever the outcome.
 #[derive(Default)]
@@ -24,9 +39,9 @@ struct Wan {
 }
 
 impl Wan {
-    /// A proxy to `upstream` with [`ONE_WAY`] each way; returns the address to dial instead.
+    /// A proxy to `upstream` with [`one_way`] each way; returns the address to dial instead.
     async fn proxy(&mut self, upstream: SocketAddr) -> TestResult<SocketAddr> {
-        let proxy = WanProxy::start(upstream, WanLink::symmetric(ONE_WAY)).await?;
+        let proxy = WanProxy::start(upstream, WanLink::symmetric(one_way()?)).await?;
         let addr = proxy.addr();
         self.proxies.push(proxy);
         Ok(addr)
@@ -80,7 +95,7 @@ async fn scenario(wan: &mut Wan) -> TestResult {
         "the nodes copy without going through the server proxies: {open:?}"
     );
 
-    let rtt = (2 * ONE_WAY).as_millis();
+    let rtt = (2 * one_way()?).as_millis();
     let (follower_time, leader_time) = kill_a_follower_then_the_leader(
         &servers,
         &mut cluster,

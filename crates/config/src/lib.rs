@@ -24,6 +24,6 @@ pub use load::{load_file, parse_str};
 pub use schema::{
     ApiTlsConfig, ClusterConfig, Config, FencingMode, FlowConfig, IggyClusterConfig,
     InitialOffsetSetting, NodeConfig, PipelineConfig, PolicyConfig, TlsFilesConfig,
-    BATCH_SIZE_LIMITS, DEFAULT_CONNECTIONS,
+    BATCH_SIZE_LIMITS, DEFAULT_CONNECTIONS, DEFAULT_FAR_CONNECTIONS, MAX_BATCH_BYTES_LIMITS,
 };
 pub use secret::{ClusterUrl, Secret};

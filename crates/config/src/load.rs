@@ -289,10 +289,10 @@ mod tests {
             .replace("[\"orders/*\"]", "[\"orders/[\"]")
             .replace("iggy://iggy:${PASS}@127.0.0.1:8090", "http://nope")
             .replace("initial_offset = 42", "initial_offset = \"oldest\"")
-            .replace("connections = 2", "connections = 0")
+            .replace("connections = 2", "connections = 0\nfar_connections = 65")
             .replace(
                 "poll_interval = \"10ms\"",
-                "poll_interval = \"10ms\"\nidle_poll_interval = \"11s\"\nconsumer_groups = [\"ok-*\", \"bad[\"]\nconsumer_group_sync_interval = \"10ms\"\nmax_bytes_per_second = 0\nusers = [\"app-*\", \"x[\"]\nmetadata_sync_interval = \"10ms\"",
+                "poll_interval = \"10ms\"\nmax_batch_bytes = 1000\nidle_poll_interval = \"11s\"\nconsumer_groups = [\"ok-*\", \"bad[\"]\nconsumer_group_sync_interval = \"10ms\"\nmax_bytes_per_second = 0\nusers = [\"app-*\", \"x[\"]\nmetadata_sync_interval = \"10ms\"",
             );
         let keys =
             problem_keys(parse_str(&text, "t", env(&[("SECRET", "short")])).expect_err("invalid"));
@@ -303,6 +303,8 @@ mod tests {
             "flows[0].include[0]",
             "flows[0].initial_offset",
             "clusters.eu.connections",
+            "clusters.eu.far_connections",
+            "flows[0].max_batch_bytes",
             "flows[0].idle_poll_interval",
             "flows[0].consumer_groups[1]",
             "flows[0].consumer_group_sync_interval",

@@ -159,6 +159,11 @@ pub struct IggyClusterConfig {
     /// sends of different partitions overlap). Default: `4`; 1 to 64.
     #[serde(default = "default_connections")]
     pub connections: usize,
+    /// The connections this instance opens to the cluster instead while the cluster is far:
+    /// while the shortest of a window of its calls takes 10 ms or more (README "Across
+    /// regions"). Default: `16`; 1 to 64.
+    #[serde(default = "default_far_connections")]
+    pub far_connections: usize,
     /// The Iggy protocol generation the cluster's servers speak: `"0.8"` (Iggy server 0.8) or
     /// `"0.9"` (Iggy server 0.9, "server-ng"). The two are not wire-compatible; at start every
     /// cluster is probed and one that answers in the other generation is refused with an error
@@ -247,6 +252,12 @@ pub struct FlowConfig {
     /// [`replicator_model::DEFAULT_MAX_IN_FLIGHT_BATCHES`] (`2`); 1 to 64.
     #[serde(default = "default_in_flight")]
     pub max_in_flight_batches: usize,
+    /// Message bytes a batch grown for a distant source or target may hold: while a partition
+    /// is behind and its polls or sends take 10 ms or more, its batches double after each full
+    /// poll up to this (README "Across regions"); never below `batch_size` messages. Default:
+    /// [`replicator_model::DEFAULT_MAX_BATCH_BYTES`] (4 MiB); 64 KiB to 256 MiB.
+    #[serde(default = "default_max_batch_bytes")]
+    pub max_batch_bytes: u64,
     /// Glob patterns on consumer-group names whose offsets are translated to the target
     /// (README "Disaster recovery"); needs `provenance`. Default: `[]` (none). Example:
     /// `["billing", "analytics-*"]`.
@@ -378,11 +389,20 @@ fn default_include() -> Vec<String> {
 /// Connections per Iggy cluster and instance when `connections` is not set.
 pub const DEFAULT_CONNECTIONS: usize = 4;
 
+/// Connections per far Iggy cluster and instance when `far_connections` is not set.
+pub const DEFAULT_FAR_CONNECTIONS: usize = 16;
+
 /// The `batch_size` a flow may have.
-pub const BATCH_SIZE_LIMITS: std::ops::RangeInclusive<u32> = 1..=100_000;
+pub const BATCH_SIZE_LIMITS: std::ops::RangeInclusive<u32> = 1..=replicator_model::MAX_BATCH_SIZE;
+
+/// The `max_batch_bytes` a flow may have: 64 KiB to 256 MiB.
+pub const MAX_BATCH_BYTES_LIMITS: std::ops::RangeInclusive<u64> = (64 << 10)..=(256 << 20);
 
 fn default_connections() -> usize {
     DEFAULT_CONNECTIONS
+}
+fn default_far_connections() -> usize {
+    DEFAULT_FAR_CONNECTIONS
 }
 fn default_writer_user_prefix() -> String {
     "iggy-replicator".to_owned()
@@ -401,6 +421,9 @@ fn default_provenance() -> bool {
 }
 fn default_in_flight() -> usize {
     replicator_model::DEFAULT_MAX_IN_FLIGHT_BATCHES
+}
+fn default_max_batch_bytes() -> u64 {
+    replicator_model::DEFAULT_MAX_BATCH_BYTES
 }
 fn default_group_sync_interval() -> Duration {
     replicator_model::DEFAULT_GROUP_SYNC_INTERVAL
@@ -472,11 +495,16 @@ impl Config {
                     format!("must be 1 to 24 of A-Z a-z 0-9 _ -, got {prefix:?}"),
                 ));
             }
-            if !(1..=64).contains(&cluster.connections) {
-                problems.push(Problem::new(
-                    format!("clusters.{alias}.connections"),
-                    format!("must be 1 to 64, got {}", cluster.connections),
-                ));
+            for (key, connections) in [
+                ("connections", cluster.connections),
+                ("far_connections", cluster.far_connections),
+            ] {
+                if !(1..=64).contains(&connections) {
+                    problems.push(Problem::new(
+                        format!("clusters.{alias}.{key}"),
+                        format!("must be 1 to 64, got {connections}"),
+                    ));
+                }
             }
             check_zones(
                 &mut problems,
@@ -830,6 +858,16 @@ impl FlowConfig {
             problems.push(Problem::new(
                 format!("{key}.max_in_flight_batches"),
                 "must be between 1 and 64",
+            ));
+        }
+        if !MAX_BATCH_BYTES_LIMITS.contains(&self.max_batch_bytes) {
+            problems.push(Problem::new(
+                format!("{key}.max_batch_bytes"),
+                format!(
+                    "must be between {} and {}",
+                    MAX_BATCH_BYTES_LIMITS.start(),
+                    MAX_BATCH_BYTES_LIMITS.end()
+                ),
             ));
         }
         for (index, pattern) in self.consumer_groups.iter().enumerate() {

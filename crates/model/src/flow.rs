@@ -11,6 +11,16 @@ use crate::Offset;
 /// Messages per poll and per send (`flows[].batch_size`) unless configured.
 pub const DEFAULT_BATCH_SIZE: u32 = 1000;
 
+/// The largest `flows[].batch_size`, and what a grown batch never exceeds (see
+/// [`DEFAULT_MAX_BATCH_BYTES`]).
+pub const MAX_BATCH_SIZE: u32 = 100_000;
+
+/// What a batch grown for a distant source or target may hold, in message bytes
+/// (`flows[].max_batch_bytes`) unless configured: while a partition is behind and its polls or
+/// sends take 10 ms or more, its batches double after each full poll up to this (README
+/// "Across regions").
+pub const DEFAULT_MAX_BATCH_BYTES: u64 = 4 << 20;
+
 /// Pause between polls of a caught-up partition (`flows[].poll_interval`) unless configured.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(5);
 

@@ -103,6 +103,10 @@ pub struct ClusterParams {
     /// Connections this instance opens to the cluster, e.g. 1. Units are spread over them by
     /// partition; the SDK serialises requests per connection.
     pub connections: usize,
+    /// Connections it opens instead while the cluster is far (`clusters.<alias>.far_connections`),
+    /// e.g. 16: while the shortest of a window of calls takes 10 ms or more
+    /// (`clients::distance`).
+    pub far_connections: usize,
     /// As a target: writers log in as this node's writer identity, named with this prefix
     /// (`clusters.<alias>.fencing = "users"`, e.g. `iggy-replicator`), instead of with the
     /// connection string's credential; `None`: they use the connection string's credential
@@ -121,6 +125,7 @@ impl ClusterParams {
             connection_string: connection_string.into(),
             iggy_version: IggyVersion::default(),
             connections: 1,
+            far_connections: 1,
             writer_user_prefix: None,
             zones: Vec::new(),
         }
@@ -138,6 +143,7 @@ impl std::fmt::Debug for ClusterParams {
             .field("address", &address)
             .field("iggy_version", &self.iggy_version)
             .field("connections", &self.connections)
+            .field("far_connections", &self.far_connections)
             .field("zones", &self.zones)
             .finish()
     }
@@ -178,6 +184,10 @@ pub struct FlowParams {
     /// e.g. 2: the capacity of the bounded channel between them; a full channel holds the
     /// reader (backpressure).
     pub max_in_flight_batches: usize,
+    /// Message bytes a batch grown for a distant source or target may hold
+    /// (`flows[].max_batch_bytes`), e.g. 4 MiB (the default,
+    /// [`replicator_model::DEFAULT_MAX_BATCH_BYTES`]); see `datapath::batch_size`.
+    pub max_batch_bytes: u64,
     /// Globs on consumer-group names whose upstream offsets are translated to the target
     /// (`flows[].consumer_groups`), e.g. `["billing", "analytics-*"]`; empty: no sync.
     pub consumer_groups: Vec<String>,
@@ -235,6 +245,7 @@ impl FlowParams {
             idle_poll_interval: replicator_model::DEFAULT_IDLE_POLL_INTERVAL,
             provenance: replicator_model::DEFAULT_PROVENANCE,
             max_in_flight_batches: replicator_model::DEFAULT_MAX_IN_FLIGHT_BATCHES,
+            max_batch_bytes: replicator_model::DEFAULT_MAX_BATCH_BYTES,
             consumer_groups: Vec::new(),
             consumer_group_sync_interval: DEFAULT_GROUP_SYNC_INTERVAL,
             users: Vec::new(),

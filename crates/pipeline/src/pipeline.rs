@@ -98,7 +98,8 @@ impl Pipeline {
                 &cluster.connection_string,
                 cluster.connections,
                 params.operation_timeout,
-            )?;
+            )?
+            .with_far_connections(cluster.far_connections);
             clusters.insert(alias.clone(), Arc::new(c));
         }
         let flows: BTreeMap<_, _> = params
@@ -588,6 +589,12 @@ impl PipelineParams {
             if flow.batch_size == 0 {
                 return Err(invalid(
                     format!("flows[{i}].batch_size"),
+                    "must be at least 1",
+                ));
+            }
+            if flow.max_batch_bytes == 0 {
+                return Err(invalid(
+                    format!("flows[{i}].max_batch_bytes"),
                     "must be at least 1",
                 ));
             }

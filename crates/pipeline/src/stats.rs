@@ -6,7 +6,7 @@
 //! (the admin API, `Pipeline::stats`) read directly, never through the coordinator's mailbox.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -115,6 +115,12 @@ pub(crate) struct UnitMeters {
     tail_scans_exhausted: AtomicU64,
     /// Epoch of the running pair.
     epoch: AtomicU64,
+    /// Messages the reader asks for in its next poll (`datapath::batch_size`; 0 before the
+    /// first poll).
+    batch_size: AtomicU32,
+    /// How long the latest downstream send took, in µs (0: none yet): the reader's batch size
+    /// grows when this round trip is long.
+    send_round_trip_micros: AtomicU32,
     /// Recent gap events.
     gap_events: Mutex<VecDeque<Gap>>,
     /// Recent replication latencies (downstream ack time − upstream append time).
@@ -141,6 +147,8 @@ impl UnitMeters {
             messages_recopied: AtomicU64::new(0),
             tail_scans_exhausted: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
+            batch_size: AtomicU32::new(0),
+            send_round_trip_micros: AtomicU32::new(0),
             gap_events: Mutex::new(VecDeque::new()),
             latencies: Mutex::new(LatencyRing::default()),
             rate: Mutex::new((Instant::now(), 0, 0.0)),
@@ -178,6 +186,18 @@ impl UnitMeters {
     /// Records messages skipped by loop prevention.
     pub(crate) fn skipped(&self, n: u64) {
         self.skipped_loop.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// How long the latest downstream send took (zero before the first).
+    pub(crate) fn send_round_trip(&self) -> Duration {
+        Duration::from_micros(u64::from(
+            self.send_round_trip_micros.load(Ordering::Relaxed),
+        ))
+    }
+
+    /// Records the messages the reader asks for in its next poll.
+    pub(crate) fn set_batch_size(&self, messages: u32) {
+        self.batch_size.store(messages, Ordering::Relaxed);
     }
 
     /// Records a pair restart.
@@ -228,6 +248,8 @@ impl UnitMeters {
 
     /// Records how long a downstream send took.
     pub(crate) fn sent(&self, elapsed: Duration) {
+        let micros = u32::try_from(elapsed.as_micros()).unwrap_or(u32::MAX);
+        self.send_round_trip_micros.store(micros, Ordering::Relaxed);
         self.observer.0.sent(&self.flow, elapsed);
     }
 
@@ -275,6 +297,7 @@ impl UnitMeters {
             downstream_losses: self.downstream_losses.load(Ordering::Relaxed),
             messages_recopied: self.messages_recopied.load(Ordering::Relaxed),
             tail_scans_exhausted: self.tail_scans_exhausted.load(Ordering::Relaxed),
+            batch_size: self.batch_size.load(Ordering::Relaxed),
             latency: lock(&self.latencies).quantiles(),
         }
     }
@@ -395,6 +418,10 @@ pub struct UnitStats {
     /// bound): writes of an earlier owner further back that were never confirmed are copied
     /// again.
     pub tail_scans_exhausted: u64,
+    /// Messages the unit's reader asks for in its next poll: `batch_size`, or more while the
+    /// partition is behind a distant source or target (`datapath::batch_size`); 0 before the
+    /// first poll.
+    pub batch_size: u32,
     /// Median and 99th percentile of the recent replication latencies: downstream
     /// acknowledgement time minus upstream append time of a batch's last message, over the
     /// unit's last `LATENCY_SAMPLES` batches; `None` before its first batch.

@@ -4,7 +4,8 @@
 //! answers in ([`probe`]).
 //!
 //! Connections: a few SDK clients per cluster alias, connected lazily, rebuilt after a
-//! connection failure, every call bounded by a timeout.
+//! connection failure, every call bounded by a timeout; more of them while the cluster is far
+//! ([`distance`]).
 //!
 //! The SDK's own reconnect is turned off on purpose: after a transport failure it reconnects and
 //! resends the same request once, so a `send_messages` whose response was lost would be appended
@@ -12,6 +13,7 @@
 //! error, and a writer re-reads the downstream tail before it sends again.
 
 pub(crate) mod activity;
+pub(crate) mod distance;
 pub(crate) mod probe;
 mod shared_read;
 
@@ -25,6 +27,7 @@ use tokio::sync::Mutex;
 use iggy::prelude::{Identifier, TopicDetails};
 
 use self::activity::ActivityRegistry;
+use self::distance::Distance;
 use self::shared_read::SharedReads;
 use crate::error::{Error, Result};
 use replicator_sdk::IggyCluster as _;
@@ -100,8 +103,16 @@ pub(crate) struct Cluster {
     /// after the configured seeds, so that the one configured address going down is not the
     /// end of the cluster for us.
     roster: std::sync::Mutex<Vec<String>>,
-    /// Connection slots; callers pick one by a stable hash (e.g. the partition id).
+    /// Connection slots; callers pick one by a stable hash (e.g. the partition id) modulo the
+    /// slots in use: the first `near_slots` while the cluster is near, the first `far_slots`
+    /// while it is far.
     slots: Vec<Slot>,
+    /// `connections`: slots in use while the cluster is near.
+    near_slots: usize,
+    /// `far_connections`: slots in use while it is far.
+    far_slots: usize,
+    /// How far the cluster is, from the round trips of its calls.
+    distance: Distance,
     /// Slots holding an open connection now (for the connection-state metric).
     open: std::sync::atomic::AtomicUsize,
     /// Bound of every call.
@@ -189,6 +200,9 @@ impl Cluster {
             seed_addresses,
             roster: std::sync::Mutex::default(),
             slots: (0..connections.max(1)).map(|_| Slot::default()).collect(),
+            near_slots: connections.max(1),
+            far_slots: connections.max(1),
+            distance: Distance::default(),
             open: std::sync::atomic::AtomicUsize::new(0),
             timeout,
             activity: ActivityRegistry::default(),
@@ -214,6 +228,25 @@ impl Cluster {
             *seed = seed.with_login(username, password);
         }
         Ok(cluster)
+    }
+
+    /// Uses `far_connections` connections instead of `connections` while the cluster's round
+    /// trips are long ([`distance`]).
+    pub(crate) fn with_far_connections(mut self, far_connections: usize) -> Self {
+        self.far_slots = far_connections.max(1);
+        while self.slots.len() < self.far_slots {
+            self.slots.push(Slot::default());
+        }
+        self
+    }
+
+    /// The slots in use now.
+    fn slots_in_use(&self) -> usize {
+        if self.distance.far() {
+            self.far_slots
+        } else {
+            self.near_slots
+        }
     }
 
     /// Reports to `refused` whenever the cluster refuses the login of a new connection with
@@ -248,7 +281,7 @@ impl Cluster {
         ConnectionState {
             cluster: self.alias.clone(),
             open: self.open.load(std::sync::atomic::Ordering::Relaxed),
-            configured: self.slots.len(),
+            configured: self.slots_in_use(),
         }
     }
 
@@ -257,9 +290,11 @@ impl Cluster {
         &self.activity
     }
 
-    /// The connection of `slot` (modulo the slot count), connecting if needed.
+    /// The connection of `slot` (modulo the slots in use), connecting if needed. A change of
+    /// distance moves a caller to another connection between two of its calls, never during
+    /// one: each caller's calls stay one at a time, in order.
     async fn get(&self, slot: usize) -> Result<Conn> {
-        let slot = slot % self.slots.len();
+        let slot = slot % self.slots_in_use();
         let mut guard = self.slots[slot].current.lock().await;
         if self
             .closed_for_good
@@ -510,10 +545,14 @@ impl Cluster {
             build: conn.build,
             finished: false,
         };
+        let started = std::time::Instant::now();
         let result = tokio::time::timeout(self.timeout, f(conn.client.clone())).await;
         guard.finished = true;
         let err = match result {
-            Ok(Ok(value)) => return Ok(Ok(value)),
+            Ok(Ok(value)) => {
+                self.distance.observe(started.elapsed());
+                return Ok(Ok(value));
+            }
             Ok(Err(source)) => self.err(op, source),
             Err(_) => Error::Timeout {
                 cluster: self.alias.clone(),

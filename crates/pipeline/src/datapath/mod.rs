@@ -1,5 +1,5 @@
 //! The data path of one unit: a reader task polls the upstream partition at explicit offsets
-//! ([`reader`]) and hands batches through a bounded channel to a writer task that resumes from
+//! ([`reader`]; how many messages it asks for: [`batch_size`]) and hands batches through a bounded channel to a writer task that resumes from
 //! the downstream tail, checks its lease and epoch before every send, stamps provenance and
 //! commits offsets ([`writer`], IO around its pure cores). Beside them: what a pair shares and
 //! the batch type ([`unit`](mod@unit)), where a reader starts and what a jump in its offsets means
@@ -11,6 +11,7 @@
 //! The coordinator's actors (`coordinator`) run these loops; nothing here imports the actor
 //! tree, the syncs or discovery.
 
+pub(crate) mod batch_size;
 pub(crate) mod offset_maps;
 pub(crate) mod offsets;
 pub(crate) mod reader;

@@ -30,10 +30,12 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::{with_jitter, Backoff};
 use crate::clients::activity::{self, Idle, StreamActivity, WatchParams};
 use crate::control::ControlPlane;
+use crate::datapath::batch_size::{BatchSizer, PollOutcome};
 use crate::datapath::offsets::{detect_gap, ReadFrom};
 use crate::datapath::unit::{named, Batch, UnitShared};
 use crate::error::{Error, Result};
 use replicator_sdk::IggyCluster as _;
+use replicator_sdk::Message;
 
 /// What the coordinator starts a reader with.
 pub(crate) struct ReaderArgs<C> {
@@ -70,6 +72,7 @@ pub(crate) async fn run<C: ControlPlane>(args: ReaderArgs<C>) -> Result<&'static
         },
     };
     let mut reader = Reader {
+        sizer: BatchSizer::new(shared.flow.batch_size, shared.flow.max_batch_bytes),
         backoff: Backoff::new(shared.tuning.backoff, shared.seed),
         rng: SmallRng::seed_from_u64(shared.seed.rotate_left(17)),
         ids: (stream, topic, consumer),
@@ -107,6 +110,8 @@ struct Reader<C> {
     listed_before_poll: Option<u64>,
     /// Jitter of the safety-net polls, seeded from the pair's seed.
     rng: SmallRng,
+    /// How many messages the next poll asks for.
+    sizer: BatchSizer,
 }
 
 impl<C: ControlPlane> Reader<C> {
@@ -219,7 +224,8 @@ impl<C: ControlPlane> Reader<C> {
         let shared = &self.shared;
         let (stream, topic, consumer) = self.ids.clone();
         let partition = shared.unit.partition;
-        let count = shared.flow.batch_size;
+        let count = self.sizer.next();
+        shared.meters.set_batch_size(count);
         // Before the request goes out: a listing counted here saw the partition no later than
         // this poll does (see `activity`).
         self.listed_before_poll = self.activity.as_ref().map(|a| a.listed());
@@ -239,7 +245,8 @@ impl<C: ControlPlane> Reader<C> {
                 .await
             })
             .await;
-        shared.meters.polled(started.elapsed());
+        let round_trip = started.elapsed();
+        shared.meters.polled(round_trip);
         let polled = polled.map_err(|e| match e {
             Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
                 Error::UpstreamTopicGone {
@@ -250,6 +257,16 @@ impl<C: ControlPlane> Reader<C> {
         })?;
         let mut messages = polled.messages;
         messages.retain(|m| m.offset >= from.offset);
+        let got = u32::try_from(messages.len()).unwrap_or(u32::MAX);
+        let bytes = messages.iter().map(Message::wire_bytes).sum();
+        self.sizer.polled(
+            PollOutcome {
+                asked: count,
+                got,
+                bytes,
+            },
+            round_trip.max(shared.meters.send_round_trip()),
+        );
         let (Some(first), Some(last)) = (messages.first(), messages.last()) else {
             if went_back(from, polled.current_offset) {
                 return Ok(Polled::Reset {

@@ -153,7 +153,8 @@ impl WriterTargets {
                             self.timeout,
                             &username,
                             &login.password,
-                        )?;
+                        )?
+                        .with_far_connections(params.far_connections);
                         let refusals = LoginRefusals::new(login.incarnation, self.refused.clone());
                         Some(Arc::new(cluster.notify_login_refused(refusals)))
                     }

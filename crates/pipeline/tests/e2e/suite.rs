@@ -3,6 +3,7 @@
 //! here runs on every pair of Iggy generations.
 
 mod copy;
+mod distance;
 mod edges;
 mod fencing;
 mod formats;

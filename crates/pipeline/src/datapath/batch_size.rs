@@ -1,0 +1,170 @@
+//! How many messages a unit's reader asks for in its next poll: `batch_size`, grown while the
+//! partition is behind and the slower of its two round trips (the poll's to the source, the
+//! send's to the target) is long, up to `max_batch_bytes`.
+//!
+//! Why: a unit has one poll and one send in flight at a time (a poll answered out of order
+//! would need reassembly, and sends spread over connections could land out of order), so a
+//! partition copies at most one batch per round trip. Between regions that is the limit: 1,000
+//! messages per 80 ms is 12,500 messages a second whatever the link carries. A batch that
+//! holds a round trip's worth of the partition's rate keeps the link busy instead; on
+//! loopback the round trips are short and the batch stays `batch_size` (latency and memory as
+//! before). The memory a catching-up unit holds stays bounded by `max_batch_bytes` per batch
+//! (one being polled, `max_in_flight_batches` queued, one being sent).
+
+use std::time::Duration;
+
+use crate::clients::distance::FAR_ROUND_TRIP;
+
+/// The batch size of one unit's polls.
+#[derive(Debug, Clone)]
+pub(crate) struct BatchSizer {
+    /// `batch_size`: the size of every batch of a caught-up partition, and the least.
+    base: u32,
+    /// `max_batch_bytes`: what one grown batch may hold.
+    max_bytes: u64,
+    /// The size of the next poll.
+    current: u32,
+}
+
+/// What one poll brought.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PollOutcome {
+    /// Messages asked for.
+    pub(crate) asked: u32,
+    /// Messages the answer held from the asked offset on.
+    pub(crate) got: u32,
+    /// Their bytes as the target counts them (header, payload, user headers).
+    pub(crate) bytes: u64,
+}
+
+impl BatchSizer {
+    /// A sizer of `base` messages per batch that grows up to `max_bytes` per batch.
+    pub(crate) fn new(base: u32, max_bytes: u64) -> Self {
+        let base = base.max(1);
+        Self {
+            base,
+            max_bytes,
+            current: base,
+        }
+    }
+
+    /// Messages to ask for in the next poll.
+    pub(crate) fn next(&self) -> u32 {
+        self.current
+    }
+
+    /// Takes in a poll's `outcome` and the slower of the unit's latest round trips (`slowest`:
+    /// this poll's, or the latest send's when that took longer): a poll that came back short
+    /// means the partition is caught up, and the batch goes back to `batch_size`; a full one
+    /// over a round trip of at least [`FAR_ROUND_TRIP`] doubles it, up to what
+    /// `max_bytes` holds of messages this size (and [`replicator_model::MAX_BATCH_SIZE`]).
+    pub(crate) fn polled(&mut self, outcome: PollOutcome, slowest: Duration) {
+        if outcome.got < outcome.asked {
+            self.current = self.base;
+            return;
+        }
+        if slowest < FAR_ROUND_TRIP || outcome.got == 0 {
+            return;
+        }
+        let per_message = (outcome.bytes / u64::from(outcome.got)).max(1);
+        let fits = (self.max_bytes / per_message).min(u64::from(replicator_model::MAX_BATCH_SIZE));
+        let cap = u32::try_from(fits).unwrap_or(u32::MAX).max(self.base);
+        self.current = self.current.saturating_mul(2).min(cap).max(self.base);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use assert2::check;
+
+    use super::*;
+
+    const FAR: Duration = Duration::from_millis(80);
+    const NEAR: Duration = Duration::from_millis(1);
+
+    fn full(asked: u32, per_message: u64) -> PollOutcome {
+        PollOutcome {
+            asked,
+            got: asked,
+            bytes: u64::from(asked) * per_message,
+        }
+    }
+
+    #[test]
+    fn a_near_partition_keeps_its_batch_size() {
+        let mut sizer = BatchSizer::new(1000, 4 << 20);
+        for _ in 0..10 {
+            sizer.polled(full(sizer.next(), 300), NEAR);
+        }
+        check!(sizer.next() == 1000);
+        // Just under the threshold is still near.
+        sizer.polled(full(1000, 300), FAR_ROUND_TRIP - Duration::from_micros(1));
+        check!(sizer.next() == 1000);
+    }
+
+    #[test]
+    fn a_far_partition_behind_doubles_up_to_the_byte_bound() {
+        let mut sizer = BatchSizer::new(1000, 4 << 20);
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            sizer.polled(full(sizer.next(), 256), FAR);
+            seen.push(sizer.next());
+        }
+        // 4 MiB of 256-byte messages is 16,384.
+        check!(seen == [2000, 4000, 8000, 16_000, 16_384, 16_384]);
+    }
+
+    #[test]
+    fn a_short_poll_goes_back_to_the_batch_size() {
+        let mut sizer = BatchSizer::new(1000, 4 << 20);
+        sizer.polled(full(1000, 256), FAR);
+        sizer.polled(full(2000, 256), FAR);
+        check!(sizer.next() == 4000);
+        sizer.polled(
+            PollOutcome {
+                asked: 4000,
+                got: 3999,
+                bytes: 3999 * 256,
+            },
+            FAR,
+        );
+        check!(sizer.next() == 1000);
+        // Nothing at all is short too.
+        sizer.polled(full(1000, 256), FAR);
+        sizer.polled(
+            PollOutcome {
+                asked: 2000,
+                got: 0,
+                bytes: 0,
+            },
+            FAR,
+        );
+        check!(sizer.next() == 1000);
+    }
+
+    #[test]
+    fn the_bounds_hold_for_tiny_huge_and_odd_messages() {
+        // Tiny messages stop at the largest batch Iggy's flows allow.
+        let mut sizer = BatchSizer::new(1000, 64 << 20);
+        for _ in 0..20 {
+            sizer.polled(full(sizer.next(), 1), FAR);
+        }
+        check!(sizer.next() == replicator_model::MAX_BATCH_SIZE);
+        // Messages so large that `batch_size` of them exceed the bound: never below it.
+        let mut sizer = BatchSizer::new(100, 1 << 20);
+        sizer.polled(full(100, 1 << 20), FAR);
+        check!(sizer.next() == 100);
+        // A zero base is one message; zero bytes count as one byte each.
+        let mut sizer = BatchSizer::new(0, 1000);
+        check!(sizer.next() == 1);
+        sizer.polled(
+            PollOutcome {
+                asked: 1,
+                got: 1,
+                bytes: 0,
+            },
+            FAR,
+        );
+        check!(sizer.next() == 2);
+    }
+}

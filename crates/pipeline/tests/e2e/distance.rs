@@ -1,0 +1,108 @@
+//! A distant cluster: the replicator reaches the source (or the target) through the testkit's
+//! `WanProxy` with 40 ms round trips. The copy stays exact, the partitions' batches grow while
+//! they are behind and come back to `batch_size` once caught up, and the far cluster gets its
+//! `far_connections`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use replicator_pipeline::{ClusterParams, InMemoryControl, Pipeline};
+use replicator_testkit::{TestServer, WanLink, WanProxy};
+
+use crate::harness::{
+    assert_exact, cluster_params, produce, tuned_params, wait_until, Env, TestResult,
+};
+
+/// One-way delay of the proxied path: 40 ms round trips, four times `FAR_ROUND_TRIP`.
+const ONE_WAY: Duration = Duration::from_millis(20);
+
+/// The flow's `batch_size`: small, so that growing is plain to see.
+const BATCH: u32 = 200;
+
+/// Which server the proxy stands in front of.
+#[derive(Debug, Clone, Copy)]
+enum Far {
+    Source,
+    Target,
+}
+
+/// `server`'s cluster params, dialled through `via`.
+fn through(server: &TestServer, via: SocketAddr) -> ClusterParams {
+    let mut params = cluster_params(server);
+    params.connection_string = server
+        .connection_string()
+        .replace(&server.addr().to_string(), &via.to_string());
+    params
+}
+
+async fn copies_exactly_with_grown_batches(far: Far) -> TestResult {
+    let partitions = 2;
+    let (env, up, mut flow) = Env::seeded("far", "created", partitions, 0..10_000, 1000).await?;
+    flow.batch_size = BATCH;
+    flow.max_batch_bytes = 256 << 10;
+    let server = match far {
+        Far::Source => &env.us,
+        Far::Target => &env.eu,
+    };
+    let proxy = WanProxy::start(server.addr(), WanLink::symmetric(ONE_WAY)).await?;
+    let mut clusters = env.clusters();
+    let alias = match far {
+        Far::Source => "us",
+        Far::Target => "eu",
+    };
+    let mut params = through(server, proxy.addr());
+    params.connections = 1;
+    params.far_connections = 3;
+    clusters.insert(alias.to_owned(), params);
+    let mut params = tuned_params(clusters, flow.clone());
+    params.operation_timeout = Duration::from_secs(10);
+    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
+    let stats = pipeline.stats_reader();
+    let connections = pipeline.connections_reader();
+    // Behind by 10,000 messages a partition, 40 ms away: the batches grow past `batch_size`.
+    let mut largest = 0;
+    wait_until("a grown batch", Duration::from_secs(60), || {
+        largest = largest.max(stats().iter().map(|s| s.batch_size).max().unwrap_or(0));
+        std::future::ready(largest > BATCH)
+    })
+    .await?;
+    // And the far cluster is spread over its far connections.
+    wait_until(
+        "the far connections in use",
+        Duration::from_secs(60),
+        || {
+            let state = connections();
+            std::future::ready(
+                state
+                    .iter()
+                    .any(|c| c.cluster == alias && c.configured == 3),
+            )
+        },
+    )
+    .await?;
+    // More traffic while it copies, then the copy is exact.
+    produce(&up, "far", "created", partitions, 10_000..12_000, 500).await?;
+    let report = env.verify(&flow, Duration::from_secs(120)).await?;
+    assert_exact(&report);
+    assert!(report.downstream_total() == 24_000);
+    // Caught up: every poll comes back short, and the batch is `batch_size` again.
+    wait_until(
+        "batches back to batch_size",
+        Duration::from_secs(60),
+        || std::future::ready(stats().iter().all(|s| s.batch_size == BATCH)),
+    )
+    .await?;
+    pipeline.shutdown().await;
+    proxy.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_source_is_copied_exactly_with_grown_batches_and_far_connections() -> TestResult {
+    copies_exactly_with_grown_batches(Far::Source).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_target_is_written_exactly_with_grown_batches_and_far_connections() -> TestResult {
+    copies_exactly_with_grown_batches(Far::Target).await
+}
