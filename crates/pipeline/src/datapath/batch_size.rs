@@ -1,15 +1,18 @@
 //! How many messages a unit's reader asks for in its next poll: `batch_size`, grown while the
 //! partition is behind and the slower of its two round trips (the poll's to the source, the
-//! send's to the target) is long, up to `max_batch_bytes`.
+//! send's to the target) is long, up to `max_batch_bytes`; and whether the reader keeps the
+//! next range's poll in flight meanwhile (behind a far source).
 //!
-//! Why: a unit has one poll and one send in flight at a time (a poll answered out of order
-//! would need reassembly, and sends spread over connections could land out of order), so a
-//! partition copies at most one batch per round trip. Between regions that is the limit: 1,000
-//! messages per 80 ms is 12,500 messages a second whatever the link carries. A batch that
-//! holds a round trip's worth of the partition's rate keeps the link busy instead; on
-//! loopback the round trips are short and the batch stays `batch_size` (latency and memory as
-//! before). The memory a catching-up unit holds stays bounded by `max_batch_bytes` per batch
-//! (one being polled, `max_in_flight_batches` queued, one being sent).
+//! Why: a unit's requests wait for their answers (the SDK runs one request at a time per
+//! connection; sends spread over connections could land out of order), so a partition copies
+//! about one batch per round trip. Between regions that is the limit: 1,000 messages per 80 ms
+//! is 12,500 messages a second whatever the link carries. A batch that holds a round trip's
+//! worth of the partition's rate keeps the link busy instead, and a second poll in flight (on
+//! another connection; polls at explicit offsets can be answered in any order and are taken in
+//! order) hides the source's round trip behind the transfer. On loopback the round trips are
+//! short and the batch stays `batch_size` with one poll in flight (latency and memory as
+//! before). A catching-up unit holds at most `max_batch_bytes` per batch: two being polled,
+//! `max_in_flight_batches` queued, one being sent.
 
 use std::time::Duration;
 
@@ -24,6 +27,17 @@ pub(crate) struct BatchSizer {
     max_bytes: u64,
     /// The size of the next poll.
     current: u32,
+    /// The latest poll came back full after a round trip of at least [`FAR_ROUND_TRIP`].
+    far_behind: bool,
+}
+
+/// The unit's latest round trips when a poll's answer is taken in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RoundTrips {
+    /// This poll's.
+    pub(crate) poll: Duration,
+    /// The writer's latest send's (zero before the first).
+    pub(crate) send: Duration,
 }
 
 /// What one poll brought.
@@ -45,6 +59,7 @@ impl BatchSizer {
             base,
             max_bytes,
             current: base,
+            far_behind: false,
         }
     }
 
@@ -53,17 +68,26 @@ impl BatchSizer {
         self.current
     }
 
-    /// Takes in a poll's `outcome` and the slower of the unit's latest round trips (`slowest`:
-    /// this poll's, or the latest send's when that took longer): a poll that came back short
-    /// means the partition is caught up, and the batch goes back to `batch_size`; a full one
-    /// over a round trip of at least [`FAR_ROUND_TRIP`] doubles it, up to what
-    /// `max_bytes` holds of messages this size (and [`replicator_model::MAX_BATCH_SIZE`]).
-    pub(crate) fn polled(&mut self, outcome: PollOutcome, slowest: Duration) {
-        if outcome.got < outcome.asked {
+    /// Whether the reader should keep the poll of the next range in flight while it waits
+    /// for the current one: the latest poll came back full after a long round trip to the
+    /// source (a far target gains nothing from it: its sends are the bottleneck).
+    pub(crate) fn reads_ahead(&self) -> bool {
+        self.far_behind
+    }
+
+    /// Takes in a poll's `outcome` and the unit's latest `round_trips`: a poll that came back
+    /// short means the partition is caught up, and the batch goes back to `batch_size`; a full
+    /// one when the slower round trip (this poll's, or the latest send's) took at least
+    /// [`FAR_ROUND_TRIP`] doubles it, up to what `max_bytes` holds of messages this size
+    /// (and [`replicator_model::MAX_BATCH_SIZE`]).
+    pub(crate) fn polled(&mut self, outcome: PollOutcome, round_trips: RoundTrips) {
+        let full = outcome.got >= outcome.asked && outcome.got > 0;
+        self.far_behind = full && round_trips.poll >= FAR_ROUND_TRIP;
+        if !full {
             self.current = self.base;
             return;
         }
-        if slowest < FAR_ROUND_TRIP || outcome.got == 0 {
+        if round_trips.poll.max(round_trips.send) < FAR_ROUND_TRIP {
             return;
         }
         let per_message = (outcome.bytes / u64::from(outcome.got)).max(1);
@@ -79,8 +103,15 @@ mod tests {
 
     use super::*;
 
-    const FAR: Duration = Duration::from_millis(80);
-    const NEAR: Duration = Duration::from_millis(1);
+    /// A far source (the target near).
+    const FAR: RoundTrips = RoundTrips {
+        poll: Duration::from_millis(80),
+        send: Duration::from_millis(1),
+    };
+    const NEAR: RoundTrips = RoundTrips {
+        poll: Duration::from_millis(1),
+        send: Duration::from_millis(1),
+    };
 
     fn full(asked: u32, per_message: u64) -> PollOutcome {
         PollOutcome {
@@ -98,8 +129,16 @@ mod tests {
         }
         check!(sizer.next() == 1000);
         // Just under the threshold is still near.
-        sizer.polled(full(1000, 300), FAR_ROUND_TRIP - Duration::from_micros(1));
+        let just_under = FAR_ROUND_TRIP - Duration::from_micros(1);
+        sizer.polled(
+            full(1000, 300),
+            RoundTrips {
+                poll: just_under,
+                send: just_under,
+            },
+        );
         check!(sizer.next() == 1000);
+        check!(!sizer.reads_ahead());
     }
 
     #[test]
@@ -112,6 +151,19 @@ mod tests {
         }
         // 4 MiB of 256-byte messages is 16,384.
         check!(seen == [2000, 4000, 8000, 16_000, 16_384, 16_384]);
+        check!(sizer.reads_ahead());
+    }
+
+    #[test]
+    fn a_far_target_grows_the_batches_but_reads_nothing_ahead() {
+        let mut sizer = BatchSizer::new(1000, 4 << 20);
+        let far_target = RoundTrips {
+            poll: Duration::from_millis(1),
+            send: Duration::from_millis(80),
+        };
+        sizer.polled(full(1000, 256), far_target);
+        check!(sizer.next() == 2000);
+        check!(!sizer.reads_ahead());
     }
 
     #[test]
@@ -129,6 +181,7 @@ mod tests {
             FAR,
         );
         check!(sizer.next() == 1000);
+        check!(!sizer.reads_ahead());
         // Nothing at all is short too.
         sizer.polled(full(1000, 256), FAR);
         sizer.polled(

@@ -26,11 +26,12 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::backoff::{with_jitter, Backoff};
 use crate::clients::activity::{self, Idle, StreamActivity, WatchParams};
 use crate::control::ControlPlane;
-use crate::datapath::batch_size::{BatchSizer, PollOutcome};
+use crate::datapath::batch_size::{BatchSizer, PollOutcome, RoundTrips};
 use crate::datapath::offsets::{detect_gap, ReadFrom};
 use crate::datapath::unit::{named, Batch, UnitShared};
 use crate::error::{Error, Result};
@@ -73,6 +74,7 @@ pub(crate) async fn run<C: ControlPlane>(args: ReaderArgs<C>) -> Result<&'static
     };
     let mut reader = Reader {
         sizer: BatchSizer::new(shared.flow.batch_size, shared.flow.max_batch_bytes),
+        ahead: None,
         backoff: Backoff::new(shared.tuning.backoff, shared.seed),
         rng: SmallRng::seed_from_u64(shared.seed.rotate_left(17)),
         ids: (stream, topic, consumer),
@@ -112,6 +114,8 @@ struct Reader<C> {
     rng: SmallRng,
     /// How many messages the next poll asks for.
     sizer: BatchSizer,
+    /// The poll of the range after the current one, sent before its answer came.
+    ahead: Option<Ahead>,
 }
 
 impl<C: ControlPlane> Reader<C> {
@@ -219,42 +223,86 @@ impl<C: ControlPlane> Reader<C> {
     }
 
     /// Polls once from `next`: a batch when the partition held something from there on.
+    ///
+    /// While the partition is behind a far source ([`BatchSizer::reads_ahead`]) the poll of
+    /// the range after this one goes out before this one's answer arrives, on the next
+    /// connection slot, so that two polls are in flight. Its answer is used only if it is full
+    /// and starts exactly where the reader then is (the same messages a poll sent then would
+    /// have brought, as messages never change); anything else is dropped and the range
+    /// polled again, so an answer sent ahead never decides a gap, a reset or an idle wait.
     async fn poll_once(&mut self) -> Result<Polled> {
         let from = self.next;
-        let shared = &self.shared;
-        let (stream, topic, consumer) = self.ids.clone();
-        let partition = shared.unit.partition;
-        let count = self.sizer.next();
-        shared.meters.set_batch_size(count);
         // Before the request goes out: a listing counted here saw the partition no later than
         // this poll does (see `activity`).
         self.listed_before_poll = self.activity.as_ref().map(|a| a.listed());
-        let started = Instant::now();
-        let polled = shared
-            .source
-            .call(shared.slot(), "poll_messages", |c| async move {
-                c.poll_messages(
-                    &stream,
-                    &topic,
-                    Some(partition),
-                    &consumer,
-                    &PollingStrategy::offset(from.offset),
-                    count,
-                    false,
-                )
-                .await
-            })
-            .await;
-        let round_trip = started.elapsed();
-        shared.meters.polled(round_trip);
-        let polled = polled.map_err(|e| match e {
-            Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
-                Error::UpstreamTopicGone {
-                    unit: shared.unit.clone(),
+        if let Some(ahead) = self.ahead.take().filter(|a| a.from == from.offset) {
+            if self.sizer.reads_ahead() {
+                // On the other slot: the one of the answer awaited next is busy until then.
+                let next = ahead.from.saturating_add(u64::from(ahead.count));
+                self.send_ahead(next, 1 - ahead.slot_offset);
+            }
+            let answer = ahead.answer.await;
+            if let Ok((Ok(polled), round_trip)) = answer {
+                if starts_full(&polled, ahead.from, ahead.count) {
+                    self.shared.meters.set_batch_size(ahead.count);
+                    return self.take_in(from, ahead.count, Ok(polled), round_trip);
                 }
             }
-            other => other,
-        })?;
+            // Dropped: what was sent after it assumed it full, so that goes too.
+            self.ahead = None;
+        }
+        let count = self.sizer.next();
+        self.shared.meters.set_batch_size(count);
+        if self.sizer.reads_ahead() {
+            self.send_ahead(from.offset.saturating_add(u64::from(count)), 1);
+        }
+        let started = Instant::now();
+        let polled = poll(
+            &self.shared,
+            &self.ids,
+            self.shared.slot(),
+            from.offset,
+            count,
+        )
+        .await;
+        self.take_in(from, count, polled, started.elapsed())
+    }
+
+    /// Sends the poll of the next batch from `offset` ahead, on the unit's slot plus
+    /// `slot_offset` (0 or 1: the two polls in flight alternate between two connections).
+    fn send_ahead(&mut self, offset: u64, slot_offset: usize) {
+        let count = self.sizer.next();
+        let shared = self.shared.clone();
+        let ids = self.ids.clone();
+        let answer = tokio::spawn(
+            async move {
+                let started = Instant::now();
+                let slot = shared.slot() + slot_offset;
+                let polled = poll(&shared, &ids, slot, offset, count).await;
+                (polled, started.elapsed())
+            }
+            .instrument(tracing::Span::current()),
+        );
+        self.ahead = Some(Ahead {
+            from: offset,
+            count,
+            slot_offset,
+            answer,
+        });
+    }
+
+    /// Takes in the answer `polled` to a poll of `count` messages from `from` that took
+    /// `round_trip`.
+    fn take_in(
+        &mut self,
+        from: ReadFrom,
+        count: u32,
+        polled: Result<replicator_sdk::Polled>,
+        round_trip: Duration,
+    ) -> Result<Polled> {
+        let shared = &self.shared;
+        shared.meters.polled(round_trip);
+        let polled = polled?;
         let mut messages = polled.messages;
         messages.retain(|m| m.offset >= from.offset);
         let got = u32::try_from(messages.len()).unwrap_or(u32::MAX);
@@ -265,7 +313,10 @@ impl<C: ControlPlane> Reader<C> {
                 got,
                 bytes,
             },
-            round_trip.max(shared.meters.send_round_trip()),
+            RoundTrips {
+                poll: round_trip,
+                send: shared.meters.send_round_trip(),
+            },
         );
         let (Some(first), Some(last)) = (messages.first(), messages.last()) else {
             if went_back(from, polled.current_offset) {
@@ -297,6 +348,58 @@ impl<C: ControlPlane> Reader<C> {
         };
         Ok(Batch::new(messages, gap).map_or(Polled::Empty, Polled::Batch))
     }
+}
+
+/// A poll sent ahead: the range after the one in flight, and the task awaiting its answer
+/// with the time it took.
+struct Ahead {
+    from: u64,
+    count: u32,
+    /// Its slot, relative to the unit's.
+    slot_offset: usize,
+    answer: tokio::task::JoinHandle<(Result<replicator_sdk::Polled>, Duration)>,
+}
+
+/// Polls `count` messages of the unit's partition from `offset` on the connection of `slot`.
+async fn poll<C>(
+    shared: &UnitShared<C>,
+    ids: &(Identifier, Identifier, Consumer),
+    slot: usize,
+    offset: u64,
+    count: u32,
+) -> Result<replicator_sdk::Polled> {
+    let (stream, topic, consumer) = ids.clone();
+    let partition = shared.unit.partition;
+    shared
+        .source
+        .call(slot, "poll_messages", |c| async move {
+            c.poll_messages(
+                &stream,
+                &topic,
+                Some(partition),
+                &consumer,
+                &PollingStrategy::offset(offset),
+                count,
+                false,
+            )
+            .await
+        })
+        .await
+        .map_err(|e| match e {
+            Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
+                Error::UpstreamTopicGone {
+                    unit: shared.unit.clone(),
+                }
+            }
+            other => other,
+        })
+}
+
+/// Whether an answer to a poll of `count` from `from` holds exactly `count` messages from
+/// `from` on.
+fn starts_full(polled: &replicator_sdk::Polled, from: u64, count: u32) -> bool {
+    let held = polled.messages.iter().filter(|m| m.offset >= from);
+    held.clone().next().is_some_and(|m| m.offset == from) && held.count() == count as usize
 }
 
 /// What one poll found.
