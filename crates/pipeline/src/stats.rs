@@ -6,7 +6,7 @@
 //! (the admin API, `Pipeline::stats`) read directly, never through the coordinator's mailbox.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -118,9 +118,9 @@ pub(crate) struct UnitMeters {
     /// Messages the reader asks for in its next poll (`datapath::batch_size`; 0 before the
     /// first poll).
     batch_size: AtomicU32,
-    /// How long the latest downstream send took, in µs (0: none yet): the reader's batch size
-    /// grows when this round trip is long.
-    send_round_trip_micros: AtomicU32,
+    /// Whether the connections of the latest downstream send counted the target as far
+    /// (`clients::distance`): the reader's batch size grows for a far target too.
+    target_far: AtomicBool,
     /// Recent gap events.
     gap_events: Mutex<VecDeque<Gap>>,
     /// Recent replication latencies (downstream ack time − upstream append time).
@@ -148,7 +148,7 @@ impl UnitMeters {
             tail_scans_exhausted: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             batch_size: AtomicU32::new(0),
-            send_round_trip_micros: AtomicU32::new(0),
+            target_far: AtomicBool::new(false),
             gap_events: Mutex::new(VecDeque::new()),
             latencies: Mutex::new(LatencyRing::default()),
             rate: Mutex::new((Instant::now(), 0, 0.0)),
@@ -188,11 +188,14 @@ impl UnitMeters {
         self.skipped_loop.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// How long the latest downstream send took (zero before the first).
-    pub(crate) fn send_round_trip(&self) -> Duration {
-        Duration::from_micros(u64::from(
-            self.send_round_trip_micros.load(Ordering::Relaxed),
-        ))
+    /// Records whether the target counted as far at the latest send.
+    pub(crate) fn set_target_far(&self, far: bool) {
+        self.target_far.store(far, Ordering::Relaxed);
+    }
+
+    /// Whether the target counted as far at the latest send (false before the first).
+    pub(crate) fn target_far(&self) -> bool {
+        self.target_far.load(Ordering::Relaxed)
     }
 
     /// Records the messages the reader asks for in its next poll.
@@ -248,8 +251,6 @@ impl UnitMeters {
 
     /// Records how long a downstream send took.
     pub(crate) fn sent(&self, elapsed: Duration) {
-        let micros = u32::try_from(elapsed.as_micros()).unwrap_or(u32::MAX);
-        self.send_round_trip_micros.store(micros, Ordering::Relaxed);
         self.observer.0.sent(&self.flow, elapsed);
     }
 

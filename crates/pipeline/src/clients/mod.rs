@@ -240,6 +240,11 @@ impl Cluster {
         self
     }
 
+    /// Whether the cluster counts as far now ([`distance`]).
+    pub(crate) fn far(&self) -> bool {
+        self.distance.far()
+    }
+
     /// The slots in use now.
     fn slots_in_use(&self) -> usize {
         if self.distance.far() {

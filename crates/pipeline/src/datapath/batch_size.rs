@@ -1,7 +1,7 @@
 //! How many messages a unit's reader asks for in its next poll: `batch_size`, grown while the
-//! partition is behind and the slower of its two round trips (the poll's to the source, the
-//! send's to the target) is long, up to `max_batch_bytes`; and whether the reader keeps the
-//! next range's poll in flight meanwhile (behind a far source).
+//! partition is behind and its source or target is far (`clients::distance`), up to
+//! `max_batch_bytes`; and whether the reader keeps the next range's poll in flight meanwhile
+//! (behind a far source).
 //!
 //! Why: a unit's requests wait for their answers (the SDK runs one request at a time per
 //! connection; sends spread over connections could land out of order), so a partition copies
@@ -14,10 +14,6 @@
 //! before). A catching-up unit holds at most `max_batch_bytes` per batch: two being polled,
 //! `max_in_flight_batches` queued, one being sent.
 
-use std::time::Duration;
-
-use crate::clients::distance::FAR_ROUND_TRIP;
-
 /// The batch size of one unit's polls.
 #[derive(Debug, Clone)]
 pub(crate) struct BatchSizer {
@@ -27,17 +23,18 @@ pub(crate) struct BatchSizer {
     max_bytes: u64,
     /// The size of the next poll.
     current: u32,
-    /// The latest poll came back full after a round trip of at least [`FAR_ROUND_TRIP`].
+    /// The latest poll came back full from a far source.
     far_behind: bool,
 }
 
-/// The unit's latest round trips when a poll's answer is taken in.
+/// Which of the unit's clusters count as far ([`crate::clients::distance`]) when a poll's
+/// answer is taken in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RoundTrips {
-    /// This poll's.
-    pub(crate) poll: Duration,
-    /// The writer's latest send's (zero before the first).
-    pub(crate) send: Duration,
+pub(crate) struct Far {
+    /// The source, whose connections the reader polls on.
+    pub(crate) source: bool,
+    /// The target, as the connections of the writer's latest send saw it.
+    pub(crate) target: bool,
 }
 
 /// What one poll brought.
@@ -69,25 +66,29 @@ impl BatchSizer {
     }
 
     /// Whether the reader should keep the poll of the next range in flight while it waits
-    /// for the current one: the latest poll came back full after a long round trip to the
-    /// source (a far target gains nothing from it: its sends are the bottleneck).
+    /// for the current one: the latest poll came back full from a far source (a far target
+    /// gains nothing from it: its sends are the bottleneck).
     pub(crate) fn reads_ahead(&self) -> bool {
         self.far_behind
     }
 
-    /// Takes in a poll's `outcome` and the unit's latest `round_trips`: a poll that came back
-    /// short means the partition is caught up, and the batch goes back to `batch_size`; a full
-    /// one when the slower round trip (this poll's, or the latest send's) took at least
-    /// [`FAR_ROUND_TRIP`] doubles it, up to what `max_bytes` holds of messages this size
-    /// (and [`replicator_model::MAX_BATCH_SIZE`]).
-    pub(crate) fn polled(&mut self, outcome: PollOutcome, round_trips: RoundTrips) {
+    /// Takes in a poll's `outcome` and which of the unit's clusters are `far`: a poll that
+    /// came back short means the partition is caught up, and the batch goes back to
+    /// `batch_size`; a full one with either cluster far doubles it, up to what `max_bytes`
+    /// holds of messages this size (and [`replicator_model::MAX_BATCH_SIZE`]).
+    ///
+    /// Distance is the clusters' verdict, not this unit's round trips: a unit's calls also
+    /// wait for their connection's turn and for a busy server, which bigger batches do not
+    /// cure (on a loopback pair of real Iggy 0.8 servers, growing on the sends' times made a
+    /// catch-up two and a half times slower; BENCHMARKS.md section 28).
+    pub(crate) fn polled(&mut self, outcome: PollOutcome, far: Far) {
         let full = outcome.got >= outcome.asked && outcome.got > 0;
-        self.far_behind = full && round_trips.poll >= FAR_ROUND_TRIP;
+        self.far_behind = full && far.source;
         if !full {
             self.current = self.base;
             return;
         }
-        if round_trips.poll.max(round_trips.send) < FAR_ROUND_TRIP {
+        if !far.source && !far.target {
             return;
         }
         let per_message = (outcome.bytes / u64::from(outcome.got)).max(1);
@@ -104,13 +105,13 @@ mod tests {
     use super::*;
 
     /// A far source (the target near).
-    const FAR: RoundTrips = RoundTrips {
-        poll: Duration::from_millis(80),
-        send: Duration::from_millis(1),
+    const FAR: Far = Far {
+        source: true,
+        target: false,
     };
-    const NEAR: RoundTrips = RoundTrips {
-        poll: Duration::from_millis(1),
-        send: Duration::from_millis(1),
+    const NEAR: Far = Far {
+        source: false,
+        target: false,
     };
 
     fn full(asked: u32, per_message: u64) -> PollOutcome {
@@ -128,16 +129,6 @@ mod tests {
             sizer.polled(full(sizer.next(), 300), NEAR);
         }
         check!(sizer.next() == 1000);
-        // Just under the threshold is still near.
-        let just_under = FAR_ROUND_TRIP - Duration::from_micros(1);
-        sizer.polled(
-            full(1000, 300),
-            RoundTrips {
-                poll: just_under,
-                send: just_under,
-            },
-        );
-        check!(sizer.next() == 1000);
         check!(!sizer.reads_ahead());
     }
 
@@ -152,14 +143,18 @@ mod tests {
         // 4 MiB of 256-byte messages is 16,384.
         check!(seen == [2000, 4000, 8000, 16_000, 16_384, 16_384]);
         check!(sizer.reads_ahead());
+        // Near again (the link got better): the batch stays, growing stops.
+        sizer.polled(full(16_384, 256), NEAR);
+        check!(sizer.next() == 16_384);
+        check!(!sizer.reads_ahead());
     }
 
     #[test]
     fn a_far_target_grows_the_batches_but_reads_nothing_ahead() {
         let mut sizer = BatchSizer::new(1000, 4 << 20);
-        let far_target = RoundTrips {
-            poll: Duration::from_millis(1),
-            send: Duration::from_millis(80),
+        let far_target = Far {
+            source: false,
+            target: true,
         };
         sizer.polled(full(1000, 256), far_target);
         check!(sizer.next() == 2000);

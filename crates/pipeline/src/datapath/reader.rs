@@ -31,7 +31,7 @@ use tracing::Instrument;
 use crate::backoff::{with_jitter, Backoff};
 use crate::clients::activity::{self, Idle, StreamActivity, WatchParams};
 use crate::control::ControlPlane;
-use crate::datapath::batch_size::{BatchSizer, PollOutcome, RoundTrips};
+use crate::datapath::batch_size::{BatchSizer, Far, PollOutcome};
 use crate::datapath::offsets::{detect_gap, ReadFrom};
 use crate::datapath::unit::{named, Batch, UnitShared};
 use crate::error::{Error, Result};
@@ -313,9 +313,9 @@ impl<C: ControlPlane> Reader<C> {
                 got,
                 bytes,
             },
-            RoundTrips {
-                poll: round_trip,
-                send: shared.meters.send_round_trip(),
+            Far {
+                source: shared.source.far(),
+                target: shared.meters.target_far(),
             },
         );
         let (Some(first), Some(last)) = (messages.first(), messages.last()) else {

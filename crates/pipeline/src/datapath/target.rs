@@ -169,6 +169,7 @@ impl<C: ControlPlane> TargetWriter<C> {
             )
             .await;
         meters.sent(started.elapsed());
+        meters.set_target_far(conn.far());
         sent
     }
 
