@@ -28,8 +28,10 @@ use tokio::sync::watch;
 
 /// Control-plane timing: the control crate's defaults with the config's overrides.
 pub(crate) fn control_timing(config: &Config) -> ControlTiming {
-    let mut timing = ControlTiming::default();
     let cluster = &config.cluster;
+    let mut timing = cluster
+        .member_round_trip
+        .map_or_else(ControlTiming::default, ControlTiming::for_member_round_trip);
     if let Some(expiry) = cluster.lease_expiry {
         timing.lease_expiry = expiry;
     }
@@ -46,6 +48,9 @@ pub(crate) fn control_timing(config: &Config) -> ControlTiming {
         timing.election_timeout_min = election;
         timing.election_timeout_max = election * 2;
     }
+    // Counted in renewal periods, so that a longer `lease_renew_interval` never fences members
+    // between two of their renewals.
+    timing.fence_after = timing.lease_renew_interval * ControlTiming::FENCE_AFTER_RENEWALS;
     timing
 }
 
@@ -326,6 +331,31 @@ mod tests {
     use replicator_config::testing::MinimalConfig;
 
     use super::*;
+
+    #[test]
+    fn members_apart_stretch_the_control_timing_and_fence_after_follows_the_renewals() {
+        let ms = Duration::from_millis;
+        let timing = |cluster: &str| {
+            let config = MinimalConfig {
+                cluster_extra: cluster.to_owned(),
+                ..MinimalConfig::default()
+            };
+            control_timing(&config.parse().expect("valid config"))
+        };
+        let far = timing("member_round_trip = \"150ms\"");
+        assert_eq!(far.lease_renew_interval, ms(450));
+        assert_eq!(far.lease_expiry, ms(2050));
+        assert_eq!(far.fence_after, ms(900));
+        assert_eq!(far.election_timeout_min, ms(600));
+        // An explicit setting wins over the stretched one.
+        let explicit = timing("member_round_trip = \"150ms\"\nlease_expiry = \"3s\"");
+        assert_eq!(explicit.lease_expiry, ms(3000));
+        assert_eq!(explicit.lease_renew_interval, ms(450));
+        // A longer renewal period moves the fence with it (two periods).
+        let slow = timing("lease_expiry = \"4s\"\nlease_renew_interval = \"1s\"");
+        assert_eq!(slow.fence_after, ms(2000));
+        assert_eq!(timing("").fence_after, ControlTiming::default().fence_after);
+    }
 
     #[test]
     fn cluster_connections_and_idle_poll_interval_reach_the_pipeline() {

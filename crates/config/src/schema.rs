@@ -92,6 +92,12 @@ pub struct ClusterConfig {
     /// Example: `{ 1 = "10.0.0.1:7100", 2 = "10.0.0.2:7100", 3 = "10.0.0.3:7100" }`.
     #[serde(default)]
     pub initial_members: BTreeMap<String, String>,
+    /// The round trip between members, for a cluster with a node per region: the lease,
+    /// renewal, election and heartbeat defaults are stretched to it
+    /// (`ControlTiming::for_member_round_trip`, README "Across regions"); the four settings
+    /// below still override what they name. Default: none (one site). Example: `"80ms"`.
+    #[serde(default, with = "humantime_serde")]
+    pub member_round_trip: Option<Duration>,
     /// How long a member may go without renewing its lease before its partitions move.
     /// Default: the control plane's (`ControlTiming::default()`, listed in the README). Example: `"1500ms"`.
     #[serde(default, with = "humantime_serde")]
@@ -776,6 +782,15 @@ impl ClusterConfig {
             if value == Some(Duration::ZERO) {
                 problems.push(Problem::new(key, "must be greater than zero"));
             }
+        }
+        if self
+            .member_round_trip
+            .is_some_and(|rtt| rtt > Duration::from_secs(1))
+        {
+            problems.push(Problem::new(
+                "cluster.member_round_trip",
+                "must be at most 1s (the round trip between the farthest two members)",
+            ));
         }
         if let (Some(expiry), Some(renew)) = (self.lease_expiry, self.lease_renew_interval) {
             if renew * 3 > expiry {

@@ -22,6 +22,8 @@ pub struct MinimalConfig {
     /// `cluster.initial_members`: Raft addresses by node id. Default: empty, and then the key is
     /// left out.
     pub initial_members: BTreeMap<u64, String>,
+    /// Extra lines of `[cluster]`, e.g. `"member_round_trip = \"80ms\""`. Default: none.
+    pub cluster_extra: String,
     /// `clusters.us.url`. Default: `"iggy://iggy:iggy@127.0.0.1:8090"`.
     pub us_url: String,
     /// Extra lines of `[clusters.us]`, e.g. `"connections = 7"`. Default: none.
@@ -44,6 +46,7 @@ impl Default for MinimalConfig {
             api_addr: "127.0.0.1:7181".to_owned(),
             secret: "0123456789abcdef".to_owned(),
             initial_members: BTreeMap::new(),
+            cluster_extra: String::new(),
             us_url: "iggy://iggy:iggy@127.0.0.1:8090".to_owned(),
             us_extra: String::new(),
             eu_url: "iggy://iggy:iggy@127.0.0.1:8091".to_owned(),
@@ -78,6 +81,7 @@ impl fmt::Display for MinimalConfig {
                 .collect();
             writeln!(f, "initial_members = {{ {} }}", members.join(", "))?;
         }
+        lines(f, &self.cluster_extra)?;
         for (alias, url, extra) in [
             ("us", &self.us_url, &self.us_extra),
             ("eu", &self.eu_url, &self.eu_extra),

@@ -94,7 +94,9 @@ pub struct ControlTiming {
     pub drain_timeout: Duration,
     /// With fencing on every target: how long the leader waits for a member's renewal before
     /// it fences the member and moves its units (instead of waiting out `lease_expiry`).
-    /// Default 600 ms: two renewal periods, so one late renewal does not fence a live member.
+    /// Default 600 ms: two renewal periods ([`Self::FENCE_AFTER_RENEWALS`]), so one late
+    /// renewal does not fence a live member; the binary keeps it at that many periods of the
+    /// configured `lease_renew_interval`.
     pub fence_after: Duration,
     /// How long a unit stays in the state once it is retired and owned by nobody (a partition
     /// of a deleted topic or of a flow no member runs) before the leader forgets it, with
@@ -129,6 +131,41 @@ impl Default for ControlTiming {
 }
 
 impl ControlTiming {
+    /// `fence_after` in renewal periods: one late renewal never fences a live member.
+    pub const FENCE_AFTER_RENEWALS: u32 = 2;
+
+    /// The defaults, stretched for members `round_trip` apart (`cluster.member_round_trip`: a
+    /// cluster with a node per region). Each value is the default or the one the distance
+    /// needs, whichever is longer:
+    ///
+    /// - a follower's renewal is forwarded to the leader, replicated, committed and applied
+    ///   back on the follower: about four round trips; renewals every three round trips keep
+    ///   one in flight at a time, and `fence_after` (two periods) then outlasts one renewal;
+    /// - the lease must outlast a renewal period plus that latency plus the drift margin and
+    ///   the writers' send margin (together under a second), or the owners' writers stop
+    ///   while they wait for their renewals (seen at 80 ms round trips with the defaults);
+    ///   (and at least three renewal periods, as the config requires);
+    /// - an election needs a round trip to each voter: four round trips before a follower
+    ///   calls one, and heartbeats no more often than one round trip.
+    #[must_use]
+    pub fn for_member_round_trip(round_trip: Duration) -> Self {
+        let default = Self::default();
+        let renew = default.lease_renew_interval.max(round_trip * 3);
+        let election = default.election_timeout_min.max(round_trip * 4);
+        Self {
+            heartbeat_interval: default.heartbeat_interval.max(round_trip),
+            election_timeout_min: election,
+            election_timeout_max: election * 2,
+            lease_renew_interval: renew,
+            lease_expiry: default
+                .lease_expiry
+                .max(renew + round_trip * 4 + Duration::from_secs(1))
+                .max(renew * 3),
+            fence_after: renew * Self::FENCE_AFTER_RENEWALS,
+            ..default
+        }
+    }
+
     /// How long a new leader spares members it has not seen renew (see `LeaderView::liveness`):
     /// two renewal periods, time for every live member to renew once through the new leader.
     #[must_use]
@@ -185,5 +222,35 @@ mod tests {
     #[test]
     fn default_timing_passes_raft_validation() {
         assert!(crate::raft_config(&ControlTiming::default()).is_ok());
+    }
+
+    #[test]
+    fn timing_for_distant_members_keeps_the_defaults_nearby_and_stretches_far() {
+        use assert2::check;
+        let ms = Duration::from_millis;
+        // On one site nothing changes.
+        let near = ControlTiming::for_member_round_trip(ms(1));
+        let default = ControlTiming::default();
+        check!(near.lease_expiry == default.lease_expiry);
+        check!(near.lease_renew_interval == default.lease_renew_interval);
+        check!(near.election_timeout_min == default.election_timeout_min);
+        check!(near.fence_after == default.fence_after);
+        // 150 ms apart: renewals every 450 ms, fenced after 900 ms, a lease of 2.05 s, elections
+        // after 600-1200 ms, heartbeats every 150 ms.
+        let far = ControlTiming::for_member_round_trip(ms(150));
+        check!(far.lease_renew_interval == ms(450));
+        check!(far.fence_after == ms(900));
+        check!(far.lease_expiry == ms(2050));
+        check!(far.election_timeout_min == ms(600));
+        check!(far.election_timeout_max == ms(1200));
+        check!(far.heartbeat_interval == ms(150));
+        // The rules the config checks hold whatever the distance, and openraft takes them.
+        for rtt in [0, 20, 80, 150, 250, 1000] {
+            let t = ControlTiming::for_member_round_trip(ms(rtt));
+            check!(t.lease_renew_interval * 3 <= t.lease_expiry, "{rtt}");
+            check!(t.heartbeat_interval * 2 <= t.election_timeout_min, "{rtt}");
+            check!(t.fence_after < t.lease_expiry, "{rtt}");
+            check!(crate::raft_config(&t).is_ok(), "{rtt}");
+        }
     }
 }
