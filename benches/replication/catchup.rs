@@ -12,12 +12,9 @@ use replicator_harness::{
     connect, delete_stream, ensure_topic, raw_copy, Cluster, RawCopy, TestResult, Topic, Watch,
 };
 
-use replicator_harness::Endpoint;
-use replicator_testkit::wan::{WanLink, WanProxy};
-
 use crate::env::{
-    context_switches, cpu_seconds, fill, own_cpu_seconds, replication_spec_between, run_name,
-    total_cpu, Endpoints, PAYLOAD_BYTES,
+    context_switches, cpu_seconds, distance, fill, own_cpu_seconds, replication_spec_between,
+    run_name, total_cpu, Endpoints, PAYLOAD_BYTES,
 };
 use crate::metrics::Stages;
 use crate::report::median_range;
@@ -294,33 +291,6 @@ async fn copy_once(
         switches,
         server_cpu,
     })
-}
-
-/// The source and the target as one copy reaches them: with `BENCH_WAN_RTT_MS`, the far one
-/// through a fresh [`WanProxy`] (returned, to stop after the copy).
-async fn distance(
-    endpoints: &Endpoints,
-    settings: &Settings,
-) -> TestResult<(Option<WanProxy>, Endpoint, Endpoint)> {
-    let (mut source, mut target) = (endpoints.upstream.clone(), endpoints.downstream.clone());
-    let Some(wan) = settings.wan else {
-        return Ok((None, source, target));
-    };
-    let far = match wan.far {
-        Far::Source => &mut source,
-        Far::Target => &mut target,
-    };
-    let (before, rest) = far
-        .url
-        .split_once('@')
-        .ok_or_else(|| format!("no credentials in {}", far.url))?;
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let address: std::net::SocketAddr = rest[..end]
-        .parse()
-        .map_err(|e| format!("{}: not an ip:port ({e})", &rest[..end]))?;
-    let proxy = WanProxy::start(address, WanLink::symmetric(wan.rtt / 2)).await?;
-    far.url = format!("{before}@{}{}", proxy.addr(), &rest[end..]);
-    Ok((Some(proxy), source, target))
 }
 
 /// CPU seconds so far of the source and the target server.

@@ -11,9 +11,10 @@ use replicator_harness::{
     Endpoint, NodeId, ReplicatorBinary, TestResult,
 };
 
-use crate::settings::Settings;
+use crate::settings::{Far, Settings};
 use replicator_harness::IggyCluster as _;
 use replicator_model::IggyVersion;
+use replicator_testkit::wan::{WanLink, WanProxy};
 
 /// Size of every benchmark message's payload.
 pub(crate) const PAYLOAD_BYTES: usize = 256;
@@ -298,34 +299,13 @@ pub(crate) fn total_cpu(pids: &[u32]) -> f64 {
     pids.iter().filter_map(|pid| cpu_seconds(*pid)).sum()
 }
 
-/// The replication config of a benchmark cluster: one flow from `source_alias` (the upstream
-/// server) to `dst` (the downstream server) over `include`, product defaults otherwise.
-/// `prefix` names downstream streams `<source_alias>.<stream>`, so that several variants can
-/// copy one upstream topic side by side. Every cluster gets writer users of its own prefix
-/// (`bench-<random>`): the clusters of one run share the target, and a cluster that starts again
-/// at incarnation 1 would otherwise meet the users an earlier one revoked there.
-pub(crate) fn replication_spec(
-    endpoints: &Endpoints,
-    source_alias: &str,
-    include: &str,
-    prefix: bool,
-    settings: &Settings,
-    units: usize,
-) -> ClusterSpec {
-    replication_spec_between(
-        endpoints,
-        (&endpoints.upstream, &endpoints.downstream),
-        source_alias,
-        include,
-        prefix,
-        settings,
-        units,
-    )
-}
-
-/// [`replication_spec`] with `source` and `target` as the clusters instead of the run's
-/// servers (e.g. an in-process clustered 0.9 target named by every replica's address, or a
-/// server reached through a `WanProxy`).
+/// The replication config of a benchmark cluster: one flow from `source_alias` (`source`: the
+/// upstream server, or a proxy in front of it, or an in-process clustered 0.9 server named by
+/// every replica's address) to `dst` (`target`, likewise) over `include`, product defaults
+/// otherwise. `prefix` names downstream streams `<source_alias>.<stream>`, so that several
+/// variants can copy one upstream topic side by side. Every cluster gets writer users of its own
+/// prefix (`bench-<random>`): the clusters of one run share the target, and a cluster that
+/// starts again at incarnation 1 would otherwise meet the users an earlier one revoked there.
 pub(crate) fn replication_spec_between(
     endpoints: &Endpoints,
     (source, target): (&Endpoint, &Endpoint),
@@ -379,6 +359,33 @@ max_batch_bytes = {max_batch_bytes}
     }
 }
 
+/// The source and the target as one copy reaches them: with `BENCH_WAN_RTT_MS`, the far one
+/// through a fresh [`WanProxy`] (returned, to stop afterwards).
+pub(crate) async fn distance(
+    endpoints: &Endpoints,
+    settings: &Settings,
+) -> TestResult<(Option<WanProxy>, Endpoint, Endpoint)> {
+    let (mut source, mut target) = (endpoints.upstream.clone(), endpoints.downstream.clone());
+    let Some(wan) = settings.wan else {
+        return Ok((None, source, target));
+    };
+    let far = match wan.far {
+        Far::Source => &mut source,
+        Far::Target => &mut target,
+    };
+    let (before, rest) = far
+        .url
+        .split_once('@')
+        .ok_or_else(|| format!("no credentials in {}", far.url))?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let address: std::net::SocketAddr = rest[..end]
+        .parse()
+        .map_err(|e| format!("{}: not an ip:port ({e})", &rest[..end]))?;
+    let proxy = WanProxy::start(address, WanLink::symmetric(wan.rtt / 2)).await?;
+    far.url = format!("{before}@{}{}", proxy.addr(), &rest[end..]);
+    Ok((Some(proxy), source, target))
+}
+
 /// A fresh name for this run's streams: `bench-<what>-<random>`.
 pub(crate) fn run_name(what: &str) -> String {
     format!("bench-{what}-{:06x}", rand::random::<u32>() & 0xff_ffff)
@@ -410,21 +417,25 @@ pub(crate) async fn restart_and_rebalance(
 
 /// Creates `topics` (each with `partitions` partitions) in `stream` upstream, starts three
 /// nodes replicating `stream/*` with identity naming, and waits until the units are spread
-/// evenly. Returns the cluster and how long the nodes took from start to owning every unit.
+/// evenly. Returns the cluster, how long the nodes took from start to owning every unit, and
+/// the proxy in front of the far server when `BENCH_WAN_RTT_MS` asks for one (the nodes reach
+/// that server through it; the benchmark's own producers and watchers go direct).
 pub(crate) async fn start_three_nodes(
     endpoints: &Endpoints,
     settings: &Settings,
     stream: &str,
     topics: &[String],
     partitions: u32,
-) -> TestResult<(Cluster, Duration)> {
+) -> TestResult<(Cluster, Duration, Option<WanProxy>)> {
     let up = connect(&endpoints.upstream).await?;
     for topic in topics {
         ensure_topic(&up, stream, topic, partitions).await?;
     }
     up.shutdown().await?;
-    let spec = replication_spec(
+    let (proxy, source, target) = distance(endpoints, settings).await?;
+    let spec = replication_spec_between(
         endpoints,
+        (&source, &target),
         "up",
         &format!("{stream}/*"),
         false,
@@ -435,5 +446,5 @@ pub(crate) async fn start_three_nodes(
     let cluster = Cluster::start(spec, 3).await?;
     let assigned = started.elapsed();
     wait_balanced(&cluster, Duration::from_secs(300)).await?;
-    Ok((cluster, assigned))
+    Ok((cluster, assigned, proxy))
 }

@@ -27,7 +27,7 @@ pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResul
 }
 
 async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> TestResult {
-    let (mut cluster, _) =
+    let (mut cluster, _, _wan) =
         start_three_nodes(endpoints, settings, stream, &[TOPIC.to_owned()], PARTITIONS).await?;
     let topic = Topic::new(stream, TOPIC, PARTITIONS);
     let producer = paced(&endpoints.upstream, topic.targets(), settings.failover_rate);

@@ -32,7 +32,7 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
         .map(|rate| (*rate, format!("r{rate}")))
         .collect();
     let names: Vec<String> = topics.values().cloned().collect();
-    let (mut cluster, _) =
+    let (mut cluster, _, _wan) =
         start_three_nodes(endpoints, settings, stream, &names, PARTITIONS).await?;
     println!("| offered msg/s | achieved msg/s | p50 ms | p99 ms | max ms | mean poll ms (polls) | mean send ms (sends) | poll / send / node's latency p99 ms |");
     println!("|---|---|---|---|---|---|---|---|");

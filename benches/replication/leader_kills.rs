@@ -69,7 +69,7 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
         .collect();
     let partitions = settings.kill_partitions;
     let units = names.len() * partitions as usize;
-    let (mut cluster, assigned) =
+    let (mut cluster, assigned, _wan) =
         start_three_nodes(endpoints, settings, stream, &names, partitions).await?;
     println!(
         "{units} units owned {} s after start, spread evenly\n",

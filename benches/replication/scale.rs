@@ -129,7 +129,7 @@ async fn measure(
 ) -> TestResult<Row> {
     let names: Vec<String> = (0..topics).map(|t| format!("t{t:03}")).collect();
     let units = names.len() * partitions as usize;
-    let (mut cluster, assign_all) =
+    let (mut cluster, assign_all, _wan) =
         start_three_nodes(endpoints, settings, stream, &names, partitions).await?;
     let window = Duration::from_secs(settings.sample_seconds);
     // Start-up work (downstream topic creation, first resumes) is over before sampling, and
