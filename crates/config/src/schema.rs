@@ -259,8 +259,8 @@ pub struct FlowConfig {
     #[serde(default = "default_in_flight")]
     pub max_in_flight_batches: usize,
     /// Message bytes a batch grown for a distant source or target may hold: while a partition
-    /// is behind and its source or target is far (`far_connections`), its batches double after
-    /// each full poll up to this (README "Across regions"); never below `batch_size` messages. Default:
+    /// is behind and its source or target is far (`far_connections`), its batches grow to this
+    /// after a full poll (README "Across regions"); never below `batch_size` messages. Default:
     /// [`replicator_model::DEFAULT_MAX_BATCH_BYTES`] (4 MiB); 64 KiB to 256 MiB.
     #[serde(default = "default_max_batch_bytes")]
     pub max_batch_bytes: u64,

@@ -17,8 +17,7 @@ pub const MAX_BATCH_SIZE: u32 = 100_000;
 
 /// What a batch grown for a distant source or target may hold, in message bytes
 /// (`flows[].max_batch_bytes`) unless configured: while a partition is behind and its source or
-/// target is far, its batches double after each full poll up to this (README "Across
-/// regions").
+/// target is far, its batches grow to this after a full poll (README "Across regions").
 pub const DEFAULT_MAX_BATCH_BYTES: u64 = 4 << 20;
 
 /// Pause between polls of a caught-up partition (`flows[].poll_interval`) unless configured.

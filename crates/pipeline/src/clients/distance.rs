@@ -6,7 +6,7 @@
 //! third of its loopback rate, where sixteen reached four fifths (BENCHMARKS.md section 28). A
 //! far cluster therefore gets `far_connections` instead of `connections`.
 //!
-//! The signal is the shortest call of a window of calls: a far cluster's calls all take at least
+//! The signal is the shortest call of a window of eight calls: a far cluster's calls all take at least
 //! the round trip, while on loopback even a busy machine answers some call of a window quickly.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -18,8 +18,12 @@ use std::time::Duration;
 /// section 25); regions are 20 ms and more apart.
 pub(crate) const FAR_ROUND_TRIP: Duration = Duration::from_millis(10);
 
-/// Calls per window: the verdict follows the shortest call of each window this long.
-const WINDOW_CALLS: u32 = 32;
+/// Calls per window: the verdict follows the shortest call of each window this long. Short,
+/// so that a partition copied across a distance is not copied with the near settings for long
+/// (one partition 200 ms away makes four calls a second): a loopback server answers some call
+/// of eight quickly however busy it is (a saturated real 0.8 server answered polls in 1.3 ms on
+/// average, BENCHMARKS.md section 25).
+const WINDOW_CALLS: u32 = 8;
 
 /// The shortest round trip of a window, folded in call by call; `far` is the verdict of the
 /// latest complete window. Shared by every task calling the cluster: the fields are atomics,
