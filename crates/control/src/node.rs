@@ -481,6 +481,12 @@ async fn renew_leases(node: Arc<NodeInner>) {
                 }
                 let index = *applied.borrow_and_update();
                 if let Some(until) = extensions.applied(index, std::time::Instant::now()) {
+                    tracing::debug!(
+                        node = %node.id,
+                        index,
+                        valid_ms = until.saturating_duration_since(std::time::Instant::now()).as_millis() as u64,
+                        "lease extended once applied here"
+                    );
                     node.extend_lease(until);
                     node.counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
                 }
@@ -553,6 +559,12 @@ async fn renew_leases(node: Arc<NodeInner>) {
                     owner_lease_until(sent, timing.lease_expiry, timing.lease_drift_margin),
                 );
                 let index = *applied.borrow_and_update();
+                tracing::debug!(
+                    node = %node.id,
+                    index,
+                    took_ms = sent.elapsed().as_millis() as u64,
+                    "lease renewal committed"
+                );
                 if let Some(until) = extensions.applied(index, std::time::Instant::now()) {
                     node.extend_lease(until);
                     node.counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
