@@ -18,8 +18,10 @@ pub(crate) mod probe;
 mod shared_read;
 
 use std::future::Future;
+
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use replicator_model::IggyVersion;
 use tokio::sync::Mutex;
@@ -113,6 +115,8 @@ pub(crate) struct Cluster {
     far_slots: usize,
     /// How far the cluster is, from the round trips of its calls.
     distance: Distance,
+    /// Set once the far slots' connections were opened ahead ([`Cluster::open_far_slots`]).
+    far_slots_opened: std::sync::atomic::AtomicBool,
     /// Slots holding an open connection now (for the connection-state metric).
     open: std::sync::atomic::AtomicUsize,
     /// Bound of every call.
@@ -203,6 +207,7 @@ impl Cluster {
             near_slots: connections.max(1),
             far_slots: connections.max(1),
             distance: Distance::default(),
+            far_slots_opened: std::sync::atomic::AtomicBool::new(false),
             open: std::sync::atomic::AtomicUsize::new(0),
             timeout,
             activity: ActivityRegistry::default(),
@@ -243,6 +248,35 @@ impl Cluster {
     /// Whether the cluster counts as far now ([`distance`]).
     pub(crate) fn far(&self) -> bool {
         self.distance.far()
+    }
+
+    /// Once the cluster counts as far, opens the connections of all its far slots in the
+    /// background, once: across regions a connection costs three round trips before its first
+    /// call (connect, login, cluster metadata), and a failover's new owner would otherwise pay
+    /// them on its resume for every slot this node had not used yet (BENCHMARKS.md section 28).
+    pub(crate) fn open_far_slots(self: &Arc<Self>) {
+        if !self.far()
+            || self
+                .far_slots_opened
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        let cluster = self.clone();
+        tokio::spawn(
+            async move {
+                for slot in 0..cluster.far_slots {
+                    if !cluster.far() {
+                        return;
+                    }
+                    if let Err(e) = cluster.get(slot).await {
+                        tracing::debug!(cluster = %cluster.alias, slot, error = %e, "opening a far connection ahead failed");
+                        return;
+                    }
+                }
+            }
+            .instrument(tracing::Span::current()),
+        );
     }
 
     /// The slots in use now.

@@ -302,6 +302,7 @@ impl<C: ControlPlane> Reader<C> {
     ) -> Result<Polled> {
         let shared = &self.shared;
         shared.meters.polled(round_trip);
+        shared.source.open_far_slots();
         let polled = polled?;
         let mut messages = polled.messages;
         messages.retain(|m| m.offset >= from.offset);

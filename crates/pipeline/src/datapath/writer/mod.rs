@@ -275,10 +275,17 @@ impl<C: ControlPlane> Writer<C> {
         let shared = self.shared.clone();
         let unit = &shared.unit;
         let (up_stream, up_topic) = shared.upstream_ids()?;
-        let up = shared
-            .source
-            .topic_now(shared.slot(), &up_stream, &up_topic)
-            .await?;
+        let (down_stream, down_topic) = shared.downstream_ids()?;
+        // Both at once: across regions each is a round trip (a failover's new owner waits for
+        // them before it writes).
+        let (up, down) = tokio::try_join!(
+            shared
+                .source
+                .topic_now(shared.slot(), &up_stream, &up_topic),
+            shared
+                .target
+                .topic_now(shared.slot(), &down_stream, &down_topic),
+        )?;
         let (extent, created_at) = partition_figures(up, unit.partition)
             .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
         let progress = shared.control.progress(unit);
@@ -299,11 +306,6 @@ impl<C: ControlPlane> Writer<C> {
             r => r.map(|r| r.reset),
         };
         let recorded = shared.control.recorded_start(unit);
-        let (down_stream, down_topic) = shared.downstream_ids()?;
-        let down = shared
-            .target
-            .topic_now(shared.slot(), &down_stream, &down_topic)
-            .await?;
         let down_next = partition_figures(down, unit.partition)
             .ok_or_else(|| Error::DownstreamMissing {
                 stream: shared.downstream_stream.clone(),
@@ -489,6 +491,7 @@ impl<C: ControlPlane> Writer<C> {
                 .door
                 .send_copies(&shared.target, copies, &shared.meters, &self.stop)
                 .await;
+            shared.target.open_far_slots();
             let sent = match sent {
                 Ok(Ok(confirmed)) => self
                     .landed
