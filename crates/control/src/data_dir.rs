@@ -176,7 +176,21 @@ mod tests {
         let dir = tmp.path().join("node");
         drop(open(&dir).expect("fresh dir opens"));
         assert!(dir.join(FORMAT_FILE).is_file());
-        drop(open(&dir).expect("initialised dir reopens"));
+        // sled's flusher thread lets go of the file lock a moment after the last handle is
+        // dropped: wait for that, at most 30 s.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let reopened = loop {
+            match open(&dir) {
+                Err(e)
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => break other,
+            }
+        };
+        drop(reopened.expect("initialised dir reopens"));
     }
 
     #[test]
