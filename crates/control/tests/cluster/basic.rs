@@ -78,6 +78,14 @@ async fn three_nodes_elect_a_leader_assign_evenly_and_commit() -> TestResult {
         agreed: Default::default(),
     };
     let follower = cluster.node(follower_of(leader));
+    // The follower checks the level against its own state, which applies the raise a moment
+    // after the leader's (the supported level, 4, is the compact provenance's).
+    wait_until(
+        "the follower applied the raised level",
+        Duration::from_secs(20),
+        || follower.stamps_compact_provenance(),
+    )
+    .await?;
     let first = MetadataChange {
         key: key.clone(),
         expected: None,
