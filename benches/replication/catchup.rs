@@ -29,23 +29,13 @@ const QUIET_WINDOW: Duration = Duration::from_millis(500);
 /// How long a copy waits for quiet servers before it starts anyway (and says so).
 const QUIET_DEADLINE: Duration = Duration::from_secs(30);
 
-/// The three ways to copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Variant {
-    /// The baseline: poll→send through the SDK, nothing else.
-    RawLoop,
-    /// `iggy-replicator run`, one instance.
-    OneInstance,
-    /// `iggy-replicator run`, a three-instance cluster.
-    ThreeInstances,
-}
-
-impl Variant {
+/// How each way to copy (`BENCH_CATCHUP_VARIANTS`) is named in the report.
+impl CatchupVariant {
     fn label(self) -> &'static str {
         match self {
-            Variant::RawLoop => "(a) raw poll→send loop",
-            Variant::OneInstance => "(b) replicator, 1 instance",
-            Variant::ThreeInstances => "(c) replicator, 3 instances",
+            CatchupVariant::RawLoop => "(a) raw poll→send loop",
+            CatchupVariant::OneInstance => "(b) replicator, 1 instance",
+            CatchupVariant::ThreeInstances => "(c) replicator, 3 instances",
         }
     }
 }
@@ -53,7 +43,7 @@ impl Variant {
 /// One copy of the whole topic.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
-    variant: Variant,
+    variant: CatchupVariant,
     /// From the start (process spawn for the replicator) to the last message downstream.
     total: Duration,
     /// From the first message downstream to the last.
@@ -122,16 +112,8 @@ async fn measure_all(
     // The first copy after the fill is slow whatever copies (on the machine of section 1, the
     // target's first writes into memory it never used cost it four times the CPU of later
     // ones): a copy that nobody counts goes first, by the first variant asked for.
-    let variants: Vec<Variant> = settings
-        .catchup_variants
-        .iter()
-        .map(|v| match v {
-            CatchupVariant::RawLoop => Variant::RawLoop,
-            CatchupVariant::OneInstance => Variant::OneInstance,
-            CatchupVariant::ThreeInstances => Variant::ThreeInstances,
-        })
-        .collect();
-    let warm_up_variant = variants.first().copied().unwrap_or(Variant::RawLoop);
+    let variants = &settings.catchup_variants;
+    let warm_up_variant = variants.first().copied().unwrap_or(CatchupVariant::RawLoop);
     settle(endpoints, "warm-up").await;
     let warm_up = copy_once(
         endpoints,
@@ -177,7 +159,7 @@ async fn copy_once(
     settings: &Settings,
     stream: &str,
     per_partition: u64,
-    variant: Variant,
+    variant: CatchupVariant,
     round: u32,
 ) -> TestResult<Sample> {
     let partitions = settings.partitions;
@@ -188,21 +170,21 @@ async fn copy_once(
     // The replicator names its downstream stream `<source alias>.<stream>`.
     let alias = format!(
         "r{round}{}",
-        if variant == Variant::ThreeInstances {
+        if variant == CatchupVariant::ThreeInstances {
             "c"
         } else {
             "b"
         }
     );
     let down_stream = match variant {
-        Variant::RawLoop => format!("raw{round}.{stream}"),
+        CatchupVariant::RawLoop => format!("raw{round}.{stream}"),
         _ => format!("{alias}.{stream}"),
     };
     let servers = endpoints.server_pids();
     let server_cpu_before = servers.map(server_cpu);
     let outcome = async {
         match variant {
-            Variant::RawLoop => {
+            CatchupVariant::RawLoop => {
                 let down = connect(&endpoints.downstream).await?;
                 ensure_topic(&down, &down_stream, TOPIC, partitions).await?;
                 down.shutdown().await?;
@@ -227,8 +209,8 @@ async fn copy_once(
                     context_switches("self").saturating_sub(switches_before),
                 ))
             }
-            Variant::OneInstance | Variant::ThreeInstances => {
-                let nodes = if variant == Variant::OneInstance { 1 } else { 3 };
+            CatchupVariant::OneInstance | CatchupVariant::ThreeInstances => {
+                let nodes = if variant == CatchupVariant::OneInstance { 1 } else { 3 };
                 let spec = replication_spec_between(
                     endpoints,
                     (&source, &target),
@@ -324,20 +306,20 @@ async fn settle(endpoints: &Endpoints, label: &str) {
 /// Prints the table; the server CPU columns are `n/a` when the servers' pids are not known.
 fn print_table(samples: &[Sample], messages: u64) {
     let millions = messages as f64 / 1e6;
-    let of = |variant: Variant| -> Vec<Sample> {
+    let of = |variant: CatchupVariant| -> Vec<Sample> {
         samples
             .iter()
             .filter(|s| s.variant == variant)
             .copied()
             .collect()
     };
-    let raw = of(Variant::RawLoop);
+    let raw = of(CatchupVariant::RawLoop);
     println!("| variant | msgs/s while copying | payload MB/s | wall time incl. start (s) | copier CPU s per 1M msgs | copier context switches per 1M msgs | source / target server CPU s per 1M msgs | ratio to (a), per round |");
     println!("|---|---|---|---|---|---|---|---|");
     for variant in [
-        Variant::RawLoop,
-        Variant::OneInstance,
-        Variant::ThreeInstances,
+        CatchupVariant::RawLoop,
+        CatchupVariant::OneInstance,
+        CatchupVariant::ThreeInstances,
     ] {
         let mine = of(variant);
         let rate: Vec<f64> = mine

@@ -126,6 +126,25 @@ pub(crate) fn tree(db: &sled::Db, dir: &Path, name: &str) -> Result<sled::Tree> 
         .map_err(|e| dir_err(dir, format!("cannot open tree {name}: {e}")))
 }
 
+/// [`open`] of a data dir whose previous database handle this process just dropped (tests
+/// only: a new process never waits): sled's flusher thread lets go of the file lock a moment
+/// after the last handle is gone, so a lock still held is waited for, at most 30 s.
+#[cfg(test)]
+pub(crate) fn reopen(dir: &Path) -> Result<sled::Db> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match open(dir) {
+            Err(e)
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,21 +195,7 @@ mod tests {
         let dir = tmp.path().join("node");
         drop(open(&dir).expect("fresh dir opens"));
         assert!(dir.join(FORMAT_FILE).is_file());
-        // sled's flusher thread lets go of the file lock a moment after the last handle is
-        // dropped: wait for that, at most 30 s.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        let reopened = loop {
-            match open(&dir) {
-                Err(e)
-                    if e.to_string().contains("could not acquire lock")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                other => break other,
-            }
-        };
-        drop(reopened.expect("initialised dir reopens"));
+        drop(reopen(&dir).expect("initialised dir reopens"));
     }
 
     #[test]

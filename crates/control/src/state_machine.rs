@@ -669,27 +669,11 @@ mod tests {
     }
 
     /// A state machine on its own sled data dir under `dir`.
+    /// A store on `dir`, which a dropped store may have held a moment ago.
     fn store(dir: &Path) -> Result<StateMachineStore> {
-        let db = crate::data_dir::open(dir)?;
+        let db = crate::data_dir::reopen(dir)?;
         let shared = Shared::new(1, crate::identity::test_passwords(), 0);
         StateMachineStore::open(&db, dir, shared)
-    }
-
-    /// [`store`] of a data dir whose previous database handle was just dropped: retried while
-    /// sled still holds its file lock, for at most 30 s.
-    async fn store_once_unlocked(dir: &Path) -> Result<StateMachineStore> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            match store(dir) {
-                Err(e)
-                    if e.to_string().contains("could not acquire lock")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                }
-                other => return other,
-            }
-        }
     }
 
     #[tokio::test]
@@ -717,10 +701,8 @@ mod tests {
         check!(figures.build.is_none());
         drop(follower);
 
-        // A restart knows the size of the snapshot it loaded, and no durations yet. sled's
-        // flusher thread lets go of the database's file lock a moment after the last handle is
-        // dropped: the reopen waits for that (a busy machine showed it).
-        let restarted = store_once_unlocked(b.path()).await?;
+        // A restart knows the size of the snapshot it loaded, and no durations yet.
+        let restarted = store(b.path())?;
         let figures = restarted.shared.snapshot_figures();
         check!(figures.bytes == Some(sealed.len() as u64));
         check!(figures.build.is_none() && figures.install.is_none());

@@ -18,13 +18,12 @@ pub(crate) mod probe;
 mod shared_read;
 
 use std::future::Future;
-
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::Instrument;
 
 use replicator_model::IggyVersion;
 use tokio::sync::Mutex;
+use tracing::Instrument;
 
 use iggy::prelude::{Identifier, TopicDetails};
 
@@ -255,10 +254,11 @@ impl Cluster {
     /// call (connect, login, cluster metadata), and a failover's new owner would otherwise pay
     /// them on its resume for every slot this node had not used yet (BENCHMARKS.md section 28).
     pub(crate) fn open_far_slots(self: &Arc<Self>) {
+        // Read first: every poll and send asks, and only the first needs the write.
+        let opened = &self.far_slots_opened;
         if !self.far()
-            || self
-                .far_slots_opened
-                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            || opened.load(std::sync::atomic::Ordering::Relaxed)
+            || opened.swap(true, std::sync::atomic::Ordering::Relaxed)
         {
             return;
         }

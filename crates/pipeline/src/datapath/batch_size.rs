@@ -11,8 +11,9 @@
 //! another connection; polls at explicit offsets can be answered in any order and are taken in
 //! order) hides the source's round trip behind the transfer. On loopback the round trips are
 //! short and the batch stays `batch_size` with one poll in flight (latency and memory as
-//! before). A catching-up unit holds at most `max_batch_bytes` per batch: two being polled,
-//! `max_in_flight_batches` queued, one being sent.
+//! before). A catching-up unit holds at most `max_batch_bytes` per batch: two being polled (three
+//! for a moment after an answer sent ahead is dropped and polled again), `max_in_flight_batches`
+//! queued, one being sent.
 
 /// The batch size of one unit's polls.
 #[derive(Debug, Clone)]
@@ -44,8 +45,6 @@ pub(crate) struct PollOutcome {
     pub(crate) asked: u32,
     /// Messages the answer held from the asked offset on.
     pub(crate) got: u32,
-    /// Their bytes as the target counts them (header, payload, user headers).
-    pub(crate) bytes: u64,
 }
 
 impl BatchSizer {
@@ -72,7 +71,9 @@ impl BatchSizer {
         self.far_behind
     }
 
-    /// Takes in a poll's `outcome` and which of the unit's clusters are `far`: a poll that
+    /// Takes in a poll's `outcome`, which of the unit's clusters are `far` and the messages'
+    /// `bytes` as the target counts them (header, payload, user headers; summed only when the
+    /// batch grows, never on loopback's data path): a poll that
     /// came back short means the partition is caught up, and the batch goes back to
     /// `batch_size`; a full one with either cluster far makes it what `max_bytes` holds of
     /// messages this size (at most [`replicator_model::MAX_BATCH_SIZE`]) at once: doubling
@@ -83,7 +84,7 @@ impl BatchSizer {
     /// wait for their connection's turn and for a busy server, which bigger batches do not
     /// cure (on a loopback pair of real Iggy 0.8 servers, growing on the sends' times made a
     /// catch-up two and a half times slower; BENCHMARKS.md section 28).
-    pub(crate) fn polled(&mut self, outcome: PollOutcome, far: Far) {
+    pub(crate) fn polled(&mut self, outcome: PollOutcome, far: Far, bytes: impl FnOnce() -> u64) {
         let full = outcome.got >= outcome.asked && outcome.got > 0;
         self.far_behind = full && far.source;
         if !full {
@@ -93,7 +94,7 @@ impl BatchSizer {
         if !far.source && !far.target {
             return;
         }
-        let per_message = (outcome.bytes / u64::from(outcome.got)).max(1);
+        let per_message = (bytes() / u64::from(outcome.got)).max(1);
         let fits = (self.max_bytes / per_message).min(u64::from(replicator_model::MAX_BATCH_SIZE));
         let cap = u32::try_from(fits).unwrap_or(u32::MAX).max(self.base);
         self.current = cap;
@@ -116,19 +117,36 @@ mod tests {
         target: false,
     };
 
-    fn full(asked: u32, per_message: u64) -> PollOutcome {
-        PollOutcome {
-            asked,
-            got: asked,
-            bytes: u64::from(asked) * per_message,
-        }
+    /// A poll's outcome and its bytes.
+    type Poll = (PollOutcome, u64);
+
+    fn full(asked: u32, per_message: u64) -> Poll {
+        (
+            PollOutcome { asked, got: asked },
+            u64::from(asked) * per_message,
+        )
+    }
+
+    /// A poll of `got` messages of `bytes` in all where `asked` were asked for.
+    fn short(asked: u32, got: u32, bytes: u64) -> Poll {
+        (PollOutcome { asked, got }, bytes)
+    }
+
+    fn take(sizer: &mut BatchSizer, (outcome, bytes): Poll, far: Far) {
+        sizer.polled(outcome, far, || bytes);
+    }
+
+    /// A full poll of the size the sizer asks for next.
+    fn take_next(sizer: &mut BatchSizer, per_message: u64, far: Far) {
+        let poll = full(sizer.next(), per_message);
+        take(sizer, poll, far);
     }
 
     #[test]
     fn a_near_partition_keeps_its_batch_size() {
         let mut sizer = BatchSizer::new(1000, 4 << 20);
         for _ in 0..10 {
-            sizer.polled(full(sizer.next(), 300), NEAR);
+            take_next(&mut sizer, 300, NEAR);
         }
         check!(sizer.next() == 1000);
         check!(!sizer.reads_ahead());
@@ -139,14 +157,14 @@ mod tests {
         let mut sizer = BatchSizer::new(1000, 4 << 20);
         let mut seen = Vec::new();
         for _ in 0..6 {
-            sizer.polled(full(sizer.next(), 256), FAR);
+            take_next(&mut sizer, 256, FAR);
             seen.push(sizer.next());
         }
         // 4 MiB of 256-byte messages is 16,384, at once.
         check!(seen == [16_384; 6]);
         check!(sizer.reads_ahead());
         // Near again (the link got better): the batch stays, growing stops.
-        sizer.polled(full(16_384, 256), NEAR);
+        take(&mut sizer, full(16_384, 256), NEAR);
         check!(sizer.next() == 16_384);
         check!(!sizer.reads_ahead());
     }
@@ -158,7 +176,7 @@ mod tests {
             source: false,
             target: true,
         };
-        sizer.polled(full(1000, 256), far_target);
+        take(&mut sizer, full(1000, 256), far_target);
         check!(sizer.next() == 16_384);
         check!(!sizer.reads_ahead());
     }
@@ -166,28 +184,14 @@ mod tests {
     #[test]
     fn a_short_poll_goes_back_to_the_batch_size() {
         let mut sizer = BatchSizer::new(1000, 4 << 20);
-        sizer.polled(full(1000, 256), FAR);
+        take(&mut sizer, full(1000, 256), FAR);
         check!(sizer.next() == 16_384);
-        sizer.polled(
-            PollOutcome {
-                asked: 16_384,
-                got: 3999,
-                bytes: 3999 * 256,
-            },
-            FAR,
-        );
+        take(&mut sizer, short(16_384, 3999, 3999 * 256), FAR);
         check!(sizer.next() == 1000);
         check!(!sizer.reads_ahead());
         // Nothing at all is short too.
-        sizer.polled(full(1000, 256), FAR);
-        sizer.polled(
-            PollOutcome {
-                asked: 2000,
-                got: 0,
-                bytes: 0,
-            },
-            FAR,
-        );
+        take(&mut sizer, full(1000, 256), FAR);
+        take(&mut sizer, short(2000, 0, 0), FAR);
         check!(sizer.next() == 1000);
     }
 
@@ -195,23 +199,16 @@ mod tests {
     fn the_bounds_hold_for_tiny_huge_and_odd_messages() {
         // Tiny messages stop at the largest batch Iggy's flows allow.
         let mut sizer = BatchSizer::new(1000, 64 << 20);
-        sizer.polled(full(sizer.next(), 1), FAR);
+        take_next(&mut sizer, 1, FAR);
         check!(sizer.next() == replicator_model::MAX_BATCH_SIZE);
         // Messages so large that `batch_size` of them exceed the bound: never below it.
         let mut sizer = BatchSizer::new(100, 1 << 20);
-        sizer.polled(full(100, 1 << 20), FAR);
+        take(&mut sizer, full(100, 1 << 20), FAR);
         check!(sizer.next() == 100);
         // A zero base is one message; zero bytes count as one byte each.
         let mut sizer = BatchSizer::new(0, 1000);
         check!(sizer.next() == 1);
-        sizer.polled(
-            PollOutcome {
-                asked: 1,
-                got: 1,
-                bytes: 0,
-            },
-            FAR,
-        );
+        take(&mut sizer, short(1, 1, 0), FAR);
         check!(sizer.next() == 1000);
     }
 }

@@ -307,17 +307,13 @@ impl<C: ControlPlane> Reader<C> {
         let mut messages = polled.messages;
         messages.retain(|m| m.offset >= from.offset);
         let got = u32::try_from(messages.len()).unwrap_or(u32::MAX);
-        let bytes = messages.iter().map(Message::wire_bytes).sum();
         self.sizer.polled(
-            PollOutcome {
-                asked: count,
-                got,
-                bytes,
-            },
+            PollOutcome { asked: count, got },
             Far {
                 source: shared.source.far(),
                 target: shared.meters.target_far(),
             },
+            || messages.iter().map(Message::wire_bytes).sum(),
         );
         let (Some(first), Some(last)) = (messages.first(), messages.last()) else {
             if went_back(from, polled.current_offset) {
@@ -399,8 +395,9 @@ async fn poll<C>(
 /// Whether an answer to a poll of `count` from `from` holds exactly `count` messages from
 /// `from` on.
 fn starts_full(polled: &replicator_sdk::Polled, from: u64, count: u32) -> bool {
-    let held = polled.messages.iter().filter(|m| m.offset >= from);
-    held.clone().next().is_some_and(|m| m.offset == from) && held.count() == count as usize
+    // Polled messages come in offset order.
+    let held = &polled.messages[polled.messages.partition_point(|m| m.offset < from)..];
+    held.len() == count as usize && held.first().is_some_and(|m| m.offset == from)
 }
 
 /// What one poll found.
