@@ -161,6 +161,8 @@ pub(crate) struct Snapshot {
     /// The topics residency policies keep from each flow's target (every flow); empty while
     /// the pipeline starts.
     pub(crate) residency: Vec<replicator_pipeline::FlowResidency>,
+    /// How the pipeline's long-running tasks fared; empty while the pipeline starts.
+    pub(crate) tasks: Vec<replicator_pipeline::TaskStats>,
 }
 
 impl Metrics {
@@ -274,6 +276,7 @@ impl Collector for Scrape {
             paused,
             heartbeats,
             residency,
+            tasks,
         } = &self.0;
         let e = &mut encoder;
         labelled(
@@ -327,6 +330,7 @@ impl Collector for Scrape {
                 .iter()
                 .map(|r| (flow_labels(&r.flow), gauge(r.blocked.len() as u64))),
         )?;
+        encode_tasks(e, tasks)?;
         encode_control(e, control.as_ref())
     }
 }
@@ -477,6 +481,35 @@ fn encode_heartbeats(
             let age = h.last_sent_age?;
             Some(([("flow", h.flow.as_str())], ConstGauge::new(age.as_secs_f64())))
         }),
+    )
+}
+
+/// The per-task families of the long-running tasks beside the data path.
+fn encode_tasks(
+    e: &mut DescriptorEncoder,
+    tasks: &[replicator_pipeline::TaskStats],
+) -> Result<(), std::fmt::Error> {
+    let labels = |t: &replicator_pipeline::TaskStats| {
+        [
+            ("task", t.task.name().to_owned()),
+            ("flow", t.flow.clone().unwrap_or_default()),
+        ]
+    };
+    labelled(
+        e,
+        "task_restarts",
+        "Times a long-running task (discovery, metadata_sync, group_sync, heartbeats per flow; identity_follower, watchdog per node; flow empty) ended while it should have run, and was restarted or given up on",
+        tasks
+            .iter()
+            .map(|t| (labels(t), ConstCounter::new(t.restarts))),
+    )?;
+    labelled(
+        e,
+        "task_panics",
+        "How many of task_restarts were panics (a bug: please report it)",
+        tasks
+            .iter()
+            .map(|t| (labels(t), ConstCounter::new(t.panics))),
     )
 }
 
@@ -874,6 +907,7 @@ mod tests {
             paused: vec![("us-to-eu".to_owned(), true)],
             heartbeats: Vec::new(),
             residency: Vec::new(),
+            tasks: Vec::new(),
         };
         // Two scrapes of the same meters show the same totals (nothing is added per scrape).
         let _ = metrics.render(snapshot())?;
@@ -993,6 +1027,35 @@ mod tests {
     }
 
     #[test]
+    fn tasks_export_restarts_and_panics_with_an_empty_flow_for_node_tasks(
+    ) -> Result<(), std::fmt::Error> {
+        let task = |task, flow: Option<&str>, restarts, panics| replicator_pipeline::TaskStats {
+            task,
+            flow: flow.map(str::to_owned),
+            restarts,
+            panics,
+            last_failure: None,
+            running: true,
+        };
+        let text = Metrics::new().render(Snapshot {
+            tasks: vec![
+                task(replicator_pipeline::TaskKind::Discovery, Some("a"), 2, 1),
+                task(replicator_pipeline::TaskKind::Watchdog, None, 0, 0),
+            ],
+            ..Snapshot::default()
+        })?;
+        let lines = samples(&text);
+        for expected in [
+            "iggy_replicator_task_restarts_total{task=\"discovery\",flow=\"a\"} 2",
+            "iggy_replicator_task_panics_total{task=\"discovery\",flow=\"a\"} 1",
+            "iggy_replicator_task_restarts_total{task=\"watchdog\",flow=\"\"} 0",
+        ] {
+            assert!(lines.contains(&expected), "{expected} in {lines:?}");
+        }
+        Ok(())
+    }
+
+    #[test]
     fn families_lists_every_registered_family_with_its_type() -> Result<(), std::fmt::Error> {
         let families = families()?;
         let names: Vec<(&str, &str)> = families
@@ -1038,6 +1101,8 @@ mod tests {
                 ("heartbeat_failures", "counter"),
                 ("heartbeat_age_seconds", "gauge"),
                 ("policy_blocked_topics", "gauge"),
+                ("task_restarts", "counter"),
+                ("task_panics", "counter"),
                 ("units_owned", "gauge"),
                 ("units_unowned", "gauge"),
                 ("raft_term", "gauge"),

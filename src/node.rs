@@ -625,6 +625,7 @@ fn publish_pipeline(parts: &NodeParts, pipeline: &Pipeline, config: &Config) {
             cutover: pipeline.cutover(),
             heartbeats: Arc::new(pipeline.heartbeats_reader()),
             residency: Arc::new(pipeline.residency_reader()),
+            tasks: Arc::new(pipeline.tasks_reader()),
         },
         flow_names(config),
     );

@@ -17,7 +17,9 @@ use super::AdminState;
 /// coordinator handles its mailbox, whatever the node waits for; 503 once a heartbeat to the
 /// coordinator has waited [`WEDGED_AFTER`]. The handler itself touches no actor and no lock
 /// held across an await. The body says where the node stands: `ok`, or `starting: control
-/// plane`, `starting: pipeline`, `stopping`, each with how long it has lasted. A node that
+/// plane`, `starting: pipeline`, `stopping`, each with how long it has lasted, then one line per
+/// long-running task that ended unexpectedly since the pipeline started (its supervisor
+/// restarted it; one that keeps dying stops the pipeline, and the process exits). A node that
 /// waits for its peers is alive: restarting it would not make them come.
 pub(super) async fn health(State(state): State<AdminState>) -> Response {
     let wedged = state
@@ -36,8 +38,38 @@ pub(super) async fn health(State(state): State<AdminState>) -> Response {
             )
                 .into_response()
         }
-        None => format!("{}\n", state.parts.describe()).into_response(),
+        None => {
+            let mut body = format!("{}\n", state.parts.describe());
+            for task in state.parts.tasks().iter().filter(|t| t.restarts > 0) {
+                body.push_str(&task_line(task));
+            }
+            body.into_response()
+        }
     }
+}
+
+/// One line of `/health` about a task that ended unexpectedly.
+fn task_line(task: &replicator_pipeline::TaskStats) -> String {
+    let of = task
+        .flow
+        .as_ref()
+        .map_or_else(|| " of the node".to_owned(), |f| format!(" of flow {f}"));
+    let last = task
+        .last_failure
+        .as_ref()
+        .map(|(how, ago)| format!("; last {how}, {}s ago", ago.as_secs()))
+        .unwrap_or_default();
+    format!(
+        "task {}{of}: restarted {} time(s), {} panic(s){last}; {}\n",
+        task.task,
+        task.restarts,
+        task.panics,
+        if task.running {
+            "running"
+        } else {
+            "waiting to restart"
+        }
+    )
 }
 
 /// How long the coordinator may leave a heartbeat unanswered before `/health` fails. Its
@@ -88,5 +120,42 @@ fn readiness(parts: &NodeParts, control: Option<&ControlMetrics>) -> Result<Node
         (Some(leader), Some(_)) => Ok(leader),
         (None, _) => Err("no leader".to_owned()),
         (Some(_), None) => Err("state not applied yet".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use replicator_pipeline::{TaskKind, TaskStats};
+
+    use super::task_line;
+
+    #[test]
+    fn a_restarted_task_says_which_how_often_and_how_it_last_ended() {
+        let task = TaskStats {
+            task: TaskKind::MetadataSync,
+            flow: Some("us-to-eu".to_owned()),
+            restarts: 2,
+            panics: 1,
+            last_failure: Some(("panicked".to_owned(), Duration::from_secs(12))),
+            running: false,
+        };
+        assert_eq!(
+            task_line(&task),
+            "task metadata_sync of flow us-to-eu: restarted 2 time(s), 1 panic(s); last \
+             panicked, 12s ago; waiting to restart\n"
+        );
+        let node = TaskStats {
+            task: TaskKind::Watchdog,
+            flow: None,
+            last_failure: None,
+            running: true,
+            ..task
+        };
+        assert_eq!(
+            task_line(&node),
+            "task watchdog of the node: restarted 2 time(s), 1 panic(s); running\n"
+        );
     }
 }

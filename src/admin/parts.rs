@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use replicator_control::Control;
 use replicator_pipeline::{ConnectionState, Cutover, Liveness, UnitStats};
-use replicator_pipeline::{FlowResidency, HeartbeatStats};
+use replicator_pipeline::{FlowResidency, HeartbeatStats, TaskStats};
 use tracing::warn;
 
 /// Reads the pipeline's per-unit statistics (shared meters; never waits for an actor).
@@ -19,6 +19,8 @@ pub(crate) type ConnectionsReader = Arc<dyn Fn() -> Vec<ConnectionState> + Send 
 pub(crate) type HeartbeatsReader = Arc<dyn Fn() -> Vec<HeartbeatStats> + Send + Sync>;
 /// Reads the topics residency policies keep from every flow's target.
 pub(crate) type ResidencyReader = Arc<dyn Fn() -> Vec<FlowResidency> + Send + Sync>;
+/// Reads how the pipeline's long-running tasks fared.
+pub(crate) type TasksReader = Arc<dyn Fn() -> Vec<TaskStats> + Send + Sync>;
 
 /// The parts of a node the admin API reads, published by the node as they come up.
 pub(crate) struct NodeParts {
@@ -50,6 +52,8 @@ pub(crate) struct PipelineView {
     pub(crate) heartbeats: HeartbeatsReader,
     /// The topics residency policies keep from each flow's target.
     pub(crate) residency: ResidencyReader,
+    /// How the long-running tasks beside the data path fared (restarts, panics).
+    pub(crate) tasks: TasksReader,
 }
 
 impl NodeParts {
@@ -142,6 +146,11 @@ impl NodeParts {
     /// The pipeline's statistics; empty while it has not started.
     pub(super) fn local_stats(&self) -> Vec<UnitStats> {
         self.pipeline().map(|p| (p.stats)()).unwrap_or_default()
+    }
+
+    /// How the pipeline's long-running tasks fared; empty until the pipeline started.
+    pub(super) fn tasks(&self) -> Vec<TaskStats> {
+        self.pipeline().map(|p| (p.tasks)()).unwrap_or_default()
     }
 
     /// This node's heartbeat counts per flow; empty until the pipeline started.

@@ -69,6 +69,7 @@ fn scrape(state: &AdminState) -> Response {
         }),
         heartbeats: state.parts.heartbeats(),
         residency: state.parts.residency(),
+        tasks: state.parts.tasks(),
     };
     match state.metrics.render(snapshot) {
         Ok(text) => (

@@ -1,5 +1,7 @@
-//! Bounded exponential backoff with jitter: the pure arithmetic and a small stateful wrapper.
+//! Bounded exponential backoff with jitter: the pure arithmetic and a small stateful wrapper;
+//! and the restart budget every supervisor of the tree counts restarts with.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
@@ -73,11 +75,67 @@ impl Backoff {
     }
 }
 
+/// Most restarts of one child within [`RESTART_WINDOW`] before its supervisor gives up on it
+/// and escalates (the same budget at every level of the tree).
+pub(crate) const MAX_RESTARTS: usize = 5;
+
+/// The window [`MAX_RESTARTS`] counts in.
+pub(crate) const RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+/// How many times a supervisor restarted one child lately: a child that dies more than
+/// [`MAX_RESTARTS`] times within [`RESTART_WINDOW`] is not restarted again; its supervisor
+/// escalates instead (fails itself, up to the root, which makes the process exit so that
+/// systemd or Kubernetes starts it afresh). A restart loop then ends visibly instead of
+/// spinning for ever.
+#[derive(Debug, Default)]
+pub(crate) struct RestartBudget {
+    /// When the child was restarted, within the last [`RESTART_WINDOW`].
+    restarts: VecDeque<Instant>,
+}
+
+impl RestartBudget {
+    /// Records a restart at `now` and returns true, unless [`MAX_RESTARTS`] happened within
+    /// [`RESTART_WINDOW`] before `now` (then false: give up).
+    pub(crate) fn admit(&mut self, now: Instant) -> bool {
+        while self
+            .restarts
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) > RESTART_WINDOW)
+        {
+            self.restarts.pop_front();
+        }
+        if self.restarts.len() >= MAX_RESTARTS {
+            return false;
+        }
+        self.restarts.push_back(now);
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use assert2::check;
 
     use super::*;
+
+    #[test]
+    fn a_burst_of_deaths_is_restarted_up_to_the_budget_then_given_up() {
+        let mut budget = RestartBudget::default();
+        let t0 = Instant::now();
+        for i in 0..MAX_RESTARTS {
+            check!(budget.admit(t0 + Duration::from_secs(i as u64)));
+        }
+        check!(!budget.admit(t0 + Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn deaths_spread_wider_than_the_window_are_always_restarted() {
+        let mut budget = RestartBudget::default();
+        let t0 = Instant::now();
+        for i in 0..(3 * MAX_RESTARTS) as u32 {
+            check!(budget.admit(t0 + RESTART_WINDOW / 2 * i));
+        }
+    }
 
     fn params() -> BackoffParams {
         BackoffParams {

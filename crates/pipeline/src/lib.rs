@@ -62,6 +62,7 @@ pub use backoff::{next_backoff, with_jitter};
 pub use clients::probe::{check_generations, probe, GenerationMismatch, Spoken, PROBE_TIMEOUT};
 pub use clients::ConnectionState;
 pub use control::{ControlError, ControlPlane, UnitReport};
+pub use coordinator::{TaskKind, TaskStats};
 pub use datapath::writer::LandedMismatch;
 pub use discovery::heartbeat::{HeartbeatRecord, HeartbeatStats, HEARTBEAT_HEADER};
 pub use error::{Error, Result};

@@ -15,6 +15,8 @@ pub struct Liveness {
     base: Instant,
     /// When the oldest heartbeat not yet answered was sent (`u64::MAX`: none outstanding).
     outstanding_since: AtomicU64,
+    /// Heartbeats sent since start (a watchdog that stopped sending is seen by this).
+    sent: AtomicU64,
 }
 
 impl Liveness {
@@ -22,6 +24,7 @@ impl Liveness {
         Self {
             base: Instant::now(),
             outstanding_since: AtomicU64::new(u64::MAX),
+            sent: AtomicU64::new(0),
         }
     }
 
@@ -31,6 +34,7 @@ impl Liveness {
 
     /// A heartbeat is sent at `now` (the oldest unanswered one keeps counting).
     pub(crate) fn sent(&self, now: Instant) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
         let _ = self.outstanding_since.compare_exchange(
             u64::MAX,
             self.millis(now),
@@ -42,6 +46,12 @@ impl Liveness {
     /// The coordinator handled a heartbeat: nothing is outstanding any more.
     pub(crate) fn answered(&self) {
         self.outstanding_since.store(u64::MAX, Ordering::Release);
+    }
+
+    /// Heartbeats the watchdog sent since the pipeline started.
+    #[must_use]
+    pub fn heartbeats_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 
     /// How long a heartbeat has waited at `now`, when that is longer than `threshold`.

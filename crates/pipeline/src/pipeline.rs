@@ -13,7 +13,8 @@ use tokio_util::sync::CancellationToken;
 use crate::clients::{Cluster, ConnectionState};
 use crate::control::ControlPlane;
 use crate::coordinator::{CoordinatorArgs, CoordinatorHandle, CoordinatorMsg, FlowAssignments};
-use crate::coordinator::{Supervisor, SupervisorArgs, SupervisorMsg};
+use crate::coordinator::{Stage, TaskRegistry, TaskSpec, TasksArgs, TasksMsg};
+use crate::coordinator::{Supervisor, SupervisorArgs, SupervisorMsg, TaskKind, TaskStats};
 use crate::datapath::offset_maps::OffsetMaps;
 use crate::datapath::target::TargetWriter;
 use crate::datapath::throttle::FlowThrottle;
@@ -37,16 +38,13 @@ pub struct Pipeline {
     supervisor_task: JoinHandle<()>,
     /// The coordinator running now, under the supervisor.
     coordinator: CoordinatorHandle,
-    /// Cancelled when the supervisor gave up on the coordinator.
+    /// Cancelled when the supervisor gave up on the coordinator or a long-running task.
     gave_up: CancellationToken,
-    /// One discovery loop per flow, one heartbeat task per flow with heartbeats on, and the
-    /// coordinator's watchdog (see [`Liveness`]).
-    discovery: Vec<JoinHandle<()>>,
-    /// Stops the discovery loops and the heartbeat tasks (the units stop through the
-    /// coordinator, which decides what to release).
-    cancel: CancellationToken,
-    /// The task following this node's writer identity, and its stop (after the drain).
-    identity: (JoinHandle<()>, CancellationToken),
+    /// The supervisor of the long-running tasks beside the data path (see
+    /// `crate::coordinator::tasks`), which stops them in stages at shutdown.
+    tasks: ActorRef<TasksMsg>,
+    /// How those tasks fared.
+    task_registry: TaskRegistry,
     /// Yields `None` once every task the actor tree started is gone (nothing is ever sent).
     tasks_gone: mpsc::Receiver<()>,
     /// Connections, closed at the end.
@@ -63,6 +61,39 @@ pub struct Pipeline {
     heartbeats: Vec<Arc<HeartbeatMeters>>,
     /// The topics residency policies keep from each flow's target.
     blocked: BlockedTopics,
+}
+
+/// A long-running task of the node, started (and restarted) by `start`.
+fn node_task<F>(
+    kind: TaskKind,
+    stage: Stage,
+    start: impl Fn(CancellationToken) -> F + Send + Sync + 'static,
+) -> TaskSpec
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    TaskSpec {
+        kind,
+        flow: None,
+        stage,
+        start: Arc::new(move |stop| Box::pin(start(stop))),
+    }
+}
+
+/// A long-running task of `flow`, started (and restarted) by `start`; it stops before the
+/// drain.
+fn flow_task<F>(
+    kind: TaskKind,
+    flow: &str,
+    start: impl Fn(CancellationToken) -> F + Send + Sync + 'static,
+) -> TaskSpec
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    TaskSpec {
+        flow: Some(flow.to_owned()),
+        ..node_task(kind, Stage::BeforeDrain, start)
+    }
 }
 
 /// Sends the coordinator a heartbeat every [`HEARTBEAT_INTERVAL`] until `cancel`.
@@ -164,6 +195,7 @@ impl Pipeline {
             })
             .collect();
         let (alive, tasks_gone) = mpsc::channel(1);
+        let alive_tasks = alive.clone();
         let coordinator = CoordinatorHandle::default();
         let gave_up = CancellationToken::new();
         let coordinator_args = CoordinatorArgs {
@@ -181,29 +213,19 @@ impl Pipeline {
             residency: residency.clone(),
             flow_assignments: flow_assignments.clone(),
         };
-        let (supervisor, supervisor_task) = Actor::spawn(
-            None,
-            Supervisor::<C>::new(),
-            SupervisorArgs {
-                coordinator: coordinator_args,
-                handle: coordinator.clone(),
-                gave_up: gave_up.clone(),
-            },
-        )
-        .await
-        .map_err(|e| Error::Actor {
-            name: format!("supervisor/n{}", params.node_id),
-            reason: e.to_string(),
-        })?;
-        let cancel = CancellationToken::new();
-        let mut discovery = Vec::new();
-        // Its own token: the writers' connections must outlive the drain's final sends.
-        let identity_cancel = CancellationToken::new();
-        let identity = tokio::spawn(crate::fencing::identity::follow(
-            writers.clone(),
-            control.clone(),
-            identity_cancel.clone(),
-        ));
+        // The long-running tasks beside the data path, started by the task supervisor.
+        let mut tasks = Vec::new();
+        {
+            let (writers, control) = (writers.clone(), control.clone());
+            // After the drain: the writers' connections must outlive the drain's final sends.
+            tasks.push(node_task(
+                TaskKind::IdentityFollower,
+                Stage::AfterDrain,
+                move |stop| {
+                    crate::fencing::identity::follow(writers.clone(), control.clone(), stop)
+                },
+            ));
+        }
         let group_registry = GroupSyncRegistry::default();
         let mut group_syncs: BTreeMap<String, SyncFn> = BTreeMap::new();
         let dance = Arc::new(tokio::sync::Mutex::new(()));
@@ -233,11 +255,10 @@ impl Pipeline {
                 tail_scan_window: params.tail_scan_window,
             });
             let seed = (params.node_id << 32) ^ flow.name.len() as u64;
-            discovery.push(tokio::spawn(crate::sync::groups::run(
-                sync.clone(),
-                seed,
-                cancel.clone(),
-            )));
+            let run = sync.clone();
+            tasks.push(flow_task(TaskKind::GroupSync, &flow.name, move |stop| {
+                crate::sync::groups::run(run.clone(), seed, stop)
+            }));
             let run_once: SyncFn = Arc::new(move |units| {
                 let sync = sync.clone();
                 Box::pin(async move {
@@ -277,16 +298,23 @@ impl Pipeline {
                 metadata_registry.clone(),
                 Arc::new(control.clone()),
             )?);
-            discovery.push(tokio::spawn(crate::sync::metadata::run(
-                sync.clone(),
-                control.clone(),
-                flow_assignments.subscribe(&flow.name),
-                first_unit.clone(),
-                cancel.clone(),
-            )));
+            {
+                let (run, control) = (sync.clone(), control.clone());
+                let (assignments, first_unit) = (flow_assignments.clone(), first_unit.clone());
+                let name = flow.name.clone();
+                tasks.push(flow_task(TaskKind::MetadataSync, &flow.name, move |stop| {
+                    crate::sync::metadata::run(
+                        run.clone(),
+                        control.clone(),
+                        assignments.subscribe(&name),
+                        first_unit.clone(),
+                        stop,
+                    )
+                }));
+            }
             let pairing = sync.pair.clone();
             metadata_syncs.insert(flow.name.clone(), sync);
-            discovery.push(tokio::spawn(discovery::run(DiscoveryParams {
+            let discovery = DiscoveryParams {
                 flow: flow.clone(),
                 selector: selector.clone(),
                 blocked: blocked.clone(),
@@ -295,11 +323,17 @@ impl Pipeline {
                 control: control.clone(),
                 coordinator: coordinator.clone(),
                 interval: params.discovery_interval,
-                cancel: cancel.clone(),
+                cancel: CancellationToken::new(),
                 units_seen: units_seen.get(&flow.name).cloned().unwrap_or_default(),
                 first_unit,
                 pairing,
-            })));
+            };
+            tasks.push(flow_task(TaskKind::Discovery, &flow.name, move |stop| {
+                discovery::run(DiscoveryParams {
+                    cancel: stop,
+                    ..discovery.clone()
+                })
+            }));
         }
         let mut heartbeats = Vec::new();
         for flow in flows.values() {
@@ -323,7 +357,7 @@ impl Pipeline {
             }
             let meters = Arc::new(HeartbeatMeters::new(&flow.name));
             heartbeats.push(meters.clone());
-            discovery.push(tokio::spawn(heartbeat::run(HeartbeatParams {
+            let beats = HeartbeatParams {
                 flow: flow.clone(),
                 node: params.node_id,
                 control: control.clone(),
@@ -333,14 +367,51 @@ impl Pipeline {
                 units: meters_registry.clone(),
                 observer: params.observer.clone(),
                 meters,
-                cancel: cancel.clone(),
-            })));
+                cancel: CancellationToken::new(),
+            };
+            tasks.push(flow_task(TaskKind::Heartbeats, &flow.name, move |stop| {
+                heartbeat::run(HeartbeatParams {
+                    cancel: stop,
+                    ..beats.clone()
+                })
+            }));
         }
-        discovery.push(tokio::spawn(watchdog(
-            coordinator.clone(),
-            liveness.clone(),
-            cancel.clone(),
-        )));
+        {
+            let (coordinator, liveness) = (coordinator.clone(), liveness.clone());
+            tasks.push(node_task(
+                TaskKind::Watchdog,
+                Stage::BeforeDrain,
+                move |stop| watchdog(coordinator.clone(), liveness.clone(), stop),
+            ));
+        }
+        let task_registry = TaskRegistry::new(&tasks);
+        let (tasks_ref, tasks_started) = tokio::sync::oneshot::channel();
+        let (supervisor, supervisor_task) = Actor::spawn(
+            None,
+            Supervisor::<C>::new(),
+            SupervisorArgs {
+                coordinator: coordinator_args,
+                handle: coordinator.clone(),
+                gave_up: gave_up.clone(),
+                tasks: TasksArgs {
+                    node_id: params.node_id,
+                    specs: tasks,
+                    registry: task_registry.clone(),
+                    backoff: params.backoff,
+                    alive: alive_tasks,
+                },
+                tasks_ref,
+            },
+        )
+        .await
+        .map_err(|e| Error::Actor {
+            name: format!("supervisor/n{}", params.node_id),
+            reason: e.to_string(),
+        })?;
+        let tasks = tasks_started.await.map_err(|_| Error::Actor {
+            name: format!("tasks/n{}", params.node_id),
+            reason: "the task supervisor did not start".to_owned(),
+        })?;
         tracing::info!(flows = flows.len(), "pipeline started");
         let cutover_clusters = clusters.clone();
         Ok(Self {
@@ -348,9 +419,8 @@ impl Pipeline {
             supervisor_task,
             coordinator,
             gave_up,
-            discovery,
-            cancel,
-            identity: (identity, identity_cancel),
+            tasks,
+            task_registry,
             tasks_gone,
             clusters: clusters.values().cloned().collect(),
             shutdown_timeout: params.shutdown_timeout,
@@ -437,13 +507,45 @@ impl Pipeline {
         move || meters.snapshot(Instant::now())
     }
 
-    /// Kills every actor `depth` levels under the root of the data path's actor tree (1: the
-    /// coordinator, 2: the flow actors, 3: the units' readers and writers), as a crash of that
-    /// part would, and returns how many it killed. For tests of the supervision.
+    /// How each long-running task beside the data path fared (restarts, panics, whether it
+    /// runs), like [`Pipeline::stats_reader`].
+    pub fn tasks_reader(&self) -> impl Fn() -> Vec<TaskStats> + Clone + Send + Sync + 'static {
+        let registry = self.task_registry.clone();
+        move || registry.snapshot(Instant::now())
+    }
+
+    /// Makes the long-running task `kind` of `flow` (`None`: of the node) panic, as a bug in
+    /// it would; false if this pipeline runs no such task. For tests of the supervision.
+    #[doc(hidden)]
+    pub fn inject_task_panic_for_tests(&self, kind: TaskKind, flow: Option<&str>) -> bool {
+        self.task_registry.inject_panic(kind, flow)
+    }
+
+    /// The shape of the actor tree as it runs now (see ARCHITECTURE.md, "Concurrency"), for
+    /// the test that keeps that drawing true.
+    #[doc(hidden)]
+    pub fn draw_tree_for_tests(&self) -> String {
+        crate::coordinator::draw_tree(&self.supervisor.get_cell())
+    }
+
+    /// Kills every actor `depth` levels under the root of the data path's actor tree (0: the
+    /// root, 1: the coordinator, 2: the flow actors, 3: the units' readers and writers), as a
+    /// crash of that part would, and returns how many it killed. For tests of the supervision.
     #[doc(hidden)]
     pub fn kill_actors_for_tests(&self, depth: usize) -> usize {
-        let mut level = vec![self.supervisor.get_cell()];
-        for _ in 0..depth {
+        if depth == 0 {
+            self.supervisor.kill();
+            return 1;
+        }
+        // The coordinator's branch only (the task supervisor beside it has its own test hook,
+        // `inject_task_panic_for_tests`).
+        let mut level: Vec<_> = self
+            .coordinator
+            .current()
+            .map(|c| c.get_cell())
+            .into_iter()
+            .collect();
+        for _ in 1..depth {
             level = level
                 .iter()
                 .flat_map(ractor::ActorCell::get_children)
@@ -468,10 +570,7 @@ impl Pipeline {
     /// under the same epochs, without an assignment round.
     #[tracing::instrument(skip_all, fields(kept = keep.len()))]
     pub async fn shutdown_keeping(mut self, keep: BTreeSet<String>) {
-        self.cancel.cancel();
-        for task in self.discovery {
-            let _ = task.await;
-        }
+        self.stop_tasks(Stage::BeforeDrain).await;
         // No coordinator runs while it is being restarted: its units stopped with it.
         if let Some(coordinator) = self.coordinator.current() {
             let drained = call_t!(
@@ -484,35 +583,40 @@ impl Pipeline {
                 tracing::warn!(error = %err, "drain did not finish in time; aborting the rest");
             }
         }
+        self.stop_tasks(Stage::AfterDrain).await;
         // Stopping the root kills what is left of the tree under it.
         self.supervisor.stop(Some("shutdown".into()));
         let _ = self.supervisor_task.await;
         let _ = self.tasks_gone.recv().await;
-        self.identity.1.cancel();
-        let _ = self.identity.0.await;
         for cluster in &self.clusters {
             cluster.close().await;
         }
         tracing::info!("pipeline stopped");
     }
 
+    /// Stops the long-running tasks of `stage` and waits for them, within the shutdown
+    /// timeout (what still runs then is killed with the tree).
+    async fn stop_tasks(&self, stage: Stage) {
+        let stopped = call_t!(
+            self.tasks,
+            TasksMsg::Stop,
+            self.shutdown_timeout.as_millis() as u64,
+            stage
+        );
+        // The task supervisor is gone only if the tree gave up, which stopped the tasks.
+        if let Err(err) = stopped {
+            tracing::warn!(?stage, error = %err, "long-running tasks did not stop in time");
+        }
+    }
+
     /// Abrupt stop for tests (`kill -9`): aborts every task at once, without draining,
     /// committing or releasing anything, and returns once none of them runs any more.
     pub async fn crash(mut self) {
-        self.cancel.cancel();
-        for task in &self.discovery {
-            task.abort();
-        }
-        // Killing the root kills the whole tree; the dropped states abort the unit loops and
-        // release tasks.
+        // Killing the root kills the whole tree; the dropped states abort the unit loops,
+        // release tasks and long-running tasks.
         self.supervisor.kill();
         let _ = self.supervisor_task.await;
         let _ = self.tasks_gone.recv().await;
-        for task in self.discovery {
-            let _ = task.await;
-        }
-        self.identity.1.cancel();
-        let _ = self.identity.0.await;
         for cluster in &self.clusters {
             cluster.close().await;
         }

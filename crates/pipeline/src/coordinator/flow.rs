@@ -22,11 +22,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::decide::{after_pair_gone, decide, Action, AfterPair, Ended, PhaseKind};
-use super::pair::{Child, Pair, Role, UnitTask, UnitTaskArgs};
+use super::loop_actor::{Child, LoopActor, LoopActorArgs};
+use super::pair::{Pair, Role};
 use super::release::{keep_release, request_release, retry_release, spawn_release};
 use super::release::{released, Handback, ReleaseState, RetryPlan};
 use super::{unit_span, AbortOnDrop, Alive, ChildEnd, UnitTaskKind};
-use crate::backoff::Backoff;
+use crate::backoff::{Backoff, RestartBudget, MAX_RESTARTS, RESTART_WINDOW};
 use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
 use crate::datapath::reader::{self, ReaderArgs};
@@ -122,6 +123,10 @@ struct UnitRun {
     phase: Phase,
     /// Restart backoff (kept across restarts of the same epoch).
     backoff: Backoff,
+    /// The pair's recent panics (kept across restarts of the same epoch): a unit whose pair
+    /// keeps panicking fails this flow actor instead of restarting for ever (a bug, not an
+    /// outage: pairs that end on errors restart as long as the unit is assigned).
+    panics: RestartBudget,
     /// When the current pair started (a pair that ran long enough resets the backoff).
     started: Instant,
 }
@@ -293,9 +298,9 @@ async fn dispatch<C: ControlPlane>(
                         .desired
                         .get(&unit)
                         .is_some_and(|a| a.epoch == epoch && !a.release_requested);
-                let backoff = state.runs.remove(&unit).map(|s| s.backoff);
+                let carried = state.runs.remove(&unit).map(|s| (s.backoff, s.panics));
                 if still_assigned {
-                    start_pair(myself, state, &unit, epoch, backoff).await?;
+                    start_pair(myself, state, &unit, epoch, carried).await?;
                 }
                 reconcile_units(myself, state, [unit]).await?;
             }
@@ -381,6 +386,7 @@ async fn pair_member_ended<C: ControlPlane>(
         ),
     }
     pair.failed |= !matches!(end, ChildEnd::Stopped(_));
+    pair.panicked |= matches!(end, ChildEnd::Panicked);
     pair.ended(role);
     if role == Role::Writer {
         // A writer that ended leaves its reader without a consumer: stop it too. A reader
@@ -390,7 +396,7 @@ async fn pair_member_ended<C: ControlPlane>(
     if pair.reader.is_some() || pair.writer.is_some() {
         return Ok(());
     }
-    let (epoch, ending, failed) = (run.epoch, pair.ending, pair.failed);
+    let (epoch, ending, failed, panicked) = (run.epoch, pair.ending, pair.failed, pair.panicked);
     let next = after_pair_gone(
         ending,
         epoch,
@@ -409,6 +415,15 @@ async fn pair_member_ended<C: ControlPlane>(
             reconcile_units(myself, state, [unit.clone()]).await?;
         }
         AfterPair::Restart { reset_backoff } => {
+            if panicked && !run.panics.admit(Instant::now()) {
+                tracing::error!(
+                    flow = %unit.flow, stream = %unit.stream, topic = %unit.topic,
+                    partition = unit.partition, epoch = %epoch, panics = MAX_RESTARTS,
+                    window = ?RESTART_WINDOW,
+                    "unit pair keeps panicking; failing the flow actor (escalating)"
+                );
+                return Err(format!("the pair of unit {unit} keeps panicking").into());
+            }
             if reset_backoff {
                 run.backoff.reset();
             }
@@ -568,7 +583,7 @@ async fn start_pair<C: ControlPlane>(
     state: &mut FlowState<C>,
     unit: &WorkUnit,
     epoch: Epoch,
-    backoff: Option<Backoff>,
+    carried: Option<(Backoff, RestartBudget)>,
 ) -> Result<(), ActorProcessingErr> {
     if state.runs.contains_key(unit) {
         return Ok(());
@@ -623,8 +638,11 @@ async fn start_pair<C: ControlPlane>(
     state.pairs += 1;
     let id = state.pairs;
     let stop = state.units.child_token();
-    let backoff = backoff.unwrap_or_else(|| Backoff::new(state.args.tuning.backoff, state.seeds));
-    let writer = UnitTaskArgs {
+    let (backoff, panics) = carried.unwrap_or_else(|| {
+        let backoff = Backoff::new(state.args.tuning.backoff, state.seeds);
+        (backoff, RestartBudget::default())
+    });
+    let writer = LoopActorArgs {
         span: tracing::info_span!(parent: &span, "writer"),
         alive: state.args.alive.clone(),
         work: Box::pin(writer::run(WriterArgs {
@@ -634,7 +652,7 @@ async fn start_pair<C: ControlPlane>(
             stop: stop.clone(),
         })),
     };
-    let reader = UnitTaskArgs {
+    let reader = LoopActorArgs {
         span: tracing::info_span!(parent: &span, "reader"),
         alive: state.args.alive.clone(),
         work: Box::pin(reader::run(ReaderArgs {
@@ -650,12 +668,13 @@ async fn start_pair<C: ControlPlane>(
         reader: None,
         writer: None,
         failed: false,
+        panicked: false,
         ending: Ended::ByItself,
     };
     // The writer first: the reader waits for its start offset. A spawn fails only when the
     // runtime goes away; the flow actor then fails, and the coordinator's restart decides.
     for (role, args) in [(Role::Writer, writer), (Role::Reader, reader)] {
-        let (actor, _) = Actor::spawn_linked(None, UnitTask, args, myself.get_cell()).await?;
+        let (actor, _) = Actor::spawn_linked(None, LoopActor, args, myself.get_cell()).await?;
         state.members.insert(
             actor.get_id(),
             Member {
@@ -675,6 +694,7 @@ async fn start_pair<C: ControlPlane>(
             epoch,
             phase: Phase::Running(pair),
             backoff,
+            panics,
             started: Instant::now(),
         },
     );

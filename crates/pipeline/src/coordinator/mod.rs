@@ -26,9 +26,11 @@
 
 mod decide;
 mod flow;
+mod loop_actor;
 mod pair;
 mod release;
 mod supervisor;
+mod tasks;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::marker::PhantomData;
@@ -45,7 +47,9 @@ use tracing::Instrument;
 
 use self::flow::{Flow, FlowArgs, FlowMsg};
 pub(crate) use self::supervisor::{CoordinatorHandle, Supervisor, SupervisorArgs, SupervisorMsg};
-use crate::backoff::Backoff;
+pub(crate) use self::tasks::{Stage, TaskRegistry, TaskSpec, TasksArgs, TasksMsg};
+pub use self::tasks::{TaskKind, TaskStats};
+use crate::backoff::{Backoff, RestartBudget, MAX_RESTARTS, RESTART_WINDOW};
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::datapath::target::TargetWriter;
@@ -168,6 +172,8 @@ struct FlowChild {
     actor: Option<ActorRef<FlowMsg>>,
     /// Restart backoff (reset when the actor had run long).
     backoff: Backoff,
+    /// Its recent restarts: a flow actor that keeps dying fails the coordinator (escalates).
+    restarts: RestartBudget,
     /// When the current actor started.
     started: Instant,
     /// The restart timer while waiting (dropping it cancels the restart).
@@ -288,6 +294,14 @@ impl<C: ControlPlane> Actor for Coordinator<C> {
             // Its drain reply went with it; the drain goes on without it.
             tracing::warn!(flow = %name, outcome = %failure, "flow actor ended while draining");
             return Ok(());
+        }
+        if !child.restarts.admit(Instant::now()) {
+            tracing::error!(
+                flow = %name, outcome = %failure, restarts = MAX_RESTARTS,
+                window = ?RESTART_WINDOW,
+                "flow actor keeps dying; failing the coordinator (escalating)"
+            );
+            return Err(format!("the flow actor of {name} keeps dying").into());
         }
         if child.started.elapsed() >= decide::BACKOFF_RESET_AFTER {
             child.backoff.reset();
@@ -433,6 +447,7 @@ async fn spawn_flow<C: ControlPlane>(
     let child = state.flows.entry(name.to_owned()).or_insert(FlowChild {
         actor: None,
         backoff,
+        restarts: RestartBudget::default(),
         started: Instant::now(),
         restart_timer: None,
     });
@@ -464,7 +479,7 @@ impl ChildEnd {
                 Self::Stopped(reason.unwrap_or_else(|| "stopped".to_owned())),
             )),
             SupervisionEvent::ActorFailed(cell, err) => {
-                let end = if err.downcast_ref::<pair::LoopPanicked>().is_some() {
+                let end = if err.downcast_ref::<loop_actor::LoopPanicked>().is_some() {
                     Self::Panicked
                 } else {
                     Self::Failed(err.to_string())
@@ -484,6 +499,52 @@ impl std::fmt::Display for ChildEnd {
             Self::Panicked => f.write_str("panicked"),
         }
     }
+}
+
+/// The shape of the tree under `root` as it runs, one line per kind of actor with how many run
+/// under the same parent (`Flow ×2`), for the test that keeps ARCHITECTURE.md's drawing true.
+/// A kind is told by the actor's message type; a group's subtree is drawn from its first actor.
+pub(crate) fn draw_tree(root: &ractor::ActorCell) -> String {
+    fn label(cell: &ractor::ActorCell) -> &'static str {
+        let is = |yes: Option<bool>| yes == Some(true);
+        if is(cell.is_message_type_of::<SupervisorMsg>()) {
+            "Supervisor"
+        } else if is(cell.is_message_type_of::<CoordinatorMsg>()) {
+            "Coordinator"
+        } else if is(cell.is_message_type_of::<FlowMsg>()) {
+            "Flow"
+        } else if is(cell.is_message_type_of::<TasksMsg>()) {
+            "Tasks"
+        } else if is(cell.is_message_type_of::<loop_actor::LoopMsg>()) {
+            "LoopActor"
+        } else {
+            "?"
+        }
+    }
+    fn draw(cell: &ractor::ActorCell, prefix: &str, out: &mut String) {
+        let mut groups: Vec<(&'static str, Vec<ractor::ActorCell>)> = Vec::new();
+        for child in cell.get_children() {
+            let l = label(&child);
+            match groups.iter_mut().find(|(g, _)| *g == l) {
+                Some((_, cells)) => cells.push(child),
+                None => groups.push((l, vec![child])),
+            }
+        }
+        groups.sort_by_key(|(l, _)| *l);
+        let last = groups.len().saturating_sub(1);
+        for (i, (l, cells)) in groups.iter().enumerate() {
+            let (branch, next) = if i == last {
+                ("└─ ", "   ")
+            } else {
+                ("├─ ", "│  ")
+            };
+            out.push_str(&format!("{prefix}{branch}{l} ×{}\n", cells.len()));
+            draw(&cells[0], &format!("{prefix}{next}"), out);
+        }
+    }
+    let mut out = format!("{}\n", label(root));
+    draw(root, "", &mut out);
+    out
 }
 
 /// A task handle that aborts its task when dropped (also when an actor of the tree is killed

@@ -1,25 +1,20 @@
-//! The root of the data path's tree: starts the coordinator linked to itself and starts a new
-//! one when it dies, after a backoff. A coordinator that keeps dying (more than
-//! [`MAX_RESTARTS`] within [`RESTART_WINDOW`]) is not started again: the supervisor stops and
-//! says so ([`SupervisorArgs::gave_up`]); `iggy-replicator run` then exits with an error, so
-//! that systemd or Kubernetes restarts the process (and `/health` fails meanwhile: no
-//! coordinator answers the liveness watchdog any more, see `crate::liveness`).
+//! The root of the tree: starts the coordinator and the task supervisor (`tasks`) linked to
+//! itself, and starts a new coordinator when it dies, after a backoff. A coordinator that keeps
+//! dying (more than [`MAX_RESTARTS`] within [`RESTART_WINDOW`]), or a task supervisor that
+//! escalates (one of its tasks kept dying), ends the tree: the supervisor stops and says so
+//! ([`SupervisorArgs::gave_up`]); `iggy-replicator run` then exits with an error, so that
+//! systemd or Kubernetes restarts the process (and `/health` fails meanwhile: no coordinator
+//! answers the liveness watchdog any more, see `crate::liveness`).
 
-use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, SupervisionEvent};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, MessagingErr, SupervisionEvent};
 
+use super::tasks::{Tasks, TasksArgs, TasksMsg};
 use super::{AbortOnDrop, ChildEnd, Coordinator, CoordinatorArgs, CoordinatorMsg};
-use crate::backoff::Backoff;
+use crate::backoff::{Backoff, RestartBudget, MAX_RESTARTS, RESTART_WINDOW};
 use crate::control::ControlPlane;
-
-/// Most coordinator restarts within [`RESTART_WINDOW`] before the supervisor gives up.
-pub(crate) const MAX_RESTARTS: usize = 5;
-
-/// The window [`MAX_RESTARTS`] counts in.
-pub(crate) const RESTART_WINDOW: Duration = Duration::from_secs(60);
 
 /// The coordinator currently running, for those that talk to it from outside the tree
 /// (`Pipeline`, discovery, the watchdog): the supervisor replaces it on every restart.
@@ -57,6 +52,10 @@ pub(crate) struct SupervisorArgs<C> {
     pub(crate) coordinator: CoordinatorArgs<C>,
     /// Where it publishes the coordinator running now.
     pub(crate) handle: CoordinatorHandle,
+    /// What its task supervisor starts with.
+    pub(crate) tasks: TasksArgs,
+    /// Where it hands the task supervisor over, once started (for `Pipeline`'s shutdown).
+    pub(crate) tasks_ref: tokio::sync::oneshot::Sender<ActorRef<TasksMsg>>,
     /// Cancelled when it gives up on the coordinator.
     pub(crate) gave_up: tokio_util::sync::CancellationToken,
 }
@@ -69,9 +68,15 @@ pub(crate) enum SupervisorMsg {
 
 /// Runtime state of the supervisor.
 pub(crate) struct SupervisorState<C> {
-    args: SupervisorArgs<C>,
-    /// When the coordinator was restarted, within the last [`RESTART_WINDOW`].
-    restarts: VecDeque<Instant>,
+    /// What every coordinator it starts gets.
+    coordinator: CoordinatorArgs<C>,
+    handle: CoordinatorHandle,
+    gave_up: tokio_util::sync::CancellationToken,
+    /// The coordinator running now (its supervision events are told from the task
+    /// supervisor's by this).
+    running: Option<ActorId>,
+    /// The coordinator's recent restarts.
+    restarts: RestartBudget,
     backoff: Backoff,
     /// The restart timer while waiting.
     _timer: Option<AbortOnDrop<Result<(), MessagingErr<SupervisorMsg>>>>,
@@ -87,14 +92,27 @@ impl<C: ControlPlane> Actor for Supervisor<C> {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let backoff = Backoff::new(args.coordinator.tuning.backoff, args.coordinator.node_id);
-        let state = SupervisorState {
-            args,
-            restarts: VecDeque::new(),
+        let SupervisorArgs {
+            coordinator,
+            handle,
+            gave_up,
+            tasks,
+            tasks_ref,
+        } = args;
+        let backoff = Backoff::new(coordinator.tuning.backoff, coordinator.node_id);
+        let mut state = SupervisorState {
+            coordinator,
+            handle,
+            gave_up,
+            running: None,
+            restarts: RestartBudget::default(),
             backoff,
             _timer: None,
         };
-        start_coordinator(&myself, &state).await?;
+        start_coordinator(&myself, &mut state).await?;
+        let (tasks, _) = Actor::spawn_linked(None, Tasks, tasks, myself.get_cell()).await?;
+        // `Pipeline::start` waits for it; gone only if the start was abandoned.
+        let _ = tasks_ref.send(tasks);
         Ok(state)
     }
 
@@ -103,7 +121,7 @@ impl<C: ControlPlane> Actor for Supervisor<C> {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        state.args.handle.set(None);
+        state.handle.set(None);
         Ok(())
     }
 
@@ -127,94 +145,52 @@ impl<C: ControlPlane> Actor for Supervisor<C> {
         event: SupervisionEvent,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let Some((_, outcome)) = ChildEnd::of(event) else {
+        let Some((id, outcome)) = ChildEnd::of(event) else {
             return Ok(());
         };
-        state.args.handle.set(None);
-        let node = state.args.coordinator.node_id;
-        let now = Instant::now();
-        match restart_after(&mut state.restarts, now) {
-            Restart::GiveUp => {
-                tracing::error!(
-                    node, outcome = %outcome, restarts = MAX_RESTARTS, window = ?RESTART_WINDOW,
-                    "coordinator keeps dying; not restarted again (/health fails from now on)"
-                );
-                state.args.gave_up.cancel();
-                myself.stop(Some("coordinator keeps dying".to_owned()));
-            }
-            Restart::After => {
-                let delay = state.backoff.next_delay();
-                tracing::error!(
-                    node, outcome = %outcome, backoff = ?delay,
-                    "coordinator ended unexpectedly (the units stopped with it); restarting it"
-                );
-                let timer = myself.send_after(delay, || SupervisorMsg::RestartDue);
-                state._timer = Some(AbortOnDrop(timer));
-            }
+        let node = state.coordinator.node_id;
+        if state.running != Some(id) {
+            // The task supervisor: it ends by itself only when it escalates.
+            tracing::error!(
+                node, outcome = %outcome,
+                "the task supervisor gave up (a long-running task kept dying); stopping the \
+                 pipeline (/health fails from now on)"
+            );
+            state.gave_up.cancel();
+            myself.stop(Some("a long-running task keeps dying".to_owned()));
+            return Ok(());
         }
+        state.running = None;
+        state.handle.set(None);
+        if !state.restarts.admit(Instant::now()) {
+            tracing::error!(
+                node, outcome = %outcome, restarts = MAX_RESTARTS, window = ?RESTART_WINDOW,
+                "coordinator keeps dying; not restarted again (/health fails from now on)"
+            );
+            state.gave_up.cancel();
+            myself.stop(Some("coordinator keeps dying".to_owned()));
+            return Ok(());
+        }
+        let delay = state.backoff.next_delay();
+        tracing::error!(
+            node, outcome = %outcome, backoff = ?delay,
+            "coordinator ended unexpectedly (the units stopped with it); restarting it"
+        );
+        let timer = myself.send_after(delay, || SupervisorMsg::RestartDue);
+        state._timer = Some(AbortOnDrop(timer));
         Ok(())
     }
-}
-
-/// Whether a coordinator that died at `now` is started again.
-#[derive(Debug, PartialEq, Eq)]
-enum Restart {
-    After,
-    GiveUp,
-}
-
-/// Records a restart at `now` unless [`MAX_RESTARTS`] happened within [`RESTART_WINDOW`].
-fn restart_after(restarts: &mut VecDeque<Instant>, now: Instant) -> Restart {
-    while restarts
-        .front()
-        .is_some_and(|t| now.saturating_duration_since(*t) > RESTART_WINDOW)
-    {
-        restarts.pop_front();
-    }
-    if restarts.len() >= MAX_RESTARTS {
-        return Restart::GiveUp;
-    }
-    restarts.push_back(now);
-    Restart::After
 }
 
 /// Starts a coordinator linked to the supervisor and publishes it.
 async fn start_coordinator<C: ControlPlane>(
     myself: &ActorRef<SupervisorMsg>,
-    state: &SupervisorState<C>,
+    state: &mut SupervisorState<C>,
 ) -> Result<(), ActorProcessingErr> {
-    let args = state.args.coordinator.clone();
+    let args = state.coordinator.clone();
     let (coordinator, _) =
         Actor::spawn_linked(None, Coordinator::new(), args, myself.get_cell()).await?;
-    state.args.handle.set(Some(coordinator));
+    state.running = Some(coordinator.get_id());
+    state.handle.set(Some(coordinator));
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use assert2::check;
-
-    use super::*;
-
-    #[test]
-    fn a_burst_of_deaths_is_restarted_up_to_the_budget_then_given_up() {
-        let mut restarts = VecDeque::new();
-        let t0 = Instant::now();
-        for i in 0..MAX_RESTARTS {
-            check!(
-                restart_after(&mut restarts, t0 + Duration::from_secs(i as u64)) == Restart::After
-            );
-        }
-        check!(restart_after(&mut restarts, t0 + Duration::from_secs(10)) == Restart::GiveUp);
-    }
-
-    #[test]
-    fn deaths_spread_wider_than_the_window_are_always_restarted() {
-        let mut restarts = VecDeque::new();
-        let t0 = Instant::now();
-        for i in 0..(3 * MAX_RESTARTS) as u64 {
-            let at = t0 + RESTART_WINDOW / 2 * u32::try_from(i).unwrap_or(0);
-            check!(restart_after(&mut restarts, at) == Restart::After);
-        }
-    }
 }

@@ -136,6 +136,7 @@ impl HeartbeatMeters {
 }
 
 /// Inputs of one flow's heartbeat task.
+#[derive(Clone)]
 pub(crate) struct HeartbeatParams<C> {
     /// The flow (its interval is not zero and its heartbeat topic valid).
     pub(crate) flow: Arc<FlowParams>,

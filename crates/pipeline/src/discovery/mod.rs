@@ -38,6 +38,7 @@ use crate::sync::metadata::Pairing;
 pub(crate) type FirstUnit = Arc<Mutex<Option<WorkUnit>>>;
 
 /// Inputs of one flow's discovery loop.
+#[derive(Clone)]
 pub(crate) struct DiscoveryParams<C> {
     /// The flow.
     pub(crate) flow: Arc<FlowParams>,

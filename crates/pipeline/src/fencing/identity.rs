@@ -42,8 +42,12 @@ pub(crate) struct WriterTargets {
     version: watch::Sender<u64>,
     /// Where the fenced targets report the incarnation of each refused login (see [`follow`]).
     refused: tokio::sync::mpsc::Sender<u64>,
-    /// The other end, taken by [`follow`].
-    refusals: Mutex<Option<tokio::sync::mpsc::Receiver<u64>>>,
+    /// The other end, held by the [`follow`] running now (a follower restarted after a panic
+    /// takes it again).
+    refusals: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<u64>>,
+    /// The login the fenced targets were last switched to (`None` before the first switch),
+    /// so that a restarted [`follow`] does not replace connections that are already right.
+    applied: Mutex<Option<Option<WriterLogin>>>,
     /// Bound of every call on the writers' connections.
     timeout: Duration,
     /// By when every send of this node's earlier writers has landed (see [`Handover`]).
@@ -80,7 +84,8 @@ impl WriterTargets {
             targets: Mutex::new(targets),
             version: watch::channel(0).0,
             refused,
-            refusals: Mutex::new(Some(refusals)),
+            refusals: tokio::sync::Mutex::new(refusals),
+            applied: Mutex::new(None),
             timeout,
             earlier_sends_landed_by: Instant::now() + send_lease_margin,
         }
@@ -209,17 +214,19 @@ pub(crate) async fn follow<C: ControlPlane>(
     cancel: CancellationToken,
 ) {
     let mut logins = control.writer_login();
-    let Some(mut refusals) = targets
-        .refusals
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take()
-    else {
+    let Ok(mut refusals) = targets.refusals.try_lock() else {
         tracing::error!("the writer identity is followed twice; this follower stops");
         return;
     };
-    let mut applied: Option<Option<WriterLogin>> = None;
+    let mut applied = targets
+        .applied
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     let mut last_abandoned: Option<std::time::Instant> = None;
+    // A control plane without writer identities closes the channel at once: the login never
+    // changes then, and the follower runs on (until `cancel`) as its supervisor expects.
+    let mut logins_open = true;
     loop {
         let login = logins.borrow_and_update().clone();
         if applied.as_ref() != Some(&login) {
@@ -245,6 +252,10 @@ pub(crate) async fn follow<C: ControlPlane>(
                             old.close().await
                         }));
                     }
+                    *targets
+                        .applied
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(login.clone());
                     applied = Some(login);
                 }
                 Err(e) => tracing::error!(error = %e, "cannot prepare the writer connections"),
@@ -252,7 +263,7 @@ pub(crate) async fn follow<C: ControlPlane>(
         }
         tokio::select! {
             () = cancel.cancelled() => break,
-            changed = logins.changed() => if changed.is_err() { break },
+            changed = logins.changed(), if logins_open => logins_open = changed.is_ok(),
             Some(refused) = refusals.recv() => {
                 let current = applied.as_ref().and_then(Option::as_ref);
                 let incarnation = match Refusal::of(refused, current) {

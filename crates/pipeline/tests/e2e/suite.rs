@@ -17,6 +17,7 @@ mod release;
 mod reload;
 mod residency;
 mod supervision;
+mod tasks;
 mod throttle;
 mod topics;
 mod two_way;
