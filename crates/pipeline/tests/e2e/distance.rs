@@ -6,11 +6,13 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use replicator_pipeline::verify::{verify, VerifyParams};
 use replicator_pipeline::{ClusterParams, InMemoryControl, Pipeline};
 use replicator_testkit::{TestServer, WanLink, WanProxy};
 
 use crate::harness::{
-    assert_exact, cluster_params, produce, tuned_params, wait_until, Env, TestResult,
+    assert_exact, client, cluster_params, count, create_topic, flow, produce, tuned_params,
+    wait_until, Env, TestResult,
 };
 
 /// One-way delay of the proxied path: 40 ms round trips, four times `FAR_ROUND_TRIP`.
@@ -105,4 +107,88 @@ async fn a_far_source_is_copied_exactly_with_grown_batches_and_far_connections()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_far_target_is_written_exactly_with_grown_batches_and_far_connections() -> TestResult {
     copies_exactly_with_grown_batches(Far::Target).await
+}
+
+/// The DR runbook's two-way pair across a distance: `us-eu` and `eu-us` over the same topic,
+/// the replicator beside `us` and `eu` 40 ms away (the one flow's target is far, the other's
+/// source). Both sides produce, before and during the copy: each ends with both sets once,
+/// each flow skips exactly the other's copies (loop prevention through grown batches and polls
+/// sent ahead), and both copies verify exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_way_pair_across_a_distance_copies_both_ways_exactly_without_loops() -> TestResult {
+    let partitions = 2;
+    let env = Env::start().await?;
+    let (us, eu) = (client(&env.us).await?, client(&env.eu).await?);
+    create_topic(&us, "ww", "t", partitions).await?;
+    create_topic(&eu, "ww", "t", partitions).await?;
+    produce(&us, "ww", "t", partitions, 0..3000, 500).await?;
+    produce(&eu, "ww", "t", partitions, 100_000..102_000, 500).await?;
+    let mut there = flow("us-eu", &["ww/*"]);
+    let mut back = flow("eu-us", &["ww/*"]);
+    back.source = "eu".into();
+    back.target = "us".into();
+    for f in [&mut there, &mut back] {
+        f.batch_size = BATCH;
+        f.max_batch_bytes = 256 << 10;
+    }
+    let proxy = WanProxy::start(env.eu.addr(), WanLink::symmetric(ONE_WAY)).await?;
+    let mut clusters = env.clusters();
+    let mut far = through(&env.eu, proxy.addr());
+    far.connections = 1;
+    far.far_connections = 3;
+    clusters.insert("eu".to_owned(), far);
+    let mut params = tuned_params(clusters, there.clone());
+    params.flows.push(back.clone());
+    params.operation_timeout = Duration::from_secs(10);
+    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
+    let connections = pipeline.connections_reader();
+    wait_until("eu on its far connections", Duration::from_secs(60), || {
+        std::future::ready(
+            connections()
+                .iter()
+                .any(|c| c.cluster == "eu" && c.configured == 3),
+        )
+    })
+    .await?;
+    // More on both sides while the copies run.
+    produce(&us, "ww", "t", partitions, 3000..4000, 500).await?;
+    produce(&eu, "ww", "t", partitions, 102_000..103_000, 500).await?;
+    let each = 4000 + 3000;
+    wait_until(
+        "both sides hold both sets",
+        Duration::from_secs(120),
+        || async {
+            (0..partitions).all(|p| {
+                count(&env.us, "ww", "t", p) == each && count(&env.eu, "ww", "t", p) == each
+            })
+        },
+    )
+    .await?;
+    let stats = pipeline.stats_reader();
+    let skipped = |f: &str| -> u64 {
+        stats()
+            .iter()
+            .filter(|s| s.unit.flow == f)
+            .map(|s| s.skipped_loop)
+            .sum()
+    };
+    // Each flow reads the other's copies on its source, and skips every one.
+    wait_until("the copies skipped", Duration::from_secs(60), || {
+        std::future::ready(skipped("us-eu") == 2 * 3000 && skipped("eu-us") == 2 * 4000)
+    })
+    .await?;
+    assert_exact(&env.verify(&there, Duration::from_secs(60)).await?);
+    let mut reverse =
+        VerifyParams::new(back, env.eu.connection_string(), env.us.connection_string());
+    reverse.source_version = env.eu.iggy_version();
+    reverse.target_version = env.us.iggy_version();
+    reverse.wait = Duration::from_secs(60);
+    assert_exact(&verify(&reverse).await?);
+    // Nothing more arrives: no copy of a copy is written late.
+    for p in 0..partitions {
+        assert!(count(&env.us, "ww", "t", p) == each && count(&env.eu, "ww", "t", p) == each);
+    }
+    pipeline.shutdown().await;
+    proxy.stop().await;
+    Ok(())
 }
