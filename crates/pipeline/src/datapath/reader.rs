@@ -536,6 +536,38 @@ mod tests {
         check!(!went_back(initial, 5));
     }
 
+    /// An answer to a poll sent ahead holding `offsets`.
+    fn answer(offsets: impl IntoIterator<Item = u64>) -> replicator_sdk::Polled {
+        let messages: Vec<Message> = offsets
+            .into_iter()
+            .map(|o| {
+                let mut m = Message::new(u128::from(o), 0, bytes::Bytes::from_static(b"x"));
+                m.offset = o;
+                m
+            })
+            .collect();
+        replicator_sdk::Polled {
+            partition: 0,
+            current_offset: messages.last().map_or(0, |m| m.offset),
+            messages,
+        }
+    }
+
+    #[test]
+    fn an_answer_sent_ahead_is_used_only_full_and_from_where_the_copy_is() {
+        // Asked 100 from 1,000: exactly 1,000..1,100 is used.
+        check!(starts_full(&answer(1000..1100), 1000, 100));
+        // Messages before `from` (the server answers from an earlier offset) do not count.
+        check!(starts_full(&answer(990..1100), 1000, 100));
+        // Dropped, and polled again: the partition's end (a short answer), an empty one, a gap
+        // (retention removed 1,000: the answer starts later, and only the regular poll may
+        // decide a gap), and an answer for a range the copy is not at.
+        check!(!starts_full(&answer(1000..1050), 1000, 100));
+        check!(!starts_full(&answer([]), 1000, 100));
+        check!(!starts_full(&answer(1001..1101), 1000, 100));
+        check!(!starts_full(&answer(2000..2100), 1000, 100));
+    }
+
     #[test]
     fn idle_pause_doubles_up_to_the_idle_interval() {
         let mut flow = crate::params::FlowParams::new("f", "a", "b", vec!["*/*".into()]);
