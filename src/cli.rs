@@ -73,7 +73,7 @@ pub(crate) enum Command {
     )]
     Status {
         #[command(flatten)]
-        api: crate::status::ApiArgs,
+        api: crate::api_client::ApiArgs,
         /// Redraw until Ctrl-C.
         #[arg(long)]
         watch: bool,

@@ -1,5 +1,5 @@
 //! `iggy-replicator flow pause|resume|promote` and the admin API calls behind them (`flow
-//! reset` is in `reset.rs`).
+//! reset` is in `reset.rs`; what the node's side of both shares, in `flow_call.rs`).
 //!
 //! Pause and resume are one Raft entry each (`SetFlowPaused`): a paused flow's writers finish
 //! the batch in flight, commit and hand their units back, and nobody gets them until it is
@@ -34,19 +34,15 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::admin::AdminState;
+use crate::api_client::MutationArgs;
 use crate::exit::Failure;
-use crate::status::MutationArgs;
-
-/// How often promote and reset re-read the partitions while they wait.
-const PROMOTE_POLL: Duration = Duration::from_millis(200);
+use crate::flow_call::{
+    flow_call, flow_units, known_flow, requester, wait_handed_back, HAND_BACK_WAIT, PROMOTE_POLL,
+};
 
 /// How long promote waits before syncing again groups its last sync found with members on the
 /// target.
 const PROMOTE_GROUP_RETRY: Duration = Duration::from_secs(1);
-
-/// How long promote (past its deadline) and reset wait for a paused flow's writers to hand
-/// their units back (a dead owner's units move after its lease or fence).
-pub(crate) const HAND_BACK_WAIT: Duration = Duration::from_secs(30);
 
 /// `flow` subcommands.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -252,11 +248,6 @@ impl From<&GroupSkip> for GroupSkipView {
 // ---------------------------------------------------------------------------------------------
 // The admin API side.
 
-/// Who made a call, for the record in Raft.
-pub(crate) fn requester(action: &str) -> String {
-    format!("{action} via the admin API")
-}
-
 /// `POST /flows/{name}/pause` and `/resume`.
 pub(crate) async fn set_paused(
     state: &AdminState,
@@ -293,50 +284,6 @@ pub(crate) async fn set_paused(
     }
 }
 
-/// 404 unless this node's config has the flow.
-pub(crate) fn known_flow(state: &AdminState, name: &str) -> Result<(), Box<Response>> {
-    let flows = state.flows();
-    if flows.iter().any(|f| f == name) {
-        Ok(())
-    } else {
-        Err(Box::new(
-            (
-                StatusCode::NOT_FOUND,
-                format!(
-                    "no flow {name:?} in this node's config (flows: {})\n",
-                    flows.join(", ")
-                ),
-            )
-                .into_response(),
-        ))
-    }
-}
-
-/// What a flow call that works on the pipeline needs: the caller [`authorise`]d for `action`,
-/// `name` a flow of this node's config, the control plane and the pipeline's cutover handle
-/// (503 until the pipeline started).
-///
-/// [`authorise`]: AdminState::control_for
-pub(crate) fn flow_call(
-    state: &AdminState,
-    headers: &HeaderMap,
-    action: &str,
-    name: &str,
-) -> Result<(Control, Cutover), Box<Response>> {
-    let control = state.control_for(headers, action)?.clone();
-    known_flow(state, name)?;
-    let cutover = state.cutover().ok_or_else(|| {
-        Box::new(
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the pipeline has not started yet; retry when /ready answers 200\n",
-            )
-                .into_response(),
-        )
-    })?;
-    Ok((control, cutover))
-}
-
 /// `POST /flows/{name}/promote`.
 pub(crate) async fn promote(
     State(state): State<AdminState>,
@@ -366,20 +313,6 @@ pub(crate) async fn promote(
     }
 }
 
-/// The flow's units as the control plane knows them (retired ones left out).
-pub(crate) async fn flow_units(
-    control: &Control,
-    flow: &str,
-) -> Result<Vec<(WorkUnit, Option<u64>)>, String> {
-    let status = control.status().await.map_err(|e| e.to_string())?;
-    Ok(status
-        .units
-        .into_iter()
-        .filter(|u| u.unit.flow == flow && !u.retired)
-        .map(|u| (u.unit, u.progress.confirmed))
-        .collect())
-}
-
 /// Messages of a partition not copied: `None` when the source could not be read.
 fn not_copied(extents: &UnitExtents, confirmed: Option<u64>) -> Option<u64> {
     let up = extents.upstream.as_ref().ok()?;
@@ -387,31 +320,6 @@ fn not_copied(extents: &UnitExtents, confirmed: Option<u64>) -> Option<u64> {
         Some(c) => up.next_offset.saturating_sub(c + 1),
         None => up.messages,
     })
-}
-
-/// Waits until no unit of the paused `flow` that `selected` picks has an owner (their writers
-/// finished the batch in flight, committed and handed them back), or `until`; then answers how
-/// many are still owned.
-pub(crate) async fn wait_handed_back(
-    control: &Control,
-    flow: &str,
-    until: Instant,
-    selected: impl Fn(&WorkUnit) -> bool,
-) -> Result<(), usize> {
-    loop {
-        let owned = control
-            .owned_units_of(flow)
-            .iter()
-            .filter(|u| selected(u))
-            .count();
-        if owned == 0 {
-            return Ok(());
-        }
-        if Instant::now() >= until {
-            return Err(owned);
-        }
-        tokio::time::sleep(PROMOTE_POLL).await;
-    }
 }
 
 /// Messages not copied below the upstream end `end` this node's reader last saw.

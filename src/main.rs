@@ -3,11 +3,13 @@
 //! one clear line, a hint, and a documented exit code (see [`exit::Failure`]).
 
 mod admin;
+mod api_client;
 mod cli;
 #[cfg(feature = "dev-tools")]
 mod demo;
 mod exit;
 mod flow;
+mod flow_call;
 mod logging;
 mod metrics;
 mod node;

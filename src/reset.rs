@@ -24,9 +24,9 @@ use serde::{Deserialize, Serialize};
 use tracing::info;
 
 use crate::admin::AdminState;
+use crate::api_client::MutationArgs;
 use crate::exit::Failure;
-use crate::flow::{flow_call, flow_units, requester, wait_handed_back, HAND_BACK_WAIT};
-use crate::status::MutationArgs;
+use crate::flow_call::{flow_call, flow_units, requester, wait_handed_back, HAND_BACK_WAIT};
 
 /// Where `--to` points.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

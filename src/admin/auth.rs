@@ -4,12 +4,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tracing::warn;
 
-use super::AdminState;
-
 /// Checks `Authorization: Bearer <token>` against `cluster.admin_token` (in constant time);
 /// logs refusals and returns the 401 answer to send.
 pub(super) fn authorise(
-    state: &AdminState,
+    admin_token: Option<&str>,
     headers: &HeaderMap,
     action: &str,
 ) -> Result<(), Box<Response>> {
@@ -18,7 +16,7 @@ pub(super) fn authorise(
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    let Some(expected) = &state.admin_token else {
+    let Some(expected) = admin_token else {
         warn!(
             action,
             "admin call refused: no cluster.admin_token is configured"

@@ -11,7 +11,7 @@ use replicator_model::NodeId;
 use tracing::warn;
 
 use super::parts::{NodeParts, Stage};
-use super::AdminState;
+use super::state::AdminState;
 
 /// `GET /health` (liveness): 200 whenever the process can answer and the pipeline's
 /// coordinator handles its mailbox, whatever the node waits for; 503 once a heartbeat to the

@@ -11,8 +11,7 @@ use replicator_model::NodeId;
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::auth::authorise;
-use super::AdminState;
+use super::state::AdminState;
 use crate::reload::ReloadRequest;
 
 /// Body of `POST /cluster/members`.
@@ -46,7 +45,7 @@ fn membership_answer(
 /// `POST /config/reload`: the node re-reads its config file and applies it (see `reload.rs`);
 /// 200 with what changed, 422 with the reasons the running config stays.
 pub(super) async fn reload_config(State(state): State<AdminState>, headers: HeaderMap) -> Response {
-    if let Err(answer) = authorise(&state, &headers, "config reload") {
+    if let Err(answer) = state.authorise(&headers, "config reload") {
         return *answer;
     }
     let Some(reloads) = &state.reloads else {

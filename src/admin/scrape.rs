@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use replicator_control::Control;
 
 use super::health::node_readiness;
-use super::AdminState;
+use super::state::AdminState;
 use crate::metrics::Snapshot;
 
 /// `GET /metrics`: Prometheus text format, from the first moment: the data-path families

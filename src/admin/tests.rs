@@ -1,14 +1,17 @@
 //! The admin API served end to end: on a node that is still starting, and on a running
 //! single-node cluster.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::http::StatusCode;
 use replicator_config::testing::MinimalConfig;
-use replicator_config::Secret;
+use replicator_config::{Config, Secret};
 use replicator_harness::IggyCluster as _;
 use replicator_testkit::{TestServer, TestServerConfig};
 
 use super::*;
+use crate::metrics::Metrics;
 use crate::node::{NodeListeners, RunningNode};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;

@@ -14,7 +14,7 @@ use replicator_model::{Epoch, NodeId, UnitCounters, WorkUnit};
 use replicator_pipeline::{FlowResidency, HeartbeatStats, UnitStats};
 use serde::{Deserialize, Serialize};
 
-use super::{started_control, AdminState};
+use super::state::{started_control, AdminState};
 
 /// The JSON document of `GET /status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -42,7 +42,7 @@ use replicator_model::{NodeId, WorkUnit};
 use crate::command::ControlCommand;
 use crate::fence::{EnsuredUsers, FenceTopology};
 use crate::format;
-use crate::lease::LeaderView;
+use crate::lease::{LeaderView, MemberLeases};
 use crate::params::ControlTiming;
 use crate::retention::Retention;
 use crate::state::{ControlState, MemberState};
@@ -51,32 +51,8 @@ use crate::state::{ControlState, MemberState};
 /// command) however many units there are; the rest follows in the next rounds.
 pub(crate) const MAX_COMMANDS_PER_ROUND: usize = 1000;
 
-/// What the leader knows of the members' leases for one round.
-#[derive(Debug, Default)]
-pub(crate) struct MemberLeases {
-    /// Members whose lease the leader considers alive: they keep and receive units.
-    pub(crate) live: BTreeSet<NodeId>,
-    /// Members not known alive but still inside the grace period after this leader's
-    /// election: their units are neither revoked nor added to.
-    pub(crate) grace: BTreeSet<NodeId>,
-    /// The `last_renewal_index` the leader last observed per member (the guard of every
-    /// `Revoke`).
-    pub(crate) renewal_seen: BTreeMap<NodeId, u64>,
-    /// Whether grants need a writer identity and failed members are fenced on the targets.
-    pub(crate) fencing: bool,
-    /// With fencing: members not seen renewing for `fence_after` and not in grace. They get
-    /// nothing, and the ones holding a writer identity and units are fenced.
-    pub(crate) unresponsive: BTreeSet<NodeId>,
-    /// The member whose published config is the reference (the leader itself): a unit goes
-    /// only to members whose digest for its flow equals the reference's. `None`: no check.
-    pub(crate) config_reference: Option<NodeId>,
-    /// With fencing: which flows write to which fenced target (the leader's config).
-    pub(crate) topology: FenceTopology,
-    /// With fencing: the identities (target, node, incarnation) whose user this leader made
-    /// sure exists on the target; a unit writing to a fenced target is granted only to them.
-    pub(crate) ensured: EnsuredUsers,
-}
-
+// What a member may be given, as far as its lease and fencing go (the leases themselves are
+// `lease`'s).
 impl MemberLeases {
     /// Whether `node` may get `unit` as far as fencing goes: fencing off, an unfenced target,
     /// or the node's current identity usable and ensured on the unit's target.

@@ -1,12 +1,13 @@
 //! Lease arithmetic, kept pure so the timing argument (ARCHITECTURE.md, "Never two owners") is
-//! unit-tested: the owner's side (`owner_lease_until`) and the leader's side (`LeaderView`).
+//! unit-tested: the owner's side (`owner_lease_until`) and the leader's side (`LeaderView`,
+//! and the `MemberLeases` of one assignment round).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use replicator_model::NodeId;
 
-use crate::assign::MemberLeases;
+use crate::fence::{EnsuredUsers, FenceTopology};
 use crate::state::MemberRecord;
 
 /// Until when an owner may write after a renewal it sent at `sent` was committed and applied.
@@ -57,6 +58,32 @@ impl PendingExtensions {
         });
         until.filter(|end| *end > now)
     }
+}
+
+/// What the leader knows of the members' leases for one round.
+#[derive(Debug, Default)]
+pub(crate) struct MemberLeases {
+    /// Members whose lease the leader considers alive: they keep and receive units.
+    pub(crate) live: BTreeSet<NodeId>,
+    /// Members not known alive but still inside the grace period after this leader's
+    /// election: their units are neither revoked nor added to.
+    pub(crate) grace: BTreeSet<NodeId>,
+    /// The `last_renewal_index` the leader last observed per member (the guard of every
+    /// `Revoke`).
+    pub(crate) renewal_seen: BTreeMap<NodeId, u64>,
+    /// Whether grants need a writer identity and failed members are fenced on the targets.
+    pub(crate) fencing: bool,
+    /// With fencing: members not seen renewing for `fence_after` and not in grace. They get
+    /// nothing, and the ones holding a writer identity and units are fenced.
+    pub(crate) unresponsive: BTreeSet<NodeId>,
+    /// The member whose published config is the reference (the leader itself): a unit goes
+    /// only to members whose digest for its flow equals the reference's. `None`: no check.
+    pub(crate) config_reference: Option<NodeId>,
+    /// With fencing: which flows write to which fenced target (the leader's config).
+    pub(crate) topology: FenceTopology,
+    /// With fencing: the identities (target, node, incarnation) whose user this leader made
+    /// sure exists on the target; a unit writing to a fenced target is granted only to them.
+    pub(crate) ensured: EnsuredUsers,
 }
 
 /// The leader's memory of when it saw each member renew (its own clock, never replicated).
@@ -218,7 +245,7 @@ impl LeaderView {
             fencing: fence_after.is_some(),
             unresponsive,
             config_reference: None,
-            topology: crate::fence::FenceTopology::default(),
+            topology: FenceTopology::default(),
             ensured: BTreeSet::new(),
         }
     }

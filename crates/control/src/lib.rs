@@ -13,7 +13,10 @@
 //! - `node`: the running node's tasks: lease renewer, commit batcher, assignment loop,
 //!   bootstrap.
 //! - `api`: the public [`Control`] handle and the [`ClusterStatus`] it reports.
-//! - `fence`: fencing failed members at the target clusters (the leader's side).
+//! - `fence`: what fencing at the target clusters works with ([`Fencing`], [`FenceTopology`]);
+//!   `fence_ops`: the leader's fencing operations (the node hands itself to them as a
+//!   `FenceNode`, as it does to the RPC server as a `network::server::RpcNode`: neither reaches
+//!   into `node`).
 //! - `tls`: mutual TLS between members ([`TlsFiles`]), reloaded when the files change.
 //! - `sim_support`: what the deterministic simulator (`crates/sim`) drives (not a stable API).
 //!
@@ -29,6 +32,7 @@ mod command;
 mod data_dir;
 mod error;
 mod fence;
+mod fence_ops;
 mod format;
 mod identity;
 mod lease;
@@ -72,24 +76,6 @@ openraft::declare_raft_types!(
         Node = MemberNode,
         SnapshotData = Cursor<Vec<u8>>,
 );
-
-/// The openraft configuration for `timing`, validated.
-pub(crate) fn raft_config(timing: &ControlTiming) -> Result<openraft::Config> {
-    let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    openraft::Config {
-        cluster_name: "iggy-replicator".into(),
-        heartbeat_interval: millis(timing.heartbeat_interval),
-        election_timeout_min: millis(timing.election_timeout_min),
-        election_timeout_max: millis(timing.election_timeout_max),
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(timing.snapshot_logs_since_last),
-        max_in_snapshot_log_to_keep: timing.logs_to_keep_after_snapshot,
-        install_snapshot_timeout: millis(timing.rpc_timeout),
-        snapshot_max_chunk_size: network::SNAPSHOT_CHUNK_BYTES,
-        ..Default::default()
-    }
-    .validate()
-    .map_err(|e| Error::InvalidParams(e.to_string()))
-}
 
 #[doc(hidden)]
 pub mod bench_support;

@@ -2,6 +2,7 @@
 //! and the background tasks (lease renewer, commit batcher, assignment loop).
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,10 +19,13 @@ use crate::api::admin;
 use crate::assign;
 use crate::command::{ControlCommand, ControlResponse, Rejection};
 use crate::error::{Error, Result};
+use crate::fence::{FenceTopology, Fencing};
+use crate::fence_ops::{self, FenceNode, FenceTracker};
 use crate::format;
 use crate::lease::{owner_lease_until, LeaderView};
 use crate::network::auth::{InboundGuard, Signer};
 use crate::network::client::PeerClient;
+use crate::network::server::RpcNode;
 use crate::network::{paths, FaultSwitch, ManageRequest, WriteReply};
 use crate::params::ControlTiming;
 use crate::retention::Retention;
@@ -100,11 +104,11 @@ pub(crate) struct NodeInner {
     /// Metrics counters.
     pub(crate) counters: Counters,
     /// How this cluster fences failed members on the target clusters (`None`: leases only).
-    pub(crate) fence: Option<crate::fence::Fencing>,
+    pub(crate) fence: Option<Fencing>,
     /// The leader's fencing operations in progress.
-    pub(crate) fencing: crate::fence::FenceTracker,
+    pub(crate) fencing: FenceTracker,
     /// Which flows write to which fenced target: this node's config, replaced on reload.
-    pub(crate) fence_topology: Mutex<crate::fence::FenceTopology>,
+    pub(crate) fence_topology: Mutex<FenceTopology>,
     /// The commit index the log store last saved, plus one (0: none), for metrics.
     pub(crate) committed: Arc<AtomicU64>,
     /// Stops every task.
@@ -128,7 +132,7 @@ impl NodeInner {
     }
 
     /// Which flows write to which fenced target now.
-    pub(crate) fn fence_topology(&self) -> crate::fence::FenceTopology {
+    pub(crate) fn fence_topology(&self) -> FenceTopology {
         self.fence_topology
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -450,6 +454,73 @@ impl NodeInner {
         if lease.is_none_or(|l| l < until) {
             *lease = Some(until);
         }
+    }
+}
+
+impl FenceNode for NodeInner {
+    fn id(&self) -> NodeId {
+        self.id
+    }
+
+    fn tracker(&self) -> &FenceTracker {
+        &self.fencing
+    }
+
+    fn stopping(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    fn leads(&self, term: u64) -> bool {
+        NodeInner::leads(self, term)
+    }
+
+    fn write(
+        &self,
+        cmd: &ControlCommand,
+    ) -> impl Future<Output = Result<(u64, ControlResponse)>> + Send {
+        NodeInner::write(self, cmd)
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    fn fence_topology(&self) -> FenceTopology {
+        NodeInner::fence_topology(self)
+    }
+}
+
+impl RpcNode for NodeInner {
+    fn id(&self) -> NodeId {
+        self.id
+    }
+
+    fn raft(&self) -> &Raft<TypeConfig> {
+        &self.raft
+    }
+
+    fn fault(&self) -> &FaultSwitch {
+        &self.fault
+    }
+
+    fn signer(&self) -> &Signer {
+        &self.signer
+    }
+
+    fn inbound(&self) -> &InboundGuard {
+        &self.inbound
+    }
+
+    fn local_write(&self, cmd: ControlCommand) -> impl Future<Output = WriteReply> + Send {
+        NodeInner::local_write(self, cmd)
+    }
+
+    fn local_manage(&self, req: ManageRequest) -> impl Future<Output = WriteReply> + Send {
+        NodeInner::local_manage(self, req)
+    }
+
+    fn local_status(&self) -> ClusterStatus {
+        NodeInner::local_status(self)
     }
 }
 
@@ -898,7 +969,7 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
         // starts only once its decision is applied (the next round, woken at once).
         let decided = !fence_work.commands.is_empty();
         if let Some(fencing) = &node.fence {
-            crate::fence::start(&node, fencing, term, fence_work);
+            fence_ops::start(&node, fencing, term, fence_work);
         }
         *node
             .leader_view

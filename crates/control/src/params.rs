@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use replicator_model::NodeId;
 
+use crate::error::{Error, Result};
+
 /// The shared cluster secret every Raft RPC is signed with (it never travels). Prints as `****`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ClusterSecret(String);
@@ -209,6 +211,24 @@ pub struct ControlParams {
     pub fencing: Option<crate::Fencing>,
 }
 
+/// The openraft configuration for `timing`, validated.
+pub(crate) fn raft_config(timing: &ControlTiming) -> Result<openraft::Config> {
+    let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    openraft::Config {
+        cluster_name: "iggy-replicator".into(),
+        heartbeat_interval: millis(timing.heartbeat_interval),
+        election_timeout_min: millis(timing.election_timeout_min),
+        election_timeout_max: millis(timing.election_timeout_max),
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(timing.snapshot_logs_since_last),
+        max_in_snapshot_log_to_keep: timing.logs_to_keep_after_snapshot,
+        install_snapshot_timeout: millis(timing.rpc_timeout),
+        snapshot_max_chunk_size: crate::network::SNAPSHOT_CHUNK_BYTES,
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| Error::InvalidParams(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,7 +241,7 @@ mod tests {
 
     #[test]
     fn default_timing_passes_raft_validation() {
-        assert!(crate::raft_config(&ControlTiming::default()).is_ok());
+        assert!(raft_config(&ControlTiming::default()).is_ok());
     }
 
     #[test]
@@ -250,7 +270,7 @@ mod tests {
             check!(t.lease_renew_interval * 3 <= t.lease_expiry, "{rtt}");
             check!(t.heartbeat_interval * 2 <= t.election_timeout_min, "{rtt}");
             check!(t.fence_after < t.lease_expiry, "{rtt}");
-            check!(crate::raft_config(&t).is_ok(), "{rtt}");
+            check!(raft_config(&t).is_ok(), "{rtt}");
         }
     }
 }

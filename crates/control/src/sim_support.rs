@@ -221,7 +221,7 @@ impl Observer {
 }
 
 /// One operation on a target the leader's fence tracker runs.
-pub use crate::fence::FenceOp as TargetOp;
+pub use crate::fence_ops::FenceOp as TargetOp;
 
 /// What the leader `leader`, whose applied state is `state`, commits once the targets
 /// acknowledged `op`.

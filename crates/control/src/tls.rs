@@ -243,7 +243,8 @@ impl ServerTls {
     }
 }
 
-/// Serves `router` over TLS on `listener` until `shutdown` (see `network::server::serve_tls`).
+/// Serves `router` over TLS on `listener` until `shutdown`; connections still open then are
+/// closed.
 pub async fn serve_tls(
     listener: tokio::net::TcpListener,
     router: axum::Router,
@@ -251,5 +252,60 @@ pub async fn serve_tls(
     tls: &ServerTls,
 ) {
     let state = tls.0.clone();
-    crate::network::server::serve_tls(listener, router, shutdown, move || state.get()).await;
+    serve_tls_with(listener, router, shutdown, move || state.get()).await;
+}
+
+/// How long a peer may take for its TLS handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Accepts TLS connections and serves `router` on each until `shutdown`, each with the
+/// configuration `config` answers when it is accepted; connections still open then are closed.
+pub(crate) async fn serve_tls_with<F>(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: tokio_util::sync::CancellationToken,
+    config: F,
+) where
+    F: Fn() -> Arc<rustls::ServerConfig> + Send + Sync + 'static,
+{
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = tokio_rustls::TlsAcceptor::from(config());
+        let router = router.clone();
+        connections.spawn(async move {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    tracing::warn!(%peer, error = %e, "refused a tls connection");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(%peer, "tls handshake timed out");
+                    return;
+                }
+            };
+            let service = hyper_util::service::TowerToHyperService::new(router);
+            let served =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            if let Err(e) = served {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    connections.abort_all();
+    while connections.join_next().await.is_some() {}
 }

@@ -60,7 +60,7 @@ pub enum Error {
         /// The unit whose send it was.
         unit: WorkUnit,
         /// What the confirmation said.
-        mismatch: crate::LandedMismatch,
+        mismatch: LandedMismatch,
     },
     /// This node's writer identity on the target was fenced or replaced: the unit's writer
     /// stops, and a pair started under the new identity re-reads the downstream tail.
@@ -146,6 +146,32 @@ pub enum Error {
         /// Why it cannot.
         reason: &'static str,
     },
+}
+
+/// A confirmation that does not fit the writer's own sends (the writer's check is
+/// `datapath::writer::landed`; here, below the data path, because [`Error::UnexpectedAppend`]
+/// carries it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LandedMismatch {
+    /// The send landed at another offset than where the writer's previous send ended.
+    #[error("the send landed at offset {landed}, but {expected} was next after the writer's previous send")]
+    Offset {
+        /// Where the previous confirmed send ended.
+        expected: u64,
+        /// Where the server says this one starts.
+        landed: u64,
+    },
+    /// The server confirmed another partition than the one the send named.
+    #[error("the send named partition {sent}, but the server confirmed partition {landed}")]
+    Partition {
+        /// The partition the writer sent to.
+        sent: u32,
+        /// The partition the confirmation names.
+        landed: u32,
+    },
+    /// A send to one partition came back with several confirmations.
+    #[error("a send to one partition came back with {0} confirmations")]
+    Several(usize),
 }
 
 impl Error {

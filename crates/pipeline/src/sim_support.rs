@@ -429,7 +429,8 @@ pub fn pair_user_home(
     up: Option<&PairUser>,
     down: Option<&PairUser>,
 ) -> PairUserHome {
-    use crate::sync::metadata::pair::{user_home, PairView, Side, UserHome};
+    use crate::selection::pairing::{PairView, Side};
+    use crate::sync::metadata::pair::{user_home, UserHome};
     let view = PairView::new(source, target);
     let (up, down) = (up.map(PairUser::copy), down.map(PairUser::copy));
     match user_home(&view, record, up.as_ref(), down.as_ref()) {
@@ -503,7 +504,8 @@ pub fn pair_expiry(
     record: Option<&replicator_model::MetadataRecord>,
     older_is_source: bool,
 ) -> PairExpiry {
-    use crate::sync::metadata::pair::{plan_settings, PairView, Side};
+    use crate::selection::pairing::{PairView, Side};
+    use crate::sync::metadata::pair::plan_settings;
     use crate::sync::metadata::settings::TopicSettings;
     use iggy::prelude::{CompressionAlgorithm, IggyExpiry, MaxTopicSize};
     let settings = |s: u64| TopicSettings {

@@ -32,8 +32,8 @@ mod target;
 mod world;
 
 pub use metadata::{run_pair, run_pair_with, PairViolation};
-pub use schedule::{Fault, FaultKind, Ms, Schedule, FAULTS_FROM, FAULTS_UNTIL};
-pub use world::{Stats, Violation, World, MEMBERS, OWNED_WITHIN, SETTLE_WITHIN, TARGETS};
+pub use schedule::{Fault, FaultKind, Ms, Schedule, FAULTS_FROM, FAULTS_UNTIL, MEMBERS, TARGETS};
+pub use world::{Stats, Violation, World, OWNED_WITHIN, SETTLE_WITHIN};
 
 /// A failed seed: what broke, the schedule that broke it, the run's recent history.
 #[derive(Debug, Clone)]

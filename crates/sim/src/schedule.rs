@@ -6,10 +6,14 @@ use std::fmt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::world::{MEMBERS, TARGETS};
-
 /// Simulated milliseconds.
 pub type Ms = u64;
+
+/// Members of the simulated cluster (ids 1..=MEMBERS); the world runs them, faults pick from
+/// them.
+pub const MEMBERS: u64 = 3;
+/// Target clusters (each written by one flow).
+pub const TARGETS: usize = 2;
 
 /// One fault, from `at` for `for_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

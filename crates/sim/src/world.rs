@@ -32,13 +32,9 @@ use replicator_pipeline::sim_support::{
     TailScan, Veto, WriterDefaults, MIN_ABANDON_INTERVAL,
 };
 
-use crate::schedule::{FaultKind, Ms, Schedule, FAULTS_UNTIL};
+use crate::schedule::{FaultKind, Ms, Schedule, FAULTS_UNTIL, MEMBERS, TARGETS};
 use crate::target::{Credential, Refusal, Target, Violation as TargetViolation};
 
-/// Members of the simulated cluster (ids 1..=MEMBERS).
-pub const MEMBERS: u64 = 3;
-/// Target clusters (each written by one flow).
-pub const TARGETS: usize = 2;
 /// How often members run their tasks.
 const TICK: Ms = 10;
 /// The producer stops here; every fault has ended.

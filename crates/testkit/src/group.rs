@@ -5,10 +5,50 @@
 //! the group has committed what it polled from them), and round-robin partition choice for polls
 //! that name no partition.
 
-use crate::state::{Group, Member, Revocation, Slab};
+use crate::slab::Slab;
 use crate::wire::status;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A consumer group.
+#[derive(Debug)]
+pub(crate) struct Group {
+    /// Unique name within the topic.
+    pub(crate) name: String,
+    /// The topic's partition ids the group spreads over its members.
+    pub(crate) partitions: Vec<u32>,
+    /// Members by slab id.
+    pub(crate) members: Slab<Member>,
+    /// Bumped by every rebalance and every completed handoff, as the 0.9 server's is; its
+    /// SYNC_CONSUMER_GROUP answers it with the member's partitions (0.8 has no such number).
+    pub(crate) generation: u64,
+}
+
+/// A member of a consumer group: one client connection.
+#[derive(Debug)]
+pub(crate) struct Member {
+    /// Member id reported by GET_CONSUMER_GROUP (max existing + 1 at join).
+    pub(crate) id: usize,
+    /// The connection that joined.
+    pub(crate) client_id: u32,
+    /// Assigned partitions.
+    pub(crate) partitions: Vec<u32>,
+    /// Partitions this member is giving up once the group committed what it polled from them.
+    pub(crate) pending_revocations: Vec<Revocation>,
+    /// Round-robin cursor over `partitions` for polls without an explicit partition.
+    pub(crate) next_index: AtomicUsize,
+}
+
+/// A partition moving from one member to another (cooperative rebalance).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Revocation {
+    /// Partition being moved.
+    pub(crate) partition: u32,
+    /// Slab id of the member receiving it.
+    pub(crate) target_slab: usize,
+    /// Member id of the receiver, to detect a reused slab slot.
+    pub(crate) target_member_id: usize,
+}
 
 /// Adds `client_id` to the group (after dropping members whose connection is gone) and runs the
 /// cooperative rebalance; revocations that `can_complete` allows move at once.

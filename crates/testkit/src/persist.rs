@@ -19,8 +19,10 @@
 //! state stays authoritative for the running process.
 
 use crate::error::{Error, Result};
+use crate::group::Group;
 use crate::log::PartitionLog;
-use crate::state::{lock, read, Group, Meta, Partition, Slab, State, Stream, Topic};
+use crate::slab::Slab;
+use crate::state::{lock, read, Meta, Partition, State, Stream, Topic};
 use crate::users::{Permissions, User, UserStatus};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;

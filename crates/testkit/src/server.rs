@@ -1,13 +1,13 @@
 //! The server handle: listener lifecycle (start, shutdown, restart on the same port), the
 //! retention hooks and the periodic retention cleaner.
 
-use crate::cluster::Seat;
 use crate::config::{IggyVersion, TestServerConfig};
 use crate::connection;
 use crate::error::{Error, Result};
 use crate::faults::{FaultState, Faults};
 use crate::handlers::{now_micros, Shared};
 use crate::persist::Store;
+use crate::replica::Seat;
 use crate::state::{lock, read, write, State};
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -11,7 +11,7 @@
 //! Every check is made against the shared state at the time of the request; a session holds only
 //! its user id, so UPDATE_PERMISSIONS takes effect on the next request of an open session.
 
-use crate::state::Slab;
+use crate::slab::Slab;
 use crate::wire::{status, DecodeError, Ident, Put, Reader};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};

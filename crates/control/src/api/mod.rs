@@ -29,10 +29,10 @@ use crate::network::auth::{InboundGuard, Signer};
 use crate::network::client::{NetworkFactory, PeerClient};
 use crate::network::{paths, FaultSwitch, ManageRequest};
 use crate::node::{self, BatchRequest, Counters, NodeInner};
-use crate::params::ControlParams;
+use crate::params::{raft_config, ControlParams};
 use crate::state_machine::{Shared, StateMachineStore};
 use crate::tls::TlsState;
-use crate::{data_dir, format, raft_config};
+use crate::{data_dir, format};
 
 /// Handle to a running control-plane node. Cheap to clone; `shutdown`/`crash` stop it.
 #[derive(Clone)]
@@ -141,7 +141,7 @@ impl Control {
                     .unwrap_or_default(),
             ),
             fence: fencing,
-            fencing: crate::fence::FenceTracker::default(),
+            fencing: crate::fence_ops::FenceTracker::default(),
             committed,
             cancel: cancel.clone(),
         });

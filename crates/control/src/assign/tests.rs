@@ -1103,7 +1103,7 @@ fn units_of_a_member_on_another_config_of_their_flow_move_on_the_lease_alone() {
     // What the leader commits for each acknowledgement takes only the flows member 1 runs as
     // the leader does: nothing on `eu`.
     let ack = |target: &str| {
-        let op = crate::fence::FenceOp::Revoke {
+        let op = crate::fence_ops::FenceOp::Revoke {
             node: 1,
             incarnation: 1,
             target: target.to_owned(),

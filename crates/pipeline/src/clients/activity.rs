@@ -47,21 +47,44 @@
 //! reader's safety net).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::hash::{Hash, Hasher};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use iggy::prelude::{Identifier, StreamDetails, TopicDetails};
 use replicator_model::Offset;
-use replicator_sdk::IggyCluster as _;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 use tracing::Instrument;
 
-use crate::clients::Cluster;
+use crate::error::Result;
 use crate::stats::Observer;
+
+/// What a watcher needs of its source cluster: the [`ActivityRegistry`] it is kept in, and the two
+/// metadata requests it makes (`clients::Cluster` implements it; the watchers hold their source
+/// through it, and this file needs nothing else of the cluster).
+pub(crate) trait Source: Send + Sync + 'static {
+    /// The cluster's alias.
+    fn alias(&self) -> &str;
+    /// The activity watchers of this cluster.
+    fn activity(&self) -> &ActivityRegistry;
+    /// `get_stream` of `stream` on the connection of `slot` (`None`: no such stream).
+    fn get_stream(&self, slot: usize, stream: Identifier) -> Request<'_, Option<StreamDetails>>;
+    /// `get_topic` of `stream/topic` on the connection of `slot` (`None`: no such topic).
+    fn get_topic(
+        &self,
+        slot: usize,
+        stream: Identifier,
+        topic: Identifier,
+    ) -> Request<'_, Option<TopicDetails>>;
+}
+
+/// The answer to one request of a [`Source`].
+pub(crate) type Request<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
 /// What tells two stream watchers apart: the flow (which fixes the source cluster and the idle
 /// interval) and the upstream stream. Two flows reading the same source stream get one watcher
@@ -118,7 +141,7 @@ impl ActivityRegistry {
 }
 
 /// The watcher of `params`' stream on `source`, created if no reader holds one yet.
-pub(crate) fn watch(source: &Arc<Cluster>, params: WatchParams) -> Arc<StreamActivity> {
+pub(crate) fn watch<S: Source>(source: &Arc<S>, params: WatchParams) -> Arc<StreamActivity> {
     let registry = source.activity();
     let key = (params.flow.clone(), params.stream.clone());
     let mut streams = lock(&registry.streams);
@@ -161,7 +184,7 @@ fn slot_of(key: &impl Hash) -> usize {
 /// The watcher of one stream: its subscribers by topic and the task that wakes them.
 pub(crate) struct StreamActivity {
     /// The source cluster.
-    source: Arc<Cluster>,
+    source: Arc<dyn Source>,
     /// Connection slot of the stream listings.
     slot: usize,
     /// Upstream stream name.
@@ -366,12 +389,7 @@ impl StreamActivity {
     /// Lists the stream: `Ok(None)` when it is missing, `Err` when the request failed.
     async fn list(&self) -> Result<Option<Vec<(String, TopicTotals)>>, ()> {
         let stream = self.stream_id.clone();
-        let result = self
-            .source
-            .call(self.slot, "get_stream", |c| async move {
-                c.get_stream(&stream).await
-            })
-            .await;
+        let result = self.source.get_stream(self.slot, stream).await;
         match result {
             Ok(details) => Ok(details.as_ref().map(TopicTotals::of_stream)),
             Err(err) => {
@@ -387,11 +405,7 @@ impl StreamActivity {
         let stream = self.stream_id.clone();
         let result = self
             .source
-            .call(
-                slot_of(&(&self.stream, topic)),
-                "get_topic",
-                |c| async move { c.get_topic(&stream, &id).await },
-            )
+            .get_topic(slot_of(&(&self.stream, topic)), stream, id)
             .await;
         match result {
             Ok(details) => Ok(details.as_ref().map(Listing::of)),
@@ -788,6 +802,7 @@ mod tests {
     use assert2::check;
 
     use super::*;
+    use crate::clients::Cluster;
     use replicator_model::IggyVersion;
 
     const TOPIC: TopicIdentity = TopicIdentity {

@@ -25,9 +25,9 @@ use replicator_model::IggyVersion;
 use tokio::sync::Mutex;
 use tracing::Instrument;
 
-use iggy::prelude::{Identifier, TopicDetails};
+use iggy::prelude::{Identifier, StreamDetails, TopicDetails};
 
-use self::activity::ActivityRegistry;
+use self::activity::{ActivityRegistry, Request};
 use self::distance::Distance;
 use self::shared_read::SharedReads;
 use crate::error::{Error, Result};
@@ -602,6 +602,33 @@ impl Cluster {
             self.invalidate(&conn, in_flight_of(op)).await;
         }
         Err(err)
+    }
+}
+
+impl activity::Source for Cluster {
+    fn alias(&self) -> &str {
+        Cluster::alias(self)
+    }
+
+    fn activity(&self) -> &ActivityRegistry {
+        Cluster::activity(self)
+    }
+
+    fn get_stream(&self, slot: usize, stream: Identifier) -> Request<'_, Option<StreamDetails>> {
+        Box::pin(self.call(slot, "get_stream", |c| async move {
+            c.get_stream(&stream).await
+        }))
+    }
+
+    fn get_topic(
+        &self,
+        slot: usize,
+        stream: Identifier,
+        topic: Identifier,
+    ) -> Request<'_, Option<TopicDetails>> {
+        Box::pin(self.call(slot, "get_topic", |c| async move {
+            c.get_topic(&stream, &topic).await
+        }))
     }
 }
 

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::Instrument;
 
-use super::{AbortOnDrop, Alive};
+use super::child::{AbortOnDrop, Alive, LoopPanicked};
 use crate::error::Result;
 
 /// The work of one actor: a unit's reader or writer loop, or a long-running task (see
@@ -42,11 +42,6 @@ pub(super) enum LoopEnd {
     Returned(Result<&'static str>),
     Panicked,
 }
-
-/// The error a loop actor fails with when its loop panicked.
-#[derive(Debug, thiserror::Error)]
-#[error("the loop panicked")]
-pub(super) struct LoopPanicked;
 
 /// State of a loop actor.
 pub(super) struct LoopActorState {

@@ -22,8 +22,10 @@
 //! reports. Its mailbox is the one the liveness watchdog checks (`crate::liveness`). No
 //! handler in the tree waits on the network: pairs run their loops as tasks of their own
 //! (see `pair`), hand-backs run as release tasks (see `release`), and what to do with a unit is
-//! decided by pure functions (`decide`, `release`).
+//! decided by pure functions (`decide`, `release`). What every actor and task of the tree shares
+//! is in `child`, below all of them; [`draw_tree`] (`tree`) is above them all.
 
+mod child;
 mod decide;
 mod flow;
 mod loop_actor;
@@ -31,6 +33,7 @@ mod pair;
 mod release;
 mod supervisor;
 mod tasks;
+mod tree;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::marker::PhantomData;
@@ -40,15 +43,16 @@ use std::time::Instant;
 use ractor::{
     Actor, ActorId, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort, SupervisionEvent,
 };
-use replicator_model::{Assignment, Epoch, NodeId, WorkUnit};
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
+use replicator_model::{Assignment, NodeId};
+use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 
+use self::child::{AbortOnDrop, Alive, ChildEnd};
 use self::flow::{Flow, FlowArgs, FlowMsg};
 pub(crate) use self::supervisor::{CoordinatorHandle, Supervisor, SupervisorArgs, SupervisorMsg};
 pub(crate) use self::tasks::{Stage, TaskRegistry, TaskSpec, TasksArgs, TasksMsg};
 pub use self::tasks::{TaskKind, TaskStats};
+pub(crate) use self::tree::draw_tree;
 use crate::backoff::{Backoff, RestartBudget, MAX_RESTARTS, RESTART_WINDOW};
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
@@ -57,11 +61,6 @@ use crate::datapath::unit::UnitTuning;
 use crate::liveness::Liveness;
 use crate::params::FlowParams;
 use crate::stats::MeterRegistry;
-
-/// Held by every task the tree starts (reader and writer loops, release tasks). Nothing is
-/// ever sent on it: `Pipeline` waits until the last clone is dropped, so that `shutdown` and
-/// `crash` return only once none of those tasks runs any more.
-pub(crate) type Alive = mpsc::Sender<()>;
 
 /// This node's assignments split by flow, as the coordinator (their one consumer) publishes
 /// them: what every per-flow task (throttle, heartbeats, consumer-group sync, metadata sync)
@@ -457,142 +456,10 @@ async fn spawn_flow<C: ControlPlane>(
     Ok(())
 }
 
-/// How a child of the tree ended, as its parent learns it from ractor.
-#[derive(Debug)]
-pub(crate) enum ChildEnd {
-    /// It stopped, with its reason (a unit loop that returned: asked to stop, writer gone,
-    /// drained, fenced, …).
-    Stopped(String),
-    /// It failed with an error (a unit loop that gave up on an error that is not transient or
-    /// outlasted the retry budget).
-    Failed(String),
-    /// Its loop panicked, or it was killed before its loop returned.
-    Panicked,
-}
-
-impl ChildEnd {
-    /// The child and how it ended, if `event` is the end of a child.
-    fn of(event: SupervisionEvent) -> Option<(ActorId, Self)> {
-        match event {
-            SupervisionEvent::ActorTerminated(cell, _, reason) => Some((
-                cell.get_id(),
-                Self::Stopped(reason.unwrap_or_else(|| "stopped".to_owned())),
-            )),
-            SupervisionEvent::ActorFailed(cell, err) => {
-                let end = if err.downcast_ref::<loop_actor::LoopPanicked>().is_some() {
-                    Self::Panicked
-                } else {
-                    Self::Failed(err.to_string())
-                };
-                Some((cell.get_id(), end))
-            }
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for ChildEnd {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Stopped(reason) => write!(f, "stopped ({reason})"),
-            Self::Failed(err) => write!(f, "failed: {err}"),
-            Self::Panicked => f.write_str("panicked"),
-        }
-    }
-}
-
-/// The shape of the tree under `root` as it runs, one line per kind of actor with how many run
-/// under the same parent (`Flow ×2`), for the test that keeps ARCHITECTURE.md's drawing true.
-/// A kind is told by the actor's message type; a group's subtree is drawn from its first actor.
-pub(crate) fn draw_tree(root: &ractor::ActorCell) -> String {
-    fn label(cell: &ractor::ActorCell) -> &'static str {
-        let is = |yes: Option<bool>| yes == Some(true);
-        if is(cell.is_message_type_of::<SupervisorMsg>()) {
-            "Supervisor"
-        } else if is(cell.is_message_type_of::<CoordinatorMsg>()) {
-            "Coordinator"
-        } else if is(cell.is_message_type_of::<FlowMsg>()) {
-            "Flow"
-        } else if is(cell.is_message_type_of::<TasksMsg>()) {
-            "Tasks"
-        } else if is(cell.is_message_type_of::<loop_actor::LoopMsg>()) {
-            "LoopActor"
-        } else {
-            "?"
-        }
-    }
-    fn draw(cell: &ractor::ActorCell, prefix: &str, out: &mut String) {
-        let mut groups: Vec<(&'static str, Vec<ractor::ActorCell>)> = Vec::new();
-        for child in cell.get_children() {
-            let l = label(&child);
-            match groups.iter_mut().find(|(g, _)| *g == l) {
-                Some((_, cells)) => cells.push(child),
-                None => groups.push((l, vec![child])),
-            }
-        }
-        groups.sort_by_key(|(l, _)| *l);
-        let last = groups.len().saturating_sub(1);
-        for (i, (l, cells)) in groups.iter().enumerate() {
-            let (branch, next) = if i == last {
-                ("└─ ", "   ")
-            } else {
-                ("├─ ", "│  ")
-            };
-            out.push_str(&format!("{prefix}{branch}{l} ×{}\n", cells.len()));
-            draw(&cells[0], &format!("{prefix}{next}"), out);
-        }
-    }
-    let mut out = format!("{}\n", label(root));
-    draw(root, "", &mut out);
-    out
-}
-
-/// A task handle that aborts its task when dropped (also when an actor of the tree is killed
-/// and its state dropped without `post_stop`).
-struct AbortOnDrop<T>(JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// What a span of [`unit_span`] covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum UnitTaskKind {
-    /// The unit's reader and writer (span `unit`).
-    Pair,
-    /// Handing the unit back (span `release`).
-    Release,
-}
-
-/// The root span of a task of `unit` under `epoch` on `node`, with the fields every
-/// long-running task carries (node, flow, stream, topic, partition, epoch).
-fn unit_span(task: UnitTaskKind, node: NodeId, unit: &WorkUnit, epoch: Epoch) -> tracing::Span {
-    // A span's name is part of its static metadata, hence one macro call per name.
-    macro_rules! span {
-        ($name:literal) => {
-            tracing::info_span!(
-                parent: None,
-                $name,
-                node = %node,
-                flow = %unit.flow,
-                stream = %unit.stream,
-                topic = %unit.topic,
-                partition = unit.partition,
-                epoch = %epoch,
-            )
-        };
-    }
-    match task {
-        UnitTaskKind::Pair => span!("unit"),
-        UnitTaskKind::Release => span!("release"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use replicator_model::{Epoch, WorkUnit};
 
     /// An assignment of unit `f/s/t/0` under `epoch`, for the decision tests.
     pub(super) fn assignment(epoch: u64, release_requested: bool) -> Assignment {

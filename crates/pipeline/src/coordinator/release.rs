@@ -1,16 +1,9 @@
-//! Handing units back to the control plane (`release`) without ever waiting for it in a
-//! handler: one task per unit at most, which reports with [`FlowMsg::Released`], a newer
-//! epoch queued behind the one in flight, failed releases retried after a backoff while the
-//! leader still asks for them. The decisions are pure functions over [`ReleaseState`].
+//! Handing units back to the control plane (`release`), the decisions: one task per unit at
+//! most, a newer epoch queued behind the one in flight, failed releases retried after a
+//! backoff while the leader still asks for them; pure functions over [`ReleaseState`]. The
+//! flow actor runs them (`flow`: the tasks, which report with `FlowMsg::Released`).
 
-use ractor::ActorRef;
-use replicator_model::{Assignment, Epoch, WorkUnit};
-use tracing::Instrument;
-
-use super::flow::{may_take_over, FlowMsg, FlowState};
-use super::{unit_span, AbortOnDrop, UnitTaskKind};
-use crate::backoff::Backoff;
-use crate::control::{ControlError, ControlPlane};
+use replicator_model::{Assignment, Epoch};
 
 /// Where the hand-back of a unit stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,133 +160,6 @@ pub(super) fn keep_release(state: ReleaseState, desired: Option<&Assignment>) ->
         ReleaseState::InFlight { .. } => true,
         ReleaseState::Released { epoch } | ReleaseState::Failed { epoch } => {
             desired.is_some_and(|a| a.epoch == epoch)
-        }
-    }
-}
-
-/// The hand-back of one unit.
-pub(super) struct Handback {
-    pub(super) state: ReleaseState,
-    /// The release task in flight; it reports with [`FlowMsg::Released`].
-    task: Option<AbortOnDrop<()>>,
-    /// The retry timer of a failed release.
-    retry: Option<AbortOnDrop<Result<(), ractor::MessagingErr<FlowMsg>>>>,
-    /// Retry backoff (reset by a success).
-    backoff: Backoff,
-}
-
-/// Hands `unit` back under `epoch` by a task of its own (at most one per unit; a newer epoch
-/// waits for the one in flight). The handler never waits for the control plane.
-pub(super) fn request_release<C: ControlPlane>(
-    myself: &ActorRef<FlowMsg>,
-    state: &mut FlowState<C>,
-    unit: &WorkUnit,
-    epoch: Epoch,
-) {
-    if !may_take_over(myself, state, unit) {
-        return;
-    }
-    let current = state.releases.get(unit).map(|r| r.state);
-    match plan_release(current, epoch) {
-        ReleasePlan::Spawn(epoch) => spawn_release(myself, state, unit, epoch),
-        ReleasePlan::Queue(epoch) => {
-            if let Some(Handback {
-                state: ReleaseState::InFlight { queued, .. },
-                ..
-            }) = state.releases.get_mut(unit)
-            {
-                *queued = Some(epoch);
-            }
-        }
-        ReleasePlan::Skip => {}
-    }
-}
-
-/// Starts the release task of `unit` under `epoch`; it reports with [`FlowMsg::Released`].
-pub(super) fn spawn_release<C: ControlPlane>(
-    myself: &ActorRef<FlowMsg>,
-    state: &mut FlowState<C>,
-    unit: &WorkUnit,
-    epoch: Epoch,
-) {
-    let control = state.args.control.clone();
-    let me = myself.clone();
-    let alive = state.args.alive.clone();
-    let span = unit_span(UnitTaskKind::Release, state.args.node_id, unit, epoch);
-    let u = unit.clone();
-    let task = tokio::spawn(
-        async move {
-            let _alive = alive;
-            let result = control.release(u.clone(), epoch).await;
-            // The flow actor may be gone (a drain that ran out of time); nobody to tell then.
-            let _ = me.send_message(FlowMsg::Released {
-                unit: u,
-                epoch,
-                result,
-            });
-        }
-        .instrument(span),
-    );
-    state.seeds = state.seeds.wrapping_add(1);
-    let backoff_params = state.args.tuning.backoff;
-    let seed = state.seeds;
-    let slot = state
-        .releases
-        .entry(unit.clone())
-        .or_insert_with(|| Handback {
-            state: ReleaseState::InFlight {
-                epoch,
-                queued: None,
-            },
-            task: None,
-            retry: None,
-            backoff: Backoff::new(backoff_params, seed),
-        });
-    slot.state = ReleaseState::InFlight {
-        epoch,
-        queued: None,
-    };
-    slot.task = Some(AbortOnDrop(task));
-    slot.retry = None;
-}
-
-/// Applies the outcome of a release task: logs it, starts a queued release, arms a retry.
-pub(super) fn released<C: ControlPlane>(
-    myself: &ActorRef<FlowMsg>,
-    state: &mut FlowState<C>,
-    unit: WorkUnit,
-    epoch: Epoch,
-    result: Result<(), ControlError>,
-) {
-    match &result {
-        Ok(()) => tracing::info!(%unit, epoch = %epoch, "unit released"),
-        Err(err) => tracing::warn!(%unit, epoch = %epoch, error = %err, "release failed"),
-    }
-    let current = state.releases.get(&unit).map(|r| r.state);
-    let draining = state.drain.is_on();
-    let (next, follow_up) = release_finished(current, epoch, result.is_ok(), draining);
-    if let (Some(slot), Some(next)) = (state.releases.get_mut(&unit), next) {
-        if Some(next) != current {
-            // The task that reported has finished.
-            slot.task = None;
-            slot.state = next;
-            if matches!(next, ReleaseState::Released { .. }) {
-                slot.backoff.reset();
-            }
-        }
-    }
-    match follow_up {
-        ReleaseFollowUp::Nothing => {}
-        ReleaseFollowUp::Spawn(next) => spawn_release(myself, state, &unit, next),
-        ReleaseFollowUp::RetryLater => {
-            if let Some(slot) = state.releases.get_mut(&unit) {
-                let delay = slot.backoff.next_delay();
-                tracing::debug!(%unit, epoch = %epoch, backoff = ?delay, "release retried after backoff");
-                let u = unit.clone();
-                let timer =
-                    myself.send_after(delay, move || FlowMsg::ReleaseRetryDue { unit: u, epoch });
-                slot.retry = Some(AbortOnDrop(timer));
-            }
         }
     }
 }

@@ -11,8 +11,9 @@ use std::time::Instant;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, MessagingErr, SupervisionEvent};
 
+use super::child::{AbortOnDrop, ChildEnd};
 use super::tasks::{Tasks, TasksArgs, TasksMsg};
-use super::{AbortOnDrop, ChildEnd, Coordinator, CoordinatorArgs, CoordinatorMsg};
+use super::{Coordinator, CoordinatorArgs, CoordinatorMsg};
 use crate::backoff::{Backoff, RestartBudget, MAX_RESTARTS, RESTART_WINDOW};
 use crate::control::ControlPlane;
 

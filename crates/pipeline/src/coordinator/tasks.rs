@@ -27,9 +27,9 @@ use ractor::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::child::{AbortOnDrop, Alive, ChildEnd};
 use super::decide::BACKOFF_RESET_AFTER;
 use super::loop_actor::{ActorLoop, Child, LoopActor, LoopActorArgs};
-use super::{AbortOnDrop, Alive, ChildEnd};
 use crate::backoff::{Backoff, RestartBudget, MAX_RESTARTS, RESTART_WINDOW};
 use crate::params::BackoffParams;
 

@@ -30,8 +30,8 @@ use crate::coordinator::{CoordinatorHandle, CoordinatorMsg};
 use crate::error::{Error, Result};
 use crate::params::{BackoffParams, FlowParams};
 use crate::selection::mapping::{downstream_stream, Choice, Selector};
+use crate::selection::pairing::Pairing;
 use crate::selection::residency::{BlockedTopic, BlockedTopics};
-use crate::sync::metadata::Pairing;
 
 /// The smallest unit of a flow as its discovery last found it (its owner runs the flow's
 /// metadata sync rounds).

@@ -1,12 +1,13 @@
 //! Consumer-group commands: create, list, delete, join and leave, and completing a member's
 //! pending revocations once the group has committed what it polled.
 
-use super::{
+use super::common::{
     query_topic, resolve_topic, topic_for, topic_mut, topic_ref, topic_request, Reply, Request,
     Session, Shared,
 };
 use crate::group;
-use crate::state::{lock, read, write, Group, Meta, Partition};
+use crate::group::Group;
+use crate::state::{lock, read, write, Meta, Partition};
 use crate::users::Action;
 use crate::wire::{status, DecodeError, Ident, Put, Reader};
 use std::sync::Arc;

@@ -1,12 +1,12 @@
 //! SEND_MESSAGES (batch validation, permission, partitioning, append) and POLL_MESSAGES
 //! (strategies, auto-commit, group bookkeeping).
 
-use super::groups::complete_group_revocations;
-use super::offsets::resolve_consumer;
-use super::{
+use super::common::{
     auth, now_micros, random_uuid, resolve_topic, topic_for, topic_ref, Reply, Request, Session,
     Shared,
 };
+use super::groups::complete_group_revocations;
+use super::offsets::resolve_consumer;
 use crate::faults::SendDestination;
 use crate::state::{lock, read, Partition};
 use crate::users::Action;

@@ -1,8 +1,8 @@
 //! Consumer-offset commands, and how a consumer (plain or group member) resolves to the
 //! partition it reads and the key its offset is stored under.
 
+use super::common::{query_topic, topic_for, topic_ref, Reply, Request};
 use super::groups::complete_group_revocations;
-use super::{query_topic, topic_for, topic_ref, Reply, Request};
 use crate::group;
 use crate::log::PartitionLog;
 use crate::state::{lock, read, Meta, Partition, Topic};

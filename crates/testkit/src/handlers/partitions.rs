@@ -1,7 +1,7 @@
 //! Partition and segment commands: adding and removing partitions (which rebalances the topic's
 //! consumer groups), deleting sealed segments, and FLUSH_UNSAVED_BUFFER.
 
-use super::{
+use super::common::{
     now_micros, resolve_topic, topic_for, topic_mut, topic_ref, Reply, Request,
     MAX_PARTITIONS_PER_REQUEST,
 };

@@ -1,7 +1,7 @@
 //! Stream commands, and the stream record GET_STREAM(S) and CREATE_STREAM answer with.
 
+use super::common::{no_fields, now_micros, query_stream, stream_for, Reply, Request};
 use super::topics::{purge_partitions, sum_stats, topic_record, topic_stats};
-use super::{no_fields, now_micros, query_stream, stream_for, Reply, Request};
 use crate::state::{Stream, Topic};
 use crate::users::Action;
 use crate::wire::{status, Put};

@@ -1,7 +1,7 @@
 //! Commands that concern the server and the connection rather than its data: login and logout,
 //! the client registry, stats and cluster metadata.
 
-use super::{auth, decode, no_fields, now_micros, Reply, Request, Session, Shared};
+use super::common::{auth, decode, no_fields, now_micros, Reply, Request, Session, Shared};
 use crate::state::{lock, read, ClientInfo};
 use crate::users::{Action, UserStatus, PASSWORD_LEN, ROOT_USER_ID, USERNAME_LEN};
 use crate::wire::{status, DecodeError, Ident, Put, Reader};

@@ -1,6 +1,6 @@
 //! Topic commands, and the topic and partition records that topic and stream answers carry.
 
-use super::{
+use super::common::{
     now_micros, query_stream, query_topic, stream_for, topic_for, topic_ref, topic_request, Reply,
     Request, Shared, MAX_PARTITIONS_PER_REQUEST,
 };

@@ -3,7 +3,7 @@
 //! `manage_users` before it looks the user up, CHANGE_PASSWORD looks the user up first because
 //! changing one's own password needs no right).
 
-use super::{no_fields, now_micros, Reply, Request};
+use super::common::{no_fields, now_micros, Reply, Request};
 use crate::users::{
     Action, Permissions, User, UserStatus, PASSWORD_LEN, ROOT_USER_ID, USERNAME_LEN,
 };

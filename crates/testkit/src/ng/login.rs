@@ -3,7 +3,8 @@
 //! it speaks, then reads the rest as username and password or, failing that, as a personal
 //! access token. Every refusal is an eviction with its reason, never a status.
 
-use super::{frame, Answer, NgSession};
+use super::frame;
+use super::session::{Answer, NgSession, OK};
 use crate::handlers::{handle, Shared};
 use crate::wire::{command, status, Put};
 use iggy09_binary_protocol::consensus::EvictionReason;
@@ -106,7 +107,7 @@ fn log_in(
             .state
             .set_client_user(session.inner.client_id, before);
         frame::result_rejected(out, refusal);
-        return Ok(super::OK);
+        return Ok(OK);
     }
     let bound = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     session.bound = Some(bound);
@@ -118,7 +119,7 @@ fn log_in(
     };
     frame::result_ok(out);
     out.extend_from_slice(&response.to_bytes());
-    Ok(super::OK)
+    Ok(OK)
 }
 
 /// The eviction reason for a login the 0.8 handler refused with `code`.
@@ -143,7 +144,7 @@ pub(super) fn logout(shared: &Shared, session: &mut NgSession) -> Answer {
         &mut [],
         &mut scratch,
     ) {
-        Ok(()) => super::OK,
+        Ok(()) => OK,
         Err(code) => Answer::Reply(code),
     }
 }

@@ -5,6 +5,7 @@
 //! every operation commits at once and there is no view change to survive. What a client sees
 //! of the generation is its framing and its bodies, and that is what this module owns:
 //! * `frame`: the 256-byte headers, result sections and evictions (pure);
+//! * `session`: a connection's session and the answer each request gets;
 //! * `login`: the register handshake (version check, credentials or token) and logout;
 //! * `translate`: each command's 0.9 body turned into the 0.8 body the shared handler
 //!   (`crate::handlers`) judges and applies, and the handler's answer turned into the 0.9
@@ -14,7 +15,7 @@
 //!
 //! A connection to one replica of a [`crate::TestCluster`] carries that replica's `Seat`: after
 //! the session gate it decides whether the replica serves a request, refuses it as a backup, or
-//! answers the roster (`crate::cluster`).
+//! answers the roster (`crate::replica`).
 //!
 //! Requests on a connection are strictly sequential, as with the 0.8 codec, and each frame is
 //! read whole before it is judged.
@@ -22,17 +23,19 @@
 mod frame;
 mod login;
 mod messages;
+mod session;
 mod translate;
 
-use crate::cluster::{ReplicaAnswer, Seat};
 use crate::connection::{buffers, fill, release_large, respond};
 use crate::faults::FaultState;
 use crate::handlers::{send_destination, Session, Shared};
+use crate::replica::{ReplicaAnswer, Seat};
 use crate::wire::{command, status};
 use bytes::Buf;
 use frame::{HeaderError, HEADER};
 use iggy09_binary_protocol::codes::{LOGIN_USER_CODE, LOGIN_WITH_PERSONAL_ACCESS_TOKEN_CODE};
 use iggy09_binary_protocol::consensus::{EvictionReason, Operation, RequestHeader};
+use session::{Answer, NgSession, OK};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,33 +44,6 @@ use tokio_util::sync::CancellationToken;
 
 /// PING: the one command served before a login.
 const PING: u32 = 1;
-
-/// One connection's session: the 0.8 session the handlers judge requests by, and the consensus
-/// session number the register handshake handed out.
-pub(crate) struct NgSession {
-    /// Client id and logged-in user, as the shared handlers know them.
-    pub(crate) inner: Session,
-    /// The session bound by the last successful register, if any.
-    pub(crate) bound: Option<u64>,
-    /// The replica this connection reached, when the server is one of a test cluster.
-    pub(crate) seat: Option<Seat>,
-}
-
-/// What the server does with one request.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Answer {
-    /// A reply with this header status. With status 0 the body is what the request wrote after
-    /// the header's place in the output (result section included where the operation has
-    /// one); any other status goes with an empty body.
-    Reply(u32),
-    /// The session ends with this reason.
-    Evict(EvictionReason),
-    /// No answer at all (a frame the server drops).
-    Drop,
-}
-
-/// A reply whose body is what was written to the output.
-const OK: Answer = Answer::Reply(0);
 
 /// Serves `stream` with the 0.9 codec until the peer closes it, an I/O error occurs or `cancel`
 /// fires.

@@ -9,36 +9,14 @@
 
 use replicator_sdk::Confirmed;
 
+use crate::error::LandedMismatch;
+
 /// What the confirmations of one writer's sends said so far.
 #[derive(Debug, Default)]
 pub(crate) struct LandedCheck {
     /// The offset the next confirmed send must start at; `None` until a confirmation told
     /// (after a start, a tail re-read, or an answer without a confirmation).
     next: Option<u64>,
-}
-
-/// A confirmation that does not fit the writer's own sends.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LandedMismatch {
-    /// The send landed at another offset than where the writer's previous send ended.
-    #[error("the send landed at offset {landed}, but {expected} was next after the writer's previous send")]
-    Offset {
-        /// Where the previous confirmed send ended.
-        expected: u64,
-        /// Where the server says this one starts.
-        landed: u64,
-    },
-    /// The server confirmed another partition than the one the send named.
-    #[error("the send named partition {sent}, but the server confirmed partition {landed}")]
-    Partition {
-        /// The partition the writer sent to.
-        sent: u32,
-        /// The partition the confirmation names.
-        landed: u32,
-    },
-    /// A send to one partition came back with several confirmations.
-    #[error("a send to one partition came back with {0} confirmations")]
-    Several(usize),
 }
 
 impl LandedCheck {

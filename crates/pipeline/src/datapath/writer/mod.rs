@@ -40,7 +40,6 @@ use tokio_util::sync::CancellationToken;
 
 use self::commit::{CommitRequest, CommitTracker, Settled};
 use self::landed::LandedCheck;
-pub use self::landed::LandedMismatch;
 pub(crate) use self::prepare::{prepare, PrepareParams};
 pub(crate) use self::resume::{reference as confirmed_position, TailStep};
 use self::resume::{PartitionExtent, ResumeFacts, ResumePlan, TailCheck, TailHit};
@@ -54,6 +53,7 @@ use crate::datapath::offsets::ReadFrom;
 use crate::datapath::target::Copies;
 use crate::datapath::translate::{Copied, OffsetMap};
 use crate::datapath::unit::{named, Batch, UnitShared};
+pub use crate::error::LandedMismatch;
 use crate::error::{Error, Result};
 use crate::provenance::{self, Incarnation};
 

@@ -19,6 +19,7 @@
 //! settings), never a writer identity. The replicator's own users (the root, the users the
 //! connections log in as, and writer identities) are never synced.
 
+pub(crate) mod catalog;
 pub(crate) mod pair;
 pub(crate) mod settings;
 pub(crate) mod users;
@@ -31,15 +32,14 @@ use globset::GlobSet;
 use iggy::prelude::{Identifier, UserStatus};
 use iggy_common::UserInfo;
 use rand::distributions::{Alphanumeric, DistString};
-use replicator_model::{
-    ClusterPair, MetadataChange, MetadataKey, MetadataObject, MetadataRecord, Naming, TopicSetting,
-};
+use replicator_model::{ClusterPair, MetadataChange, MetadataObject, MetadataRecord, TopicSetting};
 use replicator_sdk::IggyCluster as _;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use self::pair::{PairView, SettingConflict, Side, UserHome};
+use self::catalog::{iggy_error, Catalog, CatalogTopic, Route};
+use self::pair::{SettingConflict, UserHome};
 use self::settings::{SettingDifference, TopicSettings};
 use self::users::{Activation, ActivationOutcome, UserAction, UserCopy, UserSyncState};
 use crate::clients::Cluster;
@@ -47,7 +47,10 @@ use crate::control::{ControlError, ControlPlane};
 use crate::discovery::FirstUnit;
 use crate::error::{Error, Result};
 use crate::params::{FlowParams, PipelineParams};
-use crate::selection::mapping::{downstream_stream, Selector};
+use crate::selection::mapping::Selector;
+// `pub`: `pipeline.rs` compiles the user globs through this path.
+pub(crate) use crate::selection::pairing::user_selector;
+use crate::selection::pairing::{PairView, Pairing, Side};
 
 /// The root user's id on every Iggy server: never synced.
 const ROOT_USER_ID: u32 = 0;
@@ -62,123 +65,6 @@ const SOURCE_READ_PAUSE: Duration = Duration::from_secs(1);
 
 /// How often a node that does not run a flow's rounds looks whether it now does.
 const RUNNER_CHECK: Duration = Duration::from_secs(1);
-
-/// Compiles a flow's user globs (`*` matches any run of characters).
-pub(crate) fn user_selector(globs: &[String]) -> std::result::Result<GlobSet, (String, String)> {
-    crate::selection::globs::name_globs("users", globs)
-}
-
-/// The streams and topics of one cluster, by id (what permissions name).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Catalog {
-    pub(crate) streams: BTreeMap<u32, CatalogStream>,
-}
-
-/// One stream of a [`Catalog`].
-#[derive(Debug, Clone)]
-pub(crate) struct CatalogStream {
-    pub(crate) name: String,
-    pub(crate) topics: BTreeMap<u32, CatalogTopic>,
-}
-
-/// One topic of a [`CatalogStream`].
-#[derive(Debug, Clone)]
-pub(crate) struct CatalogTopic {
-    pub(crate) name: String,
-    /// `None` only in tests that need names alone.
-    pub(crate) settings: Option<TopicSettings>,
-    pub(crate) partitions: u32,
-    pub(crate) replication_factor: u8,
-    /// Creation time, µs (in a two-way pair the older of two namesakes is the home).
-    pub(crate) created_at: u64,
-}
-
-impl Catalog {
-    /// The id of the stream named `name`.
-    pub(crate) fn stream_id(&self, name: &str) -> Option<u32> {
-        self.streams
-            .iter()
-            .find_map(|(id, s)| (s.name == name).then_some(*id))
-    }
-
-    /// The id of `stream/topic`.
-    pub(crate) fn topic_id(&self, stream: &str, topic: &str) -> Option<u32> {
-        self.topic(stream, topic).map(|(_, id, _)| id)
-    }
-
-    /// `stream/topic` with its ids.
-    fn topic(&self, stream: &str, topic: &str) -> Option<(u32, u32, &CatalogTopic)> {
-        let sid = self.stream_id(stream)?;
-        let (tid, t) = self.streams[&sid]
-            .topics
-            .iter()
-            .find(|(_, t)| t.name == topic)?;
-        Some((sid, *tid, t))
-    }
-
-    /// Reads every stream and topic of `cluster`.
-    async fn read(cluster: &Cluster) -> Result<Self> {
-        let streams = cluster
-            .call(0, "get_streams", |c| async move { c.get_streams().await })
-            .await?;
-        let mut catalog = Self::default();
-        for stream in streams {
-            let id = Identifier::numeric(stream.id).map_err(|e| iggy_error(cluster, "id", e))?;
-            let details = cluster
-                .call(0, "get_stream", |c| async move { c.get_stream(&id).await })
-                .await?;
-            let Some(details) = details else { continue };
-            let topics = details
-                .topics
-                .iter()
-                .map(|t| {
-                    (
-                        t.id,
-                        CatalogTopic {
-                            name: t.name.clone(),
-                            settings: Some(TopicSettings::of(t)),
-                            partitions: t.partitions_count,
-                            replication_factor: t.replication_factor,
-                            created_at: t.created_at.as_micros(),
-                        },
-                    )
-                })
-                .collect();
-            catalog.streams.insert(
-                details.id,
-                CatalogStream {
-                    name: details.name,
-                    topics,
-                },
-            );
-        }
-        Ok(catalog)
-    }
-}
-
-fn iggy_error(cluster: &Cluster, op: &str, source: impl Into<replicator_sdk::Error>) -> Error {
-    Error::Iggy {
-        cluster: cluster.alias().to_owned(),
-        op: op.to_owned(),
-        source: source.into(),
-    }
-}
-
-/// How one flow places upstream topics on the target: what it copies, and under which stream.
-#[derive(Debug, Clone)]
-pub(crate) struct Route {
-    pub(crate) selector: Selector,
-    pub(crate) naming: Naming,
-    /// The source alias (prefix naming).
-    pub(crate) source: String,
-}
-
-impl Route {
-    /// The downstream name of upstream `stream`.
-    pub(crate) fn downstream(&self, stream: &str) -> String {
-        downstream_stream(self.naming, &self.source, stream)
-    }
-}
 
 /// What one round of a flow's metadata sync did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -356,114 +242,6 @@ pub(crate) struct MetadataSync {
     pub(crate) pair: Option<Arc<Pairing>>,
     /// Where the pair's records are kept (the control plane).
     pub(crate) records: Arc<dyn Records>,
-}
-
-/// A flow of a two-way pair and the flows that copy the other way (see [`pair`]).
-#[derive(Debug, Clone)]
-pub(crate) struct Pairing {
-    pub(crate) view: PairView,
-    /// The flow's own user globs and placement.
-    users: GlobSet,
-    naming: Naming,
-    selector: Selector,
-    /// The flows from this flow's target to its source.
-    reverse: Vec<ReverseFlow>,
-}
-
-/// One flow of [`Pairing::reverse`].
-#[derive(Debug, Clone)]
-struct ReverseFlow {
-    users: GlobSet,
-    naming: Naming,
-    selector: Selector,
-    keep: BTreeSet<TopicSetting>,
-}
-
-impl Pairing {
-    /// The pairing of `flow`, `None` when no flow copies the other way.
-    pub(crate) fn of(
-        flow: &FlowParams,
-        flows: &BTreeMap<String, Arc<FlowParams>>,
-        selectors: &BTreeMap<String, Selector>,
-    ) -> std::result::Result<Option<Self>, (String, String)> {
-        let selector_of = |f: &FlowParams| {
-            selectors.get(&f.name).cloned().unwrap_or_else(|| {
-                Selector::new(&[], &[]).unwrap_or_else(|_| unreachable!("no globs"))
-            })
-        };
-        let mut reverse = Vec::new();
-        for other in flows.values() {
-            if other.source == flow.target && other.target == flow.source {
-                reverse.push(ReverseFlow {
-                    users: user_selector(&other.users)?,
-                    naming: other.naming,
-                    selector: selector_of(other),
-                    keep: other.keep_target_settings.clone(),
-                });
-            }
-        }
-        if reverse.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(Self {
-            view: PairView::new(&flow.source, &flow.target),
-            users: user_selector(&flow.users)?,
-            naming: flow.naming,
-            selector: selector_of(flow),
-            reverse,
-        }))
-    }
-
-    /// Whether both directions sync the user `name`.
-    pub(crate) fn pairs_user(&self, name: &str) -> bool {
-        self.users.is_match(name) && self.reverse.iter().any(|r| r.users.is_match(name))
-    }
-
-    /// Whether both directions copy `stream/topic` into its namesake (identity naming both
-    /// ways, selected both ways).
-    pub(crate) fn pairs_topic(&self, stream: &str, topic: &str) -> bool {
-        self.naming == Naming::Identity
-            && self.selector.matches(stream, topic)
-            && self
-                .reverse
-                .iter()
-                .any(|r| r.naming == Naming::Identity && r.selector.matches(stream, topic))
-    }
-
-    /// The settings that travel in neither direction of `stream/topic`: those this flow
-    /// (`own`) or a reverse flow that copies the topic keeps.
-    fn kept(
-        &self,
-        own: &BTreeSet<TopicSetting>,
-        stream: &str,
-        topic: &str,
-    ) -> BTreeSet<TopicSetting> {
-        let mut keep = own.clone();
-        for r in &self.reverse {
-            if r.selector.matches(stream, topic) {
-                keep.extend(r.keep.iter().copied());
-            }
-        }
-        keep
-    }
-
-    /// Whether `stream` on this flow's source is a copy a reverse flow made with prefix naming
-    /// (`<this flow's target>.<stream>`): copying it back would name it
-    /// `<source>.<target>.<stream>` on the target, and so on at every round trip.
-    pub(crate) fn is_reverse_copy(&self, stream: &str) -> bool {
-        self.reverse.iter().any(|r| r.naming == Naming::Prefix)
-            && stream
-                .strip_prefix(self.view.target.as_str())
-                .is_some_and(|rest| rest.starts_with('.'))
-    }
-
-    /// The key of `object` in this pair.
-    pub(crate) fn key(&self, object: MetadataObject) -> MetadataKey {
-        MetadataKey {
-            pair: self.view.pair.clone(),
-            object,
-        }
-    }
 }
 
 /// The control plane's records of two-way pairs, as the metadata sync and discovery use them

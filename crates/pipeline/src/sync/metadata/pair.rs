@@ -22,69 +22,12 @@
 use std::collections::BTreeSet;
 
 use iggy::prelude::UserStatus;
-use replicator_model::{ClusterPair, MetadataRecord, TopicSetting};
+use replicator_model::{MetadataRecord, TopicSetting};
 use serde::{Deserialize, Serialize};
 
 use super::settings::{SettingDifference, TopicSettings};
 use super::users::UserCopy;
-
-/// One side of a flow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Side {
-    /// The flow's source.
-    Source,
-    /// The flow's target.
-    Target,
-}
-
-/// A flow of a two-way pair: its clusters, by alias.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PairView {
-    /// The pair.
-    pub(crate) pair: ClusterPair,
-    /// The flow's source alias.
-    pub(crate) source: String,
-    /// The flow's target alias.
-    pub(crate) target: String,
-}
-
-impl PairView {
-    /// The view of the flow from `source` to `target`.
-    pub(crate) fn new(source: &str, target: &str) -> Self {
-        Self {
-            pair: ClusterPair::new(source, target),
-            source: source.to_owned(),
-            target: target.to_owned(),
-        }
-    }
-
-    /// The side `alias` is on, `None` when it is neither.
-    pub(crate) fn side(&self, alias: &str) -> Option<Side> {
-        if alias == self.source {
-            Some(Side::Source)
-        } else if alias == self.target {
-            Some(Side::Target)
-        } else {
-            None
-        }
-    }
-
-    /// The alias of `side`.
-    pub(crate) fn alias(&self, side: Side) -> &str {
-        match side {
-            Side::Source => &self.source,
-            Side::Target => &self.target,
-        }
-    }
-
-    /// A record of an object at home on `side`, with nothing agreed yet.
-    pub(crate) fn home_at(&self, side: Side) -> MetadataRecord {
-        MetadataRecord {
-            home: self.alias(side).to_owned(),
-            agreed: Default::default(),
-        }
-    }
-}
+use crate::selection::pairing::{PairView, Side};
 
 /// Where a user of a pair is at home, as one flow finds it.
 #[derive(Debug, Clone, PartialEq, Eq)]

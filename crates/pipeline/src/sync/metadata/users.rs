@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use iggy::prelude::{Permissions, StreamPermissions, UserStatus};
 use serde::{Deserialize, Serialize};
 
-use super::{Catalog, CatalogStream, Route};
+use super::catalog::{Catalog, CatalogStream, Route};
 
 /// Upstream permissions as the target must have them, and what could not be translated.
 #[derive(Debug, Clone, PartialEq)]
@@ -370,7 +370,7 @@ mod tests {
         assert_eq!(keeping_target_rights(None, None, &managed), None);
     }
     use crate::selection::mapping::Selector;
-    use crate::sync::metadata::{CatalogStream, CatalogTopic};
+    use crate::sync::metadata::catalog::{CatalogStream, CatalogTopic};
     use iggy::prelude::{GlobalPermissions, TopicPermissions};
     use replicator_model::Naming;
 
