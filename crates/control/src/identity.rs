@@ -68,7 +68,7 @@ impl WriterPasswords {
 }
 
 /// Passwords under a fixed secret, for tests and benches that need no real one.
-#[doc(hidden)]
+#[cfg(any(test, feature = "bench"))]
 pub(crate) fn test_passwords() -> WriterPasswords {
     WriterPasswords::new(&ClusterSecret::new("test-cluster-secret"))
 }

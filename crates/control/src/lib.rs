@@ -77,6 +77,9 @@ openraft::declare_raft_types!(
         SnapshotData = Cursor<Vec<u8>>,
 );
 
+/// Only for this crate's criterion benches (feature `bench`, which the benches turn on through
+/// the crate's dev-dependency on itself): never in a production build.
+#[cfg(feature = "bench")]
 #[doc(hidden)]
 pub mod bench_support;
 

@@ -98,7 +98,12 @@ impl Control {
         let listener = tokio::net::TcpListener::from_std(listener).map_err(listen_err)?;
 
         let tls = tls.map(TlsState::for_member).transpose()?.map(Arc::new);
-        if tls.is_none() {
+        // Only a listener others can reach is worth a warning: on loopback (the demo, a cluster
+        // on one host) nobody else sees the traffic.
+        let reachable = listener
+            .local_addr()
+            .map_or(true, |a| !a.ip().is_loopback());
+        if tls.is_none() && reachable {
             tracing::warn!(node = %node_id, raft_addr = %raft_addr, "raft rpc listener serves plain http: configure [cluster.tls] for mutual tls");
         }
         let fault = Arc::new(FaultSwitch::default());
