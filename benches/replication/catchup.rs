@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use replicator_harness::IggyCluster as _;
 use replicator_harness::{
-    connect, delete_stream, ensure_topic, raw_copy, Cluster, RawCopy, TestResult, Topic, Watch,
+    connect, delete_stream, ensure_topic, raw_copy, RawCopy, ReplicatorCluster, TestResult, Topic,
+    Watch,
 };
 
 use crate::env::{
@@ -228,7 +229,7 @@ async fn copy_once(
                         .await;
                     (watch, times)
                 });
-                let mut cluster = Cluster::start(spec, nodes).await?;
+                let mut cluster = ReplicatorCluster::start(spec, nodes).await?;
                 let (watch, times) = waiting.await?;
                 let (first, total) = times?;
                 let pids: Vec<u32> = cluster.pids().into_values().collect();

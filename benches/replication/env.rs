@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use iggy::prelude::IggyMessage;
 use replicator_harness::{
-    connect, delete_stream, ensure_topic, produce_bulk, Bulk, Cluster, ClusterSpec, DevServer,
-    Endpoint, NodeId, ReplicatorBinary, TestResult,
+    connect, delete_stream, ensure_topic, produce_bulk, Bulk, DevServer, Endpoint, NodeId,
+    ReplicatorBinary, ReplicatorCluster, ReplicatorClusterSpec, TestResult,
 };
 
 use crate::settings::{Far, Settings};
@@ -314,14 +314,14 @@ pub(crate) fn replication_spec_between(
     prefix: bool,
     settings: &Settings,
     units: usize,
-) -> ClusterSpec {
+) -> ReplicatorClusterSpec {
     let naming = if prefix { "prefix" } else { "identity" };
     let (connections, provenance) = (settings.connections, settings.provenance);
     let batch_size = settings.batch_size;
     let max_batch_bytes = settings.max_batch_bytes;
     let fencing = &settings.fencing;
     let writers = format!("bench-{:06x}", rand::random::<u32>() & 0xff_ffff);
-    ClusterSpec {
+    ReplicatorClusterSpec {
         binary: endpoints.nodes.clone(),
         replication_toml: format!(
             r#"[clusters.{source_alias}]
@@ -394,7 +394,7 @@ pub(crate) fn run_name(what: &str) -> String {
 /// Waits until the leader reports the units spread evenly over the running nodes with no
 /// handover pending: after a start or a rejoin the leader moves units for a while, and a
 /// scenario measures the steady state only after that.
-pub(crate) async fn wait_balanced(cluster: &Cluster, within: Duration) -> TestResult {
+pub(crate) async fn wait_balanced(cluster: &ReplicatorCluster, within: Duration) -> TestResult {
     cluster.wait_balanced(&cluster.running(), within).await?;
     Ok(())
 }
@@ -402,7 +402,7 @@ pub(crate) async fn wait_balanced(cluster: &Cluster, within: Duration) -> TestRe
 /// Starts the killed `victim` again and waits until `nodes` (the victim among them) own every
 /// unit, spread evenly: the steady state the next failover round starts from.
 pub(crate) async fn restart_and_rebalance(
-    cluster: &mut Cluster,
+    cluster: &mut ReplicatorCluster,
     victim: NodeId,
     nodes: &[NodeId],
 ) -> TestResult {
@@ -426,7 +426,7 @@ pub(crate) async fn start_three_nodes(
     stream: &str,
     topics: &[String],
     partitions: u32,
-) -> TestResult<(Cluster, Duration, Option<WanProxy>)> {
+) -> TestResult<(ReplicatorCluster, Duration, Option<WanProxy>)> {
     let up = connect(&endpoints.upstream).await?;
     for topic in topics {
         ensure_topic(&up, stream, topic, partitions).await?;
@@ -443,7 +443,7 @@ pub(crate) async fn start_three_nodes(
         topics.len() * partitions as usize,
     );
     let started = Instant::now();
-    let cluster = Cluster::start(spec, 3).await?;
+    let cluster = ReplicatorCluster::start(spec, 3).await?;
     let assigned = started.elapsed();
     wait_balanced(&cluster, Duration::from_secs(300)).await?;
     Ok((cluster, assigned, proxy))

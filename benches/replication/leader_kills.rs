@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use replicator_harness::IggyCluster as _;
 use replicator_harness::{
-    connect, partition_counts, Cluster, Deadline, NodeId, Status, TestResult,
+    connect, partition_counts, Deadline, NodeId, ReplicatorCluster, Status, TestResult,
 };
 
 use crate::env::{cleaned_up, run_name, start_three_nodes, wait_balanced, Endpoints};
@@ -146,7 +146,11 @@ async fn measure(endpoints: &Endpoints, settings: &Settings, stream: &str) -> Te
 }
 
 /// Kills the leader all running nodes agree on and measures (a) and (b).
-async fn measure_kill(cluster: &mut Cluster, number: u32, units: usize) -> TestResult<Kill> {
+async fn measure_kill(
+    cluster: &mut ReplicatorCluster,
+    number: u32,
+    units: usize,
+) -> TestResult<Kill> {
     let running = cluster.running();
     let (victim, old_term) = wait_agreed(cluster, &running)
         .await
@@ -217,7 +221,11 @@ async fn measure_kill(cluster: &mut Cluster, number: u32, units: usize) -> TestR
 
 /// Restarts `victim` and waits until it follows the leader and the units are spread evenly
 /// over all three nodes; returns how long that took from the restart.
-async fn rejoin(cluster: &mut Cluster, victim: NodeId, number: u32) -> TestResult<Duration> {
+async fn rejoin(
+    cluster: &mut ReplicatorCluster,
+    victim: NodeId,
+    number: u32,
+) -> TestResult<Duration> {
     cluster.restart(victim)?;
     let restarted_at = Instant::now();
     let everyone = cluster.running();
@@ -233,7 +241,7 @@ async fn rejoin(cluster: &mut Cluster, victim: NodeId, number: u32) -> TestResul
 /// Each node's own Raft view, or why it could not be read.
 type Views = Vec<(NodeId, Result<RaftView, String>)>;
 
-async fn read_views(cluster: &Cluster, nodes: &[NodeId]) -> Views {
+async fn read_views(cluster: &ReplicatorCluster, nodes: &[NodeId]) -> Views {
     let mut views = Vec::with_capacity(nodes.len());
     for node in nodes {
         let view = raft_view(cluster, *node).await.map_err(|e| e.to_string());
@@ -264,7 +272,7 @@ fn agreement(views: &Views, nodes: &[NodeId]) -> Option<(NodeId, u64)> {
 }
 
 /// Waits (up to [`DEADLINE`]) until all of `nodes` agree on a leader among them.
-async fn wait_agreed(cluster: &Cluster, nodes: &[NodeId]) -> TestResult<(NodeId, u64)> {
+async fn wait_agreed(cluster: &ReplicatorCluster, nodes: &[NodeId]) -> TestResult<(NodeId, u64)> {
     let deadline = Deadline::new(DEADLINE, format!("nodes {nodes:?} to agree on a leader"));
     loop {
         let views = read_views(cluster, nodes).await;
@@ -353,10 +361,10 @@ async fn wait_copied(
     }
 }
 
-/// Runs `iggy-replicator verify` like [`Cluster::verify`] but prints only its totals when the
-/// copy is exact (its table has a row per partition: 1,000 rows by default); returns whether
-/// it was exact.
-async fn verify_briefly(cluster: &Cluster, wait: Duration) -> TestResult<bool> {
+/// Runs `iggy-replicator verify` like [`ReplicatorCluster::verify`] but prints only its totals
+/// when the copy is exact (its table has a row per partition: 1,000 rows by default); returns
+/// whether it was exact.
+async fn verify_briefly(cluster: &ReplicatorCluster, wait: Duration) -> TestResult<bool> {
     let run = cluster.run_verify(wait).await?;
     for line in run.stdout.lines() {
         // Partition rows are indented; keep them only when something is wrong.

@@ -1,6 +1,6 @@
 //! What the benchmarks read from the nodes' `/metrics`.
 
-use replicator_harness::{Cluster, NodeId, TestResult};
+use replicator_harness::{NodeId, ReplicatorCluster, TestResult};
 
 /// Sums, counts and buckets of the nodes' histograms that explain the latency.
 #[derive(Debug, Clone, Default)]
@@ -55,7 +55,7 @@ impl Histogram {
 
 impl Stages {
     /// Reads every node's `/metrics`.
-    pub(crate) async fn read(cluster: &Cluster) -> TestResult<Self> {
+    pub(crate) async fn read(cluster: &ReplicatorCluster) -> TestResult<Self> {
         let mut stages = Self::default();
         for id in cluster.running() {
             let text = cluster.metrics_of(id).await?;
@@ -133,7 +133,7 @@ impl Stages {
 }
 
 /// The highest Raft applied index any node reports.
-pub(crate) async fn applied_index(cluster: &Cluster) -> TestResult<u64> {
+pub(crate) async fn applied_index(cluster: &ReplicatorCluster) -> TestResult<u64> {
     let mut highest = 0;
     for id in cluster.running() {
         let text = cluster.metrics_of(id).await?;
@@ -159,7 +159,7 @@ pub(crate) struct RaftView {
 }
 
 /// Reads `node`'s Raft term gauge and the leader id of its `raft_leader_info` series.
-pub(crate) async fn raft_view(cluster: &Cluster, node: NodeId) -> TestResult<RaftView> {
+pub(crate) async fn raft_view(cluster: &ReplicatorCluster, node: NodeId) -> TestResult<RaftView> {
     let text = cluster.metrics_of(node).await?;
     let term = text
         .lines()

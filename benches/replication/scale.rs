@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use replicator_harness::{Cluster, NodeId, TestResult};
+use replicator_harness::{NodeId, ReplicatorCluster, TestResult};
 
 use crate::env::{
     cleaned_up, cpu_seconds, rss_bytes, run_name, start_three_nodes, wait_balanced, Endpoints,
@@ -174,7 +174,7 @@ async fn measure(
 }
 
 /// CPU, RSS and Raft entries over one window.
-async fn sample(cluster: &Cluster, window: Duration) -> TestResult<Window> {
+async fn sample(cluster: &ReplicatorCluster, window: Duration) -> TestResult<Window> {
     let pids = cluster.pids();
     let cpu_before: BTreeMap<NodeId, f64> = pids
         .iter()
@@ -198,7 +198,7 @@ async fn sample(cluster: &Cluster, window: Duration) -> TestResult<Window> {
 }
 
 /// Restarts a follower twice (see [`Restarts`]) and measures until it is current each time.
-async fn restart_follower(cluster: &mut Cluster) -> TestResult<Restarts> {
+async fn restart_follower(cluster: &mut ReplicatorCluster) -> TestResult<Restarts> {
     let leader = cluster
         .leader_status()
         .await
@@ -251,7 +251,7 @@ async fn restart_follower(cluster: &mut Cluster) -> TestResult<Restarts> {
 /// Starts the stopped `follower` and waits until its applied index reaches the one `leader`
 /// had applied at its start; returns how long that took.
 async fn restart_until_current(
-    cluster: &mut Cluster,
+    cluster: &mut ReplicatorCluster,
     leader: NodeId,
     follower: NodeId,
 ) -> TestResult<Duration> {
@@ -293,7 +293,7 @@ where
 }
 
 /// A Raft index gauge of `node`'s `/metrics`; `None` while it does not answer or report it.
-async fn raft_index(cluster: &Cluster, node: NodeId, name: &str) -> Option<u64> {
+async fn raft_index(cluster: &ReplicatorCluster, node: NodeId, name: &str) -> Option<u64> {
     let value = cluster.metric_of(node, name).await.ok().flatten()?;
     Some(value as u64)
 }

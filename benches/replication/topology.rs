@@ -25,8 +25,9 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use replicator_harness::IggyCluster as _;
 use replicator_harness::{
-    connect, ensure_topic, wait_resumed, wait_until, Cluster, ClusterEntry, ClusterSpec, DevServer,
-    Endpoint, FlowEntry, NodeId, Replication, Stalled, Status, TestResult, Topic, Watch,
+    connect, ensure_topic, wait_resumed, wait_until, ClusterEntry, DevServer, Endpoint, FlowEntry,
+    NodeId, Replication, ReplicatorCluster, ReplicatorClusterSpec, Stalled, Status, TestResult,
+    Topic, Watch,
 };
 
 use crate::env::{fill, restart_and_rebalance, wait_balanced, Endpoints};
@@ -116,8 +117,8 @@ async fn three_nodes(
     endpoints: &Endpoints,
     replication: &Replication,
     units: usize,
-) -> TestResult<Cluster> {
-    let spec = ClusterSpec {
+) -> TestResult<ReplicatorCluster> {
+    let spec = ReplicatorClusterSpec {
         binary: endpoints.nodes.clone(),
         replication_toml: replication.toml(),
         cluster_toml: String::new(),
@@ -126,7 +127,7 @@ async fn three_nodes(
         owned_within: Duration::from_secs(120),
         tls: false,
     };
-    let cluster = Cluster::start(spec, 3).await?;
+    let cluster = ReplicatorCluster::start(spec, 3).await?;
     wait_balanced(&cluster, Duration::from_secs(120)).await?;
     Ok(cluster)
 }
@@ -144,7 +145,7 @@ fn role(status: &Status, node: NodeId) -> &'static str {
 /// victim owned, and where its copy is counted), how long until those partitions were written
 /// again; `None` for one that did not move within [`WITHIN`].
 async fn kill_and_time(
-    cluster: &mut Cluster,
+    cluster: &mut ReplicatorCluster,
     victim: NodeId,
     watched: &[(&BTreeSet<u32>, &Watch)],
 ) -> TestResult<Vec<Option<Duration>>> {
@@ -184,7 +185,7 @@ async fn copied(watch: &Watch, produced: u64) -> TestResult<Duration> {
 }
 
 /// Requires every flow of `flows` to be exact.
-async fn exact(cluster: &Cluster, flows: &[&str]) -> TestResult {
+async fn exact(cluster: &ReplicatorCluster, flows: &[&str]) -> TestResult {
     for flow in flows {
         if !cluster.verify_flow(Some(flow), WITHIN).await? {
             return Err(format!("verify found flow {flow} not exact").into());
@@ -281,7 +282,7 @@ async fn target_down(endpoints: &Endpoints, settings: &Settings) -> TestResult {
 }
 
 /// Waits until every unit of `topic` is owned and the restarted `node` renews again.
-async fn wait_owned(cluster: &Cluster, topic: &Topic, node: NodeId) -> TestResult {
+async fn wait_owned(cluster: &ReplicatorCluster, topic: &Topic, node: NodeId) -> TestResult {
     let what = format!("node {node} back and {} owned", topic.stream);
     wait_until(&what, WITHIN, || async {
         cluster.leader_status().await.is_some_and(|status| {

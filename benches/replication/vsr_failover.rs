@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use replicator_harness::IggyCluster as _;
 use replicator_harness::{
-    connect, delete_stream, ensure_topic, tick, wait_resumed, Cluster, ClusterTopic, Deadline,
-    Endpoint, Stalled, TestResult, Topic,
+    connect, delete_stream, ensure_topic, tick, wait_resumed, ClusterTopic, Deadline, Endpoint,
+    ReplicatorCluster, Stalled, TestResult, Topic,
 };
 use replicator_model::IggyVersion;
 use replicator_testkit::{TestCluster, TestServerConfig};
@@ -69,7 +69,7 @@ async fn measure(
         settings,
         PARTITIONS as usize,
     );
-    let mut cluster = Cluster::start(spec, 3).await?;
+    let mut cluster = ReplicatorCluster::start(spec, 3).await?;
     wait_balanced(&cluster, Duration::from_secs(120)).await?;
     let topic = Topic::new(stream, TOPIC, PARTITIONS);
     let producer = paced(&endpoints.upstream, topic.targets(), settings.failover_rate);

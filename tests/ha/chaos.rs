@@ -15,7 +15,9 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use replicator_harness::{serial, wait_resumed, Cluster, NodeId, Servers, Stalled, TestResult};
+use replicator_harness::{
+    serial, wait_resumed, NodeId, ReplicatorCluster, Servers, Stalled, TestResult,
+};
 
 use crate::fixture;
 
@@ -125,7 +127,7 @@ fn p50_max(samples: &[Duration]) -> (Duration, Duration) {
 /// the failover time (`None` when the victim owned nothing at the kill).
 async fn kill_restart(
     servers: &Servers,
-    cluster: &mut Cluster,
+    cluster: &mut ReplicatorCluster,
     victim: NodeId,
 ) -> TestResult<Option<Duration>> {
     let killed = cluster
@@ -146,7 +148,7 @@ async fn kill_restart(
 /// may have moved: the target's fence must refuse it).
 async fn freeze(
     servers: &Servers,
-    cluster: &mut Cluster,
+    cluster: &mut ReplicatorCluster,
     node: NodeId,
     frozen: Duration,
     mid_send: bool,
@@ -193,7 +195,7 @@ async fn freeze(
 /// some, and every partition has been written again since `since_counts`.
 async fn wait_recovered(
     servers: &Servers,
-    cluster: &Cluster,
+    cluster: &ReplicatorCluster,
     since_counts: &[u64],
 ) -> TestResult<Duration> {
     let started = Instant::now();

@@ -10,8 +10,8 @@ use bytes::Bytes;
 use iggy::prelude::{Identifier, IggyMessage};
 use replicator_harness::IggyCluster as _;
 use replicator_harness::{
-    connect, ensure_topic, partition_counts, produce_bulk, serial, wait_until, Bulk, Cluster,
-    TestResult,
+    connect, ensure_topic, partition_counts, produce_bulk, serial, wait_until, Bulk,
+    ReplicatorCluster, TestResult,
 };
 
 use crate::fixture::{self, finish_with_exact_copy};
@@ -35,7 +35,7 @@ fn the_state_returns_to_its_size_after_100_topics_come_and_go() -> TestResult {
         let mut spec = fixture::spec_between((&urls.0, &urls.1), false, None, "")?;
         spec.cluster_toml = "forget_retired_after = \"1s\"".to_owned();
         let base_units = spec.units;
-        let cluster = Cluster::launch(spec, fixture::loopback(3)?).await?;
+        let cluster = ReplicatorCluster::launch(spec, fixture::loopback(3)?).await?;
         let producer = fixture::produce_into(&urls.0);
         servers.wait_copy_started(Duration::from_secs(30)).await?;
         let before = units_everywhere(&cluster).await?;
@@ -101,7 +101,7 @@ fn the_state_returns_to_its_size_after_100_topics_come_and_go() -> TestResult {
 }
 
 /// The number of units in the control state as each running node reports it.
-async fn units_everywhere(cluster: &Cluster) -> TestResult<Vec<usize>> {
+async fn units_everywhere(cluster: &ReplicatorCluster) -> TestResult<Vec<usize>> {
     let mut out = Vec::new();
     for node in cluster.running() {
         out.push(cluster.status_of(node).await?.units.len());

@@ -13,8 +13,8 @@ use iggy::prelude::IggyMessage;
 use replicator_harness::Client;
 use replicator_harness::{
     connect, group_next_message, group_offset, message_id_at, partition_counts, partition_ids,
-    produce_bulk, serial, store_group_offsets, translated_exactly, wait_until, Bulk, Cluster,
-    ClusterSpec, FlowEntry, Servers, TestResult, Topic,
+    produce_bulk, serial, store_group_offsets, translated_exactly, wait_until, Bulk, FlowEntry,
+    ReplicatorCluster, ReplicatorClusterSpec, Servers, TestResult, Topic,
 };
 
 use crate::fixture;
@@ -26,7 +26,7 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// Two flows between the same clusters, both syncing the group `billing`: `fwd` (up → down)
 /// and `back` (down → up).
-fn spec(servers: &Servers) -> TestResult<ClusterSpec> {
+fn spec(servers: &Servers) -> TestResult<ReplicatorClusterSpec> {
     let flow = |name: &str, source: &str, target: &str| {
         FlowEntry::new(name, source, target, format!("{STREAM}/*"))
             .extra("consumer_groups = [\"billing\"]\nconsumer_group_sync_interval = \"200ms\"")
@@ -83,7 +83,7 @@ async fn wait_translated(
 }
 
 /// `flow promote NAME` through the leader; asserts exit 0 and prints the report.
-async fn promote(cluster: &Cluster, flow: &str) -> TestResult {
+async fn promote(cluster: &ReplicatorCluster, flow: &str) -> TestResult {
     let run = cluster
         .flow_once(&["promote", flow, "--timeout", "60s"])
         .await?;
@@ -100,7 +100,7 @@ async fn promote(cluster: &Cluster, flow: &str) -> TestResult {
 fn groups_follow_failover_and_promote_then_fail_back_exactly() -> TestResult {
     serial(|| async {
         let servers = Servers::start(Topic::new(STREAM, TOPIC, PARTITIONS)).await?;
-        let mut cluster = Cluster::start(spec(&servers)?, 3).await?;
+        let mut cluster = ReplicatorCluster::start(spec(&servers)?, 3).await?;
         let up = connect(&servers.upstream.connection_string()).await?;
         let down = connect(&servers.downstream.connection_string()).await?;
 
@@ -203,7 +203,7 @@ fn groups_follow_failover_and_promote_then_fail_back_exactly() -> TestResult {
 fn promote_without_the_source_pauses_and_says_what_it_cannot_know() -> TestResult {
     serial(|| async {
         let servers = Servers::start(Topic::new(STREAM, TOPIC, PARTITIONS)).await?;
-        let cluster = Cluster::start(spec(&servers)?, 3).await?;
+        let cluster = ReplicatorCluster::start(spec(&servers)?, 3).await?;
         let up = connect(&servers.upstream.connection_string()).await?;
         let down = connect(&servers.downstream.connection_string()).await?;
         produce(&up, 1, 0..200).await?;

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use replicator_harness::{serial, Cluster, NodeId, Servers, TestResult};
+use replicator_harness::{serial, NodeId, ReplicatorCluster, Servers, TestResult};
 
 use crate::fixture::{self, finish_with_exact_copy};
 
@@ -13,7 +13,7 @@ use crate::fixture::{self, finish_with_exact_copy};
 /// names the victim in the printed figures.
 async fn kill_and_rejoin(
     servers: &Servers,
-    cluster: &mut Cluster,
+    cluster: &mut ReplicatorCluster,
     victim: NodeId,
     role: &str,
 ) -> TestResult<Duration> {
@@ -60,7 +60,7 @@ async fn kill_and_rejoin(
 /// `placement` follows the role in the printed figures. Returns both failover times.
 pub(crate) async fn kill_a_follower_then_the_leader(
     servers: &Servers,
-    cluster: &mut Cluster,
+    cluster: &mut ReplicatorCluster,
     placement: &str,
 ) -> TestResult<(Duration, Duration)> {
     let status = cluster.leader_status().await.ok_or("no leader")?;

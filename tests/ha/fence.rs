@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use replicator_harness::{
-    serial, tick, wait_resumed, Cluster, Deadline, NodeId, PacedProducer, Servers, Stalled,
-    TestResult,
+    serial, tick, wait_resumed, Deadline, NodeId, PacedProducer, ReplicatorCluster, Servers,
+    Stalled, TestResult,
 };
 
 use crate::fixture::{self, finish_with_exact_copy};
@@ -27,7 +27,9 @@ struct Frozen {
 /// Starts three nodes with the target's `fencing`, holds a send of a follower's writer, freezes
 /// that follower, waits until its partitions are written by others, lets the held request in,
 /// then thaws the follower.
-async fn freeze_mid_send(fencing: &str) -> TestResult<(Servers, Cluster, PacedProducer, Frozen)> {
+async fn freeze_mid_send(
+    fencing: &str,
+) -> TestResult<(Servers, ReplicatorCluster, PacedProducer, Frozen)> {
     let (servers, mut cluster, producer) = fixture::start_fencing(3, fencing).await?;
     let (node, owned) = fixture::owning_follower(&cluster, &servers.topic).await?;
     let partition = *owned.first().ok_or("no partition")?;

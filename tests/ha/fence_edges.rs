@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use replicator_harness::IggyCluster as _;
 use replicator_harness::{
-    connect, serial, tick, wait_resumed, Client, Cluster, Deadline, NodeId, Stalled, Status,
-    TestResult,
+    connect, serial, tick, wait_resumed, Client, Deadline, NodeId, ReplicatorCluster, Stalled,
+    Status, TestResult,
 };
 use replicator_model::writer_username;
 
@@ -54,7 +54,7 @@ fn identity(status: &Status, node: NodeId) -> Option<(u64, bool)> {
 }
 
 /// The incarnation `node` writes as now, per the leader: an error unless it has one unfenced.
-async fn usable_incarnation(cluster: &Cluster, node: NodeId) -> TestResult<u64> {
+async fn usable_incarnation(cluster: &ReplicatorCluster, node: NodeId) -> TestResult<u64> {
     let status = cluster.leader_status().await.ok_or("no leader")?;
     match identity(&status, node) {
         Some((incarnation, false)) => Ok(incarnation),
@@ -63,13 +63,13 @@ async fn usable_incarnation(cluster: &Cluster, node: NodeId) -> TestResult<u64> 
 }
 
 /// What `node`'s log (all its processes) holds from byte `from` on.
-fn log_since(cluster: &Cluster, node: NodeId, from: usize) -> TestResult<String> {
+fn log_since(cluster: &ReplicatorCluster, node: NodeId, from: usize) -> TestResult<String> {
     let log = std::fs::read(&cluster.node(node)?.log)?;
     Ok(String::from_utf8_lossy(log.get(from..).unwrap_or_default()).into_owned())
 }
 
 /// The size of `node`'s log now (where [`log_since`] starts reading what comes after).
-fn log_len(cluster: &Cluster, node: NodeId) -> TestResult<usize> {
+fn log_len(cluster: &ReplicatorCluster, node: NodeId) -> TestResult<usize> {
     Ok(usize::try_from(
         std::fs::metadata(&cluster.node(node)?.log)?.len(),
     )?)
@@ -249,7 +249,7 @@ fn a_node_frozen_past_its_fence_comes_back_as_exactly_its_next_identity() -> Tes
 }
 
 /// The data dir `node` runs with, from its config file.
-fn data_dir(cluster: &Cluster, node: NodeId) -> TestResult<PathBuf> {
+fn data_dir(cluster: &ReplicatorCluster, node: NodeId) -> TestResult<PathBuf> {
     let config: toml::Value = std::fs::read_to_string(&cluster.node(node)?.config)?.parse()?;
     let dir = config
         .get("node")

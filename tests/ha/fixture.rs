@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use replicator_harness::IggyCluster as _;
 use replicator_harness::{
-    connect, ensure_topic, tick, Cluster, ClusterEntry, ClusterSpec, Deadline, Endpoint, FlowEntry,
-    MessageShape, NodeId, PacedProducer, Placement, ProducerParams, Replication, ReplicatorBinary,
-    Servers, TestResult, Topic,
+    connect, ensure_topic, tick, ClusterEntry, Deadline, Endpoint, FlowEntry, MessageShape, NodeId,
+    PacedProducer, Placement, ProducerParams, Replication, ReplicatorBinary, ReplicatorCluster,
+    ReplicatorClusterSpec, Servers, TestResult, Topic,
 };
 use replicator_testkit::{TestServer, TestServerConfig};
 
@@ -23,14 +23,14 @@ pub(crate) fn topic() -> Topic {
 }
 
 /// The nodes' replication: the topic's stream from "up" to "down", product defaults otherwise
-/// (the control plane's timing included: see [`Cluster::timing`]); with `tls`, mutual TLS
+/// (the control plane's timing included: see [`ReplicatorCluster::timing`]); with `tls`, mutual TLS
 /// between the nodes and HTTPS admin APIs.
 fn spec(
     servers: &Servers,
     tls: bool,
     fencing: Option<&str>,
     flow_extra: &str,
-) -> TestResult<ClusterSpec> {
+) -> TestResult<ReplicatorClusterSpec> {
     let urls = (
         servers.upstream.connection_string(),
         servers.downstream.connection_string(),
@@ -44,7 +44,7 @@ pub(crate) fn spec_between(
     tls: bool,
     fencing: Option<&str>,
     flow_extra: &str,
-) -> TestResult<ClusterSpec> {
+) -> TestResult<ReplicatorClusterSpec> {
     let replication = replication_between((source, target), fencing, flow_extra);
     spec_of(&replication, topic().partitions as usize, tls)
 }
@@ -55,8 +55,8 @@ pub(crate) fn spec_of(
     replication: &Replication,
     units: usize,
     tls: bool,
-) -> TestResult<ClusterSpec> {
-    Ok(ClusterSpec {
+) -> TestResult<ReplicatorClusterSpec> {
+    Ok(ReplicatorClusterSpec {
         binary: ReplicatorBinary::new(env!("CARGO_BIN_EXE_iggy-replicator"))?,
         replication_toml: replication.toml(),
         cluster_toml: String::new(),
@@ -117,7 +117,7 @@ fn replication_between(
 
 /// In-process servers, `n` loopback nodes owning every partition, the producer running and
 /// the copy under way on every partition.
-pub(crate) async fn start(n: u64) -> TestResult<(Servers, Cluster, PacedProducer)> {
+pub(crate) async fn start(n: u64) -> TestResult<(Servers, ReplicatorCluster, PacedProducer)> {
     start_loopback(n, false).await
 }
 
@@ -125,7 +125,7 @@ pub(crate) async fn start(n: u64) -> TestResult<(Servers, Cluster, PacedProducer
 pub(crate) async fn start_loopback(
     n: u64,
     tls: bool,
-) -> TestResult<(Servers, Cluster, PacedProducer)> {
+) -> TestResult<(Servers, ReplicatorCluster, PacedProducer)> {
     let servers = Servers::start(topic()).await?;
     let placements = loopback(n)?;
     start_with(servers, placements, tls, None, "").await
@@ -135,7 +135,7 @@ pub(crate) async fn start_loopback(
 pub(crate) async fn start_fencing(
     n: u64,
     fencing: &str,
-) -> TestResult<(Servers, Cluster, PacedProducer)> {
+) -> TestResult<(Servers, ReplicatorCluster, PacedProducer)> {
     start_loopback_with(n, Some(fencing), "").await
 }
 
@@ -143,15 +143,19 @@ pub(crate) async fn start_fencing(
 pub(crate) async fn start_flow(
     n: u64,
     flow_extra: &str,
-) -> TestResult<(Servers, Cluster, PacedProducer)> {
+) -> TestResult<(Servers, ReplicatorCluster, PacedProducer)> {
     start_loopback_with(n, None, flow_extra).await
 }
 
 /// In-process servers (the topic created upstream, empty) and `n` loopback nodes with
 /// `flow_extra` lines in the flow; no producer.
-pub(crate) async fn launch_idle(n: u64, flow_extra: &str) -> TestResult<(Servers, Cluster)> {
+pub(crate) async fn launch_idle(
+    n: u64,
+    flow_extra: &str,
+) -> TestResult<(Servers, ReplicatorCluster)> {
     let servers = Servers::start(topic()).await?;
-    let cluster = Cluster::launch(spec(&servers, false, None, flow_extra)?, loopback(n)?).await?;
+    let cluster =
+        ReplicatorCluster::launch(spec(&servers, false, None, flow_extra)?, loopback(n)?).await?;
     Ok((servers, cluster))
 }
 
@@ -165,7 +169,7 @@ async fn start_loopback_with(
     n: u64,
     fencing: Option<&str>,
     flow_extra: &str,
-) -> TestResult<(Servers, Cluster, PacedProducer)> {
+) -> TestResult<(Servers, ReplicatorCluster, PacedProducer)> {
     let servers = Servers::start(topic()).await?;
     let placements = loopback(n)?;
     start_with(servers, placements, false, fencing, flow_extra).await
@@ -175,7 +179,7 @@ async fn start_loopback_with(
 pub(crate) async fn start_placed(
     servers: Servers,
     placements: BTreeMap<NodeId, Placement>,
-) -> TestResult<(Servers, Cluster, PacedProducer)> {
+) -> TestResult<(Servers, ReplicatorCluster, PacedProducer)> {
     start_with(servers, placements, false, None, "").await
 }
 
@@ -185,8 +189,9 @@ async fn start_with(
     tls: bool,
     fencing: Option<&str>,
     flow_extra: &str,
-) -> TestResult<(Servers, Cluster, PacedProducer)> {
-    let cluster = Cluster::launch(spec(&servers, tls, fencing, flow_extra)?, placements).await?;
+) -> TestResult<(Servers, ReplicatorCluster, PacedProducer)> {
+    let cluster =
+        ReplicatorCluster::launch(spec(&servers, tls, fencing, flow_extra)?, placements).await?;
     let producer = produce_into(servers.upstream.connection_string());
     servers.wait_copy_started(Duration::from_secs(30)).await?;
     Ok((servers, cluster, producer))
@@ -218,7 +223,7 @@ pub(crate) fn producer_params(server: impl Into<Endpoint>, topics: &[&Topic]) ->
 
 /// A follower (not the Raft leader) that owns partitions of `topic`, and those partitions.
 pub(crate) async fn owning_follower(
-    cluster: &Cluster,
+    cluster: &ReplicatorCluster,
     topic: &Topic,
 ) -> TestResult<(NodeId, BTreeSet<u32>)> {
     let mut followers = owning_followers(cluster, topic).await?;
@@ -228,7 +233,7 @@ pub(crate) async fn owning_follower(
 /// Every follower (not the Raft leader) that owns partitions of `topic`, with those
 /// partitions, by node id; an error when there is none.
 pub(crate) async fn owning_followers(
-    cluster: &Cluster,
+    cluster: &ReplicatorCluster,
     topic: &Topic,
 ) -> TestResult<Vec<(NodeId, BTreeSet<u32>)>> {
     let status = cluster.leader_status().await.ok_or("no leader")?;
@@ -264,7 +269,7 @@ pub(crate) async fn assert_nothing_copied(
 pub(crate) async fn finish_with_exact_copy(
     producer: PacedProducer,
     servers: Servers,
-    cluster: Cluster,
+    cluster: ReplicatorCluster,
 ) -> TestResult {
     let report = producer.stop().await?;
     let caught_up = servers.wait_caught_up(Duration::from_secs(60)).await?;
@@ -279,7 +284,7 @@ pub(crate) async fn finish_with_exact_copy(
 
 /// Requires `verify` to report an exact copy, then marks the cluster passed and stops
 /// everything.
-pub(crate) async fn finish_exact(servers: Servers, cluster: Cluster) -> TestResult {
+pub(crate) async fn finish_exact(servers: Servers, cluster: ReplicatorCluster) -> TestResult {
     pass_if_exact(cluster).await?;
     servers.shutdown().await;
     Ok(())
@@ -287,7 +292,7 @@ pub(crate) async fn finish_exact(servers: Servers, cluster: Cluster) -> TestResu
 
 /// Requires `verify` of every flow to report an exact copy, then marks the cluster passed and
 /// stops its nodes.
-pub(crate) async fn pass_if_exact(mut cluster: Cluster) -> TestResult {
+pub(crate) async fn pass_if_exact(mut cluster: ReplicatorCluster) -> TestResult {
     assert!(
         cluster.verify(Duration::from_secs(30)).await?,
         "verify: not exact"
@@ -301,7 +306,7 @@ pub(crate) async fn pass_if_exact(mut cluster: Cluster) -> TestResult {
 /// per partition) within `within` from now, which is `when` (e.g. "after the producer
 /// stopped"); prints its table and how long it took.
 pub(crate) async fn exact_within(
-    cluster: &Cluster,
+    cluster: &ReplicatorCluster,
     flow: &str,
     within: Duration,
     when: &str,
@@ -455,7 +460,7 @@ impl Regions {
 
     /// The end of a scenario: requires `verify` of every flow of `cluster` to report an exact
     /// copy, marks it passed, and stops it and the servers.
-    pub(crate) async fn finish(self, cluster: Cluster) -> TestResult {
+    pub(crate) async fn finish(self, cluster: ReplicatorCluster) -> TestResult {
         pass_if_exact(cluster).await?;
         for (_, server) in self.servers {
             server.shutdown().await;

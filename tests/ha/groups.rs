@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use replicator_harness::{
     append_again, connect, ensure_topic, group_next_message, message_id_at, partition_counts,
-    serial, store_group_offsets, translated_exactly, wait_until, Client, Cluster, DevServer,
-    Placement, ProducerReport, ReplicatorBinary, TestResult,
+    serial, store_group_offsets, translated_exactly, wait_until, Client, DevServer, Placement,
+    ProducerReport, ReplicatorBinary, ReplicatorCluster, TestResult,
 };
 use replicator_testkit::{IggyVersion, TestServer, TestServerConfig};
 
@@ -43,7 +43,7 @@ async fn consume_upstream(up: &Client, back: u64) -> TestResult<Vec<(u32, u64)>>
 /// moves on upstream, is translated exactly on the target (the time is printed), and `flow
 /// promote` leaves every partition at the next message.
 async fn moves_on_then_promote(
-    cluster: &Cluster,
+    cluster: &ReplicatorCluster,
     (up, down): (&Client, &Client),
     report: &ProducerReport,
     what: &str,
@@ -95,7 +95,7 @@ async fn wait_translated(
 /// `flow promote`, then every partition continues on the target at the message after
 /// `consumed`.
 async fn promote_continues_at_next(
-    cluster: &Cluster,
+    cluster: &ReplicatorCluster,
     (up, down): (&Client, &Client),
     consumed: &[(u32, u64)],
 ) -> TestResult {
@@ -225,7 +225,7 @@ fn a_group_is_translated_exactly_after_the_target_is_killed_and_started_again() 
         let placements = (1..=3)
             .map(|id| Ok((id, Placement::loopback()?)))
             .collect::<TestResult<_>>()?;
-        let mut cluster = Cluster::launch(spec, placements).await?;
+        let mut cluster = ReplicatorCluster::launch(spec, placements).await?;
         let producer = fixture::produce_into(&urls.0);
         wait_until(
             "every partition copied",

@@ -11,8 +11,8 @@ use iggy::prelude::IggyMessage;
 use replicator_harness::Client;
 use replicator_harness::IggyCluster as _;
 use replicator_harness::{
-    connect, partition_ids, produce_bulk, serial, wait_until, Bulk, Cluster, ClusterSpec,
-    CommandRun, FlowEntry, Servers, TestResult, Topic,
+    connect, partition_ids, produce_bulk, serial, wait_until, Bulk, CommandRun, FlowEntry,
+    ReplicatorCluster, ReplicatorClusterSpec, Servers, TestResult, Topic,
 };
 
 use crate::fixture;
@@ -22,7 +22,7 @@ const STREAM: &str = "rs";
 const TOPIC: &str = "events";
 const WAIT: Duration = Duration::from_secs(60);
 
-fn spec(servers: &Servers) -> TestResult<ClusterSpec> {
+fn spec(servers: &Servers) -> TestResult<ReplicatorClusterSpec> {
     let flow = FlowEntry::new(FLOW, "up", "down", format!("{STREAM}/*"));
     fixture::spec_of(&fixture::up_and_down(servers).flow(flow), 3, false)
 }
@@ -53,9 +53,9 @@ async fn produce(client: &Client, range: std::ops::Range<u64>) -> TestResult {
 
 /// Servers, three nodes, clients of both servers, and the first 100 messages of every
 /// partition produced and copied.
-async fn start_copied() -> TestResult<(Servers, Cluster, Client, Client)> {
+async fn start_copied() -> TestResult<(Servers, ReplicatorCluster, Client, Client)> {
     let servers = Servers::start(Topic::new(STREAM, TOPIC, 3)).await?;
-    let cluster = Cluster::start(spec(&servers)?, 3).await?;
+    let cluster = ReplicatorCluster::start(spec(&servers)?, 3).await?;
     let up = connect(&servers.upstream.connection_string()).await?;
     let down = connect(&servers.downstream.connection_string()).await?;
     produce(&up, 0..100).await?;
@@ -67,7 +67,7 @@ async fn start_copied() -> TestResult<(Servers, Cluster, Client, Client)> {
 }
 
 /// `flow reset fwd --stream rs --topic events <args>` once through the leader.
-async fn reset(cluster: &Cluster, args: &[&str]) -> TestResult<CommandRun> {
+async fn reset(cluster: &ReplicatorCluster, args: &[&str]) -> TestResult<CommandRun> {
     let mut command = vec!["reset", FLOW, "--stream", STREAM, "--topic", TOPIC];
     command.extend_from_slice(args);
     let run = cluster.flow_once(&command).await?;

@@ -31,7 +31,8 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use replicator_harness::{
-    serial, tick, Cluster, Deadline, FlowEntry, NodeId, Replication, Status, TestResult, Topic,
+    serial, tick, Deadline, FlowEntry, NodeId, Replication, ReplicatorCluster, Status, TestResult,
+    Topic,
 };
 
 use crate::fixture::{self, exact_within, Regions};
@@ -80,7 +81,7 @@ fn a_rolling_restart_that_fences_a_target_moves_an_old_members_units_on_its_leas
         let new = replication(&regions, "users").toml();
         let mut spec = fixture::spec_of(&old, units, false)?;
         spec.cluster_toml = format!("lease_expiry = \"{}s\"", LEASE.as_secs());
-        let mut cluster = Cluster::launch(spec, fixture::loopback(3)?).await?;
+        let mut cluster = ReplicatorCluster::launch(spec, fixture::loopback(3)?).await?;
         let into_a = regions.produce(&ta);
         let into_b = regions.produce(&tb);
         regions.wait_copy_started("a", &ta).await?;
@@ -288,7 +289,7 @@ fn a_rolling_restart_that_fences_a_target_moves_an_old_members_units_on_its_leas
 /// previous process's, its lease alive, units of its own, and every unit (of `units`) owned.
 /// Returns the node left on the old config.
 async fn restart_all_but_the_leader(
-    cluster: &mut Cluster,
+    cluster: &mut ReplicatorCluster,
     new: &str,
     units: usize,
 ) -> TestResult<NodeId> {
@@ -351,7 +352,7 @@ async fn restart_all_but_the_leader(
 
 /// The revokes `node` acknowledged and committed as leader since its start (one per member
 /// and target).
-async fn fences(cluster: &Cluster, node: NodeId) -> TestResult<f64> {
+async fn fences(cluster: &ReplicatorCluster, node: NodeId) -> TestResult<f64> {
     Ok(cluster
         .metric_of(node, "iggy_replicator_writer_fences_total")
         .await?

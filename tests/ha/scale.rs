@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use replicator_harness::{
-    serial, wait_resumed, Cluster, NodeId, Placement, Stalled, Status, TestResult, Topic,
+    serial, wait_resumed, NodeId, Placement, ReplicatorCluster, Stalled, Status, TestResult, Topic,
 };
 
 use crate::fixture::{self, assert_nothing_copied, finish_with_exact_copy};
@@ -35,7 +35,7 @@ fn shares(status: &Status, topic: &Topic, nodes: &[NodeId]) -> Vec<(NodeId, usiz
 /// prints how long that took, the shares and what moved since `before`. Returns the balanced
 /// status and the partitions that moved, with their new owners.
 async fn rebalanced(
-    cluster: &Cluster,
+    cluster: &ReplicatorCluster,
     topic: &Topic,
     before: &Status,
     nodes: &[NodeId],

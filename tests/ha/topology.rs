@@ -18,8 +18,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use replicator_harness::IggyCluster as _;
 use replicator_harness::{
-    connect, ensure_topic, serial, wait_resumed, wait_until, Cluster, FlowEntry, NodeId,
-    PacedProducer, Placement, Replication, Stalled, Status, TestResult, Topic,
+    connect, ensure_topic, serial, wait_resumed, wait_until, FlowEntry, NodeId, PacedProducer,
+    Placement, Replication, ReplicatorCluster, Stalled, Status, TestResult, Topic,
 };
 
 use crate::fixture::{self, exact_within, produced_more, Regions};
@@ -35,12 +35,12 @@ const NODES: [NodeId; 3] = [1, 2, 3];
 
 /// Starts the three nodes on `replication`, whose flows have `units` partitions in all, and
 /// waits until every unit is owned.
-async fn launch(replication: &Replication, units: usize) -> TestResult<Cluster> {
+async fn launch(replication: &Replication, units: usize) -> TestResult<ReplicatorCluster> {
     let placements = NODES
         .iter()
         .map(|id| Ok((*id, Placement::loopback()?)))
         .collect::<TestResult<_>>()?;
-    Ok(Cluster::launch(fixture::spec_of(replication, units, false)?, placements).await?)
+    Ok(ReplicatorCluster::launch(fixture::spec_of(replication, units, false)?, placements).await?)
 }
 
 /// One flow of [`fan_out`]: `flow` copies `stream`/`events` (8 partitions) from the source
@@ -73,7 +73,7 @@ impl Branch {
 /// producers come in the branches' order.
 async fn fan_out<const N: usize>(
     branches: [Branch; N],
-) -> TestResult<(Regions, Cluster, [(Topic, PacedProducer); N])> {
+) -> TestResult<(Regions, ReplicatorCluster, [(Topic, PacedProducer); N])> {
     let topics = branches
         .each_ref()
         .map(|b| Topic::new(b.stream, "events", 8));
@@ -104,7 +104,7 @@ async fn fan_out<const N: usize>(
 /// Stops `producer` (at once, or after its total) and requires `flow` to be exact within
 /// [`EXACT_WITHIN`] from then on, which is `when` (for the error).
 async fn stopped_then_exact(
-    cluster: &Cluster,
+    cluster: &ReplicatorCluster,
     producer: PacedProducer,
     flow: &str,
     when: &str,
@@ -452,7 +452,7 @@ struct Mixed<'a> {
 
 impl Mixed<'_> {
     /// One round of the schedule (see the scenario).
-    async fn round(&self, cluster: &mut Cluster, rng: &mut StdRng) -> TestResult<Round> {
+    async fn round(&self, cluster: &mut ReplicatorCluster, rng: &mut StdRng) -> TestResult<Round> {
         let followers = fixture::owning_followers(cluster, self.open).await?;
         let (member, owned) = followers.choose(rng).ok_or("no follower")?.clone();
         let frozen = Duration::from_millis(rng.gen_range(1800..3000));
@@ -512,7 +512,7 @@ impl Mixed<'_> {
     /// wrote it or [`HOLD_AT_MOST`] passed, and lets the held send in.
     async fn hold_while_fenced_answers(
         &self,
-        cluster: &Cluster,
+        cluster: &ReplicatorCluster,
         partition: u32,
     ) -> TestResult<Held> {
         let open = self.regions.server("open");
@@ -667,7 +667,7 @@ fn a_leader_whose_commits_stall_fences_no_one() -> TestResult {
     })
 }
 
-async fn fences(cluster: &Cluster) -> TestResult<BTreeMap<NodeId, Option<f64>>> {
+async fn fences(cluster: &ReplicatorCluster) -> TestResult<BTreeMap<NodeId, Option<f64>>> {
     let mut fences = BTreeMap::new();
     for node in NODES {
         let count = cluster

@@ -17,8 +17,8 @@ use iggy::prelude::{
 };
 use replicator_harness::IggyCluster as _;
 use replicator_harness::{
-    connect, ensure_topic, serial, tick, wait_until, Client, Cluster, ClusterSpec, Deadline,
-    Endpoint, FlowEntry, NodeId, Servers, TestResult, Topic,
+    connect, ensure_topic, serial, tick, wait_until, Client, Deadline, Endpoint, FlowEntry, NodeId,
+    ReplicatorCluster, ReplicatorClusterSpec, Servers, TestResult, Topic,
 };
 use replicator_model::IggyVersion;
 
@@ -48,7 +48,7 @@ fn hours(h: u64) -> IggyExpiry {
 
 /// The runbook's pair: `fwd` (up → down) and `back` (down → up) over the stream, identity
 /// naming (the default), both syncing the `app-*` users and the topics' settings.
-fn spec(servers: &Servers) -> TestResult<ClusterSpec> {
+fn spec(servers: &Servers) -> TestResult<ReplicatorClusterSpec> {
     let flow = |name: &str, source: &str, target: &str| {
         FlowEntry::new(name, source, target, format!("{STREAM}/*"))
             .extra("users = [\"app-*\"]\nmetadata_sync_interval = \"300ms\"")
@@ -145,7 +145,7 @@ async fn set_expiry(c: &Client, to: IggyExpiry) -> TestResult {
 /// Metadata sync rounds per flow, summed over the running nodes (each counts the rounds it
 /// ran since it started, in `iggy_replicator_metadata_sync_runs_total{flow=…}`); an error
 /// when a node does not answer.
-async fn rounds(cluster: &Cluster) -> TestResult<BTreeMap<String, u64>> {
+async fn rounds(cluster: &ReplicatorCluster) -> TestResult<BTreeMap<String, u64>> {
     let mut sums = BTreeMap::new();
     for node in cluster.running() {
         for (flow, runs) in rounds_of(cluster, node).await? {
@@ -156,7 +156,7 @@ async fn rounds(cluster: &Cluster) -> TestResult<BTreeMap<String, u64>> {
 }
 
 /// The rounds per flow one node ran since it started.
-async fn rounds_of(cluster: &Cluster, node: NodeId) -> TestResult<BTreeMap<String, u64>> {
+async fn rounds_of(cluster: &ReplicatorCluster, node: NodeId) -> TestResult<BTreeMap<String, u64>> {
     let text = cluster.metrics_of(node).await?;
     let mut runs = BTreeMap::new();
     for line in text.lines() {
@@ -176,7 +176,7 @@ async fn rounds_of(cluster: &Cluster, node: NodeId) -> TestResult<BTreeMap<Strin
 /// `flows` from now on; fails at the first check that does not hold (a state that changed and
 /// changed back within the window fails it too) or when the rounds take longer than [`WAIT`].
 async fn over_rounds<F, Fut>(
-    cluster: &Cluster,
+    cluster: &ReplicatorCluster,
     flows: &[&str],
     more: u64,
     what: &str,
@@ -219,7 +219,7 @@ where
 
 /// The node that runs `flow`'s metadata rounds: the owner of its first unit, as the leader
 /// reports it (module docs of `sync::metadata`), confirmed by its own round counter growing.
-async fn runner_of(cluster: &Cluster, flow: &str) -> TestResult<NodeId> {
+async fn runner_of(cluster: &ReplicatorCluster, flow: &str) -> TestResult<NodeId> {
     let status = cluster.leader_status().await.ok_or("no leader")?;
     let runner = status
         .units
@@ -311,7 +311,7 @@ async fn statuses((up, down): (&Client, &Client)) -> [Option<UserStatus>; 4] {
 
 /// `flow promote fwd --activate-users FILE` through the leader, naming `app-billing`;
 /// asserts exit 0, its activation, and that `fwd` is paused.
-async fn promote_activating(cluster: &Cluster) -> TestResult {
+async fn promote_activating(cluster: &ReplicatorCluster) -> TestResult {
     let file = tempfile::NamedTempFile::new()?;
     std::fs::write(file.path(), format!("{BILLING} = \"{TARGET_PASSWORD}\"\n"))?;
     let path = file.path().to_string_lossy().into_owned();
@@ -378,7 +378,7 @@ fn a_two_way_pair_keeps_home_users_and_operator_settings_through_a_kill_and_a_pr
         assert!(billing_rights.is_some() && reports_rights.is_some());
 
         // 2. Three nodes running both flows; the pair's records need feature level 3.
-        let mut cluster = Cluster::start(spec(&servers)?, 3).await?;
+        let mut cluster = ReplicatorCluster::start(spec(&servers)?, 3).await?;
         cluster
             .wait_leader_status("feature level 3".into(), WAIT, |s| s.feature_level >= 3)
             .await?;

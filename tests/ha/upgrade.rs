@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use replicator_control::SUPPORTED_FEATURE_LEVEL;
-use replicator_harness::{serial, wait_until, Cluster, ReplicatorBinary, Servers, TestResult};
+use replicator_harness::{
+    serial, wait_until, ReplicatorBinary, ReplicatorCluster, Servers, TestResult,
+};
 
 use crate::fixture::{self, finish_with_exact_copy};
 
@@ -37,7 +39,7 @@ fn a_rolling_upgrade_from_the_last_release_keeps_the_copy_exact() -> TestResult 
         let mut spec = fixture::spec_between((&urls.0, &urls.1), false, None, "")?;
         spec.binary = released;
         let units = spec.units;
-        let mut cluster = Cluster::launch(spec, fixture::loopback(3)?).await?;
+        let mut cluster = ReplicatorCluster::launch(spec, fixture::loopback(3)?).await?;
         let producer = fixture::produce_into(&urls.0);
         servers.wait_copy_started(Duration::from_secs(30)).await?;
         let status = cluster

@@ -16,8 +16,8 @@ use iggy::prelude::{
 use replicator_harness::IggyCluster as _;
 use replicator_harness::{
     connect, group_next_message, message_id_at, produce_bulk, serial, store_group_offsets,
-    translated_exactly, wait_until, Bulk, Client, Cluster, ClusterEntry, Endpoint, FlowEntry,
-    Replication, Servers, TestResult, Topic,
+    translated_exactly, wait_until, Bulk, Client, ClusterEntry, Endpoint, FlowEntry, Replication,
+    ReplicatorCluster, Servers, TestResult, Topic,
 };
 use replicator_model::IggyVersion;
 use replicator_testkit::TestServerConfig;
@@ -84,7 +84,7 @@ const TARGET_PASSWORD: &str = "on-the-target";
 
 /// `flow promote fwd --timeout T --activate-users FILE` through the leader, with a file that
 /// names the application's user; asserts the exit code and the user's activation.
-async fn promote_activating(cluster: &Cluster, timeout: &str, code: i32) -> TestResult {
+async fn promote_activating(cluster: &ReplicatorCluster, timeout: &str, code: i32) -> TestResult {
     let file = tempfile::NamedTempFile::new()?;
     std::fs::write(file.path(), format!("{APP} = \"{TARGET_PASSWORD}\"\n"))?;
     let path = file.path().to_string_lossy().into_owned();
@@ -146,7 +146,7 @@ async fn app_user_continues_on_the_target(target: IggyVersion) -> TestResult {
                  users = [\"app-*\"]\nmetadata_sync_interval = \"300ms\"",
             ),
         );
-    let mut cluster = Cluster::start(
+    let mut cluster = ReplicatorCluster::start(
         fixture::spec_of(&replication, PARTITIONS as usize, false)?,
         3,
     )
@@ -263,7 +263,7 @@ fn without_the_source_promote_activates_the_targets_copy_of_the_user() -> TestRe
             FlowEntry::new("fwd", "up", "down", format!("{STREAM}/*"))
                 .extra("users = [\"app-*\"]\nmetadata_sync_interval = \"300ms\""),
         );
-        let mut cluster = Cluster::start(
+        let mut cluster = ReplicatorCluster::start(
             fixture::spec_of(&replication, PARTITIONS as usize, false)?,
             3,
         )

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use replicator_harness::IggyCluster as _;
 use replicator_harness::{
-    connect, ensure_topic, serial, tick, wait_resumed, Cluster, ClusterEntry, Deadline,
-    DownstreamCounts, Endpoint, FlowEntry, PacedProducer, Replication, Stalled, TestResult, Topic,
+    connect, ensure_topic, serial, tick, wait_resumed, ClusterEntry, Deadline, DownstreamCounts,
+    Endpoint, FlowEntry, PacedProducer, Replication, ReplicatorCluster, Stalled, TestResult, Topic,
 };
 use replicator_model::IggyVersion;
 use replicator_testkit::{TestCluster, TestServer, TestServerConfig};
@@ -108,7 +108,7 @@ enum Clustered {
 struct Run {
     source: Side,
     target: Side,
-    cluster: Cluster,
+    cluster: ReplicatorCluster,
     producer: PacedProducer,
     topic: Topic,
 }
@@ -133,7 +133,7 @@ async fn start(clustered: Clustered) -> TestResult<Run> {
             "down",
             format!("{}/*", topic.stream),
         ));
-    let cluster = Cluster::start(
+    let cluster = ReplicatorCluster::start(
         fixture::spec_of(&replication, topic.partitions as usize, false)?,
         3,
     )

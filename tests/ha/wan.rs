@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use replicator_harness::{serial, Cluster, Servers, TestResult};
+use replicator_harness::{serial, ReplicatorCluster, Servers, TestResult};
 use replicator_testkit::{WanLink, WanProxy};
 
 use crate::failover::kill_a_follower_then_the_leader;
@@ -82,7 +82,7 @@ async fn scenario(wan: &mut Wan) -> TestResult {
     // The setting the README asks of a cluster across regions.
     spec.cluster_toml = format!("member_round_trip = \"{}ms\"", (2 * one_way()?).as_millis());
     let started = Instant::now();
-    let mut cluster = Cluster::launch_dialing(spec, placements, &dial).await?;
+    let mut cluster = ReplicatorCluster::launch_dialing(spec, placements, &dial).await?;
     println!(
         "3 nodes own every partition {:.2} s after their start",
         started.elapsed().as_secs_f64()

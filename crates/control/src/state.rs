@@ -947,7 +947,7 @@ impl ControlState {
             p.confirmed = Some(c.offset);
             p.history_label = c.history_label;
         } else {
-            // Offsets never move backwards within one topic generation.
+            // Offsets never move backwards within one upstream history.
             p.confirmed = p.confirmed.max(Some(c.offset));
         }
         let copied = match &c.counters {

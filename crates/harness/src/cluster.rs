@@ -1,7 +1,8 @@
 //! A cluster of `iggy-replicator run` node processes: their configs and data dirs in one temp
 //! dir, real faults by signal, and what an operator reads (`/status`, `/metrics`, the
-//! `cluster` and `verify` commands). Every process is killed by its pid when the [`Cluster`]
-//! is dropped, also when a test fails; the node logs of a failed test are printed.
+//! `cluster` and `verify` commands). Every process is killed by its pid when the
+//! [`ReplicatorCluster`] is dropped, also when a test fails; the node logs of a failed test are
+//! printed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpListener};
@@ -17,9 +18,9 @@ use crate::{
     tick, Deadline, Error, NodeConfig, NodeId, NodeTls, ReplicatorBinary, Result, Status, TestCa,
 };
 
-/// What the nodes of a [`Cluster`] replicate and how they run.
+/// What the nodes of a [`ReplicatorCluster`] replicate and how they run.
 #[derive(Debug, Clone)]
-pub struct ClusterSpec {
+pub struct ReplicatorClusterSpec {
     /// The executable of the node processes and commands.
     pub binary: ReplicatorBinary,
     /// `[clusters.*]`, `[[flows]]` and `[pipeline]` TOML, appended to every node's config
@@ -182,7 +183,7 @@ pub struct CommandRun {
 
 /// A cluster of replicator node processes sharing a secret, with their configs, data dirs and
 /// logs in one temp dir.
-pub struct Cluster {
+pub struct ReplicatorCluster {
     /// Temp dir with every node's config, data dir and log.
     dir: tempfile::TempDir,
     /// Cluster secret (signs Raft RPCs).
@@ -190,7 +191,7 @@ pub struct Cluster {
     /// Bearer token of mutating admin calls (`cluster add/remove`).
     admin_token: String,
     /// What the nodes replicate.
-    spec: ClusterSpec,
+    spec: ReplicatorClusterSpec,
     /// Raft addresses of the bootstrap members, as their peers dial them.
     initial: BTreeMap<NodeId, SocketAddr>,
     /// The nodes by id.
@@ -199,17 +200,17 @@ pub struct Cluster {
     http: reqwest::Client,
     /// The test CA, when the cluster runs TLS.
     ca: Option<TestCa>,
-    /// Nodes whose config a test rewrote ([`Cluster::rewrite_replication`]): their current
-    /// replication TOML.
+    /// Nodes whose config a test rewrote ([`ReplicatorCluster::rewrite_replication`]): their
+    /// current replication TOML.
     rewritten: BTreeMap<NodeId, String>,
-    /// Set by [`Cluster::passed`]; otherwise drop prints the logs.
+    /// Set by [`ReplicatorCluster::passed`]; otherwise drop prints the logs.
     passed: bool,
 }
 
-impl Cluster {
+impl ReplicatorCluster {
     /// Starts `n` loopback nodes (ids 1..=n) bootstrapping one cluster that replicates `spec`,
     /// and waits until every unit is owned.
-    pub async fn start(spec: ClusterSpec, n: u64) -> Result<Self> {
+    pub async fn start(spec: ReplicatorClusterSpec, n: u64) -> Result<Self> {
         let placements = (1..=n)
             .map(|id| Ok((id, Placement::loopback()?)))
             .collect::<Result<BTreeMap<_, _>>>()?;
@@ -219,20 +220,20 @@ impl Cluster {
     /// Starts the nodes of `placements` bootstrapping one cluster that replicates `spec`, and
     /// waits until every unit is owned.
     pub async fn launch(
-        spec: ClusterSpec,
+        spec: ReplicatorClusterSpec,
         placements: BTreeMap<NodeId, Placement>,
     ) -> Result<Self> {
         Self::launch_dialing(spec, placements, &BTreeMap::new()).await
     }
 
-    /// Like [`Cluster::launch`], but the peers dial node `id`'s Raft at `dial[id]` (e.g. a
-    /// delay proxy in front of its listener) instead of at its placement's `raft_addr`, which
-    /// the node still binds: `dial` replaces the bootstrap members' addresses in every node's
+    /// Like [`ReplicatorCluster::launch`], but the peers dial node `id`'s Raft at `dial[id]`
+    /// (e.g. a delay proxy in front of its listener) instead of at its placement's `raft_addr`,
+    /// which the node still binds: `dial` replaces the bootstrap members' addresses in every node's
     /// `cluster.initial_members`, so every Raft RPC to that node goes through `dial[id]`.
     /// Nodes not in `dial` are dialed where they bind; so is a node added later with
-    /// [`Cluster::add_member`].
+    /// [`ReplicatorCluster::add_member`].
     pub async fn launch_dialing(
-        spec: ClusterSpec,
+        spec: ReplicatorClusterSpec,
         placements: BTreeMap<NodeId, Placement>,
         dial: &BTreeMap<NodeId, SocketAddr>,
     ) -> Result<Self> {
@@ -275,8 +276,9 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Live units the nodes must own between them from now on ([`ClusterSpec::units`]), after
-    /// a config change that adds or removes flows or partitions.
+    /// Live units the nodes must own between them from now on
+    /// ([`ReplicatorClusterSpec::units`]), after a config change that adds or removes flows or
+    /// partitions.
     pub fn set_units(&mut self, units: usize) {
         self.spec.units = units;
     }
@@ -437,7 +439,7 @@ impl Cluster {
         Ok(())
     }
 
-    /// SIGHUP: the node reloads its config file (see [`Cluster::rewrite_replication`]).
+    /// SIGHUP: the node reloads its config file (see [`ReplicatorCluster::rewrite_replication`]).
     pub fn hangup(&self, id: NodeId) -> Result<()> {
         self.node(id)?.signal(Signal::SIGHUP)
     }
@@ -482,9 +484,9 @@ impl Cluster {
         self.restart_with(id, &binary)
     }
 
-    /// [`Cluster::restart`] with another executable: one step of a rolling upgrade. From now
-    /// on it is also the executable of later restarts and of the commands run against the
-    /// cluster (`verify`, `flow`, `cluster`).
+    /// [`ReplicatorCluster::restart`] with another executable: one step of a rolling upgrade.
+    /// From now on it is also the executable of later restarts and of the commands run against
+    /// the cluster (`verify`, `flow`, `cluster`).
     pub fn restart_with(&mut self, id: NodeId, binary: &ReplicatorBinary) -> Result<()> {
         self.spec.binary = binary.clone();
         let log_level = self.spec.log_level;
@@ -497,7 +499,7 @@ impl Cluster {
 
     /// Rewrites node `id`'s config file with `replication_toml` in place of the replication
     /// part (clusters, flows) it has now, keeping its `[node]` and `[cluster]`: one step of a
-    /// rolling config change, applied by [`Cluster::reload`] (or a restart).
+    /// rolling config change, applied by [`ReplicatorCluster::reload`] (or a restart).
     pub fn rewrite_replication(&mut self, id: NodeId, replication_toml: &str) -> Result<()> {
         let current = self
             .rewritten
@@ -750,7 +752,7 @@ impl Cluster {
         })
     }
 
-    /// [`Cluster::admin_command`] against the leader until it exits 0.
+    /// [`ReplicatorCluster::admin_command`] against the leader until it exits 0.
     async fn admin_command_until_done(&self, command: &[String]) -> Result<CommandRun> {
         let deadline = Deadline::new(Duration::from_secs(60), format!("{command:?}"));
         loop {
@@ -776,8 +778,8 @@ impl Cluster {
         self.run_verify_flow(None, wait).await
     }
 
-    /// [`Cluster::run_verify`] of one flow (`--flow`), or of every flow for `None`: the others
-    /// are not read (their clusters may be down).
+    /// [`ReplicatorCluster::run_verify`] of one flow (`--flow`), or of every flow for `None`:
+    /// the others are not read (their clusters may be down).
     pub async fn run_verify_flow(&self, flow: Option<&str>, wait: Duration) -> Result<VerifyRun> {
         let mut command = self.spec.binary.one_shot();
         command
@@ -806,13 +808,13 @@ impl Cluster {
         }
     }
 
-    /// Runs `verify` like [`Cluster::run_verify`], prints its table and returns whether it
-    /// reported an exact copy.
+    /// Runs `verify` like [`ReplicatorCluster::run_verify`], prints its table and returns
+    /// whether it reported an exact copy.
     pub async fn verify(&self, wait: Duration) -> Result<bool> {
         self.verify_flow(None, wait).await
     }
 
-    /// [`Cluster::verify`] of one flow, or of every flow for `None`.
+    /// [`ReplicatorCluster::verify`] of one flow, or of every flow for `None`.
     pub async fn verify_flow(&self, flow: Option<&str>, wait: Duration) -> Result<bool> {
         let run = self.run_verify_flow(flow, wait).await?;
         println!("{}", run.stdout);
@@ -852,7 +854,7 @@ fn sample(metrics: &str, name: &str) -> Option<f64> {
         })
 }
 
-impl Drop for Cluster {
+impl Drop for ReplicatorCluster {
     fn drop(&mut self) {
         for node in self.nodes.values_mut() {
             if let Some(mut child) = node.child.take() {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use replicator_testkit::TestCluster;
 
-use crate::{Cluster, Deadline, Error, NodeId, Result, Servers, Status, Topic, Watch};
+use crate::{Deadline, Error, NodeId, ReplicatorCluster, Result, Servers, Status, Topic, Watch};
 
 /// Where [`wait_resumed`] reads how many messages each downstream partition holds.
 pub trait DownstreamCounts {
@@ -113,7 +113,7 @@ pub async fn wait_resumed(
     }
 }
 
-/// What [`Cluster::kill_and_wait_resumed`] did.
+/// What [`ReplicatorCluster::kill_and_wait_resumed`] did.
 #[derive(Debug, Clone)]
 pub struct Killed {
     /// The leader's status just before the kill.
@@ -124,7 +124,7 @@ pub struct Killed {
     pub resumed: Resumption,
 }
 
-impl Cluster {
+impl ReplicatorCluster {
     /// How long a failover may take before a kill counts as stalled: far above the failover
     /// budget of any sane timing, so that only a real stall runs into it.
     const FAILOVER_WITHIN: Duration = Duration::from_secs(60);

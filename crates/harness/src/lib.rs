@@ -15,17 +15,18 @@
 //! * `producer`: [`PacedProducer`] (a rate, optionally a total, pause and resume) and
 //!   [`produce_bulk`] (a range of messages per partition, as fast as the server takes them).
 //! * `raw_copy`: [`raw_copy`], the benchmarks' baseline: a poll→send loop through the SDK.
-//! * `cluster`: [`Cluster`] of node processes described by a [`ClusterSpec`]; start, kill,
-//!   pause, resume, terminate, restart; `/status`, `/metrics`, `cluster` and `verify` commands.
+//! * `cluster`: [`ReplicatorCluster`] of node processes described by a
+//!   [`ReplicatorClusterSpec`]; start, kill, pause, resume, terminate, restart; `/status`,
+//!   `/metrics`, `cluster` and `verify` commands.
 //! * `node_config`: [`NodeConfig`], [`FlowConfig`] and [`Replication`] (any number of
 //!   clusters and flows), a node's config file as an operator writes it (also the demo's
 //!   nodes).
 //! * `groups`: consumer groups as applications use them ([`store_group_offsets`],
 //!   [`group_offset`], [`message_id_at`], [`translated_exactly`]).
 //! * `status`: [`Status`], the fields of a node's `GET /status` that the tests read.
-//! * `failover`: [`Cluster::kill_and_wait_resumed`] and [`wait_resumed`], "kill, then wait
-//!   until the victim's partitions are written again", downstream on a [`Servers`] pair, through
-//!   a [`Watch`], or on a clustered 0.9 target ([`ClusterTopic`]).
+//! * `failover`: [`ReplicatorCluster::kill_and_wait_resumed`] and [`wait_resumed`], "kill, then
+//!   wait until the victim's partitions are written again", downstream on a [`Servers`] pair,
+//!   through a [`Watch`], or on a clustered 0.9 target ([`ClusterTopic`]).
 //! * `wait`: [`Deadline`], [`wait_until`], [`tick`] and [`serial`], the polling and scenario
 //!   runners.
 //!
@@ -50,7 +51,9 @@ mod topic;
 mod wait;
 
 pub use binary::ReplicatorBinary;
-pub use cluster::{free_addr, Cluster, ClusterSpec, CommandRun, Node, Placement, VerifyRun};
+pub use cluster::{
+    free_addr, CommandRun, Node, Placement, ReplicatorCluster, ReplicatorClusterSpec, VerifyRun,
+};
 pub use error::{Error, Result};
 pub use failover::{wait_resumed, ClusterTopic, DownstreamCounts, Killed, Resumption, Stalled};
 pub use groups::{

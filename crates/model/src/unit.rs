@@ -223,7 +223,7 @@ pub struct OffsetCommit {
     pub offset: Offset,
     /// The label of the upstream history the offset belongs to: the upstream topic's creation
     /// time (µs since the Unix epoch) with, in its top bits, how many times the partition was
-    /// reset since (`provenance::Incarnation::label` in the pipeline; the label of a history
+    /// reset since (`provenance::History::label` in the pipeline; the label of a history
     /// never reset is the creation time itself). A different value than the stored one starts
     /// a new history (the topic was recreated or the partition purged). Called
     /// `topic_created_at` before it held resets too; the encoding is positional, so the name

@@ -72,12 +72,12 @@ pub enum Error {
         cluster: String,
     },
     /// A unit's upstream partition was reset (purged) more often than provenance labels can
-    /// count (`provenance::Incarnation::MAX_GENERATION`): its new history cannot be told apart
+    /// count (`provenance::History::MAX_RESETS`): its new history cannot be told apart
     /// from the old ones downstream, so the unit does not copy it.
     #[error(
         "upstream partition of {unit} was reset more than {} times; recreate the topic to \
          copy it again",
-        crate::provenance::Incarnation::MAX_GENERATION
+        crate::provenance::History::MAX_RESETS
     )]
     ResetsExhausted {
         /// The unit.

@@ -2,7 +2,7 @@
 //!
 //! It owns every unit it is told about: `report_units` grants new (or released) units to this
 //! node under a fresh epoch, commits are fenced by epoch and never move an offset backwards within
-//! one topic incarnation, and `release` hands a unit back until the next report grants it again.
+//! one upstream history, and `release` hands a unit back until the next report grants it again.
 //! Tests use it directly; the binary uses it to run one instance without Raft.
 
 use std::collections::BTreeMap;
@@ -115,7 +115,7 @@ impl State {
         }
         let p = &mut entry.progress;
         if p.history_label != c.history_label {
-            // A new topic incarnation starts a new history, so its offsets may be lower.
+            // A new history (topic recreated or partition reset) may have lower offsets.
             p.confirmed = Some(c.offset);
             p.history_label = c.history_label;
         } else {
@@ -471,7 +471,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn new_topic_incarnation_restarts_history() {
+    async fn a_new_history_label_restarts_the_offsets() {
         let c = InMemoryControl::new();
         let u = unit(0);
         c.report_units("f", vec![u.clone()]).await.expect("ok");

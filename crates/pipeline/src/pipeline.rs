@@ -16,7 +16,7 @@ use crate::coordinator::{CoordinatorArgs, CoordinatorHandle, CoordinatorMsg, Flo
 use crate::coordinator::{Stage, TaskRegistry, TaskSpec, TasksArgs, TasksMsg};
 use crate::coordinator::{Supervisor, SupervisorArgs, SupervisorMsg, TaskKind, TaskStats};
 use crate::datapath::offset_maps::OffsetMaps;
-use crate::datapath::target::TargetWriter;
+use crate::datapath::target::TargetDoor;
 use crate::datapath::throttle::FlowThrottle;
 use crate::datapath::unit::UnitTuning;
 use crate::discovery::heartbeat::{self, HeartbeatMeters, HeartbeatParams, HeartbeatStats};
@@ -174,7 +174,7 @@ impl Pipeline {
             .collect();
         let flow_assignments = FlowAssignments::new(flows.keys().map(String::as_str));
         // The one door to each flow's target (see `datapath::target`).
-        let doors: BTreeMap<String, Arc<TargetWriter<C>>> = flows
+        let doors: BTreeMap<String, Arc<TargetDoor<C>>> = flows
             .values()
             .map(|f| {
                 let throttle = FlowThrottle::new(
@@ -184,7 +184,7 @@ impl Pipeline {
                     flow_assignments.subscribe(&f.name),
                     units_seen.get(&f.name).cloned().unwrap_or_default(),
                 );
-                let door = TargetWriter::new(
+                let door = TargetDoor::new(
                     &f.target,
                     writers.clone(),
                     control.clone(),

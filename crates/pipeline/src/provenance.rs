@@ -19,11 +19,11 @@ pub const OFFSET_KEY: &str = "repl-offset";
 /// origin, and a first-hop message carries 23 bytes less.
 pub const ORIGIN_KEY: &str = "repl-origin";
 /// Key of the upstream partition's history the message was copied from (Uint64): the creation
-/// time (µs) of the upstream topic, plus its reset generation in the high bits once the
-/// partition was reset (purged) under the replicator; see [`Incarnation`].
+/// time (µs) of the upstream topic, plus its count of resets in the high bits once the
+/// partition was reset (purged) under the replicator; see [`History`].
 pub const CREATED_KEY: &str = "repl-created";
 
-/// Low bits of an incarnation label that hold the topic's creation time (µs since the Unix
+/// Low bits of a history label that hold the topic's creation time (µs since the Unix
 /// epoch; 2^52 µs reach the year 2112).
 const CREATED_BITS: u32 = 52;
 /// Mask of the creation time in a label.
@@ -35,41 +35,41 @@ const CREATED_MASK: u64 = (1 << CREATED_BITS) - 1;
 /// since then.
 ///
 /// A deleted and recreated topic gets a new creation time; a purge does not, so the
-/// replicator counts it in `generation`. The label of generation 0 is the creation time itself,
-/// so labels written before generations existed read back unchanged; a reset partition is
-/// labelled `created_at | generation << 52`. Offsets are comparable only within one
-/// incarnation.
+/// replicator counts it in `resets`. The label of a history without resets is the creation
+/// time itself, so labels written before resets were counted read back unchanged; a reset
+/// partition is labelled `created_at | resets << 52`. Offsets are comparable only within one
+/// history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Incarnation {
+pub struct History {
     /// Creation time (µs) of the upstream topic (its low 52 bits).
     pub created_at: u64,
     /// Resets of the partition seen since the topic was created.
-    pub generation: u16,
+    pub resets: u16,
 }
 
-impl Incarnation {
+impl History {
     /// The most resets one topic's partition can be labelled with (12 bits).
-    pub const MAX_GENERATION: u16 = (1 << (64 - CREATED_BITS)) - 1;
+    pub const MAX_RESETS: u16 = (1 << (64 - CREATED_BITS)) - 1;
 
     /// The first history of a topic created at `created_at` (µs).
     pub fn first(created_at: u64) -> Self {
         Self {
             created_at: created_at & CREATED_MASK,
-            generation: 0,
+            resets: 0,
         }
     }
 
-    /// The incarnation a label (`repl-created`, a commit's `history_label`) names.
+    /// The history a label (`repl-created`, a commit's `history_label`) names.
     pub fn from_label(label: u64) -> Self {
         Self {
             created_at: label & CREATED_MASK,
-            generation: (label >> CREATED_BITS) as u16,
+            resets: (label >> CREATED_BITS) as u16,
         }
     }
 
     /// The label stamped in `repl-created` and committed as `history_label`.
     pub fn label(self) -> u64 {
-        (self.created_at & CREATED_MASK) | u64::from(self.generation) << CREATED_BITS
+        (self.created_at & CREATED_MASK) | u64::from(self.resets) << CREATED_BITS
     }
 
     /// Whether this is a history of the topic created at `created_at` (µs).
@@ -77,11 +77,11 @@ impl Incarnation {
         self.created_at == created_at & CREATED_MASK
     }
 
-    /// The history after a reset; `None` past [`Incarnation::MAX_GENERATION`].
+    /// The history after a reset; `None` past [`History::MAX_RESETS`].
     pub fn next(self) -> Option<Self> {
-        (self.generation < Self::MAX_GENERATION).then_some(Self {
+        (self.resets < Self::MAX_RESETS).then_some(Self {
             created_at: self.created_at,
-            generation: self.generation + 1,
+            resets: self.resets + 1,
         })
     }
 }
@@ -364,7 +364,7 @@ pub struct Found<'a> {
     /// Cluster where the message was first produced, when not the source.
     pub origin: Option<ClusterRef<'a>>,
     /// Label of the upstream history the copy belongs to (`repl-created`,
-    /// [`Incarnation::label`]).
+    /// [`History::label`]).
     pub history_label: Option<u64>,
     /// The format it was found in (`None`: none found).
     pub format: Option<Format>,
@@ -468,7 +468,7 @@ pub struct Stamp<'a> {
     pub source: &'a str,
     /// Upstream offset of the message.
     pub offset: u64,
-    /// Label of the upstream history copied ([`Incarnation::label`]).
+    /// Label of the upstream history copied ([`History::label`]).
     pub history_label: u64,
     /// The format to write.
     pub format: Format,
@@ -576,7 +576,7 @@ pub fn stamp_into(
 pub struct Stamper<'a> {
     /// Alias of the cluster the messages are copied from.
     source: &'a str,
-    /// Label of the upstream history copied ([`Incarnation::label`]).
+    /// Label of the upstream history copied ([`History::label`]).
     history_label: u64,
     /// The format written.
     format: Format,
@@ -591,7 +591,7 @@ pub struct Stamper<'a> {
 }
 
 impl<'a> Stamper<'a> {
-    /// A stamper for messages copied from `source`, topic incarnation `history_label`.
+    /// A stamper for messages copied from `source`, upstream history `history_label`.
     pub fn new(source: &'a str, history_label: u64, format: Format) -> Self {
         let mut block = BytesMut::new();
         let mut label = BytesMut::new();
@@ -807,7 +807,7 @@ mod tests {
 
     #[test]
     fn compact_provenance_reads_back_and_costs_at_most_32_bytes() {
-        let label = Incarnation::first(1_796_000_000_000_000).label();
+        let label = History::first(1_796_000_000_000_000).label();
         for (alias, offset) in [("us", 0), ("us-east-1-primary", 42), ("eu", (1 << 35) - 1)] {
             let stamp_ = Stamp {
                 history_label: label,
@@ -921,26 +921,26 @@ mod tests {
     }
 
     #[test]
-    fn incarnation_labels_keep_creation_times_and_count_resets_in_the_high_bits() {
+    fn history_labels_keep_creation_times_and_count_resets_in_the_high_bits() {
         let created = 1_700_000_000_000_000;
-        let first = Incarnation::first(created);
-        // Generation 0 is labelled with the creation time itself (labels of before).
+        let first = History::first(created);
+        // A history without resets is labelled with the creation time itself (labels of before).
         check!(first.label() == created);
-        check!(Incarnation::from_label(created) == first);
+        check!(History::from_label(created) == first);
         check!(first.is_of(created));
         let purged = first.next().expect("room for resets");
-        check!(purged.generation == 1);
+        check!(purged.resets == 1);
         check!(purged.label() != created);
-        check!(Incarnation::from_label(purged.label()) == purged);
+        check!(History::from_label(purged.label()) == purged);
         check!(purged.is_of(created));
         check!(!purged.is_of(created + 1));
         // Later histories order after earlier ones.
         check!(purged > first);
-        let last = Incarnation {
+        let last = History {
             created_at: created,
-            generation: Incarnation::MAX_GENERATION,
+            resets: History::MAX_RESETS,
         };
-        check!(Incarnation::from_label(last.label()) == last);
+        check!(History::from_label(last.label()) == last);
         check!(last.next().is_none());
     }
 

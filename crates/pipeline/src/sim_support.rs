@@ -148,10 +148,7 @@ impl TailScan {
     /// A scan bounded by `window` unless `confirmed` (an upstream offset of history 0) is
     /// given, and its first page.
     pub fn start(window: u32, confirmed: Option<Offset>) -> (Self, Page) {
-        let reference = confirmed.map(|offset| Position {
-            generation: 0,
-            offset,
-        });
+        let reference = confirmed.map(|offset| Position { resets: 0, offset });
         let (scan, poll) = resume::TailScan::start(window, reference);
         (Self(scan), Page::of(poll))
     }
@@ -162,10 +159,7 @@ impl TailScan {
             .iter()
             .map(|s| TailEntry {
                 offset: s.offset,
-                ours: s.upstream.map(|offset| Position {
-                    generation: 0,
-                    offset,
-                }),
+                ours: s.upstream.map(|offset| Position { resets: 0, offset }),
             })
             .collect();
         match self.0.feed(&entries) {
@@ -224,7 +218,7 @@ pub fn resume(
         written: plan.written,
         confirmed: plan.confirmed,
         loss: plan.loss.is_some(),
-        label: plan.incarnation.label(),
+        label: plan.history.label(),
     }
 }
 

@@ -321,7 +321,7 @@ async fn compare(
         }
     }
     // Upstream holds one history of the topic, its newest: a partition reset (purged) upstream
-    // leaves the copies of its earlier histories downstream, under lower generations and
+    // leaves the copies of its earlier histories downstream, under fewer resets and
     // before the newer ones. Only the copies of the newest are compared: when a copy of a newer
     // history shows up, what was compared so far is dropped and upstream is read again.
     let (fresh_up, before) = (up.clone(), p.clone());
@@ -389,11 +389,11 @@ async fn compare(
     Ok(())
 }
 
-/// The history (its generation: resets since the topic was created at `created_at`) that a
+/// The history (its resets since the topic was created at `created_at`) that a
 /// copy `found` belongs to, if it is a copy of that topic.
 fn copied_history(found: &provenance::Found<'_>, created_at: u64) -> Option<u16> {
-    let history = provenance::Incarnation::from_label(found.history_label?);
-    history.is_of(created_at).then_some(history.generation)
+    let history = provenance::History::from_label(found.history_label?);
+    history.is_of(created_at).then_some(history.resets)
 }
 
 /// The next upstream message expected downstream (counting skipped ones).

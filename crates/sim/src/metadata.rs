@@ -41,7 +41,7 @@ const INITIAL_EXPIRY: u64 = 3_600;
 
 /// What one cluster holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Cluster {
+struct ClusterContents {
     expiry: u64,
     user: Option<PairUser>,
     /// The topic's creation time (the older topic is its home until recorded).
@@ -65,7 +65,7 @@ struct Round {
     stage: Stage,
     user_record: Option<MetadataRecord>,
     topic_record: Option<MetadataRecord>,
-    sides: Option<(Cluster, Cluster)>,
+    sides: Option<(ClusterContents, ClusterContents)>,
     /// The user's home as found, and whether a home found now was recorded.
     home: Option<(PairUserHome, bool)>,
     expiry: Option<PairExpiry>,
@@ -95,7 +95,7 @@ struct PairWorld {
     rng: StdRng,
     /// Each flow copies states, as before issue 47: its source is always the original.
     states_not_changes: bool,
-    clusters: [Cluster; 2],
+    clusters: [ClusterContents; 2],
     user_record: Option<MetadataRecord>,
     topic_record: Option<MetadataRecord>,
     rounds: [Option<Round>; 2],
@@ -152,12 +152,12 @@ impl PairWorld {
             rng,
             states_not_changes: false,
             clusters: [
-                Cluster {
+                ClusterContents {
                     expiry: INITIAL_EXPIRY,
                     user: Some(home_user),
                     topic_created: 1,
                 },
-                Cluster {
+                ClusterContents {
                     expiry: INITIAL_EXPIRY,
                     user: copy,
                     topic_created: 2,

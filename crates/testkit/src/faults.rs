@@ -75,9 +75,10 @@ pub(crate) struct FaultState {
     delays_active: AtomicUsize,
     /// Requests a delay rule held whose delay has ended (see [`Faults::delays_ended`]).
     delays_ended: std::sync::atomic::AtomicU64,
-    /// Cancelled by `drop_connections`; every connection holds a clone of the token current at
-    /// its accept. Replaced by a fresh child of the server's shutdown token after each use.
-    generation: Mutex<Option<(CancellationToken, CancellationToken)>>,
+    /// The server's shutdown token and the token of the connections accepted since the last
+    /// `drop_connections`, which cancels it; every connection holds a clone of the token
+    /// current at its accept. Replaced by a fresh child of the shutdown token after each use.
+    connection_tokens: Mutex<Option<(CancellationToken, CancellationToken)>>,
     /// Requests read so far, by command code (a stat hook, not a fault: tests use it to show
     /// how many requests of a kind a client makes).
     requests: Mutex<BTreeMap<u32, u64>>,
@@ -162,10 +163,10 @@ impl Faults {
 
     /// Closes every open connection now (the server keeps listening).
     pub fn drop_connections(&self) {
-        let mut generation = lock(&self.inner.generation);
-        if let Some((shutdown, current)) = generation.take() {
+        let mut tokens = lock(&self.inner.connection_tokens);
+        if let Some((shutdown, current)) = tokens.take() {
             current.cancel();
-            *generation = Some((shutdown.clone(), shutdown.child_token()));
+            *tokens = Some((shutdown.clone(), shutdown.child_token()));
         }
     }
 
@@ -371,14 +372,14 @@ impl Drop for SendTicket {
 }
 
 impl FaultState {
-    /// Installs the connection generation of a (re)started listener.
-    pub(crate) fn start_generation(&self, shutdown: &CancellationToken) {
-        *lock(&self.generation) = Some((shutdown.clone(), shutdown.child_token()));
+    /// Installs the connection tokens of a (re)started listener.
+    pub(crate) fn start_connection_tokens(&self, shutdown: &CancellationToken) {
+        *lock(&self.connection_tokens) = Some((shutdown.clone(), shutdown.child_token()));
     }
 
     /// Token a newly accepted connection watches.
     pub(crate) fn connection_token(&self) -> CancellationToken {
-        match &*lock(&self.generation) {
+        match &*lock(&self.connection_tokens) {
             Some((_, current)) => current.clone(),
             None => {
                 let t = CancellationToken::new();
@@ -709,10 +710,10 @@ mod tests {
     }
 
     #[test]
-    fn drop_connections_cancels_the_current_generation_only() {
+    fn drop_connections_cancels_the_current_connections_only() {
         let f = Faults::default();
         let shutdown = CancellationToken::new();
-        f.inner.start_generation(&shutdown);
+        f.inner.start_connection_tokens(&shutdown);
         let old = f.inner.connection_token();
         f.drop_connections();
         check!(old.is_cancelled());

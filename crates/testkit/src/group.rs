@@ -19,9 +19,10 @@ pub(crate) struct Group {
     pub(crate) partitions: Vec<u32>,
     /// Members by slab id.
     pub(crate) members: Slab<Member>,
-    /// Bumped by every rebalance and every completed handoff, as the 0.9 server's is; its
-    /// SYNC_CONSUMER_GROUP answers it with the member's partitions (0.8 has no such number).
-    pub(crate) generation: u64,
+    /// Changes of the group's assignment: bumped by every rebalance and every completed
+    /// handoff, as the 0.9 server's count is; SYNC_CONSUMER_GROUP answers it (the SDK's
+    /// `generation` field) with the member's partitions (0.8 has no such number).
+    pub(crate) assignment_changes: u64,
 }
 
 /// A member of a consumer group: one client connection.
@@ -107,7 +108,7 @@ pub(crate) fn set_partitions(group: &mut Group, count: u32) {
 
 /// Clears every assignment and deals the partitions round robin over members in slab order.
 pub(crate) fn rebalance_members(group: &mut Group) {
-    group.generation += 1;
+    group.assignment_changes += 1;
     let member_keys: Vec<usize> = group.members.iter().map(|(k, _)| k).collect();
     if member_keys.is_empty() || group.partitions.is_empty() {
         return;
@@ -128,7 +129,7 @@ pub(crate) fn rebalance_members(group: &mut Group) {
 /// Idle members take unassigned partitions; members above their fair share mark their last
 /// partitions as pending revocation towards idle members (one partition per idle member).
 pub(crate) fn rebalance_cooperative(group: &mut Group) {
-    group.generation += 1;
+    group.assignment_changes += 1;
     let member_count = group.members.len();
     if member_count == 0 || group.partitions.is_empty() {
         return;
@@ -253,7 +254,7 @@ pub(crate) fn complete_revocations(group: &mut Group, can_complete: &dyn Fn(u32)
         match group.members.get_mut(r.target_slab) {
             Some(target) if target.id == r.target_member_id => {
                 target.partitions.push(r.partition);
-                group.generation += 1;
+                group.assignment_changes += 1;
             }
             _ => {
                 rebalance_members(group);
@@ -312,7 +313,7 @@ fn pollable(member: &Member) -> Vec<u32> {
         .collect()
 }
 
-/// What a 0.9 member syncs (SYNC_CONSUMER_GROUP): the group's generation and the partitions
+/// What a 0.9 member syncs (SYNC_CONSUMER_GROUP): the group's assignment changes and the partitions
 /// `client_id` polls; `None` when it is not a member.
 pub(crate) fn assignment(group: &Group, client_id: u32) -> Option<(u64, Vec<u32>)> {
     let member = group
@@ -320,7 +321,7 @@ pub(crate) fn assignment(group: &Group, client_id: u32) -> Option<(u64, Vec<u32>
         .iter()
         .map(|(_, m)| m)
         .find(|m| m.client_id == client_id)?;
-    Some((group.generation, pollable(member)))
+    Some((group.assignment_changes, pollable(member)))
 }
 
 #[cfg(test)]
@@ -333,7 +334,7 @@ mod tests {
             name: "g".to_owned(),
             partitions: (0..partitions).collect(),
             members: Slab::default(),
-            generation: 0,
+            assignment_changes: 0,
         }
     }
 
@@ -408,7 +409,7 @@ mod tests {
     }
 
     #[test]
-    fn a_member_syncs_its_pollable_partitions_under_a_generation_every_change_bumps() {
+    fn a_member_syncs_its_pollable_partitions_under_a_count_every_change_bumps() {
         let mut g = group(2);
         check!(assignment(&g, 1).is_none(), "not a member");
         join(&mut g, 1, &[1, 2], &|_| true);

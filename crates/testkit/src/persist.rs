@@ -204,7 +204,7 @@ impl Store {
                             name: g.name,
                             partitions: (0..partitions.len() as u32).collect(),
                             members: Slab::default(),
-                            generation: 0,
+                            assignment_changes: 0,
                         },
                     );
                 }

@@ -256,7 +256,7 @@ pub(crate) fn spawn_listener(
     seat: Option<Seat>,
 ) -> Running {
     let stop = CancellationToken::new();
-    faults.start_generation(&stop);
+    faults.start_connection_tokens(&stop);
     let task = tokio::spawn(accept_loop(
         listener,
         Arc::clone(shared),

@@ -99,7 +99,7 @@ fn grant_sets_epoch_to_log_index_and_refuses_owned_units() {
 }
 
 #[test]
-fn offsets_never_move_backwards_within_a_topic_generation() {
+fn offsets_never_move_backwards_within_an_upstream_history() {
     let mut s = setup();
     check!(commit_as(&mut s, 11, 1, commit(10, 50, 7)) == CommitOutcome::Committed);
     check!(commit_as(&mut s, 12, 1, commit(10, 40, 7)) == CommitOutcome::Committed);

@@ -1,11 +1,18 @@
 //! What every actor and task of the tree shares, below all of them: how a child ended
-//! ([`ChildEnd`], [`LoopPanicked`]), the handle that aborts a task with its owner
-//! ([`AbortOnDrop`]), the [`Alive`] token every task holds, and the spans of a unit's tasks.
+//! ([`ChildEnd`], [`LoopPanicked`]), how a parent restarts it ([`ChildRestarts`]), the handle
+//! that aborts a task with its owner ([`AbortOnDrop`]), the [`Alive`] token every task holds,
+//! and the spans of a unit's tasks.
+
+use std::time::{Duration, Instant};
 
 use ractor::{ActorId, SupervisionEvent};
 use replicator_model::{Epoch, NodeId, WorkUnit};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+
+use super::decide::BACKOFF_RESET_AFTER;
+use crate::backoff::{Backoff, RestartBudget};
+use crate::params::BackoffParams;
 
 /// Held by every task the tree starts (reader and writer loops, release tasks). Nothing is
 /// ever sent on it: `Pipeline` waits until the last clone is dropped, so that `shutdown` and
@@ -61,6 +68,47 @@ impl std::fmt::Display for ChildEnd {
     }
 }
 
+/// How a parent restarts one child (the coordinator under the root, a flow actor, a
+/// long-running task): after a backoff, which starts again from its initial delay once the child
+/// had run for [`BACKOFF_RESET_AFTER`], and at most [`MAX_RESTARTS`](crate::backoff::MAX_RESTARTS)
+/// times within [`RESTART_WINDOW`](crate::backoff::RESTART_WINDOW): beyond that the parent
+/// escalates.
+#[derive(Debug)]
+pub(super) struct ChildRestarts {
+    backoff: Backoff,
+    budget: RestartBudget,
+    /// When the child last started.
+    started: Instant,
+}
+
+impl ChildRestarts {
+    /// A child starting now.
+    pub(super) fn new(params: BackoffParams, seed: u64) -> Self {
+        Self {
+            backoff: Backoff::new(params, seed),
+            budget: RestartBudget::default(),
+            started: Instant::now(),
+        }
+    }
+
+    /// The child (re)started at `now`.
+    pub(super) fn started(&mut self, now: Instant) {
+        self.started = now;
+    }
+
+    /// The child ended at `now`: how long to wait before starting it again, or `None` when it
+    /// died too often lately (the parent escalates).
+    pub(super) fn after_end(&mut self, now: Instant) -> Option<Duration> {
+        if !self.budget.admit(now) {
+            return None;
+        }
+        if now.saturating_duration_since(self.started) >= BACKOFF_RESET_AFTER {
+            self.backoff.reset();
+        }
+        Some(self.backoff.next_delay())
+    }
+}
+
 /// A task handle that aborts its task when dropped (also when an actor of the tree is killed
 /// and its state dropped without `post_stop`).
 pub(super) struct AbortOnDrop<T>(pub(super) JoinHandle<T>);
@@ -106,5 +154,50 @@ pub(super) fn unit_span(
     match task {
         UnitTaskKind::Pair => span!("unit"),
         UnitTaskKind::Release => span!("release"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use assert2::check;
+
+    use super::*;
+    use crate::backoff::MAX_RESTARTS;
+
+    fn params() -> BackoffParams {
+        BackoffParams {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn a_child_that_keeps_dying_backs_off_further_each_time_then_is_given_up() {
+        let mut restarts = ChildRestarts::new(params(), 1);
+        let t0 = Instant::now();
+        let delays: Vec<Duration> = (0..MAX_RESTARTS as u64)
+            .map(|i| {
+                let at = t0 + Duration::from_secs(i);
+                let delay = restarts.after_end(at).expect("within the budget");
+                restarts.started(at + delay);
+                delay
+            })
+            .collect();
+        // Jitter spreads each over [d/2, d] of 100, 200, 400, ... ms.
+        check!(delays[0] <= Duration::from_millis(100));
+        check!(delays[MAX_RESTARTS - 1] >= Duration::from_millis(800));
+        check!(restarts.after_end(t0 + Duration::from_secs(10)).is_none());
+    }
+
+    #[test]
+    fn a_child_that_ran_long_restarts_after_the_initial_delay_again() {
+        let mut restarts = ChildRestarts::new(params(), 1);
+        let t0 = Instant::now();
+        for i in 0..3 {
+            let _ = restarts.after_end(t0 + Duration::from_millis(i));
+        }
+        restarts.started(t0);
+        let after_long = restarts.after_end(t0 + BACKOFF_RESET_AFTER);
+        check!(after_long.is_some_and(|d| d <= Duration::from_millis(100)));
     }
 }

@@ -31,7 +31,7 @@ use crate::backoff::{Backoff, RestartBudget, MAX_RESTARTS, RESTART_WINDOW};
 use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
 use crate::datapath::reader::{self, ReaderArgs};
-use crate::datapath::target::TargetWriter;
+use crate::datapath::target::TargetDoor;
 use crate::datapath::unit::{UnitShared, UnitTuning};
 use crate::datapath::writer::{self, WriterArgs};
 use crate::fencing::handover::Handover;
@@ -98,7 +98,7 @@ pub(super) struct FlowArgs<C> {
     /// The writers' offset maps (read by the consumer-group sync).
     pub(super) offset_maps: crate::datapath::offset_maps::OffsetMaps,
     /// The door to the flow's target (its connection, throttle, lease and epoch checks).
-    pub(super) door: Arc<TargetWriter<C>>,
+    pub(super) door: Arc<TargetDoor<C>>,
     /// The flow's residency: no pair starts for a topic it blocks.
     pub(super) residency: Option<Arc<crate::selection::residency::Residency>>,
     /// Seed of the flow's jitter (differs per node and flow, and per restart of the actor).
@@ -170,7 +170,7 @@ impl Drain {
 }
 
 /// Which pair and role a reader or writer actor is, by actor id.
-struct Member {
+struct PairActor {
     unit: WorkUnit,
     pair: u64,
     role: Role,
@@ -184,7 +184,7 @@ pub(super) struct FlowState<C> {
     /// Units being worked on.
     runs: BTreeMap<WorkUnit, UnitRun>,
     /// The pairs' actors, by id.
-    members: HashMap<ActorId, Member>,
+    pair_actors: HashMap<ActorId, PairActor>,
     /// Hand-backs in flight, done (until the assignments catch up) or waiting for a retry.
     pub(super) releases: BTreeMap<WorkUnit, Handback>,
     pub(super) drain: Drain,
@@ -218,7 +218,7 @@ impl<C: ControlPlane> Actor for Flow<C> {
             args,
             desired: BTreeMap::new(),
             runs: BTreeMap::new(),
-            members: HashMap::new(),
+            pair_actors: HashMap::new(),
             releases: BTreeMap::new(),
             drain: Drain::Off,
             keep: false,
@@ -260,11 +260,11 @@ impl<C: ControlPlane> Actor for Flow<C> {
         let Some((id, end)) = ChildEnd::of(event) else {
             return Ok(());
         };
-        let Some(member) = state.members.remove(&id) else {
+        let Some(actor) = state.pair_actors.remove(&id) else {
             return Ok(());
         };
         let span = state.span.clone();
-        pair_member_ended(&myself, state, member, end)
+        pair_actor_ended(&myself, state, actor, end)
             .instrument(span)
             .await
     }
@@ -349,17 +349,17 @@ async fn dispatch<C: ControlPlane>(
 }
 
 /// Clears an ended reader or writer from its pair and acts once the pair is gone.
-async fn pair_member_ended<C: ControlPlane>(
+async fn pair_actor_ended<C: ControlPlane>(
     myself: &ActorRef<FlowMsg>,
     state: &mut FlowState<C>,
-    member: Member,
+    actor: PairActor,
     end: ChildEnd,
 ) -> Result<(), ActorProcessingErr> {
-    let Member {
+    let PairActor {
         unit,
         pair: pair_id,
         role,
-    } = member;
+    } = actor;
     let unit = &unit;
     let Some(run) = state.runs.get_mut(unit) else {
         return Ok(());
@@ -675,9 +675,9 @@ async fn start_pair<C: ControlPlane>(
     // runtime goes away; the flow actor then fails, and the coordinator's restart decides.
     for (role, args) in [(Role::Writer, writer), (Role::Reader, reader)] {
         let (actor, _) = Actor::spawn_linked(None, LoopActor, args, myself.get_cell()).await?;
-        state.members.insert(
+        state.pair_actors.insert(
             actor.get_id(),
-            Member {
+            PairActor {
                 unit: unit.clone(),
                 pair: id,
                 role,

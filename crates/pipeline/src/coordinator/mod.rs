@@ -1,19 +1,17 @@
-//! The data path's supervision tree on one instance:
-//!
-//! ```text
-//! Supervisor (supervisor.rs)       restarts the coordinator; gives up after a burst of failures
-//! └─ Coordinator (this file)       the one consumer of this node's assignments
-//!    └─ Flow, one per flow (flow.rs)         runs, stops, restarts and hands back units
-//!       ├─ reader actor, one per unit (pair.rs)  ─┐ one bounded channel per pair,
-//!       └─ writer actor, one per unit (pair.rs)  ─┘ handed to both by the flow actor
-//! ```
+//! The supervision tree of one instance (drawn in ARCHITECTURE.md, "Concurrency", and checked
+//! against the running tree by an e2e test): the root `Supervisor` (`supervisor.rs`) over this
+//! file's `Coordinator` and the task supervisor `Tasks` (`tasks.rs`); under the coordinator one
+//! `Flow` actor per flow (`flow.rs`), under which each unit's reader and writer run as
+//! `LoopActor`s (`loop_actor.rs`, paired in `pair.rs`); under `Tasks` the long-running tasks,
+//! also `LoopActor`s.
 //!
 //! Every child is spawned linked (`spawn_linked`): how it ended reaches its parent as a
 //! ractor supervision event, and the parent decides what follows. A reader or writer that
 //! ended by itself is restarted with its pair after a backoff (`decide`); a flow actor that
 //! failed is restarted by the coordinator after a backoff, and picks its units up again from
 //! the assignments (its pairs died with it, as in a crash: writers resume from the target's
-//! tail); a failed coordinator is restarted by the supervisor. When an actor dies, ractor
+//! tail); a failed coordinator is restarted by the supervisor. Each parent counts a child's
+//! restarts (`ChildRestarts`) and escalates when it keeps dying. When an actor dies, ractor
 //! kills everything under it.
 //!
 //! The coordinator follows the assignments and splits them by flow, for the flow actors and
@@ -47,16 +45,16 @@ use replicator_model::{Assignment, NodeId};
 use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 
-use self::child::{AbortOnDrop, Alive, ChildEnd};
+use self::child::{AbortOnDrop, Alive, ChildEnd, ChildRestarts};
 use self::flow::{Flow, FlowArgs, FlowMsg};
 pub(crate) use self::supervisor::{CoordinatorHandle, Supervisor, SupervisorArgs, SupervisorMsg};
 pub(crate) use self::tasks::{Stage, TaskRegistry, TaskSpec, TasksArgs, TasksMsg};
 pub use self::tasks::{TaskKind, TaskStats};
 pub(crate) use self::tree::draw_tree;
-use crate::backoff::{Backoff, RestartBudget, MAX_RESTARTS, RESTART_WINDOW};
+use crate::backoff::{MAX_RESTARTS, RESTART_WINDOW};
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
-use crate::datapath::target::TargetWriter;
+use crate::datapath::target::TargetDoor;
 use crate::datapath::unit::UnitTuning;
 use crate::liveness::Liveness;
 use crate::params::FlowParams;
@@ -158,7 +156,7 @@ pub(crate) struct CoordinatorArgs<C> {
     /// The writers' offset maps (read by the consumer-group sync).
     pub(crate) offset_maps: crate::datapath::offset_maps::OffsetMaps,
     /// The door to each flow's target, by flow name.
-    pub(crate) doors: BTreeMap<String, Arc<TargetWriter<C>>>,
+    pub(crate) doors: BTreeMap<String, Arc<TargetDoor<C>>>,
     /// Each flow's residency, by flow name: no pair starts for a topic it blocks.
     pub(crate) residency: BTreeMap<String, Arc<crate::selection::residency::Residency>>,
     /// Where the coordinator publishes each flow's assignments.
@@ -169,12 +167,8 @@ pub(crate) struct CoordinatorArgs<C> {
 struct FlowChild {
     /// The running actor; `None` while its restart waits for the timer.
     actor: Option<ActorRef<FlowMsg>>,
-    /// Restart backoff (reset when the actor had run long).
-    backoff: Backoff,
-    /// Its recent restarts: a flow actor that keeps dying fails the coordinator (escalates).
-    restarts: RestartBudget,
-    /// When the current actor started.
-    started: Instant,
+    /// Its restarts: a flow actor that keeps dying fails the coordinator (escalates).
+    restarts: ChildRestarts,
     /// The restart timer while waiting (dropping it cancels the restart).
     restart_timer: Option<AbortOnDrop<Result<(), MessagingErr<CoordinatorMsg>>>>,
 }
@@ -294,18 +288,14 @@ impl<C: ControlPlane> Actor for Coordinator<C> {
             tracing::warn!(flow = %name, outcome = %failure, "flow actor ended while draining");
             return Ok(());
         }
-        if !child.restarts.admit(Instant::now()) {
+        let Some(delay) = child.restarts.after_end(Instant::now()) else {
             tracing::error!(
                 flow = %name, outcome = %failure, restarts = MAX_RESTARTS,
                 window = ?RESTART_WINDOW,
                 "flow actor keeps dying; failing the coordinator (escalating)"
             );
             return Err(format!("the flow actor of {name} keeps dying").into());
-        }
-        if child.started.elapsed() >= decide::BACKOFF_RESET_AFTER {
-            child.backoff.reset();
-        }
-        let delay = child.backoff.next_delay();
+        };
         tracing::error!(
             flow = %name, outcome = %failure, backoff = ?delay,
             "flow actor ended unexpectedly (its units stopped with it); restarting it after backoff"
@@ -442,16 +432,14 @@ async fn spawn_flow<C: ControlPlane>(
     if let Some(units) = state.desired.get(name) {
         let _ = actor.send_message(FlowMsg::Assignments(units.clone()));
     }
-    let backoff = Backoff::new(state.args.tuning.backoff, state.seeds);
+    let restarts = ChildRestarts::new(state.args.tuning.backoff, state.seeds);
     let child = state.flows.entry(name.to_owned()).or_insert(FlowChild {
         actor: None,
-        backoff,
-        restarts: RestartBudget::default(),
-        started: Instant::now(),
+        restarts,
         restart_timer: None,
     });
     child.actor = Some(actor);
-    child.started = Instant::now();
+    child.restarts.started(Instant::now());
     child.restart_timer = None;
     Ok(())
 }

@@ -11,10 +11,10 @@ use std::time::Instant;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, MessagingErr, SupervisionEvent};
 
-use super::child::{AbortOnDrop, ChildEnd};
+use super::child::{AbortOnDrop, ChildEnd, ChildRestarts};
 use super::tasks::{Tasks, TasksArgs, TasksMsg};
 use super::{Coordinator, CoordinatorArgs, CoordinatorMsg};
-use crate::backoff::{Backoff, RestartBudget, MAX_RESTARTS, RESTART_WINDOW};
+use crate::backoff::{MAX_RESTARTS, RESTART_WINDOW};
 use crate::control::ControlPlane;
 
 /// The coordinator currently running, for those that talk to it from outside the tree
@@ -77,8 +77,7 @@ pub(crate) struct SupervisorState<C> {
     /// supervisor's by this).
     running: Option<ActorId>,
     /// The coordinator's recent restarts.
-    restarts: RestartBudget,
-    backoff: Backoff,
+    restarts: ChildRestarts,
     /// The restart timer while waiting.
     _timer: Option<AbortOnDrop<Result<(), MessagingErr<SupervisorMsg>>>>,
 }
@@ -100,14 +99,13 @@ impl<C: ControlPlane> Actor for Supervisor<C> {
             tasks,
             tasks_ref,
         } = args;
-        let backoff = Backoff::new(coordinator.tuning.backoff, coordinator.node_id);
+        let restarts = ChildRestarts::new(coordinator.tuning.backoff, coordinator.node_id);
         let mut state = SupervisorState {
             coordinator,
             handle,
             gave_up,
             running: None,
-            restarts: RestartBudget::default(),
-            backoff,
+            restarts,
             _timer: None,
         };
         start_coordinator(&myself, &mut state).await?;
@@ -163,7 +161,7 @@ impl<C: ControlPlane> Actor for Supervisor<C> {
         }
         state.running = None;
         state.handle.set(None);
-        if !state.restarts.admit(Instant::now()) {
+        let Some(delay) = state.restarts.after_end(Instant::now()) else {
             tracing::error!(
                 node, outcome = %outcome, restarts = MAX_RESTARTS, window = ?RESTART_WINDOW,
                 "coordinator keeps dying; not restarted again (/health fails from now on)"
@@ -171,8 +169,7 @@ impl<C: ControlPlane> Actor for Supervisor<C> {
             state.gave_up.cancel();
             myself.stop(Some("coordinator keeps dying".to_owned()));
             return Ok(());
-        }
-        let delay = state.backoff.next_delay();
+        };
         tracing::error!(
             node, outcome = %outcome, backoff = ?delay,
             "coordinator ended unexpectedly (the units stopped with it); restarting it"
@@ -192,6 +189,7 @@ async fn start_coordinator<C: ControlPlane>(
     let (coordinator, _) =
         Actor::spawn_linked(None, Coordinator::new(), args, myself.get_cell()).await?;
     state.running = Some(coordinator.get_id());
+    state.restarts.started(Instant::now());
     state.handle.set(Some(coordinator));
     Ok(())
 }

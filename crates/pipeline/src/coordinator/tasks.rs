@@ -27,10 +27,9 @@ use ractor::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::child::{AbortOnDrop, Alive, ChildEnd};
-use super::decide::BACKOFF_RESET_AFTER;
+use super::child::{AbortOnDrop, Alive, ChildEnd, ChildRestarts};
 use super::loop_actor::{ActorLoop, Child, LoopActor, LoopActorArgs};
-use crate::backoff::{Backoff, RestartBudget, MAX_RESTARTS, RESTART_WINDOW};
+use crate::backoff::{MAX_RESTARTS, RESTART_WINDOW};
 use crate::params::BackoffParams;
 
 /// Which long-running task (the `task` label of `task_restarts_total`).
@@ -215,9 +214,7 @@ pub(crate) enum TasksMsg {
 struct TaskChild {
     /// The running actor; `None` while its restart waits, and once stopped.
     actor: Option<(ActorId, Child)>,
-    budget: RestartBudget,
-    backoff: Backoff,
-    started: Instant,
+    restarts: ChildRestarts,
     /// The restart timer while waiting (dropping it cancels the restart).
     timer: Option<AbortOnDrop<Result<(), MessagingErr<TasksMsg>>>>,
 }
@@ -268,9 +265,7 @@ impl Actor for Tasks {
         let children = (0..args.specs.len())
             .map(|i| TaskChild {
                 actor: None,
-                budget: RestartBudget::default(),
-                backoff: Backoff::new(args.backoff, args.node_id ^ (i as u64) << 40),
-                started: Instant::now(),
+                restarts: ChildRestarts::new(args.backoff, args.node_id ^ (i as u64) << 40),
                 timer: None,
             })
             .collect();
@@ -357,18 +352,14 @@ impl Actor for Tasks {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) =
             Some((end.to_string(), Instant::now()));
-        if !child.budget.admit(Instant::now()) {
+        let Some(delay) = child.restarts.after_end(Instant::now()) else {
             tracing::error!(
                 node = state.args.node_id, task = %kind, flow, outcome = %end,
                 restarts = MAX_RESTARTS, window = ?RESTART_WINDOW,
                 "long-running task keeps dying; not restarted again (the pipeline stops)"
             );
             return Err(format!("the {kind} task of flow {flow:?} keeps dying").into());
-        }
-        if child.started.elapsed() >= BACKOFF_RESET_AFTER {
-            child.backoff.reset();
-        }
-        let delay = child.backoff.next_delay();
+        };
         tracing::error!(
             node = state.args.node_id, task = %kind, flow, outcome = %end, backoff = ?delay,
             "long-running task ended unexpectedly; restarting it after backoff"
@@ -425,6 +416,6 @@ async fn start_task(
     }
     let child = &mut state.children[index];
     child.actor = Some((actor.get_id(), Child(actor)));
-    child.started = Instant::now();
+    child.restarts.started(Instant::now());
     Ok(())
 }

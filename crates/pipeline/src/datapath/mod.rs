@@ -4,7 +4,7 @@
 //! commits offsets ([`writer`], IO around its pure cores). Beside them: what a pair shares and
 //! the batch type ([`unit`](mod@unit)), where a reader starts and what a jump in its offsets means
 //! ([`offsets`]), a flow's rate limiters on this instance ([`throttle`]), the one door every
-//! write to a flow's target goes through ([`target`]'s `TargetWriter`), and what a writer
+//! write to a flow's target goes through ([`target`]'s `TargetDoor`), and what a writer
 //! sent since it resumed, kept for the consumer-group sync ([`translate`]'s `OffsetMap`, shared
 //! in [`offset_maps`]; the sync's search of a downstream partition is in `translate` too).
 //!

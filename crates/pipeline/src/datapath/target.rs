@@ -1,15 +1,15 @@
 //! The one door to a flow's target: every write the data plane makes there on behalf of the
 //! flow with this node's writer identity (copies, consumer-group offsets and membership,
-//! heartbeats) goes through the flow's [`TargetWriter`]. It picks the connection (the node's
+//! heartbeats) goes through the flow's [`TargetDoor`]. It picks the connection (the node's
 //! writer identity on a fenced target, `fencing::identity`), and lets a write go only after
 //! the checks of its kind, the last one run once the connection's turn is the write's, right
 //! before the request goes out (`Cluster::call_checked`):
 //!
 //! | write | before it waits for the connection | at its turn |
 //! |---|---|---|
-//! | a unit's copies ([`TargetWriter::send_copies`]) | the flow's throttle; the unit's lease and epoch | the unit's lease and epoch again |
-//! | group offsets, membership ([`TargetWriter::node_call`]) | | this node's lease |
-//! | a heartbeat ([`TargetWriter::node_call`]) | | this node's lease |
+//! | a unit's copies ([`TargetDoor::send_copies`]) | the flow's throttle; the unit's lease and epoch | the unit's lease and epoch again |
+//! | group offsets, membership ([`TargetDoor::node_call`]) | | this node's lease |
+//! | a heartbeat ([`TargetDoor::node_call`]) | | this node's lease |
 //!
 //! A lease must be valid for longer than `send_lease_margin` (`writer::send::send_verdict`).
 //! What is decided before a write can exist is not checked again here: a residency policy
@@ -43,7 +43,7 @@ use crate::stats::UnitMeters;
 
 /// The door to one flow's target on this node (see the module doc); shared by the flow's
 /// writers, its heartbeat task and its consumer-group sync.
-pub(crate) struct TargetWriter<C> {
+pub(crate) struct TargetDoor<C> {
     /// The target's alias (whose connections [`WriterTargets`] picks).
     target: String,
     writers: Arc<WriterTargets>,
@@ -67,7 +67,7 @@ pub(crate) struct Copies<'a> {
     pub(crate) bytes: u64,
 }
 
-impl<C: ControlPlane> TargetWriter<C> {
+impl<C: ControlPlane> TargetDoor<C> {
     pub(crate) fn new(
         target: &str,
         writers: Arc<WriterTargets>,
@@ -193,8 +193,8 @@ impl<C: ControlPlane> TargetWriter<C> {
 
 /// Runs the write `f` on `slot` of `conn` once the connection's turn is its own, if `check`
 /// lets it through then; otherwise not at all ([`Error::LeaseExpiring`]). The one place a
-/// node's write (not a copy) meets its check: [`TargetWriter::node_call`], and the group
-/// sync's writes with [`TargetWriter::node_check`] (they keep to one slot of their own).
+/// node's write (not a copy) meets its check: [`TargetDoor::node_call`], and the group
+/// sync's writes with [`TargetDoor::node_check`] (they keep to one slot of their own).
 pub(crate) async fn write_checked<T, F, Fut>(
     conn: &Cluster,
     slot: usize,

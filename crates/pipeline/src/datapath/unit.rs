@@ -47,7 +47,7 @@ pub(crate) struct UnitShared<C> {
     /// Where the writer records what it sent, for the consumer-group sync.
     pub(crate) offset_maps: crate::datapath::offset_maps::OffsetMaps,
     /// The door to the flow's target every send goes through (throttle, lease and epoch).
-    pub(crate) door: Arc<crate::datapath::target::TargetWriter<C>>,
+    pub(crate) door: Arc<crate::datapath::target::TargetDoor<C>>,
 }
 
 impl<C> UnitShared<C> {

@@ -33,7 +33,7 @@ use tracing::Instrument;
 
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
-use crate::datapath::target::TargetWriter;
+use crate::datapath::target::TargetDoor;
 use crate::discovery::{create_stream_and_topic, named, TopicShape};
 use crate::error::{Error, Result};
 use crate::params::FlowParams;
@@ -150,7 +150,7 @@ pub(crate) struct HeartbeatParams<C> {
     pub(crate) admin: Arc<Cluster>,
     /// The door to the flow's target: heartbeats are sent through it, as this node's writer
     /// identity, with its lease checked right before.
-    pub(crate) door: Arc<TargetWriter<C>>,
+    pub(crate) door: Arc<TargetDoor<C>>,
     /// The units' meters: whether the flow copied data since the previous heartbeat.
     pub(crate) units: MeterRegistry,
     /// Receives the round trip of a heartbeat of an idle flow as its replication latency.

@@ -71,7 +71,7 @@ pub(crate) struct DiscoveryParams<C> {
 /// One upstream topic as discovery sees it.
 #[derive(Debug, Clone, PartialEq)]
 struct SeenTopic {
-    /// Creation time (µs), the topic's incarnation.
+    /// Creation time (µs): tells a recreated topic of the same name apart.
     created_at: u64,
     /// Partition count.
     partitions: u32,

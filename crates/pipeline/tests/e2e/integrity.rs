@@ -9,7 +9,7 @@ use std::time::Duration;
 use iggy::prelude::{Consumer, Identifier, Partitioning, PollingStrategy};
 use replicator_harness::Client;
 use replicator_model::{IggyVersion, WorkUnit};
-use replicator_pipeline::provenance::{self, Incarnation};
+use replicator_pipeline::provenance::{self, History};
 use replicator_pipeline::{
     ControlPlane, FlowParams, InMemoryControl, Observer, Pipeline, PipelineObserver, UnitStats,
 };
@@ -53,8 +53,8 @@ async fn created_at(c: &Client, stream: &str, topic: &str) -> TestResult<u64> {
 }
 
 /// Checks that `copies` are copies of `originals`, one for one, stamped with the source offset
-/// and the incarnation `generation` of the topic created at `created`.
-fn assert_copies(originals: &[Message], copies: &[Message], created: u64, generation: u16) {
+/// and the history of the topic created at `created` after `resets` resets.
+fn assert_copies(originals: &[Message], copies: &[Message], created: u64, resets: u16) {
     assert!(
         originals.len() == copies.len(),
         "{} originals, {} copies",
@@ -69,12 +69,12 @@ fn assert_copies(originals: &[Message], copies: &[Message], created: u64, genera
         let label = found
             .history_label
             .ok_or("no label")
-            .map(Incarnation::from_label);
+            .map(History::from_label);
         assert!(
             label
-                == Ok(Incarnation {
+                == Ok(History {
                     created_at: created,
-                    generation
+                    resets
                 }),
             "offset {offset}: {label:?}"
         );
@@ -108,20 +108,19 @@ async fn stats_of(pipeline: &Pipeline, unit: &WorkUnit) -> TestResult<UnitStats>
         .ok_or("no stats")?)
 }
 
-/// Waits until `unit` confirmed `offset` under the incarnation `generation`.
+/// Waits until `unit` confirmed `offset` in the history after `resets` resets.
 async fn wait_confirmed_in(
     control: &InMemoryControl,
     unit: &WorkUnit,
     offset: u64,
-    generation: u16,
+    resets: u16,
 ) -> TestResult {
     wait_until(
-        &format!("{unit} confirmed at {offset} in generation {generation}"),
+        &format!("{unit} confirmed at {offset} after {resets} resets"),
         Duration::from_secs(30),
         || async {
             control.progress(unit).is_some_and(|p| {
-                p.confirmed == Some(offset)
-                    && Incarnation::from_label(p.history_label).generation == generation
+                p.confirmed == Some(offset) && History::from_label(p.history_label).resets == resets
             })
         },
     )

@@ -91,7 +91,7 @@ async fn deleted_topic_stops_its_units_and_recreated_topic_starts_over() -> Test
     assert!(confirmed(&control, &unit) == Some(99));
     create_topic(&up, "life", "cycle", 1).await?;
     produce(&up, "life", "cycle", 1, 0..10, 10).await?;
-    // The new incarnation is copied too.
+    // The recreated topic is copied too.
     env.wait_downstream("life", "cycle", 0, 110).await?;
     // The new topic started from `earliest`, not after the old offset 99.
     let report = env.verify(&f, Duration::from_secs(30)).await?;

@@ -95,7 +95,7 @@ pub(super) fn create_consumer_group(req: Request<'_>, out: &mut Vec<u8>) -> Repl
                 name: name.to_owned(),
                 partitions: (0..topic.partitions.len() as u32).collect(),
                 members: Default::default(),
-                generation: 0,
+                assignment_changes: 0,
             };
             let gid = topic.groups.insert(group);
             if let Some(g) = topic.groups.get(gid) {
@@ -179,10 +179,10 @@ pub(super) fn leave_consumer_group(req: Request<'_>) -> Reply {
     Ok(())
 }
 
-/// SYNC_CONSUMER_GROUP (0.9 only): the calling member's group generation and the partitions it
-/// may poll. `None` (the 0.9 server's empty answer) when the request does not decode, the
-/// stream, topic or group is missing, or the caller is not a member. The request is scoped to
-/// the caller itself, so no right is checked.
+/// SYNC_CONSUMER_GROUP (0.9 only): the group's assignment changes (the answer's `generation`)
+/// and the partitions the calling member may poll. `None` (the 0.9 server's empty answer)
+/// when the request does not decode, the stream, topic or group is missing, or the caller is
+/// not a member. The request is scoped to the caller itself, so no right is checked.
 pub(crate) fn sync_consumer_group(
     shared: &Shared,
     session: &Session,

@@ -100,10 +100,10 @@ pub(super) fn execute(
         // 0.9 only: the option catalogs and a member's assignment.
         DESCRIBE_OPTIONS_CODE => describe_options(shared, body, out),
         SYNC_CONSUMER_GROUP_CODE => {
-            if let Some((generation, partitions)) = sync_consumer_group(shared, session, body) {
+            if let Some((changes, partitions)) = sync_consumer_group(shared, session, body) {
                 out.extend_from_slice(
                     &SyncConsumerGroupResponse {
-                        generation,
+                        generation: changes,
                         partitions,
                     }
                     .to_bytes(),

@@ -55,7 +55,7 @@ use crate::datapath::translate::{Copied, OffsetMap};
 use crate::datapath::unit::{named, Batch, UnitShared};
 pub use crate::error::LandedMismatch;
 use crate::error::{Error, Result};
-use crate::provenance::{self, Incarnation};
+use crate::provenance::{self, History};
 
 /// How long a writer whose lease is not valid long enough waits before looking again.
 const LEASE_RECHECK: Duration = Duration::from_millis(20);
@@ -116,7 +116,7 @@ struct Writer<C> {
     shared: Arc<UnitShared<C>>,
     rx: mpsc::Receiver<Box<Batch>>,
     stop: CancellationToken,
-    /// Label of the upstream history being copied ([`Incarnation::label`]: the topic's creation
+    /// Label of the upstream history being copied ([`History::label`]: the topic's creation
     /// time (µs), plus the partition's resets).
     history_label: u64,
     /// Messages up to this offset were confirmed before and lost downstream: sending them again
@@ -341,7 +341,7 @@ impl<C: ControlPlane> Writer<C> {
             // end is then (`latest`), until this unit's first commit.
             let start = UnitStart {
                 next: plan.from.offset,
-                history_label: plan.incarnation.label(),
+                history_label: plan.history.label(),
             };
             let newly_recorded = shared
                 .control
@@ -369,11 +369,9 @@ impl<C: ControlPlane> Writer<C> {
             );
         }
         self.recopy_until = plan.loss.map(|loss| loss.to);
-        self.history_label = plan.incarnation.label();
+        self.history_label = plan.history.label();
         self.last_copied = match tail {
-            Some(TailOutcome::Hit(hit))
-                if hit.position.generation == plan.incarnation.generation =>
-            {
+            Some(TailOutcome::Hit(hit)) if hit.position.resets == plan.history.resets => {
                 Some(hit.position.offset)
             }
             _ => None,
@@ -397,7 +395,7 @@ impl<C: ControlPlane> Writer<C> {
             offset = plan.from.offset,
             confirmed = ?plan.confirmed,
             tail = ?tail,
-            generation = plan.incarnation.generation,
+            resets = plan.history.resets,
             "unit resumes"
         );
         Ok(plan.from)
@@ -407,15 +405,15 @@ impl<C: ControlPlane> Writer<C> {
     async fn send_held(&mut self) -> Result<Sent> {
         let shared = self.shared.clone();
         if self.resync {
-            let copying = Incarnation::from_label(self.history_label);
+            let copying = History::from_label(self.history_label);
             let written = self.commits.written().map(|offset| Position {
-                generation: copying.generation,
+                resets: copying.resets,
                 offset,
             });
             let (tail, next_down) =
                 scan_tail(&shared, copying.created_at, written, &self.stop).await?;
             let last = match tail {
-                TailOutcome::Hit(hit) if hit.position.generation == copying.generation => {
+                TailOutcome::Hit(hit) if hit.position.resets == copying.resets => {
                     self.commits.covered(Some(hit.position.offset));
                     Some(Copied {
                         down: hit.downstream,
@@ -668,7 +666,7 @@ fn report<C>(
         tracing::warn!(
             confirmed = forgotten,
             old_created_at = progress.map_or(0, |p| p.history_label),
-            created_at = plan.incarnation.created_at,
+            created_at = plan.history.created_at,
             "upstream topic was recreated; starting it from the initial offset"
         );
     }
@@ -676,12 +674,12 @@ fn report<C>(
         shared.meters.upstream_reset();
         tracing::warn!(
             last_copied = last.offset,
-            generation = plan.incarnation.generation,
+            resets = plan.history.resets,
             upstream_current_offset = extent.current_offset,
             upstream_messages = extent.messages_count,
             refilled = tail_check == TailCheck::Differs,
             "upstream partition was reset (purged, or its server lost its newest messages): \
-             copying its new history from offset 0 as a new incarnation"
+             copying its new history from offset 0"
         );
     }
     if let Some(loss) = plan.loss {
@@ -747,9 +745,9 @@ async fn scan_tail<C>(
         if !found.from_source(source) {
             return None;
         }
-        let incarnation = Incarnation::from_label(found.history_label?);
-        incarnation.is_of(created_at).then_some(Position {
-            generation: incarnation.generation,
+        let history = History::from_label(found.history_label?);
+        history.is_of(created_at).then_some(Position {
+            resets: history.resets,
             offset: found.offset?,
         })
     };

@@ -27,7 +27,7 @@ pub(crate) struct PrepareParams<'a> {
     pub(crate) provenance: bool,
     /// The provenance format to stamp.
     pub(crate) format: provenance::Format,
-    /// Label of the upstream history copied (`provenance::Incarnation::label`).
+    /// Label of the upstream history copied (`provenance::History::label`).
     pub(crate) history_label: u64,
 }
 

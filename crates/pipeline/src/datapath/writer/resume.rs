@@ -3,7 +3,7 @@
 //! Pure: the writer's IO loop fetches the facts (the upstream partition's extent, the confirmed
 //! progress, pages of downstream messages, whether the upstream message at the tail is still
 //! the one copied) and feeds them in. [`plan`] decides the resume point, the history
-//! ([`Incarnation`]) the unit copies and what went wrong since the unit last ran (the upstream
+//! ([`History`]) the unit copies and what went wrong since the unit last ran (the upstream
 //! partition was reset, the target lost acknowledged messages); [`TailScan`] decides which page
 //! of the downstream partition to read next and when to stop looking for the last message this
 //! flow wrote there.
@@ -11,7 +11,7 @@
 use replicator_model::{InitialOffset, Offset, OffsetReset, UnitProgress, UnitStart};
 
 use crate::datapath::offsets::ReadFrom;
-use crate::provenance::Incarnation;
+use crate::provenance::History;
 
 /// Messages per poll while scanning the downstream tail.
 const TAIL_CHUNK: u32 = 1000;
@@ -51,8 +51,8 @@ impl PartitionExtent {
 /// one whatever the offsets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Position {
-    /// The history ([`Incarnation::generation`]).
-    pub(crate) generation: u16,
+    /// The history: resets since the topic was created ([`History::resets`]).
+    pub(crate) resets: u16,
     /// The upstream offset.
     pub(crate) offset: Offset,
 }
@@ -62,12 +62,12 @@ pub(crate) struct Position {
 /// (never, or only for an earlier topic of the same name).
 pub(crate) fn reference(progress: Option<UnitProgress>, created_at: u64) -> Option<Position> {
     let p = progress?;
-    let incarnation = Incarnation::from_label(p.history_label);
-    if !incarnation.is_of(created_at) {
+    let history = History::from_label(p.history_label);
+    if !history.is_of(created_at) {
         return None;
     }
     p.confirmed.map(|offset| Position {
-        generation: incarnation.generation,
+        resets: history.resets,
         offset,
     })
 }
@@ -122,17 +122,17 @@ pub(crate) struct ResumePlan {
     /// Where the reader starts.
     pub(crate) from: ReadFrom,
     /// The history copied: stamped on every message and committed with every offset.
-    pub(crate) incarnation: Incarnation,
+    pub(crate) history: History,
     /// The confirmed offset of that history.
     pub(crate) confirmed: Option<Offset>,
     /// The last offset of that history known downstream: the highest of `confirmed` and the
     /// tail, or the tail alone after a downstream loss.
     pub(crate) written: Option<Offset>,
-    /// A confirmed offset of an earlier incarnation of the topic (deleted and created again),
+    /// A confirmed offset of an earlier topic of the same name (deleted and created again),
     /// which no longer counts: the unit starts that topic from the initial offset.
     pub(crate) forgotten: Option<Offset>,
     /// The unit's last position when the upstream partition turned out to be reset (purged):
-    /// the unit copies the partition's new history from offset 0 under the next incarnation.
+    /// the unit copies the partition's new history from offset 0 under the next history.
     pub(crate) reset: Option<Position>,
     /// Confirmed offsets the target lost: they are copied again (`from` is their first).
     pub(crate) loss: Option<DownstreamLoss>,
@@ -145,7 +145,7 @@ pub(crate) struct ResumePlan {
 }
 
 /// The upstream partition was reset more often than labels can count
-/// ([`Incarnation::MAX_GENERATION`]).
+/// ([`History::MAX_RESETS`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ResetsExhausted;
 
@@ -156,7 +156,7 @@ pub(crate) struct ResetsExhausted;
 ///   the same name is `forgotten`: that topic starts at the initial offset).
 /// * If upstream no longer reaches that position, or holds another message at the tail's
 ///   offset, the partition was reset (purged): its new history is copied from offset 0 under
-///   the next incarnation, so nothing is skipped or labelled as the old history.
+///   the next history, so nothing is skipped or labelled as the old history.
 /// * If the newest message of ours downstream is below the confirmed offset (or the downstream
 ///   partition is empty, or holds only an older history of ours), the target lost
 ///   acknowledged messages: they are copied again from one after the tail (a first polled
@@ -171,7 +171,7 @@ pub(crate) struct ResetsExhausted;
 ///   (and then a first polled offset above it is not a gap: the server clamps to what it
 ///   retains).
 pub(crate) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
-    let topic = Incarnation::first(facts.created_at);
+    let topic = History::first(facts.created_at);
     let confirmed = reference(facts.progress, facts.created_at);
     let forgotten = match facts.progress {
         Some(p) if confirmed.is_none() => p.confirmed,
@@ -182,20 +182,17 @@ pub(crate) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
         _ => None,
     };
     let known = confirmed.max(hit);
-    let generation = known.map_or(0, |k| k.generation);
-    let current = Incarnation {
-        generation,
-        ..topic
-    };
+    let resets = known.map_or(0, |k| k.resets);
+    let current = History { resets, ..topic };
     let refilled =
-        hit.is_some_and(|h| h.generation == generation) && facts.tail_check == TailCheck::Differs;
+        hit.is_some_and(|h| h.resets == resets) && facts.tail_check == TailCheck::Differs;
     if let Some(last) = known.filter(|k| refilled || facts.extent.went_below(k.offset)) {
         return Ok(ResumePlan {
             from: ReadFrom {
                 offset: 0,
                 contiguous: false,
             },
-            incarnation: current.next().ok_or(ResetsExhausted)?,
+            history: current.next().ok_or(ResetsExhausted)?,
             confirmed: None,
             written: None,
             forgotten,
@@ -205,10 +202,8 @@ pub(crate) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
             record: false,
         });
     }
-    let confirmed = confirmed
-        .filter(|p| p.generation == generation)
-        .map(|p| p.offset);
-    let tail = hit.filter(|h| h.generation == generation).map(|h| h.offset);
+    let confirmed = confirmed.filter(|p| p.resets == resets).map(|p| p.offset);
+    let tail = hit.filter(|h| h.resets == resets).map(|h| h.offset);
     if let Some(reset) = facts.reset {
         let past = tail.filter(|w| !reset.allow_duplicates && *w >= reset.next);
         return Ok(ResumePlan {
@@ -219,7 +214,7 @@ pub(crate) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
                 },
                 after,
             ),
-            incarnation: current,
+            history: current,
             confirmed,
             written: past,
             forgotten,
@@ -236,7 +231,7 @@ pub(crate) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
         .map(|s| s.next);
     // Where this history's copy began, as far as the unit can tell.
     let start = match facts.initial {
-        InitialOffset::At(offset) if generation == 0 => offset,
+        InitialOffset::At(offset) if resets == 0 => offset,
         _ => 0,
     };
     let loss = match (confirmed, facts.tail) {
@@ -267,7 +262,7 @@ pub(crate) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
                 None,
                 ReadFrom {
                     offset: recorded.unwrap_or(match facts.initial {
-                        _ if generation > 0 => 0,
+                        _ if resets > 0 => 0,
                         InitialOffset::Earliest => 0,
                         InitialOffset::Latest => facts.extent.next_offset(),
                         InitialOffset::At(offset) => offset,
@@ -279,7 +274,7 @@ pub(crate) fn plan(facts: &ResumeFacts) -> Result<ResumePlan, ResetsExhausted> {
     };
     Ok(ResumePlan {
         from,
-        incarnation: current,
+        history: current,
         confirmed,
         written,
         forgotten,
@@ -598,18 +593,19 @@ mod tests {
     /// Creation time of the topic as it is now.
     const NOW: u64 = 1_700_000_000;
 
-    fn pos(generation: u16, offset: Offset) -> Position {
-        Position { generation, offset }
+    fn pos(resets: u16, offset: Offset) -> Position {
+        Position { resets, offset }
     }
 
-    fn hit(generation: u16, offset: Offset) -> Option<TailOutcome> {
+    fn hit(resets: u16, offset: Offset) -> Option<TailOutcome> {
         Some(TailOutcome::Hit(TailHit {
             downstream: 5000 + offset,
-            position: pos(generation, offset),
+            position: pos(resets, offset),
         }))
     }
 
-    /// Facts of generation 0 of the current topic with `confirmed` and a tail hit at `tail`.
+    /// Facts of the current topic's first history (no resets) with `confirmed` and a tail hit
+    /// at `tail`.
     fn facts(
         confirmed: Option<Offset>,
         tail: Option<Offset>,
@@ -726,10 +722,10 @@ mod tests {
         check!(plan_ok(&purged).reset == Some(pos(0, 8)));
     }
 
-    fn label(generation: u16) -> u64 {
-        Incarnation {
+    fn label(resets: u16) -> u64 {
+        History {
             created_at: NOW,
-            generation,
+            resets,
         }
         .label()
     }
@@ -748,8 +744,8 @@ mod tests {
         check!(p.from == at(9, true));
         check!(p.written == Some(8));
         check!(p.confirmed == Some(5));
-        check!(p.incarnation == Incarnation::first(NOW));
-        check!(p.incarnation.label() == NOW);
+        check!(p.history == History::first(NOW));
+        check!(p.history.label() == NOW);
         check!(p.loss.is_none());
         check!(p.reset.is_none());
         check!(
@@ -800,18 +796,18 @@ mod tests {
     }
 
     #[test]
-    fn progress_of_an_earlier_topic_incarnation_is_forgotten() {
+    fn progress_of_an_earlier_topic_of_the_same_name_is_forgotten() {
         let mut recreated = facts(Some(500), None, InitialOffset::Earliest);
         recreated.created_at = NOW + 1;
         let p = plan_ok(&recreated);
         check!(p.from == at(0, false));
         check!(p.confirmed.is_none());
         check!(p.forgotten == Some(500));
-        check!(p.incarnation == Incarnation::first(NOW + 1));
+        check!(p.history == History::first(NOW + 1));
         // Not a reset of the new topic, not a loss.
         check!(p.reset.is_none());
         check!(p.loss.is_none());
-        // A tail of the new incarnation still counts.
+        // A tail of the new topic still counts.
         recreated.tail = hit(0, 7);
         check!(plan_ok(&recreated).from.offset == 8);
         // Nothing confirmed before: nothing forgotten to warn about.
@@ -853,8 +849,8 @@ mod tests {
         };
         let p = plan_ok(&purged);
         check!(p.from == at(0, false));
-        check!(p.incarnation == Incarnation::first(NOW).next().expect("room"));
-        check!(p.incarnation.label() != NOW);
+        check!(p.history == History::first(NOW).next().expect("room"));
+        check!(p.history.label() != NOW);
         check!(p.reset == Some(pos(0, 99)));
         check!((p.confirmed, p.written, p.loss, p.forgotten) == (None, None, None, None));
         // Purged and empty.
@@ -904,14 +900,14 @@ mod tests {
 
     #[test]
     fn later_histories_continue_under_their_own_label() {
-        // Confirmed in generation 1, downstream in generation 1: resume there.
+        // Confirmed after 1 reset, downstream after 1 reset: resume there.
         let mut second = facts(Some(4), None, InitialOffset::Latest);
         if let Some(p) = second.progress.as_mut() {
             p.history_label = label(1);
         }
         second.tail = hit(1, 6);
         let p = plan_ok(&second);
-        check!(p.incarnation.generation == 1);
+        check!(p.history.resets == 1);
         check!(p.from == at(7, true));
         check!(p.confirmed == Some(4));
         // A reset of the second history makes the third.
@@ -920,13 +916,13 @@ mod tests {
             current_offset: 1,
         };
         let p = plan_ok(&second);
-        check!(p.incarnation.generation == 2);
+        check!(p.history.resets == 2);
         check!(p.reset == Some(pos(1, 6)));
         // An owner reset the history and wrote before it could commit: its tail leads.
         let mut unconfirmed = facts(Some(99), None, InitialOffset::Earliest);
         unconfirmed.tail = hit(1, 3);
         let p = plan_ok(&unconfirmed);
-        check!(p.incarnation.generation == 1);
+        check!(p.history.resets == 1);
         check!(p.from == at(4, true));
         check!(p.confirmed.is_none());
         check!(p.loss.is_none());
@@ -936,7 +932,7 @@ mod tests {
             p.history_label = label(1);
             p.confirmed = None;
         }
-        // (No confirmed offset: the progress is not a position; a hit of gen 1 without one.)
+        // (No confirmed offset: the progress is not a position; a hit after 1 reset without one.)
         none_yet.tail = hit(1, 0);
         check!(plan_ok(&none_yet).from == at(1, true));
     }
@@ -945,9 +941,9 @@ mod tests {
     fn resets_beyond_the_labels_are_an_error() {
         let mut last = facts(Some(9), Some(9), InitialOffset::Earliest);
         if let Some(p) = last.progress.as_mut() {
-            p.history_label = label(Incarnation::MAX_GENERATION);
+            p.history_label = label(History::MAX_RESETS);
         }
-        last.tail = hit(Incarnation::MAX_GENERATION, 9);
+        last.tail = hit(History::MAX_RESETS, 9);
         check!(plan(&last).is_ok());
         last.extent = EMPTY;
         check!(plan(&last) == Err(ResetsExhausted));
@@ -1003,7 +999,7 @@ mod tests {
         };
         let p = plan_ok(&older);
         check!(p.loss == Some(DownstreamLoss { from: 0, to: 9 }));
-        check!(p.incarnation.generation == 1);
+        check!(p.history.resets == 1);
         check!(p.from == at(0, false));
     }
 

@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clients::Cluster;
 use crate::control::ControlPlane;
 use crate::datapath::offset_maps::OffsetMaps;
-use crate::datapath::target::{write_checked, TargetWriter};
+use crate::datapath::target::{write_checked, TargetDoor};
 use crate::datapath::translate::{Copied, Lookup, Search, Step};
 use crate::datapath::writer::send::SendVeto;
 use crate::datapath::writer::{
@@ -45,7 +45,7 @@ use crate::datapath::writer::{
 use crate::datapath::writer::{TailScan, TailStep};
 use crate::error::{Error, Result};
 use crate::params::FlowParams;
-use crate::provenance::{self, Incarnation};
+use crate::provenance::{self, History};
 use crate::selection::mapping::downstream_stream;
 
 /// Messages one poll of a search reads.
@@ -151,7 +151,7 @@ pub(crate) struct GroupSync<C> {
     pub(crate) source: Arc<Cluster>,
     /// The door to the flow's target: the writer identity's connections, and the lease
     /// checked right before each write there.
-    pub(crate) door: Arc<TargetWriter<C>>,
+    pub(crate) door: Arc<TargetDoor<C>>,
     /// Confirmed progress of the units.
     pub(crate) control: C,
     /// The flow's assignments on this node (see `FlowAssignments`): the units synced.
@@ -529,10 +529,10 @@ impl<C: ControlPlane> GroupSync<C> {
         unit: &WorkUnit,
         label: u64,
     ) -> Result<Option<Copied>> {
-        let history = Incarnation::from_label(label);
-        let generation = history.generation;
+        let history = History::from_label(label);
+        let resets = history.resets;
         let reference = confirmed_position(self.control.progress(unit), history.created_at)
-            .filter(|p| p.generation == generation);
+            .filter(|p| p.resets == resets);
         let (mut scan, mut poll) = TailScan::start(self.tail_scan_window, reference);
         loop {
             ctx.probes += 1;
@@ -545,7 +545,7 @@ impl<C: ControlPlane> GroupSync<C> {
                 .map(|m| TailEntry {
                     offset: m.offset,
                     ours: self.ours(m, label).map(|c| Position {
-                        generation,
+                        resets,
                         offset: c.up,
                     }),
                 })
@@ -589,8 +589,8 @@ impl<C: ControlPlane> GroupSync<C> {
         if !found.from_source(&self.flow.source) {
             return None;
         }
-        let history = Incarnation::from_label(found.history_label?);
-        (history == Incarnation::from_label(label)).then_some(Copied {
+        let history = History::from_label(found.history_label?);
+        (history == History::from_label(label)).then_some(Copied {
             down: m.offset,
             up: found.offset?,
         })
