@@ -689,7 +689,7 @@ mod tests {
     use std::str::FromStr;
 
     use assert2::{assert, check};
-    use iggy::prelude::{HeaderKey, HeaderValue, IggyMessage};
+    use replicator_sdk::types::{HeaderKey, HeaderValue, IggyMessage};
 
     use super::*;
 

@@ -372,7 +372,7 @@ pub struct PairUser {
 
 impl PairUser {
     fn copy(&self) -> crate::sync::metadata::users::UserCopy {
-        use iggy::prelude::{GlobalPermissions, Permissions, UserStatus};
+        use replicator_sdk::types::{GlobalPermissions, Permissions, UserStatus};
         crate::sync::metadata::users::UserCopy {
             id: self.id,
             created_at: u64::from(self.id),
@@ -393,7 +393,7 @@ impl PairUser {
         }
     }
 
-    fn rights_of(permissions: Option<&iggy::prelude::Permissions>) -> u8 {
+    fn rights_of(permissions: Option<&replicator_sdk::types::Permissions>) -> u8 {
         permissions.map_or(0, |p| {
             u8::from(p.global.read_streams)
                 | u8::from(p.global.poll_messages) << 1
@@ -501,7 +501,7 @@ pub fn pair_expiry(
     use crate::selection::pairing::{PairView, Side};
     use crate::sync::metadata::pair::plan_settings;
     use crate::sync::metadata::settings::TopicSettings;
-    use iggy::prelude::{CompressionAlgorithm, IggyExpiry, MaxTopicSize};
+    use replicator_sdk::types::{CompressionAlgorithm, IggyExpiry, MaxTopicSize};
     let settings = |s: u64| TopicSettings {
         message_expiry: IggyExpiry::ExpireDuration(Duration::from_secs(s).into()),
         max_topic_size: MaxTopicSize::Unlimited,

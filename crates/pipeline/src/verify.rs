@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::{Consumer, Identifier, PollingStrategy};
+use replicator_sdk::types::{Consumer, Identifier, PollingStrategy};
 use replicator_sdk::IggyCluster as _;
 use replicator_sdk::Message;
 

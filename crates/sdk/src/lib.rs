@@ -37,6 +37,21 @@ pub use message::{Confirmed, Message, Place, Polled, StoredOffset};
 pub use v08::V08;
 pub use v09::V09;
 
+/// The vocabulary of the calls besides messages: names, topic, stream, user and consumer-group
+/// records, permissions, expiry and size settings. These are SDK 0.10's model types (the 0.9
+/// adapter converts its SDK's records into them); the replicator names them only through this
+/// module, so that which SDK provides them is this crate's business.
+pub mod types {
+    pub use iggy::prelude::{
+        CompressionAlgorithm, Consumer, ConsumerGroupDetails, GlobalPermissions, HeaderKey,
+        HeaderValue, Identifier, IggyDuration, IggyError, IggyExpiry, IggyMessage, IggyTimestamp,
+        MaxTopicSize, Partition, Partitioning, Permissions, PollingStrategy, StreamDetails,
+        StreamPermissions, Topic, TopicDetails, TopicPermissions, UserStatus,
+    };
+    pub use iggy_common::defaults::{MAX_PASSWORD_LENGTH, MIN_PASSWORD_LENGTH};
+    pub use iggy_common::UserInfo;
+}
+
 /// What a client being shut down may still have in flight; it sizes the wait for its shutdown
 /// ([`Client::shutdown_budget`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -54,8 +54,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use iggy::prelude::{Identifier, StreamDetails, TopicDetails};
 use replicator_model::Offset;
+use replicator_sdk::types::{Identifier, StreamDetails, TopicDetails};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;

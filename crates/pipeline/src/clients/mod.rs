@@ -25,7 +25,7 @@ use replicator_model::IggyVersion;
 use tokio::sync::Mutex;
 use tracing::Instrument;
 
-use iggy::prelude::{Identifier, StreamDetails, TopicDetails};
+use replicator_sdk::types::{Identifier, StreamDetails, TopicDetails};
 
 use self::activity::{ActivityRegistry, Request};
 use self::distance::Distance;

@@ -21,9 +21,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::{Consumer, Identifier, PollingStrategy};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use replicator_sdk::types::{Consumer, Identifier, PollingStrategy};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;

@@ -24,8 +24,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::{Identifier, Partitioning};
 use replicator_model::{Assignment, Epoch, WorkUnit};
+use replicator_sdk::types::{Identifier, Partitioning};
 use replicator_sdk::Confirmed;
 use replicator_sdk::IggyCluster as _;
 use replicator_sdk::Message;

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use iggy::prelude::Identifier;
 use replicator_model::{Epoch, Offset, WorkUnit};
+use replicator_sdk::types::Identifier;
 use replicator_sdk::Message;
 
 use crate::clients::Cluster;

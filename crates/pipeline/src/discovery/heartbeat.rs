@@ -19,11 +19,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use iggy::prelude::{
+use replicator_model::{Assignment, NodeId};
+use replicator_sdk::types::{
     CompressionAlgorithm, HeaderKey, HeaderValue, IggyError, IggyExpiry, IggyMessage,
     IggyTimestamp, MaxTopicSize, Partitioning,
 };
-use replicator_model::{Assignment, NodeId};
 use replicator_sdk::IggyCluster as _;
 use replicator_sdk::Message;
 use serde::{Deserialize, Serialize};

@@ -17,8 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use iggy::prelude::{CompressionAlgorithm, Identifier, IggyExpiry, MaxTopicSize, Topic};
 use replicator_model::{MetadataObject, MetadataRecord, WorkUnit};
+use replicator_sdk::types::{CompressionAlgorithm, Identifier, IggyExpiry, MaxTopicSize, Topic};
 use replicator_sdk::IggyCluster as _;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;

@@ -4,8 +4,8 @@
 //! binary); `../shared/docs/iggy-fencing.md` records why a permission change fences an open
 //! session on Iggy 0.8 and 0.9.
 
-use iggy::prelude::{GlobalPermissions, Identifier, Permissions, UserStatus};
 use replicator_model::{writer_username, NodeId, WriterLogin};
+use replicator_sdk::types::{GlobalPermissions, Identifier, Permissions, UserStatus};
 use replicator_sdk::IggyCluster as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

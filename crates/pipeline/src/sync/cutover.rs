@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use iggy::prelude::{Consumer, PollingStrategy};
 use replicator_model::{Offset, WorkUnit};
+use replicator_sdk::types::{Consumer, PollingStrategy};
 use replicator_sdk::IggyCluster as _;
 
 use crate::clients::Cluster;
@@ -31,7 +31,7 @@ pub struct Extent {
 
 impl Extent {
     /// A partition's extent as its topic's details report it.
-    pub(crate) fn of(p: &iggy::prelude::Partition, topic_created_at: u64) -> Self {
+    pub(crate) fn of(p: &replicator_sdk::types::Partition, topic_created_at: u64) -> Self {
         // `current_offset` is the last message's offset, and 0 also for an empty partition.
         let next_offset = if p.messages_count == 0 && p.current_offset == 0 {
             0

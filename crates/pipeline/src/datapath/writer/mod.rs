@@ -30,9 +30,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iggy::prelude::PollingStrategy;
-use iggy::prelude::{Consumer, Identifier, IggyTimestamp};
 use replicator_model::{CommitOutcome, Offset, ProgressCommit, UnitProgress, UnitStart};
+use replicator_sdk::types::PollingStrategy;
+use replicator_sdk::types::{Consumer, Identifier, IggyTimestamp};
 use replicator_sdk::IggyCluster as _;
 use replicator_sdk::Message;
 use tokio::sync::{mpsc, oneshot};
@@ -642,7 +642,7 @@ impl<C: ControlPlane> Writer<C> {
 /// decoded), and a resume's later awaits queue behind other units' calls. Held across them by
 /// every unit of an instance starting tens of thousands, those answers took gigabytes.
 fn partition_figures(
-    topic: Option<Arc<iggy::prelude::TopicDetails>>,
+    topic: Option<Arc<replicator_sdk::types::TopicDetails>>,
     id: u32,
 ) -> Option<(PartitionExtent, u64)> {
     let topic = topic?;

@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use globset::GlobSet;
-use iggy::prelude::{Consumer, Identifier, PollingStrategy};
 use replicator_model::{Offset, WorkUnit};
+use replicator_sdk::types::{Consumer, Identifier, PollingStrategy};
 use replicator_sdk::IggyCluster as _;
 use replicator_sdk::Message;
 use tokio_util::sync::CancellationToken;
@@ -720,7 +720,7 @@ impl TopicOn<'_> {
         write_checked(self.cluster, self.slot, op, check, f).await
     }
 
-    async fn details(&self) -> Result<Option<iggy::prelude::TopicDetails>> {
+    async fn details(&self) -> Result<Option<replicator_sdk::types::TopicDetails>> {
         let (s, t) = self.ids.clone();
         self.cluster
             .call(self.slot, "get_topic", |c| async move {
@@ -744,7 +744,7 @@ impl TopicOn<'_> {
     async fn group(
         &self,
         group: &Identifier,
-    ) -> Result<Option<iggy::prelude::ConsumerGroupDetails>> {
+    ) -> Result<Option<replicator_sdk::types::ConsumerGroupDetails>> {
         let ((s, t), g) = (self.ids.clone(), group.clone());
         self.cluster
             .call(self.slot, "get_consumer_group", |c| async move {

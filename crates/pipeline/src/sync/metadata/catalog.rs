@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use iggy::prelude::Identifier;
 use replicator_model::Naming;
+use replicator_sdk::types::Identifier;
 use replicator_sdk::IggyCluster as _;
 
 use super::settings::TopicSettings;

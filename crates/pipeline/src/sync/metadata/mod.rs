@@ -29,10 +29,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use globset::GlobSet;
-use iggy::prelude::{Identifier, UserStatus};
-use iggy_common::UserInfo;
 use rand::distributions::{Alphanumeric, DistString};
 use replicator_model::{ClusterPair, MetadataChange, MetadataObject, MetadataRecord, TopicSetting};
+use replicator_sdk::types::UserInfo;
+use replicator_sdk::types::{Identifier, UserStatus};
 use replicator_sdk::IggyCluster as _;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -1165,7 +1165,7 @@ impl MetadataSync {
         name: &str,
         password: &str,
         there: Option<&UserCopy>,
-        permissions: Option<iggy::prelude::Permissions>,
+        permissions: Option<replicator_sdk::types::Permissions>,
     ) -> Result<()> {
         if let Some(there) = there {
             self.apply(name, Some(there), UserAction::Delete).await?;
@@ -1177,7 +1177,7 @@ impl MetadataSync {
         &self,
         name: &str,
         password: &str,
-        permissions: Option<iggy::prelude::Permissions>,
+        permissions: Option<replicator_sdk::types::Permissions>,
     ) -> Result<()> {
         let (name, password) = (name.to_owned(), password.to_owned());
         self.target

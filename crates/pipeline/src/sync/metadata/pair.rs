@@ -21,8 +21,8 @@
 
 use std::collections::BTreeSet;
 
-use iggy::prelude::UserStatus;
 use replicator_model::{MetadataRecord, TopicSetting};
+use replicator_sdk::types::UserStatus;
 use serde::{Deserialize, Serialize};
 
 use super::settings::{SettingDifference, TopicSettings};
@@ -215,7 +215,7 @@ pub(crate) fn plan_settings(
 #[cfg(test)]
 mod tests {
     use assert2::check;
-    use iggy::prelude::{CompressionAlgorithm, IggyExpiry, MaxTopicSize};
+    use replicator_sdk::types::{CompressionAlgorithm, IggyExpiry, MaxTopicSize};
 
     use super::*;
 

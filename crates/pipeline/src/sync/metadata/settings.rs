@@ -4,8 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use iggy::prelude::{CompressionAlgorithm, IggyExpiry, MaxTopicSize, Topic};
 use replicator_model::TopicSetting;
+use replicator_sdk::types::{CompressionAlgorithm, IggyExpiry, MaxTopicSize, Topic};
 use serde::{Deserialize, Serialize};
 
 /// The settings of one topic the sync keeps in line.
@@ -135,8 +135,8 @@ pub(crate) fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use iggy::prelude::IggyDuration;
     use replicator_model::TopicSetting;
+    use replicator_sdk::types::IggyDuration;
 
     fn settings(expiry: IggyExpiry, size: MaxTopicSize, c: CompressionAlgorithm) -> TopicSettings {
         TopicSettings {

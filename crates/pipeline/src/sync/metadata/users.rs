@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use iggy::prelude::{Permissions, StreamPermissions, UserStatus};
+use replicator_sdk::types::{Permissions, StreamPermissions, UserStatus};
 use serde::{Deserialize, Serialize};
 
 use super::catalog::{Catalog, CatalogStream, Route};
@@ -263,7 +263,7 @@ pub(crate) fn plan(
 /// send), or `None`. Checked before a synced user's inactive copy is replaced, so that a
 /// refused password never costs the copy.
 pub fn password_problem(password: &str) -> Option<String> {
-    use iggy_common::defaults::{MAX_PASSWORD_LENGTH, MIN_PASSWORD_LENGTH};
+    use replicator_sdk::types::{MAX_PASSWORD_LENGTH, MIN_PASSWORD_LENGTH};
     let length = password.chars().count();
     (!(MIN_PASSWORD_LENGTH..=MAX_PASSWORD_LENGTH).contains(&length)).then(|| {
         format!(
@@ -371,8 +371,8 @@ mod tests {
     }
     use crate::selection::mapping::Selector;
     use crate::sync::metadata::catalog::{CatalogStream, CatalogTopic};
-    use iggy::prelude::{GlobalPermissions, TopicPermissions};
     use replicator_model::Naming;
+    use replicator_sdk::types::{GlobalPermissions, TopicPermissions};
 
     /// A stream of a test catalog: id, name, topics (id, name).
     type TestStream<'a> = (u32, &'a str, &'a [(u32, &'a str)]);
