@@ -103,8 +103,8 @@ pub(crate) struct TaskSpec {
     pub(crate) start: StartTask,
 }
 
-/// How one long-running task has fared since the pipeline started (`status`, `/health`,
-/// `task_restarts_total`).
+/// How one long-running task has fared since the pipeline started (`/health`,
+/// `task_restarts_total`, `task_panics_total`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskStats {
     /// Which task.

@@ -133,6 +133,14 @@ impl WriterTargets {
             .collect()
     }
 
+    /// The login the fenced targets were last switched to (`None` before the first switch).
+    fn applied(&self) -> Option<Option<WriterLogin>> {
+        self.applied
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// Switches every fenced target to `login` (or to nothing) and returns the sets it replaced.
     fn switch(&self, login: Option<&WriterLogin>) -> Result<Vec<Arc<Cluster>>> {
         let mut replaced = Vec::new();
@@ -170,6 +178,10 @@ impl WriterTargets {
                 }
             }
         }
+        *self
+            .applied
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(login.cloned());
         self.version.send_modify(|v| *v += 1);
         Ok(replaced)
     }
@@ -218,18 +230,13 @@ pub(crate) async fn follow<C: ControlPlane>(
         tracing::error!("the writer identity is followed twice; this follower stops");
         return;
     };
-    let mut applied = targets
-        .applied
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
     let mut last_abandoned: Option<std::time::Instant> = None;
     // A control plane without writer identities closes the channel at once: the login never
     // changes then, and the follower runs on (until `cancel`) as its supervisor expects.
     let mut logins_open = true;
     loop {
         let login = logins.borrow_and_update().clone();
-        if applied.as_ref() != Some(&login) {
+        if targets.applied().as_ref() != Some(&login) {
             match targets.switch(login.as_ref()) {
                 Ok(replaced) => {
                     match &login {
@@ -252,11 +259,6 @@ pub(crate) async fn follow<C: ControlPlane>(
                             old.close().await
                         }));
                     }
-                    *targets
-                        .applied
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(login.clone());
-                    applied = Some(login);
                 }
                 Err(e) => tracing::error!(error = %e, "cannot prepare the writer connections"),
             }
@@ -265,6 +267,7 @@ pub(crate) async fn follow<C: ControlPlane>(
             () = cancel.cancelled() => break,
             changed = logins.changed(), if logins_open => logins_open = changed.is_ok(),
             Some(refused) = refusals.recv() => {
+                let applied = targets.applied();
                 let current = applied.as_ref().and_then(Option::as_ref);
                 let incarnation = match Refusal::of(refused, current) {
                     Refusal::GiveUp(incarnation) => incarnation,
