@@ -1,22 +1,26 @@
 //! What the deterministic simulator (`crates/sim`) drives. **Not a stable API**: it exists only
-//! so that the simulator's writers decide with this crate's real pure cores (the resume plan and
-//! the tail scan, the send check, the commit tracker, the consumer-group offset map) under
-//! simulated time, targets and failures (and the landed check of Iggy 0.9 confirmations), and
-//! its identity follower decides on refused logins as the node's does. It wraps crate-private
+//! so that the simulator's writers are the node's writer core (`writer::core`: the resume
+//! plan's outcome, the tail re-read and the loss it may reveal, send answers and the landed
+//! check of Iggy 0.9 confirmations, the commit bookkeeping, the consumer-group offset map)
+//! with the real tail scan and send check, under simulated time, targets and failures, and its
+//! identity follower decides on refused logins as the node's does. It wraps crate-private
 //! types without changing their behaviour and may change or disappear with any commit.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use replicator_model::{
-    CommitCounters, CommitOutcome, InitialOffset, NodeId, Offset, UnitProgress, WriterLogin,
+    CommitOutcome, Epoch, InitialOffset, NodeId, Offset, ProgressCommit, UnitProgress, WorkUnit,
+    WriterLogin,
 };
 
-use crate::datapath::translate::{Copied, Lookup, OffsetMap as Map};
+use crate::datapath::offset_maps::lock_map;
+use crate::datapath::translate::Lookup;
 use crate::datapath::writer::commit::{CommitTracker as Tracker, Settled};
-use crate::datapath::writer::landed::LandedCheck as Landed;
+use crate::datapath::writer::core::{offset_map, Handled, WriterCore as Core};
 use crate::datapath::writer::resume::{
-    self, PartitionExtent, Position, ResumeFacts, TailCheck, TailEntry, TailOutcome, TailPoll,
-    TailStep,
+    self, PartitionExtent, Position, ResumeFacts, ResumePlan, TailCheck, TailEntry, TailOutcome,
+    TailPoll, TailStep,
 };
 use crate::datapath::writer::send::{send_verdict, SendVeto};
 use crate::fencing::identity::Refusal;
@@ -173,16 +177,19 @@ impl TailScan {
 /// reset, provenance on, no operator reset, initial offset `earliest`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Resume {
+    plan: ResumePlan,
+}
+
+impl Resume {
     /// The first upstream offset the reader polls.
-    pub from: Offset,
-    /// The last upstream offset known downstream.
-    pub written: Option<Offset>,
-    /// The confirmed offset.
-    pub confirmed: Option<Offset>,
+    pub fn from(&self) -> Offset {
+        self.plan.from.offset
+    }
+
     /// The target lost confirmed messages: they are copied again.
-    pub loss: bool,
-    /// The label the unit stamps and commits with.
-    pub label: u64,
+    pub fn loss(&self) -> bool {
+        self.plan.loss.is_some()
+    }
 }
 
 /// Decides where a unit resumes from its confirmed `progress`, the upstream topic's
@@ -213,28 +220,44 @@ pub fn resume(
         recorded: None,
     })
     .expect("the simulated upstream is never reset");
-    Resume {
-        from: plan.from.offset,
-        written: plan.written,
-        confirmed: plan.confirmed,
-        loss: plan.loss.is_some(),
-        label: plan.history.label(),
-    }
+    Resume { plan }
 }
 
-/// The writer's commit bookkeeping (`writer::commit::CommitTracker`).
+/// The writer's state between IO calls and its decisions on their answers
+/// (`writer::core::WriterCore`, the one the node's writer task drives), with a consumer-group
+/// offset map always on.
 #[derive(Debug)]
-pub struct CommitTracker(Tracker);
+pub struct WriterCore(Core);
 
-impl CommitTracker {
-    /// A tracker at `now`; `session` when the writer commits totals (feature level 2).
-    pub fn new(interval: Duration, now: Instant, session: Option<u64>) -> Self {
-        Self(Tracker::new(interval, now, session))
+impl WriterCore {
+    /// The writer of `unit` under `epoch`, created at `now`; `session` when it commits totals
+    /// (feature level 2).
+    pub fn new(
+        unit: WorkUnit,
+        epoch: Epoch,
+        commit_interval: Duration,
+        now: Instant,
+        session: Option<u64>,
+    ) -> Self {
+        Self(Core::new(
+            unit,
+            epoch,
+            Tracker::new(commit_interval, now, session),
+        ))
     }
 
-    /// Where the writer resumed.
-    pub fn resumed(&mut self, written: Option<Offset>, committed: Option<Offset>) {
-        self.0.resumed(written, committed);
+    /// The resume decided `resume` after the scan found `tail`; `progress` the unit's
+    /// confirmed progress, `next_down` the downstream partition's next offset.
+    pub fn resumed(
+        &mut self,
+        resume: &Resume,
+        tail: Tail,
+        progress: Option<UnitProgress>,
+        next_down: Offset,
+    ) {
+        let map = offset_map(&resume.plan, progress, next_down);
+        self.0
+            .resumed(&resume.plan, Some(tail.0), Some(Arc::new(Mutex::new(map))));
     }
 
     /// The last upstream offset known downstream.
@@ -242,34 +265,72 @@ impl CommitTracker {
         self.0.written()
     }
 
-    /// Downstream holds everything up to `offset`.
-    pub fn covered(&mut self, offset: Option<Offset>) {
-        self.0.covered(offset);
+    /// `Some(reference)` when the tail must be re-read before the next send: the scan looks
+    /// for `reference` (an upstream offset of history 0) without a bound.
+    pub fn rescan(&self) -> Option<Option<Offset>> {
+        self.0
+            .rescan()
+            .map(|r| r.reference.map(|position| position.offset))
     }
 
-    /// `messages` were acknowledged downstream.
-    pub fn sent(&mut self, messages: u64) {
-        self.0.sent(messages, messages * 100);
+    /// The re-read found `tail`, the partition ending at `next_down`; `false`: the target lost
+    /// what it acknowledged, the pair ends.
+    pub fn rescanned(&mut self, tail: Tail, next_down: Offset) -> bool {
+        self.0.rescanned(tail.0, next_down).is_ok()
+    }
+
+    /// The target accepted a send of `upstream` offsets to `partition`, its first message
+    /// landing at `base_offset` when the target says (Iggy 0.9). `false`: it landed elsewhere
+    /// than after the previous send, which counts as an unknown outcome.
+    pub fn acknowledged(
+        &mut self,
+        partition: u32,
+        base_offset: Option<u64>,
+        upstream: &[Offset],
+    ) -> bool {
+        let confirmed: Vec<replicator_sdk::Confirmed> = base_offset
+            .map(|base_offset| replicator_sdk::Confirmed {
+                places: vec![replicator_sdk::Place {
+                    partition,
+                    base_offset,
+                }],
+                messages: upstream.len() as u32,
+            })
+            .into_iter()
+            .collect();
+        self.0
+            .acknowledged(partition, &confirmed, upstream.iter().copied())
+            .is_ok()
+    }
+
+    /// A send failed or its answer was lost: it may have been appended.
+    pub fn send_unsure(&mut self) {
+        self.0.send_unsure();
+    }
+
+    /// The writer is done with a batch of `messages` (100 bytes each) sent whole, ending at
+    /// upstream `last`.
+    pub fn handled(&mut self, messages: u64, last: Offset) {
+        self.0.handled(Handled {
+            sent: Some((messages, messages * 100)),
+            last_offset: last,
+            gap: false,
+        });
     }
 
     /// A failure the writer retries.
-    pub fn error(&mut self) {
-        self.0.error();
+    pub fn failed(&mut self) {
+        self.0.failed();
     }
 
-    /// When the next commit is due, if any.
-    pub fn due_at(&self) -> Option<Instant> {
-        self.0.due_at()
-    }
-
-    /// The commit to start now, if due: (offset, counters).
-    pub fn start_if_due(&mut self, now: Instant) -> Option<(Offset, CommitCounters)> {
-        self.0.start_if_due(now).map(|r| (r.offset, r.counters))
+    /// The commit to start at `now`, if due.
+    pub fn commit_if_due(&mut self, now: Instant) -> Option<ProgressCommit> {
+        self.0.commit_if_due(now)
     }
 
     /// The final commit of a stopping writer.
-    pub fn start_final(&mut self, now: Instant) -> Option<(Offset, CommitCounters)> {
-        self.0.start_final(now).map(|r| (r.offset, r.counters))
+    pub fn final_commit(&mut self, now: Instant) -> Option<ProgressCommit> {
+        self.0.final_commit(now)
     }
 
     /// The answer to the commit in flight (`None`: the call failed). `true`: fenced, stop.
@@ -281,76 +342,19 @@ impl CommitTracker {
         let answer = answer.ok_or(&failure);
         matches!(self.0.settle(now, answer), Settled::Fenced { .. })
     }
-}
 
-/// Where the target says a writer's sends landed (`writer::landed::LandedCheck`): each send an
-/// Iggy 0.9 target confirms must start where the writer's previous one ended.
-#[derive(Debug, Default)]
-pub struct LandedCheck(Landed);
-
-impl LandedCheck {
-    /// The confirmation of one send of `messages` to `partition`: where its first message
-    /// landed (`None`: a target that confirms nothing, Iggy 0.8). `false`: it landed elsewhere
-    /// than after the previous send, which the writer handles as an unknown outcome.
-    pub fn confirm(&mut self, partition: u32, base_offset: Option<u64>, messages: u32) -> bool {
-        let confirmed: Vec<replicator_sdk::Confirmed> = base_offset
-            .map(|base_offset| replicator_sdk::Confirmed {
-                places: vec![replicator_sdk::Place {
-                    partition,
-                    base_offset,
-                }],
-                messages,
-            })
-            .into_iter()
-            .collect();
-        self.0.confirm(partition, &confirmed).is_ok()
+    /// The newest copy the offset map recorded: (downstream offset, upstream offset). The
+    /// group sync checks it against the downstream partition before it translates with it.
+    pub fn newest_copy(&self) -> Option<(Offset, Offset)> {
+        let map = lock_map(self.0.offset_map()?);
+        map.newest().map(|c| (c.down, c.up))
     }
 
-    /// The writer re-read the tail, or a send failed.
-    pub fn forget(&mut self) {
-        self.0.forget();
-    }
-}
-
-/// A writer's sends since it resumed, for the consumer-group sync
-/// (`groups::translate::OffsetMap`).
-#[derive(Debug, Clone)]
-pub struct OffsetMap(Map);
-
-impl OffsetMap {
-    /// A map for a writer resuming history `label` with the downstream partition's next
-    /// offset at `next_down`.
-    pub fn new(label: u64, next_down: Offset, copied_before: bool) -> Self {
-        Self(Map::new(label, next_down, copied_before))
-    }
-
-    /// Messages acknowledged downstream, by upstream offset, in send order.
-    pub fn sent(&mut self, upstream: impl IntoIterator<Item = Offset>) {
-        self.0.sent(upstream);
-    }
-
-    /// A send failed and may have been appended.
-    pub fn unsure(&mut self) {
-        self.0.unsure();
-    }
-
-    /// The tail re-read after an unsure send found `last` (down, up) and the partition's next
-    /// offset `next_down`.
-    pub fn resynced(&mut self, last: Option<(Offset, Offset)>, next_down: Offset) {
-        self.0
-            .resynced(last.map(|(down, up)| Copied { down, up }), next_down);
-    }
-
-    /// The newest copy recorded: (downstream offset, upstream offset). The group sync checks it
-    /// against the downstream partition before it translates with the map.
-    pub fn newest(&self) -> Option<(Offset, Offset)> {
-        self.0.newest().map(|c| (c.down, c.up))
-    }
-
-    /// The copy of upstream offset `up`, or of the last copied offset before it, if the map
-    /// knows it: (downstream offset, upstream offset).
+    /// The copy of upstream offset `up`, or of the last copied offset before it, if the offset
+    /// map knows it: (downstream offset, upstream offset).
     pub fn lookup(&self, up: Offset) -> Option<(Offset, Offset)> {
-        match self.0.lookup(up) {
+        let map = lock_map(self.0.offset_map()?);
+        match map.lookup(up) {
             Lookup::Found(c) => Some((c.down, c.up)),
             Lookup::NotCopied | Lookup::Unknown => None,
         }

@@ -9,10 +9,16 @@
 //! round (lease judgement, grants, revokes, fence decisions: `assign::round`), the fence
 //! operations' outcomes, the owner's lease arithmetic, the identity a process may write as
 //! (`Inheritance`) and what its identity follower does with a refused login (`Refusal::of`),
-//! and in every writer the tail scan, the resume plan, the send check, the commit tracker and
-//! the consumer-group offset map. What is simulated stands in for IO: Raft replication (a log
-//! committed while a leader reaches a majority, applied by every member it reaches), Iggy (see
-//! `target`), tokio tasks and sockets.
+//! and every writer's state and decisions: the node's own writer core (`WriterCore`, which
+//! the node's writer task drives too: what a resume sets up, when a send may have landed and
+//! the tail must be read again, what a re-read tail means, send answers, commits, the
+//! consumer-group offset map), with the real tail scan, resume plan and send check. What stays
+//! here of a writer is how it waits and does IO, in the order the node's writer task does it
+//! (`datapath/writer/mod.rs`): resume (log in, scan, plan), copy (commit when due, re-read the
+//! tail when the core asks, send what the lease and epoch allow), drain (final commit, hand
+//! the unit back). What is simulated stands in for IO: Raft replication (a log committed while
+//! a leader reaches a majority, applied by every member it reaches), Iggy (see `target`), tokio
+//! tasks and sockets.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
@@ -24,12 +30,10 @@ use replicator_control::sim_support::{
     acknowledged, lease_until, Answer, Command, Inheritance, Leader, Observer, State, TargetOp,
 };
 use replicator_control::{ControlTiming, FenceTopology};
-use replicator_model::{
-    Assignment, CommitCounters, CommitOutcome, Epoch, NodeId, ProgressCommit, WorkUnit,
-};
+use replicator_model::{Assignment, CommitOutcome, Epoch, NodeId, ProgressCommit, WorkUnit};
 use replicator_pipeline::sim_support::{
-    may_send, refusal_gives_up, resume, CommitTracker, LandedCheck, OffsetMap, Page, Seen, Tail,
-    TailScan, Veto, WriterDefaults, MIN_ABANDON_INTERVAL,
+    may_send, refusal_gives_up, resume, Page, Seen, Tail, TailScan, Veto, WriterCore,
+    WriterDefaults, MIN_ABANDON_INTERVAL,
 };
 
 use crate::schedule::{FaultKind, Ms, Schedule, FAULTS_UNTIL, MEMBERS, TARGETS};
@@ -268,48 +272,32 @@ struct Writer {
     /// What it logged in as when it resumed (a writer identity, or the configured credential).
     credential: Option<Credential>,
     phase: Phase,
-    tracker: CommitTracker,
-    map: Option<OffsetMap>,
-    label: u64,
+    /// What the node's writer knows and decides between IO calls: the same core.
+    core: WriterCore,
     read_at: u64,
-    resync: bool,
-    last_copied: Option<u64>,
     /// The batch sent and not answered yet (upstream offsets).
     in_flight: Option<Vec<u64>>,
     commit_in_flight: bool,
     retry_at: Ms,
     /// The target's restart count when this writer last read it (its connection).
     connection: u64,
-    /// Where the target said the previous sends landed (0.9 confirmations).
-    landed: LandedCheck,
 }
 
 impl Writer {
     /// A writer of a new grant, or the next writer of a grant whose pair ended.
-    fn new(
-        unit: WorkUnit,
-        epoch: Epoch,
-        session: u64,
-        tracker: CommitTracker,
-        retry_at: Ms,
-    ) -> Self {
+    fn new(unit: WorkUnit, epoch: Epoch, session: u64, core: WriterCore, retry_at: Ms) -> Self {
         Self {
             unit,
             epoch,
             session,
             credential: None,
             phase: Phase::Resuming,
-            tracker,
-            map: None,
-            label: 0,
+            core,
             read_at: 0,
-            resync: false,
-            last_copied: None,
             in_flight: None,
             commit_in_flight: false,
             retry_at,
             connection: 0,
-            landed: LandedCheck::default(),
         }
     }
 }
@@ -1459,59 +1447,12 @@ impl World {
         }
     }
 
-    /// A writer session of `unit` under `epoch` (totals: it commits totals, feature level 2).
-    fn writer_for(&mut self, unit: WorkUnit, epoch: Epoch, totals: bool, start: Ms) -> Writer {
-        let session: u64 = self.rng.gen();
-        let tracker = CommitTracker::new(
-            self.writer.commit_interval,
-            self.at(start),
-            totals.then_some(session),
-        );
-        Writer::new(unit, epoch, session, tracker, start)
-    }
-
     fn target_of(&self, unit: &WorkUnit) -> usize {
         self.units
             .iter()
             .find(|(u, _)| u == unit)
             .map(|(_, t)| *t)
             .expect("known unit")
-    }
-
-    /// Reads the downstream tail as `who` with the writer's real `TailScan`: what it found
-    /// and the partition's next offset.
-    fn scan_tail(
-        &self,
-        id: NodeId,
-        who: Credential,
-        unit: &WorkUnit,
-        confirmed: Option<u64>,
-    ) -> Result<(Tail, u64), Refusal> {
-        let ti = self.target_of(unit);
-        if self.cut(id, ti) {
-            return Err(Refusal::Down);
-        }
-        let target = &self.targets[ti];
-        let next = target.next_offset(who, unit)?;
-        let (mut scan, mut page) = TailScan::start(self.writer.tail_scan_window, confirmed);
-        loop {
-            let (from, count) = match page {
-                Page::Last { count } => (None, count),
-                Page::From { offset, count } => (Some(offset), count),
-            };
-            let seen: Vec<Seen> = target
-                .read(who, unit, from, count)?
-                .into_iter()
-                .map(|(offset, up)| Seen {
-                    offset,
-                    upstream: Some(up),
-                })
-                .collect();
-            match scan.feed(&seen) {
-                Ok(tail) => return Ok((tail, next)),
-                Err(p) => page = p,
-            }
-        }
     }
 
     /// Whether member `id`'s connection to target `ti` is logged in as `who`. If not, its
@@ -1667,6 +1608,55 @@ impl World {
         false
     }
 
+    /// A writer session of `unit` under `epoch` (totals: it commits totals, feature level 2).
+    fn writer_for(&mut self, unit: WorkUnit, epoch: Epoch, totals: bool, start: Ms) -> Writer {
+        let session: u64 = self.rng.gen();
+        let core = WriterCore::new(
+            unit.clone(),
+            epoch,
+            self.writer.commit_interval,
+            self.at(start),
+            totals.then_some(session),
+        );
+        Writer::new(unit, epoch, session, core, start)
+    }
+
+    /// Reads the downstream tail as `who` with the writer's real `TailScan`: what it found
+    /// and the partition's next offset.
+    fn scan_tail(
+        &self,
+        id: NodeId,
+        who: Credential,
+        unit: &WorkUnit,
+        confirmed: Option<u64>,
+    ) -> Result<(Tail, u64), Refusal> {
+        let ti = self.target_of(unit);
+        if self.cut(id, ti) {
+            return Err(Refusal::Down);
+        }
+        let target = &self.targets[ti];
+        let next = target.next_offset(who, unit)?;
+        let (mut scan, mut page) = TailScan::start(self.writer.tail_scan_window, confirmed);
+        loop {
+            let (from, count) = match page {
+                Page::Last { count } => (None, count),
+                Page::From { offset, count } => (Some(offset), count),
+            };
+            let seen: Vec<Seen> = target
+                .read(who, unit, from, count)?
+                .into_iter()
+                .map(|(offset, up)| Seen {
+                    offset,
+                    upstream: Some(up),
+                })
+                .collect();
+            match scan.feed(&seen) {
+                Ok(tail) => return Ok((tail, next)),
+                Err(p) => page = p,
+            }
+        }
+    }
+
     fn writer_step(&mut self, id: NodeId, unit: &WorkUnit) -> Result<(), Violation> {
         let now = self.now;
         let now_i = self.at(now);
@@ -1749,27 +1739,24 @@ impl World {
                     Ok((tail, next_down)) => {
                         let last = upstream.saturating_sub(1);
                         let plan = resume(progress, CREATED_AT, tail, upstream, last);
-                        w.tracker.resumed(plan.written, plan.confirmed);
-                        let copied_before = plan.written.is_some() || confirmed.is_some();
-                        w.map = Some(OffsetMap::new(plan.label, next_down, copied_before));
-                        w.label = plan.label;
-                        w.read_at = plan.from;
-                        // As the writer does: the tail found is the last copy known downstream.
-                        w.last_copied = tail.hit().map(|(_, up)| up);
+                        w.core.resumed(&plan, tail, progress, next_down);
+                        w.read_at = plan.from();
                         w.credential = Some(who);
                         w.connection = self.restarts[ti];
                         w.phase = Phase::Copying;
                         self.note(format!(
                             "{unit}: member {id} resumes at {} as {who:?} (epoch {}, session {})",
-                            plan.from, w.epoch.0, w.session
+                            plan.from(),
+                            w.epoch.0,
+                            w.session
                         ));
-                        if plan.loss {
+                        if plan.loss() {
                             self.stats.downstream_losses += 1;
                             self.note(format!("{unit}: writer of {id} repairs a downstream loss"));
                         }
                     }
                     Err(_) => {
-                        w.tracker.error();
+                        w.core.failed();
                         w.retry_at = now + RETRY;
                     }
                 }
@@ -1786,8 +1773,8 @@ impl World {
                     };
                     return Ok(true);
                 }
-                if let Some((offset, counters)) = w.tracker.start_final(now_i) {
-                    self.start_commit(id, w, offset, counters, level);
+                if let Some(commit) = w.core.final_commit(now_i) {
+                    self.start_commit(id, w, commit, level);
                     return Ok(true);
                 }
                 if credential.is_none() && !self.handover_at_once {
@@ -1804,8 +1791,8 @@ impl World {
             }
             Phase::Copying => {
                 if !w.commit_in_flight {
-                    if let Some((offset, counters)) = w.tracker.start_if_due(now_i) {
-                        self.start_commit(id, w, offset, counters, level);
+                    if let Some(commit) = w.core.commit_if_due(now_i) {
+                        self.start_commit(id, w, commit, level);
                     }
                 }
                 if w.in_flight.is_some() {
@@ -1815,43 +1802,35 @@ impl World {
                 if !self.logged_in(id, ti, who) {
                     return Ok(true);
                 }
-                if w.resync || w.connection != self.restarts[ti] {
-                    // The previous send may have landed (or the target restarted under the
-                    // connection): re-read the tail before sending again.
-                    match self.scan_tail(id, who, &unit, w.tracker.written()) {
+                if w.connection != self.restarts[ti] {
+                    // The target restarted under the connection: the node's next send on it
+                    // fails, and the send before may or may not have landed.
+                    w.core.send_unsure();
+                    w.connection = self.restarts[ti];
+                }
+                if let Some(reference) = w.core.rescan() {
+                    match self.scan_tail(id, who, &unit, reference) {
                         Ok((tail, next_down)) => {
-                            let hit = tail.hit();
-                            if let Some((_, up)) = hit {
-                                w.tracker.covered(Some(up));
+                            if !w.core.rescanned(tail, next_down) {
+                                // The target lost what it acknowledged: the pair ends and the
+                                // next one's resume copies it again.
+                                self.stats.downstream_losses += 1;
+                                self.note(format!(
+                                    "{unit}: writer of {id} found its copies lost; pair restarts"
+                                ));
+                                *w = self.writer_for(unit, w.epoch, level >= 2, now + RETRY);
+                                return Ok(true);
                             }
-                            if let Some(copied) = w.last_copied {
-                                if hit.is_some_and(|(_, up)| up < copied)
-                                    || (hit.is_none() && tail.empty())
-                                {
-                                    // The target lost what it acknowledged: the pair ends and
-                                    // the next one's resume copies it again.
-                                    self.stats.downstream_losses += 1;
-                                    self.note(format!("{unit}: writer of {id} found its copies lost; pair restarts"));
-                                    *w = self.writer_for(unit, w.epoch, level >= 2, now + RETRY);
-                                    return Ok(true);
-                                }
-                            }
-                            if let Some(map) = &mut w.map {
-                                map.resynced(hit, next_down);
-                            }
-                            w.landed.forget();
-                            w.resync = false;
-                            w.connection = self.restarts[ti];
                         }
                         Err(_) => {
-                            w.tracker.error();
+                            w.core.failed();
                             w.retry_at = now + RETRY;
                             return Ok(true);
                         }
                     }
                 }
                 self.check_translation(w)?;
-                let lo = w.read_at.max(w.tracker.written().map_or(0, |x| x + 1));
+                let lo = w.read_at.max(w.core.written().map_or(0, |x| x + 1));
                 let hi = upstream.min(lo + BATCH);
                 if lo >= hi {
                     return Ok(true);
@@ -1888,22 +1867,8 @@ impl World {
         }
     }
 
-    fn start_commit(
-        &mut self,
-        id: NodeId,
-        w: &mut Writer,
-        offset: u64,
-        counters: CommitCounters,
-        level: u32,
-    ) {
+    fn start_commit(&mut self, id: NodeId, w: &mut Writer, commit: ProgressCommit, level: u32) {
         w.commit_in_flight = true;
-        let commit = ProgressCommit {
-            unit: w.unit.clone(),
-            epoch: w.epoch,
-            offset,
-            history_label: w.label,
-            counters,
-        };
         self.propose(
             id,
             Command::commit(id, vec![commit], level),
@@ -1919,19 +1884,18 @@ impl World {
     /// copied message, never a later one; checked as the group sync uses the map (only while
     /// its newest entry is what the target holds there).
     fn check_translation(&mut self, w: &Writer) -> Result<(), Violation> {
-        let Some(map) = &w.map else { return Ok(()) };
         if w.read_at == 0 {
             return Ok(());
         }
         let copies = self.targets[self.target_of(&w.unit)].copies(&w.unit);
-        let Some((nd, nu)) = map.newest() else {
+        let Some((nd, nu)) = w.core.newest_copy() else {
             return Ok(());
         };
         if copies.get(nd as usize).map(|c| c.upstream) != Some(nu) {
             return Ok(());
         }
         let group = self.rng.gen_range(0..w.read_at);
-        if let Some((down, up)) = map.lookup(group) {
+        if let Some((down, up)) = w.core.lookup(group) {
             self.stats.translations += 1;
             let at = copies.get(down as usize).map(|c| c.upstream);
             if up > group || at != Some(up) {
@@ -1942,6 +1906,60 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    fn send_answer(
+        &mut self,
+        to: NodeId,
+        unit: &WorkUnit,
+        session: u64,
+        landed: Option<Option<u64>>,
+        timed_out: bool,
+    ) {
+        let now = self.now;
+        let ti = self.target_of(unit);
+        let m = self.members.get_mut(&to).expect("member");
+        let Some(w) = m.writers.get_mut(unit).filter(|w| w.session == session) else {
+            return;
+        };
+        if let (true, Some(Credential::Writer((_, incarnation)))) = (timed_out, w.credential) {
+            // A call that timed out drops its connection: the next one logs in again.
+            let used = m
+                .connections
+                .get(&ti)
+                .is_some_and(|c| c.incarnation == incarnation && c.restarts == w.connection);
+            if used {
+                m.connections.remove(&ti);
+            }
+        }
+        let batch = w.in_flight.take();
+        let acknowledged = match (landed, &batch) {
+            (Some(base), Some(batch)) => {
+                // A send that landed elsewhere than after the previous one is handled as one
+                // whose outcome is unknown (`Error::UnexpectedAppend`).
+                let fits = w.core.acknowledged(unit.partition, base, batch);
+                if !fits {
+                    self.stats.landed_mismatches += 1;
+                }
+                fits
+            }
+            _ => {
+                // The batch may have been appended: re-read the tail before the next send.
+                w.core.send_unsure();
+                false
+            }
+        };
+        match batch {
+            Some(batch) if acknowledged => {
+                let last = *batch.last().expect("a send is never empty");
+                w.core.handled(batch.len() as u64, last);
+                w.read_at = last + 1;
+            }
+            _ => {
+                w.core.failed();
+                w.retry_at = now + RETRY;
+            }
+        }
     }
 
     // ---- events ----------------------------------------------------------------------------
@@ -2269,66 +2287,6 @@ impl World {
         );
     }
 
-    fn send_answer(
-        &mut self,
-        to: NodeId,
-        unit: &WorkUnit,
-        session: u64,
-        landed: Option<Option<u64>>,
-        timed_out: bool,
-    ) {
-        let now = self.now;
-        let ti = self.target_of(unit);
-        let m = self.members.get_mut(&to).expect("member");
-        let Some(w) = m.writers.get_mut(unit).filter(|w| w.session == session) else {
-            return;
-        };
-        if let (true, Some(Credential::Writer((_, incarnation)))) = (timed_out, w.credential) {
-            // A call that timed out drops its connection: the next one logs in again.
-            let used = m
-                .connections
-                .get(&ti)
-                .is_some_and(|c| c.incarnation == incarnation && c.restarts == w.connection);
-            if used {
-                m.connections.remove(&ti);
-            }
-        }
-        let batch = w.in_flight.take();
-        // A send that landed elsewhere than after the previous one is handled as one whose
-        // outcome is unknown (`Error::UnexpectedAppend`).
-        let fits = match (&landed, &batch) {
-            (Some(base), Some(batch)) => {
-                let fits = w.landed.confirm(unit.partition, *base, batch.len() as u32);
-                if !fits {
-                    self.stats.landed_mismatches += 1;
-                }
-                fits
-            }
-            _ => false,
-        };
-        match (fits, batch) {
-            (true, Some(batch)) => {
-                let last = *batch.last().expect("a send is never empty");
-                if let Some(map) = &mut w.map {
-                    map.sent(batch.iter().copied());
-                }
-                w.last_copied = Some(last);
-                w.tracker.sent(batch.len() as u64);
-                w.tracker.covered(Some(last));
-                w.read_at = last + 1;
-            }
-            _ => {
-                // The batch may have been appended: re-read the tail before the next send.
-                w.resync = true;
-                if let Some(map) = &mut w.map {
-                    map.unsure();
-                }
-                w.tracker.error();
-                w.retry_at = now + RETRY;
-            }
-        }
-    }
-
     /// Runs a leader's fence operation on the targets it names (for a forget, every target
     /// its config fences); `false` if one is down or cut off from the leader.
     fn run_fence_op(&mut self, leader: NodeId, op: &TargetOp) -> bool {
@@ -2413,7 +2371,7 @@ impl World {
                     Some(_) => Some(Vec::new()),
                     None => None,
                 };
-                if w.tracker.settle(now_i, outcomes.as_deref()) {
+                if w.core.settle(now_i, outcomes.as_deref()) {
                     // Fenced: the writer stops at once.
                     m.writers.remove(&unit);
                 }

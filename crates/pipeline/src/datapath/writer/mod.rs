@@ -3,9 +3,11 @@
 //! offsets to the control plane.
 //!
 //! The task is IO around pure cores: [`resume`] decides the resume point and how far back to
-//! scan the downstream tail, [`prepare`](mod@prepare) turns a batch into the downstream
-//! messages, [`send`] decides whether it may go out (lease and epoch, checked before every send
-//! and again once the connection is ours), and [`commit`] keeps the commit bookkeeping.
+//! scan the downstream tail, [`core`](mod@core) holds the writer's state between IO calls and
+//! decides on their answers (the deterministic simulator drives the same core),
+//! [`prepare`](mod@prepare) turns a batch into the downstream messages, [`send`] decides whether
+//! it may go out (lease and epoch, checked before every send and again once the connection is
+//! ours), and [`commit`] keeps the commit bookkeeping.
 //!
 //! How a writer ends:
 //! - the reader ended (the coordinator stopped the pair, or the reader failed) and closed the
@@ -20,6 +22,7 @@
 //! A send in progress is never abandoned half-way (only `crash` aborts the task).
 
 pub(crate) mod commit;
+pub(crate) mod core;
 pub(crate) mod landed;
 mod prepare;
 pub(crate) mod resume;
@@ -38,8 +41,8 @@ use replicator_sdk::Message;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use self::commit::{CommitRequest, CommitTracker, Settled};
-use self::landed::LandedCheck;
+use self::commit::{CommitTracker, Settled};
+use self::core::{Handled, Lost, WriterCore};
 pub(crate) use self::prepare::{prepare, PrepareParams};
 pub(crate) use self::resume::{reference as confirmed_position, TailStep};
 use self::resume::{PartitionExtent, ResumeFacts, ResumePlan, TailCheck, TailHit};
@@ -48,10 +51,8 @@ use self::send::SendVeto;
 use crate::backoff::Backoff;
 use crate::clients::Cluster;
 use crate::control::{ControlError, ControlPlane};
-use crate::datapath::offset_maps::{lock_map, SharedOffsetMap};
 use crate::datapath::offsets::ReadFrom;
 use crate::datapath::target::Copies;
-use crate::datapath::translate::{Copied, OffsetMap};
 use crate::datapath::unit::{named, Batch, UnitShared};
 pub use crate::error::LandedMismatch;
 use crate::error::{Error, Result};
@@ -81,24 +82,19 @@ pub(crate) async fn run<C: ControlPlane>(args: WriterArgs<C>) -> Result<&'static
         start,
         stop,
     } = args;
+    let commits = CommitTracker::new(
+        shared.tuning.commit_interval,
+        Instant::now(),
+        shared.control.counts_totals().then(rand::random),
+    );
     let mut writer = Writer {
         backoff: Backoff::new(shared.tuning.backoff, shared.seed ^ 0x5eed),
-        commits: CommitTracker::new(
-            shared.tuning.commit_interval,
-            Instant::now(),
-            shared.control.counts_totals().then(rand::random),
-        ),
+        core: WriterCore::new(shared.unit.clone(), shared.epoch, commits),
         shared,
         rx,
         stop,
-        history_label: 0,
-        recopy_until: None,
         commit_call: None,
         held: None,
-        resync: false,
-        landed: LandedCheck::default(),
-        offset_map: None,
-        last_copied: None,
     };
     let ended = writer.run(start).await;
     if let Ok(reason) = &ended {
@@ -116,32 +112,14 @@ struct Writer<C> {
     shared: Arc<UnitShared<C>>,
     rx: mpsc::Receiver<Box<Batch>>,
     stop: CancellationToken,
-    /// Label of the upstream history being copied ([`History::label`]: the topic's creation
-    /// time (µs), plus the partition's resets).
-    history_label: u64,
-    /// Messages up to this offset were confirmed before and lost downstream: sending them again
-    /// counts as a re-copy.
-    recopy_until: Option<Offset>,
-    commits: CommitTracker,
-    /// The call of the commit `commits` has in flight.
+    /// What the writer knows and decides between IO calls.
+    core: WriterCore,
+    /// The call of the commit the core has in flight.
     commit_call: Option<CommitCall>,
     /// A batch taken from the channel but not yet sent (kept across retries).
     held: Option<Batch>,
-    /// A send failed in a way that may have appended it: re-read the tail before sending again.
-    resync: bool,
-    /// Whether the target's send confirmations (Iggy 0.9) follow this writer's own sends.
-    landed: LandedCheck,
     /// Backoff of transient failures (resume and send).
     backoff: Backoff,
-    /// Where this writer records what it sent, when its flow syncs consumer groups.
-    offset_map: Option<SharedOffsetMap>,
-    /// The upstream offset of the last message of ours known to be downstream: the tail the
-    /// resume found, then the last one this writer's sends were acknowledged for (skipped
-    /// messages excluded). A tail re-read that finds less means the target lost messages it
-    /// had acknowledged, also when this writer had not sent anything yet (found by the
-    /// simulator, seed 194: a target restarted between the resume and the first send, without
-    /// the copies the resume had found, and the writer went on after them, leaving a hole).
-    last_copied: Option<Offset>,
 }
 
 /// What the writer waits for.
@@ -245,7 +223,10 @@ impl<C: ControlPlane> Writer<C> {
     /// learns of the stop when the reader closes the channel, after the batches queued before.
     async fn wait(&mut self, wait: Wait) -> Woken {
         loop {
-            let due = self.commits.due_at().map(tokio::time::Instant::from_std);
+            let due = self
+                .core
+                .commit_due_at()
+                .map(tokio::time::Instant::from_std);
             let (batches, until) = match wait {
                 Wait::Batch => (true, None),
                 Wait::Until(until) => (false, Some(until)),
@@ -368,23 +349,12 @@ impl<C: ControlPlane> Writer<C> {
                 "unit starts where an operator reset it (flow reset)"
             );
         }
-        self.recopy_until = plan.loss.map(|loss| loss.to);
-        self.history_label = plan.history.label();
-        self.last_copied = match tail {
-            Some(TailOutcome::Hit(hit)) if hit.position.resets == plan.history.resets => {
-                Some(hit.position.offset)
-            }
-            _ => None,
-        };
-        if crate::datapath::offset_maps::enabled(&shared.flow) {
-            let copied_before =
-                plan.written.is_some() || progress.is_some_and(|p| p.confirmed.is_some());
-            self.offset_map = Some(shared.offset_maps.resumed(
-                unit,
-                OffsetMap::new(self.history_label, down_next, copied_before),
-            ));
-        }
-        self.commits.resumed(plan.written, plan.confirmed);
+        let offset_map = crate::datapath::offset_maps::enabled(&shared.flow).then(|| {
+            shared
+                .offset_maps
+                .resumed(unit, self::core::offset_map(&plan, progress, down_next))
+        });
+        self.core.resumed(&plan, tail, offset_map);
         // Lag counts from where the copy resumes: after what is downstream, or from a start
         // chosen without it (initial offset, operator reset, repair of a loss).
         shared
@@ -404,43 +374,16 @@ impl<C: ControlPlane> Writer<C> {
     /// Sends the held batch (after a tail re-read if the previous attempt may have landed).
     async fn send_held(&mut self) -> Result<Sent> {
         let shared = self.shared.clone();
-        if self.resync {
-            let copying = History::from_label(self.history_label);
-            let written = self.commits.written().map(|offset| Position {
-                resets: copying.resets,
-                offset,
-            });
+        if let Some(rescan) = self.core.rescan() {
             let (tail, next_down) =
-                scan_tail(&shared, copying.created_at, written, &self.stop).await?;
-            let last = match tail {
-                TailOutcome::Hit(hit) if hit.position.resets == copying.resets => {
-                    self.commits.covered(Some(hit.position.offset));
-                    Some(Copied {
-                        down: hit.downstream,
-                        up: hit.position.offset,
-                    })
-                }
-                _ => None,
-            };
-            let emptied = matches!(tail, TailOutcome::Absent(ScanEnd::Empty));
-            if let Some(copied) = self.last_copied {
-                if last.is_some_and(|l| l.up < copied) || (last.is_none() && emptied) {
-                    // The target acknowledged messages it no longer holds (it restarted
-                    // without persisting them): this pair's reader is past them, so the pair
-                    // ends and the next one's resume copies them again.
-                    return Err(Error::DownstreamLost {
-                        unit: shared.unit.clone(),
-                        last_copied: copied,
-                        tail: last.map(|l| l.up),
-                    });
-                }
-            }
-            // The consumer-group sync places this writer's sends from here on.
-            if let Some(map) = &self.offset_map {
-                lock_map(map).resynced(last, next_down);
-            }
-            self.resync = false;
-            self.landed.forget();
+                scan_tail(&shared, rescan.created_at, rescan.reference, &self.stop).await?;
+            self.core
+                .rescanned(tail, next_down)
+                .map_err(|Lost { last_copied, tail }| Error::DownstreamLost {
+                    unit: shared.unit.clone(),
+                    last_copied,
+                    tail,
+                })?;
         }
         let Some(batch) = self.held.as_mut() else {
             return Ok(Sent::Done);
@@ -448,7 +391,7 @@ impl<C: ControlPlane> Writer<C> {
         let prepared = prepare(
             batch,
             &PrepareParams {
-                last_written: self.commits.written(),
+                last_written: self.core.written(),
                 source: &shared.flow.source,
                 target: &shared.flow.target,
                 provenance: shared.flow.provenance,
@@ -459,7 +402,7 @@ impl<C: ControlPlane> Writer<C> {
                 } else {
                     provenance::Format::Entries
                 },
-                history_label: self.history_label,
+                history_label: self.core.history_label(),
             },
         )
         .map_err(|offset| Error::Message {
@@ -468,9 +411,10 @@ impl<C: ControlPlane> Writer<C> {
             reason: "its user headers with provenance exceed what Iggy accepts",
         })?;
         let (gap, last_offset) = (batch.gap, batch.last_offset);
-        let recopied = self.recopy_until.map_or(0, |until| {
+        let recopied = self.core.recopy_until().map_or(0, |until| {
             batch.messages.partition_point(|m| m.offset <= until) as u64
         });
+        let mut sent = None;
         if !batch.messages.is_empty() {
             let (stream, topic) = shared.downstream_ids()?;
             let count = batch.messages.len() as u64;
@@ -485,40 +429,28 @@ impl<C: ControlPlane> Writer<C> {
                 messages: &mut batch.messages,
                 bytes: prepared.bytes,
             };
-            let sent = shared
+            let answer = shared
                 .door
                 .send_copies(&shared.target, copies, &shared.meters, &self.stop)
                 .await;
             shared.target.open_far_slots();
-            let sent = match sent {
+            match answer {
+                // The SDK leaves the messages' upstream offsets as they were.
                 Ok(Ok(confirmed)) => self
-                    .landed
-                    .confirm(shared.unit.partition, &confirmed)
-                    .map(Ok)
+                    .core
+                    .acknowledged(
+                        shared.unit.partition,
+                        &confirmed,
+                        batch.messages.iter().map(|m| m.offset),
+                    )
                     .map_err(|mismatch| Error::UnexpectedAppend {
                         unit: shared.unit.clone(),
                         mismatch,
-                    }),
-                Ok(Err(veto)) => Ok(Err(veto)),
-                Err(err) => Err(err),
-            };
-            match sent {
-                Ok(Ok(())) => {
-                    // What the consumer-group sync translates with (the SDK leaves the
-                    // messages' upstream offsets as they were).
-                    if let Some(map) = &self.offset_map {
-                        lock_map(map).sent(batch.messages.iter().map(|m| m.offset));
-                    }
-                    self.last_copied = batch.messages.last().map(|m| m.offset);
-                }
+                    })?,
                 Ok(Err(veto)) => return Ok(Sent::Vetoed(veto)),
                 Err(err) => {
-                    // The batch may have been appended even though the call failed (or it
-                    // landed where something else had appended before it).
-                    self.resync = true;
-                    if let Some(map) = &self.offset_map {
-                        lock_map(map).unsure();
-                    }
+                    // The batch may have been appended even though the call failed.
+                    self.core.send_unsure();
                     return Err(match err {
                         Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
                             Error::DownstreamMissing {
@@ -539,7 +471,7 @@ impl<C: ControlPlane> Writer<C> {
             if recopied > 0 {
                 shared.meters.recopied(recopied);
             }
-            self.commits.sent(count, prepared.bytes);
+            sent = Some((count, prepared.bytes));
             tracing::debug!(offset = last_offset, count, "sent");
         }
         if let Some(done) = self.held.take() {
@@ -547,13 +479,11 @@ impl<C: ControlPlane> Writer<C> {
                 shared.meters.skipped(done.skipped);
             }
         }
-        if gap.is_some() {
-            self.commits.gap();
-        }
-        self.commits.covered(Some(last_offset));
-        if self.recopy_until.is_some_and(|until| last_offset >= until) {
-            self.recopy_until = None;
-        }
+        self.core.handled(Handled {
+            sent,
+            last_offset,
+            gap: gap.is_some(),
+        });
         shared.meters.handled_through(last_offset);
         Ok(Sent::Done)
     }
@@ -564,7 +494,7 @@ impl<C: ControlPlane> Writer<C> {
         if !err.is_transient() {
             return Err(err);
         }
-        self.commits.error();
+        self.core.failed();
         self.shared.meters.error(err.kind());
         match self
             .backoff
@@ -580,19 +510,12 @@ impl<C: ControlPlane> Writer<C> {
 
     /// Starts a commit if the tracker says one is due.
     fn start_commit(&mut self) {
-        if let Some(request) = self.commits.start_if_due(Instant::now()) {
-            self.call_commit(request);
+        if let Some(commit) = self.core.commit_if_due(Instant::now()) {
+            self.call_commit(commit);
         }
     }
 
-    fn call_commit(&mut self, request: CommitRequest) {
-        let commit = ProgressCommit {
-            unit: self.shared.unit.clone(),
-            epoch: self.shared.epoch,
-            offset: request.offset,
-            history_label: self.history_label,
-            counters: request.counters,
-        };
+    fn call_commit(&mut self, commit: ProgressCommit) {
         let control = self.shared.control.clone();
         self.commit_call = Some(Box::pin(async move { control.commit(vec![commit]).await }));
     }
@@ -605,7 +528,7 @@ impl<C: ControlPlane> Writer<C> {
         if let Err(err) = &answer {
             tracing::warn!(error = %err, "commit failed, will retry");
         }
-        match self.commits.settle(Instant::now(), answer.as_deref()) {
+        match self.core.settle(Instant::now(), answer.as_deref()) {
             Settled::Continue => None,
             Settled::Fenced { current } => {
                 tracing::warn!(current = ?current, "commit fenced");
@@ -622,8 +545,8 @@ impl<C: ControlPlane> Writer<C> {
                 return Ok(fenced);
             }
         }
-        if let Some(request) = self.commits.start_final(Instant::now()) {
-            self.call_commit(request);
+        if let Some(commit) = self.core.final_commit(Instant::now()) {
+            self.call_commit(commit);
             if let Some(call) = self.commit_call.take() {
                 if let Some(fenced) = self.settle(call.await) {
                     return Ok(fenced);
