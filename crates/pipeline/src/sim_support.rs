@@ -14,6 +14,7 @@ use replicator_model::{
     WriterLogin,
 };
 
+use crate::backoff::Backoff;
 use crate::datapath::offset_maps::lock_map;
 use crate::datapath::translate::Lookup;
 use crate::datapath::writer::commit::{CommitTracker as Tracker, Settled};
@@ -35,6 +36,10 @@ pub struct WriterDefaults {
     pub commit_interval: Duration,
     /// How far back a writer without a confirmed offset scans the downstream tail.
     pub tail_scan_window: u32,
+    /// The writer's backoff between retries of a failure.
+    pub backoff: crate::BackoffParams,
+    /// How long a streak of failures may last before the writer gives up.
+    pub retry_budget: Duration,
 }
 
 impl Default for WriterDefaults {
@@ -44,6 +49,8 @@ impl Default for WriterDefaults {
             send_lease_margin: p.send_lease_margin,
             commit_interval: p.commit_interval,
             tail_scan_window: p.tail_scan_window,
+            backoff: p.backoff,
+            retry_budget: p.retry_budget,
         }
     }
 }
@@ -230,19 +237,22 @@ pub fn resume(
 pub struct WriterCore(Core);
 
 impl WriterCore {
-    /// The writer of `unit` under `epoch`, created at `now`; `session` when it commits totals
-    /// (feature level 2).
+    /// The writer of `unit` under `epoch` with the writer `defaults`, created at `now`;
+    /// `session` when it commits totals (feature level 2); `seed` of its backoff's jitter.
     pub fn new(
         unit: WorkUnit,
         epoch: Epoch,
-        commit_interval: Duration,
+        defaults: &WriterDefaults,
         now: Instant,
         session: Option<u64>,
+        seed: u64,
     ) -> Self {
         Self(Core::new(
             unit,
             epoch,
-            Tracker::new(commit_interval, now, session),
+            Tracker::new(defaults.commit_interval, now, session),
+            Backoff::new(defaults.backoff, seed),
+            defaults.retry_budget,
         ))
     }
 
@@ -318,9 +328,23 @@ impl WriterCore {
         });
     }
 
-    /// A failure the writer retries.
-    pub fn failed(&mut self) {
-        self.0.failed();
+    /// A failure at `now`: how long to wait before trying again, or `None` when the writer
+    /// gives up (its pair ends).
+    pub fn failed(&mut self, now: Instant) -> Option<Duration> {
+        self.0.failed(now)
+    }
+
+    /// A resume or a send succeeded: the next failure starts a new streak.
+    pub fn succeeded(&mut self) {
+        self.0.succeeded();
+    }
+
+    /// How long to hold the batch after `veto` before looking again; `None`: the writer ends.
+    pub fn vetoed(&self, veto: Veto) -> Option<Duration> {
+        self.0.vetoed(match veto {
+            Veto::EpochNotCurrent => SendVeto::EpochNotCurrent,
+            Veto::LeaseExpiring => SendVeto::LeaseExpiring,
+        })
     }
 
     /// The commit to start at `now`, if due.

@@ -5,9 +5,10 @@
 //!
 //! Each seed draws a fault [`Schedule`] and a world (`world`): three members running the
 //! control plane's real state machine, leader rounds and fence decisions, the identity a
-//! process may write as and what it does with a refused login, writers deciding with the
-//! pipeline's real resume plan, tail scan, send check, commit tracker and group offset map,
-//! and simulated Iggy targets that check a user's rights at login and on every request (and
+//! process may write as and what it does with a refused login, writers that are the node's
+//! own writer core (`WriterCore`: resume set-up, tail re-reads, send answers, commits, the
+//! group offset map, backoff and retry budget) with its real resume plan, tail scan and send
+//! check, and simulated Iggy targets that check a user's rights at login and on every request (and
 //! never refuse the cluster's configured credential). Simulated time, one random stream, one
 //! event queue: a seed replays exactly. After every step the invariants are checked (see
 //! ARCHITECTURE.md, "The simulator"):

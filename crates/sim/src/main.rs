@@ -71,7 +71,7 @@ fn main() -> ExitCode {
     println!(
         "{} seeds, {faults} faults, {failed} failed, in {:.1?}; entries {}, elections {}, \
          fences {}, refused stale sends {}, unknown outcomes {}, downstream losses {}, \
-         landed mismatches {}, translations checked {}, slowest settle {} ms",
+         landed mismatches {}, writers given up {}, translations checked {}, slowest settle {} ms",
         seeds.len(),
         started.elapsed(),
         totals.entries,
@@ -81,6 +81,7 @@ fn main() -> ExitCode {
         totals.unknown_outcomes,
         totals.downstream_losses,
         totals.landed_mismatches,
+        totals.writers_given_up,
         totals.translations,
         totals.settled_after
     );

@@ -32,8 +32,8 @@ use replicator_control::sim_support::{
 use replicator_control::{ControlTiming, FenceTopology};
 use replicator_model::{Assignment, CommitOutcome, Epoch, NodeId, ProgressCommit, WorkUnit};
 use replicator_pipeline::sim_support::{
-    may_send, refusal_gives_up, resume, Page, Seen, Tail, TailScan, Veto, WriterCore,
-    WriterDefaults, MIN_ABANDON_INTERVAL,
+    may_send, refusal_gives_up, resume, Page, Seen, Tail, TailScan, WriterCore, WriterDefaults,
+    MIN_ABANDON_INTERVAL,
 };
 
 use crate::schedule::{FaultKind, Ms, Schedule, FAULTS_UNTIL, MEMBERS, TARGETS};
@@ -51,10 +51,10 @@ pub const SETTLE_WITHIN: Ms = 30_000;
 const CREATED_AT: u64 = 1_700_000_000_000_000;
 /// Messages per send.
 const BATCH: u64 = 50;
-/// A writer's pause after a failure.
+/// A writer's pause while it waits for an identity or a release, and before the next pair
+/// starts after one ended (the coordinator's restart backoff starts there). A failure's pause
+/// is the writer core's backoff.
 const RETRY: Ms = 100;
-/// A writer's recheck of a lease not valid long enough (`writer::LEASE_RECHECK`).
-const LEASE_RECHECK: Ms = 20;
 /// How long a member waits for an answer that was lost before it calls the write failed.
 const ANSWER_TIMEOUT: Ms = 500;
 /// How long a writer waits for a send's answer that was lost (a broken connection).
@@ -63,6 +63,11 @@ const SEND_TIMEOUT: Ms = 1_000;
 /// without a live owner is owned again within this long: generous against the timings (a
 /// fence takes `fence_after` and a few round trips, an election under a second).
 pub const OWNED_WITHIN: Ms = 10_000;
+
+/// A pause of the node's (`Duration`) in simulated milliseconds.
+fn ms(pause: Duration) -> Ms {
+    Ms::try_from(pause.as_millis()).unwrap_or(Ms::MAX)
+}
 
 /// A broken invariant, when, and what the run looked like just before.
 #[derive(Debug, Clone)]
@@ -92,6 +97,9 @@ pub struct Stats {
     pub downstream_losses: u64,
     /// Sends a 0.9 target confirmed elsewhere than after the writer's previous one.
     pub landed_mismatches: u64,
+    /// Writers that gave up after failing for longer than the retry budget (their pair
+    /// restarted).
+    pub writers_given_up: u64,
     /// Group offsets translated and checked.
     pub translations: u64,
     /// Simulated ms until everything was copied after the heal.
@@ -124,6 +132,7 @@ impl Stats {
         self.unknown_outcomes += other.unknown_outcomes;
         self.downstream_losses += other.downstream_losses;
         self.landed_mismatches += other.landed_mismatches;
+        self.writers_given_up += other.writers_given_up;
         self.translations += other.translations;
         self.settled_after = self.settled_after.max(other.settled_after);
         self.wiped_restarts += other.wiped_restarts;
@@ -284,6 +293,18 @@ struct Writer {
 }
 
 impl Writer {
+    /// A failure at `now` (`now_i`): the writer pauses for its core's backoff; `false` when it
+    /// gives up instead (the streak outlasted the retry budget).
+    fn failed(&mut self, now: Ms, now_i: Instant) -> bool {
+        match self.core.failed(now_i) {
+            Some(delay) => {
+                self.retry_at = now + ms(delay);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// A writer of a new grant, or the next writer of a grant whose pair ended.
     fn new(unit: WorkUnit, epoch: Epoch, session: u64, core: WriterCore, retry_at: Ms) -> Self {
         Self {
@@ -622,6 +643,14 @@ impl World {
     /// the regression test that shows the simulator finds it.
     pub fn handing_over_at_once(mut self) -> Self {
         self.handover_at_once = true;
+        self
+    }
+
+    /// Writers give up after failing for longer than `budget` (`retry_budget`; the default
+    /// is longer than any fault of a schedule, so that a writer never gives up): their pair
+    /// ends and the next one starts, as the node's coordinator does.
+    pub fn with_retry_budget(mut self, budget: Duration) -> Self {
+        self.writer.retry_budget = budget;
         self
     }
 
@@ -1598,11 +1627,11 @@ impl World {
             .filter(|w| w.session == send.session)
         {
             w.in_flight = None;
-            match veto {
-                Veto::EpochNotCurrent => {
+            match w.core.vetoed(veto) {
+                Some(recheck) => w.retry_at = now + ms(recheck),
+                None => {
                     m.writers.remove(&send.unit);
                 }
-                Veto::LeaseExpiring => w.retry_at = now + LEASE_RECHECK,
             }
         }
         false
@@ -1614,9 +1643,10 @@ impl World {
         let core = WriterCore::new(
             unit.clone(),
             epoch,
-            self.writer.commit_interval,
+            &self.writer,
             self.at(start),
             totals.then_some(session),
+            session ^ 0x5eed,
         );
         Writer::new(unit, epoch, session, core, start)
     }
@@ -1741,6 +1771,7 @@ impl World {
                         let plan = resume(progress, CREATED_AT, tail, upstream, last);
                         w.core.resumed(&plan, tail, progress, next_down);
                         w.read_at = plan.from();
+                        w.core.succeeded();
                         w.credential = Some(who);
                         w.connection = self.restarts[ti];
                         w.phase = Phase::Copying;
@@ -1756,8 +1787,9 @@ impl World {
                         }
                     }
                     Err(_) => {
-                        w.core.failed();
-                        w.retry_at = now + RETRY;
+                        if !w.failed(now, now_i) {
+                            self.give_up(id, w, level);
+                        }
                     }
                 }
                 Ok(true)
@@ -1823,8 +1855,9 @@ impl World {
                             }
                         }
                         Err(_) => {
-                            w.core.failed();
-                            w.retry_at = now + RETRY;
+                            if !w.failed(now, now_i) {
+                                self.give_up(id, w, level);
+                            }
                             return Ok(true);
                         }
                     }
@@ -1836,13 +1869,16 @@ impl World {
                     return Ok(true);
                 }
                 let lease_for_epoch = if holds { lease } else { None };
-                match may_send(now_i, lease_for_epoch, self.writer.send_lease_margin, holds) {
-                    Err(Veto::EpochNotCurrent) => return Ok(false),
-                    Err(Veto::LeaseExpiring) => {
-                        w.retry_at = now + LEASE_RECHECK;
-                        return Ok(true);
-                    }
-                    Ok(()) => {}
+                if let Err(veto) =
+                    may_send(now_i, lease_for_epoch, self.writer.send_lease_margin, holds)
+                {
+                    return Ok(match w.core.vetoed(veto) {
+                        Some(recheck) => {
+                            w.retry_at = now + ms(recheck);
+                            true
+                        }
+                        None => false,
+                    });
                 }
                 w.in_flight = Some((lo..hi).collect());
                 let send = Send {
@@ -1918,6 +1954,7 @@ impl World {
     ) {
         let now = self.now;
         let ti = self.target_of(unit);
+        let now_i = self.at(now);
         let m = self.members.get_mut(&to).expect("member");
         let Some(w) = m.writers.get_mut(unit).filter(|w| w.session == session) else {
             return;
@@ -1953,13 +1990,34 @@ impl World {
             Some(batch) if acknowledged => {
                 let last = *batch.last().expect("a send is never empty");
                 w.core.handled(batch.len() as u64, last);
+                w.core.succeeded();
                 w.read_at = last + 1;
             }
             _ => {
-                w.core.failed();
-                w.retry_at = now + RETRY;
+                if !w.failed(now, now_i) {
+                    let mut w = m.writers.remove(unit).expect("writer");
+                    let level = m.state.feature_level();
+                    self.give_up(to, &mut w, level);
+                    self.members
+                        .get_mut(&to)
+                        .expect("member")
+                        .writers
+                        .insert(unit.clone(), w);
+                }
             }
         }
+    }
+
+    /// A writer whose failures outlasted the retry budget gives up: its pair ends with the
+    /// error and the coordinator starts the next one (a new session) after a pause.
+    fn give_up(&mut self, id: NodeId, w: &mut Writer, level: u32) {
+        self.stats.writers_given_up += 1;
+        self.note(format!(
+            "{}: writer of {id} gives up after failing for longer than the retry budget",
+            w.unit
+        ));
+        let next = self.now + RETRY;
+        *w = self.writer_for(w.unit.clone(), w.epoch, level >= 2, next);
     }
 
     // ---- events ----------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 //! The simulation in CI: a few hundred seeds, and the regression seeds of the bugs it found
 //! (each also run with the behaviour before its fix, to show the simulator finds it).
 
+use std::time::Duration;
+
 use replicator_sim::{run, run_with, Fault, FaultKind, Schedule, World};
 
 /// Seeds per CI run (`SIM_SEEDS` overrides; `replicator-sim --seeds N` runs more by hand).
@@ -316,6 +318,44 @@ fn copies_a_target_lost_before_a_writers_first_send_are_copied_again() {
     };
     let stats = run_with(194, schedule).unwrap_or_else(|f| panic!("{f}"));
     assert!(stats.downstream_losses > 0, "{stats:?}");
+}
+
+/// A writer whose failures outlast the retry budget ends its pair, and the next pair resumes
+/// from what the target holds: with a budget of 1 s, targets down for seconds make writers
+/// give up mid-outage (some while their last send's outcome is unknown), and the copy stays
+/// exact.
+#[test]
+fn writers_that_give_up_mid_outage_leave_an_exact_copy() {
+    let mut given_up = 0;
+    for seed in 0..40 {
+        let schedule = Schedule {
+            faults: vec![
+                Fault {
+                    at: 4_000 + seed * 97,
+                    for_ms: 3_000,
+                    kind: FaultKind::TargetDown {
+                        target: (seed % 2) as usize,
+                        lose_tail: seed % 3 == 0,
+                    },
+                },
+                Fault {
+                    at: 9_000,
+                    for_ms: 2_000,
+                    kind: FaultKind::LoseTargetAnswers {
+                        target: ((seed + 1) % 2) as usize,
+                        percent: 60,
+                    },
+                },
+            ],
+        };
+        let mut world =
+            World::new(seed, schedule.clone()).with_retry_budget(Duration::from_secs(1));
+        if let Err(violation) = world.run() {
+            panic!("seed {seed}: {violation:?}\n{schedule}\n{}", world.trace());
+        }
+        given_up += world.stats.writers_given_up;
+    }
+    assert!(given_up > 0, "no writer gave up: the test shows nothing");
 }
 
 #[test]

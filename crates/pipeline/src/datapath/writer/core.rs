@@ -1,7 +1,8 @@
 //! The writer's state between two IO calls, and every decision it takes on their answers: what
 //! a resume sets up, when the downstream tail must be read again before a send, what a re-read
 //! tail means (including that the target lost what it acknowledged), what a send's answer and
-//! a handled batch change, and which commit to make.
+//! a handled batch change, which commit to make, how long to wait after a failure or a veto
+//! and when to give up.
 //!
 //! Pure: no clock, no socket, no task. The node's writer task (`writer::run`) drives it with
 //! tokio and the clusters; the deterministic simulator (`crates/sim`, through `sim_support`)
@@ -9,7 +10,7 @@
 //! decides is made here once, and simulated without touching the simulator; what stays in each
 //! driver is how it waits and does IO.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use replicator_model::{Epoch, Offset, ProgressCommit, UnitProgress, WorkUnit};
 use replicator_sdk::Confirmed;
@@ -17,11 +18,16 @@ use replicator_sdk::Confirmed;
 use super::commit::{CommitRequest, CommitTracker, Settled};
 use super::landed::LandedCheck;
 use super::resume::{Position, ResumePlan, ScanEnd, TailOutcome};
+use super::send::SendVeto;
+use crate::backoff::Backoff;
 use crate::control::ControlError;
 use crate::datapath::offset_maps::{lock_map, SharedOffsetMap};
 use crate::datapath::translate::{Copied, OffsetMap};
 use crate::error::LandedMismatch;
 use crate::provenance::History;
+
+/// How long a writer whose lease is not valid long enough waits before looking again.
+pub(crate) const LEASE_RECHECK: Duration = Duration::from_millis(20);
 
 /// One writer's copy of one unit under one epoch, between IO calls.
 #[derive(Debug)]
@@ -29,6 +35,10 @@ pub(crate) struct WriterCore {
     unit: WorkUnit,
     epoch: Epoch,
     commits: CommitTracker,
+    /// Backoff of transient failures (resume, tail re-read and send).
+    backoff: Backoff,
+    /// How long a streak of failures may last before the writer gives up (`retry_budget`).
+    retry_budget: Duration,
     /// Label of the upstream history being copied ([`History::label`]).
     history_label: u64,
     /// Messages up to this offset were confirmed before and lost downstream: sending them
@@ -81,12 +91,21 @@ pub(crate) struct Handled {
 }
 
 impl WriterCore {
-    /// The writer of `unit` under `epoch`, before its resume.
-    pub(crate) fn new(unit: WorkUnit, epoch: Epoch, commits: CommitTracker) -> Self {
+    /// The writer of `unit` under `epoch`, before its resume: it retries failures with
+    /// `backoff` for as long as a streak lasts at most `retry_budget`.
+    pub(crate) fn new(
+        unit: WorkUnit,
+        epoch: Epoch,
+        commits: CommitTracker,
+        backoff: Backoff,
+        retry_budget: Duration,
+    ) -> Self {
         Self {
             unit,
             epoch,
             commits,
+            backoff,
+            retry_budget,
             history_label: 0,
             recopy_until: None,
             resync: false,
@@ -238,9 +257,28 @@ impl WriterCore {
         }
     }
 
-    /// A failure the writer retries (counted with the next commit).
-    pub(crate) fn failed(&mut self) {
+    /// A transient failure at `now` (of the resume, a tail re-read or a send), counted with
+    /// the next commit: how long to wait before trying again, or `None` once the streak of
+    /// failures outlasted the retry budget, when the writer gives up (its pair ends with the
+    /// error, and the coordinator starts the next one after its own backoff).
+    pub(crate) fn failed(&mut self, now: Instant) -> Option<Duration> {
         self.commits.error();
+        self.backoff.on_failure(now, self.retry_budget)
+    }
+
+    /// An attempt succeeded (a resume, a send): the next failure starts a new streak.
+    pub(crate) fn succeeded(&mut self) {
+        self.backoff.reset();
+    }
+
+    /// What a send refused by `veto` leaves: how long to hold the batch before looking again
+    /// (the lease may be renewed meanwhile), or `None` when the writer ends (the unit is no
+    /// longer this node's under its epoch).
+    pub(crate) fn vetoed(&self, veto: SendVeto) -> Option<Duration> {
+        match veto {
+            SendVeto::EpochNotCurrent => None,
+            SendVeto::LeaseExpiring => Some(LEASE_RECHECK),
+        }
     }
 
     /// When the next commit held back by the commit interval is due.
@@ -294,7 +332,6 @@ pub(crate) fn offset_map(
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
-    use std::time::Duration;
 
     use replicator_model::{CommitOutcome, InitialOffset};
     use replicator_sdk::Place;
@@ -304,6 +341,7 @@ mod tests {
     use crate::datapath::writer::resume::{plan, PartitionExtent, ResumeFacts, TailCheck, TailHit};
 
     const CREATED: u64 = 1_700_000_000_000_000;
+    const BUDGET: Duration = Duration::from_secs(30);
 
     fn unit() -> WorkUnit {
         WorkUnit {
@@ -328,7 +366,8 @@ mod tests {
     fn resumed_after(up: Offset) -> (WriterCore, SharedOffsetMap, Instant) {
         let now = Instant::now();
         let commits = CommitTracker::new(Duration::from_millis(100), now, None);
-        let mut core = WriterCore::new(unit(), Epoch(3), commits);
+        let backoff = Backoff::new(crate::params::BackoffParams::default(), 7);
+        let mut core = WriterCore::new(unit(), Epoch(3), commits, backoff, BUDGET);
         let tail = hit(up, up);
         let plan = plan(&ResumeFacts {
             progress: None,
@@ -479,5 +518,36 @@ mod tests {
         assert_eq!(core.commit_if_due(now), None, "held back by the interval");
         let last = core.final_commit(now).expect("final");
         assert_eq!((first.offset, last.offset), (12, 13));
+    }
+
+    #[test]
+    fn failures_back_off_until_the_streak_outlasts_the_budget() {
+        let (mut core, _, now) = resumed_after(9);
+        let first = core.failed(now).expect("within the budget");
+        let later = core.failed(now + BUDGET).expect("the budget's last moment");
+        check_grows(first, later);
+        assert_eq!(core.failed(now + BUDGET + Duration::from_millis(1)), None);
+        core.succeeded();
+        assert!(
+            core.failed(now + BUDGET * 2).is_some(),
+            "a success starts a new streak"
+        );
+        let commit = core.final_commit(now).expect("final");
+        assert!(
+            matches!(commit.counters, replicator_model::CommitCounters::Since(c) if c.errors == 4),
+            "every failure is counted: {:?}",
+            commit.counters
+        );
+    }
+
+    fn check_grows(first: Duration, later: Duration) {
+        assert!(later >= first, "{later:?} after {first:?}");
+    }
+
+    #[test]
+    fn a_lease_veto_holds_the_batch_an_epoch_veto_ends_the_writer() {
+        let (core, _, _) = resumed_after(9);
+        assert_eq!(core.vetoed(SendVeto::LeaseExpiring), Some(LEASE_RECHECK));
+        assert_eq!(core.vetoed(SendVeto::EpochNotCurrent), None);
     }
 }

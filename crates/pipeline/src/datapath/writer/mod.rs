@@ -58,9 +58,6 @@ pub use crate::error::LandedMismatch;
 use crate::error::{Error, Result};
 use crate::provenance::{self, History};
 
-/// How long a writer whose lease is not valid long enough waits before looking again.
-const LEASE_RECHECK: Duration = Duration::from_millis(20);
-
 /// What the coordinator starts a writer with.
 pub(crate) struct WriterArgs<C> {
     /// The unit's shared context.
@@ -87,9 +84,15 @@ pub(crate) async fn run<C: ControlPlane>(args: WriterArgs<C>) -> Result<&'static
         Instant::now(),
         shared.control.counts_totals().then(rand::random),
     );
+    let core = WriterCore::new(
+        shared.unit.clone(),
+        shared.epoch,
+        commits,
+        Backoff::new(shared.tuning.backoff, shared.seed ^ 0x5eed),
+        shared.tuning.retry_budget,
+    );
     let mut writer = Writer {
-        backoff: Backoff::new(shared.tuning.backoff, shared.seed ^ 0x5eed),
-        core: WriterCore::new(shared.unit.clone(), shared.epoch, commits),
+        core,
         shared,
         rx,
         stop,
@@ -118,8 +121,6 @@ struct Writer<C> {
     commit_call: Option<CommitCall>,
     /// A batch taken from the channel but not yet sent (kept across retries).
     held: Option<Batch>,
-    /// Backoff of transient failures (resume and send).
-    backoff: Backoff,
 }
 
 /// What the writer waits for.
@@ -178,7 +179,7 @@ impl<C: ControlPlane> Writer<C> {
                 _ => {}
             }
         };
-        self.backoff.reset();
+        self.core.succeeded();
         // The reader may be gone already; the writer then drains an empty, closed channel.
         let _ = start.send(from);
         loop {
@@ -192,17 +193,17 @@ impl<C: ControlPlane> Writer<C> {
             }
             let delay = match Box::pin(self.send_held()).await {
                 Ok(Sent::Done) => {
-                    self.backoff.reset();
+                    self.core.succeeded();
                     self.start_commit();
                     continue;
                 }
-                Ok(Sent::Vetoed(SendVeto::EpochNotCurrent)) => {
-                    return Ok("epoch no longer current")
-                }
-                Ok(Sent::Vetoed(SendVeto::LeaseExpiring)) => {
-                    tracing::debug!("lease not valid long enough to send; holding the batch");
-                    LEASE_RECHECK
-                }
+                Ok(Sent::Vetoed(veto)) => match self.core.vetoed(veto) {
+                    Some(recheck) => {
+                        tracing::debug!("lease not valid long enough to send; holding the batch");
+                        recheck
+                    }
+                    None => return Ok("epoch no longer current"),
+                },
                 // A stop interrupted the tail re-read: no failure to count.
                 Err(_) if self.stop.is_cancelled() => {
                     return self.drain("stopped while holding a batch").await
@@ -494,12 +495,8 @@ impl<C: ControlPlane> Writer<C> {
         if !err.is_transient() {
             return Err(err);
         }
-        self.core.failed();
         self.shared.meters.error(err.kind());
-        match self
-            .backoff
-            .on_failure(Instant::now(), self.shared.tuning.retry_budget)
-        {
+        match self.core.failed(Instant::now()) {
             Some(delay) => {
                 tracing::warn!(error = %err, backoff = ?delay, "write path failed, retrying");
                 Ok(delay)
