@@ -5,8 +5,12 @@
 //! fault the cluster must recover (every partition owned and written again); at the end the
 //! producer stops, the copy catches up and `verify` must report an exact copy.
 //!
+//! The same schedule also runs across a WAN (`wan::start_across`: the servers and every Raft
+//! RPC behind 40 ms round trips), where every fault is slower to notice and to recover from.
+//!
 //! `CHAOS_SEED=<u64>` replays a schedule (the seed is printed); `CHAOS_FAULTS=100` runs a
-//! long schedule by hand (CI runs the default: 12 faults).
+//! long schedule by hand (CI runs the defaults: 12 faults on loopback, 7 across the WAN, one of
+//! each kind).
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -16,15 +20,21 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use replicator_harness::{
-    serial, wait_resumed, NodeId, ReplicatorCluster, Servers, Stalled, TestResult,
+    serial, wait_resumed, NodeId, PacedProducer, ReplicatorCluster, Servers, Stalled, TestResult,
 };
 
 use crate::fixture;
+use crate::wan::{self, Wan};
 
 /// Seed of the CI schedule.
 const DEFAULT_SEED: u64 = 0x5eed_0005;
 /// Faults of the CI schedule.
 const DEFAULT_FAULTS: usize = 12;
+/// Seed of the CI schedule across a WAN: its freeze (4.4 s) is mid-send and outlasts the
+/// failover, so the held send arrives after the partition moved and the fence must refuse it.
+const DEFAULT_WAN_SEED: u64 = 0x5eed_004a;
+/// Faults of the CI schedule across a WAN: each kind once.
+const DEFAULT_WAN_FAULTS: usize = 7;
 /// Nodes of the cluster.
 const NODES: u64 = 3;
 
@@ -217,96 +227,131 @@ fn seeded_fault_schedule_ends_with_an_exact_copy() -> TestResult {
     );
     serial(|| async move {
         let started = Instant::now();
-        let (mut servers, mut cluster, producer) = fixture::start(NODES).await?;
-
-        let mut failovers = Vec::new();
-        let mut first_excess: Option<(usize, String)> = None;
-        for (index, (pause, fault)) in schedule(seed, faults).into_iter().enumerate() {
-            tokio::time::sleep(pause).await;
-            let at = started.elapsed();
-            let before = servers.downstream_counts();
-            let mut failover = None;
-            match fault {
-                Fault::KillRestart(node) => {
-                    failover = kill_restart(&servers, &mut cluster, node).await?;
-                }
-                Fault::KillLeader => {
-                    let leader = cluster
-                        .leader_status()
-                        .await
-                        .and_then(|s| s.leader)
-                        .ok_or("no leader to kill")?;
-                    failover = kill_restart(&servers, &mut cluster, leader).await?;
-                }
-                Fault::Pause {
-                    node,
-                    frozen,
-                    mid_send,
-                } => freeze(&servers, &mut cluster, node, frozen, mid_send).await?,
-                Fault::RestartUpstream => servers.upstream.restart().await?,
-                Fault::RestartDownstream => servers.downstream.restart().await?,
-                Fault::DropUpstreamConnections => servers.upstream.faults().drop_connections(),
-                Fault::DropDownstreamConnections => servers.downstream.faults().drop_connections(),
-            }
-            let recovery = wait_recovered(&servers, &cluster, &before)
-                .await
-                .map_err(|e| {
-                    format!(
-                        "fault {} ({fault}) at {at:.1?}: no recovery: {e}; seed {seed}",
-                        index + 1
-                    )
-                })?;
-            let shares: Vec<usize> = match cluster.leader_status().await {
-                Some(status) => (1..=NODES)
-                    .map(|n| status.owned_by(&servers.topic, n).len())
-                    .collect(),
-                None => Vec::new(),
-            };
-            println!(
-                "fault {:>3} at {:>6.1} s: {fault:<32} failover {:>6}  recovered after {:.2} s, partitions per node {shares:?}",
-                index + 1,
-                at.as_secs_f64(),
-                failover.map_or("-".to_owned(), |d: Duration| format!("{:.2} s", d.as_secs_f64())),
-                recovery.as_secs_f64()
-            );
-            failovers.extend(failover);
-            // More messages downstream than upstream can only be duplicates: name the fault.
-            let (up, down) = (servers.upstream_counts(), servers.downstream_counts());
-            let over: Vec<(usize, u64)> = (0..up.len())
-                .filter(|p| down[*p] > up[*p])
-                .map(|p| (p, down[p] - up[p]))
-                .collect();
-            if !over.is_empty() && first_excess.is_none() {
-                println!(
-                    "  DUPLICATES after fault {} ({fault}): partition → extra messages {over:?}",
-                    index + 1
-                );
-                first_excess = Some((index + 1, fault.to_string()));
-            }
-        }
-
-        let report = producer.stop().await?;
-        let caught_up = servers.wait_caught_up(Duration::from_secs(90)).await;
-        let (p50, max) = p50_max(&failovers);
-        println!(
-            "chaos: {faults} faults in {:.1} s; failover p50 {:.2} s, max {:.2} s ({} node kills); {} messages produced ({} failed sends), copied {}; catch-up: {caught_up:?}",
-            started.elapsed().as_secs_f64(),
-            p50.as_secs_f64(),
-            max.as_secs_f64(),
-            failovers.len(),
-            report.produced,
-            report.failed_sends,
-            servers.downstream_counts().iter().sum::<u64>(),
-        );
-        // The table shows what differs even when the copy did not catch up.
-        let exact = cluster.verify(Duration::from_secs(10)).await?;
-        assert!(
-            exact && caught_up.is_ok() && first_excess.is_none(),
-            "not an exact copy (seed {seed}); first excess after fault {first_excess:?}"
-        );
-        cluster.passed();
-        drop(cluster);
-        servers.shutdown().await;
-        Ok(())
+        let (servers, cluster, producer) = fixture::start(NODES).await?;
+        run_schedule(seed, faults, started, servers, cluster, producer).await
     })
+}
+
+#[test]
+fn across_a_wan_a_seeded_fault_schedule_ends_with_an_exact_copy() -> TestResult {
+    let seed = env_or("CHAOS_SEED", DEFAULT_WAN_SEED);
+    let faults = env_or("CHAOS_FAULTS", DEFAULT_WAN_FAULTS);
+    let rtt = 2 * wan::one_way()?.as_millis();
+    println!(
+        "chaos across {rtt} ms round trips: seed {seed} ({faults} faults); replay with \
+         CHAOS_SEED={seed} CHAOS_FAULTS={faults} [HA_WAN_ONE_WAY_MS=<ms>]"
+    );
+    serial(|| async move {
+        let started = Instant::now();
+        let mut wan = Wan::default();
+        let outcome = match wan::start_across(&mut wan).await {
+            Ok((servers, cluster, producer)) => {
+                run_schedule(seed, faults, started, servers, cluster, producer).await
+            }
+            Err(e) => Err(e),
+        };
+        wan.stop().await;
+        outcome
+    })
+}
+
+/// Runs the schedule of `seed` (`faults` long) on a running cluster, then stops the producer
+/// and requires an exact copy.
+async fn run_schedule(
+    seed: u64,
+    faults: usize,
+    started: Instant,
+    mut servers: Servers,
+    mut cluster: ReplicatorCluster,
+    producer: PacedProducer,
+) -> TestResult {
+    let mut failovers = Vec::new();
+    let mut first_excess: Option<(usize, String)> = None;
+    for (index, (pause, fault)) in schedule(seed, faults).into_iter().enumerate() {
+        tokio::time::sleep(pause).await;
+        let at = started.elapsed();
+        let before = servers.downstream_counts();
+        let mut failover = None;
+        match fault {
+            Fault::KillRestart(node) => {
+                failover = kill_restart(&servers, &mut cluster, node).await?;
+            }
+            Fault::KillLeader => {
+                let leader = cluster
+                    .leader_status()
+                    .await
+                    .and_then(|s| s.leader)
+                    .ok_or("no leader to kill")?;
+                failover = kill_restart(&servers, &mut cluster, leader).await?;
+            }
+            Fault::Pause {
+                node,
+                frozen,
+                mid_send,
+            } => freeze(&servers, &mut cluster, node, frozen, mid_send).await?,
+            Fault::RestartUpstream => servers.upstream.restart().await?,
+            Fault::RestartDownstream => servers.downstream.restart().await?,
+            Fault::DropUpstreamConnections => servers.upstream.faults().drop_connections(),
+            Fault::DropDownstreamConnections => servers.downstream.faults().drop_connections(),
+        }
+        let recovery = wait_recovered(&servers, &cluster, &before)
+            .await
+            .map_err(|e| {
+                format!(
+                    "fault {} ({fault}) at {at:.1?}: no recovery: {e}; seed {seed}",
+                    index + 1
+                )
+            })?;
+        let shares: Vec<usize> = match cluster.leader_status().await {
+            Some(status) => (1..=NODES)
+                .map(|n| status.owned_by(&servers.topic, n).len())
+                .collect(),
+            None => Vec::new(),
+        };
+        println!(
+            "fault {:>3} at {:>6.1} s: {fault:<32} failover {:>6}  recovered after {:.2} s, partitions per node {shares:?}",
+            index + 1,
+            at.as_secs_f64(),
+            failover.map_or("-".to_owned(), |d: Duration| format!("{:.2} s", d.as_secs_f64())),
+            recovery.as_secs_f64()
+        );
+        failovers.extend(failover);
+        // More messages downstream than upstream can only be duplicates: name the fault.
+        let (up, down) = (servers.upstream_counts(), servers.downstream_counts());
+        let over: Vec<(usize, u64)> = (0..up.len())
+            .filter(|p| down[*p] > up[*p])
+            .map(|p| (p, down[p] - up[p]))
+            .collect();
+        if !over.is_empty() && first_excess.is_none() {
+            println!(
+                "  DUPLICATES after fault {} ({fault}): partition → extra messages {over:?}",
+                index + 1
+            );
+            first_excess = Some((index + 1, fault.to_string()));
+        }
+    }
+
+    let report = producer.stop().await?;
+    let caught_up = servers.wait_caught_up(Duration::from_secs(90)).await;
+    let (p50, max) = p50_max(&failovers);
+    println!(
+        "chaos: {faults} faults in {:.1} s; failover p50 {:.2} s, max {:.2} s ({} node kills); {} messages produced ({} failed sends), copied {}; catch-up: {caught_up:?}",
+        started.elapsed().as_secs_f64(),
+        p50.as_secs_f64(),
+        max.as_secs_f64(),
+        failovers.len(),
+        report.produced,
+        report.failed_sends,
+        servers.downstream_counts().iter().sum::<u64>(),
+    );
+    // The table shows what differs even when the copy did not catch up.
+    let exact = cluster.verify(Duration::from_secs(10)).await?;
+    assert!(
+        exact && caught_up.is_ok() && first_excess.is_none(),
+        "not an exact copy (seed {seed}); first excess after fault {first_excess:?}"
+    );
+    cluster.passed();
+    drop(cluster);
+    servers.shutdown().await;
+    Ok(())
 }

@@ -7,13 +7,14 @@
 //!
 //! `HA_WAN_ONE_WAY_MS` sets another one-way delay (e.g. 40 for 80 ms round trips), to measure
 //! failover at other distances (BENCHMARKS.md); the test then proves the same at that
-//! distance.
+//! distance. [`start_across`] sets the same deployment up for other scenarios (the chaos
+//! schedule across a WAN, `chaos.rs`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use replicator_harness::{serial, ReplicatorCluster, Servers, TestResult};
+use replicator_harness::{serial, PacedProducer, ReplicatorCluster, Servers, TestResult};
 use replicator_testkit::{WanLink, WanProxy};
 
 use crate::failover::kill_a_follower_then_the_leader;
@@ -24,7 +25,7 @@ use crate::fixture::{self, finish_with_exact_copy};
 const ONE_WAY: Duration = Duration::from_millis(20);
 
 /// The one-way delay of this run.
-fn one_way() -> TestResult<Duration> {
+pub(crate) fn one_way() -> TestResult<Duration> {
     match std::env::var("HA_WAN_ONE_WAY_MS") {
         Err(_) => Ok(ONE_WAY),
         Ok(text) => Ok(Duration::from_millis(text.parse().map_err(|_| {
@@ -35,7 +36,7 @@ fn one_way() -> TestResult<Duration> {
 
 /// The proxies of a scenario, stopped together at its end, whatever the outcome.
 #[derive(Default)]
-struct Wan {
+pub(crate) struct Wan {
     proxies: Vec<WanProxy>,
 }
 
@@ -49,7 +50,7 @@ impl Wan {
     }
 
     /// Closes every proxy and its connections.
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         for proxy in self.proxies {
             proxy.stop().await;
         }
@@ -63,8 +64,13 @@ fn url_via(server: &replicator_testkit::TestServer, via: SocketAddr) -> String {
         .replace(&server.addr().to_string(), &via.to_string())
 }
 
-/// The scenario; every proxy it starts is in `wan`, which the caller stops.
-async fn scenario(wan: &mut Wan) -> TestResult {
+/// In-process servers and three nodes as a cross-region deployment: the source, the target
+/// and every node's Raft listener behind a proxy of [`one_way`] each way (every proxy in
+/// `wan`, which the caller stops); the producer running next to the source server and the copy
+/// under way on every partition.
+pub(crate) async fn start_across(
+    wan: &mut Wan,
+) -> TestResult<(Servers, ReplicatorCluster, PacedProducer)> {
     let servers = Servers::start(fixture::topic()).await?;
     let source = url_via(&servers.upstream, wan.proxy(servers.upstream.addr()).await?);
     let target = url_via(
@@ -82,7 +88,7 @@ async fn scenario(wan: &mut Wan) -> TestResult {
     // The setting the README asks of a cluster across regions.
     spec.cluster_toml = format!("member_round_trip = \"{}ms\"", (2 * one_way()?).as_millis());
     let started = Instant::now();
-    let mut cluster = ReplicatorCluster::launch_dialing(spec, placements, &dial).await?;
+    let cluster = ReplicatorCluster::launch_dialing(spec, placements, &dial).await?;
     println!(
         "3 nodes own every partition {:.2} s after their start",
         started.elapsed().as_secs_f64()
@@ -97,6 +103,12 @@ async fn scenario(wan: &mut Wan) -> TestResult {
         open[0] > 0 && open[1] > 0,
         "the nodes copy without going through the server proxies: {open:?}"
     );
+    Ok((servers, cluster, producer))
+}
+
+/// The scenario; every proxy it starts is in `wan`, which the caller stops.
+async fn scenario(wan: &mut Wan) -> TestResult {
+    let (servers, mut cluster, producer) = start_across(wan).await?;
 
     let rtt = (2 * one_way()?).as_millis();
     let (follower_time, leader_time) = kill_a_follower_then_the_leader(
