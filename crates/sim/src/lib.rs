@@ -36,6 +36,24 @@ pub use metadata::{run_pair, run_pair_with, PairViolation};
 pub use schedule::{Fault, FaultKind, Ms, Schedule, FAULTS_FROM, FAULTS_UNTIL, MEMBERS, TARGETS};
 pub use world::{Stats, Violation, World, OWNED_WITHIN, SETTLE_WITHIN};
 
+/// How a world is set up besides its seed and schedule.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// The writers' retry budget (`World::with_retry_budget`); `None`: the node's default,
+    /// which outlasts every fault of a schedule.
+    pub retry_budget: Option<std::time::Duration>,
+}
+
+impl Settings {
+    fn world(&self, seed: u64, schedule: Schedule) -> World {
+        let world = World::new(seed, schedule);
+        match self.retry_budget {
+            Some(budget) => world.with_retry_budget(budget),
+            None => world,
+        }
+    }
+}
+
 /// A failed seed: what broke, the schedule that broke it, the run's recent history.
 #[derive(Debug, Clone)]
 pub struct Failure {
@@ -43,6 +61,8 @@ pub struct Failure {
     pub seed: u64,
     /// The schedule that was run.
     pub schedule: Schedule,
+    /// How the world was set up.
+    pub settings: Settings,
     /// The broken invariant.
     pub violation: Violation,
     /// The last notable events before it.
@@ -56,6 +76,9 @@ impl std::fmt::Display for Failure {
             "seed {} broke an invariant at {} ms: {}",
             self.seed, self.violation.at, self.violation.what
         )?;
+        if let Some(budget) = self.settings.retry_budget {
+            writeln!(f, "writers' retry budget: {} ms", budget.as_millis())?;
+        }
         writeln!(f, "schedule ({} faults):", self.schedule.faults.len())?;
         write!(f, "{}", self.schedule)?;
         writeln!(f, "last events:")?;
@@ -65,12 +88,18 @@ impl std::fmt::Display for Failure {
 
 /// Runs `seed` with `schedule`.
 pub fn run_with(seed: u64, schedule: Schedule) -> Result<Stats, Failure> {
-    let mut world = World::new(seed, schedule.clone());
+    run_set(seed, schedule, Settings::default())
+}
+
+/// Runs `seed` with `schedule` in a world set up with `settings`.
+pub fn run_set(seed: u64, schedule: Schedule, settings: Settings) -> Result<Stats, Failure> {
+    let mut world = settings.world(seed, schedule.clone());
     match world.run() {
         Ok(()) => Ok(world.stats),
         Err(violation) => Err(Failure {
             seed,
             schedule,
+            settings,
             violation,
             trace: world.trace(),
         }),
@@ -90,7 +119,7 @@ pub fn minimise(failure: Failure) -> Failure {
     loop {
         let mut shrunk = false;
         for i in (0..best.schedule.faults.len()).rev() {
-            if let Err(smaller) = run_with(best.seed, best.schedule.without(i)) {
+            if let Err(smaller) = run_set(best.seed, best.schedule.without(i), best.settings) {
                 best = smaller;
                 shrunk = true;
                 break;

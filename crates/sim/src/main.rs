@@ -1,7 +1,8 @@
 //! Runs seeds of the simulation by hand: `replicator-sim [--pair] [--seeds N] [--from S]
-//! [--seed S]`. Prints a summary, and for each failing seed its shrunk schedule (with `--pair`,
-//! the seeds of a two-way pair's metadata sync instead, each failure with its last steps);
-//! exits 1 if any failed.
+//! [--seed S] [--retry-budget-ms M]`. Prints a summary, and for each failing seed its shrunk
+//! schedule (with `--pair`, the seeds of a two-way pair's metadata sync instead, each failure
+//! with its last steps); exits 1 if any failed. `--retry-budget-ms` gives the writers a retry
+//! budget shorter than the faults, so that they give up mid-outage.
 
 use std::process::ExitCode;
 
@@ -21,11 +22,14 @@ fn main() -> ExitCode {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
             "usage: replicator-sim [--pair] [--seeds N (default 1000)] [--from S (default 0)] \
-             [--seed S]"
+             [--seed S] [--retry-budget-ms M (default: the node's)]"
         );
         return ExitCode::SUCCESS;
     }
     let pair = args.iter().any(|a| a == "--pair");
+    let settings = replicator_sim::Settings {
+        retry_budget: value("--retry-budget-ms").map(std::time::Duration::from_millis),
+    };
     let seeds: Vec<u64> = match value("--seed") {
         Some(seed) => vec![seed],
         None => {
@@ -60,7 +64,7 @@ fn main() -> ExitCode {
         for fault in &schedule.faults {
             *classes.entry(fault.kind.class()).or_default() += 1;
         }
-        match replicator_sim::run(seed) {
+        match replicator_sim::run_set(seed, schedule, settings) {
             Ok(stats) => totals.add(&stats),
             Err(failure) => {
                 failed += 1;
