@@ -215,7 +215,7 @@ impl WriterCore {
         &mut self,
         partition: u32,
         confirmed: &[Confirmed],
-        offsets: impl Iterator<Item = Offset> + Clone,
+        mut offsets: impl DoubleEndedIterator<Item = Offset> + Clone,
     ) -> std::result::Result<(), LandedMismatch> {
         if let Err(mismatch) = self.landed.confirm(partition, confirmed) {
             self.send_unsure();
@@ -225,7 +225,7 @@ impl WriterCore {
         if let Some(map) = &self.offset_map {
             lock_map(map).sent(offsets.clone());
         }
-        if let Some(last) = offsets.last() {
+        if let Some(last) = offsets.next_back() {
             self.last_copied = Some(last);
         }
         Ok(())
