@@ -156,6 +156,7 @@ pub(crate) fn pipeline_params(config: &Config) -> PipelineParams {
             params.provenance = flow.provenance;
             params.max_in_flight_batches = flow.max_in_flight_batches;
             params.max_batch_bytes = flow.max_batch_bytes;
+            params.far_source_polls = flow.far_source_polls;
             params.consumer_groups = flow.consumer_groups.clone();
             params.consumer_group_sync_interval = flow.consumer_group_sync_interval;
             params.users = flow.users.clone();

@@ -319,6 +319,7 @@ pub(crate) fn replication_spec_between(
     let (connections, provenance) = (settings.connections, settings.provenance);
     let batch_size = settings.batch_size;
     let max_batch_bytes = settings.max_batch_bytes;
+    let far_source_polls = settings.far_source_polls;
     let fencing = &settings.fencing;
     let writers = format!("bench-{:06x}", rand::random::<u32>() & 0xff_ffff);
     ReplicatorClusterSpec {
@@ -345,6 +346,7 @@ naming = "{naming}"
 provenance = {provenance}
 batch_size = {batch_size}
 max_batch_bytes = {max_batch_bytes}
+far_source_polls = {far_source_polls}
 "#,
             up = source.url,
             down = target.url,

@@ -64,6 +64,8 @@ pub(crate) struct Settings {
     pub(crate) catchup_variants: Vec<CatchupVariant>,
     /// `BENCH_MAX_BATCH_BYTES`: the flows' `max_batch_bytes` (default: the flows' default).
     pub(crate) max_batch_bytes: u64,
+    /// `BENCH_FAR_SOURCE_POLLS`: the flows' `far_source_polls` (default: the flows' default).
+    pub(crate) far_source_polls: u32,
     /// `BENCH_PARTITIONS`: partitions of the catch-up topic (default 16).
     pub(crate) partitions: u32,
     /// `BENCH_WAN_RTT_MS` (with `BENCH_WAN_FAR`): the catch-up's copies reach one server through
@@ -183,6 +185,19 @@ impl Settings {
                     .into())
                 }
             },
+            far_source_polls: match var_u32(
+                "BENCH_FAR_SOURCE_POLLS",
+                replicator_model::DEFAULT_FAR_SOURCE_POLLS,
+            )? {
+                n if (1..=replicator_model::MAX_FAR_SOURCE_POLLS).contains(&n) => n,
+                n => {
+                    return Err(format!(
+                        "BENCH_FAR_SOURCE_POLLS={n} must be 1 to {}, as a flow's far_source_polls",
+                        replicator_model::MAX_FAR_SOURCE_POLLS
+                    )
+                    .into())
+                }
+            },
             wan: match std::env::var("BENCH_WAN_RTT_MS") {
                 Err(_) => None,
                 Ok(text) => Some(Wan {
@@ -209,7 +224,7 @@ impl fmt::Display for Settings {
             "messages={} rounds={} batch_size={} connections={} rates={:?} latency_seconds={} failovers={} \
              failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} \
              settle_seconds={} scale_restarts={} provenance={} \
-             leader_kills={} kill_layout={}x{} fencing={} partitions={} max_batch_bytes={} wan={:?}",
+             leader_kills={} kill_layout={}x{} fencing={} partitions={} max_batch_bytes={} far_source_polls={} wan={:?}",
             self.messages,
             self.rounds,
             self.batch_size,
@@ -232,6 +247,7 @@ impl fmt::Display for Settings {
             self.fencing,
             self.partitions,
             self.max_batch_bytes,
+            self.far_source_polls,
             self.wan
         )
     }

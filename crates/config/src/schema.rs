@@ -264,6 +264,13 @@ pub struct FlowConfig {
     /// [`replicator_model::DEFAULT_MAX_BATCH_BYTES`] (4 MiB); 64 KiB to 256 MiB.
     #[serde(default = "default_max_batch_bytes")]
     pub max_batch_bytes: u64,
+    /// Polls a caught-up partition keeps in flight, spread over a round trip, while its source
+    /// is far (`far_connections`): more cut the wait for the next poll to reach the source
+    /// (latency), at the price of polling each message more than once (README "Across
+    /// regions"). Default: [`replicator_model::DEFAULT_FAR_SOURCE_POLLS`] (1); 1 to
+    /// [`replicator_model::MAX_FAR_SOURCE_POLLS`].
+    #[serde(default = "default_far_source_polls")]
+    pub far_source_polls: u32,
     /// Glob patterns on consumer-group names whose offsets are translated to the target
     /// (README "Disaster recovery"); needs `provenance`. Default: `[]` (none). Example:
     /// `["billing", "analytics-*"]`.
@@ -430,6 +437,9 @@ fn default_in_flight() -> usize {
 }
 fn default_max_batch_bytes() -> u64 {
     replicator_model::DEFAULT_MAX_BATCH_BYTES
+}
+fn default_far_source_polls() -> u32 {
+    replicator_model::DEFAULT_FAR_SOURCE_POLLS
 }
 fn default_group_sync_interval() -> Duration {
     replicator_model::DEFAULT_GROUP_SYNC_INTERVAL
@@ -882,6 +892,15 @@ impl FlowConfig {
                     "must be between {} and {}",
                     MAX_BATCH_BYTES_LIMITS.start(),
                     MAX_BATCH_BYTES_LIMITS.end()
+                ),
+            ));
+        }
+        if !(1..=replicator_model::MAX_FAR_SOURCE_POLLS).contains(&self.far_source_polls) {
+            problems.push(Problem::new(
+                format!("{key}.far_source_polls"),
+                format!(
+                    "must be between 1 and {}",
+                    replicator_model::MAX_FAR_SOURCE_POLLS
                 ),
             ));
         }

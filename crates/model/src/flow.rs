@@ -20,6 +20,14 @@ pub const MAX_BATCH_SIZE: u32 = 100_000;
 /// target is far, its batches grow to this after a full poll (README "Across regions").
 pub const DEFAULT_MAX_BATCH_BYTES: u64 = 4 << 20;
 
+/// Polls a caught-up partition keeps in flight while its source is far
+/// (`flows[].far_source_polls`) unless configured: one, as near a source (README "Across
+/// regions").
+pub const DEFAULT_FAR_SOURCE_POLLS: u32 = 1;
+
+/// The most polls a caught-up partition may keep in flight while its source is far.
+pub const MAX_FAR_SOURCE_POLLS: u32 = 8;
+
 /// Pause between polls of a caught-up partition (`flows[].poll_interval`) unless configured.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(5);
 

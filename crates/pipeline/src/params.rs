@@ -188,6 +188,10 @@ pub struct FlowParams {
     /// (`flows[].max_batch_bytes`), e.g. 4 MiB (the default,
     /// [`replicator_model::DEFAULT_MAX_BATCH_BYTES`]); see `datapath::batch_size`.
     pub max_batch_bytes: u64,
+    /// Polls a caught-up partition keeps in flight while its source is far
+    /// (`flows[].far_source_polls`), e.g. 1 (the default,
+    /// [`replicator_model::DEFAULT_FAR_SOURCE_POLLS`]); see `datapath::reader`.
+    pub far_source_polls: u32,
     /// Globs on consumer-group names whose upstream offsets are translated to the target
     /// (`flows[].consumer_groups`), e.g. `["billing", "analytics-*"]`; empty: no sync.
     pub consumer_groups: Vec<String>,
@@ -246,6 +250,7 @@ impl FlowParams {
             provenance: replicator_model::DEFAULT_PROVENANCE,
             max_in_flight_batches: replicator_model::DEFAULT_MAX_IN_FLIGHT_BATCHES,
             max_batch_bytes: replicator_model::DEFAULT_MAX_BATCH_BYTES,
+            far_source_polls: replicator_model::DEFAULT_FAR_SOURCE_POLLS,
             consumer_groups: Vec::new(),
             consumer_group_sync_interval: DEFAULT_GROUP_SYNC_INTERVAL,
             users: Vec::new(),

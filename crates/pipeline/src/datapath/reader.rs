@@ -7,6 +7,11 @@
 //! its stream's activity watcher (`activity`), which wakes it when metadata shows a message it
 //! has not read, with a slow safety-net poll in case the metadata is wrong.
 //!
+//! Behind a far source a message waits for the next poll to reach the source: up to a round
+//! trip with one poll in flight. With `far_source_polls` above 1 a caught-up reader keeps that
+//! many polls in flight, each on its own connection, sent a round trip's share apart, and takes
+//! from each answer what follows what it already has ([`Staggered`]).
+//!
 //! A poll answer whose partition end (`current_offset`) is below what the reader already read
 //! means the partition was reset (purged, or the topic deleted and recreated with fewer
 //! messages): the reader stops polling, its writer drains what was read before, and the pair
@@ -18,6 +23,8 @@
 //! room in the channel, for its next poll, for a retry) at once; a poll in progress is finished
 //! first. The reader ending closes the channel, which is the writer's signal to drain.
 
+use std::collections::VecDeque;
+use std::future::Future as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -75,6 +82,10 @@ pub(crate) async fn run<C: ControlPlane>(args: ReaderArgs<C>) -> Result<&'static
     let mut reader = Reader {
         sizer: BatchSizer::new(shared.flow.batch_size, shared.flow.max_batch_bytes),
         ahead: None,
+        staggered: VecDeque::new(),
+        stagger_misses: 0,
+        stagger_slot: 0,
+        round_trip: Duration::ZERO,
         backoff: Backoff::new(shared.tuning.backoff, shared.seed),
         rng: SmallRng::seed_from_u64(shared.seed.rotate_left(17)),
         ids: (stream, topic, consumer),
@@ -116,6 +127,14 @@ struct Reader<C> {
     sizer: BatchSizer,
     /// The poll of the range after the current one, sent before its answer came.
     ahead: Option<Ahead>,
+    /// The polls a caught-up reader behind a far source keeps in flight, oldest first.
+    staggered: VecDeque<Staggered>,
+    /// Answers of staggered polls in a row that brought nothing after what the reader has.
+    stagger_misses: u32,
+    /// Which of its connections (relative to the unit's slot) the next staggered poll takes.
+    stagger_slot: usize,
+    /// The latest poll's round trip: what the staggered polls are spread over.
+    round_trip: Duration,
 }
 
 impl<C: ControlPlane> Reader<C> {
@@ -231,6 +250,13 @@ impl<C: ControlPlane> Reader<C> {
     /// have brought, as messages never change); anything else is dropped and the range
     /// polled again, so an answer sent ahead never decides a gap, a reset or an idle wait.
     async fn poll_once(&mut self) -> Result<Polled> {
+        if self.staggers() {
+            if let Some(polled) = self.poll_staggered().await? {
+                return Ok(polled);
+            }
+        } else {
+            self.stop_staggering();
+        }
         let from = self.next;
         // Before the request goes out: a listing counted here saw the partition no later than
         // this poll does (see `activity`).
@@ -245,7 +271,7 @@ impl<C: ControlPlane> Reader<C> {
             if let Ok((Ok(polled), round_trip)) = answer {
                 if starts_full(&polled, ahead.from, ahead.count) {
                     self.shared.meters.set_batch_size(ahead.count);
-                    return self.take_in(from, ahead.count, Ok(polled), round_trip);
+                    return self.take_in(from, from.offset, ahead.count, Ok(polled), round_trip);
                 }
             }
             // Dropped: what was sent after it assumed it full, so that goes too.
@@ -265,7 +291,124 @@ impl<C: ControlPlane> Reader<C> {
             count,
         )
         .await;
-        self.take_in(from, count, polled, started.elapsed())
+        self.take_in(from, from.offset, count, polled, started.elapsed())
+    }
+
+    /// Whether the reader keeps staggered polls in flight: `far_source_polls` above 1, its
+    /// source far, its partition caught up (behind, it reads ahead instead), and its staggered
+    /// polls not missing [`QUIET_POLLS`] times in a row (then the partition is quiet, and the
+    /// reader goes back to one poll at a time, whose empty answers lead to its idle waits).
+    fn staggers(&self) -> bool {
+        self.shared.flow.far_source_polls > 1
+            && self.shared.source.far()
+            && !self.sizer.reads_ahead()
+            && self.empty_polls == 0
+            && self.stagger_misses < QUIET_POLLS
+    }
+
+    /// Drops the staggered polls in flight (their answers would come too late to matter).
+    fn stop_staggering(&mut self) {
+        for poll in self.staggered.drain(..) {
+            poll.answer.abort();
+        }
+        self.stagger_misses = 0;
+    }
+
+    /// Awaits the staggered polls, keeping `far_source_polls` in flight: `Some` with the batch
+    /// of the first answer (whichever poll it answers: one held up behind another request on
+    /// its connection does not hold the others back) that brings messages from the reader's
+    /// next offset on;
+    /// `None` once [`QUIET_POLLS`] answers in a row brought none (or failed), when the reader
+    /// polls once more the usual way. Only a useful answer is taken in: an answer that starts
+    /// before what the reader has is a poll sent before the previous answer came, so it never
+    /// decides a gap, a reset or an idle wait (a usual poll does).
+    async fn poll_staggered(&mut self) -> Result<Option<Polled>> {
+        loop {
+            self.top_up_staggered();
+            if self.staggered.is_empty() {
+                return Ok(None);
+            }
+            let staggered = &mut self.staggered;
+            let first = std::future::poll_fn(|cx| {
+                for (index, poll) in staggered.iter_mut().enumerate() {
+                    if let std::task::Poll::Ready(answer) =
+                        std::pin::Pin::new(&mut poll.answer).poll(cx)
+                    {
+                        return std::task::Poll::Ready((index, answer));
+                    }
+                }
+                std::task::Poll::Pending
+            });
+            let (index, answer) = tokio::select! {
+                biased;
+                () = self.stop.cancelled() => {
+                    self.stop_staggering();
+                    // The run loop sees the stop in its idle wait.
+                    return Ok(Some(Polled::Empty));
+                }
+                first = first => first,
+            };
+            let poll = self
+                .staggered
+                .remove(index)
+                .expect("the index of a poll in flight");
+            if let Ok((polled, round_trip)) = answer {
+                self.round_trip = round_trip;
+                if let Ok(polled) = polled {
+                    let next = self.next;
+                    if starts_at(&polled, next.offset) {
+                        self.stagger_misses = 0;
+                        self.shared.meters.set_batch_size(poll.count);
+                        return self
+                            .take_in(next, poll.from, poll.count, Ok(polled), round_trip)
+                            .map(Some);
+                    }
+                }
+            }
+            self.stagger_misses += 1;
+            if self.stagger_misses >= QUIET_POLLS {
+                self.stop_staggering();
+                self.stagger_misses = QUIET_POLLS;
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Sends staggered polls from the reader's next offset until `far_source_polls` are in
+    /// flight, each a round trip's share after the one before, on the unit's connections in
+    /// turn.
+    fn top_up_staggered(&mut self) {
+        let polls = self.shared.flow.far_source_polls as usize;
+        let spacing = self.round_trip / polls as u32;
+        while self.staggered.len() < polls {
+            let now = tokio::time::Instant::now();
+            let at = self
+                .staggered
+                .back()
+                .map_or(now, |newest| (newest.at + spacing).max(now));
+            let count = self.sizer.next();
+            let offset = self.next.offset;
+            let slot_offset = self.stagger_slot;
+            self.stagger_slot = (self.stagger_slot + 1) % polls;
+            let shared = self.shared.clone();
+            let ids = self.ids.clone();
+            let answer = tokio::spawn(
+                async move {
+                    tokio::time::sleep_until(at).await;
+                    let started = Instant::now();
+                    let slot = shared.slot() + slot_offset;
+                    let polled = poll(&shared, &ids, slot, offset, count).await;
+                    (polled, started.elapsed())
+                }
+                .instrument(tracing::Span::current()),
+            );
+            self.staggered.push_back(Staggered {
+                from: offset,
+                count,
+                at,
+                answer,
+            });
+        }
     }
 
     /// Sends the poll of the next batch from `offset` ahead, on the unit's slot plus
@@ -291,22 +434,27 @@ impl<C: ControlPlane> Reader<C> {
         });
     }
 
-    /// Takes in the answer `polled` to a poll of `count` messages from `from` that took
-    /// `round_trip`.
+    /// Takes in the answer `polled` to a poll of `count` messages from `asked_from` that took
+    /// `round_trip`, the reader being at `from` (`asked_from` is earlier for a staggered poll
+    /// sent before the previous answer came).
     fn take_in(
         &mut self,
         from: ReadFrom,
+        asked_from: u64,
         count: u32,
         polled: Result<replicator_sdk::Polled>,
         round_trip: Duration,
     ) -> Result<Polled> {
         let shared = &self.shared;
         shared.meters.polled(round_trip);
+        self.round_trip = round_trip;
         shared.source.open_far_slots();
         let polled = polled?;
         let mut messages = polled.messages;
+        // Whether the poll came back full counts from where it asked.
+        let answered = messages.len() - messages.partition_point(|m| m.offset < asked_from);
         messages.retain(|m| m.offset >= from.offset);
-        let got = u32::try_from(messages.len()).unwrap_or(u32::MAX);
+        let got = u32::try_from(answered).unwrap_or(u32::MAX);
         self.sizer.polled(
             PollOutcome { asked: count, got },
             Far {
@@ -357,6 +505,15 @@ struct Ahead {
     answer: tokio::task::JoinHandle<(Result<replicator_sdk::Polled>, Duration)>,
 }
 
+/// A staggered poll in flight (see the module docs): where it asked from, how many, when it
+/// goes out, and the task awaiting its answer with the time it took.
+struct Staggered {
+    from: u64,
+    count: u32,
+    at: tokio::time::Instant,
+    answer: tokio::task::JoinHandle<(Result<replicator_sdk::Polled>, Duration)>,
+}
+
 /// Polls `count` messages of the unit's partition from `offset` on the connection of `slot`.
 async fn poll<C>(
     shared: &UnitShared<C>,
@@ -390,6 +547,14 @@ async fn poll<C>(
             }
             other => other,
         })
+}
+
+/// Whether an answer holds a message at `offset` (then everything after it up to its end).
+fn starts_at(polled: &replicator_sdk::Polled, offset: u64) -> bool {
+    polled
+        .messages
+        .binary_search_by_key(&offset, |m| m.offset)
+        .is_ok()
 }
 
 /// Whether an answer to a poll of `count` from `from` holds exactly `count` messages from

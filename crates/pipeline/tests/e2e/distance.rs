@@ -192,3 +192,65 @@ async fn a_two_way_pair_across_a_distance_copies_both_ways_exactly_without_loops
     proxy.stop().await;
     Ok(())
 }
+
+/// Command code of POLL_MESSAGES.
+const POLL_MESSAGES: u32 = 100;
+
+/// `far_source_polls = 2`: a caught-up partition behind a far source keeps two polls in
+/// flight. Shown by holding one poll at the source: with one poll at a time nothing else could
+/// reach it meanwhile, with two the other does. And the copy stays exact while a producer
+/// writes throughout (each answer is taken from where the reader is; the overlap is dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caught_up_partition_keeps_two_polls_in_flight_to_a_far_source() -> TestResult {
+    let (env, _up, mut flow) = Env::seeded("near", "steady", 1, 0..1_000, 500).await?;
+    flow.far_source_polls = 2;
+    let proxy = WanProxy::start(env.us.addr(), WanLink::symmetric(ONE_WAY)).await?;
+    let mut clusters = env.clusters();
+    let mut source = through(&env.us, proxy.addr());
+    source.connections = 1;
+    source.far_connections = 3;
+    clusters.insert("us".to_owned(), source);
+    let mut params = tuned_params(clusters, flow.clone());
+    params.operation_timeout = Duration::from_secs(30);
+    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
+    // A producer beside the source, one message every 5 ms: the partition is never quiet.
+    let producing = tokio_util::sync::CancellationToken::new();
+    let producer = {
+        let (producing, up) = (producing.clone(), client(&env.us).await?);
+        tokio::spawn(async move {
+            let mut next = 1_000;
+            while !producing.is_cancelled() {
+                produce(&up, "near", "steady", 1, next..next + 1, 1).await?;
+                next += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            TestResult::Ok(next)
+        })
+    };
+    wait_until("the copy under way", Duration::from_secs(60), || {
+        std::future::ready(count(&env.eu, "near", "steady", 0) > 1_000)
+    })
+    .await?;
+    // Hold the next poll at the source for 10 s; another must reach it meanwhile.
+    let faults = env.us.faults();
+    let mark = faults.requests(POLL_MESSAGES);
+    faults.delay_next(POLL_MESSAGES, Duration::from_secs(10), 1);
+    wait_until(
+        "a second poll while the first is held",
+        Duration::from_secs(10),
+        || {
+            std::future::ready(
+                faults.delays_ended() == 0 && faults.requests(POLL_MESSAGES) >= mark + 2,
+            )
+        },
+    )
+    .await?;
+    producing.cancel();
+    let produced = producer.await??;
+    let report = env.verify(&flow, Duration::from_secs(120)).await?;
+    assert_exact(&report);
+    assert!(report.downstream_total() == produced);
+    pipeline.shutdown().await;
+    proxy.stop().await;
+    Ok(())
+}
