@@ -320,6 +320,7 @@ pub(crate) fn replication_spec_between(
     let batch_size = settings.batch_size;
     let max_batch_bytes = settings.max_batch_bytes;
     let far_source_polls = settings.far_source_polls;
+    let far_connections = settings.far_connections;
     let fencing = &settings.fencing;
     let writers = format!("bench-{:06x}", rand::random::<u32>() & 0xff_ffff);
     ReplicatorClusterSpec {
@@ -329,11 +330,13 @@ pub(crate) fn replication_spec_between(
 url = "{up}"
 iggy_version = "{up_version}"
 connections = {connections}
+far_connections = {far_connections}
 
 [clusters.dst]
 url = "{down}"
 iggy_version = "{down_version}"
 connections = {connections}
+far_connections = {far_connections}
 fencing = "{fencing}"
 writer_user_prefix = "{writers}"
 

@@ -66,6 +66,9 @@ pub(crate) struct Settings {
     pub(crate) max_batch_bytes: u64,
     /// `BENCH_FAR_SOURCE_POLLS`: the flows' `far_source_polls` (default: the flows' default).
     pub(crate) far_source_polls: u32,
+    /// `BENCH_FAR_CONNECTIONS`: both clusters' `far_connections` (default: the clusters'
+    /// default).
+    pub(crate) far_connections: usize,
     /// `BENCH_PARTITIONS`: partitions of the catch-up topic (default 16).
     pub(crate) partitions: u32,
     /// `BENCH_WAN_RTT_MS` (with `BENCH_WAN_FAR`): the catch-up's copies reach one server through
@@ -198,6 +201,18 @@ impl Settings {
                     .into())
                 }
             },
+            far_connections: match var_u32(
+                "BENCH_FAR_CONNECTIONS",
+                replicator_config::DEFAULT_FAR_CONNECTIONS as u32,
+            )? {
+                n @ 1..=64 => n as usize,
+                n => {
+                    return Err(format!(
+                        "BENCH_FAR_CONNECTIONS={n} must be 1 to 64, as a cluster's far_connections"
+                    )
+                    .into())
+                }
+            },
             wan: match std::env::var("BENCH_WAN_RTT_MS") {
                 Err(_) => None,
                 Ok(text) => Some(Wan {
@@ -224,7 +239,7 @@ impl fmt::Display for Settings {
             "messages={} rounds={} batch_size={} connections={} rates={:?} latency_seconds={} failovers={} \
              failover_rate={} seed={} scale={}x{} scale_rate={} sample_seconds={} \
              settle_seconds={} scale_restarts={} provenance={} \
-             leader_kills={} kill_layout={}x{} fencing={} partitions={} max_batch_bytes={} far_source_polls={} wan={:?}",
+             leader_kills={} kill_layout={}x{} fencing={} partitions={} max_batch_bytes={} far_source_polls={} far_connections={} wan={:?}",
             self.messages,
             self.rounds,
             self.batch_size,
@@ -248,6 +263,7 @@ impl fmt::Display for Settings {
             self.partitions,
             self.max_batch_bytes,
             self.far_source_polls,
+            self.far_connections,
             self.wan
         )
     }
