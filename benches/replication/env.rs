@@ -319,8 +319,25 @@ pub(crate) fn replication_spec_between(
     let (connections, provenance) = (settings.connections, settings.provenance);
     let batch_size = settings.batch_size;
     let max_batch_bytes = settings.max_batch_bytes;
-    let far_source_polls = settings.far_source_polls;
-    let far_connections = settings.far_connections;
+    // Written only when set otherwise than the default, so that nodes of releases before the
+    // key (`BENCH_NODE_BINARY`) still read the config.
+    let optional = |key: &str, value: u64, default: u64| {
+        if value == default {
+            String::new()
+        } else {
+            format!("{key} = {value}\n")
+        }
+    };
+    let far_source_polls = optional(
+        "far_source_polls",
+        u64::from(settings.far_source_polls),
+        u64::from(replicator_model::DEFAULT_FAR_SOURCE_POLLS),
+    );
+    let far_connections = optional(
+        "far_connections",
+        settings.far_connections as u64,
+        replicator_config::DEFAULT_FAR_CONNECTIONS as u64,
+    );
     let fencing = &settings.fencing;
     let writers = format!("bench-{:06x}", rand::random::<u32>() & 0xff_ffff);
     ReplicatorClusterSpec {
@@ -330,14 +347,12 @@ pub(crate) fn replication_spec_between(
 url = "{up}"
 iggy_version = "{up_version}"
 connections = {connections}
-far_connections = {far_connections}
-
+{far_connections}
 [clusters.dst]
 url = "{down}"
 iggy_version = "{down_version}"
 connections = {connections}
-far_connections = {far_connections}
-fencing = "{fencing}"
+{far_connections}fencing = "{fencing}"
 writer_user_prefix = "{writers}"
 
 [[flows]]
@@ -349,8 +364,7 @@ naming = "{naming}"
 provenance = {provenance}
 batch_size = {batch_size}
 max_batch_bytes = {max_batch_bytes}
-far_source_polls = {far_source_polls}
-"#,
+{far_source_polls}"#,
             up = source.url,
             down = target.url,
             up_version = source.iggy_version,
