@@ -390,18 +390,7 @@ impl<C: ControlPlane> Reader<C> {
             let offset = self.next.offset;
             let slot_offset = self.stagger_slot;
             self.stagger_slot = (self.stagger_slot + 1) % polls;
-            let shared = self.shared.clone();
-            let ids = self.ids.clone();
-            let answer = tokio::spawn(
-                async move {
-                    tokio::time::sleep_until(at).await;
-                    let started = Instant::now();
-                    let slot = shared.slot() + slot_offset;
-                    let polled = poll(&shared, &ids, slot, offset, count).await;
-                    (polled, started.elapsed())
-                }
-                .instrument(tracing::Span::current()),
-            );
+            let answer = self.spawn_poll(Some(at), slot_offset, offset, count);
             self.staggered.push_back(Staggered {
                 from: offset,
                 count,
@@ -415,23 +404,38 @@ impl<C: ControlPlane> Reader<C> {
     /// `slot_offset` (0 or 1: the two polls in flight alternate between two connections).
     fn send_ahead(&mut self, offset: u64, slot_offset: usize) {
         let count = self.sizer.next();
-        let shared = self.shared.clone();
-        let ids = self.ids.clone();
-        let answer = tokio::spawn(
-            async move {
-                let started = Instant::now();
-                let slot = shared.slot() + slot_offset;
-                let polled = poll(&shared, &ids, slot, offset, count).await;
-                (polled, started.elapsed())
-            }
-            .instrument(tracing::Span::current()),
-        );
+        let answer = self.spawn_poll(None, slot_offset, offset, count);
         self.ahead = Some(Ahead {
             from: offset,
             count,
             slot_offset,
             answer,
         });
+    }
+
+    /// A task that polls `count` messages from `offset` on the unit's slot plus `slot_offset`
+    /// (at `at`, or at once), and answers with the poll's outcome and the time it took.
+    fn spawn_poll(
+        &self,
+        at: Option<tokio::time::Instant>,
+        slot_offset: usize,
+        offset: u64,
+        count: u32,
+    ) -> PollTask {
+        let shared = self.shared.clone();
+        let ids = self.ids.clone();
+        tokio::spawn(
+            async move {
+                if let Some(at) = at {
+                    tokio::time::sleep_until(at).await;
+                }
+                let started = Instant::now();
+                let slot = shared.slot() + slot_offset;
+                let polled = poll(&shared, &ids, slot, offset, count).await;
+                (polled, started.elapsed())
+            }
+            .instrument(tracing::Span::current()),
+        )
     }
 
     /// Takes in the answer `polled` to a poll of `count` messages from `asked_from` that took
@@ -502,8 +506,11 @@ struct Ahead {
     count: u32,
     /// Its slot, relative to the unit's.
     slot_offset: usize,
-    answer: tokio::task::JoinHandle<(Result<replicator_sdk::Polled>, Duration)>,
+    answer: PollTask,
 }
+
+/// A poll sent on a task of its own: its outcome and the time it took.
+type PollTask = tokio::task::JoinHandle<(Result<replicator_sdk::Polled>, Duration)>;
 
 /// A staggered poll in flight (see the module docs): where it asked from, how many, when it
 /// goes out, and the task awaiting its answer with the time it took.
@@ -511,7 +518,7 @@ struct Staggered {
     from: u64,
     count: u32,
     at: tokio::time::Instant,
-    answer: tokio::task::JoinHandle<(Result<replicator_sdk::Polled>, Duration)>,
+    answer: PollTask,
 }
 
 /// Polls `count` messages of the unit's partition from `offset` on the connection of `slot`.
