@@ -1,5 +1,8 @@
 //! The baseline the replicator is measured against: a raw poll→send copy loop through the SDK,
-//! with nothing else (no provenance headers, no offsets committed, no coordination).
+//! with nothing else (no provenance headers, no offsets committed, no coordination). Between
+//! two 0.8 servers it is SDK 0.10's own calls, messages sent as polled; with a 0.9 end it goes
+//! through the replicator's adapters, which carry a polled message from one SDK's type to the
+//! other's.
 
 use iggy::prelude::{Consumer, Identifier, Partitioning, PollingStrategy};
 use replicator_sdk::Client;
@@ -63,40 +66,72 @@ async fn copy_partitions(
     let stream = Identifier::named(&copy.topic.stream)?;
     let topic = Identifier::named(&copy.topic.name)?;
     let target_stream = Identifier::named(&copy.target_stream)?;
-    let consumer = Consumer::new(Identifier::named("bench-raw")?);
     let mut next = vec![0u64; partitions.len()];
     while next.iter().any(|n| *n < copy.per_partition) {
         for (i, partition) in partitions.iter().enumerate() {
             if next[i] >= copy.per_partition {
                 continue;
             }
-            let mut polled = source
-                .poll_messages(
-                    &stream,
-                    &topic,
-                    Some(*partition),
-                    &consumer,
-                    &PollingStrategy::offset(next[i]),
-                    copy.batch,
-                    false,
-                )
-                .await?;
-            let Some(last) = polled.messages.last().map(|m| m.offset) else {
+            let copied = match (source, target) {
+                // Both ends 0.8: the SDK's own calls, as an SDK user's loop makes them.
+                (Client::V08(from), Client::V08(to)) => {
+                    from.sdk_poll_and_send(
+                        to,
+                        (&stream, &topic, &target_stream),
+                        *partition,
+                        next[i],
+                        copy.batch,
+                    )
+                    .await?
+                }
+                // A 0.9 end: through the adapters (the polled messages must change SDK anyway).
+                _ => sdk_adapters_step(source, target, copy, *partition, next[i]).await?,
+            };
+            let Some(last) = copied else {
                 return Err(Error::Setup(format!(
                     "partition {partition} ended at offset {}",
                     next[i]
                 )));
             };
-            target
-                .send_messages(
-                    &target_stream,
-                    &topic,
-                    &Partitioning::partition_id(*partition),
-                    &mut polled.messages,
-                )
-                .await?;
             next[i] = last + 1;
         }
     }
     Ok(())
+}
+
+/// One step of [`copy_partitions`] through the replicator's SDK adapters: the loop between
+/// generations, or with a 0.9 end.
+async fn sdk_adapters_step(
+    source: &Client,
+    target: &Client,
+    copy: &RawCopy,
+    partition: u32,
+    offset: u64,
+) -> Result<Option<u64>> {
+    let stream = Identifier::named(&copy.topic.stream)?;
+    let topic = Identifier::named(&copy.topic.name)?;
+    let consumer = Consumer::new(Identifier::named("bench-raw")?);
+    let mut polled = source
+        .poll_messages(
+            &stream,
+            &topic,
+            Some(partition),
+            &consumer,
+            &PollingStrategy::offset(offset),
+            copy.batch,
+            false,
+        )
+        .await?;
+    let Some(last) = polled.messages.last().map(|m| m.offset) else {
+        return Ok(None);
+    };
+    target
+        .send_messages(
+            &Identifier::named(&copy.target_stream)?,
+            &topic,
+            &Partitioning::partition_id(partition),
+            &mut polled.messages,
+        )
+        .await?;
+    Ok(Some(last))
 }

@@ -18,7 +18,7 @@ use iggy::prelude::{
 use iggy_common::{ClientInfo, ConsumerGroup, Identifier, UserInfo, UserInfoDetails};
 use replicator_model::IggyVersion;
 
-use crate::{Confirmed, Error, Message, Polled, StoredOffset};
+use crate::{Confirmed, Error, HeadersTail, Message, Polled, StoredOffset};
 
 /// The result of a call on a cluster.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -166,6 +166,25 @@ pub trait IggyCluster: Send + Sync {
         partitioning: &Partitioning,
         messages: &mut [Message],
     ) -> impl Future<Output = Result<Vec<Confirmed>>> + Send;
+
+    /// [`IggyCluster::send_messages`], each message's user headers followed by its `tail` on
+    /// the wire. The 0.8 adapter writes the tails into its request; otherwise they are applied
+    /// to `messages` first ([`crate::apply_tail`]), which a tail must allow for (write nothing
+    /// for a message that already carries one).
+    fn send_messages_with_tail(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        partitioning: &Partitioning,
+        messages: &mut [Message],
+        tail: &dyn HeadersTail,
+    ) -> impl Future<Output = Result<Vec<Confirmed>>> + Send {
+        async move {
+            crate::apply_tail(messages, tail);
+            self.send_messages(stream, topic, partitioning, messages)
+                .await
+        }
+    }
 
     fn get_consumer_groups(
         &self,

@@ -10,6 +10,8 @@
 //! and user headers are `Bytes` in both SDKs and travel through without a copy; user headers
 //! are encoded alike in both generations.
 
+#[doc(hidden)]
+pub mod bench_support;
 mod cluster;
 mod error;
 mod message;
@@ -33,7 +35,7 @@ use replicator_model::IggyVersion;
 
 pub use cluster::{IggyCluster, Result};
 pub use error::{Error, ErrorKind};
-pub use message::{Confirmed, Message, Place, Polled, StoredOffset};
+pub use message::{apply_tail, Confirmed, HeadersTail, Message, Place, Polled, StoredOffset};
 pub use v08::V08;
 pub use v09::V09;
 
@@ -296,6 +298,7 @@ dispatch! {
     fn create_partitions(&self, stream: &Identifier, topic: &Identifier, count: u32) -> Result<()>;
     fn poll_messages(&self, stream: &Identifier, topic: &Identifier, partition: Option<u32>, consumer: &Consumer, strategy: &PollingStrategy, count: u32, auto_commit: bool) -> Result<Polled>;
     fn send_messages(&self, stream: &Identifier, topic: &Identifier, partitioning: &Partitioning, messages: &mut [Message]) -> Result<Vec<Confirmed>>;
+    fn send_messages_with_tail(&self, stream: &Identifier, topic: &Identifier, partitioning: &Partitioning, messages: &mut [Message], tail: &dyn HeadersTail) -> Result<Vec<Confirmed>>;
     fn get_consumer_groups(&self, stream: &Identifier, topic: &Identifier) -> Result<Vec<ConsumerGroup>>;
     fn get_consumer_group(&self, stream: &Identifier, topic: &Identifier, group: &Identifier) -> Result<Option<ConsumerGroupDetails>>;
     fn create_consumer_group(&self, stream: &Identifier, topic: &Identifier, name: &str) -> Result<ConsumerGroupDetails>;

@@ -2,7 +2,7 @@
 //! sends them. Each adapter converts its SDK's records into these and back, moving the payload
 //! and user headers (`Bytes`: shared, never copied).
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 /// One message: what a poll returns and what a send takes.
 ///
@@ -58,6 +58,32 @@ impl Message {
         self.user_headers
             .as_ref()
             .map_or(0, |h| u32::try_from(h.len()).unwrap_or(u32::MAX))
+    }
+}
+
+/// What a send appends to messages' user headers (the replicator's provenance), written by the
+/// adapter straight into the request: a message's tail costs no buffer of its own, and the
+/// batch itself stays as polled, so a retry sends the same bytes.
+pub trait HeadersTail: Send + Sync {
+    /// Appends `m`'s tail to `out` (nothing when `m` needs none, e.g. its headers already
+    /// end with one).
+    fn write_tail(&self, m: &Message, out: &mut BytesMut);
+
+    /// The most a tail can add (to size a request's buffer).
+    fn max_tail_len(&self) -> usize;
+}
+
+/// `messages` as a send with `tail` writes them: each one's tail appended to its own user
+/// headers, in place (for an adapter that cannot write tails into its requests itself; all
+/// tails share one buffer).
+pub fn apply_tail(messages: &mut [Message], tail: &dyn HeadersTail) {
+    let mut arena = BytesMut::with_capacity(messages.len() * tail.max_tail_len());
+    for m in messages {
+        arena.extend_from_slice(m.user_headers.as_deref().unwrap_or_default());
+        tail.write_tail(m, &mut arena);
+        if !arena.is_empty() {
+            m.user_headers = Some(arena.split().freeze());
+        }
     }
 }
 

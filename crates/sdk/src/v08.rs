@@ -2,20 +2,30 @@
 //! through; messages and offsets become the replicator's own.
 
 use iggy::prelude as sdk10;
+use iggy::prelude::ClientWrapper;
 use iggy::prelude::{
     Client as _, ClientInfoDetails, CompressionAlgorithm, Consumer, ConsumerGroupClient as _,
     ConsumerGroupDetails, ConsumerOffsetClient as _, IggyClient, IggyError, IggyExpiry,
-    IggyMessage, MaxTopicSize, MessageClient as _, PartitionClient as _, Partitioning, Permissions,
-    PolledMessages, PollingStrategy, Stream, StreamClient as _, StreamDetails, SystemClient as _,
-    TopicClient as _, TopicDetails, UserClient as _, UserStatus,
+    IggyMessage, MaxTopicSize, PartitionClient as _, Partitioning, Permissions, PollingStrategy,
+    Stream, StreamClient as _, StreamDetails, SystemClient as _, TopicClient as _, TopicDetails,
+    UserClient as _, UserStatus,
 };
-use iggy_common::ClusterClient as _;
+use iggy_binary_protocol::codes::{POLL_MESSAGES_CODE, SEND_MESSAGES_CODE};
+use iggy_binary_protocol::requests::messages::PollMessagesRequest;
+use iggy_binary_protocol::WireEncode as _;
+use iggy_common::locking::IggyRwLockFn as _;
+use iggy_common::wire_conversions::{
+    consumer_to_wire, identifier_to_wire, partitioning_to_wire, polling_strategy_to_wire,
+};
+use iggy_common::{BinaryTransport as _, ClusterClient as _};
 use iggy_common::{ClientInfo, ConsumerGroup, Identifier, UserInfo, UserInfoDetails};
 use replicator_model::IggyVersion;
 
 use crate::cluster::Result;
-use crate::message::{impl_sdk_message, Lent, SdkMessage as _};
-use crate::{Confirmed, IggyCluster, Message, Polled, StoredOffset};
+use crate::message::{impl_sdk_message, SdkMessage as _};
+use crate::{Confirmed, HeadersTail, IggyCluster, Message, Polled, StoredOffset};
+
+pub(crate) mod wire;
 
 /// One SDK 0.10 connection to an Iggy 0.8 server.
 pub struct V08(pub(crate) IggyClient);
@@ -42,15 +52,80 @@ impl From<IggyMessage> for Message {
     }
 }
 
-fn polled(p: PolledMessages) -> Polled {
-    Polled {
-        partition: p.partition_id,
-        current_offset: p.current_offset,
-        messages: p
-            .messages
-            .into_iter()
-            .map(IggyMessage::into_message)
-            .collect(),
+impl V08 {
+    /// One request of `code` on this connection's transport, as the SDK's own calls send
+    /// theirs (with its reconnect and resend on a lost connection).
+    async fn raw(&self, code: u32, payload: bytes::Bytes) -> Result<bytes::Bytes> {
+        let wrapper = self.0.client();
+        let transport = wrapper.read().await;
+        let ClientWrapper::Tcp(tcp) = &*transport else {
+            // `ClusterSpec::client` makes every 0.8 connection a TCP one.
+            return Err(IggyError::InvalidConfiguration.into());
+        };
+        ok(tcp.send_raw_with_response(code, payload).await)
+    }
+
+    /// A send through [`wire`]: the request is written straight from the replicator's
+    /// messages, with each one's `tail` if any.
+    async fn send(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        partitioning: &Partitioning,
+        messages: &[Message],
+        tail: Option<&dyn HeadersTail>,
+    ) -> Result<Vec<Confirmed>> {
+        if messages.is_empty() {
+            return Err(IggyError::InvalidMessagesCount.into());
+        }
+        let request = wire::encode_send(
+            &ok(identifier_to_wire(stream))?,
+            &ok(identifier_to_wire(topic))?,
+            &ok(partitioning_to_wire(partitioning))?,
+            messages,
+            tail,
+        );
+        self.raw(SEND_MESSAGES_CODE, request).await?;
+        // Iggy 0.8 confirms nothing.
+        Ok(Vec::new())
+    }
+
+    /// The benchmarks' baseline, a raw copy loop's step written as an SDK 0.10 user writes it:
+    /// polls up to `count` messages of `partition` from `offset` and sends them, as polled, to
+    /// the same partition of `to_stream`/`topic` on `to`, through the SDK's own message calls
+    /// (none of this adapter's). The last offset copied; `None` when there was nothing.
+    pub async fn sdk_poll_and_send(
+        &self,
+        to: &V08,
+        (stream, topic, to_stream): (&Identifier, &Identifier, &Identifier),
+        partition: u32,
+        offset: u64,
+        count: u32,
+    ) -> Result<Option<u64>> {
+        use iggy::prelude::MessageClient as _;
+        let consumer = Consumer::new(ok(Identifier::named("bench-raw"))?);
+        let strategy = PollingStrategy::offset(offset);
+        let mut polled = ok(self
+            .0
+            .poll_messages(
+                stream,
+                topic,
+                Some(partition),
+                &consumer,
+                &strategy,
+                count,
+                false,
+            )
+            .await)?;
+        let Some(last) = polled.messages.last().map(|m| m.header.offset) else {
+            return Ok(None);
+        };
+        let to_partition = Partitioning::partition_id(partition);
+        ok(to
+            .0
+            .send_messages(to_stream, topic, &to_partition, &mut polled.messages)
+            .await)?;
+        Ok(Some(last))
     }
 }
 
@@ -219,6 +294,8 @@ impl IggyCluster for V08 {
         ok(self.0.create_partitions(stream, topic, count).await)
     }
 
+    /// Through [`wire`]: the request is the SDK's, the answer is read straight into the
+    /// replicator's messages.
     async fn poll_messages(
         &self,
         stream: &Identifier,
@@ -229,19 +306,20 @@ impl IggyCluster for V08 {
         count: u32,
         auto_commit: bool,
     ) -> Result<Polled> {
-        let answer = self
-            .0
-            .poll_messages(
-                stream,
-                topic,
-                partition,
-                consumer,
-                strategy,
-                count,
-                auto_commit,
-            )
-            .await;
-        ok(answer).map(polled)
+        if count == 0 {
+            return Err(IggyError::InvalidMessagesCount.into());
+        }
+        let request = PollMessagesRequest {
+            consumer: ok(consumer_to_wire(consumer))?,
+            stream_id: ok(identifier_to_wire(stream))?,
+            topic_id: ok(identifier_to_wire(topic))?,
+            partition_id: partition,
+            strategy: polling_strategy_to_wire(strategy),
+            count,
+            auto_commit,
+        };
+        let answer = self.raw(POLL_MESSAGES_CODE, request.to_bytes()).await?;
+        ok(wire::decode_polled(&answer))
     }
 
     async fn send_messages(
@@ -251,12 +329,19 @@ impl IggyCluster for V08 {
         partitioning: &Partitioning,
         messages: &mut [Message],
     ) -> Result<Vec<Confirmed>> {
-        let mut lent = Lent::<IggyMessage>::new(messages);
-        ok(self
-            .0
-            .send_messages(stream, topic, partitioning, lent.sdk())
-            .await)?;
-        Ok(Vec::new())
+        self.send(stream, topic, partitioning, messages, None).await
+    }
+
+    async fn send_messages_with_tail(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        partitioning: &Partitioning,
+        messages: &mut [Message],
+        tail: &dyn HeadersTail,
+    ) -> Result<Vec<Confirmed>> {
+        self.send(stream, topic, partitioning, messages, Some(tail))
+            .await
     }
 
     async fn get_consumer_groups(
