@@ -7,10 +7,12 @@
 //!   second hop is a message that already carries our provenance, so ours is rewritten.
 //! - `find/{stamped_no_user_headers,stamped_3_user_headers,unstamped_3_user_headers}`: reading
 //!   provenance back (loop prevention on every message with headers, the downstream tail scan).
-//! - `prepare/{provenance_off,provenance_on,provenance_on_3_user_headers}`: a batch of 1000
-//!   messages with 256-byte payloads; throughput in messages, so criterion reports msgs/s. The
-//!   conversion works in place, so each iteration converts a fresh polled batch built outside
-//!   the measurement (and dropped outside it too: the writer drops it after sending).
+//! - `prepare/{provenance_off,provenance_on,provenance_on_3_user_headers,…}`: a batch of 1000
+//!   messages with 256-byte payloads converted, and the 0.8 send request written from it (the
+//!   provenance is written there, as the 0.8 adapter's send does); throughput in messages, so
+//!   criterion reports msgs/s. The conversion works in place, so each iteration converts a
+//!   fresh polled batch built outside the measurement (and dropped outside it too: the writer
+//!   drops it after sending).
 //!
 //! Run: `cargo bench -p replicator-pipeline --bench hot_path` (for a quick look add
 //! `-- --warm-up-time 1 --measurement-time 3`, or a filter such as `-- prepare`). It prints; it
@@ -190,8 +192,8 @@ fn preparing(c: &mut Criterion) {
             b.iter_batched(
                 || batch(headers),
                 |mut polled| {
-                    let bytes = prepare(&mut polled, black_box(&params)).expect("fits");
-                    (polled, bytes)
+                    let request = prepare(&mut polled, black_box(&params)).expect("fits");
+                    (polled, request)
                 },
                 BatchSize::LargeInput,
             );

@@ -41,17 +41,32 @@ pub struct PrepareParams<'a> {
     pub history_label: u64,
 }
 
-/// The writer's batch conversion, in place: leaves in `batch` the messages it would send
-/// and returns their bytes, or `Err(offset)` of a message whose headers would exceed
-/// Iggy's limit with provenance added.
-pub fn prepare(batch: &mut Batch, p: &PrepareParams<'_>) -> std::result::Result<u64, Offset> {
+/// The writer's batch conversion, in place, and the 0.8 request it sends: leaves in `batch`
+/// the messages it would send and returns the request (provenance is written into it, as the
+/// 0.8 adapter does), or `Err(offset)` of a message whose headers would exceed Iggy's limit
+/// with provenance added.
+pub fn prepare(
+    batch: &mut Batch,
+    p: &PrepareParams<'_>,
+) -> std::result::Result<bytes::Bytes, Offset> {
+    let stamper = p
+        .provenance
+        .then(|| crate::provenance::Stamper::new(p.source, p.history_label, p.format));
     let params = crate::datapath::writer::PrepareParams {
         last_written: p.last_written,
-        source: p.source,
         target: p.target,
-        provenance: p.provenance,
-        format: p.format,
-        history_label: p.history_label,
+        stamper: stamper.as_ref(),
     };
-    crate::datapath::writer::prepare(&mut batch.0, &params).map(|prepared| prepared.bytes)
+    crate::datapath::writer::prepare(&mut batch.0, &params)?;
+    let id = replicator_sdk::types::Identifier::default();
+    Ok(replicator_sdk::bench_support::encode_send_v08(
+        &id,
+        &id,
+        &replicator_sdk::types::Partitioning::partition_id(0),
+        &batch.0.messages,
+        stamper
+            .as_ref()
+            .map(|s| s as &dyn replicator_sdk::HeadersTail),
+    )
+    .expect("ids the wire carries"))
 }

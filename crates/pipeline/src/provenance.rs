@@ -442,7 +442,7 @@ pub fn same_copy(original: &replicator_sdk::Message, copy: &replicator_sdk::Mess
 }
 
 /// Whether the headers hold any entry of ours (cheap pre-check before rewriting).
-fn has_ours(bytes: &[u8]) -> bool {
+pub(crate) fn has_ours(bytes: &[u8]) -> bool {
     entries(bytes).any(|e| e.is_some_and(|e| is_ours(&e)))
 }
 
@@ -648,38 +648,54 @@ impl<'a> Stamper<'a> {
             };
             return stamp_into(arena, user_headers, &stamp);
         }
+        if existing.len() + self.tail_len(offset) > MAX_USER_HEADERS_SIZE {
+            return None;
+        }
+        arena.clear();
+        arena.reserve(existing.len() + self.tail_len(offset));
+        arena.put_slice(existing);
+        self.put_fresh(arena, offset);
+        Some(arena.split().freeze())
+    }
+
+    /// The length of what [`Stamper::put_fresh`] writes for `offset`.
+    pub fn tail_len(&self, offset: u64) -> usize {
         match self.format {
-            Format::Entries => {
-                if existing.len() + self.block.len() > MAX_USER_HEADERS_SIZE {
-                    return None;
-                }
-                arena.clear();
-                arena.reserve(existing.len() + self.block.len());
-                arena.put_slice(existing);
-                arena.put_slice(&self.block);
-                let at = existing.len() + self.offset_at;
-                arena[at..at + 8].copy_from_slice(&offset.to_le_bytes());
-            }
+            Format::Entries => self.block.len(),
+            Format::Compact => self.block.len() + varint_len(offset) + self.label.len(),
+        }
+    }
+
+    /// Appends our provenance of the message at `offset` to `out`, for headers that carry none.
+    fn put_fresh(&self, out: &mut BytesMut, offset: u64) {
+        let at = out.len() + self.offset_at;
+        out.put_slice(&self.block);
+        match self.format {
+            Format::Entries => out[at..at + 8].copy_from_slice(&offset.to_le_bytes()),
             Format::Compact => {
                 // `block` holds the entry up to the value's length, then the value's first byte
                 // and source id; the history label's varint follows the offset's.
-                let offset_len = varint_len(offset);
-                let ours = self.block.len() + offset_len + self.label.len();
-                if existing.len() + ours > MAX_USER_HEADERS_SIZE {
-                    return None;
-                }
-                arena.clear();
-                arena.reserve(existing.len() + ours);
-                arena.put_slice(existing);
-                arena.put_slice(&self.block);
-                let value_len = (1 + 4 + offset_len + self.label.len()) as u32;
-                let at = existing.len() + self.offset_at;
-                arena[at..at + 4].copy_from_slice(&value_len.to_le_bytes());
-                put_varint(arena, offset);
-                arena.put_slice(&self.label);
+                let value_len = (1 + 4 + varint_len(offset) + self.label.len()) as u32;
+                out[at..at + 4].copy_from_slice(&value_len.to_le_bytes());
+                put_varint(out, offset);
+                out.put_slice(&self.label);
             }
         }
-        Some(arena.split().freeze())
+    }
+}
+
+/// A send's tail: our provenance after the user's headers, for each message that does not
+/// carry provenance of ours yet (`writer::prepare` rewrote those that did: a message of another
+/// hop, or one whose tail an adapter already applied).
+impl replicator_sdk::HeadersTail for Stamper<'_> {
+    fn write_tail(&self, m: &replicator_sdk::Message, out: &mut BytesMut) {
+        if !m.user_headers.as_deref().is_some_and(has_ours) {
+            self.put_fresh(out, m.offset);
+        }
+    }
+
+    fn max_tail_len(&self) -> usize {
+        self.tail_len(u64::MAX)
     }
 }
 

@@ -28,7 +28,7 @@ use replicator_model::{Assignment, Epoch, WorkUnit};
 use replicator_sdk::types::{Identifier, Partitioning};
 use replicator_sdk::Confirmed;
 use replicator_sdk::IggyCluster as _;
-use replicator_sdk::Message;
+use replicator_sdk::{HeadersTail, Message};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -63,6 +63,8 @@ pub(crate) struct Copies<'a> {
     pub(crate) stream: Identifier,
     pub(crate) topic: Identifier,
     pub(crate) messages: &'a mut [Message],
+    /// What the send appends to each message's user headers (its provenance), if anything.
+    pub(crate) tail: Option<&'a dyn HeadersTail>,
     /// Their size as sent (for the throttle).
     pub(crate) bytes: u64,
 }
@@ -139,6 +141,7 @@ impl<C: ControlPlane> TargetDoor<C> {
             stream,
             topic,
             messages,
+            tail,
             bytes,
         } = copies;
         if let Some(throttle) = &self.throttle {
@@ -163,8 +166,22 @@ impl<C: ControlPlane> TargetDoor<C> {
                 "send_messages",
                 || self.unit_check(unit, epoch),
                 |c| async move {
-                    c.send_messages(&stream, &topic, &partitioning, messages)
-                        .await
+                    match tail {
+                        Some(tail) => {
+                            c.send_messages_with_tail(
+                                &stream,
+                                &topic,
+                                &partitioning,
+                                messages,
+                                tail,
+                            )
+                            .await
+                        }
+                        None => {
+                            c.send_messages(&stream, &topic, &partitioning, messages)
+                                .await
+                        }
+                    }
                 },
             )
             .await;

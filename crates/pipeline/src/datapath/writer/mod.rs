@@ -37,7 +37,7 @@ use replicator_model::{CommitOutcome, Offset, ProgressCommit, UnitProgress, Unit
 use replicator_sdk::types::PollingStrategy;
 use replicator_sdk::types::{Consumer, Identifier, IggyTimestamp};
 use replicator_sdk::IggyCluster as _;
-use replicator_sdk::Message;
+use replicator_sdk::{HeadersTail, Message};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -389,21 +389,22 @@ impl<C: ControlPlane> Writer<C> {
         let Some(batch) = self.held.as_mut() else {
             return Ok(Sent::Done);
         };
+        // Read per batch: a running writer switches to the compact format as soon as the
+        // cluster's level allows it (it never goes back).
+        let format = if shared.control.stamps_compact_provenance() {
+            provenance::Format::Compact
+        } else {
+            provenance::Format::Entries
+        };
+        let stamper = shared.flow.provenance.then(|| {
+            provenance::Stamper::new(&shared.flow.source, self.core.history_label(), format)
+        });
         let prepared = prepare(
             batch,
             &PrepareParams {
                 last_written: self.core.written(),
-                source: &shared.flow.source,
                 target: &shared.flow.target,
-                provenance: shared.flow.provenance,
-                // Read per batch: a running writer switches to the compact format as soon as
-                // the cluster's level allows it (it never goes back).
-                format: if shared.control.stamps_compact_provenance() {
-                    provenance::Format::Compact
-                } else {
-                    provenance::Format::Entries
-                },
-                history_label: self.core.history_label(),
+                stamper: stamper.as_ref(),
             },
         )
         .map_err(|offset| Error::Message {
@@ -428,6 +429,7 @@ impl<C: ControlPlane> Writer<C> {
                 stream,
                 topic,
                 messages: &mut batch.messages,
+                tail: stamper.as_ref().map(|s| s as &dyn HeadersTail),
                 bytes: prepared.bytes,
             };
             let answer = shared

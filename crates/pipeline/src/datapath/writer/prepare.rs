@@ -19,25 +19,20 @@ pub(crate) struct Prepared {
 pub(crate) struct PrepareParams<'a> {
     /// Last upstream offset already downstream (messages up to it are dropped).
     pub(crate) last_written: Option<Offset>,
-    /// Flow's source alias (stamped as provenance source).
-    pub(crate) source: &'a str,
     /// Flow's target alias (messages originating there are skipped).
     pub(crate) target: &'a str,
-    /// Whether to stamp provenance and apply loop prevention.
-    pub(crate) provenance: bool,
-    /// The provenance format to stamp.
-    pub(crate) format: provenance::Format,
-    /// Label of the upstream history copied (`provenance::History::label`).
-    pub(crate) history_label: u64,
+    /// The provenance the send appends (`None`: provenance off, and no loop prevention).
+    pub(crate) stamper: Option<&'a provenance::Stamper<'a>>,
 }
 
 /// Turns a batch into its downstream messages, in place: drops what is already downstream,
 /// drops (and counts in `batch.skipped`) messages that originated in the target cluster, keeps
-/// id, origin timestamp, payload and user headers byte for byte and appends provenance.
-/// In place, because the payloads need not be copied or even reference-counted again: the batch
-/// is what gets sent. Preparing a prepared batch again (a retry after a failed send) gives the
-/// same messages: provenance is replaced, not added twice. `Err(offset)` if a message's headers
-/// would exceed Iggy's limit with provenance added.
+/// id, origin timestamp, payload and user headers byte for byte. Provenance is the send's to
+/// append ([`provenance::Stamper`] is its tail, written straight into the request), except on
+/// a message that already carries provenance (a copy of another hop, or a retry's batch an
+/// adapter applied tails to): its provenance is rewritten here, which leaves it none for the
+/// tail to add. So preparing a prepared batch again gives the same messages. `Err(offset)` if a
+/// message's headers would exceed Iggy's limit with provenance added.
 pub(crate) fn prepare(
     batch: &mut Batch,
     p: &PrepareParams<'_>,
@@ -51,7 +46,7 @@ pub(crate) fn prepare(
         let done = batch.messages.partition_point(|m| m.offset <= last);
         batch.messages.drain(..done);
     }
-    if p.provenance {
+    if let Some(stamper) = p.stamper {
         let before = batch.messages.len();
         batch.messages.retain(|m| {
             m.user_headers
@@ -59,17 +54,24 @@ pub(crate) fn prepare(
                 .is_none_or(|h| !provenance::find(Some(h)).originated_in(p.target))
         });
         batch.skipped += (before - batch.messages.len()) as u64;
-        // One allocation for the provenance of the whole batch (each message's headers are
-        // split off it).
-        let mut arena =
-            bytes::BytesMut::with_capacity(batch.messages.len() * (128 + p.source.len()));
-        let stamper = provenance::Stamper::new(p.source, p.history_label, p.format);
+        let mut arena = bytes::BytesMut::new();
         for m in &mut batch.messages {
             let offset = m.offset;
-            let stamped = stamper
-                .stamp_into(&mut arena, m.user_headers.as_deref(), offset)
-                .ok_or(offset)?;
-            m.user_headers = Some(stamped);
+            let Some(existing) = m.user_headers.as_deref() else {
+                out.bytes += stamper.tail_len(offset) as u64;
+                continue;
+            };
+            if provenance::has_ours(existing) {
+                let stamped = stamper
+                    .stamp_into(&mut arena, Some(existing), offset)
+                    .ok_or(offset)?;
+                m.user_headers = Some(stamped);
+            } else if existing.len() + stamper.tail_len(offset) > provenance::MAX_USER_HEADERS_SIZE
+            {
+                return Err(offset);
+            } else {
+                out.bytes += stamper.tail_len(offset) as u64;
+            }
         }
     }
     for m in &batch.messages {
@@ -86,6 +88,7 @@ mod tests {
     use replicator_sdk::Message;
 
     use super::*;
+    use crate::provenance::{Format, Stamper};
 
     fn msg(offset: u64, headers: Option<Bytes>) -> Message {
         let payload = Bytes::from(format!("payload-{offset}"));
@@ -96,14 +99,15 @@ mod tests {
         m
     }
 
-    fn params(last_written: Option<Offset>) -> PrepareParams<'static> {
+    fn stamper(format: Format) -> Stamper<'static> {
+        Stamper::new("us", 9, format)
+    }
+
+    fn params<'a>(last_written: Option<Offset>, stamper: &'a Stamper<'a>) -> PrepareParams<'a> {
         PrepareParams {
             last_written,
-            source: "us",
             target: "eu",
-            provenance: true,
-            format: provenance::Format::Entries,
-            history_label: 9,
+            stamper: Some(stamper),
         }
     }
 
@@ -115,31 +119,44 @@ mod tests {
         batch.messages.iter().map(|m| m.offset).collect()
     }
 
+    /// What lands downstream: the batch's messages with the send's tails.
+    fn landed(batch: &Batch, stamper: &Stamper<'_>) -> Vec<Message> {
+        let mut messages = batch.messages.clone();
+        replicator_sdk::apply_tail(&mut messages, stamper);
+        messages
+    }
+
     #[test]
     fn prepare_drops_what_is_already_downstream() {
+        let s = stamper(Format::Entries);
         let mut b = batch((10..15).map(|o| msg(o, None)).collect());
-        let p = prepare(&mut b, &params(Some(12))).expect("fits");
+        let p = prepare(&mut b, &params(Some(12), &s)).expect("fits");
         check!(offsets(&b) == vec![13, 14]);
         check!(b.last_offset == 14);
         check!(p.newest_timestamp == 24);
     }
 
     #[test]
-    fn prepare_preserves_message_and_stamps_provenance() {
-        let original = msg(3, None);
-        let mut b = batch(vec![msg(3, None)]);
-        let p = prepare(&mut b, &params(None)).expect("fits");
-        assert!(b.messages.len() == 1);
-        let out = &b.messages[0];
-        check!(out.id == 1003);
-        check!(out.origin_timestamp == 8);
-        check!(out.payload == original.payload);
-        let found = provenance::find(out.user_headers.as_deref());
-        check!(found.from_source("us"));
-        check!(found.offset == Some(3));
-        check!(found.history_label == Some(9));
-        let headers_len = out.user_headers.as_ref().map_or(0, |h| h.len());
-        check!(p.bytes == (64 + original.payload.len() + headers_len) as u64);
+    fn prepare_preserves_message_and_the_send_stamps_provenance() {
+        for format in [Format::Entries, Format::Compact] {
+            let s = stamper(format);
+            let original = msg(3, None);
+            let mut b = batch(vec![msg(3, None)]);
+            let p = prepare(&mut b, &params(None, &s)).expect("fits");
+            check!(
+                b.messages == vec![original.clone()],
+                "the batch stays as polled"
+            );
+            let out = &landed(&b, &s)[0];
+            check!(out.id == 1003);
+            check!(out.origin_timestamp == 8);
+            check!(out.payload == original.payload);
+            let found = provenance::find(out.user_headers.as_deref());
+            check!(found.from_source("us"));
+            check!(found.offset == Some(3));
+            check!(found.history_label == Some(9));
+            check!(p.bytes == out.wire_bytes(), "counts the tail");
+        }
     }
 
     #[test]
@@ -153,26 +170,21 @@ mod tests {
                 format: provenance::Format::Entries,
             },
         );
+        let s = stamper(Format::Compact);
         let mut b = batch(vec![msg(1, None), msg(2, user)]);
-        let fields = |b: &Batch| -> Vec<(u64, u128, u32, Bytes, Option<Bytes>)> {
-            b.messages
-                .iter()
-                .map(|m| {
-                    (
-                        m.offset,
-                        m.id,
-                        m.user_headers_len(),
-                        m.payload.clone(),
-                        m.user_headers.clone(),
-                    )
-                })
-                .collect()
-        };
-        prepare(&mut b, &params(None)).expect("fits");
-        let once = fields(&b);
-        prepare(&mut b, &params(None)).expect("fits");
-        check!(fields(&b) == once);
-        check!(provenance::find(b.messages[1].user_headers.as_deref()).originated_in("ap"));
+        let first = prepare(&mut b, &params(None, &s)).expect("fits");
+        let once = landed(&b, &s);
+        let again = prepare(&mut b, &params(None, &s)).expect("fits");
+        check!(landed(&b, &s) == once);
+        check!(again.bytes == first.bytes);
+        check!(provenance::find(once[1].user_headers.as_deref()).originated_in("ap"));
+        check!(provenance::find(once[1].user_headers.as_deref()).from_source("us"));
+        // A batch an adapter applied the tails to (a 0.9 send that failed) is prepared again
+        // into the same messages, and no second tail is written.
+        b.messages = once.clone();
+        let retried = prepare(&mut b, &params(None, &s)).expect("fits");
+        check!(landed(&b, &s) == once);
+        check!(retried.bytes == first.bytes);
     }
 
     #[test]
@@ -186,19 +198,35 @@ mod tests {
                 format: provenance::Format::Compact,
             },
         );
+        let s = stamper(Format::Entries);
         let mut b = batch(vec![msg(0, from_eu), msg(1, None)]);
-        prepare(&mut b, &params(None)).expect("fits");
+        prepare(&mut b, &params(None, &s)).expect("fits");
         check!(b.skipped == 1);
         check!(offsets(&b) == vec![1]);
         check!(b.last_offset == 1);
     }
 
     #[test]
+    fn headers_that_would_exceed_the_limit_with_provenance_are_refused() {
+        let s = stamper(Format::Compact);
+        let room = provenance::MAX_USER_HEADERS_SIZE - s.tail_len(4);
+        let fits = Bytes::from(vec![0u8; room]);
+        let mut b = batch(vec![msg(4, Some(fits))]);
+        assert!(prepare(&mut b, &params(None, &s)).is_ok());
+        let too_long = Bytes::from(vec![0u8; room + 1]);
+        let mut b = batch(vec![msg(3, None), msg(4, Some(too_long))]);
+        check!(prepare(&mut b, &params(None, &s)).err() == Some(4));
+    }
+
+    #[test]
     fn prepare_without_provenance_forwards_headers_unchanged() {
         let raw = Bytes::from_static(&[2, 1, 0, 0, 0, b'k', 2, 1, 0, 0, 0, b'v']);
         let mut b = batch(vec![msg(0, Some(raw.clone()))]);
-        let mut p = params(None);
-        p.provenance = false;
+        let p = PrepareParams {
+            last_written: None,
+            target: "eu",
+            stamper: None,
+        };
         prepare(&mut b, &p).expect("fits");
         check!(b.messages[0].user_headers == Some(raw));
     }
