@@ -671,7 +671,12 @@ fn encode_control(
         c.and_then(|c| c.snapshot_install)
             .map(|d| ConstGauge::new(d.as_secs_f64())),
     )?;
-    let counters: [CounterOf<ControlMetrics>; 4] = [
+    let counters: [CounterOf<ControlMetrics>; 5] = [
+        (
+            "control_requests_sent",
+            "Requests this node sent to other members of the Raft group (replication, votes, snapshots, forwarded writes, status and membership calls; retries included)",
+            |c| c.requests_sent,
+        ),
         (
             "lease_renewals",
             "Ownership lease renewals committed for this node",
@@ -731,6 +736,7 @@ mod tests {
             lease_renewals: 7,
             fenced_commits: 2,
             commit_batches: 3,
+            requests_sent: 40,
             units_owned: 1,
             units_unowned: 5,
             fences: 1,
@@ -1115,6 +1121,7 @@ mod tests {
                 ("raft_snapshot_bytes", "gauge"),
                 ("raft_snapshot_build_seconds", "gauge"),
                 ("raft_snapshot_install_seconds", "gauge"),
+                ("control_requests_sent", "counter"),
                 ("lease_renewals", "counter"),
                 ("fenced_commits", "counter"),
                 ("writer_fences", "counter"),

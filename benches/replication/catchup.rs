@@ -1,5 +1,5 @@
 //! Catch-up throughput: a topic already holding `BENCH_MESSAGES` messages is copied by (a) a raw
-//! poll→send loop through the SDK, (b) one replicator instance, (c) three instances; the
+//! poll→send loop through the SDK, (b) one replicator instance, (c) three instances, (d) nine (only when asked for); the
 //! variants alternate within each round, each round starting with the next variant, so that no
 //! variant always follows the same one (a server still persisting what the previous copy wrote
 //! slows whoever comes next). When the servers' pids are known, each copy also waits for them
@@ -37,6 +37,17 @@ impl CatchupVariant {
             CatchupVariant::RawLoop => "(a) raw poll→send loop",
             CatchupVariant::OneInstance => "(b) replicator, 1 instance",
             CatchupVariant::ThreeInstances => "(c) replicator, 3 instances",
+            CatchupVariant::NineInstances => "(d) replicator, 9 instances",
+        }
+    }
+
+    /// Replicator instances it starts (none for the loop).
+    fn instances(self) -> u64 {
+        match self {
+            CatchupVariant::RawLoop => 0,
+            CatchupVariant::OneInstance => 1,
+            CatchupVariant::ThreeInstances => 3,
+            CatchupVariant::NineInstances => 9,
         }
     }
 }
@@ -57,6 +68,9 @@ struct Sample {
     /// CPU seconds of the source and the target server meanwhile (`None` when their pids are
     /// not known).
     server_cpu: Option<[f64; 2]>,
+    /// Control-plane requests (`control_requests_sent_total`) per instance per second of
+    /// `total`; `None` for the loop.
+    control_requests: Option<f64>,
 }
 
 pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResult {
@@ -171,10 +185,10 @@ async fn copy_once(
     // The replicator names its downstream stream `<source alias>.<stream>`.
     let alias = format!(
         "r{round}{}",
-        if variant == CatchupVariant::ThreeInstances {
-            "c"
-        } else {
-            "b"
+        match variant {
+            CatchupVariant::ThreeInstances => "c",
+            CatchupVariant::NineInstances => "d",
+            _ => "b",
         }
     );
     let down_stream = match variant {
@@ -208,10 +222,13 @@ async fn copy_once(
                     total,
                     own_cpu_seconds() - cpu_before,
                     context_switches("self").saturating_sub(switches_before),
+                    None,
                 ))
             }
-            CatchupVariant::OneInstance | CatchupVariant::ThreeInstances => {
-                let nodes = if variant == CatchupVariant::OneInstance { 1 } else { 3 };
+            CatchupVariant::OneInstance
+            | CatchupVariant::ThreeInstances
+            | CatchupVariant::NineInstances => {
+                let nodes = variant.instances();
                 let spec = replication_spec_between(
                     endpoints,
                     (&source, &target),
@@ -244,6 +261,18 @@ async fn copy_once(
                     "round {round}: {}: {polls:.0} polls of {poll_ms:.2} ms mean, {sends:.0} sends of {send_ms:.2} ms mean",
                     variant.label()
                 );
+                let mut requests = 0.0;
+                for id in cluster.running() {
+                    requests += cluster
+                        .metric_of(id, "iggy_replicator_control_requests_sent_total")
+                        .await?
+                        .unwrap_or_default();
+                }
+                let requests = requests / nodes as f64 / total.as_secs_f64();
+                println!(
+                    "round {round}: {}: {requests:.1} control-plane requests per instance per second",
+                    variant.label()
+                );
                 let copied = watch.total().await?;
                 watch.close().await;
                 if copied != messages {
@@ -251,7 +280,7 @@ async fn copy_once(
                 }
                 cluster.passed();
                 drop(cluster);
-                Ok((total, total.saturating_sub(first), cpu, switches))
+                Ok((total, total.saturating_sub(first), cpu, switches, Some(requests)))
             }
         }
     }
@@ -264,7 +293,7 @@ async fn copy_once(
         .zip(server_cpu_before)
         .map(|(after, before)| [after[0] - before[0], after[1] - before[1]]);
     let cleanup = delete_stream(&endpoints.downstream, &down_stream).await;
-    let (total, copying, cpu, switches) = outcome?;
+    let (total, copying, cpu, switches, control_requests) = outcome?;
     cleanup?;
     Ok(Sample {
         variant,
@@ -273,6 +302,7 @@ async fn copy_once(
         cpu,
         switches,
         server_cpu,
+        control_requests,
     })
 }
 
@@ -315,12 +345,13 @@ fn print_table(samples: &[Sample], messages: u64) {
             .collect()
     };
     let raw = of(CatchupVariant::RawLoop);
-    println!("| variant | msgs/s while copying | payload MB/s | wall time incl. start (s) | copier CPU s per 1M msgs | copier context switches per 1M msgs | source / target server CPU s per 1M msgs | ratio to (a), per round |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| variant | msgs/s while copying | payload MB/s | wall time incl. start (s) | copier CPU s per 1M msgs | copier context switches per 1M msgs | source / target server CPU s per 1M msgs | control-plane requests per instance per s | ratio to (a), per round |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for variant in [
         CatchupVariant::RawLoop,
         CatchupVariant::OneInstance,
         CatchupVariant::ThreeInstances,
+        CatchupVariant::NineInstances,
     ] {
         let mine = of(variant);
         let rate: Vec<f64> = mine
@@ -335,6 +366,7 @@ fn print_table(samples: &[Sample], messages: u64) {
         let cpu: Vec<f64> = mine.iter().map(|s| s.cpu / millions).collect();
         let switches: Vec<f64> = mine.iter().map(|s| s.switches as f64 / millions).collect();
         let server: Option<Vec<[f64; 2]>> = mine.iter().map(|s| s.server_cpu).collect();
+        let requests: Option<Vec<f64>> = mine.iter().map(|s| s.control_requests).collect();
         if mine.is_empty() {
             continue;
         }
@@ -349,7 +381,7 @@ fn print_table(samples: &[Sample], messages: u64) {
             median_range(&ratio, 2)
         };
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             variant.label(),
             median_range(&rate, 0),
             median_range(&mb, 1),
@@ -365,6 +397,7 @@ fn print_table(samples: &[Sample], messages: u64) {
                     median_range(&side(1), 2)
                 )
             }),
+            requests.map_or("n/a".to_owned(), |r| median_range(&r, 1)),
             ratio,
         );
     }

@@ -59,8 +59,8 @@ pub(crate) struct Settings {
     pub(crate) kill_partitions: u32,
     /// `BENCH_FENCING`: the target cluster's `fencing`, `users` (default) or `off`.
     pub(crate) fencing: String,
-    /// `BENCH_CATCHUP_VARIANTS`: which copies the catch-up makes each round, of `raw`, `1`
-    /// and `3` (default all three; the ratio column needs `raw`).
+    /// `BENCH_CATCHUP_VARIANTS`: which copies the catch-up makes each round, of `raw`, `1`,
+    /// `3` and `9` (default `raw,1,3`; the ratio column needs `raw`).
     pub(crate) catchup_variants: Vec<CatchupVariant>,
     /// `BENCH_MAX_BATCH_BYTES`: the flows' `max_batch_bytes` (default: the flows' default).
     pub(crate) max_batch_bytes: u64,
@@ -86,6 +86,8 @@ pub(crate) enum CatchupVariant {
     OneInstance,
     /// `3`: three instances.
     ThreeInstances,
+    /// `9`: nine instances (what an added instance costs the control plane).
+    NineInstances,
 }
 
 /// Where the catch-up puts the distance (`BENCH_WAN_FAR`).
@@ -169,8 +171,9 @@ impl Settings {
                         "raw" => Ok(CatchupVariant::RawLoop),
                         "1" => Ok(CatchupVariant::OneInstance),
                         "3" => Ok(CatchupVariant::ThreeInstances),
+                        "9" => Ok(CatchupVariant::NineInstances),
                         other => Err(format!(
-                            "BENCH_CATCHUP_VARIANTS: {other:?} is not raw, 1 or 3"
+                            "BENCH_CATCHUP_VARIANTS: {other:?} is not raw, 1, 3 or 9"
                         )),
                     })
                     .collect::<Result<Vec<_>, _>>()?,

@@ -151,6 +151,10 @@ pub struct ControlMetrics {
     pub fenced_commits: u64,
     /// Commit batches written since start.
     pub commit_batches: u64,
+    /// Requests this node sent to other members since start (Raft replication, votes and
+    /// snapshots, writes forwarded to the leader, status and membership calls; retries
+    /// included): the cost of the control plane on the network.
+    pub requests_sent: u64,
     /// Units this node owns now.
     pub units_owned: usize,
     /// Units discovery reports that nobody owns, in this node's applied state (meaningful

@@ -827,6 +827,7 @@ impl Control {
             lease_renewals: c.lease_renewals.load(Ordering::Relaxed),
             fenced_commits: c.fenced_commits.load(Ordering::Relaxed),
             commit_batches: c.commit_batches.load(Ordering::Relaxed),
+            requests_sent: self.inner.peers.requests_sent(),
             units_owned,
             units_unowned,
             fences: self.inner.fencing.fences.load(Ordering::Relaxed),

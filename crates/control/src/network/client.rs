@@ -81,6 +81,8 @@ pub(crate) struct PeerClient {
     /// Per peer address, the receiver it last named in a `409` answer: requests to that
     /// node are signed for that boot id until the peer names another.
     receivers: Arc<Mutex<HashMap<String, Receiver>>>,
+    /// Requests sent since start (the `control_requests_sent` metric).
+    sent: Arc<AtomicU64>,
 }
 
 /// What a peer answered, when it answered at all.
@@ -152,7 +154,15 @@ impl PeerClient {
             signer: Signer::new(secret),
             fault,
             receivers: Arc::default(),
+            sent: Arc::default(),
         })
+    }
+
+    /// Requests this node sent to other members since start, whatever their answer: Raft
+    /// replication, votes and snapshots, writes forwarded to the leader, status and
+    /// membership calls, each retry counted.
+    pub(crate) fn requests_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 
     /// Uses reloaded TLS material for the next connections (open ones finish as they are).
@@ -260,6 +270,7 @@ impl PeerClient {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
+        self.sent.fetch_add(1, Ordering::Relaxed);
         let resp = http
             .post(format!("{}://{addr}{path}", self.scheme))
             .header(
