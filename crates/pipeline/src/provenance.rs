@@ -658,7 +658,7 @@ impl<'a> Stamper<'a> {
         Some(arena.split().freeze())
     }
 
-    /// The length of what [`Stamper::put_fresh`] writes for `offset`.
+    /// The length of the provenance the tail writes for `offset` (on headers that carry none).
     pub fn tail_len(&self, offset: u64) -> usize {
         match self.format {
             Format::Entries => self.block.len(),

@@ -65,7 +65,7 @@ impl V08 {
         ok(tcp.send_raw_with_response(code, payload).await)
     }
 
-    /// A send through [`wire`]: the request is written straight from the replicator's
+    /// A send through `wire`: the request is written straight from the replicator's
     /// messages, with each one's `tail` if any.
     async fn send(
         &self,
@@ -294,7 +294,7 @@ impl IggyCluster for V08 {
         ok(self.0.create_partitions(stream, topic, count).await)
     }
 
-    /// Through [`wire`]: the request is the SDK's, the answer is read straight into the
+    /// Through `wire`: the request is the SDK's, the answer is read straight into the
     /// replicator's messages.
     async fn poll_messages(
         &self,
