@@ -29,6 +29,12 @@ use replicator_pipeline::bench_support::{prepare, Batch, PrepareParams};
 use replicator_pipeline::provenance::{self, Format, Stamp};
 use replicator_sdk::Message;
 
+/// The node's allocator: a batch's request is a few hundred KiB, and how the allocator serves
+/// those is part of what the node pays (glibc's malloc made these figures swing fivefold).
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Messages per batch (the reader's default poll size).
 const BATCH: u64 = 1000;
 /// Payload bytes per message.

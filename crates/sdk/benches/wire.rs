@@ -18,6 +18,12 @@ use iggy_binary_protocol::requests::messages::{RawMessage, SendMessagesEncoder};
 use iggy_common::wire_conversions::{identifier_to_wire, partitioning_to_wire};
 use replicator_sdk::bench_support::{decode_polled_v08, encode_send_v08};
 
+/// The node's allocator: a batch's request is a few hundred KiB, and how the allocator serves
+/// those is part of what the node pays (glibc's malloc made these figures swing fivefold).
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Messages per poll (the reader's default poll size).
 const BATCH: u64 = 1000;
 /// Payload bytes per message.

@@ -2,6 +2,7 @@
 //! writer (the criterion bench `hot_path` drives it through `bench_support`).
 
 use replicator_model::Offset;
+use replicator_sdk::Message;
 
 use crate::datapath::unit::Batch;
 use crate::provenance;
@@ -13,6 +14,14 @@ pub(crate) struct Prepared {
     pub(crate) bytes: u64,
     /// Upstream append time (µs) of the newest message to send.
     pub(crate) newest_timestamp: u64,
+}
+
+impl Prepared {
+    /// Counts `m`, sent with a tail of `tail` bytes.
+    fn add(&mut self, m: &Message, tail: usize) {
+        self.bytes += m.wire_bytes() + tail as u64;
+        self.newest_timestamp = self.newest_timestamp.max(m.timestamp);
+    }
 }
 
 /// What [`prepare`] needs besides the batch.
@@ -46,38 +55,46 @@ pub(crate) fn prepare(
         let done = batch.messages.partition_point(|m| m.offset <= last);
         batch.messages.drain(..done);
     }
-    if let Some(stamper) = p.stamper {
-        let before = batch.messages.len();
-        batch.messages.retain(|m| {
-            m.user_headers
-                .as_deref()
-                .is_none_or(|h| !provenance::find(Some(h)).originated_in(p.target))
-        });
-        batch.skipped += (before - batch.messages.len()) as u64;
-        let mut arena = bytes::BytesMut::new();
-        for m in &mut batch.messages {
-            let offset = m.offset;
-            let Some(existing) = m.user_headers.as_deref() else {
-                out.bytes += stamper.tail_len(offset) as u64;
-                continue;
-            };
-            if provenance::has_ours(existing) {
-                let stamped = stamper
-                    .stamp_into(&mut arena, Some(existing), offset)
-                    .ok_or(offset)?;
-                m.user_headers = Some(stamped);
-            } else if existing.len() + stamper.tail_len(offset) > provenance::MAX_USER_HEADERS_SIZE
-            {
-                return Err(offset);
-            } else {
-                out.bytes += stamper.tail_len(offset) as u64;
-            }
+    let Some(stamper) = p.stamper else {
+        for m in &batch.messages {
+            out.add(m, 0);
         }
+        return Ok(out);
+    };
+    // One pass: loop prevention, provenance to rewrite, the sizes with the tails to come.
+    let before = batch.messages.len();
+    let mut refused = None;
+    let mut arena = bytes::BytesMut::new();
+    batch.messages.retain_mut(|m| {
+        let offset = m.offset;
+        let Some(existing) = m.user_headers.as_deref() else {
+            out.add(m, stamper.tail_len(offset));
+            return true;
+        };
+        if refused.is_some() {
+            return true;
+        }
+        if provenance::find(Some(existing)).originated_in(p.target) {
+            return false;
+        }
+        if !provenance::has_ours(existing) {
+            if existing.len() + stamper.tail_len(offset) > provenance::MAX_USER_HEADERS_SIZE {
+                refused = Some(offset);
+            }
+            out.add(m, stamper.tail_len(offset));
+            return true;
+        }
+        match stamper.stamp_into(&mut arena, Some(existing), offset) {
+            Some(stamped) => m.user_headers = Some(stamped),
+            None => refused = Some(offset),
+        }
+        out.add(m, 0);
+        true
+    });
+    if let Some(offset) = refused {
+        return Err(offset);
     }
-    for m in &batch.messages {
-        out.bytes += m.wire_bytes();
-        out.newest_timestamp = out.newest_timestamp.max(m.timestamp);
-    }
+    batch.skipped += (before - batch.messages.len()) as u64;
     Ok(out)
 }
 
