@@ -85,7 +85,16 @@ async fn copy_partitions(
                     .await?
                 }
                 // A 0.9 end: through the adapters (the polled messages must change SDK anyway).
-                _ => sdk_adapters_step(source, target, copy, *partition, next[i]).await?,
+                _ => {
+                    sdk_adapters_step(
+                        (source, target),
+                        (&stream, &topic, &target_stream),
+                        *partition,
+                        next[i],
+                        copy.batch,
+                    )
+                    .await?
+                }
             };
             let Some(last) = copied else {
                 return Err(Error::Setup(format!(
@@ -102,23 +111,21 @@ async fn copy_partitions(
 /// One step of [`copy_partitions`] through the replicator's SDK adapters: the loop between
 /// generations, or with a 0.9 end.
 async fn sdk_adapters_step(
-    source: &Client,
-    target: &Client,
-    copy: &RawCopy,
+    (source, target): (&Client, &Client),
+    (stream, topic, target_stream): (&Identifier, &Identifier, &Identifier),
     partition: u32,
     offset: u64,
+    count: u32,
 ) -> Result<Option<u64>> {
-    let stream = Identifier::named(&copy.topic.stream)?;
-    let topic = Identifier::named(&copy.topic.name)?;
     let consumer = Consumer::new(Identifier::named("bench-raw")?);
     let mut polled = source
         .poll_messages(
-            &stream,
-            &topic,
+            stream,
+            topic,
             Some(partition),
             &consumer,
             &PollingStrategy::offset(offset),
-            copy.batch,
+            count,
             false,
         )
         .await?;
@@ -127,8 +134,8 @@ async fn sdk_adapters_step(
     };
     target
         .send_messages(
-            &Identifier::named(&copy.target_stream)?,
-            &topic,
+            target_stream,
+            topic,
             &Partitioning::partition_id(partition),
             &mut polled.messages,
         )

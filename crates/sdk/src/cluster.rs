@@ -167,20 +167,22 @@ pub trait IggyCluster: Send + Sync {
         messages: &mut [Message],
     ) -> impl Future<Output = Result<Vec<Confirmed>>> + Send;
 
-    /// [`IggyCluster::send_messages`], each message's user headers followed by its `tail` on
-    /// the wire. The 0.8 adapter writes the tails into its request; otherwise they are applied
-    /// to `messages` first ([`crate::apply_tail`]), which a tail must allow for (write nothing
-    /// for a message that already carries one).
+    /// [`IggyCluster::send_messages`], each message's user headers followed by its `tail`, if
+    /// any, on the wire. The 0.8 adapter writes the tails into its request; otherwise they are
+    /// applied to `messages` first ([`crate::apply_tail`]), which a tail must allow for (write
+    /// nothing for a message that already carries one).
     fn send_messages_with_tail(
         &self,
         stream: &Identifier,
         topic: &Identifier,
         partitioning: &Partitioning,
         messages: &mut [Message],
-        tail: &dyn HeadersTail,
+        tail: Option<&dyn HeadersTail>,
     ) -> impl Future<Output = Result<Vec<Confirmed>>> + Send {
         async move {
-            crate::apply_tail(messages, tail);
+            if let Some(tail) = tail {
+                crate::apply_tail(messages, tail);
+            }
             self.send_messages(stream, topic, partitioning, messages)
                 .await
         }

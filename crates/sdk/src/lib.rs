@@ -298,7 +298,7 @@ dispatch! {
     fn create_partitions(&self, stream: &Identifier, topic: &Identifier, count: u32) -> Result<()>;
     fn poll_messages(&self, stream: &Identifier, topic: &Identifier, partition: Option<u32>, consumer: &Consumer, strategy: &PollingStrategy, count: u32, auto_commit: bool) -> Result<Polled>;
     fn send_messages(&self, stream: &Identifier, topic: &Identifier, partitioning: &Partitioning, messages: &mut [Message]) -> Result<Vec<Confirmed>>;
-    fn send_messages_with_tail(&self, stream: &Identifier, topic: &Identifier, partitioning: &Partitioning, messages: &mut [Message], tail: &dyn HeadersTail) -> Result<Vec<Confirmed>>;
+    fn send_messages_with_tail(&self, stream: &Identifier, topic: &Identifier, partitioning: &Partitioning, messages: &mut [Message], tail: Option<&dyn HeadersTail>) -> Result<Vec<Confirmed>>;
     fn get_consumer_groups(&self, stream: &Identifier, topic: &Identifier) -> Result<Vec<ConsumerGroup>>;
     fn get_consumer_group(&self, stream: &Identifier, topic: &Identifier, group: &Identifier) -> Result<Option<ConsumerGroupDetails>>;
     fn create_consumer_group(&self, stream: &Identifier, topic: &Identifier, name: &str) -> Result<ConsumerGroupDetails>;

@@ -74,15 +74,18 @@ pub trait HeadersTail: Send + Sync {
 }
 
 /// `messages` as a send with `tail` writes them: each one's tail appended to its own user
-/// headers, in place (for an adapter that cannot write tails into its requests itself; all
-/// tails share one buffer).
+/// headers, in place (for an adapter that cannot write tails into its requests itself). The
+/// tails share one buffer; a message that gets none keeps its headers untouched.
 pub fn apply_tail(messages: &mut [Message], tail: &dyn HeadersTail) {
     let mut arena = BytesMut::with_capacity(messages.len() * tail.max_tail_len());
     for m in messages {
-        arena.extend_from_slice(m.user_headers.as_deref().unwrap_or_default());
+        let own = m.user_headers.as_deref().unwrap_or_default();
+        arena.extend_from_slice(own);
         tail.write_tail(m, &mut arena);
-        if !arena.is_empty() {
+        if arena.len() > own.len() {
             m.user_headers = Some(arena.split().freeze());
+        } else {
+            arena.clear();
         }
     }
 }

@@ -338,10 +338,9 @@ impl IggyCluster for V08 {
         topic: &Identifier,
         partitioning: &Partitioning,
         messages: &mut [Message],
-        tail: &dyn HeadersTail,
+        tail: Option<&dyn HeadersTail>,
     ) -> Result<Vec<Confirmed>> {
-        self.send(stream, topic, partitioning, messages, Some(tail))
-            .await
+        self.send(stream, topic, partitioning, messages, tail).await
     }
 
     async fn get_consumer_groups(

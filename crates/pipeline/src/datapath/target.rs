@@ -166,22 +166,8 @@ impl<C: ControlPlane> TargetDoor<C> {
                 "send_messages",
                 || self.unit_check(unit, epoch),
                 |c| async move {
-                    match tail {
-                        Some(tail) => {
-                            c.send_messages_with_tail(
-                                &stream,
-                                &topic,
-                                &partitioning,
-                                messages,
-                                tail,
-                            )
-                            .await
-                        }
-                        None => {
-                            c.send_messages(&stream, &topic, &partitioning, messages)
-                                .await
-                        }
-                    }
+                    c.send_messages_with_tail(&stream, &topic, &partitioning, messages, tail)
+                        .await
                 },
             )
             .await;
