@@ -1539,7 +1539,7 @@ async fn users_are_created_found_updated_and_deleted() -> TestResult {
     check!(a.permissions == Some(rights.clone()));
     let by_name = root.get_user(&name(&name_a)).await?.expect("user by name");
     check!(by_name.id == a.id);
-    check!(by_name.permissions == Some(rights));
+    check!(by_name.permissions == Some(rights.clone()));
     check!(by_name.created_at == a.created_at);
     let by_id = root.get_user(&num(a.id)).await?.expect("user by id");
     check!(by_id.username == name_a);
@@ -1574,6 +1574,22 @@ async fn users_are_created_found_updated_and_deleted() -> TestResult {
     check!(root.get_user(&name(&name_a)).await?.is_none());
     check!(code(root.update_user(&num(b.id), Some(&renamed), None).await) == 46);
     root.update_user(&num(b.id), Some(&name_b), None).await?;
+    // By name as well: a fence's revoke names the writer user it takes the rights from.
+    root.update_permissions(&name(&name_b), Some(rights.clone()))
+        .await?;
+    root.update_user(&name(&name_b), None, Some(UserStatus::Inactive))
+        .await?;
+    let b_now = root.get_user(&num(b.id)).await?.expect("b by id");
+    check!(b_now.permissions == Some(rights.clone()));
+    check!(b_now.status == UserStatus::Inactive);
+    let nobody = unique("nobody");
+    check!(code(root.update_permissions(&name(&nobody), None).await) == 20);
+    check!(
+        code(
+            root.update_user(&name(&nobody), None, Some(UserStatus::Inactive))
+                .await
+        ) == 20
+    );
     root.update_permissions(&num(a.id), None).await?;
     check!(root
         .get_user(&num(a.id))

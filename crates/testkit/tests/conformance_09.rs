@@ -729,13 +729,17 @@ async fn users_and_permissions_fence_a_writer() -> TestResult {
     writer
         .send_messages(&sid, &tid, &Partitioning::partition_id(0), &mut one)
         .await?;
-    // Fenced: the right to send is taken away; the very next send of the open session fails.
-    root.update_permissions(&uid, None).await?;
+    // Fenced: the right to send is taken away (by the user's name, as a revoke does it); the
+    // very next send of the open session fails.
+    root.update_permissions(&Identifier::named(&name)?, None)
+        .await?;
     let mut two = vec![IggyMessage::from_str("refused")?];
     let refused = writer
         .send_messages(&sid, &tid, &Partitioning::partition_id(0), &mut two)
         .await;
     check!(refused.as_ref().err().map(IggyError::as_code) == Some(41));
+    let revoked = root.get_user(&uid).await?.expect("the user exists");
+    check!(revoked.permissions.is_none());
     root.delete_user(&uid).await?;
     root.delete_stream(&sid).await?;
     Ok(())

@@ -30,6 +30,11 @@ fn writer_permissions() -> Permissions {
     }
 }
 
+/// Connections of a target's managing credential: a revoke's two changes go out at once, one
+/// on each, so a fence costs one round trip to the target (which counts in every failover,
+/// and between regions a round trip is 20–250 ms).
+const ADMIN_CONNECTIONS: usize = 2;
+
 /// One fenced target cluster.
 struct FencedTarget {
     alias: String,
@@ -69,7 +74,7 @@ impl TargetFence {
                 alias,
                 cluster.iggy_version,
                 &cluster.connection_string,
-                1,
+                ADMIN_CONNECTIONS,
                 params.operation_timeout,
             )?;
             let target = FencedTarget {
@@ -165,6 +170,15 @@ impl TargetFence {
     ) -> std::result::Result<(), String> {
         let t = self.target(alias)?;
         let name = writer_username(&t.prefix, node, incarnation);
+        // The user nearly always exists (`ensure` created it before its node could write):
+        // both changes by name, at once. Anything else (no such user, an error) takes the
+        // path below, which repeats them; both are idempotent.
+        match revoke_by_name(t, &name).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                tracing::debug!(user = %name, error = %e, "revoke by name failed; looking the user up")
+            }
+        }
         let id = match get_user(t, &name).await? {
             Some(id) => id,
             None => {
@@ -188,16 +202,8 @@ impl TargetFence {
                 }
             }
         };
-        call(t, "update_permissions", |c| async move {
-            c.update_permissions(&Identifier::numeric(id)?, Some(Permissions::default()))
-                .await
-        })
-        .await?;
-        call(t, "update_user", |c| async move {
-            c.update_user(&Identifier::numeric(id)?, None, Some(UserStatus::Inactive))
-                .await
-        })
-        .await
+        let user = Identifier::numeric(id).map_err(|e| format!("user id {id}: {e}"))?;
+        take_rights_and_deactivate(t, user).await
     }
 
     /// Closes the connections.
@@ -268,20 +274,61 @@ fn unknown_password() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// One call on `t`'s managing connection, the error as one line naming the cluster.
+/// One call on `t`'s first managing connection, the error as one line naming the cluster.
 async fn call<T, F, Fut>(t: &FencedTarget, op: &str, f: F) -> std::result::Result<T, String>
 where
     F: FnOnce(Arc<replicator_sdk::Client>) -> Fut,
     Fut: std::future::Future<Output = replicator_sdk::Result<T>>,
 {
+    call_on(t, 0, op, f).await
+}
+
+/// [`call`] on the managing connection `slot` (below [`ADMIN_CONNECTIONS`]).
+async fn call_on<T, F, Fut>(
+    t: &FencedTarget,
+    slot: usize,
+    op: &str,
+    f: F,
+) -> std::result::Result<T, String>
+where
+    F: FnOnce(Arc<replicator_sdk::Client>) -> Fut,
+    Fut: std::future::Future<Output = replicator_sdk::Result<T>>,
+{
     t.admin
-        .call(0, op, f)
+        .call(slot, op, f)
         .await
         .map_err(|e| format!("clusters.{}: {e}: {}", t.alias, source_of(&e)))
 }
 
 fn source_of(e: &crate::Error) -> String {
     std::error::Error::source(e).map_or_else(String::new, ToString::to_string)
+}
+
+/// Revokes the existing user `name` (see [`TargetFence::revoke`]).
+async fn revoke_by_name(t: &FencedTarget, name: &str) -> std::result::Result<(), String> {
+    let user = Identifier::named(name).map_err(|e| format!("user name {name:?}: {e}"))?;
+    take_rights_and_deactivate(t, user).await
+}
+
+/// Takes every right from `user` and deactivates it, the two changes at once on the two
+/// managing connections. Their order does not matter: either one alone already stops the
+/// user's writes (no right to send, or no new session), and the revoke is done only once both
+/// are acknowledged.
+async fn take_rights_and_deactivate(
+    t: &FencedTarget,
+    user: Identifier,
+) -> std::result::Result<(), String> {
+    let (for_rights, for_status) = (user.clone(), user);
+    let rights = call_on(t, 0, "update_permissions", |c| async move {
+        c.update_permissions(&for_rights, Some(Permissions::default()))
+            .await
+    });
+    let status = call_on(t, 1, "update_user", |c| async move {
+        c.update_user(&for_status, None, Some(UserStatus::Inactive))
+            .await
+    });
+    let (rights, status) = tokio::join!(rights, status);
+    rights.and(status)
 }
 
 /// The id of the user named `name`, if it exists.

@@ -2,10 +2,14 @@
 
 use std::time::Duration;
 
-use replicator_model::WorkUnit;
-use replicator_pipeline::InMemoryLease;
+use iggy::prelude::{Identifier, Permissions, UserStatus};
+use replicator_model::{WorkUnit, WriterLogin};
+use replicator_pipeline::{InMemoryLease, TargetFence};
+use replicator_sdk::IggyCluster as _;
 
-use crate::harness::{assert_exact, count, produce, wait_confirmed, wait_until, Env, TestResult};
+use crate::harness::{
+    assert_exact, client, count, flow, produce, wait_confirmed, wait_until, Env, TestResult,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_unit_and_lost_lease_stop_writes_until_ownership_returns() -> TestResult {
@@ -63,5 +67,58 @@ async fn requested_release_drains_commits_and_hands_the_unit_back() -> TestResul
     assert_exact(&env.verify(&f, Duration::from_secs(30)).await?);
     wait_confirmed(&control, &unit, 1099, Duration::from_secs(10)).await?;
     pipeline.shutdown().await;
+    Ok(())
+}
+
+/// A fence's revoke on a target (`TargetFence::revoke`, what the leader runs before it moves a
+/// failed member's partitions): the writer user loses every right and can no longer sign in;
+/// a user that does not exist yet is created that way, so a late `ensure` finds the name taken
+/// and leaves it revoked; revoking again changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoke_takes_every_right_and_deactivates_whether_the_user_exists_or_not() -> TestResult {
+    let env = Env::start().await?;
+    let eu = client(&env.eu).await?;
+    let mut params = env.params(flow("f", &["revoke/*"]));
+    params
+        .clusters
+        .get_mut("eu")
+        .ok_or("no eu cluster")?
+        .writer_user_prefix = Some("repl".to_owned());
+    let node = params.node_id;
+    let fence = TargetFence::new(&params)?.ok_or("no fenced target")?;
+    let login = |incarnation: u64| WriterLogin {
+        node,
+        incarnation,
+        password: format!("writer-password-{incarnation}"),
+    };
+    let user = |incarnation: u64| {
+        let eu = &eu;
+        async move {
+            let name = login(incarnation).username("repl");
+            let found = eu.get_user(&Identifier::named(&name)?).await?;
+            let u = found.ok_or_else(|| format!("no user {name}"))?;
+            TestResult::Ok((u.status, u.permissions.unwrap_or_default()))
+        }
+    };
+    let revoked = (UserStatus::Inactive, Permissions::default());
+
+    fence.ensure("eu", &login(1)).await?;
+    let (status, rights) = user(1).await?;
+    assert_eq!(status, UserStatus::Active);
+    assert!(
+        rights.global.send_messages,
+        "a writer user may send: {rights:?}"
+    );
+    fence.revoke("eu", node, 1).await?;
+    assert_eq!(user(1).await?, revoked);
+    fence.revoke("eu", node, 1).await?;
+    assert_eq!(user(1).await?, revoked);
+
+    // Never created (its node died before the leader's `ensure` reached the target).
+    fence.revoke("eu", node, 2).await?;
+    assert_eq!(user(2).await?, revoked);
+    fence.ensure("eu", &login(2)).await?;
+    assert_eq!(user(2).await?, revoked);
+    fence.close().await;
     Ok(())
 }
