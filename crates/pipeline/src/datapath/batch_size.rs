@@ -13,7 +13,8 @@
 //! short and the batch stays `batch_size` with one poll in flight (latency and memory as
 //! before). A catching-up unit holds at most `max_batch_bytes` per batch: two being polled (three
 //! for a moment after an answer sent ahead is dropped and polled again), `max_in_flight_batches`
-//! queued, one being sent.
+//! queued, and the send: one batch, or behind a far target up to `max_in_flight_batches` + 1
+//! joined (`writer::join`; README "Across regions" gives the bound).
 
 /// The batch size of one unit's polls.
 #[derive(Debug, Clone)]

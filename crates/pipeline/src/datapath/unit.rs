@@ -109,4 +109,13 @@ impl Batch {
             skipped: 0,
         })
     }
+
+    /// Appends `next`, the batch polled right after this one with no gap before it, so that
+    /// both go in one send (`writer::join`).
+    pub(crate) fn join(&mut self, mut next: Batch) {
+        debug_assert!(next.gap.is_none(), "a batch after a gap is sent on its own");
+        self.messages.append(&mut next.messages);
+        self.last_offset = next.last_offset;
+        self.skipped += next.skipped;
+    }
 }

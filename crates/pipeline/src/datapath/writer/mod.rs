@@ -4,8 +4,9 @@
 //!
 //! The task is IO around pure cores: [`resume`] decides the resume point and how far back to
 //! scan the downstream tail, [`core`](mod@core) holds the writer's state between IO calls and
-//! decides on their answers (the deterministic simulator drives the same core),
-//! [`prepare`](mod@prepare) turns a batch into the downstream messages, [`send`] decides whether
+//! decides on their answers (the deterministic simulator drives the same core), [`join`] which
+//! queued batches go out together in one send, [`prepare`](mod@prepare) turns a batch into the
+//! downstream messages, [`send`] decides whether
 //! it may go out (lease and epoch, checked before every send and again once the connection is
 //! ours), and [`commit`] keeps the commit bookkeeping.
 //!
@@ -23,6 +24,7 @@
 
 pub(crate) mod commit;
 pub(crate) mod core;
+pub(crate) mod join;
 pub(crate) mod landed;
 mod prepare;
 pub(crate) mod resume;
@@ -43,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::commit::{CommitTracker, Settled};
 use self::core::{Handled, Lost, WriterCore};
+use self::join::JoinedSend;
 pub(crate) use self::prepare::{prepare, PrepareParams};
 pub(crate) use self::resume::{reference as confirmed_position, TailStep};
 use self::resume::{PartitionExtent, ResumeFacts, ResumePlan, TailCheck, TailHit};
@@ -98,6 +101,7 @@ pub(crate) async fn run<C: ControlPlane>(args: WriterArgs<C>) -> Result<&'static
         stop,
         commit_call: None,
         held: None,
+        next: None,
     };
     let ended = writer.run(start).await;
     if let Ok(reason) = &ended {
@@ -119,8 +123,11 @@ struct Writer<C> {
     core: WriterCore,
     /// The call of the commit the core has in flight.
     commit_call: Option<CommitCall>,
-    /// A batch taken from the channel but not yet sent (kept across retries).
+    /// A batch taken from the channel but not yet sent (kept across retries), with the
+    /// batches that were queued behind it when it was taken ([`join`]).
     held: Option<Batch>,
+    /// The batch taken from the channel that did not join the held one: the next to send.
+    next: Option<Batch>,
 }
 
 /// What the writer waits for.
@@ -184,12 +191,16 @@ impl<C: ControlPlane> Writer<C> {
         let _ = start.send(from);
         loop {
             if self.held.is_none() {
-                match self.wait(Wait::Batch).await {
-                    Woken::Batch(batch) => self.held = Some(batch),
-                    Woken::Closed => return self.drain("drained").await,
-                    Woken::Fenced => return Ok("fenced"),
-                    Woken::PauseOver | Woken::Stopped => continue,
-                }
+                let batch = match self.next.take() {
+                    Some(batch) => batch,
+                    None => match self.wait(Wait::Batch).await {
+                        Woken::Batch(batch) => batch,
+                        Woken::Closed => return self.drain("drained").await,
+                        Woken::Fenced => return Ok("fenced"),
+                        Woken::PauseOver | Woken::Stopped => continue,
+                    },
+                };
+                self.held = Some(self.join_queued(batch));
             }
             let delay = match Box::pin(self.send_held()).await {
                 Ok(Sent::Done) => {
@@ -216,6 +227,21 @@ impl<C: ControlPlane> Writer<C> {
                 _ => {}
             }
         }
+    }
+
+    /// `batch` with the batches queued behind it that go in the same send ([`join`]); the
+    /// first one that does not is kept as the next to send.
+    fn join_queued(&mut self, mut batch: Batch) -> Batch {
+        let mut send = JoinedSend::of(&batch, self.shared.target.far());
+        while let Ok(queued) = self.rx.try_recv() {
+            let queued = *queued;
+            if !send.admits(&queued) {
+                self.next = Some(queued);
+                break;
+            }
+            batch.join(queued);
+        }
+        batch
     }
 
     /// Waits for `wait`, meanwhile settling the commit in flight and starting the next one
