@@ -196,6 +196,57 @@ async fn a_two_way_pair_across_a_distance_copies_both_ways_exactly_without_loops
 /// Command code of POLL_MESSAGES.
 const POLL_MESSAGES: u32 = 100;
 
+/// Command code of SEND_MESSAGES.
+const SEND_MESSAGES: u32 = 101;
+
+/// Behind a far target a send carries the batches the reader queued while the previous send
+/// was out (`writer::join`). Each batch holds at most the largest batch size the partition
+/// reached, so without joining the target would see at least `messages / largest` sends; it
+/// sees far fewer, and the copy is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_targets_sends_carry_the_batches_queued_behind_them() -> TestResult {
+    const MESSAGES: u64 = 20_000;
+    let (env, _up, mut flow) = Env::seeded("joined", "sends", 1, 0..MESSAGES, 1000).await?;
+    flow.batch_size = BATCH;
+    // The smallest grown batch the config allows: a few hundred of these messages.
+    flow.max_batch_bytes = 64 << 10;
+    let proxy = WanProxy::start(env.eu.addr(), WanLink::symmetric(ONE_WAY)).await?;
+    let mut clusters = env.clusters();
+    let mut target = through(&env.eu, proxy.addr());
+    target.connections = 1;
+    target.far_connections = 3;
+    clusters.insert("eu".to_owned(), target);
+    let mut params = tuned_params(clusters, flow.clone());
+    params.operation_timeout = Duration::from_secs(30);
+    let sends_before = env.eu.faults().requests(SEND_MESSAGES);
+    let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
+    let stats = pipeline.stats_reader();
+    let mut largest = 0;
+    wait_until("the partition copied", Duration::from_secs(120), || {
+        let now = stats();
+        largest = largest.max(now.iter().map(|s| s.batch_size).max().unwrap_or(0));
+        std::future::ready(now.iter().map(|s| s.messages).sum::<u64>() >= MESSAGES)
+    })
+    .await?;
+    let sends = env.eu.faults().requests(SEND_MESSAGES) - sends_before;
+    println!("{sends} sends to the far target for {MESSAGES} messages, batches of up to {largest}");
+    assert!(
+        largest > BATCH,
+        "the batches grew behind the far target: {largest}"
+    );
+    assert!(
+        sends * u64::from(largest) < MESSAGES,
+        "{sends} sends of batches of at most {largest} messages each could not carry {MESSAGES}: \
+         the sends did not join the queued batches"
+    );
+    let report = env.verify(&flow, Duration::from_secs(60)).await?;
+    assert_exact(&report);
+    assert!(report.downstream_total() == MESSAGES);
+    pipeline.shutdown().await;
+    proxy.stop().await;
+    Ok(())
+}
+
 /// `far_source_polls = 2`: a caught-up partition behind a far source keeps two polls in
 /// flight. Shown by holding one poll at the source: with one poll at a time nothing else could
 /// reach it meanwhile, with two the other does. And the copy stays exact while a producer
