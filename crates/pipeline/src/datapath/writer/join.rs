@@ -94,13 +94,14 @@ mod tests {
     #[test]
     fn queued_batches_join_until_the_bytes_or_the_messages_would_be_too_many() {
         let per_message = Message::HEADER_BYTES + 1_000;
-        // Batches of 4 MiB or so: seven fit in 32 MiB, the eighth does not.
+        // Batches just under 4 MiB: eight fit in 32 MiB, a ninth does not.
         let count = (4 << 20) / per_message;
         let mut send = JoinedSend::of(&batch(0, count, 1_000), true);
         let mut joined = 1;
         while send.admits(&batch(joined * count, count, 1_000)) {
             joined += 1;
         }
+        check!(joined == 8);
         check!(joined == MAX_JOINED_BYTES / (count * per_message));
         check!(send.bytes <= MAX_JOINED_BYTES);
 
