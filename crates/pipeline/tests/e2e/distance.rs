@@ -3,12 +3,12 @@
 //! they are behind and come back to `batch_size` once caught up, and the far cluster gets its
 //! `far_connections`.
 
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use replicator_pipeline::verify::{verify, VerifyParams};
 use replicator_pipeline::{ClusterParams, InMemoryControl, Pipeline};
-use replicator_testkit::{TestServer, WanLink, WanProxy};
+use replicator_testkit::{WanLink, WanProxy};
 
 use crate::harness::{
     assert_exact, client, cluster_params, count, create_topic, flow, produce, tuned_params,
@@ -28,13 +28,24 @@ enum Far {
     Target,
 }
 
-/// `server`'s cluster params, dialled through `via`.
-fn through(server: &TestServer, via: SocketAddr) -> ClusterParams {
-    let mut params = cluster_params(server);
-    params.connection_string = server
+/// `env`'s clusters with `alias` (`"us"` or `"eu"`) dialled through a new `WanProxy` of
+/// [`ONE_WAY`] each way, on one connection while near and three once far; and the proxy, for
+/// the caller to stop.
+async fn with_far(
+    env: &Env,
+    alias: &str,
+) -> TestResult<(BTreeMap<String, ClusterParams>, WanProxy)> {
+    let server = if alias == "us" { &env.us } else { &env.eu };
+    let proxy = WanProxy::start(server.addr(), WanLink::symmetric(ONE_WAY)).await?;
+    let mut far = cluster_params(server);
+    far.connection_string = server
         .connection_string()
-        .replace(&server.addr().to_string(), &via.to_string());
-    params
+        .replace(&server.addr().to_string(), &proxy.addr().to_string());
+    far.connections = 1;
+    far.far_connections = 3;
+    let mut clusters = env.clusters();
+    clusters.insert(alias.to_owned(), far);
+    Ok((clusters, proxy))
 }
 
 async fn copies_exactly_with_grown_batches(far: Far) -> TestResult {
@@ -42,20 +53,11 @@ async fn copies_exactly_with_grown_batches(far: Far) -> TestResult {
     let (env, up, mut flow) = Env::seeded("far", "created", partitions, 0..10_000, 1000).await?;
     flow.batch_size = BATCH;
     flow.max_batch_bytes = 256 << 10;
-    let server = match far {
-        Far::Source => &env.us,
-        Far::Target => &env.eu,
-    };
-    let proxy = WanProxy::start(server.addr(), WanLink::symmetric(ONE_WAY)).await?;
-    let mut clusters = env.clusters();
     let alias = match far {
         Far::Source => "us",
         Far::Target => "eu",
     };
-    let mut params = through(server, proxy.addr());
-    params.connections = 1;
-    params.far_connections = 3;
-    clusters.insert(alias.to_owned(), params);
+    let (clusters, proxy) = with_far(&env, alias).await?;
     let mut params = tuned_params(clusters, flow.clone());
     params.operation_timeout = Duration::from_secs(10);
     let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
@@ -131,12 +133,7 @@ async fn a_two_way_pair_across_a_distance_copies_both_ways_exactly_without_loops
         f.batch_size = BATCH;
         f.max_batch_bytes = 256 << 10;
     }
-    let proxy = WanProxy::start(env.eu.addr(), WanLink::symmetric(ONE_WAY)).await?;
-    let mut clusters = env.clusters();
-    let mut far = through(&env.eu, proxy.addr());
-    far.connections = 1;
-    far.far_connections = 3;
-    clusters.insert("eu".to_owned(), far);
+    let (clusters, proxy) = with_far(&env, "eu").await?;
     let mut params = tuned_params(clusters, there.clone());
     params.flows.push(back.clone());
     params.operation_timeout = Duration::from_secs(10);
@@ -210,12 +207,7 @@ async fn a_far_targets_sends_carry_the_batches_queued_behind_them() -> TestResul
     flow.batch_size = BATCH;
     // The smallest grown batch the config allows: a few hundred of these messages.
     flow.max_batch_bytes = 64 << 10;
-    let proxy = WanProxy::start(env.eu.addr(), WanLink::symmetric(ONE_WAY)).await?;
-    let mut clusters = env.clusters();
-    let mut target = through(&env.eu, proxy.addr());
-    target.connections = 1;
-    target.far_connections = 3;
-    clusters.insert("eu".to_owned(), target);
+    let (clusters, proxy) = with_far(&env, "eu").await?;
     let mut params = tuned_params(clusters, flow.clone());
     params.operation_timeout = Duration::from_secs(30);
     let sends_before = env.eu.faults().requests(SEND_MESSAGES);
@@ -255,12 +247,7 @@ async fn a_far_targets_sends_carry_the_batches_queued_behind_them() -> TestResul
 async fn a_caught_up_partition_keeps_two_polls_in_flight_to_a_far_source() -> TestResult {
     let (env, _up, mut flow) = Env::seeded("near", "steady", 1, 0..1_000, 500).await?;
     flow.far_source_polls = 2;
-    let proxy = WanProxy::start(env.us.addr(), WanLink::symmetric(ONE_WAY)).await?;
-    let mut clusters = env.clusters();
-    let mut source = through(&env.us, proxy.addr());
-    source.connections = 1;
-    source.far_connections = 3;
-    clusters.insert("us".to_owned(), source);
+    let (clusters, proxy) = with_far(&env, "us").await?;
     let mut params = tuned_params(clusters, flow.clone());
     params.operation_timeout = Duration::from_secs(30);
     let pipeline = Pipeline::start(params, InMemoryControl::new()).await?;
