@@ -271,6 +271,8 @@ pub(crate) struct RoundContext<'a> {
     pub(crate) changes: u64,
     /// The config digests the leader's process runs (`None`: it published none, no check).
     pub(crate) own_config: Option<&'a BTreeMap<String, String>>,
+    /// The members whose process the network layer found gone (`LeaderView::peers_gone`).
+    pub(crate) gone: BTreeMap<NodeId, Instant>,
 }
 
 /// What a round decides from besides the state itself: the state's change count, the term and
@@ -337,6 +339,7 @@ pub(crate) fn round(
         fencing,
         changes,
         own_config,
+        gone,
     } = cx;
     if !state.config_applied(leader, own_config) {
         // The state still holds the config this leader's previous process published: it would
@@ -347,6 +350,7 @@ pub(crate) fn round(
         return (Vec::new(), FenceWork::default());
     }
     view.observe(&state.members, now);
+    view.peers_gone(gone);
     // With fencing on, a member that missed its renewals for `fence_after` is fenced; only its
     // units writing to a fenced target move on that, the others wait for the lease.
     let fence_after = fencing.as_ref().map(|_| timing.fence_after);

@@ -103,6 +103,9 @@ pub(crate) struct LeaderView {
     /// could commit (a slow disk, a busy leader, a membership change); and the end of a gap
     /// at least as long as a limit gives everyone a grace, as an election does.
     progress: Option<(Instant, Duration)>,
+    /// Members whose process the network layer found gone, each with the latest failure that
+    /// showed it (see [`Self::peers_gone`]).
+    gone: BTreeMap<NodeId, Instant>,
 }
 
 impl LeaderView {
@@ -113,7 +116,19 @@ impl LeaderView {
             leading_since: None,
             previous_leader: None,
             progress: None,
+            gone: BTreeMap::new(),
         }
+    }
+
+    /// What the network layer shows now (`network::gone`): the members whose calls were
+    /// refused, or closed before an answer, twice in a row, each with the latest such failure.
+    /// With fencing on, such a member is unresponsive at once, grace or not, unless its latest
+    /// renewal was seen after that failure (a process that is back): a dead process renews no
+    /// more, and waiting out `fence_after` for it is most of a follower's failover. Leases are
+    /// untouched: a unit of an unfenced target still waits for its owner's lease to end, as
+    /// nothing else stops a process that is alive after all.
+    pub(crate) fn peers_gone(&mut self, gone: BTreeMap<NodeId, Instant>) {
+        self.gone = gone;
     }
 
     /// A view for a new `term` that carries on from `observed`: this node's own record, kept
@@ -141,6 +156,7 @@ impl LeaderView {
             leading_since: Some(now),
             previous_leader,
             progress: observed.progress,
+            gone: observed.gone.clone(),
         }
     }
 
@@ -225,16 +241,25 @@ impl LeaderView {
             .filter(|(_, (_, at))| reference.saturating_duration_since(*at) >= limit)
             .map(|(id, _)| *id)
             .collect();
+        // Members whose process is gone since their latest renewal (fencing only).
+        let gone: BTreeSet<NodeId> = self
+            .seen
+            .iter()
+            .filter(|(id, (_, at))| {
+                fence_after.is_some() && self.gone.get(id).is_some_and(|failed| at < failed)
+            })
+            .map(|(id, _)| *id)
+            .collect();
         let grace: BTreeSet<NodeId> = if in_grace {
             late.iter()
-                .filter(|id| Some(**id) != self.previous_leader)
+                .filter(|id| Some(**id) != self.previous_leader && !gone.contains(id))
                 .copied()
                 .collect()
         } else {
             BTreeSet::new()
         };
         let unresponsive = if fence_after.is_some() {
-            late.difference(&grace).copied().collect()
+            late.difference(&grace).chain(&gone).copied().collect()
         } else {
             BTreeSet::new()
         };
@@ -533,6 +558,45 @@ mod fencing_tests {
         view.observe(&members(&[(1, 10), (2, 11), (3, 14)]), elected + GRACE / 2);
         let l = view.liveness(elected + GRACE, LEASE, GRACE, Some(FENCE_AFTER));
         check!(l.unresponsive == BTreeSet::from([1, 2]));
+    }
+
+    #[test]
+    fn a_member_whose_process_is_gone_is_unresponsive_at_once_and_back_once_it_renews() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut view = LeaderView::new(1);
+        view.observe(&members(&[(1, 10), (2, 11), (3, 12)]), t0);
+        // Member 2's calls were refused twice, 100 ms after its latest renewal: fenced at
+        // once, well before `fence_after`, though every lease is alive.
+        let at = t0 + ms(150);
+        view.peers_gone(BTreeMap::from([(2, t0 + ms(100))]));
+        let l = view.liveness(at, LEASE, GRACE, Some(FENCE_AFTER));
+        check!(l.unresponsive == BTreeSet::from([2]));
+        check!(l.live == BTreeSet::from([1, 2, 3]));
+        // Without fencing the evidence changes nothing: leases alone move units then.
+        check!(view
+            .liveness(at, LEASE, GRACE, None)
+            .unresponsive
+            .is_empty());
+        // A renewal seen after the latest failure: the process is back (restarted).
+        view.observe(&members(&[(1, 10), (2, 13), (3, 12)]), t0 + ms(200));
+        let l = view.liveness(t0 + ms(200), LEASE, GRACE, Some(FENCE_AFTER));
+        check!(l.unresponsive.is_empty());
+    }
+
+    #[test]
+    fn a_new_leader_gives_no_grace_to_a_member_whose_process_is_gone() {
+        let t0 = Instant::now();
+        let mut observed = LeaderView::new(0);
+        observed.observe(&members(&[(1, 10), (2, 11), (3, 12)]), t0);
+        let elected = t0 + Duration::from_millis(700);
+        let mut view = LeaderView::carry_on(5, &observed, elected, Some(1));
+        view.observe(&members(&[(1, 10), (2, 11), (3, 13)]), elected);
+        // Member 2 has not renewed through the new leader yet, and its calls were refused.
+        view.peers_gone(BTreeMap::from([(2, t0 + Duration::from_millis(500))]));
+        let l = view.liveness(elected, LEASE, GRACE, Some(FENCE_AFTER));
+        check!(l.unresponsive == BTreeSet::from([1, 2]));
+        check!(l.grace.is_empty());
     }
 
     #[test]

@@ -962,6 +962,7 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                     fencing,
                     changes: node.shared.round_changes(),
                     own_config: own_config.as_deref(),
+                    gone: node.peers.gone_peers(),
                 },
             )
         };

@@ -294,6 +294,9 @@ impl Leader {
                 fencing: topology.map(|t| (t.clone(), self.ensured.clone())),
                 changes: state.1,
                 own_config,
+                // The simulated network drops or delays messages; it never refuses a
+                // connection, so no member is ever shown gone.
+                gone: BTreeMap::new(),
             },
         );
         let ops = work.ops().collect();

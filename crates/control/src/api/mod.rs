@@ -115,6 +115,7 @@ impl Control {
         let network = NetworkFactory {
             client: peers.clone(),
             default_timeout: timing.rpc_timeout,
+            first_retry: timing.heartbeat_interval,
         };
         let committed = log_store.committed_index();
         let raft = Raft::new(node_id, Arc::new(config), network, log_store, state_machine)

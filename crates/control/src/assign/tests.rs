@@ -919,6 +919,7 @@ fn leader_round(
             fencing: None,
             changes,
             own_config: None,
+            gone: BTreeMap::new(),
         },
     )
     .0
@@ -1188,6 +1189,7 @@ fn a_leader_decides_nothing_until_the_config_it_runs_is_applied() {
                 fencing: None,
                 changes: 1,
                 own_config: own,
+                gone: BTreeMap::new(),
             },
         )
         .0

@@ -12,7 +12,7 @@ use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
     Unreachable,
 };
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
@@ -22,6 +22,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::auth::{now_millis, BootId, Receiver, Signer, Stamp, AUTH_HEADER, RECEIVER_HEADER};
+use super::gone::{shows_peer_gone, GonePeers};
 use super::{paths, FaultSwitch};
 use crate::command::{decode, encode};
 use crate::params::ClusterSecret;
@@ -83,6 +84,8 @@ pub(crate) struct PeerClient {
     receivers: Arc<Mutex<HashMap<String, Receiver>>>,
     /// Requests sent since start (the `control_requests_sent` metric).
     sent: Arc<AtomicU64>,
+    /// Which peers' calls show their process gone (see `gone`).
+    gone: Arc<Mutex<GonePeers>>,
 }
 
 /// What a peer answered, when it answered at all.
@@ -155,7 +158,29 @@ impl PeerClient {
             fault,
             receivers: Arc::default(),
             sent: Arc::default(),
+            gone: Arc::default(),
         })
+    }
+
+    /// The peers whose calls show their process gone, each with its latest such failure (see
+    /// `gone`).
+    pub(crate) fn gone_peers(&self) -> std::collections::BTreeMap<NodeId, Instant> {
+        self.gone_lock().gone()
+    }
+
+    fn gone_lock(&self) -> std::sync::MutexGuard<'_, GonePeers> {
+        self.gone
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records what the outcome of a call to `peer` says about its process.
+    fn note_reach(&self, peer: NodeId, error: Option<&reqwest::Error>) {
+        match error {
+            None => self.gone_lock().answered(peer),
+            Some(e) if shows_peer_gone(e) => self.gone_lock().failed(peer, Instant::now()),
+            Some(_) => {}
+        }
     }
 
     /// Requests this node sent to other members since start, whatever their answer: Raft
@@ -290,7 +315,9 @@ impl PeerClient {
             .body(body)
             .send()
             .await
+            .inspect_err(|e| self.note_reach(to.node, Some(e)))
             .map_err(|e| CallError::Unreachable(with_causes(&e)))?;
+        self.note_reach(to.node, None);
         match resp.status().as_u16() {
             200 => {}
             401 => return Err(CallError::Unauthorized),
@@ -306,6 +333,7 @@ impl PeerClient {
         let bytes = resp
             .bytes()
             .await
+            .inspect_err(|e| self.note_reach(to.node, Some(e)))
             .map_err(|e| CallError::Unreachable(with_causes(&e)))?;
         if self.fault.is_isolated() {
             return Err(CallError::Isolated);
@@ -318,6 +346,9 @@ impl PeerClient {
 pub(crate) struct NetworkFactory {
     pub(crate) client: PeerClient,
     pub(crate) default_timeout: Duration,
+    /// The first pause before openraft calls an unreachable peer again (the heartbeat
+    /// interval); see [`unreachable_backoff`].
+    pub(crate) first_retry: Duration,
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
@@ -329,9 +360,22 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             addr: node.raft_addr.clone(),
             client: self.client.clone(),
             default_timeout: self.default_timeout,
+            first_retry: self.first_retry,
             timed_out_entries: AtomicU64::new(0),
         }
     }
+}
+
+/// Most openraft waits before calling an unreachable peer again (its own default).
+const MAX_UNREACHABLE_BACKOFF: Duration = Duration::from_millis(500);
+
+/// The pauses before the calls that follow an unreachable one: `first`, doubling up to
+/// [`MAX_UNREACHABLE_BACKOFF`]. The second call comes soon because two failures in a row show
+/// a dead peer (`gone`), which the leader then fences without waiting out `fence_after`; the
+/// later ones slow down to openraft's default pace for a peer that stays down.
+pub(crate) fn unreachable_backoff(first: Duration) -> impl Iterator<Item = Duration> + Send {
+    let cap = MAX_UNREACHABLE_BACKOFF.max(first);
+    std::iter::successors(Some(first), move |d| Some((*d * 2).min(cap)))
 }
 
 /// One peer as openraft's replication sees it.
@@ -340,6 +384,7 @@ pub(crate) struct Connection {
     addr: String,
     client: PeerClient,
     default_timeout: Duration,
+    first_retry: Duration,
     /// Entries of the latest AppendEntries that openraft cancelled at its timeout (0: none
     /// since the last shrink). Written by [`CancelledAppend`] on drop.
     timed_out_entries: AtomicU64,
@@ -437,6 +482,10 @@ fn shrink_to_fit(entries: u64, bytes: usize) -> Option<u64> {
 }
 
 impl RaftNetwork<TypeConfig> for Connection {
+    fn backoff(&self) -> Backoff {
+        Backoff::new(unreachable_backoff(self.first_retry))
+    }
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
@@ -547,6 +596,16 @@ mod tests {
                 })
         );
         check!(after_other_receiver(node(2, A), None, false) == Err(CallError::Status(409)));
+    }
+
+    #[test]
+    fn an_unreachable_peer_is_called_again_soon_then_at_openrafts_pace() {
+        let ms = std::time::Duration::from_millis;
+        let pauses: Vec<_> = super::unreachable_backoff(ms(100)).take(5).collect();
+        check!(pauses == [ms(100), ms(200), ms(400), ms(500), ms(500)]);
+        // A heartbeat interval above the cap (members far apart) is kept as it is.
+        let pauses: Vec<_> = super::unreachable_backoff(ms(800)).take(2).collect();
+        check!(pauses == [ms(800), ms(800)]);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 
 pub(crate) mod auth;
 pub(crate) mod client;
+pub(crate) mod gone;
 pub(crate) mod server;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use replicator_control::{FenceFuture, FenceTopology, Fencing, WriterFence};
+use replicator_control::{ControlTiming, FenceFuture, FenceTopology, Fencing, WriterFence};
 use replicator_model::{NodeId, WorkUnit, WriterLogin};
 
 use crate::util::*;
@@ -77,16 +77,24 @@ fn topology(flows: &[(&str, &str)]) -> FenceTopology {
     )
 }
 
+type Fenced = (TestCluster, NodeId, Arc<RecordingFence>);
+
 /// Three fenced nodes, six units of `f` and six of `g`, four per node.
-async fn fenced_cluster(
+async fn fenced_cluster(down: &[&str]) -> Result<Fenced, Box<dyn std::error::Error + Send + Sync>> {
+    fenced_cluster_timed(fast_timing(), down).await
+}
+
+/// [`fenced_cluster`] with `timing`.
+async fn fenced_cluster_timed(
+    timing: ControlTiming,
     down: &[&str],
-) -> Result<(TestCluster, NodeId, Arc<RecordingFence>), Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<Fenced, Box<dyn std::error::Error + Send + Sync>> {
     let fence = Arc::new(RecordingFence::default());
     let fencing = Fencing {
         fence: fence.clone(),
         topology: topology(&[("f", "eu"), ("g", "ap")]),
     };
-    let cluster = TestCluster::start_fenced(3, fast_timing(), fencing).await?;
+    let cluster = TestCluster::start_fenced(3, timing, fencing).await?;
     let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
     cluster.report_units(leader, 6).await?;
     cluster
@@ -170,6 +178,43 @@ async fn units_go_only_to_members_with_a_user_and_a_dead_owner_is_fenced_first()
     let revoked = fence.position(&Event::Revoked("eu".into(), victim, 1));
     let ensured = fence.position(&Event::Ensured("eu".into(), victim, 2));
     assert!(revoked < ensured, "{:?}", fence.events());
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// A member whose process died is fenced on the evidence of its refused connections: with
+/// `fence_after` and the leases far longer than the test may take, nothing else could move
+/// its units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_members_refused_connections_fence_it_without_waiting_for_fence_after() -> TestResult
+{
+    let timing = ControlTiming {
+        fence_after: Duration::from_secs(600),
+        lease_expiry: Duration::from_secs(1200),
+        ..fast_timing()
+    };
+    let (mut cluster, leader, fence) = fenced_cluster_timed(timing, &[]).await?;
+    let victim = follower_of(leader);
+    cluster.crash(victim).await;
+    cluster
+        .wait_owners("the dead member's units moved", leader, |o| {
+            o.values().all(|owner| owner.is_some_and(|n| n != victim))
+        })
+        .await?;
+    for target in ["eu", "ap"] {
+        assert!(
+            fence
+                .position(&Event::Revoked(target.into(), victim, 1))
+                .is_some(),
+            "{:?}",
+            fence.events()
+        );
+    }
+    // The survivors renew as ever: nobody else was taken for gone.
+    let status = cluster.node(leader).status().await?;
+    for member in status.members.iter().filter(|m| m.id != victim) {
+        assert2::check!(!member.fenced, "member {}", member.id);
+    }
     cluster.shutdown().await;
     Ok(())
 }
