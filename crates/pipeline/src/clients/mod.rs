@@ -116,6 +116,8 @@ pub(crate) struct Cluster {
     distance: Distance,
     /// Set once the far slots' connections were opened ahead ([`Cluster::open_far_slots`]).
     far_slots_opened: std::sync::atomic::AtomicBool,
+    /// Set once every slot's connection was opened ahead ([`Cluster::open_slots_ahead`]).
+    slots_opened_ahead: std::sync::atomic::AtomicBool,
     /// Slots holding an open connection now (for the connection-state metric).
     open: std::sync::atomic::AtomicUsize,
     /// Bound of every call.
@@ -207,6 +209,7 @@ impl Cluster {
             far_slots: connections.max(1),
             distance: Distance::default(),
             far_slots_opened: std::sync::atomic::AtomicBool::new(false),
+            slots_opened_ahead: std::sync::atomic::AtomicBool::new(false),
             open: std::sync::atomic::AtomicUsize::new(0),
             timeout,
             activity: ActivityRegistry::default(),
@@ -262,15 +265,35 @@ impl Cluster {
         {
             return;
         }
+        self.spawn_opening(self.far_slots, true);
+    }
+
+    /// Opens the connections of every slot in use now in the background, once: for a cluster
+    /// whose calls must not wait for a connect and a login when they come (the fence's
+    /// managing connections: a failover's revoke uses all of them at once).
+    pub(crate) fn open_slots_ahead(self: &Arc<Self>) {
+        let opened = &self.slots_opened_ahead;
+        if opened.load(std::sync::atomic::Ordering::Relaxed)
+            || opened.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        self.spawn_opening(self.slots_in_use(), false);
+    }
+
+    /// Opens slots `0..slots` one after the other in the background, stopping at the first
+    /// failure (the calls then open them as ever), or, with `while_far`, once the cluster no
+    /// longer counts as far.
+    fn spawn_opening(self: &Arc<Self>, slots: usize, while_far: bool) {
         let cluster = self.clone();
         tokio::spawn(
             async move {
-                for slot in 0..cluster.far_slots {
-                    if !cluster.far() {
+                for slot in 0..slots {
+                    if while_far && !cluster.far() {
                         return;
                     }
                     if let Err(e) = cluster.get(slot).await {
-                        tracing::debug!(cluster = %cluster.alias, slot, error = %e, "opening a far connection ahead failed");
+                        tracing::debug!(cluster = %cluster.alias, slot, error = %e, "opening a connection ahead failed");
                         return;
                     }
                 }

@@ -133,6 +133,11 @@ impl TargetFence {
         login: &WriterLogin,
     ) -> std::result::Result<(), String> {
         let t = self.target(alias)?;
+        // A leader ensures every identity's user when it starts leading: from then on the
+        // revoke of a failover finds all its connections open (across regions a connect and
+        // a login are two round trips more on every failover). Also done at start
+        // (`check_rights`); this covers a target the start could not reach.
+        t.admin.open_slots_ahead();
         let name = login.username(&t.prefix);
         if get_user(t, &name).await?.is_some() {
             return Ok(());
@@ -216,6 +221,9 @@ impl TargetFence {
 
 /// Checks that `t`'s configured credential may manage users (see `TargetFence::check_rights`).
 async fn check_rights(t: &FencedTarget) -> std::result::Result<(), FenceSetupError> {
+    // Any member may lead next and fence the leader it follows now: its managing connections
+    // are open before that (see `TargetFence::ensure`).
+    t.admin.open_slots_ahead();
     let me = t
         .admin
         .call(0, "get_me", |c| async move { c.get_me().await })
