@@ -273,6 +273,10 @@ pub(crate) struct RoundContext<'a> {
     pub(crate) own_config: Option<&'a BTreeMap<String, String>>,
     /// The members whose process the network layer found gone (`LeaderView::peers_gone`).
     pub(crate) gone: BTreeMap<NodeId, Instant>,
+    /// Targets' acknowledgements of revokes (`FenceTarget`) not committed yet: the round
+    /// writes them first and decides on the state as they leave it, so that the units they
+    /// free are granted in the same entry (see [`round`]).
+    pub(crate) acknowledged: &'a [ControlCommand],
 }
 
 /// What a round decides from besides the state itself: the state's change count, the term and
@@ -340,6 +344,7 @@ pub(crate) fn round(
         changes,
         own_config,
         gone,
+        acknowledged,
     } = cx;
     if !state.config_applied(leader, own_config) {
         // The state still holds the config this leader's previous process published: it would
@@ -364,6 +369,20 @@ pub(crate) fn round(
     if let Some((topology, ensured)) = fencing {
         lease.topology = topology;
         lease.ensured = ensured;
+    }
+    if !acknowledged.is_empty() {
+        // A failover's last two Raft writes in one: the acknowledgements, then what the round
+        // decides once they are applied (the grants of the units they free). Across regions
+        // every write is a round trip or two between them. The decision is taken on a copy of
+        // the state with them applied, as the log will apply them (the index only stamps the
+        // member's `last_revoke_index`, which no round reads).
+        let mut after = state.clone();
+        for ack in acknowledged {
+            after.apply(u64::MAX, ack);
+        }
+        let (cmds, work) = decide(&after, &lease, retention, now, timing);
+        quiet.inputs = None;
+        return (acknowledged.iter().cloned().chain(cmds).collect(), work);
     }
     let inputs = RoundInputs::of(changes, view.term, &lease);
     if quiet.inputs.as_ref() == Some(&inputs) {

@@ -17,14 +17,14 @@
 //! operation, retried with backoff until acknowledged or this node stops leading, and commits
 //! their outcome. The node hands itself in as a [`FenceNode`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use replicator_model::NodeId;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::assign::FenceWork;
@@ -104,6 +104,12 @@ pub(crate) struct FenceTracker {
     pub(crate) last_error: Mutex<Option<String>>,
     /// Wakes the assignment loop when an operation finished (its grants can follow at once).
     pub(crate) done: Notify,
+    /// The term, and the revokes whose target acknowledged, handed to the assignment loop
+    /// with the `FenceTarget` to commit: its next round writes them ahead of its own commands
+    /// (see [`hand_to_round`]); each leaves once written.
+    handed: Mutex<(u64, BTreeMap<FenceOp, ControlCommand>)>,
+    /// Counts the rounds that wrote handed acknowledgements (their tasks wait on it).
+    rounds_written: watch::Sender<u64>,
 }
 
 impl FenceTracker {
@@ -127,6 +133,53 @@ impl FenceTracker {
         } else {
             BTreeSet::new()
         }
+    }
+
+    /// The acknowledgements handed to the assignment loop in `term`, not written yet.
+    pub(crate) fn handed(&self, term: u64) -> Vec<(FenceOp, ControlCommand)> {
+        let handed = lock(&self.handed);
+        if handed.0 != term {
+            return Vec::new();
+        }
+        handed
+            .1
+            .iter()
+            .map(|(op, cmd)| (op.clone(), cmd.clone()))
+            .collect()
+    }
+
+    /// The round of `term` that carried `ops`' acknowledgements was written.
+    pub(crate) fn written_with_round(&self, term: u64, ops: impl IntoIterator<Item = FenceOp>) {
+        {
+            let mut handed = lock(&self.handed);
+            if handed.0 == term {
+                for op in ops {
+                    handed.1.remove(&op);
+                }
+            }
+        }
+        self.rounds_written.send_modify(|n| *n += 1);
+    }
+
+    fn hand_over(&self, term: u64, op: FenceOp, cmd: ControlCommand) {
+        let mut handed = lock(&self.handed);
+        if handed.0 != term {
+            *handed = (term, BTreeMap::new());
+        }
+        handed.1.insert(op, cmd);
+    }
+
+    /// Whether `op`'s acknowledgement waits to be written with a round of `term`.
+    fn is_handed(&self, term: u64, op: &FenceOp) -> bool {
+        let handed = lock(&self.handed);
+        handed.0 == term && handed.1.contains_key(op)
+    }
+
+    /// Takes `op`'s acknowledgement back from the assignment loop; whether it was still there
+    /// (not written).
+    fn take_back(&self, term: u64, op: &FenceOp) -> bool {
+        let mut handed = lock(&self.handed);
+        handed.0 == term && handed.1.remove(op).is_some()
     }
 
     fn record_ensured(&self, term: u64, entry: (String, NodeId, u64)) {
@@ -242,8 +295,15 @@ async fn drive<N: FenceNode>(node: &N, fence: &dyn WriterFence, op: &FenceOp, te
         let attempt = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(node, fence, op));
         let reason = match attempt.await {
             Ok(Ok(Some(cmd))) => {
-                match node.write(&cmd).await {
-                    Ok(_) => {
+                let with_round = matches!(op, FenceOp::Revoke { .. })
+                    && hand_to_round(node, op, &cmd, term).await;
+                let written = if with_round {
+                    Ok(())
+                } else {
+                    node.write(&cmd).await.map(drop)
+                };
+                match written {
+                    Ok(()) => {
                         if matches!(op, FenceOp::Revoke { .. }) {
                             node.tracker().fences.fetch_add(1, Ordering::Relaxed);
                             tracing::info!(
@@ -284,6 +344,49 @@ async fn drive<N: FenceNode>(node: &N, fence: &dyn WriterFence, op: &FenceOp, te
             () = tokio::time::sleep(pause) => {}
         }
         pause = (pause * 2).min(MAX_RETRY);
+    }
+}
+
+/// How long a revoke's acknowledgement waits for a round to write it before its task writes
+/// it alone: the loop writes one round at a time, each one Raft write (a round trip or two
+/// between regions), and retries a failed one on its next tick.
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Hands a revoke's acknowledgement (`cmd`, a `FenceTarget`) to the assignment loop, which
+/// writes it ahead of its next round's commands: the units it frees are granted in the same
+/// Raft entry, one write fewer on every failover. True once a round wrote it; false when none
+/// did within [`HANDOVER_TIMEOUT`] (it is taken back, for the caller to write alone) or the
+/// node stops.
+async fn hand_to_round<N: FenceNode>(
+    node: &N,
+    op: &FenceOp,
+    cmd: &ControlCommand,
+    term: u64,
+) -> bool {
+    let tracker = node.tracker();
+    let mut rounds = tracker.rounds_written.subscribe();
+    tracker.hand_over(term, op.clone(), cmd.clone());
+    tracker.done.notify_one();
+    let deadline = tokio::time::Instant::now() + HANDOVER_TIMEOUT;
+    loop {
+        if !tracker.is_handed(term, op) {
+            return true;
+        }
+        tokio::select! {
+            changed = rounds.changed() => {
+                if changed.is_err() {
+                    return !tracker.take_back(term, op);
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                let taken_back = tracker.take_back(term, op);
+                if taken_back {
+                    tracing::warn!("no assignment round wrote the acknowledgement in time; writing it alone");
+                }
+                return !taken_back;
+            }
+            () = node.stopping().cancelled() => return !tracker.take_back(term, op),
+        }
     }
 }
 

@@ -939,6 +939,9 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             }
         };
         let mut current = current;
+        // Targets' acknowledgements of revokes, written ahead of this round's commands.
+        let handed = node.fencing.handed(term);
+        let acknowledged: Vec<ControlCommand> = handed.iter().map(|(_, c)| c.clone()).collect();
         let (cmds, fence_work) = {
             let data = node.shared.read();
             // Read the clock only once the state is locked: a renewal applied while this task
@@ -963,6 +966,7 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                     changes: node.shared.round_changes(),
                     own_config: own_config.as_deref(),
                     gone: node.peers.gone_peers(),
+                    acknowledged: &acknowledged,
                 },
             )
         };
@@ -983,8 +987,14 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
         tracing::debug!(node = %node.id, term, commands = cmds.len(), "assignment round");
         if let Err(e) = node.write(&ControlCommand::Batch(cmds)).await {
             tracing::warn!(node = %node.id, term, error = %e, "assignment round not written");
-        } else if decided {
-            node.fencing.done.notify_one();
+        } else {
+            if !handed.is_empty() {
+                node.fencing
+                    .written_with_round(term, handed.into_iter().map(|(op, _)| op));
+            }
+            if decided {
+                node.fencing.done.notify_one();
+            }
         }
     }
 }

@@ -297,6 +297,7 @@ impl Leader {
                 // The simulated network drops or delays messages; it never refuses a
                 // connection, so no member is ever shown gone.
                 gone: BTreeMap::new(),
+                acknowledged: &[],
             },
         );
         let ops = work.ops().collect();

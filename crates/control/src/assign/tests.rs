@@ -920,6 +920,7 @@ fn leader_round(
             changes,
             own_config: None,
             gone: BTreeMap::new(),
+            acknowledged: &[],
         },
     )
     .0
@@ -1190,6 +1191,7 @@ fn a_leader_decides_nothing_until_the_config_it_runs_is_applied() {
                 changes: 1,
                 own_config: own,
                 gone: BTreeMap::new(),
+                acknowledged: &[],
             },
         )
         .0
@@ -1222,4 +1224,74 @@ fn a_node_runs_only_units_of_flows_whose_applied_config_it_runs() {
     check!(!s.flow_config_applied(2, &first.unit.flow, Some(&running("b"))));
     publish(&mut s, 2, Some("b"));
     check!(s.assignments_running(2, Some(&running("b"))) == mine);
+}
+
+/// A fencing round of leader 2 at `now`, flow `f` into the fenced target `t`, every identity
+/// ensured, with the network's `gone` evidence and the targets' `acknowledged` revokes.
+fn fencing_round(
+    s: &ControlState,
+    view: &mut LeaderView,
+    now: Instant,
+    gone: BTreeMap<NodeId, Instant>,
+    acknowledged: &[ControlCommand],
+) -> (Vec<ControlCommand>, FenceWork) {
+    round(
+        s,
+        view,
+        &mut Retention::default(),
+        &mut Quiet::default(),
+        RoundContext {
+            now,
+            timing: &ControlTiming::default(),
+            leader: 2,
+            fencing: Some((topology(), all_ensured(s, &topology()))),
+            changes: 0,
+            own_config: None,
+            gone,
+            acknowledged,
+        },
+    )
+}
+
+#[test]
+fn a_dead_members_acknowledged_fence_and_the_grants_it_frees_are_one_entry() {
+    let ms = Duration::from_millis;
+    let mut s = state(&[1, 2], 4);
+    with_identity(&mut s, 1, 3);
+    with_identity(&mut s, 2, 1);
+    let mut index = 10;
+    converge(&mut s, &BTreeSet::from([1, 2]), &mut index);
+    check!(!owned_by(&s, 1).is_empty());
+    let t0 = Instant::now();
+    let mut view = LeaderView::new(1);
+    check!(fencing_round(&s, &mut view, t0, BTreeMap::new(), &[])
+        .0
+        .is_empty());
+    // Member 1's calls were refused twice since its latest renewal: fenced long before
+    // `fence_after` (600 ms) would have.
+    let gone = BTreeMap::from([(1, t0 + ms(50))]);
+    let (cmds, _) = fencing_round(&s, &mut view, t0 + ms(100), gone.clone(), &[]);
+    check!(cmds == vec![fence_member(1, 3)]);
+    index += 1;
+    s.apply(index, &ControlCommand::Batch(cmds));
+    let (cmds, work) = fencing_round(&s, &mut view, t0 + ms(200), gone.clone(), &[]);
+    check!(revokes(&work) == vec![(1, 3, "t")]);
+    check!(granted_to(&cmds).is_empty(), "held until `t` acknowledges");
+    // `t` acknowledged: the round writes that first and grants what it frees in the same
+    // entry, with the identity's end (every fenced target acknowledged).
+    let ack = ControlCommand::fence_target(1, 3, "t", &["f"]);
+    let (cmds, work) = fencing_round(&s, &mut view, t0 + ms(300), gone, &[ack.clone()]);
+    check!(cmds.first() == Some(&ack));
+    check!(cmds.contains(&ControlCommand::IdentityRevoked {
+        node: 1,
+        incarnation: 3
+    }));
+    check!(granted_to(&cmds) == BTreeSet::from([2]));
+    check!(
+        work.revoke.is_empty(),
+        "acknowledged: nothing to revoke again"
+    );
+    index += 1;
+    s.apply(index, &ControlCommand::Batch(cmds));
+    check!(s.units.values().all(|r| r.owner == Some(2)));
 }
