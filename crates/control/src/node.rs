@@ -884,6 +884,10 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
     // What this node, while it leads, saw become forgettable when.
     let mut retention = Retention::default();
     let mut quiet = assign::Quiet::default();
+    // The election this follower called because its leader's process is gone (once per term).
+    let mut called = ElectionCall::new(&timing);
+    // When this node learnt of the leader it knows now.
+    let mut leader_since = std::time::Instant::now();
     loop {
         tokio::select! {
             () = node.cancel.cancelled() => return,
@@ -911,11 +915,19 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                 None => tracing::info!(node = %node.id, term, "no raft leader known"),
             }
             known_leader = Some((leader, term));
+            leader_since = std::time::Instant::now();
         }
         if let Some(l) = leader.filter(|l| *l != node.id) {
             previous_leader = Some(l);
         }
         if !leading {
+            let gone = leader.and_then(|l| node.peers.gone_peers().get(&l).map(|g| g.since));
+            if called.due(gone, leader_since, std::time::Instant::now()) {
+                tracing::info!(node = %node.id, term, leader = ?leader, "the leader's process is gone: calling an election");
+                if let Err(e) = node.raft.trigger().elect().await {
+                    tracing::warn!(node = %node.id, error = %e, "election not called");
+                }
+            }
             if view.take().is_some() {
                 retention = Retention::default();
                 quiet = assign::Quiet::default();
@@ -965,7 +977,12 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                     fencing,
                     changes: node.shared.round_changes(),
                     own_config: own_config.as_deref(),
-                    gone: node.peers.gone_peers(),
+                    gone: node
+                        .peers
+                        .gone_peers()
+                        .into_iter()
+                        .map(|(peer, gone)| (peer, gone.latest))
+                        .collect(),
                     acknowledged: &acknowledged,
                 },
             )
@@ -999,6 +1016,56 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
     }
 }
 
+/// A follower's election call when its leader's process is gone (`network::gone`). openraft
+/// 0.9 calls an election `election_timeout_max` (its leader lease) plus a random
+/// `election_timeout_min`..`_max` after the last heartbeat; the voters refuse every candidate
+/// until the lease has run out since the last heartbeat they got. A dead leader sent its last
+/// heartbeat before the first failure that showed it gone, so an election called a lease
+/// after that failure can win at once: on average half the random part sooner, a third of a
+/// leader's failover. A small random delay on top keeps two followers that saw it at the same
+/// moment from splitting the vote. Being wrong costs an election (the voters refuse it while
+/// the leader's heartbeats reach them).
+#[derive(Debug)]
+struct ElectionCall {
+    lease: std::time::Duration,
+    jitter: std::time::Duration,
+    /// The evidence (its first failure) an election was called on: one call per leader lost.
+    /// If it does not win, openraft's own timers go on as ever; calling again at once could
+    /// split the vote with another follower calling too, round after round.
+    called_for: Option<std::time::Instant>,
+}
+
+impl ElectionCall {
+    fn new(timing: &ControlTiming) -> Self {
+        let spread = timing.heartbeat_interval.as_millis().max(1) as u64;
+        Self {
+            lease: timing.election_timeout_max,
+            jitter: std::time::Duration::from_millis(rand::random::<u64>() % spread),
+            called_for: None,
+        }
+    }
+
+    /// Whether to call an election now, the leader gone `since` (`None`: not shown gone),
+    /// the leader known since `known`: failures from before (of the same node in an earlier
+    /// run, before it restarted and won an election) say nothing about the leader now. True
+    /// once per loss.
+    fn due(
+        &mut self,
+        since: Option<std::time::Instant>,
+        known: std::time::Instant,
+        now: std::time::Instant,
+    ) -> bool {
+        let Some(since) = since.filter(|s| *s > known && self.called_for != Some(*s)) else {
+            return false;
+        };
+        let due = now >= since + self.lease + self.jitter;
+        if due {
+            self.called_for = Some(since);
+        }
+        due
+    }
+}
+
 /// Spawns `fut` under a span naming the task and the node.
 pub(crate) fn spawn_task<F>(name: &'static str, node: NodeId, fut: F) -> tokio::task::JoinHandle<()>
 where
@@ -1018,6 +1085,33 @@ mod tests {
     use replicator_model::{Epoch, WorkUnit};
 
     use super::*;
+
+    #[test]
+    fn a_follower_calls_one_election_a_lease_after_its_leader_was_shown_gone() {
+        let ms = std::time::Duration::from_millis;
+        let timing = ControlTiming::default();
+        let mut call = ElectionCall::new(&timing);
+        check!(call.jitter < timing.heartbeat_interval);
+        let t0 = std::time::Instant::now() + ms(20_000);
+        let known = t0 - ms(10_000);
+        check!(!call.due(None, known, t0 + ms(5000)), "not shown gone");
+        check!(
+            !call.due(Some(t0), known, t0 + ms(599)),
+            "the voters' leases still run"
+        );
+        let due = t0 + timing.election_timeout_max + call.jitter;
+        check!(call.due(Some(t0), known, due));
+        check!(
+            !call.due(Some(t0), known, due + ms(500)),
+            "once per leader lost"
+        );
+        // The next leader lost: new evidence, a new call.
+        let t1 = due + ms(5000);
+        check!(call.due(Some(t1), known, t1 + ms(1000)));
+        // Evidence older than the leader: its node was down before it led.
+        let t2 = t1 + ms(5000);
+        check!(!call.due(Some(t2), t2 + ms(1), t2 + ms(5000)));
+    }
 
     fn release(p: u32) -> ControlCommand {
         ControlCommand::Release {

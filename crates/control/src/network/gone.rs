@@ -25,16 +25,37 @@ pub(crate) const GONE_AFTER_FAILURES: u32 = 2;
 /// answer, since its last answer.
 #[derive(Debug, Default)]
 pub(crate) struct GonePeers {
-    /// Per peer: such failures in a row, and when the latest came.
-    failures: HashMap<NodeId, (u32, Instant)>,
+    /// Per peer: such failures in a row.
+    failures: HashMap<NodeId, Failures>,
+}
+
+#[derive(Debug)]
+struct Failures {
+    count: u32,
+    first: Instant,
+    latest: Instant,
+}
+
+/// A peer shown gone (see [`GonePeers::gone`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Gone {
+    /// The first failure of the run: the process died before it.
+    pub(crate) since: Instant,
+    /// The latest one.
+    pub(crate) latest: Instant,
 }
 
 impl GonePeers {
     /// A call to `peer` failed at `at` in a way that shows no process listening there.
     pub(crate) fn failed(&mut self, peer: NodeId, at: Instant) {
-        let entry = self.failures.entry(peer).or_insert((0, at));
-        entry.0 = entry.0.saturating_add(1);
-        entry.1 = entry.1.max(at);
+        let entry = self.failures.entry(peer).or_insert(Failures {
+            count: 0,
+            first: at,
+            latest: at,
+        });
+        entry.count = entry.count.saturating_add(1);
+        entry.first = entry.first.min(at);
+        entry.latest = entry.latest.max(at);
     }
 
     /// `peer` answered (any answer, even a refusal of the request: its process is there).
@@ -42,13 +63,19 @@ impl GonePeers {
         self.failures.remove(&peer);
     }
 
-    /// The peers shown gone, each with its latest failure: a renewal the leader saw after it
-    /// came from a process that is back (see `LeaderView::peers_gone`).
-    pub(crate) fn gone(&self) -> BTreeMap<NodeId, Instant> {
+    /// The peers shown gone: a renewal the leader saw after the latest failure came from a
+    /// process that is back (see `LeaderView::peers_gone`).
+    pub(crate) fn gone(&self) -> BTreeMap<NodeId, Gone> {
         self.failures
             .iter()
-            .filter(|(_, (count, _))| *count >= GONE_AFTER_FAILURES)
-            .map(|(peer, (_, at))| (*peer, *at))
+            .filter(|(_, f)| f.count >= GONE_AFTER_FAILURES)
+            .map(|(peer, f)| {
+                let gone = Gone {
+                    since: f.first,
+                    latest: f.latest,
+                };
+                (*peer, gone)
+            })
             .collect()
     }
 }
@@ -107,10 +134,11 @@ mod tests {
         check!(peers.gone().is_empty(), "one failure is no proof");
         peers.failed(2, t0 + ms(100));
         peers.failed(3, t0 + ms(100));
-        check!(peers.gone() == BTreeMap::from([(2, t0 + ms(100))]));
-        // Later failures move the time on: the leader compares it with the renewals it saw.
+        let gone = |latest| Gone { since: t0, latest };
+        check!(peers.gone() == BTreeMap::from([(2, gone(t0 + ms(100)))]));
+        // Later failures move the latest on: the leader compares it with the renewals it saw.
         peers.failed(2, t0 + ms(300));
-        check!(peers.gone() == BTreeMap::from([(2, t0 + ms(300))]));
+        check!(peers.gone() == BTreeMap::from([(2, gone(t0 + ms(300)))]));
         // An answer, whatever it says, clears the evidence; counting starts again.
         peers.answered(2);
         peers.failed(2, t0 + ms(400));

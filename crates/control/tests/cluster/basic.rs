@@ -126,6 +126,39 @@ async fn three_nodes_elect_a_leader_assign_evenly_and_commit() -> TestResult {
     Ok(())
 }
 
+/// A dead leader's followers call the election themselves once their calls to it are refused
+/// and its lease has run out, instead of waiting out openraft's own timer on top. The timeouts
+/// are stretched so that the two cannot be mistaken for each other: openraft's timer would
+/// call the election 9–12 s after the last heartbeat (its lease of `election_timeout_max`,
+/// then a random `election_timeout_min`..`_max`), the followers' call comes about 6 s after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_of_a_dead_leader_call_the_election_once_its_lease_ran_out() -> TestResult {
+    let timing = replicator_control::ControlTiming {
+        election_timeout_min: Duration::from_secs(3),
+        election_timeout_max: Duration::from_secs(6),
+        lease_expiry: Duration::from_secs(20),
+        ..fast_timing()
+    };
+    let mut cluster = TestCluster::start(3, timing).await?;
+    let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
+    // Every follower knows the leader (a follower learns it from the first heartbeat).
+    wait_until("every node knows the leader", Duration::from_secs(30), || {
+        (1..=3).all(|id| cluster.node(id).metrics().leader == Some(leader))
+    })
+    .await?;
+    cluster.crash(leader).await;
+    let crashed_at = Instant::now();
+    let new_leader = cluster.wait_leader(Duration::from_secs(30)).await?;
+    let elected = crashed_at.elapsed();
+    assert2::check!(new_leader != leader);
+    assert2::check!(
+        elected < Duration::from_secs(9),
+        "elected {elected:?} after the crash: openraft's own timer, not the followers' call"
+    );
+    cluster.shutdown().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_crash_elects_new_leader_which_serves_writes_and_keeps_offsets() -> TestResult {
     let (mut cluster, leader) = TestCluster::start_with_units(3, 6).await?;
