@@ -1280,7 +1280,13 @@ fn a_dead_members_acknowledged_fence_and_the_grants_it_frees_are_one_entry() {
     // `t` acknowledged: the round writes that first and grants what it frees in the same
     // entry, with the identity's end (every fenced target acknowledged).
     let ack = ControlCommand::fence_target(1, 3, "t", &["f"]);
-    let (cmds, work) = fencing_round(&s, &mut view, t0 + ms(300), gone, std::slice::from_ref(&ack));
+    let (cmds, work) = fencing_round(
+        &s,
+        &mut view,
+        t0 + ms(300),
+        gone,
+        std::slice::from_ref(&ack),
+    );
     check!(cmds.first() == Some(&ack));
     check!(cmds.contains(&ControlCommand::IdentityRevoked {
         node: 1,

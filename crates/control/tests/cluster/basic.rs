@@ -142,9 +142,11 @@ async fn followers_of_a_dead_leader_call_the_election_once_its_lease_ran_out() -
     let mut cluster = TestCluster::start(3, timing).await?;
     let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
     // Every follower knows the leader (a follower learns it from the first heartbeat).
-    wait_until("every node knows the leader", Duration::from_secs(30), || {
-        (1..=3).all(|id| cluster.node(id).metrics().leader == Some(leader))
-    })
+    wait_until(
+        "every node knows the leader",
+        Duration::from_secs(30),
+        || (1..=3).all(|id| cluster.node(id).metrics().leader == Some(leader)),
+    )
     .await?;
     cluster.crash(leader).await;
     let crashed_at = Instant::now();
