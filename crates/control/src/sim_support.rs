@@ -243,6 +243,10 @@ pub struct Leader {
     retention: Retention,
     quiet: Quiet,
     ensured: EnsuredUsers,
+    /// Revokes the targets acknowledged, written with the next round (see `write_with_round`).
+    acknowledged: Vec<ControlCommand>,
+    /// The members the network shows gone (see `peers_gone`).
+    gone: BTreeMap<NodeId, Instant>,
     /// The leading node.
     pub node: NodeId,
 }
@@ -261,8 +265,24 @@ impl Leader {
             retention: Retention::default(),
             quiet: Quiet::default(),
             ensured: EnsuredUsers::default(),
+            acknowledged: Vec::new(),
+            gone: BTreeMap::new(),
             node,
         }
+    }
+
+    /// A target's acknowledgement of a revoke (`cmd`, from [`acknowledged`]) goes ahead of the
+    /// next round's commands, which then grant the units it frees in the same entry, as the
+    /// node's fence tasks hand it to its assignment loop. Handed over once: if that entry is
+    /// lost, the next rounds ask for the revoke again.
+    pub fn write_with_round(&mut self, cmd: Command) {
+        self.acknowledged.push(cmd.0);
+    }
+
+    /// What the network shows of the members' processes now: each member whose calls were
+    /// refused (its process is down), with the latest such call (`LeaderView::peers_gone`).
+    pub fn peers_gone(&mut self, gone: BTreeMap<NodeId, Instant>) {
+        self.gone = gone;
     }
 
     /// The target acknowledged that `node`'s identity `incarnation` exists there.
@@ -282,6 +302,7 @@ impl Leader {
         topology: Option<&FenceTopology>,
         own_config: Option<&BTreeMap<String, String>>,
     ) -> (Option<Command>, Vec<TargetOp>) {
+        let acknowledged = std::mem::take(&mut self.acknowledged);
         let (cmds, work) = assign::round(
             &state.0,
             &mut self.view,
@@ -294,10 +315,8 @@ impl Leader {
                 fencing: topology.map(|t| (t.clone(), self.ensured.clone())),
                 changes: state.1,
                 own_config,
-                // The simulated network drops or delays messages; it never refuses a
-                // connection, so no member is ever shown gone.
-                gone: BTreeMap::new(),
-                acknowledged: &[],
+                gone: self.gone.clone(),
+                acknowledged: &acknowledged,
             },
         );
         let ops = work.ops().collect();

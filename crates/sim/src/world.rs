@@ -509,6 +509,8 @@ pub struct World {
     started: BTreeSet<usize>,
     /// Crashed members and when they start again.
     down_until: BTreeMap<NodeId, Ms>,
+    /// When each member that is down went down (what its refused connections show).
+    down_since: BTreeMap<NodeId, Ms>,
     /// Crashed members whose data dir is lost: they start again with an empty one.
     wiped: BTreeSet<NodeId>,
     /// The restarts of rolling config changes done: (fault index, turn).
@@ -600,6 +602,7 @@ impl World {
             seq: 0,
             started: BTreeSet::new(),
             down_until: BTreeMap::new(),
+            down_since: BTreeMap::new(),
             wiped: BTreeSet::new(),
             rolled: BTreeSet::new(),
             orphaned: BTreeMap::new(),
@@ -872,6 +875,7 @@ impl World {
         for id in crashed {
             if self.down_until.get(&id).is_some_and(|t| *t <= self.now) {
                 self.down_until.remove(&id);
+                self.down_since.remove(&id);
                 let now = self.now;
                 let wiped = self.wiped.remove(&id);
                 let local_log_bounds = self.local_log_bounds;
@@ -943,6 +947,22 @@ impl World {
         }
     }
 
+    /// What `leader`'s network shows at `now` (`network::gone` in the node): a member whose
+    /// process is down refuses the heartbeats sent to it, and the second refusal, a heartbeat
+    /// interval after the first, shows it gone. An isolated leader reaches nobody and learns
+    /// nothing; a frozen or isolated member's calls time out, which shows nothing.
+    fn gone_peers(&self, leader: NodeId, now: Ms) -> BTreeMap<NodeId, Instant> {
+        if self.isolated(leader) {
+            return BTreeMap::new();
+        }
+        let heartbeat = self.timing.heartbeat_interval.as_millis() as u64;
+        self.down_since
+            .iter()
+            .filter(|(id, since)| **id != leader && now >= **since + 2 * heartbeat)
+            .map(|(id, _)| (*id, self.base + Duration::from_millis(now)))
+            .collect()
+    }
+
     fn crash(&mut self, id: NodeId, until: Ms) {
         let m = self.members.get_mut(&id).expect("member");
         if !m.up {
@@ -951,6 +971,7 @@ impl World {
         m.up = false;
         m.frozen_until = None;
         self.down_until.insert(id, until);
+        self.down_since.insert(id, self.now);
         if self.leader == Some(id) {
             self.leader = None;
         }
@@ -1390,8 +1411,10 @@ impl World {
         let topology = self.topology_of(id);
         let own_config =
             (!self.previous_config_decides).then(|| self.digests(self.members[&id].config));
+        let gone = self.gone_peers(id, now);
         let m = self.members.get_mut(&id).expect("member");
         let (_, leader) = m.leading.as_mut().expect("leading");
+        leader.peers_gone(gone);
         let (cmd, ops) = leader.round(
             &m.state,
             self.base + Duration::from_millis(now),
@@ -2299,6 +2322,14 @@ impl World {
                     if matches!(op, TargetOp::Revoke { .. }) {
                         self.stats.fences += 1;
                         self.note(format!("fenced on the target: {op:?}"));
+                        // As the node does: written with the next round, at once, ahead of
+                        // the grants of the units it frees.
+                        let m = self.members.get_mut(&leader).expect("member");
+                        if let Some((_, l)) = m.leading.as_mut().filter(|(t, _)| *t == term) {
+                            l.write_with_round(cmd);
+                            m.next_round = self.now;
+                            return Ok(());
+                        }
                     }
                     self.propose(leader, cmd, Purpose::FenceAck);
                 }
