@@ -112,6 +112,32 @@ async fn fenced_cluster_timed(
     Ok((cluster, leader, fence))
 }
 
+/// Crashes a follower of `leader` and waits until its units moved, which they do only once
+/// both targets revoked its identity 1; returns it.
+async fn crash_a_follower_until_fenced(
+    cluster: &mut TestCluster,
+    leader: NodeId,
+    fence: &RecordingFence,
+) -> Result<NodeId, Box<dyn std::error::Error + Send + Sync>> {
+    let victim = follower_of(leader);
+    cluster.crash(victim).await;
+    cluster
+        .wait_owners("the dead member's units moved", leader, |o| {
+            o.values().all(|owner| owner.is_some_and(|n| n != victim))
+        })
+        .await?;
+    for target in ["eu", "ap"] {
+        assert!(
+            fence
+                .position(&Event::Revoked(target.into(), victim, 1))
+                .is_some(),
+            "{:?}",
+            fence.events()
+        );
+    }
+    Ok(victim)
+}
+
 fn owned_by(owners: &BTreeMap<WorkUnit, Option<NodeId>>, node: NodeId, flow: &str) -> usize {
     owners
         .iter()
@@ -132,18 +158,7 @@ async fn units_go_only_to_members_with_a_user_and_a_dead_owner_is_fenced_first()
         let login = cluster.node(id).writer_login().borrow().clone();
         assert2::check!(login.map(|l| l.incarnation) == Some(1));
     }
-    let victim = follower_of(leader);
-    cluster.crash(victim).await;
-    cluster
-        .wait_owners("the dead member's units moved", leader, |o| {
-            o.values().all(|owner| owner.is_some_and(|n| n != victim))
-        })
-        .await?;
-    for target in ["eu", "ap"] {
-        assert!(fence
-            .position(&Event::Revoked(target.into(), victim, 1))
-            .is_some());
-    }
+    let victim = crash_a_follower_until_fenced(&mut cluster, leader, &fence).await?;
     let status = cluster.node(leader).status().await?;
     let member = status.members.iter().find(|m| m.id == victim);
     assert2::check!(member.is_some_and(|m| m.fenced && m.writer_incarnation == Some(1)));
@@ -194,22 +209,7 @@ async fn a_dead_members_refused_connections_fence_it_without_waiting_for_fence_a
         ..fast_timing()
     };
     let (mut cluster, leader, fence) = fenced_cluster_timed(timing, &[]).await?;
-    let victim = follower_of(leader);
-    cluster.crash(victim).await;
-    cluster
-        .wait_owners("the dead member's units moved", leader, |o| {
-            o.values().all(|owner| owner.is_some_and(|n| n != victim))
-        })
-        .await?;
-    for target in ["eu", "ap"] {
-        assert!(
-            fence
-                .position(&Event::Revoked(target.into(), victim, 1))
-                .is_some(),
-            "{:?}",
-            fence.events()
-        );
-    }
+    let victim = crash_a_follower_until_fenced(&mut cluster, leader, &fence).await?;
     // The survivors renew as ever: nobody else was taken for gone.
     let status = cluster.node(leader).status().await?;
     for member in status.members.iter().filter(|m| m.id != victim) {
