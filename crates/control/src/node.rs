@@ -894,6 +894,8 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             _ = tick.tick() => {}
             // A fence or a new identity was committed: its grants need not wait for the tick.
             () = node.fencing.done.notified() => {}
+            // A member's process was just shown gone: its fence need not wait either.
+            () = node.peers.peer_gone.notified() => {}
         }
         observed.observe(&node.shared.read().state.members, std::time::Instant::now());
         let (leading, term, applied_in_term, leader) = {

@@ -86,6 +86,9 @@ pub(crate) struct PeerClient {
     sent: Arc<AtomicU64>,
     /// Which peers' calls show their process gone (see `gone`).
     gone: Arc<Mutex<GonePeers>>,
+    /// Told when a peer was just shown gone: the leader's assignment loop waits on it, so that
+    /// the fence does not wait for its next tick.
+    pub(crate) peer_gone: Arc<tokio::sync::Notify>,
 }
 
 /// What a peer answered, when it answered at all.
@@ -159,6 +162,7 @@ impl PeerClient {
             receivers: Arc::default(),
             sent: Arc::default(),
             gone: Arc::default(),
+            peer_gone: Arc::default(),
         })
     }
 
@@ -178,7 +182,11 @@ impl PeerClient {
     fn note_reach(&self, peer: NodeId, error: Option<&reqwest::Error>) {
         match error {
             None => self.gone_lock().answered(peer),
-            Some(e) if shows_peer_gone(e) => self.gone_lock().failed(peer, Instant::now()),
+            Some(e) if shows_peer_gone(e) => {
+                if self.gone_lock().failed(peer, Instant::now()) {
+                    self.peer_gone.notify_one();
+                }
+            }
             Some(_) => {}
         }
     }

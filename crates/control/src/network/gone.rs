@@ -47,7 +47,8 @@ pub(crate) struct Gone {
 
 impl GonePeers {
     /// A call to `peer` failed at `at` in a way that shows no process listening there.
-    pub(crate) fn failed(&mut self, peer: NodeId, at: Instant) {
+    /// Whether that showed it gone just now (the failure that completes the proof).
+    pub(crate) fn failed(&mut self, peer: NodeId, at: Instant) -> bool {
         let entry = self.failures.entry(peer).or_insert(Failures {
             count: 0,
             first: at,
@@ -56,6 +57,7 @@ impl GonePeers {
         entry.count = entry.count.saturating_add(1);
         entry.first = entry.first.min(at);
         entry.latest = entry.latest.max(at);
+        entry.count == GONE_AFTER_FAILURES
     }
 
     /// `peer` answered (any answer, even a refusal of the request: its process is there).
@@ -130,14 +132,14 @@ mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut peers = GonePeers::default();
-        peers.failed(2, t0);
+        check!(!peers.failed(2, t0));
         check!(peers.gone().is_empty(), "one failure is no proof");
-        peers.failed(2, t0 + ms(100));
+        check!(peers.failed(2, t0 + ms(100)), "shown gone now");
         peers.failed(3, t0 + ms(100));
         let gone = |latest| Gone { since: t0, latest };
         check!(peers.gone() == BTreeMap::from([(2, gone(t0 + ms(100)))]));
         // Later failures move the latest on: the leader compares it with the renewals it saw.
-        peers.failed(2, t0 + ms(300));
+        check!(!peers.failed(2, t0 + ms(300)), "gone already");
         check!(peers.gone() == BTreeMap::from([(2, gone(t0 + ms(300)))]));
         // An answer, whatever it says, clears the evidence; counting starts again.
         peers.answered(2);
