@@ -533,6 +533,9 @@ pub struct World {
     /// the pipeline does, `fencing::handover`; on only to show what the simulator finds
     /// without it).
     handover_at_once: bool,
+    /// The leader fences only on missed renewals and commits each acknowledgement on its own
+    /// (see `fencing_on_renewals_alone`).
+    renewals_alone: bool,
     /// Whether members and leaders decide on the applied config digests whichever process
     /// published them (off: as the node does; on only to show what the simulator finds
     /// without it).
@@ -611,6 +614,7 @@ impl World {
             local_log_bounds: false,
             any_refusal_gives_up: false,
             handover_at_once: false,
+            renewals_alone: false,
             previous_config_decides: false,
             stats: Stats::default(),
         }
@@ -638,6 +642,16 @@ impl World {
     /// finds it.
     pub fn giving_up_the_current_identity_on_any_refusal(mut self) -> Self {
         self.any_refusal_gives_up = true;
+        self
+    }
+
+    /// The leader as it was before 2026-12-07: it fences a member only once it missed its
+    /// renewals for `fence_after` (no crashed process is shown gone) and commits each target's
+    /// acknowledgement of a revoke on its own, not with the next round. The regression tests
+    /// that replay a seed found then use it, so that the interleaving they were shrunk to
+    /// stays the same.
+    pub fn fencing_on_renewals_alone(mut self) -> Self {
+        self.renewals_alone = true;
         self
     }
 
@@ -952,7 +966,7 @@ impl World {
     /// interval after the first, shows it gone. An isolated leader reaches nobody and learns
     /// nothing; a frozen or isolated member's calls time out, which shows nothing.
     fn gone_peers(&self, leader: NodeId, now: Ms) -> BTreeMap<NodeId, Instant> {
-        if self.isolated(leader) {
+        if self.renewals_alone || self.isolated(leader) {
             return BTreeMap::new();
         }
         let heartbeat = self.timing.heartbeat_interval.as_millis() as u64;
@@ -2324,8 +2338,11 @@ impl World {
                         self.note(format!("fenced on the target: {op:?}"));
                         // As the node does: written with the next round, at once, ahead of
                         // the grants of the units it frees.
+                        let with_round = !self.renewals_alone;
                         let m = self.members.get_mut(&leader).expect("member");
-                        if let Some((_, l)) = m.leading.as_mut().filter(|(t, _)| *t == term) {
+                        if let Some((_, l)) =
+                            m.leading.as_mut().filter(|(t, _)| with_round && *t == term)
+                        {
                             l.write_with_round(cmd);
                             m.next_round = self.now;
                             return Ok(());
