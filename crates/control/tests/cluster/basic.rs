@@ -141,13 +141,14 @@ async fn followers_of_a_dead_leader_call_the_election_once_its_lease_ran_out() -
     };
     let mut cluster = TestCluster::start(3, timing).await?;
     let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
-    // Every follower knows the leader (a follower learns it from the first heartbeat).
-    wait_until(
-        "every node knows the leader",
-        Duration::from_secs(30),
-        || (1..=3).all(|id| cluster.node(id).metrics().leader == Some(leader)),
-    )
-    .await?;
+    // Every member registered and renewing through the leader (a unit each): the followers'
+    // calls to the leader are what shows its process gone.
+    cluster.report_units(leader, 3).await?;
+    cluster
+        .wait_owners("a unit per member", leader, |owners| {
+            owners.len() == 3 && (1..=3).all(|id| owners.values().any(|o| *o == Some(id)))
+        })
+        .await?;
     cluster.crash(leader).await;
     let crashed_at = Instant::now();
     let new_leader = cluster.wait_leader(Duration::from_secs(30)).await?;
