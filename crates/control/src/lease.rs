@@ -122,11 +122,14 @@ impl LeaderView {
 
     /// What the network layer shows now (`network::gone`): the members whose calls were
     /// refused, or closed before an answer, twice in a row, each with the latest such failure.
-    /// With fencing on, such a member is unresponsive at once, grace or not, unless its latest
-    /// renewal was seen after that failure (a process that is back): a dead process renews no
-    /// more, and waiting out `fence_after` for it is most of a follower's failover. Leases are
-    /// untouched: a unit of an unfenced target still waits for its owner's lease to end, as
-    /// nothing else stops a process that is alive after all.
+    /// With fencing on, such a member is unresponsive at once, grace or not, until it answers
+    /// a call again (the network layer then drops it): a dead process renews no more, and
+    /// waiting out `fence_after` for it is most of a follower's failover. A renewal applied
+    /// since does not count as an answer: the process may have sent it just before it died
+    /// (across regions a renewal takes a few hundred milliseconds to commit), and taken as a
+    /// sign of life it made the leader hand the dead member a new identity and count it as
+    /// eligible for units. Leases are untouched: a unit of an unfenced target still waits for
+    /// its owner's lease to end, as nothing else stops a process that is alive after all.
     pub(crate) fn peers_gone(&mut self, gone: BTreeMap<NodeId, Instant>) {
         self.gone = gone;
     }
@@ -241,14 +244,12 @@ impl LeaderView {
             .filter(|(_, (_, at))| reference.saturating_duration_since(*at) >= limit)
             .map(|(id, _)| *id)
             .collect();
-        // Members whose process is gone since their latest renewal (fencing only).
+        // Members whose process the network shows gone (fencing only).
         let gone: BTreeSet<NodeId> = self
             .seen
-            .iter()
-            .filter(|(id, (_, at))| {
-                fence_after.is_some() && self.gone.get(id).is_some_and(|failed| at < failed)
-            })
-            .map(|(id, _)| *id)
+            .keys()
+            .filter(|id| fence_after.is_some() && self.gone.contains_key(id))
+            .copied()
             .collect();
         let grace: BTreeSet<NodeId> = if in_grace {
             late.iter()
@@ -561,7 +562,7 @@ mod fencing_tests {
     }
 
     #[test]
-    fn a_member_whose_process_is_gone_is_unresponsive_at_once_and_back_once_it_renews() {
+    fn a_member_whose_process_is_gone_is_unresponsive_at_once_until_it_answers_again() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut view = LeaderView::new(1);
@@ -578,9 +579,14 @@ mod fencing_tests {
             .liveness(at, LEASE, GRACE, None)
             .unresponsive
             .is_empty());
-        // A renewal seen after the latest failure: the process is back (restarted).
+        // A renewal applied after the latest failure proves nothing: the process may have
+        // sent it before it died.
         view.observe(&members(&[(1, 10), (2, 13), (3, 12)]), t0 + ms(200));
         let l = view.liveness(t0 + ms(200), LEASE, GRACE, Some(FENCE_AFTER));
+        check!(l.unresponsive == BTreeSet::from([2]));
+        // It answered a call (restarted): the network layer shows it gone no more.
+        view.peers_gone(BTreeMap::new());
+        let l = view.liveness(t0 + ms(250), LEASE, GRACE, Some(FENCE_AFTER));
         check!(l.unresponsive.is_empty());
     }
 

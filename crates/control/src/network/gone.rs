@@ -65,8 +65,7 @@ impl GonePeers {
         self.failures.remove(&peer);
     }
 
-    /// The peers shown gone: a renewal the leader saw after the latest failure came from a
-    /// process that is back (see `LeaderView::peers_gone`).
+    /// The peers shown gone, until they answer again (see `LeaderView::peers_gone`).
     pub(crate) fn gone(&self) -> BTreeMap<NodeId, Gone> {
         self.failures
             .iter()
@@ -138,7 +137,7 @@ mod tests {
         peers.failed(3, t0 + ms(100));
         let gone = |latest| Gone { since: t0, latest };
         check!(peers.gone() == BTreeMap::from([(2, gone(t0 + ms(100)))]));
-        // Later failures move the latest on: the leader compares it with the renewals it saw.
+        // Later failures move the latest on.
         check!(!peers.failed(2, t0 + ms(300)), "gone already");
         check!(peers.gone() == BTreeMap::from([(2, gone(t0 + ms(300)))]));
         // An answer, whatever it says, clears the evidence; counting starts again.
