@@ -292,6 +292,7 @@ async fn run<N: FenceNode>(node: Arc<N>, fence: Arc<dyn WriterFence>, op: FenceO
 async fn drive<N: FenceNode>(node: &N, fence: &dyn WriterFence, op: &FenceOp, term: u64) {
     let mut pause = FIRST_RETRY;
     while !node.stopping().is_cancelled() && node.leads(term) {
+        tracing::debug!("asking the target");
         let attempt = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(node, fence, op));
         let reason = match attempt.await {
             Ok(Ok(Some(cmd))) => {

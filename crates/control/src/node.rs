@@ -24,9 +24,9 @@ use crate::fence_ops::{self, FenceNode, FenceTracker};
 use crate::format;
 use crate::lease::{owner_lease_until, LeaderView};
 use crate::network::auth::{InboundGuard, Signer};
-use crate::network::client::PeerClient;
+use crate::network::client::{PeerClient, PEER_WARM_INTERVAL};
 use crate::network::server::RpcNode;
-use crate::network::{paths, FaultSwitch, ManageRequest, WriteReply};
+use crate::network::{paths, FaultSwitch, ManageRequest, PingReply, WriteReply};
 use crate::params::ControlTiming;
 use crate::retention::Retention;
 use crate::state_machine::Shared;
@@ -1004,9 +1004,16 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             continue;
         }
         tracing::debug!(node = %node.id, term, commands = cmds.len(), "assignment round");
+        let started = std::time::Instant::now();
         if let Err(e) = node.write(&ControlCommand::Batch(cmds)).await {
             tracing::warn!(node = %node.id, term, error = %e, "assignment round not written");
         } else {
+            tracing::debug!(
+                node = %node.id,
+                term,
+                took_ms = started.elapsed().as_millis() as u64,
+                "assignment round written"
+            );
             if !handed.is_empty() {
                 node.fencing
                     .written_with_round(term, handed.into_iter().map(|(op, _)| op));
@@ -1065,6 +1072,51 @@ impl ElectionCall {
             self.called_for = Some(since);
         }
         due
+    }
+}
+
+/// Calls every other member of the Raft membership every [`PEER_WARM_INTERVAL`] (a ping), so
+/// that any member can reach any other in one round trip when it must. Followers otherwise
+/// never talk to each other until their leader dies, and then the first vote request between
+/// them paid for a new connection (with TLS, its handshakes too) and for learning the peer's
+/// boot id (`auth`: one more round trip). Across regions that delay let the other follower
+/// call its own election meanwhile, and the split vote cost the failover another election
+/// timeout. A ping that meets a dead process counts as any call does (`gone`).
+pub(crate) async fn run_peer_warmer(node: Arc<NodeInner>) {
+    let mut tick = tokio::time::interval(PEER_WARM_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = node.cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let peers: Vec<(NodeId, String)> = {
+            let metrics = node.raft.metrics();
+            let m = metrics.borrow();
+            m.membership_config
+                .membership()
+                .nodes()
+                .filter(|(id, _)| **id != node.id)
+                .map(|(id, n)| (*id, n.raft_addr.clone()))
+                .collect()
+        };
+        let mut pings = tokio::task::JoinSet::new();
+        for (id, addr) in peers {
+            let node = node.clone();
+            pings.spawn(
+                async move {
+                    let answer = node
+                        .peers
+                        .call::<(), PingReply>(id, &addr, paths::PING, &(), node.timing.rpc_timeout)
+                        .await;
+                    if let Err(e) = answer {
+                        tracing::debug!(node = %node.id, peer = %id, error = %e, "peer not reached");
+                    }
+                }
+                .in_current_span(),
+            );
+        }
+        while pings.join_next().await.is_some() {}
     }
 }
 

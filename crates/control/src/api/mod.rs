@@ -185,6 +185,10 @@ impl Control {
                 node::spawn_task("assigner", node_id, node::run_assigner(inner.clone())),
             ),
             (
+                "peer_warmer",
+                node::spawn_task("peer_warmer", node_id, node::run_peer_warmer(inner.clone())),
+            ),
+            (
                 "bootstrap",
                 node::spawn_task(
                     "bootstrap",

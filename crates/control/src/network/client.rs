@@ -120,13 +120,21 @@ fn after_other_receiver(
     }
 }
 
+/// How long a connection to a peer stays open without a request.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often every member calls every other (`node::run_peer_warmer`): well within
+/// [`POOL_IDLE_TIMEOUT`], so the connections stay open, and soon after a peer restarted, so
+/// its new boot id is known before a vote needs it.
+pub(crate) const PEER_WARM_INTERVAL: Duration = Duration::from_secs(3);
+
 /// The HTTP client for peer RPCs; with `tls` it presents this node's certificate and trusts
 /// only the cluster's CA.
 fn http_client(tls: Option<&TlsConfigs>) -> crate::Result<reqwest::Client> {
     let mut builder = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(1))
         .tcp_nodelay(true)
-        .pool_idle_timeout(Duration::from_secs(30));
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT);
     if let Some(tls) = tls {
         builder = builder.tls_backend_preconfigured(tls.client.clone());
     }
