@@ -284,16 +284,25 @@ impl<C: ControlPlane> Writer<C> {
         let unit = &shared.unit;
         let (up_stream, up_topic) = shared.upstream_ids()?;
         let (down_stream, down_topic) = shared.downstream_ids()?;
-        // Both at once: across regions each is a round trip (a failover's new owner waits for
-        // them before it writes).
-        let (up, down) = tokio::try_join!(
+        // All at once: across regions each is a round trip (a failover's new owner waits for
+        // them before it writes). The tail scan's first page does not depend on the topics.
+        let newest_page = TailScan::first_page(shared.tuning.tail_scan_window);
+        let newest = async {
+            match shared.flow.provenance {
+                true => tail_page(&shared, newest_page).await.map(Some),
+                false => Ok(None),
+            }
+        };
+        let (up, down, newest) = tokio::join!(
             shared
                 .source
                 .topic_now(shared.slot(), &up_stream, &up_topic),
             shared
                 .target
                 .topic_now(shared.slot(), &down_stream, &down_topic),
-        )?;
+            newest,
+        );
+        let (up, down) = (up?, down?);
         let (extent, created_at) = partition_figures(up, unit.partition)
             .ok_or_else(|| Error::UpstreamTopicGone { unit: unit.clone() })?;
         let progress = shared.control.progress(unit);
@@ -322,9 +331,10 @@ impl<C: ControlPlane> Writer<C> {
             })?
             .0
             .next_offset();
-        let (tail, tail_check) = if shared.flow.provenance {
+        let (tail, tail_check) = if let Some(newest) = newest? {
             let reference = resume::reference(progress, created_at);
-            let (tail, _) = scan_tail(&shared, created_at, reference, &self.stop).await?;
+            let first = Some((newest_page, newest));
+            let (tail, _) = scan_tail(&shared, created_at, reference, first, &self.stop).await?;
             let check = match tail {
                 TailOutcome::Hit(hit) => check_tail(&shared, hit).await?,
                 TailOutcome::Absent(_) => TailCheck::Unknown,
@@ -402,8 +412,14 @@ impl<C: ControlPlane> Writer<C> {
     async fn send_held(&mut self) -> Result<Sent> {
         let shared = self.shared.clone();
         if let Some(rescan) = self.core.rescan() {
-            let (tail, next_down) =
-                scan_tail(&shared, rescan.created_at, rescan.reference, &self.stop).await?;
+            let (tail, next_down) = scan_tail(
+                &shared,
+                rescan.created_at,
+                rescan.reference,
+                None,
+                &self.stop,
+            )
+            .await?;
             self.core
                 .rescanned(tail, next_down)
                 .map_err(|Lost { last_copied, tail }| Error::DownstreamLost {
@@ -676,17 +692,16 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 /// The last message this flow wrote to the downstream partition for the upstream topic created
 /// at `created_at` (any of its histories): reads the pages [`TailScan`] asks for, looking for
 /// `reference` (the confirmed position) without a bound, or within the scan window without
-/// one. Ends with [`Error::Interrupted`] when the pair is stopped between two pages. Also
-/// returns the partition's next offset as the newest page showed it.
+/// one. `first` is a page read already, with the poll that read it: used if the scan asks for
+/// that first. Ends with [`Error::Interrupted`] when the pair is stopped between two pages.
+/// Also returns the partition's next offset as the newest page showed it.
 async fn scan_tail<C>(
     shared: &UnitShared<C>,
     created_at: u64,
     reference: Option<Position>,
+    mut first: Option<(TailPoll, Vec<Message>)>,
     stop: &CancellationToken,
 ) -> Result<(TailOutcome, Offset)> {
-    let (stream, topic) = shared.downstream_ids()?;
-    let partition = shared.unit.partition;
-    let consumer = Consumer::new(named("iggy-replicator.tail", &shared.unit)?);
     let source = shared.flow.source.as_str();
     let ours = |m: &Message| {
         let found = provenance::find(m.user_headers.as_deref());
@@ -710,17 +725,11 @@ async fn scan_tail<C>(
                 op: "downstream tail scan",
             });
         }
-        let (strategy, count) = tail_poll(poll);
-        let (s, t, c) = (stream.clone(), topic.clone(), consumer.clone());
-        let polled = shared
-            .target
-            .call(shared.slot(), "poll_messages (tail)", |cl| async move {
-                cl.poll_messages(&s, &t, Some(partition), &c, &strategy, count, false)
-                    .await
-            })
-            .await?;
-        let page: Vec<TailEntry> = polled
-            .messages
+        let messages = match first.take() {
+            Some((read, messages)) if read == poll => messages,
+            _ => tail_page(shared, poll).await?,
+        };
+        let page: Vec<TailEntry> = messages
             .iter()
             .map(|m| TailEntry {
                 offset: m.offset,
@@ -742,6 +751,30 @@ async fn scan_tail<C>(
             );
         }
     }
+}
+
+/// Reads the page `poll` of the downstream partition (the tail scan's).
+async fn tail_page<C>(shared: &UnitShared<C>, poll: TailPoll) -> Result<Vec<Message>> {
+    let (stream, topic) = shared.downstream_ids()?;
+    let partition = shared.unit.partition;
+    let consumer = Consumer::new(named("iggy-replicator.tail", &shared.unit)?);
+    let (strategy, count) = tail_poll(poll);
+    let polled = shared
+        .target
+        .call(shared.slot(), "poll_messages (tail)", |cl| async move {
+            cl.poll_messages(
+                &stream,
+                &topic,
+                Some(partition),
+                &consumer,
+                &strategy,
+                count,
+                false,
+            )
+            .await
+        })
+        .await?;
+    Ok(polled.messages)
 }
 
 /// The poll that reads the page `poll` asks for: strategy and message count.

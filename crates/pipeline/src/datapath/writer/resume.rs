@@ -450,16 +450,24 @@ impl TailScan {
     /// `reference` is given, and its first page.
     pub(crate) fn start(window: u32, reference: Option<Position>) -> (Self, TailPoll) {
         let window = window.max(1);
-        let chunk = window.min(TAIL_CHUNK);
         let scan = Self {
             window: u64::from(window),
-            chunk,
+            chunk: window.min(TAIL_CHUNK),
             reference,
             scanned: 0,
             phase: Phase::Search,
             state: ScanState::Newest,
         };
-        (scan, TailPoll::Last { count: chunk })
+        (scan, Self::first_page(window))
+    }
+
+    /// The first page every scan bounded by `window` reads, whatever it looks for: the
+    /// newest messages. A resume reads it before it knows what to look for (at the same time
+    /// as the topics), one round trip less before its first send.
+    pub(crate) fn first_page(window: u32) -> TailPoll {
+        TailPoll::Last {
+            count: window.clamp(1, TAIL_CHUNK),
+        }
     }
 
     /// Messages read so far (finished pages and windows).
