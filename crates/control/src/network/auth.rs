@@ -24,7 +24,8 @@
 //! [`RECEIVER_HEADER`] naming the receiver's node id and current boot id. The sender
 //! remembers it per peer address and sends the request once more, signed for it
 //! (`client::PeerClient`). So the first request to a peer, and the first one after the peer
-//! restarted, costs one more round trip; nothing else changes.
+//! restarted, costs one more round trip; nothing else changes. Members ping each other every
+//! `client::PEER_WARM_INTERVAL` so that this round trip is not paid on an election's path.
 //!
 //! That answer is not authenticated, only the requests are. Whoever can forge it (someone on
 //! the path, without TLS) can make a sender sign its one retry for a wrong node or boot id:
