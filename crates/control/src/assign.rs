@@ -272,7 +272,7 @@ pub(crate) struct RoundContext<'a> {
     /// The config digests the leader's process runs (`None`: it published none, no check).
     pub(crate) own_config: Option<&'a BTreeMap<String, String>>,
     /// The members whose process the network layer found gone (`LeaderView::peers_gone`).
-    pub(crate) gone: BTreeMap<NodeId, Instant>,
+    pub(crate) gone: BTreeSet<NodeId>,
     /// Targets' acknowledgements of revokes (`FenceTarget`) not committed yet: the round
     /// writes them first and decides on the state as they leave it, so that the units they
     /// free are granted in the same entry (see [`round`]).

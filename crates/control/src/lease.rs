@@ -103,9 +103,8 @@ pub(crate) struct LeaderView {
     /// could commit (a slow disk, a busy leader, a membership change); and the end of a gap
     /// at least as long as a limit gives everyone a grace, as an election does.
     progress: Option<(Instant, Duration)>,
-    /// Members whose process the network layer found gone, each with the latest failure that
-    /// showed it (see [`Self::peers_gone`]).
-    gone: BTreeMap<NodeId, Instant>,
+    /// Members whose process the network layer shows gone (see [`Self::peers_gone`]).
+    gone: BTreeSet<NodeId>,
 }
 
 impl LeaderView {
@@ -116,12 +115,12 @@ impl LeaderView {
             leading_since: None,
             previous_leader: None,
             progress: None,
-            gone: BTreeMap::new(),
+            gone: BTreeSet::new(),
         }
     }
 
     /// What the network layer shows now (`network::gone`): the members whose calls were
-    /// refused, or closed before an answer, twice in a row, each with the latest such failure.
+    /// refused, or closed before an answer, twice in a row.
     /// With fencing on, such a member is unresponsive at once, grace or not, until it answers
     /// a call again (the network layer then drops it): a dead process renews no more, and
     /// waiting out `fence_after` for it is most of a follower's failover. A renewal applied
@@ -130,7 +129,7 @@ impl LeaderView {
     /// sign of life it made the leader hand the dead member a new identity and count it as
     /// eligible for units. Leases are untouched: a unit of an unfenced target still waits for
     /// its owner's lease to end, as nothing else stops a process that is alive after all.
-    pub(crate) fn peers_gone(&mut self, gone: BTreeMap<NodeId, Instant>) {
+    pub(crate) fn peers_gone(&mut self, gone: BTreeSet<NodeId>) {
         self.gone = gone;
     }
 
@@ -248,7 +247,7 @@ impl LeaderView {
         let gone: BTreeSet<NodeId> = self
             .seen
             .keys()
-            .filter(|id| fence_after.is_some() && self.gone.contains_key(id))
+            .filter(|id| fence_after.is_some() && self.gone.contains(id))
             .copied()
             .collect();
         let grace: BTreeSet<NodeId> = if in_grace {
@@ -570,7 +569,7 @@ mod fencing_tests {
         // Member 2's calls were refused twice, 100 ms after its latest renewal: fenced at
         // once, well before `fence_after`, though every lease is alive.
         let at = t0 + ms(150);
-        view.peers_gone(BTreeMap::from([(2, t0 + ms(100))]));
+        view.peers_gone(BTreeSet::from([2]));
         let l = view.liveness(at, LEASE, GRACE, Some(FENCE_AFTER));
         check!(l.unresponsive == BTreeSet::from([2]));
         check!(l.live == BTreeSet::from([1, 2, 3]));
@@ -585,7 +584,7 @@ mod fencing_tests {
         let l = view.liveness(t0 + ms(200), LEASE, GRACE, Some(FENCE_AFTER));
         check!(l.unresponsive == BTreeSet::from([2]));
         // It answered a call (restarted): the network layer shows it gone no more.
-        view.peers_gone(BTreeMap::new());
+        view.peers_gone(BTreeSet::new());
         let l = view.liveness(t0 + ms(250), LEASE, GRACE, Some(FENCE_AFTER));
         check!(l.unresponsive.is_empty());
     }
@@ -599,7 +598,7 @@ mod fencing_tests {
         let mut view = LeaderView::carry_on(5, &observed, elected, Some(1));
         view.observe(&members(&[(1, 10), (2, 11), (3, 13)]), elected);
         // Member 2 has not renewed through the new leader yet, and its calls were refused.
-        view.peers_gone(BTreeMap::from([(2, t0 + Duration::from_millis(500))]));
+        view.peers_gone(BTreeSet::from([2]));
         let l = view.liveness(elected, LEASE, GRACE, Some(FENCE_AFTER));
         check!(l.unresponsive == BTreeSet::from([1, 2]));
         check!(l.grace.is_empty());

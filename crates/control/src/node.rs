@@ -979,12 +979,7 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                     fencing,
                     changes: node.shared.round_changes(),
                     own_config: own_config.as_deref(),
-                    gone: node
-                        .peers
-                        .gone_peers()
-                        .into_iter()
-                        .map(|(peer, gone)| (peer, gone.latest))
-                        .collect(),
+                    gone: node.peers.gone_peers().into_keys().collect(),
                     acknowledged: &acknowledged,
                 },
             )

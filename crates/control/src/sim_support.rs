@@ -7,7 +7,7 @@
 //! What is not here is what the simulator stands in for: openraft (a committed log that every
 //! member applies in order) and the IO around the leader's tasks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use replicator_model::{
@@ -246,7 +246,7 @@ pub struct Leader {
     /// Revokes the targets acknowledged, written with the next round (see `write_with_round`).
     acknowledged: Vec<ControlCommand>,
     /// The members the network shows gone (see `peers_gone`).
-    gone: BTreeMap<NodeId, Instant>,
+    gone: BTreeSet<NodeId>,
     /// The leading node.
     pub node: NodeId,
 }
@@ -266,7 +266,7 @@ impl Leader {
             quiet: Quiet::default(),
             ensured: EnsuredUsers::default(),
             acknowledged: Vec::new(),
-            gone: BTreeMap::new(),
+            gone: BTreeSet::new(),
             node,
         }
     }
@@ -280,8 +280,8 @@ impl Leader {
     }
 
     /// What the network shows of the members' processes now: each member whose calls were
-    /// refused (its process is down), with the latest such call (`LeaderView::peers_gone`).
-    pub fn peers_gone(&mut self, gone: BTreeMap<NodeId, Instant>) {
+    /// refused (its process is down) (`LeaderView::peers_gone`).
+    pub fn peers_gone(&mut self, gone: BTreeSet<NodeId>) {
         self.gone = gone;
     }
 

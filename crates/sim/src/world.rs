@@ -965,15 +965,15 @@ impl World {
     /// process is down refuses the heartbeats sent to it, and the second refusal, a heartbeat
     /// interval after the first, shows it gone. An isolated leader reaches nobody and learns
     /// nothing; a frozen or isolated member's calls time out, which shows nothing.
-    fn gone_peers(&self, leader: NodeId, now: Ms) -> BTreeMap<NodeId, Instant> {
+    fn gone_peers(&self, leader: NodeId, now: Ms) -> BTreeSet<NodeId> {
         if self.renewals_alone || self.isolated(leader) {
-            return BTreeMap::new();
+            return BTreeSet::new();
         }
         let heartbeat = self.timing.heartbeat_interval.as_millis() as u64;
         self.down_since
             .iter()
             .filter(|(id, since)| **id != leader && now >= **since + 2 * heartbeat)
-            .map(|(id, _)| (*id, self.base + Duration::from_millis(now)))
+            .map(|(id, _)| *id)
             .collect()
     }
 

@@ -919,7 +919,7 @@ fn leader_round(
             fencing: None,
             changes,
             own_config: None,
-            gone: BTreeMap::new(),
+            gone: BTreeSet::new(),
             acknowledged: &[],
         },
     )
@@ -1190,7 +1190,7 @@ fn a_leader_decides_nothing_until_the_config_it_runs_is_applied() {
                 fencing: None,
                 changes: 1,
                 own_config: own,
-                gone: BTreeMap::new(),
+                gone: BTreeSet::new(),
                 acknowledged: &[],
             },
         )
@@ -1232,7 +1232,7 @@ fn fencing_round(
     s: &ControlState,
     view: &mut LeaderView,
     now: Instant,
-    gone: BTreeMap<NodeId, Instant>,
+    gone: BTreeSet<NodeId>,
     acknowledged: &[ControlCommand],
 ) -> (Vec<ControlCommand>, FenceWork) {
     round(
@@ -1264,12 +1264,12 @@ fn a_dead_members_acknowledged_fence_and_the_grants_it_frees_are_one_entry() {
     check!(!owned_by(&s, 1).is_empty());
     let t0 = Instant::now();
     let mut view = LeaderView::new(1);
-    check!(fencing_round(&s, &mut view, t0, BTreeMap::new(), &[])
+    check!(fencing_round(&s, &mut view, t0, BTreeSet::new(), &[])
         .0
         .is_empty());
     // Member 1's calls were refused twice since its latest renewal: fenced long before
     // `fence_after` (600 ms) would have.
-    let gone = BTreeMap::from([(1, t0 + ms(50))]);
+    let gone = BTreeSet::from([1]);
     let (cmds, _) = fencing_round(&s, &mut view, t0 + ms(100), gone.clone(), &[]);
     check!(cmds == vec![fence_member(1, 3)]);
     index += 1;

@@ -174,7 +174,7 @@ impl PeerClient {
         })
     }
 
-    /// The peers whose calls show their process gone, each with its latest such failure (see
+    /// The peers whose calls show their process gone, each with the first failure of the run (see
     /// `gone`).
     pub(crate) fn gone_peers(&self) -> std::collections::BTreeMap<NodeId, super::gone::Gone> {
         self.gone_lock().gone()

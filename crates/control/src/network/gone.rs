@@ -33,7 +33,6 @@ pub(crate) struct GonePeers {
 struct Failures {
     count: u32,
     first: Instant,
-    latest: Instant,
 }
 
 /// A peer shown gone (see [`GonePeers::gone`]).
@@ -41,8 +40,6 @@ struct Failures {
 pub(crate) struct Gone {
     /// The first failure of the run: the process died before it.
     pub(crate) since: Instant,
-    /// The latest one.
-    pub(crate) latest: Instant,
 }
 
 impl GonePeers {
@@ -52,11 +49,9 @@ impl GonePeers {
         let entry = self.failures.entry(peer).or_insert(Failures {
             count: 0,
             first: at,
-            latest: at,
         });
         entry.count = entry.count.saturating_add(1);
         entry.first = entry.first.min(at);
-        entry.latest = entry.latest.max(at);
         entry.count == GONE_AFTER_FAILURES
     }
 
@@ -70,13 +65,7 @@ impl GonePeers {
         self.failures
             .iter()
             .filter(|(_, f)| f.count >= GONE_AFTER_FAILURES)
-            .map(|(peer, f)| {
-                let gone = Gone {
-                    since: f.first,
-                    latest: f.latest,
-                };
-                (*peer, gone)
-            })
+            .map(|(peer, f)| (*peer, Gone { since: f.first }))
             .collect()
     }
 }
@@ -135,11 +124,11 @@ mod tests {
         check!(peers.gone().is_empty(), "one failure is no proof");
         check!(peers.failed(2, t0 + ms(100)), "shown gone now");
         peers.failed(3, t0 + ms(100));
-        let gone = |latest| Gone { since: t0, latest };
-        check!(peers.gone() == BTreeMap::from([(2, gone(t0 + ms(100)))]));
-        // Later failures move the latest on.
+        let gone = Gone { since: t0 };
+        check!(peers.gone() == BTreeMap::from([(2, gone)]));
+        // Later failures keep the first one as the start.
         check!(!peers.failed(2, t0 + ms(300)), "gone already");
-        check!(peers.gone() == BTreeMap::from([(2, gone(t0 + ms(300)))]));
+        check!(peers.gone() == BTreeMap::from([(2, gone)]));
         // An answer, whatever it says, clears the evidence; counting starts again.
         peers.answered(2);
         peers.failed(2, t0 + ms(400));

@@ -288,9 +288,10 @@ impl<C: ControlPlane> Writer<C> {
         // them before it writes). The tail scan's first page does not depend on the topics.
         let newest_page = TailScan::first_page(shared.tuning.tail_scan_window);
         let newest = async {
-            match shared.flow.provenance {
-                true => tail_page(&shared, newest_page).await.map(Some),
-                false => Ok(None),
+            if shared.flow.provenance {
+                tail_page(&shared, newest_page).await.map(Some)
+            } else {
+                Ok(None)
             }
         };
         let (up, down, newest) = tokio::join!(
