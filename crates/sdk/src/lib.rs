@@ -210,6 +210,16 @@ impl ClientConfig {
         }
     }
 
+    /// How often a connection is to be pinged: the connection string's `heartbeat_interval`,
+    /// or the SDK's default (5 s). A server with its heartbeat check on drops a client that
+    /// stays silent for longer than its own interval (1.2 times it).
+    pub fn heartbeat_interval(&self) -> Duration {
+        match self {
+            Self::V08(config) => config.heartbeat_interval.get_duration(),
+            Self::V09(config) => config.heartbeat_interval.get_duration(),
+        }
+    }
+
     /// A new, not yet connected client.
     pub fn client(&self) -> Result<Client> {
         match self {
@@ -243,6 +253,18 @@ pub enum Client {
 }
 
 impl Client {
+    /// Connects and logs in without the SDK's heartbeat: the caller pings the connection
+    /// itself, every [`ClientConfig::heartbeat_interval`], when it suits it. The SDK pings on
+    /// its own timer, and a PING holds the connection (one request at a time) for a round
+    /// trip: across regions a poll or a send that came meanwhile waited that long, which was
+    /// most of a far source's replication latency p99 (BENCHMARKS.md section 37).
+    pub async fn connect_without_heartbeat(&self) -> Result<()> {
+        match self {
+            Client::V08(c) => c.connect_without_heartbeat().await,
+            Client::V09(c) => c.connect_without_heartbeat().await,
+        }
+    }
+
     /// How long [`IggyCluster::shutdown`] may be given for what the client may still have
     /// `in_flight` (see [`InFlight`]).
     pub fn shutdown_budget(&self, in_flight: InFlight) -> Duration {

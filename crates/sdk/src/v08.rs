@@ -53,6 +53,15 @@ impl From<IggyMessage> for Message {
 }
 
 impl V08 {
+    /// Connects and logs in as [`IggyCluster::connect`] does, without the heartbeat task SDK
+    /// 0.10's `IggyClient` starts: its PING takes the connection for a round trip every
+    /// `heartbeat_interval` whatever else waits for it (see [`crate::Client::connect_without_heartbeat`]).
+    pub(crate) async fn connect_without_heartbeat(&self) -> Result<()> {
+        let wrapper = self.0.client();
+        let transport = wrapper.read().await;
+        ok(transport.connect().await)
+    }
+
     /// One request of `code` on this connection's transport, as the SDK's own calls send
     /// theirs (with its reconnect and resend on a lost connection).
     async fn raw(&self, code: u32, payload: bytes::Bytes) -> Result<bytes::Bytes> {

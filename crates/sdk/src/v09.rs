@@ -370,6 +370,17 @@ fn topic_options(
     ))
 }
 
+impl V09 {
+    /// Connects and logs in as [`IggyCluster::connect`] does, without the heartbeat task SDK
+    /// 0.11's `IggyClient` starts (see [`crate::Client::connect_without_heartbeat`]).
+    pub(crate) async fn connect_without_heartbeat(&self) -> Result<()> {
+        use iggy09_common::locking::IggyRwLockFn as _;
+        let wrapper = self.0.client();
+        let transport = wrapper.read().await;
+        map(transport.connect().await)
+    }
+}
+
 impl IggyCluster for V09 {
     fn generation(&self) -> IggyVersion {
         IggyVersion::V0_9

@@ -50,20 +50,45 @@ pub(crate) struct Conn {
 struct Slot {
     /// The current connection (if built) and the number of builds so far.
     current: Mutex<(Option<Conn>, u64)>,
-    /// Held for the whole of every call on this slot's connection. The SDK serialises requests
-    /// per connection anyway; taking the turn here first lets `call_checked` run its check
-    /// after any wait for the connection, immediately before the request is written.
+    /// Who may use the connection now; shared with the connection's heartbeat task.
+    gate: Arc<Gate>,
+}
+
+/// A slot's turns: its calls and its heartbeat's pings, one at a time.
+#[derive(Default)]
+struct Gate {
+    /// Held for the whole of every call on this slot's connection, and of every ping. The SDK
+    /// serialises requests per connection anyway; taking the turn here first lets
+    /// `call_checked` run its check after any wait for the connection, immediately before the
+    /// request is written.
     turn: Mutex<()>,
     /// The build of the connection whose call was dropped before its answer came (0: none):
     /// its answer may still arrive and would be read as the next call's, so the next caller
     /// drops the connection first. A call is dropped so when the task making it is aborted (a
-    /// unit's actors killed with their flow actor, a drain that ran out of time).
+    /// unit's actors killed with their flow actor, a drain that ran out of time); a ping that
+    /// failed or got no answer in time marks its connection so too.
     abandoned: std::sync::atomic::AtomicU64,
+    /// Set while the heartbeat waits for its turn or pings: calls meant for the slot take
+    /// another one that is free, if any ([`Cluster::route`]).
+    pinging: std::sync::atomic::AtomicBool,
+}
+
+impl Slot {
+    /// Whether the slot holds a connection and nobody is using it (a snapshot: it may be taken
+    /// the next moment, and the caller then waits its turn as on any slot).
+    fn free(&self) -> bool {
+        !self.gate.pinging.load(std::sync::atomic::Ordering::Relaxed)
+            && self.gate.turn.try_lock().is_ok()
+            && self
+                .current
+                .try_lock()
+                .is_ok_and(|current| current.0.is_some())
+    }
 }
 
 /// Marks the connection's call abandoned if the call is dropped before it finished.
 struct CallGuard<'a> {
-    slot: &'a Slot,
+    gate: &'a Gate,
     build: u64,
     finished: bool,
 }
@@ -71,7 +96,7 @@ struct CallGuard<'a> {
 impl Drop for CallGuard<'_> {
     fn drop(&mut self) {
         if !self.finished {
-            self.slot
+            self.gate
                 .abandoned
                 .store(self.build, std::sync::atomic::Ordering::SeqCst);
         }
@@ -379,7 +404,45 @@ impl Cluster {
         guard.0 = Some(conn.clone());
         self.open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(cluster = %self.alias, slot, "connected");
+        self.spawn_heartbeat(&conn);
         Ok(conn)
+    }
+
+    /// The slot a call meant for `slot` takes: its own (modulo the slots in use), unless the
+    /// heartbeat is pinging that one's connection; then the first other slot that is
+    /// [`Slot::free`], so that the call does not wait a round trip behind the PING. Its own
+    /// when none is (all busy: the call waits its turn there as before).
+    fn route(&self, slot: usize) -> usize {
+        let in_use = self.slots_in_use();
+        let own = slot % in_use;
+        if !self.slots[own]
+            .gate
+            .pinging
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return own;
+        }
+        first_free(own, in_use, |s| self.slots[s].free()).unwrap_or(own)
+    }
+
+    /// Starts the heartbeat of the new connection `conn` ([`heartbeat`]); its first ping comes
+    /// a share of the interval in that depends on the slot, so that the slots' pings are spread
+    /// over the interval rather than all due at once (a call then always finds a free slot).
+    fn spawn_heartbeat(&self, conn: &Conn) {
+        // Every seed has the connection string's options.
+        let interval = self.seeds[0].heartbeat_interval();
+        let slots = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+        let share = u32::try_from(conn.slot).unwrap_or(0).saturating_add(1);
+        let first = interval.mul_f64(f64::from(share) / (f64::from(slots) + 1.0));
+        let heartbeat = Heartbeat {
+            client: Arc::downgrade(&conn.client),
+            gate: self.slots[conn.slot].gate.clone(),
+            build: conn.build,
+            timeout: self.timeout,
+        };
+        tokio::spawn(heartbeat.run(first, interval).instrument(
+            tracing::debug_span!("heartbeat", cluster = %self.alias, slot = conn.slot),
+        ));
     }
 
     /// A new connection (logged in), from the seed that connected last or else the next one
@@ -418,7 +481,7 @@ impl Cluster {
             let client = config
                 .client()
                 .map_err(|source| self.err("connect", source))?;
-            match tokio::time::timeout(bound, client.connect()).await {
+            match tokio::time::timeout(bound, client.connect_without_heartbeat()).await {
                 Ok(Ok(())) => {
                     match seed {
                         Some(seed) if seed != first => {
@@ -587,9 +650,10 @@ impl Cluster {
         Fut: Future<Output = replicator_sdk::Result<T>>,
     {
         let (conn, _turn) = loop {
-            let conn = self.get(slot).await?;
-            let turn = self.slots[conn.slot].turn.lock().await;
+            let conn = self.get(self.route(slot)).await?;
+            let turn = self.slots[conn.slot].gate.turn.lock().await;
             let abandoned = self.slots[conn.slot]
+                .gate
                 .abandoned
                 .load(std::sync::atomic::Ordering::SeqCst);
             if abandoned != conn.build {
@@ -603,7 +667,7 @@ impl Cluster {
             return Ok(Err(veto));
         }
         let mut guard = CallGuard {
-            slot: &self.slots[conn.slot],
+            gate: &self.slots[conn.slot].gate,
             build: conn.build,
             finished: false,
         };
@@ -655,6 +719,67 @@ impl activity::Source for Cluster {
     }
 }
 
+/// The first slot after `own` (in turn, among `0..in_use`) that `free` says is free.
+fn first_free(own: usize, in_use: usize, free: impl Fn(usize) -> bool) -> Option<usize> {
+    (1..in_use).map(|k| (own + k) % in_use).find(|&s| free(s))
+}
+
+/// A connection's heartbeat: the PING the SDK would send on its own timer (its heartbeat is
+/// off, see [`Client::connect_without_heartbeat`]), sent here in the slot's turn so that the
+/// slot's callers can go elsewhere meanwhile. Servers with their heartbeat check on drop a
+/// client that does not ping; servers without it (Iggy's default) do not need the pings, but
+/// they cost little once no call waits behind them.
+struct Heartbeat {
+    /// The connection; the heartbeat ends once the slot dropped it.
+    client: std::sync::Weak<Client>,
+    gate: Arc<Gate>,
+    /// Which build of the slot the connection is.
+    build: u64,
+    /// Bound of a ping, as of any call.
+    timeout: Duration,
+}
+
+impl Heartbeat {
+    /// Pings `first` from now, then every `interval`, until the connection is dropped or a
+    /// ping is lost (the connection failed or the answer did not come in time). A connection whose ping got no answer may still get one, which
+    /// would be read as the next call's: it is marked abandoned, so that the next call opens a
+    /// new connection instead (as after a call given up).
+    async fn run(self, first: Duration, interval: Duration) {
+        let mut due = tokio::time::Instant::now() + first;
+        loop {
+            tokio::time::sleep_until(due).await;
+            due += interval;
+            let Some(client) = self.client.upgrade() else {
+                return;
+            };
+            self.gate
+                .pinging
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            let pinged = {
+                let _turn = self.gate.turn.lock().await;
+                tokio::time::timeout(self.timeout, client.ping()).await
+            };
+            self.gate
+                .pinging
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            let lost = match &pinged {
+                Ok(Ok(())) => false,
+                // An answer, if an error: the connection works.
+                Ok(Err(e)) => crate::error::is_connection_error(e),
+                Err(_) => true,
+            };
+            if lost {
+                tracing::debug!("a ping failed or got no answer in time; the connection is dropped at its next call");
+                // At most: a newer build's mark (a call of it abandoned) must stay.
+                self.gate
+                    .abandoned
+                    .fetch_max(self.build, std::sync::atomic::Ordering::SeqCst);
+                return;
+            }
+        }
+    }
+}
+
 /// What a connection whose call `op` failed may still have in flight: a read (metadata, a
 /// poll at an explicit offset, a ping), whose replay changes nothing, or a request that may
 /// still land (every write: a send, an offset store, a user or topic change).
@@ -701,6 +826,71 @@ mod tests {
         ] {
             check!(in_flight_of(op) == InFlight::Read, "{op}");
         }
+    }
+
+    #[test]
+    fn a_call_whose_slot_is_pinged_takes_the_next_free_one_in_turn() {
+        let free = |set: &'static [usize]| move |s: usize| set.contains(&s);
+        check!(first_free(2, 4, free(&[0, 3])) == Some(3));
+        check!(first_free(3, 4, free(&[0, 1])) == Some(0));
+        // Its own slot is never a way around its own ping.
+        check!(first_free(1, 4, free(&[1])) == None);
+        check!(first_free(0, 1, free(&[0])) == None);
+    }
+
+    /// Waits (up to a generous deadline) until `done` holds.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The testkit's code of PING.
+    const PING: u32 = 1;
+
+    async fn streams(cluster: &Cluster, slot: usize) -> Result<usize> {
+        cluster
+            .call(
+                slot,
+                "get_streams",
+                |c| async move { c.get_streams().await },
+            )
+            .await
+            .map(|streams| streams.len())
+    }
+
+    #[tokio::test]
+    async fn connections_are_pinged_every_heartbeat_interval_and_calls_do_not_wait_behind_a_ping(
+    ) -> Result<()> {
+        let server = replicator_testkit::TestServer::start(Default::default())
+            .await
+            .expect("testkit server");
+        let faults = server.faults();
+        // The first ping is held for a minute: a call that waited behind it would too.
+        faults.delay_next(PING, Duration::from_secs(60), 1);
+        let url = format!("{}?heartbeat_interval=1s", server.connection_string());
+        let cluster = Cluster::new("us", IggyVersion::V0_8, &url, 2, Duration::from_secs(120))?;
+        for slot in 0..2 {
+            streams(&cluster, slot).await?;
+        }
+        // Pings come from the cluster: none is sent at connect (the SDK's heartbeat sends one
+        // at once), the first a share of the interval later.
+        until("the first ping", || faults.requests(PING) >= 1).await;
+        for slot in 0..2 {
+            let answered = tokio::time::timeout(Duration::from_secs(30), streams(&cluster, slot));
+            check!(matches!(answered.await, Ok(Ok(_))), "slot {slot}");
+        }
+        check!(faults.delays_ended() == 0, "the held ping is still held");
+        // The other connection keeps being pinged, every interval.
+        until("more pings", || faults.requests(PING) >= 4).await;
+        cluster.close().await;
+        server.shutdown().await;
+        Ok(())
     }
 
     #[test]
