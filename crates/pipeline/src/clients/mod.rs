@@ -68,9 +68,29 @@ struct Gate {
     /// unit's actors killed with their flow actor, a drain that ran out of time); a ping that
     /// failed or got no answer in time marks its connection so too.
     abandoned: std::sync::atomic::AtomicU64,
-    /// Set while the heartbeat waits for its turn or pings: calls meant for the slot take
-    /// another one that is free, if any ([`Cluster::route`]).
+    /// Set while the heartbeat waits for its turn or pings: reads meant for the slot may take
+    /// another one that is free ([`Cluster::route`]).
     pinging: std::sync::atomic::AtomicBool,
+    /// The build of the slot's current connection (0: none): a heartbeat whose connection was
+    /// dropped meanwhile stops instead of pinging it (its PING would wait behind whatever the
+    /// SDK still has in flight there, holding the slot's turn for a whole timeout).
+    current: std::sync::atomic::AtomicU64,
+}
+
+/// Which connection a call may take ([`Cluster::route`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pick {
+    /// Its slot's, whoever else waits for it. Every write, and every call of a writer: a writer
+    /// whose send timed out must re-read its tail through a new connection and its login (the
+    /// target judges the login when it arrives, after a fence if the writer was frozen), never
+    /// through another connection of its identity that is still open.
+    Own,
+    /// Its slot's, unless the heartbeat is pinging it; then a free one. For reads that must
+    /// not wait a round trip behind a PING (a reader's poll).
+    AroundPings,
+    /// Its slot's if nobody uses it, else a free one. For reads in flight beside the caller's
+    /// own (a reader's polls sent ahead or staggered).
+    AnyFree,
 }
 
 impl Slot {
@@ -402,30 +422,37 @@ impl Cluster {
             slot,
         };
         guard.0 = Some(conn.clone());
+        self.slots[slot]
+            .gate
+            .current
+            .store(conn.build, std::sync::atomic::Ordering::SeqCst);
         self.open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(cluster = %self.alias, slot, "connected");
         self.spawn_heartbeat(&conn);
         Ok(conn)
     }
 
-    /// The slot a call meant for `slot` takes: its own (modulo the slots in use), unless the
-    /// heartbeat is pinging that one's connection; then the first other slot that is
-    /// [`Slot::free`], so that the call does not wait a round trip behind the PING. Its own
-    /// when none is (all busy: the call waits its turn there as before).
-    fn route(&self, slot: usize) -> usize {
+    /// The slot a call meant for `slot` takes as `pick` allows: its own (modulo the slots in
+    /// use), or, when that one is taken in the sense of `pick`, the first other slot that is
+    /// [`Slot::free`]. Its own when none is (all busy: the call waits its turn there).
+    fn route(&self, slot: usize, pick: Pick) -> usize {
         let in_use = self.slots_in_use();
         let own = slot % in_use;
-        if !self.slots[own]
-            .gate
-            .pinging
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        let taken = match pick {
+            Pick::Own => false,
+            Pick::AroundPings => self.slots[own]
+                .gate
+                .pinging
+                .load(std::sync::atomic::Ordering::Relaxed),
+            Pick::AnyFree => !self.slots[own].free(),
+        };
+        if !taken {
             return own;
         }
         first_free(own, in_use, |s| self.slots[s].free()).unwrap_or(own)
     }
 
-    /// Starts the heartbeat of the new connection `conn` ([`heartbeat`]); its first ping comes
+    /// Starts the heartbeat of the new connection `conn` ([`Heartbeat`]); its first ping comes
     /// a share of the interval in that depends on the slot, so that the slots' pings are spread
     /// over the interval rather than all due at once (a call then always finds a free slot).
     fn spawn_heartbeat(&self, conn: &Conn) {
@@ -565,6 +592,10 @@ impl Cluster {
         let mut guard = self.slots[conn.slot].current.lock().await;
         if guard.0.as_ref().is_some_and(|c| c.build == conn.build) {
             guard.0 = None;
+            self.slots[conn.slot]
+                .gate
+                .current
+                .store(0, std::sync::atomic::Ordering::SeqCst);
             drop(guard);
             self.open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             shutdown(&conn.client, in_flight).await;
@@ -577,6 +608,9 @@ impl Cluster {
         self.activity.close();
         for slot in &self.slots {
             let conn = slot.current.lock().await.0.take();
+            slot.gate
+                .current
+                .store(0, std::sync::atomic::Ordering::SeqCst);
             if let Some(conn) = conn {
                 self.open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 shutdown(&conn.client, InFlight::Requests).await;
@@ -604,6 +638,25 @@ impl Cluster {
             .call_checked(slot, op, || Ok::<(), std::convert::Infallible>(()), f)
             .await?
         {
+            Ok(value) => Ok(value),
+            Err(never) => match never {},
+        }
+    }
+
+    /// Like [`Cluster::call`], on the connection `pick` allows ([`Pick`]; reads only).
+    pub(crate) async fn call_picked<T, F, Fut>(
+        &self,
+        slot: usize,
+        pick: Pick,
+        op: &str,
+        f: F,
+    ) -> Result<T>
+    where
+        F: FnOnce(Arc<Client>) -> Fut,
+        Fut: Future<Output = replicator_sdk::Result<T>>,
+    {
+        let unchecked = || Ok::<(), std::convert::Infallible>(());
+        match self.call_routed(slot, pick, op, unchecked, f).await? {
             Ok(value) => Ok(value),
             Err(never) => match never {},
         }
@@ -649,8 +702,25 @@ impl Cluster {
         F: FnOnce(Arc<Client>) -> Fut,
         Fut: Future<Output = replicator_sdk::Result<T>>,
     {
+        self.call_routed(slot, Pick::Own, op, check, f).await
+    }
+
+    /// [`Cluster::call_checked`] on the slot [`Cluster::route`] picks for `slot`.
+    async fn call_routed<T, V, C, F, Fut>(
+        &self,
+        slot: usize,
+        pick: Pick,
+        op: &str,
+        check: C,
+        f: F,
+    ) -> Result<std::result::Result<T, V>>
+    where
+        C: FnOnce() -> std::result::Result<(), V>,
+        F: FnOnce(Arc<Client>) -> Fut,
+        Fut: Future<Output = replicator_sdk::Result<T>>,
+    {
         let (conn, _turn) = loop {
-            let conn = self.get(self.route(slot)).await?;
+            let conn = self.get(self.route(slot, pick)).await?;
             let turn = self.slots[conn.slot].gate.turn.lock().await;
             let abandoned = self.slots[conn.slot]
                 .gate
@@ -757,11 +827,20 @@ impl Heartbeat {
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             let pinged = {
                 let _turn = self.gate.turn.lock().await;
-                tokio::time::timeout(self.timeout, client.ping()).await
+                // A call that failed in the meantime dropped the connection in its turn.
+                let current = self.gate.current.load(std::sync::atomic::Ordering::SeqCst);
+                if current == self.build {
+                    Some(tokio::time::timeout(self.timeout, client.ping()).await)
+                } else {
+                    None
+                }
             };
             self.gate
                 .pinging
                 .store(false, std::sync::atomic::Ordering::Relaxed);
+            let Some(pinged) = pinged else {
+                return;
+            };
             let lost = match &pinged {
                 Ok(Ok(())) => false,
                 // An answer, if an error: the connection works.
@@ -853,19 +932,14 @@ mod tests {
     /// The testkit's code of PING.
     const PING: u32 = 1;
 
-    async fn streams(cluster: &Cluster, slot: usize) -> Result<usize> {
-        cluster
-            .call(
-                slot,
-                "get_streams",
-                |c| async move { c.get_streams().await },
-            )
-            .await
-            .map(|streams| streams.len())
+    async fn streams(cluster: &Cluster, slot: usize, pick: Pick) -> Result<usize> {
+        let get = |c: Arc<Client>| async move { c.get_streams().await };
+        let streams = cluster.call_picked(slot, pick, "get_streams", get).await?;
+        Ok(streams.len())
     }
 
     #[tokio::test]
-    async fn connections_are_pinged_every_heartbeat_interval_and_calls_do_not_wait_behind_a_ping(
+    async fn connections_are_pinged_every_heartbeat_interval_and_reads_do_not_wait_behind_a_ping(
     ) -> Result<()> {
         let server = replicator_testkit::TestServer::start(Default::default())
             .await
@@ -876,16 +950,32 @@ mod tests {
         let url = format!("{}?heartbeat_interval=1s", server.connection_string());
         let cluster = Cluster::new("us", IggyVersion::V0_8, &url, 2, Duration::from_secs(120))?;
         for slot in 0..2 {
-            streams(&cluster, slot).await?;
+            streams(&cluster, slot, Pick::Own).await?;
         }
         // Pings come from the cluster: none is sent at connect (the SDK's heartbeat sends one
         // at once), the first a share of the interval later.
         until("the first ping", || faults.requests(PING) >= 1).await;
         for slot in 0..2 {
-            let answered = tokio::time::timeout(Duration::from_secs(30), streams(&cluster, slot));
+            let read = streams(&cluster, slot, Pick::AroundPings);
+            let answered = tokio::time::timeout(Duration::from_secs(30), read);
             check!(matches!(answered.await, Ok(Ok(_))), "slot {slot}");
         }
         check!(faults.delays_ended() == 0, "the held ping is still held");
+        // A call that must stay on its slot waits its turn behind the ping.
+        let pinging = |s: usize| {
+            cluster.slots[s]
+                .gate
+                .pinging
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let pinged = (0..2).find(|&s| pinging(s));
+        check!(pinged.is_some(), "a slot is being pinged");
+        if let Some(slot) = pinged {
+            let own = streams(&cluster, slot, Pick::Own);
+            check!(tokio::time::timeout(Duration::from_millis(300), own)
+                .await
+                .is_err());
+        }
         // The other connection keeps being pinged, every interval.
         until("more pings", || faults.requests(PING) >= 4).await;
         cluster.close().await;

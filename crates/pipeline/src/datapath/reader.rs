@@ -9,7 +9,8 @@
 //!
 //! Behind a far source a message waits for the next poll to reach the source: up to a round
 //! trip with one poll in flight. With `far_source_polls` above 1 a caught-up reader keeps that
-//! many polls in flight, each on its own connection, sent a round trip's share apart, and takes
+//! many polls in flight, each on a connection nobody else is using then (if one is free), sent
+//! a round trip's share apart, and takes
 //! from each answer what follows what it already has ([`Staggered`]).
 //!
 //! A poll answer whose partition end (`current_offset`) is below what the reader already read
@@ -37,6 +38,7 @@ use tracing::Instrument;
 
 use crate::backoff::{with_jitter, Backoff};
 use crate::clients::activity::{self, Idle, StreamActivity, WatchParams};
+use crate::clients::Pick;
 use crate::control::ControlPlane;
 use crate::datapath::batch_size::{BatchSizer, Far, PollOutcome};
 use crate::datapath::offsets::{detect_gap, ReadFrom};
@@ -283,14 +285,8 @@ impl<C: ControlPlane> Reader<C> {
             self.send_ahead(from.offset.saturating_add(u64::from(count)), 1);
         }
         let started = Instant::now();
-        let polled = poll(
-            &self.shared,
-            &self.ids,
-            self.shared.slot(),
-            from.offset,
-            count,
-        )
-        .await;
+        let via = (self.shared.slot(), Pick::AroundPings);
+        let polled = poll(&self.shared, &self.ids, via, from.offset, count).await;
         self.take_in(from, from.offset, count, polled, started.elapsed())
     }
 
@@ -413,8 +409,9 @@ impl<C: ControlPlane> Reader<C> {
         });
     }
 
-    /// A task that polls `count` messages from `offset` on the unit's slot plus `slot_offset`
-    /// (at `at`, or at once), and answers with the poll's outcome and the time it took.
+    /// A task that polls `count` messages from `offset` on the unit's slot plus `slot_offset`,
+    /// or on another connection if that one is busy then ([`Pick::AnyFree`]), at `at` or at
+    /// once, and answers with the poll's outcome and the time it took.
     fn spawn_poll(
         &self,
         at: Option<tokio::time::Instant>,
@@ -430,8 +427,8 @@ impl<C: ControlPlane> Reader<C> {
                     tokio::time::sleep_until(at).await;
                 }
                 let started = Instant::now();
-                let slot = shared.slot() + slot_offset;
-                let polled = poll(&shared, &ids, slot, offset, count).await;
+                let via = (shared.slot() + slot_offset, Pick::AnyFree);
+                let polled = poll(&shared, &ids, via, offset, count).await;
                 (polled, started.elapsed())
             }
             .instrument(tracing::Span::current()),
@@ -521,39 +518,42 @@ struct Staggered {
     answer: PollTask,
 }
 
-/// Polls `count` messages of the unit's partition from `offset` on the connection of `slot`.
+/// Polls `count` messages of the unit's partition from `offset` on the connection of `slot`, or
+/// another one as `pick` allows (a poll is a read at an explicit offset: which connection
+/// answers it does not matter).
 async fn poll<C>(
     shared: &UnitShared<C>,
     ids: &(Identifier, Identifier, Consumer),
-    slot: usize,
+    (slot, pick): (usize, Pick),
     offset: u64,
     count: u32,
 ) -> Result<replicator_sdk::Polled> {
     let (stream, topic, consumer) = ids.clone();
     let partition = shared.unit.partition;
-    shared
-        .source
-        .call(slot, "poll_messages", |c| async move {
-            c.poll_messages(
-                &stream,
-                &topic,
-                Some(partition),
-                &consumer,
-                &PollingStrategy::offset(offset),
-                count,
-                false,
-            )
-            .await
-        })
+    let request = |c: std::sync::Arc<replicator_sdk::Client>| async move {
+        c.poll_messages(
+            &stream,
+            &topic,
+            Some(partition),
+            &consumer,
+            &PollingStrategy::offset(offset),
+            count,
+            false,
+        )
         .await
-        .map_err(|e| match e {
-            Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
-                Error::UpstreamTopicGone {
-                    unit: shared.unit.clone(),
-                }
+    };
+    let polled = shared
+        .source
+        .call_picked(slot, pick, "poll_messages", request)
+        .await;
+    polled.map_err(|e| match e {
+        Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {
+            Error::UpstreamTopicGone {
+                unit: shared.unit.clone(),
             }
-            other => other,
-        })
+        }
+        other => other,
+    })
 }
 
 /// Whether an answer holds a message at `offset` (then everything after it up to its end).
