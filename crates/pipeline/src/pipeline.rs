@@ -326,6 +326,7 @@ impl Pipeline {
                 cancel: CancellationToken::new(),
                 units_seen: units_seen.get(&flow.name).cloned().unwrap_or_default(),
                 first_unit,
+                assignments: flow_assignments.subscribe(&flow.name),
                 pairing,
             };
             tasks.push(flow_task(TaskKind::Discovery, &flow.name, move |stop| {

@@ -37,6 +37,23 @@ use crate::selection::residency::{BlockedTopic, BlockedTopics};
 /// metadata sync rounds).
 pub(crate) type FirstUnit = Arc<Mutex<Option<WorkUnit>>>;
 
+/// Whether this instance runs the flow's metadata work now: it owns the flow's first unit
+/// (`assignments` are this instance's) and its lease is valid. One instance at a time, so that
+/// changes every instance would otherwise make at once (a user's sync, partitions added
+/// downstream) are made once.
+pub(crate) fn runs_flow_metadata(
+    first_unit: &FirstUnit,
+    assignments: &tokio::sync::watch::Receiver<Arc<Vec<replicator_model::Assignment>>>,
+    control: &impl ControlPlane,
+) -> bool {
+    let first = first_unit
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    first.is_some_and(|unit| assignments.borrow().iter().any(|a| a.unit == unit))
+        && control.lease_valid_until().is_some()
+}
+
 /// Inputs of one flow's discovery loop.
 #[derive(Clone)]
 pub(crate) struct DiscoveryParams<C> {
@@ -60,8 +77,11 @@ pub(crate) struct DiscoveryParams<C> {
     pub(crate) cancel: CancellationToken,
     /// Set to the flow's unit count after every round (the throttle's share of it).
     pub(crate) units_seen: Arc<std::sync::atomic::AtomicUsize>,
-    /// Set to the flow's smallest unit after every round (its owner runs the metadata sync).
+    /// Set to the flow's smallest unit after every round (its owner runs the metadata sync,
+    /// and adds partitions downstream).
     pub(crate) first_unit: FirstUnit,
+    /// This instance's assignments of the flow (whether it owns the first unit).
+    pub(crate) assignments: tokio::sync::watch::Receiver<Arc<Vec<replicator_model::Assignment>>>,
     /// The flow's two-way pair, when flows copy back from its target (see
     /// [`crate::sync::metadata::pair`]): copies the reverse flow made are not copied back, and
     /// a topic deleted on its home is not created there again.
@@ -77,6 +97,9 @@ struct SeenTopic {
     partitions: u32,
     /// Whether the downstream side was mirrored successfully for this shape.
     mirrored: bool,
+    /// The downstream topic's partition count when it had fewer than upstream and none were
+    /// added ([`partitions_to_add`]).
+    downstream_short: Option<u32>,
     /// In a two-way pair: deleted on its home, the target (see [`deleted_at_home`]).
     deleted_at_home: bool,
 }
@@ -223,6 +246,7 @@ async fn discover_once<C: ControlPlane>(
                         created_at: topic.created_at.as_micros(),
                         partitions: topic.partitions_count,
                         mirrored: false,
+                        downstream_short: None,
                         deleted_at_home: true,
                     },
                 );
@@ -232,6 +256,7 @@ async fn discover_once<C: ControlPlane>(
                 created_at: topic.created_at.as_micros(),
                 partitions: topic.partitions_count,
                 mirrored: true,
+                downstream_short: None,
                 deleted_at_home: false,
             };
             now.insert(
@@ -266,20 +291,28 @@ async fn discover_once<C: ControlPlane>(
         }
     }
     let mut units = Vec::new();
+    // Decided once a round, from the previous round's first unit.
+    let adds = runs_flow_metadata(&p.first_unit, &p.assignments, &p.control);
     for ((stream, _), (seen_topic, topic)) in now.iter_mut() {
         let key = (stream.clone(), topic.name.clone());
-        let unchanged = seen.get(&key).is_some_and(|old| {
-            old.mirrored
-                && old.created_at == seen_topic.created_at
-                && old.partitions == seen_topic.partitions
+        let old = seen.get(&key).filter(|old| {
+            old.created_at == seen_topic.created_at && old.partitions == seen_topic.partitions
         });
-        if !unchanged {
-            if let Err(err) = mirror(p, stream, topic).await {
-                tracing::warn!(
-                    stream = %stream, topic = %topic.name, error = %err,
-                    "could not mirror topic downstream, retrying next round"
-                );
-                seen_topic.mirrored = false;
+        if !old.is_some_and(|old| old.mirrored) {
+            let short_before = old.and_then(|old| old.downstream_short);
+            match mirror(p, stream, topic, short_before, adds).await {
+                Ok(Mirrored::Done) => {}
+                Ok(Mirrored::Short { downstream }) => {
+                    seen_topic.mirrored = false;
+                    seen_topic.downstream_short = Some(downstream);
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        stream = %stream, topic = %topic.name, error = %err,
+                        "could not mirror topic downstream, retrying next round"
+                    );
+                    seen_topic.mirrored = false;
+                }
             }
         }
         units.extend(
@@ -338,9 +371,43 @@ async fn deleted_at_home<C: ControlPlane>(
         .is_some_and(|topics| topics.contains(topic)))
 }
 
+/// What [`mirror`] left downstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mirrored {
+    /// The topic there has the upstream's partitions (or more).
+    Done,
+    /// It has fewer, `downstream`, and none were added this round.
+    Short { downstream: u32 },
+}
+
+/// How many partitions to add to a downstream topic that has `downstream` of the upstream's
+/// `upstream`, if any. Every instance's discovery looks at the topic, and on a real Iggy 0.8
+/// server a topic being created (by another instance, a moment ago) answers with fewer
+/// partitions than it is being created with: adding the difference then doubled or tripled
+/// the topic's partitions (BENCHMARKS.md section 38). So partitions are added only by the
+/// instance that runs the flow's metadata work (`adds`), and only once two rounds in a row
+/// found the same shortfall (`short_before`: the previous round's count), so that a topic
+/// still being created is left to finish.
+fn partitions_to_add(
+    upstream: u32,
+    downstream: u32,
+    short_before: Option<u32>,
+    adds: bool,
+) -> Option<u32> {
+    (downstream < upstream && adds && short_before == Some(downstream))
+        .then(|| upstream - downstream)
+}
+
 /// Creates the downstream stream and topic if missing (same partition count, compression,
-/// message expiry and max size) and adds partitions when upstream has more.
-async fn mirror<C>(p: &DiscoveryParams<C>, stream: &str, topic: &Topic) -> Result<()> {
+/// message expiry and max size) and adds partitions when upstream has more, as
+/// [`partitions_to_add`] allows.
+async fn mirror<C>(
+    p: &DiscoveryParams<C>,
+    stream: &str,
+    topic: &Topic,
+    short_before: Option<u32>,
+    adds: bool,
+) -> Result<Mirrored> {
     let down_stream = downstream_stream(p.flow.naming, &p.flow.source, stream);
     let (sid, tid) = (named(&down_stream)?, named(&topic.name)?);
     let (s, t) = (sid.clone(), tid.clone());
@@ -349,9 +416,15 @@ async fn mirror<C>(p: &DiscoveryParams<C>, stream: &str, topic: &Topic) -> Resul
         .call(0, "get_topic", |c| async move { c.get_topic(&s, &t).await })
         .await?;
     match existing {
-        Some(down) if down.partitions_count >= topic.partitions_count => Ok(()),
+        Some(down) if down.partitions_count >= topic.partitions_count => Ok(Mirrored::Done),
         Some(down) => {
-            let add = topic.partitions_count - down.partitions_count;
+            let downstream = down.partitions_count;
+            let Some(add) =
+                partitions_to_add(topic.partitions_count, downstream, short_before, adds)
+            else {
+                tracing::debug!(stream = %down_stream, topic = %topic.name, downstream, upstream = topic.partitions_count, adds, "downstream topic has fewer partitions; not adding this round");
+                return Ok(Mirrored::Short { downstream });
+            };
             let (s, t) = (sid.clone(), tid.clone());
             p.target
                 .call(0, "create_partitions", |c| async move {
@@ -359,7 +432,7 @@ async fn mirror<C>(p: &DiscoveryParams<C>, stream: &str, topic: &Topic) -> Resul
                 })
                 .await?;
             tracing::info!(stream = %down_stream, topic = %topic.name, added = add, "partitions added downstream");
-            Ok(())
+            Ok(Mirrored::Done)
         }
         None => {
             let shape = TopicShape {
@@ -370,7 +443,7 @@ async fn mirror<C>(p: &DiscoveryParams<C>, stream: &str, topic: &Topic) -> Resul
             };
             create_stream_and_topic(&p.target, &down_stream, &topic.name, shape).await?;
             tracing::info!(stream = %down_stream, topic = %topic.name, partitions = shape.partitions, "topic created downstream");
-            Ok(())
+            Ok(Mirrored::Done)
         }
     }
 }
@@ -444,6 +517,22 @@ mod tests {
     use assert2::check;
 
     use super::*;
+
+    #[test]
+    fn partitions_are_added_once_by_the_metadata_runner_after_two_rounds_agree() {
+        // A topic another instance is creating shows 0 of its 16 partitions, then all 16.
+        check!(partitions_to_add(16, 0, None, true) == None);
+        check!(partitions_to_add(16, 16, Some(0), true) == None);
+        // Upstream grew from 16 to 18: the runner adds 2 once two rounds saw 16.
+        check!(partitions_to_add(18, 16, None, true) == None);
+        check!(partitions_to_add(18, 16, Some(16), true) == Some(2));
+        // A shortfall that changed between rounds is still moving.
+        check!(partitions_to_add(18, 17, Some(16), true) == None);
+        // Another instance never adds, however long the shortfall lasts.
+        check!(partitions_to_add(18, 16, Some(16), false) == None);
+        // More downstream than upstream is left alone.
+        check!(partitions_to_add(16, 20, Some(20), true) == None);
+    }
 
     /// The pauses after `rounds` unreported rounds in a row, following a reported one.
     fn unreported_pauses(rounds: usize, interval: Duration) -> Vec<Duration> {

@@ -343,13 +343,7 @@ pub(crate) async fn run<C: ControlPlane>(
     async move {
         let mut was_runner = false;
         loop {
-            let first = first_unit
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone();
-            let runner = first
-                .is_some_and(|unit| assignments.borrow().iter().any(|a| a.unit == unit))
-                && control.lease_valid_until().is_some();
+            let runner = crate::discovery::runs_flow_metadata(&first_unit, &assignments, &control);
             if runner != was_runner {
                 tracing::info!(
                     runner,
