@@ -316,8 +316,12 @@ async fn run_schedule(
             recovery.as_secs_f64()
         );
         failovers.extend(failover);
-        // More messages downstream than upstream can only be duplicates: name the fault.
-        let (up, down) = (servers.upstream_counts(), servers.downstream_counts());
+        // More messages downstream than upstream can only be duplicates: name the fault. The
+        // producer is running: downstream is read first, so that what was copied between the
+        // two reads is upstream too (read the other way round, a batch produced and copied in
+        // between looked like duplicates; the CI run of 2026-12-07 saw five so).
+        let down = servers.downstream_counts();
+        let up = servers.upstream_counts();
         let over: Vec<(usize, u64)> = (0..up.len())
             .filter(|p| down[*p] > up[*p])
             .map(|p| (p, down[p] - up[p]))
