@@ -811,9 +811,10 @@ struct Heartbeat {
 
 impl Heartbeat {
     /// Pings `first` from now, then every `interval`, until the connection is dropped or a
-    /// ping is lost (the connection failed or the answer did not come in time). A connection whose ping got no answer may still get one, which
-    /// would be read as the next call's: it is marked abandoned, so that the next call opens a
-    /// new connection instead (as after a call given up).
+    /// ping is lost (the connection failed or the answer did not come in time). A connection
+    /// whose ping got no answer may still get one, which would be read as the next call's: it
+    /// is marked abandoned, so that the next call opens a new connection instead (as after a
+    /// call given up).
     async fn run(self, first: Duration, interval: Duration) {
         let mut due = tokio::time::Instant::now() + first;
         loop {
@@ -917,18 +918,6 @@ mod tests {
         check!(first_free(0, 1, free(&[0])) == None);
     }
 
-    /// Waits (up to a generous deadline) until `done` holds.
-    async fn until(what: &str, done: impl Fn() -> bool) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !done() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
     /// The testkit's code of PING.
     const PING: u32 = 1;
 
@@ -954,7 +943,10 @@ mod tests {
         }
         // Pings come from the cluster: none is sent at connect (the SDK's heartbeat sends one
         // at once), the first a share of the interval later.
-        until("the first ping", || faults.requests(PING) >= 1).await;
+        let first_ping = || async { faults.requests(PING) >= 1 };
+        replicator_harness::wait_until("the first ping", Duration::from_secs(30), first_ping)
+            .await
+            .expect("a ping within the deadline");
         for slot in 0..2 {
             let read = streams(&cluster, slot, Pick::AroundPings);
             let answered = tokio::time::timeout(Duration::from_secs(30), read);
@@ -977,7 +969,10 @@ mod tests {
                 .is_err());
         }
         // The other connection keeps being pinged, every interval.
-        until("more pings", || faults.requests(PING) >= 4).await;
+        let more_pings = || async { faults.requests(PING) >= 4 };
+        replicator_harness::wait_until("more pings", Duration::from_secs(30), more_pings)
+            .await
+            .expect("pings every interval");
         cluster.close().await;
         server.shutdown().await;
         Ok(())

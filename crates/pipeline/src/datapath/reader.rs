@@ -10,8 +10,8 @@
 //! Behind a far source a message waits for the next poll to reach the source: up to a round
 //! trip with one poll in flight. With `far_source_polls` above 1 a caught-up reader keeps that
 //! many polls in flight, each on a connection nobody else is using then (if one is free), sent
-//! a round trip's share apart, and takes
-//! from each answer what follows what it already has ([`Staggered`]).
+//! a round trip's share apart, and takes from each answer what follows what it already has
+//! ([`Staggered`]).
 //!
 //! A poll answer whose partition end (`current_offset`) is below what the reader already read
 //! means the partition was reset (purged, or the topic deleted and recreated with fewer

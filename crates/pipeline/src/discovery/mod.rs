@@ -422,7 +422,11 @@ async fn mirror<C>(
             let Some(add) =
                 partitions_to_add(topic.partitions_count, downstream, short_before, adds)
             else {
-                tracing::debug!(stream = %down_stream, topic = %topic.name, downstream, upstream = topic.partitions_count, adds, "downstream topic has fewer partitions; not adding this round");
+                tracing::debug!(
+                    stream = %down_stream, topic = %topic.name, downstream,
+                    upstream = topic.partitions_count, adds,
+                    "downstream topic has fewer partitions; not adding this round"
+                );
                 return Ok(Mirrored::Short { downstream });
             };
             let (s, t) = (sid.clone(), tid.clone());
