@@ -978,6 +978,43 @@ mod tests {
         Ok(())
     }
 
+    #[tokio::test]
+    async fn a_connection_whose_ping_got_no_answer_is_replaced_at_its_next_call() -> Result<()> {
+        let server = replicator_testkit::TestServer::start(Default::default())
+            .await
+            .expect("testkit server");
+        let faults = server.faults();
+        // The first ping is held far longer than a call may take.
+        faults.delay_next(PING, Duration::from_secs(60), 1);
+        let url = format!("{}?heartbeat_interval=200ms", server.connection_string());
+        let cluster = Cluster::new("us", IggyVersion::V0_8, &url, 1, Duration::from_secs(1))?;
+        streams(&cluster, 0, Pick::Own).await?;
+        let lost = || async {
+            cluster.slots[0]
+                .gate
+                .abandoned
+                .load(std::sync::atomic::Ordering::SeqCst)
+                != 0
+        };
+        replicator_harness::wait_until("the ping given up", Duration::from_secs(30), lost)
+            .await
+            .expect("the held ping given up");
+        // Its answer may still come: the call goes through a new connection, not behind it.
+        let answered =
+            tokio::time::timeout(Duration::from_secs(30), streams(&cluster, 0, Pick::Own));
+        check!(matches!(answered.await, Ok(Ok(_))));
+        check!(
+            cluster.slots[0]
+                .gate
+                .current
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 2
+        );
+        cluster.close().await;
+        server.shutdown().await;
+        Ok(())
+    }
+
     #[test]
     fn only_tcp_connection_strings_are_accepted() {
         let t = Duration::from_secs(1);
