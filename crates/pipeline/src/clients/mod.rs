@@ -28,7 +28,7 @@ use tracing::Instrument;
 use replicator_sdk::types::{Identifier, StreamDetails, TopicDetails};
 
 use self::activity::{ActivityRegistry, Request};
-use self::distance::Distance;
+use self::distance::{Distance, Next};
 use self::shared_read::SharedReads;
 use crate::error::{Error, Result};
 use replicator_sdk::IggyCluster as _;
@@ -75,6 +75,9 @@ struct Gate {
     /// dropped meanwhile stops instead of pinging it (its PING would wait behind whatever the
     /// SDK still has in flight there, holding the slot's turn for a whole timeout).
     current: std::sync::atomic::AtomicU64,
+    /// Wakes the heartbeat for a PING ahead of its time: a probe of the distance
+    /// ([`distance::Next::Probe`]).
+    probe: tokio::sync::Notify,
 }
 
 /// Which connection a call may take ([`Cluster::route`]).
@@ -158,7 +161,7 @@ pub(crate) struct Cluster {
     /// `far_connections`: slots in use while it is far.
     far_slots: usize,
     /// How far the cluster is, from the round trips of its calls.
-    distance: Distance,
+    distance: Arc<Distance>,
     /// Set once the far slots' connections were opened ahead ([`Cluster::open_far_slots`]).
     far_slots_opened: std::sync::atomic::AtomicBool,
     /// Set once every slot's connection was opened ahead ([`Cluster::open_slots_ahead`]).
@@ -252,7 +255,7 @@ impl Cluster {
             slots: (0..connections.max(1)).map(|_| Slot::default()).collect(),
             near_slots: connections.max(1),
             far_slots: connections.max(1),
-            distance: Distance::default(),
+            distance: Arc::default(),
             far_slots_opened: std::sync::atomic::AtomicBool::new(false),
             slots_opened_ahead: std::sync::atomic::AtomicBool::new(false),
             open: std::sync::atomic::AtomicUsize::new(0),
@@ -452,6 +455,14 @@ impl Cluster {
         first_free(own, in_use, |s| self.slots[s].free()).unwrap_or(own)
     }
 
+    /// Asks the heartbeat of a free connection (else of `slot`'s, just used) for a PING now: a
+    /// probe of the distance ([`Next::Probe`]). A free one, so that no call waits behind it.
+    fn probe(&self, slot: usize) {
+        let probed =
+            first_free(slot, self.slots_in_use(), |s| self.slots[s].free()).unwrap_or(slot);
+        self.slots[probed].gate.probe.notify_one();
+    }
+
     /// Starts the heartbeat of the new connection `conn` ([`Heartbeat`]); its first ping comes
     /// a share of the interval in that depends on the slot, so that the slots' pings are spread
     /// over the interval rather than all due at once (a call then always finds a free slot).
@@ -466,6 +477,7 @@ impl Cluster {
             gate: self.slots[conn.slot].gate.clone(),
             build: conn.build,
             timeout: self.timeout,
+            distance: self.distance.clone(),
         };
         tokio::spawn(heartbeat.run(first, interval).instrument(
             tracing::debug_span!("heartbeat", cluster = %self.alias, slot = conn.slot),
@@ -628,14 +640,15 @@ impl Cluster {
     }
 
     /// Runs one SDK call on the connection of `slot` under the timeout. A connection failure or a
-    /// timeout drops the connection, so the next call reconnects.
+    /// timeout drops the connection, so the next call reconnects. The call is light: it carries
+    /// no batch ([`distance::LIGHT_CALL_BYTES`]).
     pub(crate) async fn call<T, F, Fut>(&self, slot: usize, op: &str, f: F) -> Result<T>
     where
         F: FnOnce(Arc<Client>) -> Fut,
         Fut: Future<Output = replicator_sdk::Result<T>>,
     {
         match self
-            .call_checked(slot, op, || Ok::<(), std::convert::Infallible>(()), f)
+            .call_checked(slot, op, 0, || Ok::<(), std::convert::Infallible>(()), f)
             .await?
         {
             Ok(value) => Ok(value),
@@ -643,20 +656,24 @@ impl Cluster {
         }
     }
 
-    /// Like [`Cluster::call`], on the connection `pick` allows ([`Pick`]; reads only).
+    /// Like [`Cluster::call`], on the connection `pick` allows ([`Pick`]), for a
+    /// read whose answer may carry a batch: `answer_bytes` tells how much it did.
     pub(crate) async fn call_picked<T, F, Fut>(
         &self,
-        slot: usize,
-        pick: Pick,
+        (slot, pick): (usize, Pick),
         op: &str,
         f: F,
+        answer_bytes: impl FnOnce(&T) -> u64,
     ) -> Result<T>
     where
         F: FnOnce(Arc<Client>) -> Fut,
         Fut: Future<Output = replicator_sdk::Result<T>>,
     {
         let unchecked = || Ok::<(), std::convert::Infallible>(());
-        match self.call_routed(slot, pick, op, unchecked, f).await? {
+        match self
+            .call_routed((slot, pick), op, unchecked, f, answer_bytes)
+            .await?
+        {
             Ok(value) => Ok(value),
             Err(never) => match never {},
         }
@@ -689,11 +706,13 @@ impl Cluster {
     /// Like [`Cluster::call`], but runs `check` once this call's turn on the connection has
     /// come, right before the request is written, and skips the call when it fails. Writers use
     /// it to re-check their lease and epoch as late as possible: a wait for the connection
-    /// (other units' sends) can no longer carry a send past the end of its lease.
+    /// (other units' sends) can no longer carry a send past the end of its lease. The request
+    /// carries `request_bytes` (a send's batch; 0 for other writes).
     pub(crate) async fn call_checked<T, V, C, F, Fut>(
         &self,
         slot: usize,
         op: &str,
+        request_bytes: u64,
         check: C,
         f: F,
     ) -> Result<std::result::Result<T, V>>
@@ -702,17 +721,19 @@ impl Cluster {
         F: FnOnce(Arc<Client>) -> Fut,
         Fut: Future<Output = replicator_sdk::Result<T>>,
     {
-        self.call_routed(slot, Pick::Own, op, check, f).await
+        self.call_routed((slot, Pick::Own), op, check, f, |_| request_bytes)
+            .await
     }
 
-    /// [`Cluster::call_checked`] on the slot [`Cluster::route`] picks for `slot`.
+    /// [`Cluster::call_checked`] on the slot [`Cluster::route`] picks for `slot`; `carried`
+    /// tells from the answer what the call carried both ways, for the [`Distance`].
     async fn call_routed<T, V, C, F, Fut>(
         &self,
-        slot: usize,
-        pick: Pick,
+        (slot, pick): (usize, Pick),
         op: &str,
         check: C,
         f: F,
+        carried: impl FnOnce(&T) -> u64,
     ) -> Result<std::result::Result<T, V>>
     where
         C: FnOnce() -> std::result::Result<(), V>,
@@ -746,7 +767,9 @@ impl Cluster {
         guard.finished = true;
         let err = match result {
             Ok(Ok(value)) => {
-                self.distance.observe(started.elapsed());
+                if self.distance.observe(started.elapsed(), carried(&value)) == Next::Probe {
+                    self.probe(conn.slot);
+                }
                 return Ok(Ok(value));
             }
             Ok(Err(source)) => self.err(op, source),
@@ -789,6 +812,16 @@ impl activity::Source for Cluster {
     }
 }
 
+/// The bytes a poll's answer carried (its messages as on the wire), for the [`Distance`] of
+/// callers of [`Cluster::call_picked`] that poll.
+pub(crate) fn polled_bytes(polled: &replicator_sdk::Polled) -> u64 {
+    polled
+        .messages
+        .iter()
+        .map(replicator_sdk::Message::wire_bytes)
+        .sum()
+}
+
 /// The first slot after `own` (in turn, among `0..in_use`) that `free` says is free.
 fn first_free(own: usize, in_use: usize, free: impl Fn(usize) -> bool) -> Option<usize> {
     (1..in_use).map(|k| (own + k) % in_use).find(|&s| free(s))
@@ -807,6 +840,8 @@ struct Heartbeat {
     build: u64,
     /// Bound of a ping, as of any call.
     timeout: Duration,
+    /// The cluster's distance, which every answered ping tells the round trip of the path.
+    distance: Arc<Distance>,
 }
 
 impl Heartbeat {
@@ -818,8 +853,11 @@ impl Heartbeat {
     async fn run(self, first: Duration, interval: Duration) {
         let mut due = tokio::time::Instant::now() + first;
         loop {
-            tokio::time::sleep_until(due).await;
-            due += interval;
+            tokio::select! {
+                () = tokio::time::sleep_until(due) => due += interval,
+                // A probe leaves the schedule as it was: the next ping is due as ever.
+                () = self.gate.probe.notified() => {}
+            }
             let Some(client) = self.client.upgrade() else {
                 return;
             };
@@ -831,7 +869,13 @@ impl Heartbeat {
                 // A call that failed in the meantime dropped the connection in its turn.
                 let current = self.gate.current.load(std::sync::atomic::Ordering::SeqCst);
                 if current == self.build {
-                    Some(tokio::time::timeout(self.timeout, client.ping()).await)
+                    let started = std::time::Instant::now();
+                    let pinged = tokio::time::timeout(self.timeout, client.ping()).await;
+                    if let Ok(Ok(())) = pinged {
+                        // A ping carries nothing: it never asks for a probe.
+                        let _ = self.distance.observe(started.elapsed(), 0);
+                    }
+                    Some(pinged)
                 } else {
                     None
                 }
@@ -923,7 +967,9 @@ mod tests {
 
     async fn streams(cluster: &Cluster, slot: usize, pick: Pick) -> Result<usize> {
         let get = |c: Arc<Client>| async move { c.get_streams().await };
-        let streams = cluster.call_picked(slot, pick, "get_streams", get).await?;
+        let streams = cluster
+            .call_picked((slot, pick), "get_streams", get, |_| 0)
+            .await?;
         Ok(streams.len())
     }
 
@@ -1011,6 +1057,76 @@ mod tests {
                 == 2
         );
         cluster.close().await;
+        server.shutdown().await;
+        Ok(())
+    }
+
+    /// The testkit's code of GET_STREAMS.
+    const GET_STREAMS: u32 = 201;
+
+    /// A `get_streams` on `slot` that the distance takes for a call carrying a batch.
+    async fn heavy_streams(cluster: &Cluster, slot: usize) -> Result<usize> {
+        let get = |c: Arc<Client>| async move { c.get_streams().await };
+        let heavy = |_: &_| distance::LIGHT_CALL_BYTES + 1;
+        let streams = cluster
+            .call_picked((slot, Pick::Own), "get_streams", get, heavy)
+            .await?;
+        Ok(streams.len())
+    }
+
+    #[tokio::test]
+    async fn slow_calls_that_carry_batches_are_judged_by_the_pings_they_ask_for() -> Result<()> {
+        // No ping on the heartbeat's own schedule during the test: only probes.
+        let server = replicator_testkit::TestServer::start(Default::default())
+            .await
+            .expect("testkit server");
+        let faults = server.faults();
+        let url = |addr: std::net::SocketAddr| {
+            let url = server.connection_string();
+            let (credentials, _) = url.split_once('@').expect("credentials in the url");
+            format!("{credentials}@{addr}?heartbeat_interval=1h")
+        };
+        // A near server busy with batches: every call takes 30 ms there, its pings do not.
+        faults.delay_next(GET_STREAMS, Duration::from_millis(30), u32::MAX);
+        let near = Cluster::new(
+            "us",
+            IggyVersion::V0_8,
+            &url(server.addr()),
+            2,
+            Duration::from_secs(120),
+        )?;
+        let probes_answered = || faults.requests(PING) >= 16;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !probes_answered() && std::time::Instant::now() < deadline {
+            heavy_streams(&near, 0).await?;
+        }
+        check!(probes_answered(), "slow heavy calls asked for probes");
+        check!(!near.far(), "a busy near server counted as far");
+        near.close().await;
+        // The same calls 30 ms away: far, told by the probes alone.
+        let proxy = replicator_testkit::WanProxy::start(
+            server.addr(),
+            replicator_testkit::WanLink::symmetric(Duration::from_millis(15)),
+        )
+        .await
+        .expect("proxy");
+        let far = Cluster::new(
+            "us",
+            IggyVersion::V0_8,
+            &url(proxy.addr()),
+            2,
+            Duration::from_secs(120),
+        )?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !far.far() && std::time::Instant::now() < deadline {
+            heavy_streams(&far, 0).await?;
+        }
+        check!(
+            far.far(),
+            "a far server's slow heavy calls never made it far"
+        );
+        far.close().await;
+        proxy.stop().await;
         server.shutdown().await;
         Ok(())
     }

@@ -38,7 +38,7 @@ use tracing::Instrument;
 
 use crate::backoff::{with_jitter, Backoff};
 use crate::clients::activity::{self, Idle, StreamActivity, WatchParams};
-use crate::clients::Pick;
+use crate::clients::{polled_bytes, Pick};
 use crate::control::ControlPlane;
 use crate::datapath::batch_size::{BatchSizer, Far, PollOutcome};
 use crate::datapath::offsets::{detect_gap, ReadFrom};
@@ -544,7 +544,7 @@ async fn poll<C>(
     };
     let polled = shared
         .source
-        .call_picked(slot, pick, "poll_messages", request)
+        .call_picked((slot, pick), "poll_messages", request, polled_bytes)
         .await;
     polled.map_err(|e| match e {
         Error::Iggy { ref source, .. } if crate::error::is_missing(source) => {

@@ -164,6 +164,7 @@ impl<C: ControlPlane> TargetDoor<C> {
             .call_checked(
                 slot,
                 "send_messages",
+                bytes,
                 || self.unit_check(unit, epoch),
                 |c| async move {
                     c.send_messages_with_tail(&stream, &topic, &partitioning, messages, tail)
@@ -209,7 +210,7 @@ where
     F: FnOnce(Arc<replicator_sdk::Client>) -> Fut,
     Fut: Future<Output = replicator_sdk::Result<T>>,
 {
-    match conn.call_checked(slot, op, check, f).await? {
+    match conn.call_checked(slot, op, 0, check, f).await? {
         Ok(value) => Ok(value),
         Err(_) => Err(Error::LeaseExpiring {
             cluster: conn.alias().to_owned(),

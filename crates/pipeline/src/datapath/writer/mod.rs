@@ -52,7 +52,7 @@ use self::resume::{PartitionExtent, ResumeFacts, ResumePlan, TailCheck, TailHit}
 pub(crate) use self::resume::{Position, ScanEnd, TailEntry, TailOutcome, TailPoll, TailScan};
 use self::send::SendVeto;
 use crate::backoff::Backoff;
-use crate::clients::Cluster;
+use crate::clients::{polled_bytes, Cluster, Pick};
 use crate::control::{ControlError, ControlPlane};
 use crate::datapath::offsets::ReadFrom;
 use crate::datapath::target::Copies;
@@ -762,18 +762,23 @@ async fn tail_page<C>(shared: &UnitShared<C>, poll: TailPoll) -> Result<Vec<Mess
     let (strategy, count) = tail_poll(poll);
     let polled = shared
         .target
-        .call(shared.slot(), "poll_messages (tail)", |cl| async move {
-            cl.poll_messages(
-                &stream,
-                &topic,
-                Some(partition),
-                &consumer,
-                &strategy,
-                count,
-                false,
-            )
-            .await
-        })
+        .call_picked(
+            (shared.slot(), Pick::Own),
+            "poll_messages (tail)",
+            |cl| async move {
+                cl.poll_messages(
+                    &stream,
+                    &topic,
+                    Some(partition),
+                    &consumer,
+                    &strategy,
+                    count,
+                    false,
+                )
+                .await
+            },
+            polled_bytes,
+        )
         .await?;
     Ok(polled.messages)
 }
