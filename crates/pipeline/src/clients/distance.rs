@@ -38,13 +38,19 @@ const WINDOW_CALLS: u32 = 8;
 /// are well under it.
 pub(crate) const LIGHT_CALL_BYTES: u64 = 64 << 10;
 
-/// Least time between two probes asked for ([`Distance::observe`]). A near cluster busy with
-/// big batches answers slowly call after call: its probes cost it at most 50 PINGs a second
-/// (a PING is the cheapest request a server answers), not one per batch. Across a
-/// distance the probes overlap, on connections that are free: the first verdict comes about a
-/// round trip after eight intervals (a far source's catch-up runs with the near settings
-/// until then).
-const PROBE_INTERVAL: Duration = Duration::from_millis(20);
+/// Least time between two probes asked for ([`Distance::observe`]) while the cluster counts as
+/// near. A near cluster busy with big batches answers slowly call after call: its probes cost
+/// it at most 50 PINGs a second (a PING is the cheapest request a server answers), not one per
+/// batch. Across a distance the probes overlap, on connections that are free: the first
+/// verdict comes about a round trip after eight intervals (a far source's catch-up runs with
+/// the near settings until then).
+const PROBE_INTERVAL_NEAR: Duration = Duration::from_millis(20);
+
+/// Least time between two probes while the cluster counts as far: there slow batches are what
+/// the verdict expects, and the probes only undo a wrong one (a near server that answered
+/// slowly for a whole window, say while it checked a burst of logins' passwords) within about
+/// two seconds, for a few PINGs a second.
+const PROBE_INTERVAL_FAR: Duration = Duration::from_millis(250);
 
 /// The shortest round trip of a window, folded in call by call; `far` is the verdict of the
 /// latest complete window. Shared by every task calling the cluster: the fields are atomics,
@@ -89,12 +95,22 @@ impl Distance {
     /// Counts a call that took `round_trip` and carried `carried` bytes (request and answer;
     /// answered, not failed: a timeout says nothing of the distance). A heavy call (over
     /// [`LIGHT_CALL_BYTES`]) counts only when it was quicker than [`FAR_ROUND_TRIP`]; a slow
-    /// one asks for a probe while the cluster counts as near, at most once per
-    /// [`PROBE_INTERVAL`]. While it counts as far, its heavy calls' slowness is what the
-    /// verdict expects, and its light calls (pings among them) bring it back when it is near.
+    /// one asks for a probe instead, at most once per [`PROBE_INTERVAL_NEAR`] or
+    /// [`PROBE_INTERVAL_FAR`] as the cluster counts now.
     pub(crate) fn observe(&self, round_trip: Duration, carried: u64) -> Next {
+        let now = u64::try_from(self.created.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.observe_at(round_trip, carried, now)
+    }
+
+    /// [`Distance::observe`] at `now`, in µs since `created`.
+    fn observe_at(&self, round_trip: Duration, carried: u64, now: u64) -> Next {
         if carried > LIGHT_CALL_BYTES && round_trip >= FAR_ROUND_TRIP {
-            return if !self.far() && self.probe_due() {
+            let interval = if self.far() {
+                PROBE_INTERVAL_FAR
+            } else {
+                PROBE_INTERVAL_NEAR
+            };
+            return if self.probe_due_at(now, interval) {
                 Next::Probe
             } else {
                 Next::Nothing
@@ -123,18 +139,13 @@ impl Distance {
         }
     }
 
-    /// Whether a probe may be asked for now (then it is taken as asked).
-    fn probe_due(&self) -> bool {
-        let now = u64::try_from(self.created.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.probe_due_at(now)
-    }
-
-    /// [`Distance::probe_due`] at `now`, in µs since `created`.
-    fn probe_due_at(&self, now: u64) -> bool {
+    /// Whether a probe may be asked for at `now` (µs since `created`), the latest having been
+    /// asked for `interval` ago or more (then it is taken as asked).
+    fn probe_due_at(&self, now: u64, interval: Duration) -> bool {
         // Never 0, which means "never asked".
         let now = now.max(1);
         let last = self.probe_asked.load(Ordering::Relaxed);
-        let interval = u64::try_from(PROBE_INTERVAL.as_micros()).unwrap_or(u64::MAX);
+        let interval = u64::try_from(interval.as_micros()).unwrap_or(u64::MAX);
         (last == 0 || now.saturating_sub(last) >= interval)
             && self
                 .probe_asked
@@ -186,31 +197,38 @@ mod tests {
     #[test]
     fn a_slow_heavy_call_asks_for_a_probe_and_a_quick_one_counts_as_near() {
         let heavy = LIGHT_CALL_BYTES + 1;
+        let ms = |n: u64| n * 1000;
         let distance = Distance::default();
         // A near target busy with 4 MiB sends: slow heavy calls never make it far; the first
         // asks for a probe, the next ones within the interval do not.
-        check!(distance.observe(Duration::from_millis(40), heavy) == Next::Probe);
+        let slow = Duration::from_millis(40);
+        check!(distance.observe_at(slow, heavy, ms(1)) == Next::Probe);
         for _ in 0..WINDOW_CALLS * 2 {
-            check!(distance.observe(Duration::from_millis(40), heavy) == Next::Nothing);
+            check!(distance.observe_at(slow, heavy, ms(20)) == Next::Nothing);
         }
         check!(!distance.far());
+        check!(distance.observe_at(slow, heavy, ms(21)) == Next::Probe);
         // The probes' answers (light calls) decide: far.
         window(&distance, |_| Duration::from_millis(80));
         check!(distance.far());
-        // Far: slow heavy calls ask for nothing and change nothing.
-        distance.probe_asked.store(0, Ordering::Relaxed);
-        check!(distance.observe(Duration::from_millis(200), heavy) == Next::Nothing);
+        // Far: slow heavy calls change nothing, and ask for probes far less often.
+        let slower = Duration::from_millis(200);
+        check!(distance.observe_at(slower, heavy, ms(100)) == Next::Nothing);
+        check!(distance.observe_at(slower, heavy, ms(271)) == Next::Probe);
+        check!(distance.observe_at(slower, heavy, ms(300)) == Next::Nothing);
         check!(distance.far());
         // Heavy calls that were quick count: near again.
         for _ in 0..WINDOW_CALLS {
-            check!(distance.observe(Duration::from_millis(3), heavy) == Next::Nothing);
+            let quick = Duration::from_millis(3);
+            check!(distance.observe_at(quick, heavy, ms(400)) == Next::Nothing);
         }
         check!(!distance.far());
         // Exactly the limit is still light.
         window(&distance, |_| Duration::from_millis(80));
         check!(distance.far());
         for _ in 0..WINDOW_CALLS {
-            check!(distance.observe(Duration::from_millis(2), LIGHT_CALL_BYTES) == Next::Nothing);
+            let quick = Duration::from_millis(2);
+            check!(distance.observe_at(quick, LIGHT_CALL_BYTES, ms(500)) == Next::Nothing);
         }
         check!(!distance.far());
     }
@@ -218,11 +236,12 @@ mod tests {
     #[test]
     fn probes_are_asked_for_at_most_once_an_interval() {
         let distance = Distance::default();
-        let interval = u64::try_from(PROBE_INTERVAL.as_micros()).unwrap();
-        check!(distance.probe_due_at(0));
-        check!(!distance.probe_due_at(interval - 1));
-        check!(distance.probe_due_at(interval + 1));
-        check!(!distance.probe_due_at(interval + 2));
-        check!(distance.probe_due_at(3 * interval));
+        let interval = PROBE_INTERVAL_NEAR;
+        let micros = u64::try_from(interval.as_micros()).unwrap();
+        check!(distance.probe_due_at(0, interval));
+        check!(!distance.probe_due_at(micros - 1, interval));
+        check!(distance.probe_due_at(micros + 1, interval));
+        check!(!distance.probe_due_at(micros + 2, interval));
+        check!(distance.probe_due_at(3 * micros, interval));
     }
 }
