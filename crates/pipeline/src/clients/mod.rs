@@ -1137,7 +1137,9 @@ mod tests {
         )?;
         let probes_answered = || faults.requests(PING) >= 16;
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while !probes_answered() && std::time::Instant::now() < deadline {
+        // Until then, and near: a machine busy enough to delay a whole window of pings by 10
+        // ms makes it far for a window, not for good.
+        while (!probes_answered() || near.far()) && std::time::Instant::now() < deadline {
             heavy_streams(&near, 0).await?;
         }
         check!(probes_answered(), "slow heavy calls asked for probes");
