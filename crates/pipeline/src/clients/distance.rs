@@ -92,19 +92,21 @@ pub(crate) enum Next {
 }
 
 impl Distance {
-    /// Counts a call that took `round_trip` and carried `carried` bytes (request and answer;
-    /// answered, not failed: a timeout says nothing of the distance). A heavy call (over
+    /// Counts a call that took `round_trip` and carried `carried()` bytes (request and answer;
+    /// answered, not failed: a timeout says nothing of the distance). `carried` is asked only of
+    /// a call slower than [`FAR_ROUND_TRIP`]: on loopback a poll's answer is never summed. A
+    /// heavy call (over
     /// [`LIGHT_CALL_BYTES`]) counts only when it was quicker than [`FAR_ROUND_TRIP`]; a slow
     /// one asks for a probe instead, at most once per [`PROBE_INTERVAL_NEAR`] or
     /// [`PROBE_INTERVAL_FAR`] as the cluster counts now.
-    pub(crate) fn observe(&self, round_trip: Duration, carried: u64) -> Next {
+    pub(crate) fn observe(&self, round_trip: Duration, carried: impl FnOnce() -> u64) -> Next {
         let now = u64::try_from(self.created.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.observe_at(round_trip, carried, now)
     }
 
     /// [`Distance::observe`] at `now`, in µs since `created`.
-    fn observe_at(&self, round_trip: Duration, carried: u64, now: u64) -> Next {
-        if carried > LIGHT_CALL_BYTES && round_trip >= FAR_ROUND_TRIP {
+    fn observe_at(&self, round_trip: Duration, carried: impl FnOnce() -> u64, now: u64) -> Next {
+        if round_trip >= FAR_ROUND_TRIP && carried() > LIGHT_CALL_BYTES {
             let interval = if self.far() {
                 PROBE_INTERVAL_FAR
             } else {
@@ -167,7 +169,7 @@ mod tests {
 
     fn window(distance: &Distance, round_trips: impl Fn(u32) -> Duration) {
         for call in 0..WINDOW_CALLS {
-            check!(distance.observe(round_trips(call), 0) == Next::Nothing);
+            check!(distance.observe(round_trips(call), || 0) == Next::Nothing);
         }
     }
 
@@ -177,10 +179,10 @@ mod tests {
         check!(!distance.far());
         // Until a window is complete, nothing changes.
         for _ in 0..WINDOW_CALLS - 1 {
-            check!(distance.observe(Duration::from_millis(80), 0) == Next::Nothing);
+            check!(distance.observe(Duration::from_millis(80), || 0) == Next::Nothing);
         }
         check!(!distance.far());
-        check!(distance.observe(Duration::from_millis(80), 0) == Next::Nothing);
+        check!(distance.observe(Duration::from_millis(80), || 0) == Next::Nothing);
         check!(distance.far());
         // Slow calls among fast ones (a big batch on loopback) do not make it far.
         window(&distance, |call| {
@@ -202,25 +204,25 @@ mod tests {
         // A near target busy with 4 MiB sends: slow heavy calls never make it far; the first
         // asks for a probe, the next ones within the interval do not.
         let slow = Duration::from_millis(40);
-        check!(distance.observe_at(slow, heavy, ms(1)) == Next::Probe);
+        check!(distance.observe_at(slow, || heavy, ms(1)) == Next::Probe);
         for _ in 0..WINDOW_CALLS * 2 {
-            check!(distance.observe_at(slow, heavy, ms(20)) == Next::Nothing);
+            check!(distance.observe_at(slow, || heavy, ms(20)) == Next::Nothing);
         }
         check!(!distance.far());
-        check!(distance.observe_at(slow, heavy, ms(21)) == Next::Probe);
+        check!(distance.observe_at(slow, || heavy, ms(21)) == Next::Probe);
         // The probes' answers (light calls) decide: far.
         window(&distance, |_| Duration::from_millis(80));
         check!(distance.far());
         // Far: slow heavy calls change nothing, and ask for probes far less often.
         let slower = Duration::from_millis(200);
-        check!(distance.observe_at(slower, heavy, ms(100)) == Next::Nothing);
-        check!(distance.observe_at(slower, heavy, ms(271)) == Next::Probe);
-        check!(distance.observe_at(slower, heavy, ms(300)) == Next::Nothing);
+        check!(distance.observe_at(slower, || heavy, ms(100)) == Next::Nothing);
+        check!(distance.observe_at(slower, || heavy, ms(271)) == Next::Probe);
+        check!(distance.observe_at(slower, || heavy, ms(300)) == Next::Nothing);
         check!(distance.far());
         // Heavy calls that were quick count: near again.
         for _ in 0..WINDOW_CALLS {
             let quick = Duration::from_millis(3);
-            check!(distance.observe_at(quick, heavy, ms(400)) == Next::Nothing);
+            check!(distance.observe_at(quick, || heavy, ms(400)) == Next::Nothing);
         }
         check!(!distance.far());
         // Exactly the limit is still light.
@@ -228,7 +230,7 @@ mod tests {
         check!(distance.far());
         for _ in 0..WINDOW_CALLS {
             let quick = Duration::from_millis(2);
-            check!(distance.observe_at(quick, LIGHT_CALL_BYTES, ms(500)) == Next::Nothing);
+            check!(distance.observe_at(quick, || LIGHT_CALL_BYTES, ms(500)) == Next::Nothing);
         }
         check!(!distance.far());
     }

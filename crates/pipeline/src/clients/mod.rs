@@ -333,18 +333,18 @@ impl Cluster {
     /// takes three round trips to open, and one after the other sixteen of them took ten
     /// seconds at 200 ms, during which the calls meant for the slots not open yet queued
     /// behind the open ones (BENCHMARKS.md section 40). A slot whose opening failed is left
-    /// to its calls, which open it as ever; with `while_far`, a slot is not opened once the
-    /// cluster no longer counts as far.
+    /// to its calls, which open it as ever; with `while_far`, nothing is opened if the cluster
+    /// no longer counts as far when the task starts.
     fn spawn_opening(self: &Arc<Self>, slots: usize, while_far: bool) {
         let cluster = self.clone();
         tokio::spawn(
             async move {
+                if while_far && !cluster.far() {
+                    return;
+                }
                 let opening = (0..slots).map(|slot| {
                     let cluster = &cluster;
                     async move {
-                        if while_far && !cluster.far() {
-                            return;
-                        }
                         if let Err(e) = cluster.get(slot).await {
                             tracing::debug!(cluster = %cluster.alias, slot, error = %e, "opening a connection ahead failed");
                         }
@@ -773,7 +773,7 @@ impl Cluster {
         guard.finished = true;
         let err = match result {
             Ok(Ok(value)) => {
-                if self.distance.observe(started.elapsed(), carried(&value)) == Next::Probe {
+                if self.distance.observe(started.elapsed(), || carried(&value)) == Next::Probe {
                     self.probe(conn.slot);
                 }
                 return Ok(Ok(value));
@@ -879,7 +879,7 @@ impl Heartbeat {
                     let pinged = tokio::time::timeout(self.timeout, client.ping()).await;
                     if let Ok(Ok(())) = pinged {
                         // A ping carries nothing: it never asks for a probe.
-                        let _ = self.distance.observe(started.elapsed(), 0);
+                        let _ = self.distance.observe(started.elapsed(), || 0);
                     }
                     Some(pinged)
                 } else {
@@ -1136,12 +1136,14 @@ mod tests {
             Duration::from_secs(120),
         )?;
         let probes_answered = || faults.requests(PING) >= 16;
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        // Until then, and near: a machine busy enough to delay a whole window of pings by 10
-        // ms makes it far for a window, not for good.
-        while (!probes_answered() || near.far()) && std::time::Instant::now() < deadline {
-            heavy_streams(&near, 0).await?;
-        }
+        // Heavy calls until then, and near: a machine busy enough to delay a whole window of
+        // pings by 10 ms makes it far for a window, not for good. The checks below say which
+        // of the two never came.
+        let settled =
+            || async { heavy_streams(&near, 0).await.is_ok() && probes_answered() && !near.far() };
+        let _ =
+            replicator_harness::wait_until("probes, and near", Duration::from_secs(60), settled)
+                .await;
         check!(probes_answered(), "slow heavy calls asked for probes");
         check!(!near.far(), "a busy near server counted as far");
         near.close().await;
@@ -1159,10 +1161,8 @@ mod tests {
             2,
             Duration::from_secs(120),
         )?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while !far.far() && std::time::Instant::now() < deadline {
-            heavy_streams(&far, 0).await?;
-        }
+        let turned_far = || async { heavy_streams(&far, 0).await.is_ok() && far.far() };
+        let _ = replicator_harness::wait_until("far", Duration::from_secs(60), turned_far).await;
         check!(
             far.far(),
             "a far server's slow heavy calls never made it far"
