@@ -11,7 +11,12 @@
 //!    members that own the most units now get one more, so that as few units as possible move;
 //! 4. members above their quota are asked to release the excess (never taken: a live owner
 //!    keeps a unit until it hands it back);
-//! 5. unowned units go to the members furthest below their quota (lowest id on ties).
+//! 5. unowned units go to the members furthest below their quota (lowest id on ties); with
+//!    fencing, a unit of a fenced target that only a member at its quota may take now stays
+//!    unowned while a member below its quota is having its user there made sure of
+//!    (`MemberLeases::ensuring`): a new cluster's first ensure would otherwise take every
+//!    member's share, handed back a few hundred milliseconds later (BENCHMARKS.md section 43).
+//!    A failed attempt ends the wait.
 //!
 //! Members whose config of a flow differs from the leader's (`PublishConfig` digests, see
 //! [`MemberLeases::config_reference`]) get no unit of that flow, and are asked back the ones they
@@ -68,6 +73,21 @@ impl MemberLeases {
                 && self
                     .ensured
                     .contains(&(target.to_owned(), node, i.incarnation))
+        })
+    }
+
+    /// Whether `node` may not get `unit` only because the leader is making sure of its user
+    /// on the unit's fenced target now (`ensuring`), no attempt failed so far.
+    fn awaits_ensure(&self, state: &ControlState, node: NodeId, unit: &WorkUnit) -> bool {
+        if !self.fencing {
+            return false;
+        }
+        let Some(target) = self.topology.fenced_target(&unit.flow) else {
+            return false;
+        };
+        state.identities.get(&node).is_some_and(|i| {
+            let key = (target.to_owned(), node, i.incarnation);
+            !i.fenced && !self.ensured.contains(&key) && self.ensuring.contains(&key)
         })
     }
 
@@ -255,6 +275,17 @@ fn highest_incarnation(state: &ControlState, node: NodeId) -> u64 {
         .unwrap_or(0)
 }
 
+/// What a leader knows of the fenced targets when a round starts.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FencingView {
+    /// Which flows write to which fenced target (the leader's config).
+    pub(crate) topology: FenceTopology,
+    /// The identities whose user this leader ensured on a target in its term.
+    pub(crate) ensured: EnsuredUsers,
+    /// The identities whose user it is ensuring now, no attempt failed so far.
+    pub(crate) ensuring: EnsuredUsers,
+}
+
 /// What a leader's round needs besides the state and its own memory.
 #[derive(Debug)]
 pub(crate) struct RoundContext<'a> {
@@ -264,9 +295,8 @@ pub(crate) struct RoundContext<'a> {
     pub(crate) timing: &'a ControlTiming,
     /// The leading node: its published config is the reference.
     pub(crate) leader: NodeId,
-    /// With fencing on: which flows write to which fenced target, and the identities whose
-    /// user this leader ensured on a target in its term.
-    pub(crate) fencing: Option<(FenceTopology, EnsuredUsers)>,
+    /// With fencing on: what the leader knows of the fenced targets.
+    pub(crate) fencing: Option<FencingView>,
     /// How many changes a round can see the state has had (`Shared::round_changes`).
     pub(crate) changes: u64,
     /// The config digests the leader's process runs (`None`: it published none, no check).
@@ -294,6 +324,7 @@ struct RoundInputs {
     config_reference: Option<NodeId>,
     topology: FenceTopology,
     ensured: EnsuredUsers,
+    ensuring: EnsuredUsers,
 }
 
 impl RoundInputs {
@@ -308,6 +339,7 @@ impl RoundInputs {
             config_reference: lease.config_reference,
             topology: lease.topology.clone(),
             ensured: lease.ensured.clone(),
+            ensuring: lease.ensuring.clone(),
         }
     }
 }
@@ -366,9 +398,10 @@ pub(crate) fn round(
         fence_after,
     );
     lease.config_reference = Some(leader);
-    if let Some((topology, ensured)) = fencing {
-        lease.topology = topology;
-        lease.ensured = ensured;
+    if let Some(view) = fencing {
+        lease.topology = view.topology;
+        lease.ensured = view.ensured;
+        lease.ensuring = view.ensuring;
     }
     if !acknowledged.is_empty() {
         // A failover's last two Raft writes in one: the acknowledgements, then what the round
@@ -551,22 +584,36 @@ fn plan_all(state: &ControlState, lease: &MemberLeases) -> Vec<ControlCommand> {
     }
     let mut held: BTreeMap<NodeId, usize> = load
         .iter()
-        .map(|(id, units)| (*id, units.len().min(quotas.get(id).copied().unwrap_or(0))))
+        .map(|(id, units)| (*id, units.len().min(quota_of(id))))
         .collect();
+    let short = |held: &BTreeMap<NodeId, usize>, id: &NodeId| {
+        quota_of(id) as i64 - held.get(id).copied().unwrap_or(0) as i64
+    };
     for unit in free {
         let target = held
-            .iter()
-            .filter(|(id, _)| may_take(**id, unit))
-            .map(|(id, n)| (*id, quotas.get(id).copied().unwrap_or(0) as i64 - *n as i64))
-            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
-            .map(|(id, _)| id);
-        if let Some(node) = target {
-            *held.entry(node).or_default() += 1;
-            out.push(ControlCommand::Grant {
-                unit: unit.clone(),
-                node,
+            .keys()
+            .filter(|id| may_take(**id, unit))
+            .map(|id| (*id, short(&held, id)))
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
+        let Some((node, short_of)) = target else {
+            continue;
+        };
+        if short_of <= 0 {
+            // Beyond `node`'s quota: kept instead for a member short of its own whose user on
+            // the unit's target is being made sure of, counted as held by it meanwhile.
+            let waiting = held.keys().copied().find(|id| {
+                short(&held, id) > 0 && agrees(*id, unit) && lease.awaits_ensure(state, *id, unit)
             });
+            if let Some(waiting) = waiting {
+                *held.entry(waiting).or_default() += 1;
+                continue;
+            }
         }
+        *held.entry(node).or_default() += 1;
+        out.push(ControlCommand::Grant {
+            unit: unit.clone(),
+            node,
+        });
     }
     out
 }

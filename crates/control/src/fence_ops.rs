@@ -92,6 +92,8 @@ pub enum FenceOp {
 pub(crate) struct FenceTracker {
     /// Operations with a task running (never two tasks for one operation).
     in_flight: Mutex<BTreeSet<FenceOp>>,
+    /// Operations of [`Self::in_flight`] with a failed attempt behind them (retrying).
+    retrying: Mutex<BTreeSet<FenceOp>>,
     /// The term and the identities (target, node, incarnation) whose user this node made sure
     /// exists on the target while leading it. A new term starts empty: another leader may
     /// have acted in between.
@@ -133,6 +135,17 @@ impl FenceTracker {
         } else {
             BTreeSet::new()
         }
+    }
+
+    /// The identities whose user this node is making sure of now, none of their attempts
+    /// failed (`assign::FencingView::ensuring`): a task runs for them while this node leads.
+    pub(crate) fn ensuring(&self) -> EnsuredUsers {
+        let retrying = lock(&self.retrying);
+        lock(&self.in_flight)
+            .iter()
+            .filter(|op| !retrying.contains(*op))
+            .filter_map(FenceOp::ensured_user)
+            .collect()
     }
 
     /// The acknowledgements handed to the assignment loop in `term`, not written yet.
@@ -236,6 +249,19 @@ impl FenceWork {
 }
 
 impl FenceOp {
+    /// The identity an ensure makes sure of, as (target, node, incarnation); `None` for the
+    /// other operations.
+    pub fn ensured_user(&self) -> Option<(String, NodeId, u64)> {
+        match self {
+            FenceOp::Ensure {
+                node,
+                incarnation,
+                target,
+            } => Some((target.clone(), *node, *incarnation)),
+            _ => None,
+        }
+    }
+
     /// What the leader commits once the targets acknowledged this operation (`None` for an
     /// ensure, which only this leader's memory records). The flows of a revoked target are
     /// the ones writing there now: a reload between the decision and this commit changes
@@ -284,6 +310,7 @@ const MAX_RETRY: Duration = Duration::from_secs(2);
 /// Runs `op` (see [`drive`]) and then lets the next round start it again if still needed.
 async fn run<N: FenceNode>(node: Arc<N>, fence: Arc<dyn WriterFence>, op: FenceOp, term: u64) {
     drive(&*node, &*fence, &op, term).await;
+    lock(&node.tracker().retrying).remove(&op);
     lock(&node.tracker().in_flight).remove(&op);
 }
 
@@ -338,6 +365,10 @@ async fn drive<N: FenceNode>(node: &N, fence: &dyn WriterFence, op: &FenceOp, te
             Err(_) => format!("no answer within {ATTEMPT_TIMEOUT:?}"),
         };
         node.tracker().failures.fetch_add(1, Ordering::Relaxed);
+        if lock(&node.tracker().retrying).insert(op.clone()) {
+            // A failed ensure no longer holds its member's share of units back.
+            node.tracker().done.notify_one();
+        }
         tracing::warn!(error = %reason, retry_in = ?pause, "target cluster did not acknowledge");
         *lock(&node.tracker().last_error) = Some(format!("{op:?}: {reason}"));
         tokio::select! {

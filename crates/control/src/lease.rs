@@ -84,6 +84,10 @@ pub(crate) struct MemberLeases {
     /// With fencing: the identities (target, node, incarnation) whose user this leader made
     /// sure exists on the target; a unit writing to a fenced target is granted only to them.
     pub(crate) ensured: EnsuredUsers,
+    /// With fencing: the identities whose user the leader is making sure of now, no attempt
+    /// failed so far. Their members' shares of a fenced target's units are kept for them
+    /// meanwhile instead of granted beyond another member's quota (see `assign::plan`).
+    pub(crate) ensuring: EnsuredUsers,
 }
 
 /// The leader's memory of when it saw each member renew (its own clock, never replicated).
@@ -272,6 +276,7 @@ impl LeaderView {
             config_reference: None,
             topology: FenceTopology::default(),
             ensured: BTreeSet::new(),
+            ensuring: BTreeSet::new(),
         }
     }
 

@@ -542,10 +542,25 @@ async fn renew_leases(node: Arc<NodeInner>) {
     let mut attempt = 0u64;
     let mut applied = node.shared.subscribe_applied();
     let mut extensions = crate::lease::PendingExtensions::default();
+    // Set when the leader refused a renewal from an unknown member while this node did not
+    // see itself in the Raft membership yet: in a new cluster the first tick comes before
+    // the leader's first entries tell a member that it is one. It registers as soon as it
+    // does, not a `lease_renew_interval` later (every cluster's start waited that long
+    // before its first grant; BENCHMARKS.md section 43).
+    let mut unregistered = false;
+    let mut raft_metrics = node.raft.metrics();
     loop {
         tokio::select! {
             () = node.cancel.cancelled() => return,
             _ = tick.tick() => {}
+            changed = raft_metrics.changed(), if unregistered => {
+                if changed.is_err() {
+                    return;
+                }
+                if !node.needs_registration() {
+                    continue;
+                }
+            }
             changed = applied.changed(), if !extensions.is_empty() => {
                 if changed.is_err() {
                     return;
@@ -564,19 +579,29 @@ async fn renew_leases(node: Arc<NodeInner>) {
                 continue;
             }
         }
-        if node.needs_registration() {
+        // Whether this round registered the node: its state may not have applied the
+        // registration yet, which the leader's log orders before what follows.
+        let registered = node.needs_registration();
+        if registered {
             let cmd = ControlCommand::RegisterMember {
                 node: node.id,
                 raft_addr: node.raft_addr.clone(),
                 api_addr: node.api_addr.clone(),
             };
             match node.write_within(&cmd, timing.lease_expiry).await {
-                Ok(_) => tracing::info!(node = %node.id, "registered as member"),
-                Err(e) => tracing::warn!(node = %node.id, error = %e, "registration failed"),
+                // On to the feature level and the first renewal at once: the round that
+                // raises the cluster's level waits for every member's.
+                Ok(_) => {
+                    unregistered = false;
+                    tracing::info!(node = %node.id, "registered as member");
+                }
+                Err(e) => {
+                    tracing::warn!(node = %node.id, error = %e, "registration failed");
+                    continue;
+                }
             }
-            continue;
         }
-        if node.needs_feature_publication() {
+        if registered || node.needs_feature_publication() {
             let cmd = ControlCommand::PublishFeatures {
                 node: node.id,
                 level: format::SUPPORTED_LEVEL,
@@ -645,6 +670,8 @@ async fn renew_leases(node: Arc<NodeInner>) {
                 tracing::info!(node = %node.id, "units were revoked since the previous renewal; lease not extended");
             }
             Ok((_, other)) => {
+                unregistered = other == ControlResponse::Ignored(Rejection::UnknownMember)
+                    && !node.leaving.load(Ordering::SeqCst);
                 tracing::debug!(node = %node.id, response = ?other, "lease renewal not recorded");
             }
             Err(e) => {
@@ -962,10 +989,11 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             // waited for the lock must not be stamped earlier than it was seen, or the leader
             // could count its lease out before the owner does.
             let now = std::time::Instant::now();
-            let fencing = node
-                .fence
-                .as_ref()
-                .map(|_| (node.fence_topology(), node.fencing.ensured(term)));
+            let fencing = node.fence.as_ref().map(|_| assign::FencingView {
+                topology: node.fence_topology(),
+                ensured: node.fencing.ensured(term),
+                ensuring: node.fencing.ensuring(),
+            });
             let own_config = node.shared.running_config();
             assign::round(
                 &data.state,

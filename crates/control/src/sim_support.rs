@@ -243,6 +243,10 @@ pub struct Leader {
     retention: Retention,
     quiet: Quiet,
     ensured: EnsuredUsers,
+    /// The identities whose user a target operation is ensuring now (see `ensuring`).
+    ensuring: EnsuredUsers,
+    /// The identities one of whose ensures failed in this term (see `ensure_failed`).
+    ensure_failed: EnsuredUsers,
     /// Revokes the targets acknowledged, written with the next round (see `write_with_round`).
     acknowledged: Vec<ControlCommand>,
     /// The members the network shows gone (see `peers_gone`).
@@ -265,6 +269,8 @@ impl Leader {
             retention: Retention::default(),
             quiet: Quiet::default(),
             ensured: EnsuredUsers::default(),
+            ensuring: EnsuredUsers::default(),
+            ensure_failed: EnsuredUsers::default(),
             acknowledged: Vec::new(),
             gone: BTreeSet::new(),
             node,
@@ -290,6 +296,23 @@ impl Leader {
         self.ensured.insert((target.to_owned(), node, incarnation));
     }
 
+    /// The ensures among the target operations in flight now (`in_flight`), as the node's
+    /// tracker shows them to its rounds: those of an identity one of whose attempts failed in
+    /// this term are left out (`ensure_failed`), as the node leaves out an ensure retrying.
+    pub fn ensuring<'a>(&mut self, in_flight: impl IntoIterator<Item = &'a TargetOp>) {
+        self.ensuring = in_flight
+            .into_iter()
+            .filter_map(TargetOp::ensured_user)
+            .filter(|key| !self.ensure_failed.contains(key))
+            .collect();
+    }
+
+    /// An attempt to ensure `node`'s identity `incarnation` on `target` failed.
+    pub fn ensure_failed(&mut self, target: &str, node: NodeId, incarnation: u64) {
+        self.ensure_failed
+            .insert((target.to_owned(), node, incarnation));
+    }
+
     /// One assignment round (the node's `run_assigner` runs the same function): the entry to
     /// write (if any) and the target operations to run. `topology`: the leader's fence
     /// topology, `None` when its config has fencing on for no cluster (the node then runs
@@ -312,7 +335,11 @@ impl Leader {
                 now,
                 timing,
                 leader: self.node,
-                fencing: topology.map(|t| (t.clone(), self.ensured.clone())),
+                fencing: topology.map(|t| assign::FencingView {
+                    topology: t.clone(),
+                    ensured: self.ensured.clone(),
+                    ensuring: self.ensuring.clone(),
+                }),
                 changes: state.1,
                 own_config,
                 gone: self.gone.clone(),

@@ -1429,6 +1429,7 @@ impl World {
         let m = self.members.get_mut(&id).expect("member");
         let (_, leader) = m.leading.as_mut().expect("leading");
         leader.peers_gone(gone);
+        leader.ensuring(&m.ops_in_flight);
         let (cmd, ops) = leader.round(
             &m.state,
             self.base + Duration::from_millis(now),
@@ -2317,6 +2318,12 @@ impl World {
                 let m = self.members.get_mut(&leader).expect("member");
                 m.ops_in_flight.remove(&op);
                 if !ok {
+                    let failed = op.ensured_user();
+                    if let (Some((target, node, incarnation)), Some((_, l))) =
+                        (failed, m.leading.as_mut().filter(|(t, _)| *t == term))
+                    {
+                        l.ensure_failed(&target, node, incarnation);
+                    }
                     return Ok(());
                 }
                 if let TargetOp::Ensure {

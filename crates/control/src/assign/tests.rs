@@ -409,6 +409,41 @@ fn a_unit_writing_to_a_fenced_target_goes_only_to_members_whose_user_exists_ther
     check!(fence_work(&s, &lease).ensure.is_empty());
 }
 
+/// Units granted in `cmds`, per member.
+fn grants_per_member(cmds: &[ControlCommand]) -> BTreeMap<NodeId, usize> {
+    let mut per = BTreeMap::new();
+    for c in cmds {
+        if let ControlCommand::Grant { node, .. } = c {
+            *per.entry(*node).or_default() += 1;
+        }
+    }
+    per
+}
+
+#[test]
+fn a_members_share_waits_while_its_user_is_being_ensured_and_not_after_a_failed_attempt() {
+    let mut s = state(&[1, 2, 3], 16);
+    for node in 1..=3 {
+        with_identity(&mut s, node, 1);
+    }
+    // Only member 3's user is known to exist yet; 1's and 2's are being made sure of.
+    let mut lease = fencing_over(&s, &[1, 2, 3], &[]);
+    lease.ensured.retain(|(_, node, _)| *node == 3);
+    lease.ensuring = BTreeSet::from([("t".to_owned(), 1, 1), ("t".to_owned(), 2, 1)]);
+    // Member 3 gets its share (16 = 6 + 5 + 5, the extra one to the lowest id); the others'
+    // wait for them, unowned, instead of going to 3 and coming back.
+    check!(grants_per_member(&plan(&s, &lease)) == BTreeMap::from([(3, 5)]));
+    // An attempt for member 1 failed: its share no longer waits.
+    lease.ensuring.remove(&("t".to_owned(), 1, 1));
+    check!(grants_per_member(&plan(&s, &lease)) == BTreeMap::from([(3, 11)]));
+    // Nothing being ensured: every unit goes to the only member that may write (as before).
+    lease.ensuring.clear();
+    check!(grants_per_member(&plan(&s, &lease)) == BTreeMap::from([(3, 16)]));
+    // Once every user is ensured, each gets its share.
+    lease.ensured = all_ensured(&s, &topology());
+    check!(grants_per_member(&plan(&s, &lease)) == BTreeMap::from([(1, 6), (2, 5), (3, 5)]));
+}
+
 #[test]
 fn with_fencing_a_failed_owner_is_fenced_instead_of_revoked() {
     let mut s = state(&[1, 2], 4);
@@ -1244,7 +1279,11 @@ fn fencing_round(
             now,
             timing: &ControlTiming::default(),
             leader: 2,
-            fencing: Some((topology(), all_ensured(s, &topology()))),
+            fencing: Some(FencingView {
+                topology: topology(),
+                ensured: all_ensured(s, &topology()),
+                ensuring: BTreeSet::new(),
+            }),
             changes: 0,
             own_config: None,
             gone,

@@ -126,6 +126,39 @@ async fn three_nodes_elect_a_leader_assign_evenly_and_commit() -> TestResult {
     Ok(())
 }
 
+/// A new cluster's members register, publish their feature level and see it raised as soon as
+/// they see themselves in the Raft membership, not a renewal period later: the first tick of a
+/// member's renewer comes before the leader's first entries tell it that it is a member. The
+/// renewal period is stretched so that the two cannot be mistaken for each other: waiting for
+/// the next tick would take 20 s, twice the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_cluster_registers_its_members_without_waiting_a_renewal_period() -> TestResult {
+    let timing = replicator_control::ControlTiming {
+        lease_renew_interval: Duration::from_secs(20),
+        lease_expiry: Duration::from_secs(60),
+        fence_after: Duration::from_secs(40),
+        ..fast_timing()
+    };
+    let cluster = TestCluster::start(3, timing).await?;
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
+    let leader_node = cluster.node(leader);
+    let level = replicator_control::SUPPORTED_FEATURE_LEVEL;
+    wait_until_async(
+        "every member registered, and the cluster at their level",
+        Duration::from_secs(10),
+        || async {
+            leader_node.status().await.is_ok_and(|s| {
+                s.members.len() == 3
+                    && s.feature_level == level
+                    && s.members.iter().all(|m| m.supported_level == Some(level))
+            })
+        },
+    )
+    .await?;
+    cluster.shutdown().await;
+    Ok(())
+}
+
 /// A dead leader's followers call the election themselves once their calls to it are refused
 /// and its lease has run out, instead of waiting out openraft's own timer on top. The timeouts
 /// are stretched so that the two cannot be mistaken for each other: openraft's timer would
