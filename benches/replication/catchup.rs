@@ -1,5 +1,7 @@
 //! Catch-up throughput: a topic already holding `BENCH_MESSAGES` messages is copied by (a) a raw
-//! poll→send loop through the SDK, (b) one replicator instance, (c) three instances, (d) nine (only when asked for); the
+//! poll→send loop through the SDK, (a2) the same loop writing the replicator's compact
+//! provenance on every message (only when asked for), (b) one replicator instance, (c) three
+//! instances, (d) nine (only when asked for); the
 //! variants alternate within each round, each round starting with the next variant, so that no
 //! variant always follows the same one (a server still persisting what the previous copy wrote
 //! slows whoever comes next). When the servers' pids are known, each copy also waits for them
@@ -35,6 +37,7 @@ impl CatchupVariant {
     fn label(self) -> &'static str {
         match self {
             CatchupVariant::RawLoop => "(a) raw poll→send loop",
+            CatchupVariant::RawLoopStamped => "(a2) raw loop, provenance",
             CatchupVariant::OneInstance => "(b) replicator, 1 instance",
             CatchupVariant::ThreeInstances => "(c) replicator, 3 instances",
             CatchupVariant::NineInstances => "(d) replicator, 9 instances",
@@ -44,7 +47,7 @@ impl CatchupVariant {
     /// Replicator instances it starts (none for the loop).
     fn instances(self) -> u64 {
         match self {
-            CatchupVariant::RawLoop => 0,
+            CatchupVariant::RawLoop | CatchupVariant::RawLoopStamped => 0,
             CatchupVariant::OneInstance => 1,
             CatchupVariant::ThreeInstances => 3,
             CatchupVariant::NineInstances => 9,
@@ -197,13 +200,14 @@ async fn copy_once(
     );
     let down_stream = match variant {
         CatchupVariant::RawLoop => format!("raw{round}.{stream}"),
+        CatchupVariant::RawLoopStamped => format!("raws{round}.{stream}"),
         _ => format!("{alias}.{stream}"),
     };
     let servers = endpoints.server_pids();
     let server_cpu_before = servers.map(server_cpu);
     let outcome = async {
         match variant {
-            CatchupVariant::RawLoop => {
+            CatchupVariant::RawLoop | CatchupVariant::RawLoopStamped => {
                 let down = connect(&endpoints.downstream).await?;
                 ensure_topic(&down, &down_stream, TOPIC, partitions).await?;
                 down.shutdown().await?;
@@ -218,6 +222,8 @@ async fn copy_once(
                     per_partition,
                     batch: settings.batch_size,
                     connections: settings.connections,
+                    headers: (variant == CatchupVariant::RawLoopStamped)
+                        .then_some(compact_provenance as fn(u64) -> Option<bytes::Bytes>),
                 })
                 .await?;
                 let total = started.elapsed();
@@ -328,6 +334,29 @@ async fn copy_once(
     })
 }
 
+/// The user headers the replicator writes on a message copied from `offset` with compact
+/// provenance, for the `raw-stamped` loop: the loop then writes the replicator's bytes, so that
+/// the two differ only in how they copy. The history is that of a topic created now (its label
+/// takes as many varint bytes as a real one).
+fn compact_provenance(offset: u64) -> Option<bytes::Bytes> {
+    use replicator_pipeline::provenance::{stamp, Format, History, Stamp};
+    static CREATED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let created = *CREATED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64)
+    });
+    stamp(
+        None,
+        &Stamp {
+            source: "src",
+            offset,
+            history_label: History::first(created).label(),
+            format: Format::Compact,
+        },
+    )
+}
+
 /// CPU seconds so far of the source and the target server.
 fn server_cpu(pids: [u32; 2]) -> [f64; 2] {
     pids.map(|pid| cpu_seconds(pid).unwrap_or_default())
@@ -367,10 +396,25 @@ fn print_table(samples: &[Sample], messages: u64) {
             .collect()
     };
     let raw = of(CatchupVariant::RawLoop);
-    println!("| variant | msgs/s while copying | payload MB/s | wall time incl. start (s) | copier CPU s per 1M msgs | the same after start-up | copier context switches per 1M msgs | source / target server CPU s per 1M msgs | control-plane requests per instance per s | ratio to (a), per round |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let stamped = of(CatchupVariant::RawLoopStamped);
+    // Per round, the copy rate's ratio to `reference`'s ("n/a" without it).
+    let ratio_to = |mine: &[Sample], reference: &[Sample]| -> String {
+        let ratio: Vec<f64> = mine
+            .iter()
+            .zip(reference)
+            .map(|(s, r)| r.copying.as_secs_f64() / s.copying.as_secs_f64())
+            .collect();
+        if ratio.is_empty() {
+            "n/a".to_owned()
+        } else {
+            median_range(&ratio, 2)
+        }
+    };
+    println!("| variant | msgs/s while copying | payload MB/s | wall time incl. start (s) | copier CPU s per 1M msgs | the same after start-up | copier context switches per 1M msgs | source / target server CPU s per 1M msgs | control-plane requests per instance per s | ratio to (a), per round | ratio to (a2), per round |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for variant in [
         CatchupVariant::RawLoop,
+        CatchupVariant::RawLoopStamped,
         CatchupVariant::OneInstance,
         CatchupVariant::ThreeInstances,
         CatchupVariant::NineInstances,
@@ -393,18 +437,8 @@ fn print_table(samples: &[Sample], messages: u64) {
         if mine.is_empty() {
             continue;
         }
-        let ratio: Vec<f64> = mine
-            .iter()
-            .zip(&raw)
-            .map(|(s, r)| r.copying.as_secs_f64() / s.copying.as_secs_f64())
-            .collect();
-        let ratio = if ratio.is_empty() {
-            "n/a".to_owned()
-        } else {
-            median_range(&ratio, 2)
-        };
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             variant.label(),
             median_range(&rate, 0),
             median_range(&mb, 1),
@@ -422,7 +456,8 @@ fn print_table(samples: &[Sample], messages: u64) {
                 )
             }),
             requests.map_or("n/a".to_owned(), |r| median_range(&r, 1)),
-            ratio,
+            ratio_to(&mine, &raw),
+            ratio_to(&mine, &stamped),
         );
     }
     println!("\nmedian (min–max) over rounds; \"while copying\" runs from the first message downstream to the last, \"wall time\" also counts process start, Raft election and assignment; \"after start-up\" is the replicator's CPU from the moment every unit is owned, per million messages copied from then on (n/a: less than a tenth was left).\n");

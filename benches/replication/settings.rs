@@ -82,6 +82,9 @@ pub(crate) struct Settings {
 pub(crate) enum CatchupVariant {
     /// `raw`: the raw poll→send loop.
     RawLoop,
+    /// `raw-stamped`: the same loop, each message sent with the compact provenance entry the
+    /// replicator would write (between two 0.8 servers only).
+    RawLoopStamped,
     /// `1`: one replicator instance.
     OneInstance,
     /// `3`: three instances.
@@ -169,11 +172,12 @@ impl Settings {
                     .split(',')
                     .map(|v| match v.trim() {
                         "raw" => Ok(CatchupVariant::RawLoop),
+                        "raw-stamped" => Ok(CatchupVariant::RawLoopStamped),
                         "1" => Ok(CatchupVariant::OneInstance),
                         "3" => Ok(CatchupVariant::ThreeInstances),
                         "9" => Ok(CatchupVariant::NineInstances),
                         other => Err(format!(
-                            "BENCH_CATCHUP_VARIANTS: {other:?} is not raw, 1, 3 or 9"
+                            "BENCH_CATCHUP_VARIANTS: {other:?} is not raw, raw-stamped, 1, 3 or 9"
                         )),
                     })
                     .collect::<Result<Vec<_>, _>>()?,

@@ -8,10 +8,12 @@ use iggy::prelude::{Consumer, Identifier, Partitioning, PollingStrategy};
 use replicator_sdk::Client;
 use replicator_sdk::IggyCluster as _;
 
+use replicator_model::IggyVersion;
+
 use crate::{connect, Endpoint, Error, Result, Topic};
 
 /// What [`raw_copy`] copies, and how.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct RawCopy {
     /// The upstream server.
     pub source: Endpoint,
@@ -28,12 +30,23 @@ pub struct RawCopy {
     pub batch: u32,
     /// Workers, each with one connection to each side and every `connections`-th partition.
     pub connections: usize,
+    /// The user headers each message is sent with, from its upstream offset (`None`: sent as
+    /// polled). Between two 0.8 servers only.
+    pub headers: Option<fn(u64) -> Option<bytes::Bytes>>,
 }
 
 /// Copies [`RawCopy::per_partition`] messages of every partition: each worker polls a batch at
 /// an explicit offset and sends it, going round its partitions until all are copied. Fails
 /// when a partition ends before.
 pub async fn raw_copy(copy: &RawCopy) -> Result<()> {
+    if copy.headers.is_some()
+        && (copy.source.iggy_version != IggyVersion::V0_8
+            || copy.target.iggy_version != IggyVersion::V0_8)
+    {
+        return Err(Error::Setup(
+            "a raw copy with headers of its own runs between two 0.8 servers only".into(),
+        ));
+    }
     let connections = copy.connections.max(1) as u32;
     let mut workers = Vec::new();
     for worker in 0..connections {
@@ -81,6 +94,7 @@ async fn copy_partitions(
                         *partition,
                         next[i],
                         copy.batch,
+                        copy.headers,
                     )
                     .await?
                 }

@@ -102,7 +102,9 @@ impl V08 {
     /// The benchmarks' baseline, a raw copy loop's step written as an SDK 0.10 user writes it:
     /// polls up to `count` messages of `partition` from `offset` and sends them, as polled, to
     /// the same partition of `to_stream`/`topic` on `to`, through the SDK's own message calls
-    /// (none of this adapter's). The last offset copied; `None` when there was nothing.
+    /// (none of this adapter's); with `headers`, each message is sent with the user headers it
+    /// gives for the message's upstream offset instead. The last offset copied; `None` when
+    /// there was nothing.
     pub async fn sdk_poll_and_send(
         &self,
         to: &V08,
@@ -110,6 +112,7 @@ impl V08 {
         partition: u32,
         offset: u64,
         count: u32,
+        headers: Option<fn(u64) -> Option<bytes::Bytes>>,
     ) -> Result<Option<u64>> {
         use iggy::prelude::MessageClient as _;
         let consumer = Consumer::new(ok(Identifier::named("bench-raw"))?);
@@ -129,6 +132,13 @@ impl V08 {
         let Some(last) = polled.messages.last().map(|m| m.header.offset) else {
             return Ok(None);
         };
+        if let Some(headers) = headers {
+            for m in &mut polled.messages {
+                m.user_headers = headers(m.header.offset);
+                m.header.user_headers_length =
+                    m.user_headers.as_ref().map_or(0, |h| h.len() as u32);
+            }
+        }
         let to_partition = Partitioning::partition_id(partition);
         ok(to
             .0
