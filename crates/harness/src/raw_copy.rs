@@ -156,3 +156,89 @@ async fn sdk_adapters_step(
         .await?;
     Ok(Some(last))
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use iggy::prelude::IggyMessage;
+    use replicator_testkit::{TestServer, TestServerConfig};
+
+    use super::*;
+    use crate::{ensure_topic, produce_bulk, Bulk};
+
+    /// What the copy gives each message: a header entry of its own, made from its offset.
+    fn stamped(offset: u64) -> Option<Bytes> {
+        let mut h = Vec::new();
+        h.push(1u8); // a string key
+        h.extend_from_slice(&1u32.to_le_bytes());
+        h.push(b'o');
+        h.push(1u8); // a raw value
+        h.extend_from_slice(&8u32.to_le_bytes());
+        h.extend_from_slice(&offset.to_le_bytes());
+        Some(Bytes::from(h))
+    }
+
+    #[tokio::test]
+    async fn a_raw_copy_with_headers_sends_each_message_with_the_headers_of_its_offset(
+    ) -> crate::TestResult {
+        let (up, down) = (
+            TestServer::start(TestServerConfig::default()).await?,
+            TestServer::start(TestServerConfig::default()).await?,
+        );
+        let topic = Topic::new("s", "t", 2);
+        let (up_url, down_url) = (up.connection_string(), down.connection_string());
+        let source = connect(up_url.as_str()).await?;
+        let target = connect(down_url.as_str()).await?;
+        ensure_topic(&source, "s", "t", 2).await?;
+        ensure_topic(&target, "copy", "t", 2).await?;
+        let bulk = Bulk {
+            stream: "s".into(),
+            topic: "t".into(),
+            partitions: vec![0, 1],
+            range: 0..25,
+            batch: 10,
+        };
+        produce_bulk(&source, &bulk, |p, seq| {
+            IggyMessage::builder()
+                .payload(Bytes::from(format!("{p}-{seq}")))
+                .build()
+        })
+        .await?;
+        let copy = RawCopy {
+            source: Endpoint::from(up_url.as_str()),
+            target: Endpoint::from(down_url.as_str()),
+            topic,
+            target_stream: "copy".into(),
+            per_partition: 25,
+            batch: 10,
+            connections: 2,
+            headers: Some(stamped),
+        };
+        raw_copy(&copy).await?;
+        let (stream, name) = (Identifier::named("copy")?, Identifier::named("t")?);
+        for partition in 0..2 {
+            let polled = target
+                .poll_messages(
+                    &stream,
+                    &name,
+                    Some(partition),
+                    &Consumer::new(Identifier::named("check")?),
+                    &PollingStrategy::offset(0),
+                    100,
+                    false,
+                )
+                .await?;
+            assert_eq!(polled.messages.len(), 25);
+            for (seq, m) in polled.messages.iter().enumerate() {
+                assert_eq!(m.payload, Bytes::from(format!("{partition}-{seq}")));
+                assert_eq!(m.user_headers, stamped(m.offset));
+            }
+        }
+        for client in [source, target] {
+            client.shutdown().await?;
+        }
+        up.shutdown().await;
+        down.shutdown().await;
+        Ok(())
+    }
+}
