@@ -923,6 +923,8 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             () = node.fencing.done.notified() => {}
             // A member's process was just shown gone: its fence need not wait either.
             () = node.peers.peer_gone.notified() => {}
+            // A voter answered this node's election: a split is answered at once.
+            () = node.peers.vote_answered.notified() => {}
         }
         observed.observe(&node.shared.read().state.members, std::time::Instant::now());
         let (leading, term, applied_in_term, leader) = {
@@ -953,6 +955,11 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             let gone = leader.and_then(|l| node.peers.gone_peers().get(&l).map(|g| g.since));
             if called.due(gone, leader_since, std::time::Instant::now()) {
                 tracing::info!(node = %node.id, term, leader = ?leader, "the leader's process is gone: calling an election");
+                if let Err(e) = node.raft.trigger().elect().await {
+                    tracing::warn!(node = %node.id, error = %e, "election not called");
+                }
+            } else if leader.is_none() && split_vote_is_ours(&node, term) {
+                tracing::info!(node = %node.id, term, "the vote split; no voter that answered has a longer log: calling the next election at once");
                 if let Err(e) = node.raft.trigger().elect().await {
                     tracing::warn!(node = %node.id, error = %e, "election not called");
                 }
@@ -1046,6 +1053,29 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             }
         }
     }
+}
+
+/// Whether this node, with no leader known in `term`, calls the next election at once because
+/// the one it called in `term` split and it can win the next (`network::ballot`): every other
+/// voter whose process is not shown gone answered, none with a longer log.
+fn split_vote_is_ours(node: &NodeInner, term: u64) -> bool {
+    let voters: std::collections::BTreeSet<NodeId> = {
+        let metrics = node.raft.metrics();
+        let m = metrics.borrow();
+        m.membership_config
+            .membership()
+            .voter_ids()
+            .filter(|id| *id != node.id)
+            .collect()
+    };
+    let gone = node.peers.gone_peers();
+    let voters = voters
+        .into_iter()
+        .filter(|id| !gone.contains_key(id))
+        .collect();
+    node.peers
+        .ballots_lock()
+        .retry_at_once(node.id, term, None, &voters)
 }
 
 /// A follower's election call when its leader's process is gone (`network::gone`). openraft

@@ -22,6 +22,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::auth::{now_millis, BootId, Receiver, Signer, Stamp, AUTH_HEADER, RECEIVER_HEADER};
+use super::ballot::{self, Ballots};
 use super::gone::{shows_peer_gone, GonePeers};
 use super::{paths, FaultSwitch};
 use crate::command::{decode, encode};
@@ -89,6 +90,11 @@ pub(crate) struct PeerClient {
     /// Told when a peer was just shown gone: the leader's assignment loop waits on it, so that
     /// the fence does not wait for its next tick.
     pub(crate) peer_gone: Arc<tokio::sync::Notify>,
+    /// The answers to this node's latest election (see `ballot`).
+    pub(crate) ballots: Arc<Mutex<Ballots>>,
+    /// Told when a voter answered one of this node's vote requests: the assignment loop, which
+    /// calls the next election after a split, waits on it.
+    pub(crate) vote_answered: Arc<tokio::sync::Notify>,
 }
 
 /// What a peer answered, when it answered at all.
@@ -171,6 +177,8 @@ impl PeerClient {
             sent: Arc::default(),
             gone: Arc::default(),
             peer_gone: Arc::default(),
+            ballots: Arc::default(),
+            vote_answered: Arc::default(),
         })
     }
 
@@ -178,6 +186,12 @@ impl PeerClient {
     /// `gone`).
     pub(crate) fn gone_peers(&self) -> std::collections::BTreeMap<NodeId, super::gone::Gone> {
         self.gone_lock().gone()
+    }
+
+    pub(crate) fn ballots_lock(&self) -> std::sync::MutexGuard<'_, Ballots> {
+        self.ballots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn gone_lock(&self) -> std::sync::MutexGuard<'_, GonePeers> {
@@ -550,7 +564,21 @@ impl RaftNetwork<TypeConfig> for Connection {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>> {
-        self.rpc(paths::VOTE, &rpc, &option).await
+        let term = rpc.vote.leader_id().term;
+        self.client.ballots_lock().asked(term, rpc.last_log_id);
+        let answer: RpcResult<VoteResponse<NodeId>> = self.rpc(paths::VOTE, &rpc, &option).await;
+        if let Ok(resp) = &answer {
+            self.client.ballots_lock().answered(
+                term,
+                self.target,
+                ballot::Answer {
+                    last_log: resp.last_log_id,
+                    granted: resp.vote_granted,
+                },
+            );
+            self.client.vote_answered.notify_one();
+        }
+        answer
     }
 }
 

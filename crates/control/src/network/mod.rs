@@ -10,6 +10,7 @@
 //! the leader, membership changes, status queries and the bootstrap ping.
 
 pub(crate) mod auth;
+pub(crate) mod ballot;
 pub(crate) mod client;
 pub(crate) mod gone;
 pub(crate) mod server;
