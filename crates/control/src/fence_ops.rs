@@ -90,10 +90,9 @@ pub enum FenceOp {
 /// The leader's fencing operations in progress, what it ensured, and the metrics.
 #[derive(Default)]
 pub(crate) struct FenceTracker {
-    /// Operations with a task running (never two tasks for one operation).
-    in_flight: Mutex<BTreeSet<FenceOp>>,
-    /// Operations of [`Self::in_flight`] with a failed attempt behind them (retrying).
-    retrying: Mutex<BTreeSet<FenceOp>>,
+    /// Operations with a task running (never two tasks for one operation), each with whether
+    /// an attempt of it failed (it is retrying).
+    in_flight: Mutex<BTreeMap<FenceOp, bool>>,
     /// The term and the identities (target, node, incarnation) whose user this node made sure
     /// exists on the target while leading it. A new term starts empty: another leader may
     /// have acted in between.
@@ -118,7 +117,7 @@ impl FenceTracker {
     /// Revokes waiting for a target's acknowledgement now.
     pub(crate) fn pending_fences(&self) -> usize {
         lock(&self.in_flight)
-            .iter()
+            .keys()
             .filter(|op| matches!(op, FenceOp::Revoke { .. }))
             .count()
     }
@@ -140,11 +139,10 @@ impl FenceTracker {
     /// The identities whose user this node is making sure of now, none of their attempts
     /// failed (`assign::FencingView::ensuring`): a task runs for them while this node leads.
     pub(crate) fn ensuring(&self) -> EnsuredUsers {
-        let retrying = lock(&self.retrying);
         lock(&self.in_flight)
             .iter()
-            .filter(|op| !retrying.contains(*op))
-            .filter_map(FenceOp::ensured_user)
+            .filter(|(_, failed)| !**failed)
+            .filter_map(|(op, _)| op.ensured_user())
             .collect()
     }
 
@@ -212,7 +210,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// `term`); its commands are written by the caller with the round.
 pub(crate) fn start<N: FenceNode>(node: &Arc<N>, fencing: &Fencing, term: u64, work: FenceWork) {
     for op in work.ops() {
-        if !lock(&node.tracker().in_flight).insert(op.clone()) {
+        if lock(&node.tracker().in_flight)
+            .insert(op.clone(), false)
+            .is_some()
+        {
             continue;
         }
         let span = tracing::info_span!("fence_op", node = %node.id(), term, op = ?op);
@@ -310,7 +311,6 @@ const MAX_RETRY: Duration = Duration::from_secs(2);
 /// Runs `op` (see [`drive`]) and then lets the next round start it again if still needed.
 async fn run<N: FenceNode>(node: Arc<N>, fence: Arc<dyn WriterFence>, op: FenceOp, term: u64) {
     drive(&*node, &*fence, &op, term).await;
-    lock(&node.tracker().retrying).remove(&op);
     lock(&node.tracker().in_flight).remove(&op);
 }
 
@@ -365,7 +365,10 @@ async fn drive<N: FenceNode>(node: &N, fence: &dyn WriterFence, op: &FenceOp, te
             Err(_) => format!("no answer within {ATTEMPT_TIMEOUT:?}"),
         };
         node.tracker().failures.fetch_add(1, Ordering::Relaxed);
-        if lock(&node.tracker().retrying).insert(op.clone()) {
+        let first_failure = lock(&node.tracker().in_flight)
+            .get_mut(op)
+            .is_some_and(|failed| !std::mem::replace(failed, true));
+        if first_failure {
             // A failed ensure no longer holds its member's share of units back.
             node.tracker().done.notify_one();
         }

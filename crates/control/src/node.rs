@@ -579,10 +579,10 @@ async fn renew_leases(node: Arc<NodeInner>) {
                 continue;
             }
         }
-        // Whether this round registered the node: its state may not have applied the
+        // Whether this round registers the node: its state may not have applied the
         // registration yet, which the leader's log orders before what follows.
-        let registered = node.needs_registration();
-        if registered {
+        let registering = node.needs_registration();
+        if registering {
             let cmd = ControlCommand::RegisterMember {
                 node: node.id,
                 raft_addr: node.raft_addr.clone(),
@@ -601,7 +601,7 @@ async fn renew_leases(node: Arc<NodeInner>) {
                 }
             }
         }
-        if registered || node.needs_feature_publication() {
+        if registering || node.needs_feature_publication() {
             let cmd = ControlCommand::PublishFeatures {
                 node: node.id,
                 level: format::SUPPORTED_LEVEL,
@@ -958,7 +958,7 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
                 if let Err(e) = node.raft.trigger().elect().await {
                     tracing::warn!(node = %node.id, error = %e, "election not called");
                 }
-            } else if leader.is_none() && split_vote_is_ours(&node, term) {
+            } else if split_vote_is_ours(&node, term, leader) {
                 tracing::info!(node = %node.id, term, "the vote split; no voter that answered has a longer log: calling the next election at once");
                 if let Err(e) = node.raft.trigger().elect().await {
                     tracing::warn!(node = %node.id, error = %e, "election not called");
@@ -1055,27 +1055,23 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
     }
 }
 
-/// Whether this node, with no leader known in `term`, calls the next election at once because
-/// the one it called in `term` split and it can win the next (`network::ballot`): every other
-/// voter whose process is not shown gone answered, none with a longer log.
-fn split_vote_is_ours(node: &NodeInner, term: u64) -> bool {
+/// Whether this node, knowing `leader` in `term`, calls the next election at once because the
+/// one it called in `term` split and it can win the next (`network::ballot`): no leader, and
+/// every other voter whose process is not shown gone answered, none with a longer log.
+fn split_vote_is_ours(node: &NodeInner, term: u64, leader: Option<NodeId>) -> bool {
+    let gone = node.peers.gone_peers();
     let voters: std::collections::BTreeSet<NodeId> = {
         let metrics = node.raft.metrics();
         let m = metrics.borrow();
         m.membership_config
             .membership()
             .voter_ids()
-            .filter(|id| *id != node.id)
+            .filter(|id| *id != node.id && !gone.contains_key(id))
             .collect()
     };
-    let gone = node.peers.gone_peers();
-    let voters = voters
-        .into_iter()
-        .filter(|id| !gone.contains_key(id))
-        .collect();
     node.peers
         .ballots_lock()
-        .retry_at_once(node.id, term, None, &voters)
+        .retry_at_once(node.id, term, leader, &voters)
 }
 
 /// A follower's election call when its leader's process is gone (`network::gone`). openraft

@@ -2317,26 +2317,16 @@ impl World {
                 }
                 let m = self.members.get_mut(&leader).expect("member");
                 m.ops_in_flight.remove(&op);
-                if !ok {
-                    let failed = op.ensured_user();
-                    if let (Some((target, node, incarnation)), Some((_, l))) =
-                        (failed, m.leading.as_mut().filter(|(t, _)| *t == term))
-                    {
-                        l.ensure_failed(&target, node, incarnation);
-                    }
-                    return Ok(());
-                }
-                if let TargetOp::Ensure {
-                    node,
-                    incarnation,
-                    target,
-                } = &op
-                {
-                    if let Some((t, l)) = m.leading.as_mut() {
-                        if *t == term {
-                            l.ensured(target, *node, *incarnation);
+                if let Some((target, node, incarnation)) = op.ensured_user() {
+                    if let Some((_, l)) = m.leading.as_mut().filter(|(t, _)| *t == term) {
+                        if ok {
+                            l.ensured(&target, node, incarnation);
+                        } else {
+                            l.ensure_failed(&target, node, incarnation);
                         }
                     }
+                } else if !ok {
+                    return Ok(());
                 } else if let Some(cmd) = self.topology_of(leader).and_then(|topology| {
                     acknowledged(&op, &topology, &self.members[&leader].state, leader)
                 }) {

@@ -91,7 +91,7 @@ pub(crate) struct PeerClient {
     /// the fence does not wait for its next tick.
     pub(crate) peer_gone: Arc<tokio::sync::Notify>,
     /// The answers to this node's latest election (see `ballot`).
-    pub(crate) ballots: Arc<Mutex<Ballots>>,
+    ballots: Arc<Mutex<Ballots>>,
     /// Told when a voter answered one of this node's vote requests: the assignment loop, which
     /// calls the next election after a split, waits on it.
     pub(crate) vote_answered: Arc<tokio::sync::Notify>,

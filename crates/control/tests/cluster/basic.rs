@@ -54,18 +54,17 @@ async fn three_nodes_elect_a_leader_assign_evenly_and_commit() -> TestResult {
     // Every member publishes the feature level its build supports; the cluster runs at the
     // lowest of them.
     let level = replicator_control::SUPPORTED_FEATURE_LEVEL;
-    let leader_node = cluster.node(leader);
-    wait_until_async(
-        "every member published its level",
-        Duration::from_secs(20),
-        || async {
-            leader_node.status().await.is_ok_and(|s| {
+    cluster
+        .wait_status(
+            "every member published its level",
+            leader,
+            Duration::from_secs(20),
+            |s| {
                 s.feature_level == level
                     && s.members.iter().all(|m| m.supported_level == Some(level))
-            })
-        },
-    )
-    .await?;
+            },
+        )
+        .await?;
     // At level 3 a follower's metadata records go through the leader, compare-and-set per
     // object, and every member reads them.
     let pair = ClusterPair::new("us", "eu");
@@ -141,20 +140,19 @@ async fn a_new_cluster_registers_its_members_without_waiting_a_renewal_period() 
     };
     let cluster = TestCluster::start(3, timing).await?;
     let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
-    let leader_node = cluster.node(leader);
     let level = replicator_control::SUPPORTED_FEATURE_LEVEL;
-    wait_until_async(
-        "every member registered, and the cluster at their level",
-        Duration::from_secs(10),
-        || async {
-            leader_node.status().await.is_ok_and(|s| {
+    cluster
+        .wait_status(
+            "every member registered, and the cluster at their level",
+            leader,
+            Duration::from_secs(10),
+            |s| {
                 s.members.len() == 3
                     && s.feature_level == level
                     && s.members.iter().all(|m| m.supported_level == Some(level))
-            })
-        },
-    )
-    .await?;
+            },
+        )
+        .await?;
     cluster.shutdown().await;
     Ok(())
 }

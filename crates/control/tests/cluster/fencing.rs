@@ -99,17 +99,14 @@ async fn fenced_cluster_timed(
     // Every member with its writer identity before the units come, so that both flows' units
     // are spread over all three as they are reported (the tests below need a follower owning
     // units of both).
-    let leader_node = cluster.node(leader);
-    wait_until_async(
-        "every member has a writer identity",
-        Duration::from_secs(10),
-        || async {
-            leader_node.status().await.is_ok_and(|s| {
-                s.members.len() == 3 && s.members.iter().all(|m| m.writer_incarnation.is_some())
-            })
-        },
-    )
-    .await?;
+    cluster
+        .wait_status(
+            "every member has a writer identity",
+            leader,
+            Duration::from_secs(10),
+            |s| s.members.len() == 3 && s.members.iter().all(|m| m.writer_incarnation.is_some()),
+        )
+        .await?;
     cluster.report_units(leader, 6).await?;
     cluster
         .node(leader)

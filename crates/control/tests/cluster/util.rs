@@ -7,7 +7,8 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use replicator_control::{
-    ClusterSecret, Control, ControlMetrics, ControlParams, ControlTiming, Fencing, TlsFiles,
+    ClusterSecret, ClusterStatus, Control, ControlMetrics, ControlParams, ControlTiming, Fencing,
+    TlsFiles,
 };
 use replicator_model::{
     Assignment, CommitCounters, NodeId, ProgressCommit, UnitCounters, WorkUnit,
@@ -315,6 +316,21 @@ impl TestCluster {
     ) -> TestResult {
         wait_until_async(what, Duration::from_secs(10), || async {
             cond(&self.owners(via).await.unwrap_or_default())
+        })
+        .await
+    }
+
+    /// Waits until the status node `via` reports satisfies `cond`, at most `within`.
+    pub(crate) async fn wait_status(
+        &self,
+        what: &str,
+        via: NodeId,
+        within: Duration,
+        cond: impl Fn(&ClusterStatus) -> bool,
+    ) -> TestResult {
+        let node = self.node(via);
+        wait_until_async(what, within, || async {
+            node.status().await.is_ok_and(|s| cond(&s))
         })
         .await
     }
