@@ -14,11 +14,15 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use replicator_harness::{serial, PacedProducer, ReplicatorCluster, Servers, TestResult};
+use replicator_harness::IggyCluster as _;
+use replicator_harness::{
+    connect, ensure_topic, serial, tick, ClusterEntry, Deadline, FlowEntry, NodeId, PacedProducer,
+    Replication, ReplicatorCluster, ReplicatorClusterSpec, Servers, TestResult, Topic,
+};
 use replicator_testkit::{WanLink, WanProxy};
 
 use crate::failover::kill_a_follower_then_the_leader;
-use crate::fixture::{self, finish_with_exact_copy};
+use crate::fixture::{self, finish_with_exact_copy, pass_if_exact};
 
 /// One-way delay of every proxied path unless `HA_WAN_ONE_WAY_MS` says otherwise: 40 ms round
 /// trips.
@@ -49,6 +53,17 @@ impl Wan {
         Ok(addr)
     }
 
+    /// Asserts that the nodes reach both servers through their proxies (the first two), as
+    /// they must once they copy.
+    fn assert_servers_proxied(&self) {
+        let open: Vec<usize> = self.proxies.iter().map(WanProxy::connections).collect();
+        println!("open connections per proxy (up, down, Raft of nodes 1..=3): {open:?}");
+        assert!(
+            open[0] > 0 && open[1] > 0,
+            "the nodes copy without going through the server proxies: {open:?}"
+        );
+    }
+
     /// Closes every proxy and its connections.
     pub(crate) async fn stop(self) {
         for proxy in self.proxies {
@@ -72,38 +87,47 @@ pub(crate) async fn start_across(
     wan: &mut Wan,
 ) -> TestResult<(Servers, ReplicatorCluster, PacedProducer)> {
     let servers = Servers::start(fixture::topic()).await?;
-    let source = url_via(&servers.upstream, wan.proxy(servers.upstream.addr()).await?);
-    let target = url_via(
+    let cluster = launch_across(wan, &servers, |source, target| {
+        fixture::spec_between((source, target), false, None, "")
+    })
+    .await?;
+    // The producer writes in the source's region, next to its server.
+    let producer = fixture::produce_into(servers.upstream.connection_string());
+    servers.wait_copy_started(Duration::from_secs(60)).await?;
+    wan.assert_servers_proxied();
+    Ok((servers, cluster, producer))
+}
+
+/// Three nodes launched with the spec `spec` gives for the connection strings of `servers`
+/// behind proxies (`up`, `down`), every node's Raft listener behind a proxy too; every proxy
+/// in `wan`, the servers' first.
+async fn launch_across(
+    wan: &mut Wan,
+    servers: &Servers,
+    spec: impl FnOnce(&str, &str) -> TestResult<ReplicatorClusterSpec>,
+) -> TestResult<ReplicatorCluster> {
+    let up = url_via(&servers.upstream, wan.proxy(servers.upstream.addr()).await?);
+    let down = url_via(
         &servers.downstream,
         wan.proxy(servers.downstream.addr()).await?,
     );
     // Each node binds its own Raft listener; its peers dial a proxy in front of it, so every
-    // Raft RPC between two nodes takes a 40 ms round trip.
+    // Raft RPC between two nodes takes a round trip of twice `one_way`.
     let placements = fixture::loopback(3)?;
     let mut dial = BTreeMap::new();
     for (id, placement) in &placements {
         dial.insert(*id, wan.proxy(placement.raft_addr).await?);
     }
-    let mut spec = fixture::spec_between((&source, &target), false, None, "")?;
+    let mut spec = spec(&up, &down)?;
     // The setting the README asks of a cluster across regions.
     spec.cluster_toml = format!("member_round_trip = \"{}ms\"", (2 * one_way()?).as_millis());
     let started = Instant::now();
     let cluster = ReplicatorCluster::launch_dialing(spec, placements, &dial).await?;
     println!(
-        "3 nodes own every partition {:.2} s after their start",
+        "3 nodes own every unit {:.2} s after their start",
         started.elapsed().as_secs_f64()
     );
-    // The producer writes in the source's region, next to its server.
-    let producer = fixture::produce_into(servers.upstream.connection_string());
-    servers.wait_copy_started(Duration::from_secs(60)).await?;
-    // The nodes reach both servers only through their proxies.
-    let open: Vec<usize> = wan.proxies.iter().map(WanProxy::connections).collect();
-    println!("open connections per proxy (source, target, Raft of nodes 1..=3): {open:?}");
-    assert!(
-        open[0] > 0 && open[1] > 0,
-        "the nodes copy without going through the server proxies: {open:?}"
-    );
-    Ok((servers, cluster, producer))
+    Ok(cluster)
 }
 
 /// The scenario; every proxy it starts is in `wan`, which the caller stops.
@@ -132,6 +156,183 @@ fn behind_40ms_round_trips_killed_follower_and_leader_resume_on_the_others_exact
     serial(|| async {
         let mut wan = Wan::default();
         let outcome = scenario(&mut wan).await;
+        wan.stop().await;
+        outcome
+    })
+}
+
+/// Partitions of the two-way scenario's topic, on each side.
+const TWO_WAY_PARTITIONS: u32 = 8;
+
+/// The two-way pair of README "Disaster recovery" (active/active): `up-to-down` and
+/// `down-to-up` over the same topic, identity naming, both targets fenced (the default).
+fn two_way_spec(up: &str, down: &str) -> TestResult<ReplicatorClusterSpec> {
+    let include = format!("{}/*", fixture::topic().stream);
+    let replication = Replication::default()
+        .cluster(ClusterEntry::new("up", up))
+        .cluster(ClusterEntry::new("down", down))
+        .flow(FlowEntry::new("up-to-down", "up", "down", &include))
+        .flow(FlowEntry::new("down-to-up", "down", "up", include));
+    fixture::spec_of(&replication, 2 * TWO_WAY_PARTITIONS as usize, false)
+}
+
+/// Both sides' producers and their topic: applications write on both clusters at once.
+struct BothSides {
+    topic: Topic,
+    up: PacedProducer,
+    down: PacedProducer,
+}
+
+impl BothSides {
+    /// Messages both producers had acknowledged.
+    fn produced(&self) -> u64 {
+        self.up.produced() + self.down.produced()
+    }
+
+    /// Pauses both producers and waits until each side holds every message produced on
+    /// either (its own and a copy of the other's), partition by partition, once both wrote to
+    /// every partition; resumes them unless `stop`. `what` names the moment in figures and errors. A message copied twice or
+    /// copied back to where it came from makes a side hold more, and fails at once.
+    async fn converge(&self, servers: &Servers, what: &str, stop: bool) -> TestResult {
+        self.up.pause();
+        self.down.pause();
+        let started = Instant::now();
+        let deadline = Deadline::new(
+            Duration::from_secs(60),
+            format!("{what}: both sides hold both sets"),
+        );
+        // A send under way when the producers paused still lands: wait until their counts
+        // stand still over a tick, and both sides hold all of it.
+        let mut produced = self.produced();
+        loop {
+            tick().await;
+            let (up, down) = (
+                self.topic.counts_on(&servers.upstream),
+                self.topic.counts_on(&servers.downstream),
+            );
+            let now = self.produced();
+            let (on_up, on_down) = (up.iter().sum::<u64>(), down.iter().sum::<u64>());
+            if now == produced && (on_up > now || on_down > now) {
+                return Err(format!(
+                    "{what}: {now} messages produced, up holds {on_up}, down {on_down}"
+                )
+                .into());
+            }
+            // Both producers wrote to every partition, and each side holds all of it.
+            let both_wrote = self.up.produced() > 0 && self.down.produced() > 0;
+            if now == produced && both_wrote && !up.contains(&0) && up == down && on_up == now {
+                println!(
+                    "{what}: both sides hold all {now} messages {:.2} s after the producers paused",
+                    started.elapsed().as_secs_f64()
+                );
+                break;
+            }
+            produced = now;
+            deadline.check_seeing(|| format!("{now} produced; up {up:?}, down {down:?}"))?;
+        }
+        if !stop {
+            self.up.resume();
+            self.down.resume();
+        }
+        Ok(())
+    }
+}
+
+/// `kill -9` of `victim`; returns how long until the others owned every unit. It then
+/// restarts and waits until it owns units again.
+async fn kill_and_rejoin_owned(
+    cluster: &mut ReplicatorCluster,
+    victim: NodeId,
+) -> TestResult<Duration> {
+    cluster.kill(victim)?;
+    let killed = Instant::now();
+    let survivors = cluster.running();
+    cluster
+        .wait_all_owned(&survivors, Duration::from_secs(60))
+        .await?;
+    let moved = killed.elapsed();
+    cluster.restart(victim)?;
+    let mut everyone = survivors;
+    everyone.push(victim);
+    everyone.sort_unstable();
+    cluster
+        .wait_all_owned(&everyone, Duration::from_secs(120))
+        .await?;
+    Ok(moved)
+}
+
+/// The two-way scenario; every proxy it starts is in `wan`, which the caller stops.
+async fn two_way_scenario(wan: &mut Wan) -> TestResult {
+    let topic = Topic::new(
+        fixture::topic().stream,
+        fixture::topic().name,
+        TWO_WAY_PARTITIONS,
+    );
+    let servers = Servers::start(topic.clone()).await?;
+    let down = connect(&servers.downstream.connection_string()).await?;
+    ensure_topic(&down, &topic.stream, &topic.name, topic.partitions).await?;
+    let _ = down.shutdown().await;
+    let mut cluster = launch_across(wan, &servers, two_way_spec).await?;
+    // Each application writes in its own region, next to its server.
+    let producer = |server: &replicator_testkit::TestServer| {
+        PacedProducer::start(fixture::producer_params(
+            server.connection_string(),
+            &[&topic],
+        ))
+    };
+    let sides = BothSides {
+        up: producer(&servers.upstream),
+        down: producer(&servers.downstream),
+        topic: topic.clone(),
+    };
+    for producer in [&sides.up, &sides.down] {
+        fixture::produced_more(producer, 1000).await?;
+    }
+    sides.converge(&servers, "started", false).await?;
+    wan.assert_servers_proxied();
+
+    let rtt = (2 * one_way()?).as_millis();
+    for role in ["follower", "leader"] {
+        let status = cluster.leader_status().await.ok_or("no leader")?;
+        let leader = status.leader.ok_or("no leader")?;
+        let victim = match role {
+            "leader" => leader,
+            _ => cluster
+                .running()
+                .into_iter()
+                .find(|id| *id != leader && status.units_owned(*id) > 0)
+                .ok_or("no follower owns units")?,
+        };
+        let moved = kill_and_rejoin_owned(&mut cluster, victim).await?;
+        println!(
+            "two-way, {rtt} ms round trips: {role} node {victim} killed, its units owned by the others after {:.2} s",
+            moved.as_secs_f64()
+        );
+        sides
+            .converge(&servers, &format!("after the {role}'s kill"), false)
+            .await?;
+    }
+    sides.converge(&servers, "at the end", true).await?;
+    let produced = sides.produced();
+    for producer in [sides.up, sides.down] {
+        producer.stop().await?;
+    }
+    // Both flows exact: each copied every message of its source's own producer once, in
+    // order, and none of the other flow's copies.
+    pass_if_exact(cluster).await?;
+    // Nothing arrived late: no copy of a copy.
+    for server in [&servers.upstream, &servers.downstream] {
+        assert_eq!(topic.counts_on(server).iter().sum::<u64>(), produced);
+    }
+    servers.shutdown().await;
+    Ok(())
+}
+
+#[test]
+fn a_two_way_pair_behind_40ms_round_trips_copies_both_ways_exactly_through_kills() -> TestResult {
+    serial(|| async {
+        let mut wan = Wan::default();
+        let outcome = two_way_scenario(&mut wan).await;
         wan.stop().await;
         outcome
     })
