@@ -2,8 +2,11 @@
 //! between the three nodes go through `WanProxy`s with 20 ms each way (40 ms round trips).
 //! `kill -9` of a follower that owns partitions, then of the Raft leader, while a producer
 //! writes: the killed node's partitions resume on the others, it rejoins after a restart, and
-//! the copy is exact. Product defaults for every timing, with `cluster.member_round_trip` set
-//! to the round trip as README "Across regions" asks.
+//! the copy is exact. The same as a two-way (active/active) pair: applications write into the
+//! same topic on both clusters, `up-to-down` and `down-to-up` copy it both ways with both
+//! targets fenced, and after each kill both sides hold every message of both once (no copy
+//! copied back). Product defaults for every timing, with `cluster.member_round_trip` set to
+//! the round trip as README "Across regions" asks.
 //!
 //! `HA_WAN_ONE_WAY_MS` sets another one-way delay (e.g. 40 for 80 ms round trips), to measure
 //! failover at other distances (BENCHMARKS.md); the test then proves the same at that
