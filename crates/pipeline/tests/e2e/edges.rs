@@ -358,3 +358,50 @@ async fn a_dead_first_seed_address_is_passed_over() -> TestResult {
     pipeline.shutdown().await;
     Ok(())
 }
+
+/// At start every cluster is probed for its protocol generation. A server that answers in its
+/// configured one is sent nothing in the other: a request of the other generation gets no
+/// answer it can read, and the SDK of 0.9 waited 30 s for one on a connection of its own and
+/// then logged an error, at every start of every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_answers_its_configured_generation_is_probed_on_one_connection() -> TestResult
+{
+    let env = Env::start().await?;
+    for server in [&env.us, &env.eu] {
+        // Counts the connections made to `server`, and carries their bytes.
+        let counter = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let via = counter.local_addr()?;
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let upstream = server.addr();
+        let forwarder = tokio::spawn({
+            let accepted = accepted.clone();
+            async move {
+                while let Ok((mut inbound, _)) = counter.accept().await {
+                    accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    tokio::spawn(async move {
+                        if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    });
+                }
+            }
+        });
+        let mut cluster = cluster_params(server);
+        cluster.connection_string = cluster
+            .connection_string
+            .replace(&upstream.to_string(), &via.to_string());
+        let spoken = replicator_pipeline::probe(&cluster, replicator_pipeline::PROBE_TIMEOUT).await;
+        assert!(spoken == replicator_pipeline::Spoken::Configured);
+        // A probe of the other generation would have connected alongside.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let connections = accepted.load(std::sync::atomic::Ordering::SeqCst);
+        forwarder.abort();
+        assert!(
+            connections == 1,
+            "{} server probed on {connections} connections",
+            server.iggy_version()
+        );
+    }
+    Ok(())
+}
