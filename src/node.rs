@@ -433,6 +433,18 @@ impl RunningNode {
         // two election timeouts instead of the full write timeout (successors resume from the
         // confirmed offsets and the downstream tails once this node's lease expires).
         self.control.begin_drain();
+        match self.control.begin_leaving().await {
+            Ok(true) => info!(
+                node = self.id,
+                "marked leaving: the leader grants this node nothing more"
+            ),
+            Ok(false) => {}
+            // The drain goes on: its releases hand the units over all the same, only a unit
+            // released may be granted back once before the node is gone.
+            Err(e) => {
+                warn!(node = self.id, error = %e, "could not mark this node leaving before its drain")
+            }
+        }
         if let Some(pipeline) = self.pipeline {
             pipeline.shutdown().await;
         }

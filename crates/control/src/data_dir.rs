@@ -30,6 +30,9 @@ pub(crate) const KEY_VOTE: &[u8] = b"vote";
 pub(crate) const KEY_COMMITTED: &[u8] = b"committed";
 /// In [`TREE_META`]: the last purged log id.
 pub(crate) const KEY_PURGED: &[u8] = b"purged";
+/// In [`TREE_META`]: present from a graceful stop that marked this node `Leaving` until a
+/// later process of it registered anew (see `Control::begin_leaving`).
+const KEY_LEFT_AT_STOP: &[u8] = b"left_at_stop";
 /// In [`TREE_SNAPSHOT`]: the current snapshot.
 pub(crate) const KEY_SNAPSHOT: &[u8] = b"current";
 
@@ -117,6 +120,47 @@ pub(crate) async fn flush(db: &sled::Db) -> std::io::Result<usize> {
         Err(e) => Err(std::io::Error::other(format!(
             "database flush task failed: {e}"
         ))),
+    }
+}
+
+/// [`KEY_LEFT_AT_STOP`] of one data dir: whether the last graceful stop of this node marked
+/// it `Leaving` and no later process has registered it anew since.
+#[derive(Clone)]
+pub(crate) struct StopMark {
+    db: sled::Db,
+    meta: sled::Tree,
+    dir: PathBuf,
+}
+
+impl StopMark {
+    pub(crate) fn open(db: &sled::Db, dir: &Path) -> Result<Self> {
+        Ok(Self {
+            db: db.clone(),
+            meta: tree(db, dir, TREE_META)?,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Whether the mark is set.
+    pub(crate) fn is_set(&self) -> Result<bool> {
+        self.meta
+            .contains_key(KEY_LEFT_AT_STOP)
+            .map_err(|e| dir_err(&self.dir, format!("cannot read the stop mark: {e}")))
+    }
+
+    /// Sets (before a stop's `LeaveMember` is written) or clears (once a later process's
+    /// registration committed) the mark, durably.
+    pub(crate) async fn set(&self, left: bool) -> Result<()> {
+        let changed = if left {
+            self.meta.insert(KEY_LEFT_AT_STOP, &[1u8][..]).map(|_| ())
+        } else {
+            self.meta.remove(KEY_LEFT_AT_STOP).map(|_| ())
+        };
+        changed.map_err(|e| dir_err(&self.dir, format!("cannot write the stop mark: {e}")))?;
+        flush(&self.db)
+            .await
+            .map_err(|e| dir_err(&self.dir, format!("cannot flush the stop mark: {e}")))?;
+        Ok(())
     }
 }
 

@@ -13,7 +13,7 @@
 //! | level | release | adds |
 //! |---|---|---|
 //! | 1 | v0.1.0 | every command up to `RaiseFeatureLevel`, the snapshot of that release |
-//! | 2 | v0.2.0 | `CommitProgress` (session totals: counters that count once), `ForgetUnits`; the snapshot gains `session_counters` |
+//! | 2 | v0.2.0 | `CommitProgress` (session totals: counters that count once), `ForgetUnits`; the snapshot gains `session_counters`; a member stopping gracefully writes `LeaveMember` before it drains, since members of this release register anew at their start when they find themselves `Leaving` |
 //! | 3 | v0.2.0 | `RecordMetadata` (two-way metadata records); the snapshot gains `metadata` |
 //! | 4 | v0.2.0 | nothing in the log or the snapshot: writers stamp the compact provenance format, which members of earlier releases cannot read in a downstream tail |
 //!
@@ -35,6 +35,11 @@ pub(crate) const METADATA_LEVEL: (u32, &str) = (3, "v0.2.0");
 /// The level from which writers stamp the compact provenance format (see
 /// `Control::stamps_compact_provenance`), and the release that introduced it.
 pub(crate) const COMPACT_PROVENANCE_LEVEL: (u32, &str) = (4, "v0.2.0");
+
+/// The level from which a member stopping gracefully marks itself `Leaving` before it drains
+/// (see `Control::begin_leaving`), and the release that introduced it: a member of an earlier
+/// release would not register anew after its restart and stay `Leaving`, without units.
+pub(crate) const LEAVING_AT_DRAIN_LEVEL: (u32, &str) = (2, "v0.2.0");
 
 /// The level of a state that never recorded one: the first release's.
 pub(crate) const BASELINE_LEVEL: u32 = 1;

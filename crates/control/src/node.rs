@@ -18,6 +18,7 @@ use tracing::Instrument;
 use crate::api::admin;
 use crate::assign;
 use crate::command::{ControlCommand, ControlResponse, Rejection};
+use crate::data_dir::StopMark;
 use crate::error::{Error, Result};
 use crate::fence::{FenceTopology, Fencing};
 use crate::fence_ops::{self, FenceNode, FenceTracker};
@@ -97,8 +98,12 @@ pub(crate) struct NodeInner {
     pub(crate) lease: Mutex<Option<std::time::Instant>>,
     /// The leader's lease view, published by the assignment loop for status.
     pub(crate) leader_view: Mutex<Option<LeaderView>>,
-    /// Set by `leave`: never re-register as active.
+    /// Set by `leave` and `begin_leaving`: never re-register as active.
     pub(crate) leaving: AtomicBool,
+    /// Set at start when this node's previous process stopped gracefully and marked it
+    /// `Leaving` ([`crate::data_dir::StopMark`]); cleared once this process's registration
+    /// committed, after which a `Leaving` mark is an operator's removal and stays.
+    pub(crate) left_at_stop: AtomicBool,
     /// Set by `Control::begin_drain`: writes give up after `drain_write_timeout`.
     pub(crate) draining: AtomicBool,
     /// Metrics counters.
@@ -415,7 +420,9 @@ impl NodeInner {
         })
     }
 
-    /// Whether this node should (re-)register itself.
+    /// Whether this node should (re-)register itself: it is a Raft member and the state
+    /// does not know it or knows other addresses, or its previous process stopped gracefully
+    /// (marking it `Leaving`, `Control::begin_leaving`) and this one has not registered yet.
     fn needs_registration(&self) -> bool {
         if self.leaving.load(Ordering::SeqCst) {
             return false;
@@ -430,6 +437,9 @@ impl NodeInner {
         };
         if !in_membership {
             return false;
+        }
+        if self.left_at_stop.load(Ordering::SeqCst) {
+            return true;
         }
         let data = self.shared.read();
         data.state
@@ -525,17 +535,17 @@ impl RpcNode for NodeInner {
 }
 
 /// Renews this node's lease every `lease_renew_interval`; registers it first when needed.
-pub(crate) async fn run_lease_renewer(node: Arc<NodeInner>) {
+pub(crate) async fn run_lease_renewer(node: Arc<NodeInner>, stop_mark: StopMark) {
     // Stopped wherever it is: a renewal written or waited for while the node stops (its Raft
     // peers already gone) would otherwise hold the stop for up to `lease_expiry`.
     let cancel = node.cancel.clone();
     tokio::select! {
         () = cancel.cancelled() => {}
-        () = renew_leases(node) => {}
+        () = renew_leases(node, stop_mark) => {}
     }
 }
 
-async fn renew_leases(node: Arc<NodeInner>) {
+async fn renew_leases(node: Arc<NodeInner>, stop_mark: StopMark) {
     let timing = node.timing.clone();
     let mut tick = tokio::time::interval(timing.lease_renew_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -594,6 +604,13 @@ async fn renew_leases(node: Arc<NodeInner>) {
                 Ok(_) => {
                     unregistered = false;
                     tracing::info!(node = %node.id, "registered as member");
+                    // A `LeaveMember` of the previous process's stop committed before this
+                    // registration, or never will: the mark has done its work.
+                    if node.left_at_stop.swap(false, Ordering::SeqCst) {
+                        if let Err(e) = stop_mark.set(false).await {
+                            tracing::warn!(node = %node.id, error = %e, "clearing the stop mark failed; the next start registers once more");
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(node = %node.id, error = %e, "registration failed");

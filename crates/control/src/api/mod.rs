@@ -46,6 +46,8 @@ pub struct Control {
 struct Runtime {
     /// The node's database, flushed on shutdown.
     db: sled::Db,
+    /// Whether a graceful stop marked this node `Leaving` (see [`Control::begin_leaving`]).
+    stop_mark: data_dir::StopMark,
     /// Commits and releases into the batcher (bounded: callers wait when it is full).
     commit_tx: mpsc::Sender<BatchRequest>,
     /// Every task the node spawned, aborted or awaited on stop.
@@ -76,6 +78,8 @@ impl Control {
         }
         let config = raft_config(&timing)?;
         let db = data_dir::open(&data_dir)?;
+        let stop_mark = data_dir::StopMark::open(&db, &data_dir)?;
+        let left_at_stop = stop_mark.is_set()?;
         let log_store = LogStore::open(&db, &data_dir)?;
         if log_store.forget_own_leadership(node_id).await? {
             tracing::info!(node = %node_id, "was the leader before the restart; rejoining as a follower");
@@ -138,6 +142,7 @@ impl Control {
             lease: Mutex::new(None),
             leader_view: Mutex::new(None),
             leaving: AtomicBool::new(false),
+            left_at_stop: AtomicBool::new(left_at_stop),
             draining: AtomicBool::new(false),
             counters: Counters::default(),
             fence_topology: Mutex::new(
@@ -177,7 +182,7 @@ impl Control {
                 node::spawn_task(
                     "lease_renewer",
                     node_id,
-                    node::run_lease_renewer(inner.clone()),
+                    node::run_lease_renewer(inner.clone(), stop_mark.clone()),
                 ),
             ),
             (
@@ -221,6 +226,7 @@ impl Control {
             inner,
             runtime: Arc::new(Runtime {
                 db,
+                stop_mark,
                 commit_tx,
                 tasks: Mutex::new(tasks),
                 server: Mutex::new(Some(server)),
@@ -542,6 +548,32 @@ impl Control {
     /// lease expires, as after a crash).
     pub fn begin_drain(&self) {
         self.inner.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// The start of a graceful stop's drain: marks this node `Leaving`, so that the leader
+    /// grants it nothing more and hands each unit the drain releases to another member at
+    /// once. Without it a released unit could be granted back to the draining node, which
+    /// then left it owned by nobody running until a fence or its lease expired (seen across
+    /// regions, where a release and the next round's grant are Raft writes of their own).
+    /// The node's next process registers anew and is `Active` again (a mark in the data dir
+    /// tells it to; a `Leaving` set by an operator's removal stays). Written only from
+    /// feature level 2 on (every member registers a `Leaving` self anew at its start);
+    /// returns whether it was written.
+    #[tracing::instrument(skip_all, fields(node = %self.inner.id), err)]
+    pub async fn begin_leaving(&self) -> Result<bool> {
+        if self.inner.shared.read().state.feature_level() < format::LEAVING_AT_DRAIN_LEVEL.0 {
+            return Ok(false);
+        }
+        // The renewer must not register this node anew while it drains; its next process
+        // must, and knows it from the mark, set before the write can commit.
+        self.inner.leaving.store(true, Ordering::SeqCst);
+        self.runtime.stop_mark.set(true).await?;
+        self.inner
+            .write(&ControlCommand::LeaveMember {
+                node: self.inner.id,
+            })
+            .await?;
+        Ok(true)
     }
 
     /// Leaves the cluster's work: marks this node `Leaving` and releases every unit it owns

@@ -115,3 +115,72 @@ async fn members_join_as_voters_and_leave_with_their_units_drained() -> TestResu
     cluster.shutdown().await;
     Ok(())
 }
+
+/// A graceful stop: the node marks itself leaving (`begin_leaving`), then its drain releases
+/// every unit it owns, one after another as its writers finish. The leader must not grant any
+/// of them back to it while it drains (it did: a released unit went back to the draining node,
+/// which then left it owned by nobody running until a fence or its lease). After a restart on
+/// its data dir the node registers anew and gets its share again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_member_gets_nothing_back_and_works_again_after_its_restart() -> TestResult {
+    let (mut cluster, leader) = TestCluster::start_with_units(3, 9).await?;
+    wait_balanced(&cluster, "9 units over 3 members", leader, &[1, 2, 3], 9).await?;
+    let drainer = follower_of(leader);
+    let stay: Vec<NodeId> = (1..=3).filter(|id| *id != drainer).collect();
+    let node = cluster.node(drainer).clone();
+    // The drainer's own state at level 2, the first that marks drains (`counts_totals`
+    // reads the same level).
+    wait_until(
+        "the drainer at feature level 2",
+        Duration::from_secs(10),
+        || node.counts_totals(),
+    )
+    .await?;
+    node.begin_drain();
+    assert!(
+        node.begin_leaving().await?,
+        "the leave mark was not written"
+    );
+    // Every unit granted to the drainer from here on is a failure. Its drain releases what
+    // it owns one unit at a time, each once the previous one has an owner again (the
+    // leader's round that could have granted it back has run).
+    let mut regranted = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while tokio::time::Instant::now() < deadline {
+        let owned = node.assignments().borrow().clone();
+        let Some(next) = owned.first() else { break };
+        node.release(next.unit.clone(), next.epoch).await?;
+        cluster
+            .wait_owners("the released unit owned again", leader, |owners| {
+                owners.get(&next.unit).copied().flatten().is_some()
+            })
+            .await?;
+        let owners = cluster.owners(leader).await?;
+        if owners.get(&next.unit).copied().flatten() == Some(drainer) {
+            regranted.push(next.unit.clone());
+            if regranted.len() == 3 {
+                break;
+            }
+        }
+    }
+    assert!(
+        regranted.is_empty(),
+        "granted to the draining node: {regranted:?}"
+    );
+    // The node's handles go with it: its next process opens the same data dir.
+    drop(node);
+    wait_balanced(&cluster, "the drainer's units moved", leader, &stay, 9).await?;
+
+    cluster.stop(drainer).await;
+    cluster.restart(drainer).await?;
+    wait_balanced(
+        &cluster,
+        "the restarted node has its share",
+        leader,
+        &[1, 2, 3],
+        9,
+    )
+    .await?;
+    cluster.shutdown().await;
+    Ok(())
+}

@@ -180,16 +180,29 @@ impl TestCluster {
 
     /// Kills a node in-process (`kill -9`).
     pub(crate) async fn crash(&mut self, id: NodeId) {
-        if let Some(r) = self.releasers.remove(&id) {
-            r.abort();
-            let _ = r.await;
-        }
-        if let Some(n) = self.nodes.remove(&id) {
+        if let Some(n) = self.take(id).await {
             n.crash().await;
         }
     }
 
-    /// Restarts a crashed node on its address and data dir.
+    /// Stops a node gracefully (its control plane shuts down; what it left in the state
+    /// stays).
+    pub(crate) async fn stop(&mut self, id: NodeId) {
+        if let Some(n) = self.take(id).await {
+            n.shutdown().await;
+        }
+    }
+
+    /// Takes a node out of the cluster's running set, its releaser stopped.
+    async fn take(&mut self, id: NodeId) -> Option<Control> {
+        if let Some(r) = self.releasers.remove(&id) {
+            r.abort();
+            let _ = r.await;
+        }
+        self.nodes.remove(&id)
+    }
+
+    /// Restarts a crashed or stopped node on its address and data dir.
     pub(crate) async fn restart(&mut self, id: NodeId) -> TestResult {
         let addr = self.addrs[&id];
         let deadline = Instant::now() + Duration::from_secs(10);
