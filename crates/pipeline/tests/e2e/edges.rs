@@ -391,7 +391,9 @@ async fn a_server_that_answers_its_configured_generation_is_probed_on_one_connec
         cluster.connection_string = cluster
             .connection_string
             .replace(&upstream.to_string(), &via.to_string());
-        let spoken = replicator_pipeline::probe(&cluster, replicator_pipeline::PROBE_TIMEOUT).await;
+        // A generous timeout (its half is the configured generation's head start), so that a
+        // busy machine's slow answer does not count as none.
+        let spoken = replicator_pipeline::probe(&cluster, Duration::from_secs(60)).await;
         assert!(spoken == replicator_pipeline::Spoken::Configured);
         // A probe of the other generation would have connected alongside.
         tokio::time::sleep(Duration::from_millis(200)).await;
