@@ -5,7 +5,8 @@
 //! the copy is exact. The same as a two-way (active/active) pair: applications write into the
 //! same topic on both clusters, `up-to-down` and `down-to-up` copy it both ways with both
 //! targets fenced, and after each kill, and after a rolling restart (SIGTERM and a start of
-//! each node in turn), both sides hold every message of both once (no copy copied back).
+//! each node in turn), both sides come to hold every message of both; at the end both flows
+//! are exact and no copy was copied back.
 //! Product defaults for every timing, with `cluster.member_round_trip` set to the round trip
 //! as README "Across regions" asks.
 //!
@@ -194,9 +195,10 @@ impl BothSides {
     }
 
     /// Pauses both producers and waits until each side holds every message produced on
-    /// either (its own and a copy of the other's), partition by partition, once both wrote to
-    /// every partition; resumes them unless `stop`. `what` names the moment in figures and errors. A message copied twice or
-    /// copied back to where it came from makes a side hold more, and fails at once.
+    /// either (its own and a copy of the other's), the two sides the same partition by
+    /// partition, once both wrote to every partition; resumes them unless `stop`. `what`
+    /// names the moment in figures and errors. (Exactly once is `verify`'s to say at the
+    /// end: a send the producer counted as failed may still have landed.)
     async fn converge(&self, servers: &Servers, what: &str, stop: bool) -> TestResult {
         self.up.pause();
         self.down.pause();
@@ -215,16 +217,10 @@ impl BothSides {
                 self.topic.counts_on(&servers.downstream),
             );
             let now = self.produced();
-            let (on_up, on_down) = (up.iter().sum::<u64>(), down.iter().sum::<u64>());
-            if now == produced && (on_up > now || on_down > now) {
-                return Err(format!(
-                    "{what}: {now} messages produced, up holds {on_up}, down {on_down}"
-                )
-                .into());
-            }
             // Both producers wrote to every partition, and each side holds all of it.
             let both_wrote = self.up.produced() > 0 && self.down.produced() > 0;
-            if now == produced && both_wrote && !up.contains(&0) && up == down && on_up == now {
+            let held = up.iter().sum::<u64>();
+            if now == produced && both_wrote && !up.contains(&0) && up == down && held >= now {
                 println!(
                     "{what}: both sides hold all {now} messages {:.2} s after the producers paused",
                     started.elapsed().as_secs_f64()
@@ -359,16 +355,23 @@ async fn two_way_scenario(wan: &mut Wan) -> TestResult {
         .converge(&servers, "after the rolling restart", false)
         .await?;
     sides.converge(&servers, "at the end", true).await?;
-    let produced = sides.produced();
+    let (mut produced, mut failed) = (0, 0);
     for producer in [sides.up, sides.down] {
-        producer.stop().await?;
+        let report = producer.stop().await?;
+        produced += report.produced;
+        failed += report.failed_sends;
     }
     // Both flows exact: each copied every message of its source's own producer once, in
     // order, and none of the other flow's copies.
     pass_if_exact(cluster).await?;
-    // Nothing arrived late: no copy of a copy.
+    // Nothing arrived late: no copy of a copy. (A send the producer counted as failed may
+    // have landed: then only at least.)
     for server in [&servers.upstream, &servers.downstream] {
-        assert_eq!(topic.counts_on(server).iter().sum::<u64>(), produced);
+        let held = topic.counts_on(server).iter().sum::<u64>();
+        assert!(
+            held == produced || (failed > 0 && held > produced),
+            "{held} messages held, {produced} produced ({failed} sends failed)"
+        );
     }
     servers.shutdown().await;
     Ok(())
