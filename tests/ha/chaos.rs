@@ -24,7 +24,7 @@ use replicator_harness::{
 };
 
 use crate::fixture;
-use crate::wan::{self, Wan};
+use crate::wan;
 
 /// Seed of the CI schedule.
 const DEFAULT_SEED: u64 = 0x5eed_0005;
@@ -241,17 +241,10 @@ fn across_a_wan_a_seeded_fault_schedule_ends_with_an_exact_copy() -> TestResult 
         "chaos across {rtt} ms round trips: seed {seed} ({faults} faults); replay with \
          CHAOS_SEED={seed} CHAOS_FAULTS={faults} [HA_WAN_ONE_WAY_MS=<ms>]"
     );
-    serial(|| async move {
+    wan::across(async move |wan| {
         let started = Instant::now();
-        let mut wan = Wan::default();
-        let outcome = match wan::start_across(&mut wan).await {
-            Ok((servers, cluster, producer)) => {
-                run_schedule(seed, faults, started, servers, cluster, producer).await
-            }
-            Err(e) => Err(e),
-        };
-        wan.stop().await;
-        outcome
+        let (servers, cluster, producer) = wan::start_across(wan).await?;
+        run_schedule(seed, faults, started, servers, cluster, producer).await
     })
 }
 

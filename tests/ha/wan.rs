@@ -77,6 +77,17 @@ impl Wan {
     }
 }
 
+/// Runs `scenario` on its own (`serial`) with a [`Wan`] for the proxies it starts, all of them
+/// stopped at its end whatever the outcome.
+pub(crate) fn across(scenario: impl AsyncFnOnce(&mut Wan) -> TestResult) -> TestResult {
+    serial(|| async move {
+        let mut wan = Wan::default();
+        let outcome = scenario(&mut wan).await;
+        wan.stop().await;
+        outcome
+    })
+}
+
 /// `server`'s connection string with its address replaced by `via`.
 fn url_via(server: &replicator_testkit::TestServer, via: SocketAddr) -> String {
     server
@@ -158,12 +169,7 @@ async fn scenario(wan: &mut Wan) -> TestResult {
 #[test]
 fn behind_40ms_round_trips_killed_follower_and_leader_resume_on_the_others_exactly_once(
 ) -> TestResult {
-    serial(|| async {
-        let mut wan = Wan::default();
-        let outcome = scenario(&mut wan).await;
-        wan.stop().await;
-        outcome
-    })
+    across(scenario)
 }
 
 /// Partitions of the two-way scenario's topic, on each side.
@@ -263,11 +269,8 @@ async fn kill_and_rejoin_owned(
 
 /// The two-way scenario; every proxy it starts is in `wan`, which the caller stops.
 async fn two_way_scenario(wan: &mut Wan) -> TestResult {
-    let topic = Topic::new(
-        fixture::topic().stream,
-        fixture::topic().name,
-        TWO_WAY_PARTITIONS,
-    );
+    let base = fixture::topic();
+    let topic = Topic::new(base.stream, base.name, TWO_WAY_PARTITIONS);
     let servers = Servers::start(topic.clone()).await?;
     let down = connect(&servers.downstream.connection_string()).await?;
     ensure_topic(&down, &topic.stream, &topic.name, topic.partitions).await?;
@@ -380,10 +383,5 @@ async fn two_way_scenario(wan: &mut Wan) -> TestResult {
 #[test]
 fn a_two_way_pair_behind_40ms_round_trips_copies_both_ways_exactly_through_kills_and_a_rolling_restart(
 ) -> TestResult {
-    serial(|| async {
-        let mut wan = Wan::default();
-        let outcome = two_way_scenario(&mut wan).await;
-        wan.stop().await;
-        outcome
-    })
+    across(two_way_scenario)
 }
