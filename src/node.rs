@@ -476,8 +476,10 @@ pub(crate) struct DrainedNode {
 }
 
 impl DrainedNode {
-    /// Stops the control plane, then the admin API.
+    /// Hands the Raft leadership over if this node leads, then stops the control plane and
+    /// the admin API.
     pub(crate) async fn shutdown(self) {
+        self.control.hand_over_leadership().await;
         self.control.shutdown().await;
         self.admin.shutdown().await;
         drop(self.control_thread);

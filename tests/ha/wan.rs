@@ -330,6 +330,21 @@ async fn two_way_scenario(wan: &mut Wan) -> TestResult {
         let codes = cluster.terminate(&[node], Duration::from_secs(60)).await?;
         assert_eq!(codes, vec![(node, Some(0))], "node {node}'s drain");
         let drained = asked.elapsed();
+        if node == leader {
+            // A stopping leader hands its leadership over before it exits (`handover`).
+            cluster
+                .wait_leader_status(
+                    "a leader among the others".into(),
+                    Duration::from_secs(60),
+                    |_| true,
+                )
+                .await?;
+            println!(
+                "two-way, {rtt} ms round trips: a leader again {:.2} s after the leader's SIGTERM (its process exited after {:.2} s)",
+                asked.elapsed().as_secs_f64(),
+                drained.as_secs_f64()
+            );
+        }
         // The drain handed every unit over: none waits for the stopped node's lease. (Asked
         // of a leader that applied every release as it committed, so not after the leader's
         // own stop, where its successor may not have applied the last ones yet.)

@@ -34,6 +34,7 @@ mod error;
 mod fence;
 mod fence_ops;
 mod format;
+mod handover;
 mod identity;
 mod lease;
 mod log_store;

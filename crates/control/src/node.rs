@@ -27,7 +27,9 @@ use crate::lease::{owner_lease_until, LeaderView};
 use crate::network::auth::{InboundGuard, Signer};
 use crate::network::client::{PeerClient, PEER_WARM_INTERVAL};
 use crate::network::server::RpcNode;
-use crate::network::{paths, FaultSwitch, ManageRequest, PingReply, WriteReply};
+use crate::network::{
+    paths, FaultSwitch, ManageRequest, PingReply, TakeOver, TakeOverReply, WriteReply,
+};
 use crate::params::ControlTiming;
 use crate::retention::Retention;
 use crate::state_machine::Shared;
@@ -106,6 +108,10 @@ pub(crate) struct NodeInner {
     pub(crate) left_at_stop: AtomicBool,
     /// Set by `Control::begin_drain`: writes give up after `drain_write_timeout`.
     pub(crate) draining: AtomicBool,
+    /// Set while this leader hands its leadership over (`handover`): it writes nothing more.
+    pub(crate) handing_over: AtomicBool,
+    /// The term this node leads and since when, as its assignment loop saw it (`handover`).
+    pub(crate) led_since: Mutex<Option<(u64, std::time::Instant)>>,
     /// Metrics counters.
     pub(crate) counters: Counters,
     /// How this cluster fences failed members on the target clusters (`None`: leases only).
@@ -158,6 +164,17 @@ impl NodeInner {
         (leader, addr)
     }
 
+    /// While this leader hands over (`handover`) its log must not grow: a write is answered
+    /// "retry", and the writer's next attempt finds the new leader.
+    fn refuse_while_handing_over(&self) -> Option<WriteReply> {
+        self.handing_over
+            .load(Ordering::SeqCst)
+            .then(|| WriteReply::Failed {
+                reason: "the leader is handing its leadership over".into(),
+                transient: true,
+            })
+    }
+
     fn write_reply(
         r: std::result::Result<
             openraft::raft::ClientWriteResponse<TypeConfig>,
@@ -189,6 +206,9 @@ impl NodeInner {
 
     /// Writes `cmd` through this node's Raft (which must be the leader), bounded in time.
     pub(crate) async fn local_write(&self, cmd: ControlCommand) -> WriteReply {
+        if let Some(refused) = self.refuse_while_handing_over() {
+            return refused;
+        }
         match tokio::time::timeout(self.timing.write_timeout, self.raft.client_write(cmd)).await {
             Ok(r) => Self::write_reply(r),
             Err(_) => WriteReply::Failed {
@@ -200,6 +220,9 @@ impl NodeInner {
 
     /// Executes a membership change on this node (which must be the leader).
     pub(crate) async fn local_manage(&self, req: ManageRequest) -> WriteReply {
+        if let Some(refused) = self.refuse_while_handing_over() {
+            return refused;
+        }
         let deadline = self.timing.drain_timeout;
         let run = async {
             match req {
@@ -523,6 +546,10 @@ impl RpcNode for NodeInner {
 
     fn local_write(&self, cmd: ControlCommand) -> impl Future<Output = WriteReply> + Send {
         NodeInner::local_write(self, cmd)
+    }
+
+    fn take_over(&self, req: TakeOver) -> impl Future<Output = TakeOverReply> + Send {
+        NodeInner::take_over(self, req)
     }
 
     fn local_manage(&self, req: ManageRequest) -> impl Future<Output = WriteReply> + Send {
@@ -1000,10 +1027,20 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             _ => {
                 tracing::Span::current().record("term", term);
                 tracing::info!(node = %node.id, term, "assignment loop starts as leader");
+                *node
+                    .led_since
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Some((term, std::time::Instant::now()));
                 LeaderView::carry_on(term, &observed, std::time::Instant::now(), previous_leader)
             }
         };
         let mut current = current;
+        if node.handing_over.load(Ordering::SeqCst) {
+            // A stopping leader's log must not grow while it hands over (`handover`).
+            view = Some(current);
+            continue;
+        }
         // Targets' acknowledgements of revokes, written ahead of this round's commands.
         let handed = node.fencing.handed(term);
         let acknowledged: Vec<ControlCommand> = handed.iter().map(|(_, c)| c.clone()).collect();

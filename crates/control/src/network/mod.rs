@@ -7,7 +7,8 @@
 //! learns and signs one retry for.
 //!
 //! Besides openraft's three RPCs the same channel carries writes forwarded from followers to
-//! the leader, membership changes, status queries and the bootstrap ping.
+//! the leader, membership changes, status queries, the bootstrap ping and a stopping leader's
+//! request that a follower take over (`handover`).
 
 pub(crate) mod auth;
 pub(crate) mod ballot;
@@ -52,6 +53,8 @@ pub(crate) mod paths {
     pub(crate) const STATUS: &str = "/control/status";
     /// Liveness and initialisation probe used by bootstrap.
     pub(crate) const PING: &str = "/control/ping";
+    /// A stopping leader asks a follower to call an election now (`handover`).
+    pub(crate) const TAKE_OVER: &str = "/control/take-over";
 }
 
 /// A test seam that cuts a node off the network in both directions (incoming requests get
@@ -109,6 +112,32 @@ pub(crate) enum ManageRequest {
     RemoveNode {
         /// The node to remove.
         id: NodeId,
+    },
+}
+
+/// A stopping leader's request to a follower to call an election at once ([`paths::TAKE_OVER`],
+/// `handover`): the leader has stopped writing, and `last_log_index` is the last entry of its
+/// log, which the follower's log must hold before it calls (the leader votes only for a log
+/// at least as long as its own).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct TakeOver {
+    /// The leader asking.
+    pub(crate) leader: NodeId,
+    /// Its term.
+    pub(crate) term: u64,
+    /// The index of the last entry of its log.
+    pub(crate) last_log_index: u64,
+}
+
+/// Answer to [`paths::TAKE_OVER`]: whether the follower called the election, and if not, why.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum TakeOverReply {
+    /// The election is called.
+    Called,
+    /// Not called.
+    Declined {
+        /// Why.
+        reason: String,
     },
 }
 

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::auth::{
     now_millis, AuthError, InboundGuard, Receiver, Signer, AUTH_HEADER, RECEIVER_HEADER,
 };
-use super::{paths, FaultSwitch, ManageRequest, PingReply, WriteReply};
+use super::{paths, FaultSwitch, ManageRequest, PingReply, TakeOver, TakeOverReply, WriteReply};
 use crate::command::{decode, encode, ControlCommand};
 use crate::tls::{serve_tls_with, TlsState};
 use crate::{ClusterStatus, TypeConfig};
@@ -45,6 +45,8 @@ pub(crate) trait RpcNode: Send + Sync + 'static {
     fn local_manage(&self, req: ManageRequest) -> impl Future<Output = WriteReply> + Send;
     /// Status as this node sees it.
     fn local_status(&self) -> ClusterStatus;
+    /// Calls an election at a stopping leader's request (`handover`).
+    fn take_over(&self, req: TakeOver) -> impl Future<Output = TakeOverReply> + Send;
 }
 
 /// Serves Raft and control RPCs on `listener` until `shutdown` is cancelled; over mutual TLS
@@ -63,6 +65,7 @@ pub(crate) async fn serve<N: RpcNode>(
         .route(paths::MANAGE, post(manage::<N>))
         .route(paths::STATUS, post(status::<N>))
         .route(paths::PING, post(ping::<N>))
+        .route(paths::TAKE_OVER, post(take_over::<N>))
         .layer(axum::extract::DefaultBodyLimit::max(super::MAX_RPC_BODY))
         .with_state(node);
     match tls {
@@ -226,4 +229,16 @@ async fn ping<N: RpcNode>(State(node): State<Arc<N>>, headers: HeaderMap, body: 
         node: node.id(),
         initialized,
     })
+}
+
+async fn take_over<N: RpcNode>(
+    State(node): State<Arc<N>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let req: TakeOver = match admit(&*node, &headers, &body, paths::TAKE_OVER) {
+        Ok(r) => r,
+        Err(refused) => return refused.into_response(),
+    };
+    reply(&node.take_over(req).await)
 }

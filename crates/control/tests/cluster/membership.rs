@@ -184,3 +184,45 @@ async fn a_draining_member_gets_nothing_back_and_works_again_after_its_restart()
     cluster.shutdown().await;
     Ok(())
 }
+
+/// A leader's graceful stop hands its leadership to a follower
+/// (`Control::hand_over_leadership`), so that the cluster leads again within a few round trips
+/// instead of once its followers' election timers run out. The old leader keeps running, and
+/// heartbeating, until the end here: without the handover nobody else would lead at all. The
+/// handover first waits out the leader's own lease (`election_timeout_max` after its election,
+/// 3 s here), during which a leader refuses every vote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_leader_hands_its_leadership_to_a_follower() -> TestResult {
+    let timing = replicator_control::ControlTiming {
+        election_timeout_min: Duration::from_secs(2),
+        election_timeout_max: Duration::from_secs(3),
+        ..fast_timing()
+    };
+    let mut cluster = TestCluster::start(3, timing).await?;
+    let old = cluster.wait_leader(Duration::from_secs(20)).await?;
+    cluster.report_units(old, 6).await?;
+    wait_balanced(&cluster, "6 units over 3 members", old, &[1, 2, 3], 6).await?;
+
+    let new = cluster
+        .node(old)
+        .hand_over_leadership()
+        .await
+        .ok_or("the leadership was not handed over")?;
+    assert_ne!(new, old, "handed to itself");
+    assert_eq!(cluster.wait_leader(Duration::from_secs(10)).await?, new);
+    // Writes through the old leader reach the new one, which assigns what they report.
+    cluster.report_units(old, 9).await?;
+    wait_balanced(&cluster, "9 units over 3 members", new, &[1, 2, 3], 9).await?;
+
+    // The two left keep their leader: nothing to elect when the old one stops.
+    cluster.stop(old).await;
+    let left: Vec<NodeId> = (1..=3).filter(|id| *id != old).collect();
+    assert_eq!(
+        cluster
+            .wait_leader_among(&left, Duration::from_secs(10))
+            .await?,
+        new
+    );
+    cluster.shutdown().await;
+    Ok(())
+}
