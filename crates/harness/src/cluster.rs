@@ -566,6 +566,12 @@ impl ReplicatorCluster {
         Ok(sample(&self.metrics_of(id).await?, name))
     }
 
+    /// The sum of every sample of `name` (e.g. `iggy_replicator_downstream_losses_total`),
+    /// whatever its labels, in a node's `/metrics`: 0 while the node reports none.
+    pub async fn metric_sum_of(&self, id: NodeId, name: &str) -> Result<f64> {
+        Ok(sample_sum(&self.metrics_of(id).await?, name))
+    }
+
     async fn get(&self, id: NodeId, path: &'static str) -> Result<reqwest::Response> {
         let node = self.node(id)?;
         let response = self
@@ -854,6 +860,18 @@ fn sample(metrics: &str, name: &str) -> Option<f64> {
         })
 }
 
+fn sample_sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (metric, value) = l.rsplit_once(' ')?;
+            let bare = metric.split_once('{').map_or(metric, |(bare, _)| bare);
+            (bare == name).then(|| value.trim().parse::<f64>().ok())?
+        })
+        .sum()
+}
+
 impl Drop for ReplicatorCluster {
     fn drop(&mut self) {
         for node in self.nodes.values_mut() {
@@ -879,6 +897,20 @@ impl Drop for ReplicatorCluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sum_adds_every_labelled_sample_of_the_name_only() {
+        let text = "# TYPE iggy_replicator_downstream_losses counter\n\
+                    iggy_replicator_downstream_losses_total{flow=\"a\",partition=\"0\"} 1\n\
+                    iggy_replicator_downstream_losses_total{flow=\"a b\",partition=\"1\"} 2\n\
+                    iggy_replicator_downstream_losses_totalled 5\n\
+                    iggy_replicator_messages_recopied_total{flow=\"a\"} 7\n";
+        assert_eq!(
+            sample_sum(text, "iggy_replicator_downstream_losses_total"),
+            3.0
+        );
+        assert_eq!(sample_sum(text, "iggy_replicator_gap_events_total"), 0.0);
+    }
 
     #[test]
     fn a_sample_is_found_by_its_whole_name() {

@@ -323,6 +323,7 @@ impl WriterCore {
     pub fn handled(&mut self, messages: u64, last: Offset) {
         self.0.handled(Handled {
             sent: Some((messages, messages * 100)),
+            recopied: 0,
             last_offset: last,
             gap: false,
         });

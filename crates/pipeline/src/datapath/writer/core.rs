@@ -41,9 +41,9 @@ pub(crate) struct WriterCore {
     retry_budget: Duration,
     /// Label of the upstream history being copied ([`History::label`]).
     history_label: u64,
-    /// Messages up to this offset were confirmed before and lost downstream: sending them
-    /// again counts as a re-copy.
-    recopy_until: Option<Offset>,
+    /// Confirmed messages the resume did not find downstream, read again: sending them again
+    /// counts as a re-copy.
+    recopy: Option<Recopy>,
     /// A send failed in a way that may have appended it: re-read the tail before sending again.
     resync: bool,
     /// Whether the target's send confirmations (Iggy 0.9) follow this writer's own sends.
@@ -84,10 +84,34 @@ pub(crate) struct Lost {
 pub(crate) struct Handled {
     /// Messages acknowledged downstream and their bytes; `None` when nothing was sent.
     pub(crate) sent: Option<(u64, u64)>,
+    /// Of them, messages the resume found confirmed but not downstream ([`WriterCore::recopy_until`]).
+    pub(crate) recopied: u64,
     /// The batch's last upstream offset: downstream now covers everything up to it.
     pub(crate) last_offset: Offset,
     /// The batch came after offsets lost to retention.
     pub(crate) gap: bool,
+}
+
+/// Confirmed messages a resume did not find downstream: either the target lost them (it
+/// acknowledged them before it persisted them), or they were never written because loop
+/// prevention skipped them (they came from the target, as in a two-way pair, where the newest
+/// copy downstream can lie well before the confirmed offset). Which, only reading them again
+/// tells: the writer counts what it sends of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Recopy {
+    from: Offset,
+    to: Offset,
+    resent: u64,
+}
+
+/// The end of a resume's repair: the writer handled the range `from..=to` of confirmed
+/// messages the resume did not find downstream, and sent `resent` of them again (the others
+/// were skipped by loop prevention: nothing of them was lost).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Recopied {
+    pub(crate) from: Offset,
+    pub(crate) to: Offset,
+    pub(crate) resent: u64,
 }
 
 impl WriterCore {
@@ -107,7 +131,7 @@ impl WriterCore {
             backoff,
             retry_budget,
             history_label: 0,
-            recopy_until: None,
+            recopy: None,
             resync: false,
             landed: LandedCheck::default(),
             offset_map: None,
@@ -123,7 +147,11 @@ impl WriterCore {
         tail: Option<TailOutcome>,
         offset_map: Option<SharedOffsetMap>,
     ) {
-        self.recopy_until = plan.loss.map(|loss| loss.to);
+        self.recopy = plan.loss.map(|loss| Recopy {
+            from: loss.from,
+            to: loss.to,
+            resent: 0,
+        });
         self.history_label = plan.history.label();
         self.last_copied = match tail {
             Some(TailOutcome::Hit(hit)) if hit.position.resets == plan.history.resets => {
@@ -148,7 +176,7 @@ impl WriterCore {
 
     /// The end of the loss the resume repairs: messages up to it are re-copies.
     pub(crate) fn recopy_until(&self) -> Option<Offset> {
-        self.recopy_until
+        self.recopy.map(|r| r.to)
     }
 
     /// The map the consumer-group sync translates with, if the flow syncs groups.
@@ -241,7 +269,8 @@ impl WriterCore {
     }
 
     /// The writer is done with a batch: counts what was sent and moves what downstream covers.
-    pub(crate) fn handled(&mut self, batch: Handled) {
+    /// Returns how the resume's repair ended when this batch completed it.
+    pub(crate) fn handled(&mut self, batch: Handled) -> Option<Recopied> {
         if let Some((messages, bytes)) = batch.sent {
             self.commits.sent(messages, bytes);
         }
@@ -249,12 +278,13 @@ impl WriterCore {
             self.commits.gap();
         }
         self.commits.covered(Some(batch.last_offset));
-        if self
-            .recopy_until
-            .is_some_and(|until| batch.last_offset >= until)
-        {
-            self.recopy_until = None;
+        let recopy = self.recopy.as_mut()?;
+        recopy.resent += batch.recopied;
+        if batch.last_offset < recopy.to {
+            return None;
         }
+        let Recopy { from, to, resent } = self.recopy.take()?;
+        Some(Recopied { from, to, resent })
     }
 
     /// A transient failure at `now` (of the resume, a tail re-read or a send), counted with
@@ -333,6 +363,7 @@ pub(crate) fn offset_map(
 mod tests {
     use std::sync::{Arc, Mutex};
 
+    use assert2::check;
     use replicator_model::{CommitOutcome, InitialOffset};
     use replicator_sdk::Place;
 
@@ -360,6 +391,84 @@ mod tests {
                 offset: up,
             },
         })
+    }
+
+    /// A writer that resumed with `confirmed` but found its newest copy downstream at `tail`
+    /// (a downstream loss, or copies skipped by loop prevention).
+    fn resumed_behind(confirmed: Offset, tail: Offset) -> WriterCore {
+        let now = Instant::now();
+        let commits = CommitTracker::new(Duration::from_millis(100), now, None);
+        let backoff = Backoff::new(crate::params::BackoffParams::default(), 7);
+        let mut core = WriterCore::new(unit(), Epoch(3), commits, backoff, BUDGET);
+        let found = hit(tail, tail);
+        let plan = plan(&ResumeFacts {
+            progress: Some(UnitProgress {
+                confirmed: Some(confirmed),
+                history_label: CREATED,
+                counters: Default::default(),
+            }),
+            created_at: CREATED,
+            tail: Some(found),
+            tail_check: TailCheck::Same,
+            initial: InitialOffset::Earliest,
+            extent: PartitionExtent {
+                messages_count: 200,
+                current_offset: 199,
+            },
+            reset: None,
+            recorded: None,
+        })
+        .expect("plan");
+        core.resumed(&plan, Some(found), None);
+        core
+    }
+
+    fn batch(last_offset: Offset, recopied: u64) -> Handled {
+        Handled {
+            sent: (recopied > 0).then_some((recopied, recopied * 100)),
+            recopied,
+            last_offset,
+            gap: false,
+        }
+    }
+
+    #[test]
+    fn confirmed_messages_loop_prevention_skipped_are_no_loss() {
+        // A two-way pair: 50..=99 came from the target, so nothing of them was written.
+        let mut core = resumed_behind(99, 49);
+        check!(core.recopy_until() == Some(99));
+        check!(core.handled(batch(79, 0)) == None);
+        check!(
+            core.handled(batch(120, 0))
+                == Some(Recopied {
+                    from: 50,
+                    to: 99,
+                    resent: 0
+                })
+        );
+        check!(core.recopy_until() == None);
+        check!(core.handled(batch(130, 0)) == None, "reported once");
+    }
+
+    #[test]
+    fn confirmed_messages_sent_again_are_counted_as_a_loss_once_the_range_is_handled() {
+        let mut core = resumed_behind(99, 49);
+        check!(core.handled(batch(69, 20)) == None);
+        check!(
+            core.handled(batch(99, 5))
+                == Some(Recopied {
+                    from: 50,
+                    to: 99,
+                    resent: 25
+                })
+        );
+    }
+
+    #[test]
+    fn a_resume_that_found_every_confirmed_copy_repairs_nothing() {
+        let mut core = resumed_behind(99, 99);
+        check!(core.recopy_until() == None);
+        check!(core.handled(batch(150, 0)) == None);
     }
 
     /// A writer resumed after finding copies of 0..=`up` at 0..=`up` downstream.
@@ -412,6 +521,7 @@ mod tests {
         core.acknowledged(1, &[at(10, 5)], 10..15).expect("fits");
         core.handled(Handled {
             sent: Some((5, 500)),
+            recopied: 0,
             last_offset: 14,
             gap: false,
         });
@@ -505,6 +615,7 @@ mod tests {
         let (mut core, _, now) = resumed_after(9);
         core.handled(Handled {
             sent: None,
+            recopied: 0,
             last_offset: 12,
             gap: true,
         });
@@ -512,6 +623,7 @@ mod tests {
         core.settle(now, Ok(&[CommitOutcome::Committed]));
         core.handled(Handled {
             sent: Some((1, 10)),
+            recopied: 0,
             last_offset: 13,
             gap: false,
         });

@@ -44,7 +44,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use self::commit::{CommitTracker, Settled};
-use self::core::{Handled, Lost, WriterCore};
+use self::core::{Handled, Lost, Recopied, WriterCore};
 use self::join::JoinedSend;
 pub(crate) use self::prepare::{prepare, PrepareParams};
 pub(crate) use self::resume::{reference as confirmed_position, TailStep};
@@ -525,11 +525,15 @@ impl<C: ControlPlane> Writer<C> {
                 shared.meters.skipped(done.skipped);
             }
         }
-        self.core.handled(Handled {
+        let repaired = self.core.handled(Handled {
             sent,
+            recopied,
             last_offset,
             gap: gap.is_some(),
         });
+        if let Some(repaired) = repaired {
+            report_repair(&shared, repaired);
+        }
         shared.meters.handled_through(last_offset);
         Ok(Sent::Done)
     }
@@ -599,8 +603,6 @@ impl<C: ControlPlane> Writer<C> {
     }
 }
 
-/// Counts and logs what a resume plan found out: a recreated topic, a reset upstream
-/// partition, messages the target lost, a tail scan that reached its bound.
 /// Partition `id`'s extent in a topic's answer, and the topic's creation time (µs); `None`
 /// when the topic or the partition does not exist. It takes the answer so that only these
 /// figures outlive it: the answer lists every partition (1,000 of them are about 100 KiB
@@ -619,6 +621,9 @@ fn partition_figures(
     Some((extent, topic.created_at.as_micros()))
 }
 
+/// Counts and logs what a resume plan found out: a recreated topic, a reset upstream
+/// partition, confirmed messages not found downstream (read again; [`report_repair`] tells
+/// whether the target lost them), a tail scan that reached its bound.
 fn report<C>(
     shared: &UnitShared<C>,
     plan: &ResumePlan,
@@ -648,13 +653,12 @@ fn report<C>(
         );
     }
     if let Some(loss) = plan.loss {
-        shared.meters.downstream_loss();
-        tracing::warn!(
+        // Lost, or skipped by loop prevention and never written: reading them again tells
+        // (`report_repair`).
+        tracing::debug!(
             from = loss.from,
             to = loss.to,
-            lost = loss.to - loss.from + 1,
-            "downstream lost confirmed messages (the target acknowledged them before it \
-             persisted them); copying them again"
+            "confirmed messages not found downstream: reading them again"
         );
     }
     if plan.scan_exhausted {
@@ -675,6 +679,30 @@ fn report<C>(
             );
         }
     }
+}
+
+/// Counts and logs how a resume's repair ended: confirmed messages sent again mean the target
+/// lost them; none sent means they were all skipped by loop prevention (they came from the
+/// target, as a two-way pair's copies do), and nothing was lost.
+fn report_repair<C>(shared: &UnitShared<C>, repaired: Recopied) {
+    let Recopied { from, to, resent } = repaired;
+    if resent == 0 {
+        tracing::info!(
+            from,
+            to,
+            "the confirmed messages not found downstream all came from the target (loop \
+             prevention skips them): nothing was lost"
+        );
+        return;
+    }
+    shared.meters.downstream_loss();
+    tracing::warn!(
+        from,
+        to,
+        lost = resent,
+        "downstream lost confirmed messages (the target acknowledged them before it \
+         persisted them); copied them again"
+    );
 }
 
 /// When a pause of `delay` that starts now ends.
