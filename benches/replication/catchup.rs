@@ -78,6 +78,9 @@ struct Sample {
     /// Control-plane requests (`control_requests_sent_total`) per instance per second of
     /// `total`; `None` for the loop.
     control_requests: Option<f64>,
+    /// CPU seconds of this process meanwhile: the `WanProxy` in front of a far server and the
+    /// watch of the downstream topic (and the loop itself, for the loops).
+    bench_cpu: f64,
 }
 
 pub(crate) async fn run(endpoints: &Endpoints, settings: &Settings) -> TestResult {
@@ -162,11 +165,12 @@ async fn measure_all(
                 format!(", servers {up:.2} / {down:.2} CPU s")
             });
             println!(
-                "round {round}: {:<28} {:>6.2} s copying, {:>6.2} s in all, {:.2} CPU s{servers}",
+                "round {round}: {:<28} {:>6.2} s copying, {:>6.2} s in all, {:.2} CPU s{servers}, this process {:.2} CPU s",
                 variant.label(),
                 sample.copying.as_secs_f64(),
                 sample.total.as_secs_f64(),
-                sample.cpu
+                sample.cpu,
+                sample.bench_cpu
             );
             samples.push(sample);
         }
@@ -205,6 +209,7 @@ async fn copy_once(
     };
     let servers = endpoints.server_pids();
     let server_cpu_before = servers.map(server_cpu);
+    let bench_cpu_before = own_cpu_seconds();
     let outcome = async {
         match variant {
             CatchupVariant::RawLoop | CatchupVariant::RawLoopStamped => {
@@ -319,6 +324,7 @@ async fn copy_once(
         .map(server_cpu)
         .zip(server_cpu_before)
         .map(|(after, before)| [after[0] - before[0], after[1] - before[1]]);
+    let bench_cpu = own_cpu_seconds() - bench_cpu_before;
     let cleanup = delete_stream(&endpoints.downstream, &down_stream).await;
     let (total, copying, (cpu, cpu_after_start), switches, control_requests) = outcome?;
     cleanup?;
@@ -331,6 +337,7 @@ async fn copy_once(
         switches,
         server_cpu,
         control_requests,
+        bench_cpu,
     })
 }
 
