@@ -9,18 +9,20 @@
 //! come close to expiring.
 //!
 //! How:
-//! 1. The leader stops writing: its own writes and forwarded ones are answered "retry"
+//! 1. The leader waits until it has led for `election_timeout_max` (step 5 says why), then
+//!    stops writing: its own writes and forwarded ones are answered "retry"
 //!    (`NodeInner::local_write`), and the assignment loop skips its rounds.
 //! 2. It waits until everything it appended is applied, so its log no longer grows, then picks
 //!    a voter whose log matches all of it ([`successor`]).
 //! 3. It asks that follower to call an election now ([`crate::network::TakeOver`]); the
 //!    follower first waits until its log holds the leader's last entry.
-//! 4. The stopping leader grants the vote: openraft's voters refuse a candidate while their
+//! 4. The stopping leader grants the vote, and with the candidate's own vote that is a majority
+//!    of three voters: the candidate wins in one round trip while the third voter still refuses
+//!    by lease, and the old leader becomes a follower.
+//! 5. Why the old leader votes at all: openraft's voters refuse a candidate while their
 //!    leader's lease runs, but a leader counts its own lease from its election, not from its
-//!    heartbeats, so it votes for a log as long as its own in a higher term once it has led
-//!    for `election_timeout_max` (step 2 waits that out). With the candidate's own vote that is
-//!    a majority of three voters, so the candidate wins in one round trip while the third
-//!    voter still refuses by lease, and the old leader becomes a follower.
+//!    heartbeats, so it votes for a log as long as its own in a higher term once it has led for
+//!    `election_timeout_max`.
 //!
 //! With more than three voters two votes are not a majority and the others refuse until their
 //! lease runs out, so no handover is tried there; nor when the membership is changing. Members
@@ -103,7 +105,7 @@ pub(crate) async fn hand_over(node: &NodeInner) -> Handover {
         }
         m.current_term
     };
-    // A leader votes for nobody within its lease of its own election (module docs, step 4);
+    // A leader votes for nobody within its lease of its own election (module docs, step 5);
     // wait that out before writes stop, not while they are refused.
     if let Some(since) = node.leading_since(term) {
         let votes_at = since + node.timing.election_timeout_max;
@@ -261,13 +263,14 @@ impl NodeInner {
         }
     }
 
-    /// Since when this node leads `term`, as its assignment loop saw it.
+    /// Since when this node leads `term`, as its assignment loop's published view says.
     fn leading_since(&self, term: u64) -> Option<Instant> {
-        self.led_since
+        self.leader_view
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .filter(|(t, _)| *t == term)
-            .map(|(_, since)| since)
+            .as_ref()
+            .filter(|view| view.term == term)
+            .and_then(crate::lease::LeaderView::leading_since)
     }
 }
 

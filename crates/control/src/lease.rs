@@ -166,6 +166,11 @@ impl LeaderView {
         }
     }
 
+    /// When this node started leading the view's term (`None` for the record a follower keeps).
+    pub(crate) fn leading_since(&self) -> Option<Instant> {
+        self.leading_since
+    }
+
     /// Records the members' renewal indexes at `now`. A member seen for the first time in this
     /// view starts at `now`: a new leader gives everyone it knows nothing about a full period.
     pub(crate) fn observe(&mut self, members: &BTreeMap<NodeId, MemberRecord>, now: Instant) {

@@ -110,8 +110,6 @@ pub(crate) struct NodeInner {
     pub(crate) draining: AtomicBool,
     /// Set while this leader hands its leadership over (`handover`): it writes nothing more.
     pub(crate) handing_over: AtomicBool,
-    /// The term this node leads and since when, as its assignment loop saw it (`handover`).
-    pub(crate) led_since: Mutex<Option<(u64, std::time::Instant)>>,
     /// Metrics counters.
     pub(crate) counters: Counters,
     /// How this cluster fences failed members on the target clusters (`None`: leases only).
@@ -1027,11 +1025,6 @@ pub(crate) async fn run_assigner(node: Arc<NodeInner>) {
             _ => {
                 tracing::Span::current().record("term", term);
                 tracing::info!(node = %node.id, term, "assignment loop starts as leader");
-                *node
-                    .led_since
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    Some((term, std::time::Instant::now()));
                 LeaderView::carry_on(term, &observed, std::time::Instant::now(), previous_leader)
             }
         };

@@ -851,25 +851,23 @@ impl ReplicatorCluster {
 
 /// The value of the unlabelled sample `name` in a Prometheus text, if present.
 fn sample(metrics: &str, name: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let (metric, value) = l.split_once(' ')?;
-            (metric == name).then(|| value.trim().parse().ok())?
-        })
+    samples(metrics, name).find_map(|(labels, value)| labels.is_empty().then_some(value))
 }
 
 fn sample_sum(metrics: &str, name: &str) -> f64 {
+    samples(metrics, name).map(|(_, value)| value).sum()
+}
+
+/// Every sample of `name` in a Prometheus text: its labels (`""` when none) and its value.
+fn samples<'a>(metrics: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
     metrics
         .lines()
         .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
+        .filter_map(move |l| {
             let (metric, value) = l.rsplit_once(' ')?;
-            let bare = metric.split_once('{').map_or(metric, |(bare, _)| bare);
-            (bare == name).then(|| value.trim().parse::<f64>().ok())?
+            let (bare, labels) = metric.split_once('{').unwrap_or((metric, ""));
+            (bare == name).then(|| Some((labels, value.trim().parse().ok()?)))?
         })
-        .sum()
 }
 
 impl Drop for ReplicatorCluster {

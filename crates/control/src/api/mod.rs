@@ -145,7 +145,6 @@ impl Control {
             left_at_stop: AtomicBool::new(left_at_stop),
             draining: AtomicBool::new(false),
             handing_over: AtomicBool::new(false),
-            led_since: Mutex::new(None),
             counters: Counters::default(),
             fence_topology: Mutex::new(
                 fencing

@@ -70,9 +70,18 @@ async fn flows_in_both_directions_do_not_loop_with_fenced_targets() -> TestResul
     two_way_flows(Some("repl")).await
 }
 
-/// Two flows between the same stream in both directions, writing as a writer user of
-/// `fenced_prefix` when given; each side ends with both sets once.
-async fn two_way_flows(fenced_prefix: Option<&str>) -> TestResult {
+/// `shared/t` (one partition) on both clusters, 100 messages written into `us` and 50 into
+/// `eu`, and the flows `us-eu` and `eu-us` between them, in one pipeline's params.
+struct TwoWay {
+    env: Env,
+    us: Client,
+    eu: Client,
+    there: FlowParams,
+    back: FlowParams,
+    params: PipelineParams,
+}
+
+async fn two_way_pair() -> TestResult<TwoWay> {
     let env = Env::start().await?;
     let (us, eu) = (client(&env.us).await?, client(&env.eu).await?);
     create_topic(&us, "shared", "t", 1).await?;
@@ -85,6 +94,27 @@ async fn two_way_flows(fenced_prefix: Option<&str>) -> TestResult {
     back.target = "us".into();
     let mut params = env.params(there.clone());
     params.flows.push(back.clone());
+    Ok(TwoWay {
+        env,
+        us,
+        eu,
+        there,
+        back,
+        params,
+    })
+}
+
+/// Two flows between the same stream in both directions, writing as a writer user of
+/// `fenced_prefix` when given; each side ends with both sets once.
+async fn two_way_flows(fenced_prefix: Option<&str>) -> TestResult {
+    let TwoWay {
+        env,
+        us,
+        eu,
+        there,
+        back,
+        mut params,
+    } = two_way_pair().await?;
     let pipeline = match fenced_prefix {
         None => Pipeline::start(params, InMemoryControl::new()).await?,
         Some(prefix) => {
@@ -158,17 +188,7 @@ async fn wait_skipped(pipeline: &Pipeline) -> TestResult {
 /// downstream loss for an alert to fire on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_two_way_pair_reports_no_loss_for_the_copies_it_skipped() -> TestResult {
-    let env = Env::start().await?;
-    let (us, eu) = (client(&env.us).await?, client(&env.eu).await?);
-    create_topic(&us, "shared", "t", 1).await?;
-    create_topic(&eu, "shared", "t", 1).await?;
-    produce(&us, "shared", "t", 1, 0..100, 100).await?;
-    produce(&eu, "shared", "t", 1, 1000..1050, 50).await?;
-    let mut back = flow("eu-us", &["shared/*"]);
-    back.source = "eu".into();
-    back.target = "us".into();
-    let mut params = env.params(flow("us-eu", &["shared/*"]));
-    params.flows.push(back);
+    let TwoWay { env, params, .. } = two_way_pair().await?;
     let control = InMemoryControl::new();
     let first = Pipeline::start(params.clone(), control.clone()).await?;
     // Each side ends with its own messages, then the other's copies: every offset of both

@@ -393,22 +393,25 @@ mod tests {
         })
     }
 
-    /// A writer that resumed with `confirmed` but found its newest copy downstream at `tail`
-    /// (a downstream loss, or copies skipped by loop prevention).
-    fn resumed_behind(confirmed: Offset, tail: Offset) -> WriterCore {
+    /// A writer of a partition holding 0..=199 and its resume plan, after it found copies of
+    /// 0..=`up` at 0..=`up` downstream with `confirmed` committed before.
+    fn planned(
+        confirmed: Option<Offset>,
+        up: Offset,
+    ) -> (WriterCore, ResumePlan, TailOutcome, Instant) {
         let now = Instant::now();
         let commits = CommitTracker::new(Duration::from_millis(100), now, None);
         let backoff = Backoff::new(crate::params::BackoffParams::default(), 7);
-        let mut core = WriterCore::new(unit(), Epoch(3), commits, backoff, BUDGET);
-        let found = hit(tail, tail);
+        let core = WriterCore::new(unit(), Epoch(3), commits, backoff, BUDGET);
+        let tail = hit(up, up);
         let plan = plan(&ResumeFacts {
-            progress: Some(UnitProgress {
+            progress: confirmed.map(|confirmed| UnitProgress {
                 confirmed: Some(confirmed),
                 history_label: CREATED,
                 counters: Default::default(),
             }),
             created_at: CREATED,
-            tail: Some(found),
+            tail: Some(tail),
             tail_check: TailCheck::Same,
             initial: InitialOffset::Earliest,
             extent: PartitionExtent {
@@ -419,6 +422,13 @@ mod tests {
             recorded: None,
         })
         .expect("plan");
+        (core, plan, tail, now)
+    }
+
+    /// A writer that resumed with `confirmed` but found its newest copy downstream at `tail`
+    /// (a downstream loss, or copies skipped by loop prevention).
+    fn resumed_behind(confirmed: Offset, tail: Offset) -> WriterCore {
+        let (mut core, plan, found, _) = planned(Some(confirmed), tail);
         core.resumed(&plan, Some(found), None);
         core
     }
@@ -473,25 +483,7 @@ mod tests {
 
     /// A writer resumed after finding copies of 0..=`up` at 0..=`up` downstream.
     fn resumed_after(up: Offset) -> (WriterCore, SharedOffsetMap, Instant) {
-        let now = Instant::now();
-        let commits = CommitTracker::new(Duration::from_millis(100), now, None);
-        let backoff = Backoff::new(crate::params::BackoffParams::default(), 7);
-        let mut core = WriterCore::new(unit(), Epoch(3), commits, backoff, BUDGET);
-        let tail = hit(up, up);
-        let plan = plan(&ResumeFacts {
-            progress: None,
-            created_at: CREATED,
-            tail: Some(tail),
-            tail_check: TailCheck::Same,
-            initial: InitialOffset::Earliest,
-            extent: PartitionExtent {
-                messages_count: 100,
-                current_offset: 99,
-            },
-            reset: None,
-            recorded: None,
-        })
-        .expect("plan");
+        let (mut core, plan, tail, now) = planned(None, up);
         let map = Arc::new(Mutex::new(offset_map(&plan, None, up + 1)));
         core.resumed(&plan, Some(tail), Some(map.clone()));
         (core, map, now)
