@@ -59,7 +59,8 @@ impl CatchupVariant {
 #[derive(Debug, Clone, Copy)]
 struct Sample {
     variant: CatchupVariant,
-    /// From the start (process spawn for the replicator) to the last message downstream.
+    /// From the start (process spawn for the replicator; every connection logged in for the
+    /// loop, see `raw_copy`) to the last message downstream.
     total: Duration,
     /// From the first message downstream to the last.
     copying: Duration,
@@ -72,8 +73,9 @@ struct Sample {
     /// Context switches of the copier's threads: the loop's (this process's, while it copies),
     /// or the replicator processes' since they started.
     switches: u64,
-    /// CPU seconds of the source and the target server meanwhile (`None` when their pids are
-    /// not known).
+    /// CPU seconds of the source and the target server from the copier's start (the loop's
+    /// first login, the replicator's spawn) to its end, the benchmark's own connections left
+    /// out (`None` when the servers' pids are not known).
     server_cpu: Option<[f64; 2]>,
     /// Control-plane requests (`control_requests_sent_total`) per instance per second of
     /// `total`; `None` for the loop.
@@ -208,7 +210,6 @@ async fn copy_once(
         _ => format!("{alias}.{stream}"),
     };
     let servers = endpoints.server_pids();
-    let server_cpu_before = servers.map(server_cpu);
     let bench_cpu_before = own_cpu_seconds();
     let outcome = async {
         match variant {
@@ -216,10 +217,12 @@ async fn copy_once(
                 let down = connect(&endpoints.downstream).await?;
                 ensure_topic(&down, &down_stream, TOPIC, partitions).await?;
                 down.shutdown().await?;
+                // The servers' CPU is the copy's from here: the loop's logins count, the
+                // benchmark's own connections do not.
+                let server_cpu_before = servers.map(server_cpu);
                 let cpu_before = own_cpu_seconds();
                 let switches_before = context_switches("self");
-                let started = Instant::now();
-                raw_copy(&RawCopy {
+                let copied = raw_copy(&RawCopy {
                     source: source.clone(),
                     target: target.clone(),
                     topic: Topic::new(stream, TOPIC, partitions),
@@ -231,14 +234,20 @@ async fn copy_once(
                         .then_some(compact_provenance as fn(u64) -> Option<bytes::Bytes>),
                 })
                 .await?;
-                let total = started.elapsed();
                 let cpu = own_cpu_seconds() - cpu_before;
+                println!(
+                    "round {round}: {}: logged in in {:.3} s (not timed)",
+                    variant.label(),
+                    copied.connecting.as_secs_f64()
+                );
+                let total = copied.copying;
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>((
                     total,
                     total,
                     (cpu, Some(cpu / (messages as f64 / 1e6))),
                     context_switches("self").saturating_sub(switches_before),
                     None,
+                    server_cpu_before,
                 ))
             }
             CatchupVariant::OneInstance
@@ -257,6 +266,7 @@ async fn copy_once(
                 let watch = Watch::new(&endpoints.downstream, &down_stream, TOPIC).await?;
                 // Opened before the start: a login costs the target CPU of its own.
                 let counter = Watch::new(&endpoints.downstream, &down_stream, TOPIC).await?;
+                let server_cpu_before = servers.map(server_cpu);
                 let started = Instant::now();
                 let waiting = tokio::spawn(async move {
                     let times = watch
@@ -312,6 +322,7 @@ async fn copy_once(
                     (cpu, cpu_after_start),
                     switches,
                     Some(requests),
+                    server_cpu_before,
                 ))
             }
         }
@@ -320,14 +331,15 @@ async fn copy_once(
     if let Some(proxy) = proxy {
         proxy.stop().await;
     }
-    let server_cpu = servers
-        .map(server_cpu)
-        .zip(server_cpu_before)
-        .map(|(after, before)| [after[0] - before[0], after[1] - before[1]]);
+    let servers_after = servers.map(server_cpu);
     let bench_cpu = own_cpu_seconds() - bench_cpu_before;
     let cleanup = delete_stream(&endpoints.downstream, &down_stream).await;
-    let (total, copying, (cpu, cpu_after_start), switches, control_requests) = outcome?;
+    let (total, copying, (cpu, cpu_after_start), switches, control_requests, server_cpu_before) =
+        outcome?;
     cleanup?;
+    let server_cpu = servers_after
+        .zip(server_cpu_before)
+        .map(|(after, before)| [after[0] - before[0], after[1] - before[1]]);
     Ok(Sample {
         variant,
         total,

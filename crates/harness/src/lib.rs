@@ -64,7 +64,7 @@ pub use node_config::{ClusterEntry, FlowConfig, FlowEntry, NodeConfig, Replicati
 pub use producer::{
     produce_bulk, Bulk, MessageShape, PacedProducer, ProducerParams, ProducerReport,
 };
-pub use raw_copy::{raw_copy, RawCopy};
+pub use raw_copy::{raw_copy, RawCopied, RawCopy};
 pub use replicator_control::ControlTiming;
 pub use replicator_model::NodeId;
 pub use replicator_sdk::{Client, IggyCluster, Message};

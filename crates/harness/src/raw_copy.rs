@@ -4,6 +4,8 @@
 //! through the replicator's adapters, which carry a polled message from one SDK's type to the
 //! other's.
 
+use std::time::{Duration, Instant};
+
 use iggy::prelude::{Consumer, Identifier, Partitioning, PollingStrategy};
 use replicator_sdk::Client;
 use replicator_sdk::IggyCluster as _;
@@ -38,7 +40,12 @@ pub struct RawCopy {
 /// Copies [`RawCopy::per_partition`] messages of every partition: each worker polls a batch at
 /// an explicit offset and sends it, going round its partitions until all are copied. Fails
 /// when a partition ends before.
-pub async fn raw_copy(copy: &RawCopy) -> Result<()> {
+///
+/// Every worker's connections are opened (and logged in) before the copy starts: a login costs
+/// a real server milliseconds of password hashing, one at a time, and a loop that logged its
+/// workers in one after the other while the first ones copied was timed with its logins. The
+/// replicator's copy is timed from its first message downstream, after its own logins.
+pub async fn raw_copy(copy: &RawCopy) -> Result<RawCopied> {
     if copy.headers.is_some()
         && (copy.source.iggy_version != IggyVersion::V0_8
             || copy.target.iggy_version != IggyVersion::V0_8)
@@ -48,25 +55,49 @@ pub async fn raw_copy(copy: &RawCopy) -> Result<()> {
         ));
     }
     let connections = copy.connections.max(1) as u32;
-    let mut workers = Vec::new();
+    let connecting = Instant::now();
+    let mut clients = Vec::new();
     for worker in 0..connections {
         let partitions: Vec<u32> = (0..copy.topic.partitions)
             .filter(|p| p % connections == worker)
             .collect();
-        let source = connect(&copy.source).await?;
-        let target = connect(&copy.target).await?;
+        clients.push((
+            connect(&copy.source).await?,
+            connect(&copy.target).await?,
+            partitions,
+        ));
+    }
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for (source, target, partitions) in clients {
         let copy = copy.clone();
         workers.push(tokio::spawn(async move {
             copy_partitions(&source, &target, &copy, &partitions).await?;
-            source.shutdown().await?;
-            target.shutdown().await?;
-            Ok::<_, Error>(())
+            Ok::<_, Error>((source, target))
         }));
     }
+    let mut done = Vec::new();
     for worker in workers {
-        worker.await??;
+        done.push(worker.await??);
     }
-    Ok(())
+    let copied = RawCopied {
+        connecting: started - connecting,
+        copying: started.elapsed(),
+    };
+    for (source, target) in done {
+        source.shutdown().await?;
+        target.shutdown().await?;
+    }
+    Ok(copied)
+}
+
+/// How long a [`raw_copy`] took.
+#[derive(Debug, Clone, Copy)]
+pub struct RawCopied {
+    /// Opening and logging in every worker's connections.
+    pub connecting: Duration,
+    /// From every connection open to the last send answered.
+    pub copying: Duration,
 }
 
 /// One worker of [`raw_copy`]: copies `partitions` round robin, a batch each in turn.
