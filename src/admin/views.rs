@@ -250,7 +250,7 @@ pub(crate) struct LiveView {
     /// Reader/writer restarts after failures.
     pub(crate) restarts: u64,
     /// Messages the unit's next poll asks for: `batch_size`, or more while it catches up
-    /// across a distance (README "Across regions").
+    /// (README, `flows[].max_batch_bytes`).
     #[serde(default)]
     pub(crate) batch_size: u32,
 }
