@@ -41,9 +41,9 @@ pub(crate) struct WriterCore {
     retry_budget: Duration,
     /// Label of the upstream history being copied ([`History::label`]).
     history_label: u64,
-    /// Confirmed messages the resume did not find downstream, read again: sending them again
-    /// counts as a re-copy.
-    recopy: Option<Recopy>,
+    /// The resume's repair while it lasts: the confirmed messages it did not find downstream,
+    /// read again, and how many of them were sent again so far.
+    recopy: Option<Recopied>,
     /// A send failed in a way that may have appended it: re-read the tail before sending again.
     resync: bool,
     /// Whether the target's send confirmations (Iggy 0.9) follow this writer's own sends.
@@ -92,21 +92,13 @@ pub(crate) struct Handled {
     pub(crate) gap: bool,
 }
 
-/// Confirmed messages a resume did not find downstream: either the target lost them (it
-/// acknowledged them before it persisted them), or they were never written because loop
-/// prevention skipped them (they came from the target, as in a two-way pair, where the newest
-/// copy downstream can lie well before the confirmed offset). Which, only reading them again
-/// tells: the writer counts what it sends of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Recopy {
-    from: Offset,
-    to: Offset,
-    resent: u64,
-}
-
-/// The end of a resume's repair: the writer handled the range `from..=to` of confirmed
-/// messages the resume did not find downstream, and sent `resent` of them again (the others
-/// were skipped by loop prevention: nothing of them was lost).
+/// A resume's repair of the confirmed messages `from..=to` it did not find downstream: either
+/// the target lost them (it acknowledged them before it persisted them), or they were never
+/// written because loop prevention skipped them (they came from the target, as in a two-way
+/// pair, where the newest copy downstream can lie well before the confirmed offset). Which,
+/// only reading them again tells: the writer counts in `resent` what it sends of them, and
+/// once it has handled the whole range, `resent` is what was lost (the others were skipped by
+/// loop prevention: nothing of them was lost).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Recopied {
     pub(crate) from: Offset,
@@ -147,7 +139,7 @@ impl WriterCore {
         tail: Option<TailOutcome>,
         offset_map: Option<SharedOffsetMap>,
     ) {
-        self.recopy = plan.loss.map(|loss| Recopy {
+        self.recopy = plan.loss.map(|loss| Recopied {
             from: loss.from,
             to: loss.to,
             resent: 0,
@@ -283,8 +275,7 @@ impl WriterCore {
         if batch.last_offset < recopy.to {
             return None;
         }
-        let Recopy { from, to, resent } = self.recopy.take()?;
-        Some(Recopied { from, to, resent })
+        self.recopy.take()
     }
 
     /// A transient failure at `now` (of the resume, a tail re-read or a send), counted with
